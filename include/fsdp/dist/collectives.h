@@ -1,0 +1,80 @@
+#pragma once
+/// Stateless collective helpers used by FSDP. Each returns a CommHandle whose
+/// wait() completes the operation (including any local post-processing) within the
+/// group's timeout, and raises c10::Error naming the op, group, rank and peer
+/// hints on failure.
+///
+/// [Note: flat buffer and chunks]
+///   A *flat buffer* of `numel = size * chunk` elements is cut into `size` equal,
+///   contiguous *chunks*; chunk r belongs to rank r of the group. The caller pads the
+///   buffer so that it divides (see padded_numel). All-gather fills the flat buffer
+///   from every rank's chunk; reduce-scatter leaves in this rank's chunk output the
+///   sum (or mean) of chunk r across ranks.
+///
+/// Gloo in libtorch 1.13 has no reduce_scatter and no _allgather_base. Reduce-scatter
+/// is built on all_to_all_single: every rank sends chunk j to rank j ((N-1)/N of the
+/// buffer, the ring optimum) and sums the N received chunks locally in rank order,
+/// which makes the result deterministic and identical on every run. All-gather
+/// receives straight into chunk views of the flat buffer.
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include <ATen/core/Tensor.h>
+
+#include "fsdp/dist/process_group.h"
+
+namespace c10d {
+class Work;
+}
+
+namespace fsdp::dist {
+
+enum class ReduceOp { Sum, Avg };
+
+class CommHandle {
+ public:
+  CommHandle() = default;
+  CommHandle(c10::intrusive_ptr<c10d::Work> work, ProcessGroup group, std::string op,
+             std::function<void()> finish);
+  /// Blocks until done (or throws after the group's timeout). Idempotent.
+  void wait();
+  bool defined() const { return work_ != nullptr || finish_ != nullptr; }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> work_;
+  ProcessGroup group_;
+  std::string op_;
+  std::function<void()> finish_;
+  bool done_ = false;
+};
+
+/// Smallest multiple of `size` that is >= numel.
+int64_t padded_numel(int64_t numel, int64_t size);
+
+/// flat[r*chunk:(r+1)*chunk] = shard of rank r. flat.numel() == size*shard.numel().
+CommHandle all_gather_into(const ProcessGroup& g, const at::Tensor& flat, const at::Tensor& shard);
+/// out = op over ranks of flat[rank*chunk:(rank+1)*chunk]. `flat` is left unspecified.
+CommHandle reduce_scatter(const ProcessGroup& g, const at::Tensor& out, const at::Tensor& flat,
+                          ReduceOp op = ReduceOp::Sum);
+/// In place, every rank gets the reduction.
+CommHandle all_reduce(const ProcessGroup& g, const at::Tensor& t, ReduceOp op = ReduceOp::Sum);
+/// In place, from `root` (a rank of g).
+CommHandle broadcast(const ProcessGroup& g, const at::Tensor& t, int root = 0);
+/// Blocks until every member arrives (or the timeout passes).
+void barrier(const ProcessGroup& g);
+
+/// Bytes this process has sent through the helpers above, per op, since start or
+/// the last reset. Counted as the algorithm moves them: all-gather and
+/// reduce-scatter (N-1)/N of the flat buffer, ring all-reduce 2(N-1)/N of it,
+/// broadcast the tensor (root) or nothing (others).
+struct CommCounters {
+  std::atomic<int64_t> all_gather{0}, reduce_scatter{0}, all_reduce{0}, broadcast{0};
+  int64_t total() const { return all_gather + reduce_scatter + all_reduce + broadcast; }
+  void reset() { all_gather = 0; reduce_scatter = 0; all_reduce = 0; broadcast = 0; }
+};
+CommCounters& comm_counters();
+
+}  // namespace fsdp::dist

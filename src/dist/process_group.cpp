@@ -1,0 +1,286 @@
+// [Note: groups and stores]
+// One key-value store per job serves every rendezvous: rank 0 serves a TCPStore
+// (or torchrun's agent serves it, or a FileStore on a shared path), and every
+// process group lives under its own key prefix inside it:
+//   fsdp/init/...            world-size agreement and the peer table (host, pid)
+//   fsdp/pg/world/...        the world group's Gloo rendezvous
+//   fsdp/pg/world/sub<k>/... the k-th sub-group created from the world group
+// Sub-groups are numbered by a per-group counter that every rank advances on every
+// new_subgroup call, members or not, so all ranks agree on the prefixes without
+// talking to each other. This is why sub-groups must be created in the same order
+// on every rank (as in torch.distributed.new_group).
+#include "fsdp/dist/process_group.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <sstream>
+
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+namespace fsdp::dist {
+
+namespace {
+
+struct Peer {
+  std::string host;
+  int pid = 0;
+};
+
+std::string this_host() {
+  char buf[256] = {0};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "?";
+  return buf;
+}
+
+std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
+std::string str(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
+
+bool is_loopback(const std::string& addr) {
+  return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
+}
+
+std::shared_ptr<::gloo::transport::Device> make_gloo_device(const LaunchEnv& env) {
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME")) {
+    return ::c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+  }
+  // A job whose rendezvous is on loopback runs on one machine: bind Gloo there too,
+  // which also works in sandboxes whose hostname does not resolve.
+  if (is_loopback(env.master_addr)) {
+    return ::c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  }
+  return ::c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+}  // namespace
+
+struct ProcessGroup::State {
+  c10::intrusive_ptr<::c10d::ProcessGroup> pg;
+  c10::intrusive_ptr<::c10d::Store> store;  // the job's root store (unprefixed)
+  std::string name;
+  std::vector<int> global_ranks;
+  LaunchEnv env;
+  std::chrono::milliseconds timeout{0};
+  std::vector<Peer> world_peers;  // indexed by world rank
+  int subgroup_counter = 0;
+  std::shared_ptr<::gloo::transport::Device> device;
+};
+
+ProcessGroup::ProcessGroup(c10::intrusive_ptr<::c10d::ProcessGroup> pg,
+                           c10::intrusive_ptr<::c10d::Store> store, std::string name,
+                           std::vector<int> global_ranks, LaunchEnv env,
+                           std::chrono::milliseconds timeout)
+    : state_(std::make_shared<State>()) {
+  state_->pg = std::move(pg);
+  state_->store = std::move(store);
+  state_->name = std::move(name);
+  state_->global_ranks = std::move(global_ranks);
+  state_->env = std::move(env);
+  state_->timeout = timeout;
+}
+
+#define FSDP_PG_STATE()                                                                   \
+  TORCH_CHECK(state_ != nullptr,                                                          \
+              "fsdp: use of an undefined ProcessGroup (this rank is not a member of the " \
+              "sub-group, or init_process_group was not called)")
+
+int ProcessGroup::rank() const { FSDP_PG_STATE(); return state_->pg->getRank(); }
+int ProcessGroup::size() const { FSDP_PG_STATE(); return state_->pg->getSize(); }
+int ProcessGroup::global_rank() const { FSDP_PG_STATE(); return state_->env.rank; }
+int ProcessGroup::local_rank() const { FSDP_PG_STATE(); return state_->env.local_rank; }
+int ProcessGroup::local_world_size() const { FSDP_PG_STATE(); return state_->env.local_world_size; }
+const std::string& ProcessGroup::name() const { FSDP_PG_STATE(); return state_->name; }
+const std::vector<int>& ProcessGroup::global_ranks() const { FSDP_PG_STATE(); return state_->global_ranks; }
+std::chrono::milliseconds ProcessGroup::timeout() const { FSDP_PG_STATE(); return state_->timeout; }
+const LaunchEnv& ProcessGroup::launch_env() const { FSDP_PG_STATE(); return state_->env; }
+const c10::intrusive_ptr<::c10d::ProcessGroup>& ProcessGroup::c10d() const { FSDP_PG_STATE(); return state_->pg; }
+const c10::intrusive_ptr<::c10d::Store>& ProcessGroup::store() const { FSDP_PG_STATE(); return state_->store; }
+
+std::string ProcessGroup::describe_peer(int r) const {
+  FSDP_PG_STATE();
+  if (r < 0 || r >= static_cast<int>(state_->global_ranks.size())) return "rank ?";
+  int g = state_->global_ranks[r];
+  std::ostringstream os;
+  os << "rank " << r;
+  if (state_->name != "world") os << " (world rank " << g << ")";
+  if (g < static_cast<int>(state_->world_peers.size())) {
+    const Peer& p = state_->world_peers[g];
+    os << " [pid " << p.pid << " on " << p.host << "]";
+  }
+  return os.str();
+}
+
+std::string ProcessGroup::dead_peers_hint() const {
+  FSDP_PG_STATE();
+  const std::string me = this_host();
+  std::ostringstream os;
+  int dead = 0;
+  for (int r = 0; r < static_cast<int>(state_->global_ranks.size()); ++r) {
+    int g = state_->global_ranks[r];
+    if (g >= static_cast<int>(state_->world_peers.size())) continue;
+    const Peer& p = state_->world_peers[g];
+    if (p.host != me || p.pid <= 0) continue;
+    if (::kill(p.pid, 0) != 0 && errno == ESRCH) {
+      os << (dead++ ? ", " : "") << describe_peer(r);
+    }
+  }
+  if (dead == 0) return "";
+  return "; gone: " + os.str();
+}
+
+namespace {
+
+c10::intrusive_ptr<::c10d::ProcessGroup> make_gloo(const c10::intrusive_ptr<::c10d::Store>& store,
+                                                   int rank, int size,
+                                                   std::shared_ptr<::gloo::transport::Device> device,
+                                                   std::chrono::milliseconds timeout) {
+  auto opts = ::c10d::ProcessGroupGloo::Options::create(timeout);
+  opts->devices.push_back(std::move(device));
+  // Gloo's worker threads run the async collectives. Two is enough for one
+  // collective in flight per direction; more only competes for the 1-2 cores a
+  // rank typically has on CPU jobs.
+  opts->threads = 2;
+  return c10::make_intrusive<::c10d::ProcessGroupGloo>(store, rank, size, opts);
+}
+
+}  // namespace
+
+ProcessGroup ProcessGroup::new_subgroup(std::vector<int> ranks) {
+  FSDP_PG_STATE();
+  const int id = state_->subgroup_counter++;
+  std::sort(ranks.begin(), ranks.end());
+  TORCH_CHECK(std::adjacent_find(ranks.begin(), ranks.end()) == ranks.end(),
+              "fsdp: new_subgroup ranks contain duplicates");
+  TORCH_CHECK(!ranks.empty() && ranks.front() >= 0 && ranks.back() < size(),
+              "fsdp: new_subgroup ranks must lie in [0, ", size(), ") of group '", name(), "'");
+  auto it = std::find(ranks.begin(), ranks.end(), rank());
+  std::ostringstream sub;
+  sub << state_->name << "/sub" << id;
+  if (it == ranks.end()) return ProcessGroup();  // not a member: nothing to set up
+  const int sub_rank = static_cast<int>(it - ranks.begin());
+  std::vector<int> global;
+  for (int r : ranks) global.push_back(state_->global_ranks[r]);
+  auto prefixed = c10::make_intrusive<::c10d::PrefixStore>("fsdp/pg/" + sub.str(), state_->store);
+  if (!state_->device) state_->device = make_gloo_device(state_->env);
+  auto pg = make_gloo(prefixed, sub_rank, static_cast<int>(ranks.size()), state_->device,
+                      state_->timeout);
+  ProcessGroup out(pg, state_->store, sub.str(), std::move(global), state_->env, state_->timeout);
+  out.state_->world_peers = state_->world_peers;
+  out.state_->device = state_->device;
+  return out;
+}
+
+ProcessGroup ProcessGroup::split_consecutive(int group_size) {
+  TORCH_CHECK(group_size >= 1 && size() % group_size == 0, "fsdp: cannot split group '", name(),
+              "' of ", size(), " ranks into consecutive groups of ", group_size,
+              ": the size must divide the group size");
+  ProcessGroup mine;
+  for (int start = 0; start < size(); start += group_size) {
+    std::vector<int> ranks;
+    for (int r = start; r < start + group_size; ++r) ranks.push_back(r);
+    auto g = new_subgroup(ranks);
+    if (g.defined()) mine = g;
+  }
+  return mine;
+}
+
+ProcessGroup ProcessGroup::split_strided(int group_size) {
+  TORCH_CHECK(group_size >= 1 && size() % group_size == 0, "fsdp: cannot split group '", name(),
+              "' of ", size(), " ranks into strided groups with block size ", group_size);
+  ProcessGroup mine;
+  for (int i = 0; i < group_size; ++i) {
+    std::vector<int> ranks;
+    for (int r = i; r < size(); r += group_size) ranks.push_back(r);
+    auto g = new_subgroup(ranks);
+    if (g.defined()) mine = g;
+  }
+  return mine;
+}
+
+ProcessGroup init_process_group(const InitOptions& options) {
+  LaunchEnv env = parse_launch_env(process_env(), options.overrides());
+  const auto timeout = options.timeout();
+  TORCH_CHECK(timeout.count() > 0, "fsdp: init_process_group timeout must be positive");
+  TORCH_CHECK(options.backend() != Backend::NCCL,
+              "fsdp: the NCCL backend needs a libtorch built with CUDA; this build has none. "
+              "Use Backend::Gloo (CPU tensors)");
+
+  // 1. The job's store.
+  c10::intrusive_ptr<::c10d::Store> store;
+  if (!options.file_store_path().empty()) {
+    store = c10::make_intrusive<::c10d::FileStore>(options.file_store_path(), env.world_size);
+  } else {
+    ::c10d::TCPStoreOptions topts;
+    topts.port = static_cast<uint16_t>(env.master_port);
+    // With torchrun's agent store the agent already listens on MASTER_PORT.
+    topts.isServer = env.rank == 0 && !env.use_agent_store;
+    topts.numWorkers = c10::nullopt;  // agreement is checked below with a clear message
+    topts.waitWorkers = false;
+    topts.timeout = timeout;
+    try {
+      store = c10::make_intrusive<::c10d::TCPStore>(env.master_addr, topts);
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "fsdp: rank ", env.rank, " could not ",
+                  topts.isServer ? "serve" : "reach", " the rendezvous store at ", env.master_addr,
+                  ":", env.master_port, " (", to_string(env.source), "): ", e.what(),
+                  topts.isServer ? "; is the port in use by another job? set MASTER_PORT"
+                                 : "; is rank 0 running, and are MASTER_ADDR/MASTER_PORT right?");
+    }
+  }
+  if (env.use_agent_store) {
+    // Same prefix as Python's torchrun rendezvous: a restarted job never reads
+    // the keys of an earlier attempt.
+    store = c10::make_intrusive<::c10d::PrefixStore>(
+        "/worker/attempt_" + std::to_string(env.restart_count), store);
+  }
+  if (!options.store_prefix().empty()) {
+    store = c10::make_intrusive<::c10d::PrefixStore>(options.store_prefix(), store);
+  }
+  store->setTimeout(timeout);
+
+  // 2. Agreement: one world size per job, one process per rank.
+  const std::string ws = std::to_string(env.world_size);
+  auto seen = str(store->compareSet("fsdp/init/world_size", {}, bytes(ws)));
+  TORCH_CHECK(seen == ws, "fsdp: rank ", env.rank, " was started with world size ", ws,
+              " but another rank of this job registered world size ", seen,
+              "; every rank must be launched with the same WORLD_SIZE (or this store at ",
+              env.master_addr, ":", env.master_port, " belongs to another job)");
+  const int64_t claims = store->add("fsdp/init/rank_claims/" + std::to_string(env.rank), 1);
+  TORCH_CHECK(claims == 1, "fsdp: rank ", env.rank,
+              " was claimed by two processes; each process needs a distinct RANK, or the store at ",
+              env.master_addr, ":", env.master_port, " is shared with another job (pick another "
+              "MASTER_PORT)");
+  const std::string me = this_host() + " " + std::to_string(::getpid());
+  store->set("fsdp/init/peer/" + std::to_string(env.rank), bytes(me));
+
+  // 3. The world group.
+  auto pg_store = c10::make_intrusive<::c10d::PrefixStore>("fsdp/pg/world", store);
+  auto device = make_gloo_device(env);
+  c10::intrusive_ptr<::c10d::ProcessGroup> pg;
+  try {
+    pg = make_gloo(pg_store, env.rank, env.world_size, device, timeout);
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "fsdp: rank ", env.rank, " of ", env.world_size,
+                " failed to connect the Gloo process group within ", timeout.count(),
+                " ms: ", e.what(), "; are all ", env.world_size, " ranks running?");
+  }
+  std::vector<int> global(env.world_size);
+  for (int r = 0; r < env.world_size; ++r) global[r] = r;
+  ProcessGroup out(pg, store, "world", std::move(global), env, timeout);
+  out.state_->device = device;
+
+  // 4. Peer table for error messages (every rank is past its own registration).
+  out.state_->world_peers.resize(env.world_size);
+  for (int r = 0; r < env.world_size; ++r) {
+    std::istringstream is(str(store->get("fsdp/init/peer/" + std::to_string(r))));
+    is >> out.state_->world_peers[r].host >> out.state_->world_peers[r].pid;
+  }
+  return out;
+}
+
+}  // namespace fsdp::dist

@@ -1,0 +1,213 @@
+#include "harness/multirank.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+#include <ATen/Parallel.h>
+#include <gtest/gtest.h>
+
+extern char** environ;
+
+namespace fsdp::testing {
+
+namespace {
+
+const char* kRankVar = "FSDP_TEST_RANK";
+const char* kWorldVar = "FSDP_TEST_WORLD";
+const char* kStoreVar = "FSDP_TEST_STORE";
+const char* kCallVar = "FSDP_TEST_CALL";
+const char* kThreadsVar = "FSDP_TEST_THREADS";
+const char* kTimeoutVar = "FSDP_TEST_TIMEOUT_MS";
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v ? std::atoi(v) : fallback;
+}
+
+// Index of the run_ranks call inside the current test, so that a test with
+// several calls (say world sizes 2 and 3) runs each in its own set of workers.
+int next_call_index() {
+  static std::string test;
+  static int index = 0;
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  std::string name = info ? std::string(info->test_suite_name()) + "." + info->name() : "";
+  if (name != test) {
+    test = name;
+    index = 0;
+  }
+  return index++;
+}
+
+std::string current_test_filter() {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  TORCH_CHECK(info != nullptr, "run_ranks must be called from inside a TEST body");
+  return std::string(info->test_suite_name()) + "." + info->name();
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string prefix_lines(const std::string& text, int rank) {
+  std::stringstream in(text), out;
+  std::string line;
+  while (std::getline(in, line)) out << "[rank" << rank << "]: " << line << "\n";
+  return out.str();
+}
+
+}  // namespace
+
+bool is_worker() { return std::getenv(kRankVar) != nullptr; }
+
+void configure_worker_process() {
+  if (!is_worker()) return;
+  at::set_num_threads(env_int(kThreadsVar, 1));
+}
+
+void run_case(const std::string& name, const std::function<void()>& body) {
+  SCOPED_TRACE("case " + name);
+  try {
+    body();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "case " << name << " threw: " << e.what();
+  }
+}
+
+void run_ranks(int world_size, const std::function<void(dist::ProcessGroup&)>& body,
+               const RankOptions& options) {
+  const int call = next_call_index();
+  if (is_worker()) {
+    if (env_int(kCallVar, -1) != call) return;  // another call's workers
+    TORCH_CHECK(env_int(kWorldVar, -1) == world_size, "harness: worker world size mismatch");
+    dist::LaunchOverrides ov;
+    ov.rank = env_int(kRankVar, 0);
+    ov.world_size = world_size;
+    auto opts = dist::InitOptions()
+                    .file_store_path(std::getenv(kStoreVar))
+                    .timeout(std::chrono::milliseconds(env_int(kTimeoutVar, 60000)))
+                    .overrides(ov);
+    try {
+      auto pg = dist::init_process_group(opts);
+      body(pg);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "rank " << env_int(kRankVar, 0) << " threw: " << e.what();
+    }
+    return;
+  }
+
+  char dir_template[] = "/tmp/fsdp-test-XXXXXX";
+  const char* dir = mkdtemp(dir_template);
+  ASSERT_NE(dir, nullptr) << "mkdtemp failed: " << std::strerror(errno);
+  const std::string store = std::string(dir) + "/store";
+  const std::string filter = "--gtest_filter=" + current_test_filter();
+
+  std::vector<pid_t> pids(world_size, -1);
+  std::vector<std::string> logs(world_size);
+  for (int r = 0; r < world_size; ++r) {
+    logs[r] = std::string(dir) + "/rank" + std::to_string(r) + ".log";
+    std::vector<std::string> env_strings;
+    for (char** e = environ; *e; ++e) {
+      if (std::strncmp(*e, "FSDP_TEST_", 10) != 0) env_strings.emplace_back(*e);
+    }
+    env_strings.push_back(std::string(kRankVar) + "=" + std::to_string(r));
+    env_strings.push_back(std::string(kWorldVar) + "=" + std::to_string(world_size));
+    env_strings.push_back(std::string(kStoreVar) + "=" + store);
+    env_strings.push_back(std::string(kCallVar) + "=" + std::to_string(call));
+    env_strings.push_back(std::string(kThreadsVar) + "=" + std::to_string(options.threads_per_rank));
+    env_strings.push_back(std::string(kTimeoutVar) + "=" +
+                          std::to_string(options.collective_timeout.count()));
+    env_strings.push_back("OMP_NUM_THREADS=" + std::to_string(options.threads_per_rank));
+    for (const auto& kv : options.extra_env) env_strings.push_back(kv);
+    std::vector<char*> envp;
+    for (auto& s : env_strings) envp.push_back(s.data());
+    envp.push_back(nullptr);
+    std::string exe = "/proc/self/exe";
+    std::vector<char*> argv{exe.data(), const_cast<char*>(filter.c_str()), nullptr};
+
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 1, logs[r].c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&actions, 1, 2);
+    pid_t pid = -1;
+    int rc = posix_spawn(&pid, "/proc/self/exe", &actions, nullptr, argv.data(), envp.data());
+    posix_spawn_file_actions_destroy(&actions);
+    ASSERT_EQ(rc, 0) << "spawning rank " << r << " failed: " << std::strerror(rc);
+    pids[r] = pid;
+  }
+
+  // Supervise: all ranks must exit 0 before the deadline. When one fails, the
+  // others get a short grace period to report their own view, then are killed.
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + options.deadline;
+  std::vector<int> status(world_size, -1);
+  std::vector<bool> done(world_size, false);
+  int remaining = world_size;
+  bool any_failed = false;
+  std::chrono::steady_clock::time_point kill_at = deadline;
+  std::string why;
+  while (remaining > 0) {
+    for (int r = 0; r < world_size; ++r) {
+      if (done[r]) continue;
+      int st = 0;
+      pid_t got = waitpid(pids[r], &st, WNOHANG);
+      if (got == pids[r]) {
+        done[r] = true;
+        status[r] = st;
+        --remaining;
+        if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0) && !any_failed) {
+          any_failed = true;
+          kill_at = std::min(deadline, std::chrono::steady_clock::now() + std::chrono::seconds(10));
+          why = "rank " + std::to_string(r) + " failed first";
+        }
+      }
+    }
+    if (remaining == 0) break;
+    if (std::chrono::steady_clock::now() >= kill_at) {
+      if (why.empty()) why = "deadline of " + std::to_string(options.deadline.count()) + " s passed";
+      for (int r = 0; r < world_size; ++r)
+        if (!done[r]) kill(pids[r], SIGKILL);
+      for (int r = 0; r < world_size; ++r) {
+        if (done[r]) continue;
+        int st = 0;
+        waitpid(pids[r], &st, 0);
+        status[r] = st;
+        done[r] = true;
+      }
+      any_failed = true;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+
+  if (any_failed) {
+    std::ostringstream report;
+    report << world_size << "-rank run failed (" << why << ")\n";
+    for (int r = 0; r < world_size; ++r) {
+      int st = status[r];
+      report << "--- rank " << r << ": ";
+      if (WIFEXITED(st)) report << "exit " << WEXITSTATUS(st);
+      else if (WIFSIGNALED(st)) report << "signal " << WTERMSIG(st) << " (" << strsignal(WTERMSIG(st)) << ")";
+      report << "\n" << prefix_lines(read_file(logs[r]), r);
+    }
+    ADD_FAILURE() << report.str();
+  } else if (std::getenv("FSDP_TEST_VERBOSE")) {
+    for (int r = 0; r < world_size; ++r) std::cout << prefix_lines(read_file(logs[r]), r);
+  }
+  std::string cleanup = std::string("rm -rf ") + dir;
+  if (std::system(cleanup.c_str()) != 0) std::cerr << "harness: could not remove " << dir << "\n";
+}
+
+}  // namespace fsdp::testing

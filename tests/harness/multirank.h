@@ -1,0 +1,41 @@
+#pragma once
+// Multi-rank test harness.
+//
+// A TEST body calls run_ranks(N, body). In the test process this re-executes the
+// test binary N times (filtered to this one test) as rank workers that meet over a
+// FileStore in a fresh temp directory, waits for all of them under a deadline, kills
+// them all when one fails or the deadline passes, and reports each rank's output and
+// exit status. In a worker, run_ranks builds the process group and calls body(pg)
+// once; gtest assertions inside it fail that worker and so the test.
+//
+// Start processes once per world size and run many cases inside one body (see
+// run_cases): a spawn costs ~1 s of process start and torch initialisation.
+#include <chrono>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "fsdp/dist/process_group.h"
+
+namespace fsdp::testing {
+
+struct RankOptions {
+  std::chrono::seconds deadline{240};              ///< whole run, all ranks
+  std::chrono::milliseconds collective_timeout{60000};
+  int threads_per_rank = 1;                        ///< at::set_num_threads in each worker
+  std::vector<std::string> extra_env;              ///< "K=V" for every worker
+};
+
+void run_ranks(int world_size, const std::function<void(dist::ProcessGroup&)>& body,
+               const RankOptions& options = {});
+
+/// True inside a rank worker process.
+bool is_worker();
+/// Called from main(): in workers, pins threads and narrows the gtest filter.
+void configure_worker_process();
+
+/// Runs named cases one after another inside a worker; a failing case is reported
+/// with its name (SCOPED_TRACE) and does not stop the others.
+void run_case(const std::string& name, const std::function<void()>& body);
+
+}  // namespace fsdp::testing
