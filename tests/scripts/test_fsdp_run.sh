@@ -1,0 +1,179 @@
+#!/usr/bin/env bash
+# fsdp-run, the launcher: per-rank environment, output prefixing, fail-fast, signal handling
+# and CLI errors. Runs in well under 30 s; every check fails with a message saying what it saw.
+set -euo pipefail
+
+FSDP_RUN="${FSDP_BIN_DIR:?set FSDP_BIN_DIR to the bin directory of a build}/fsdp-run"
+[[ -x "$FSDP_RUN" ]] || { echo "FAIL: $FSDP_RUN is not an executable (build target fsdp-run)"; exit 1; }
+
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+OUT="$WORK/out"
+ERR="$WORK/err"
+# A marker unique to this run, put in the ranks' command lines so pgrep finds only our ranks.
+MARK="$$$RANDOM"
+
+fail() {
+  echo "FAIL: $*" >&2
+  for f in "$OUT" "$ERR"; do
+    [[ -f "$f" ]] && { echo "--- $(basename "$f"):" >&2; cat "$f" >&2; }
+  done
+  exit 1
+}
+pass() { echo "ok: $*"; }
+now() { date +%s.%N; }
+elapsed_since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }'; }
+less_than() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a < b) }'; }
+expect_eq() { [[ "$1" == "$2" ]] || fail "$3: expected '$2', got '$1'"; }
+expect_contains() { grep -qF -- "$2" "$1" || fail "$3: '$2' not found in $(basename "$1")"; }
+# Runs fsdp-run with stdout/stderr to $OUT/$ERR and sets RC (the script itself keeps going).
+run() { RC=0; "$FSDP_RUN" "$@" >"$OUT" 2>"$ERR" || RC=$?; }
+# Our own processes whose command line contains $1, after giving them up to 1 s to disappear.
+survivors() {
+  for _ in 1 2 3 4 5 6 7 8 9 10; do
+    pgrep -u "$(id -u)" -f "$1" >/dev/null || return 0
+    sleep 0.1
+  done
+  pgrep -a -u "$(id -u)" -f "$1" || true
+}
+
+# --- 1. environment per rank ---------------------------------------------------------------
+run --nproc 3 -- sh -c 'echo "$RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT $TORCHELASTIC_USE_AGENT_STORE"'
+expect_eq "$RC" 0 "exit code when every rank exits 0"
+expect_eq "$(wc -l <"$OUT" | tr -d ' ')" 3 "number of stdout lines for 3 ranks"
+port="$(awk 'NR == 1 { print $7 }' "$OUT")"
+[[ "$port" =~ ^[0-9]+$ && "$port" -gt 0 ]] || fail "MASTER_PORT should be a picked port, got '$port'"
+for r in 0 1 2; do
+  expect_eq "$(grep -c "^\[rank$r\]: " "$OUT")" 1 "lines prefixed [rank$r]"
+  expect_eq "$(grep "^\[rank$r\]: " "$OUT")" "[rank$r]: $r 3 $r 3 127.0.0.1 $port False" "rank $r environment"
+done
+[[ ! -s "$ERR" ]] || fail "nothing should be written to stderr on success"
+
+run --nproc 2 --master-addr 10.1.2.3 --master-port=29555 -- sh -c \
+  'echo "$GROUP_RANK $GROUP_WORLD_SIZE $ROLE_RANK $ROLE_WORLD_SIZE $ROLE_NAME $TORCHELASTIC_RESTART_COUNT $TORCHELASTIC_MAX_RESTARTS $TORCHELASTIC_RUN_ID $OMP_NUM_THREADS $MASTER_ADDR:$MASTER_PORT"'
+expect_eq "$RC" 0 "exit code with explicit master address"
+expect_eq "$(grep '^\[rank1\]: ' "$OUT")" "[rank1]: 0 1 1 2 default 0 0 none 1 10.1.2.3:29555" "torchrun variables of rank 1"
+RC=0; OMP_NUM_THREADS=7 RANK=99 "$FSDP_RUN" --nproc 1 -- sh -c 'echo "$OMP_NUM_THREADS $RANK"' >"$OUT" 2>"$ERR" || RC=$?
+expect_eq "$(cat "$OUT")" "[rank0]: 7 0" "OMP_NUM_THREADS kept when set, RANK always replaced"
+pass "environment per rank"
+
+# --- 2. stderr lines are prefixed and stay on stderr; partial last lines are flushed --------
+run --nproc 2 -- sh -c 'echo "out $RANK"; echo "err $RANK" >&2; printf "tail $RANK"; printf "etail $RANK" >&2'
+expect_eq "$RC" 0 "exit code"
+for r in 0 1; do
+  expect_contains "$OUT" "[rank$r]: out $r" "stdout of rank $r"
+  expect_contains "$OUT" "[rank$r]: tail $r" "partial last stdout line of rank $r"
+  expect_contains "$ERR" "[rank$r]: err $r" "stderr of rank $r"
+  expect_contains "$ERR" "[rank$r]: etail $r" "partial last stderr line of rank $r"
+done
+! grep -q "err" "$OUT" || fail "stderr lines leaked to stdout"
+! grep -q "out" "$ERR" || fail "stdout lines leaked to stderr"
+grep -v '^\[rank[01]\]: ' "$OUT" "$ERR" && fail "every line should carry a rank prefix"
+# Many lines from several ranks at once: every line arrives whole, with its prefix.
+run --nproc 3 -- sh -c 'i=0; while [ $i -lt 2000 ]; do echo "line-$RANK-$i-abcdefghijklmnopqrstuvwxyz"; i=$((i+1)); done'
+expect_eq "$(grep -cE '^\[rank([012])\]: line-\1-[0-9]+-abcdefghijklmnopqrstuvwxyz$' "$OUT")" 6000 "whole, correctly prefixed lines under load"
+pass "stderr prefixed and kept apart; lines whole"
+
+# --- 3. fail-fast: one rank fails, the others are stopped -------------------------------------
+start="$(now)"
+run --nproc 3 -- sh -c "if [ \"\$RANK\" = 1 ]; then echo 'rank one gives up' >&2; exit 3; fi; sleep 60.$MARK"
+took="$(elapsed_since "$start")"
+expect_eq "$RC" 3 "exit code is the failing rank's"
+less_than "$took" 5 || fail "fsdp-run took ${took}s to stop after rank 1 failed (limit 5 s)"
+grep -qE '^fsdp-run: rank 1 \(pid [0-9]+\) exited with code 3; stopping 2 other ranks$' "$ERR" \
+  || fail "failure message should name rank 1 and its exit code"
+expect_contains "$ERR" "[rank1]: rank one gives up" "the failing rank's own message"
+left="$(survivors "60.$MARK")"
+[[ -z "$left" ]] || fail "ranks still running after fsdp-run exited: $left"
+pass "fail-fast in ${took}s"
+
+# A rank that ignores SIGTERM (and so do its subprocesses) is SIGKILLed after the grace period.
+start="$(now)"
+# Rank 0 fails only once rank 1 ignores SIGTERM (the ready file), or SIGTERM could win the race.
+run --nproc 2 --grace-seconds 1 -- sh -c "if [ \"\$RANK\" = 0 ]; then
+    while [ ! -e '$WORK/ready' ]; do sleep 0.02; done; exit 5
+  fi
+  trap '' TERM; touch '$WORK/ready'; sleep 61.$MARK; echo survived"
+took="$(elapsed_since "$start")"
+expect_eq "$RC" 5 "exit code with a TERM-ignoring rank"
+less_than "$took" 4 || fail "SIGKILL after --grace-seconds 1 took ${took}s"
+grep -qE '^fsdp-run: rank 1 \(pid [0-9]+\) still running 1 s after SIGTERM; sending SIGKILL$' "$ERR" \
+  || fail "escalation to SIGKILL should be reported"
+! grep -q survived "$OUT" || fail "the TERM-ignoring rank was not killed"
+left="$(survivors "61.$MARK")"
+[[ -z "$left" ]] || fail "TERM-ignoring processes survived: $left"
+pass "grace period then SIGKILL in ${took}s"
+
+# --- 4. a rank killed by a signal ------------------------------------------------------------
+run --nproc 2 -- sh -c "if [ \"\$RANK\" = 1 ]; then kill -9 \$\$; fi; sleep 62.$MARK"
+expect_eq "$RC" 137 "exit code is 128+9 for a rank killed by SIGKILL"
+grep -qE '^fsdp-run: rank 1 \(pid [0-9]+\) was killed by signal 9 \(SIGKILL\); stopping 1 other rank$' "$ERR" \
+  || fail "signal death should be reported with the signal's name"
+pass "rank killed by a signal"
+
+# --- 5. SIGTERM to fsdp-run stops every rank within the grace period -------------------------
+"$FSDP_RUN" --nproc 3 --grace-seconds 2 -- sh -c "trap 'echo got TERM; exit 0' TERM; sleep 63.$MARK & wait" >"$OUT" 2>"$ERR" &
+launcher=$!
+for _ in $(seq 50); do
+  [[ "$(pgrep -u "$(id -u)" -fc "^sleep 63.$MARK")" == 3 ]] && break
+  sleep 0.1
+done
+[[ "$(pgrep -u "$(id -u)" -fc "^sleep 63.$MARK")" == 3 ]] || fail "3 ranks did not start within 5 s"
+start="$(now)"
+kill -TERM "$launcher"
+RC=0; wait "$launcher" || RC=$?
+took="$(elapsed_since "$start")"
+expect_eq "$RC" 143 "exit code after SIGTERM (128+15)"
+less_than "$took" 2 || fail "stopping after SIGTERM took ${took}s (grace period 2 s)"
+expect_contains "$ERR" "fsdp-run: received SIGTERM; forwarding it to 3 running ranks" "signal report"
+expect_eq "$(grep -c 'got TERM' "$OUT")" 3 "every rank should see the forwarded SIGTERM"
+left="$(survivors "63.$MARK")"
+[[ -z "$left" ]] || fail "processes survived SIGTERM to fsdp-run: $left"
+pass "SIGTERM forwarded, stopped in ${took}s"
+
+# If fsdp-run itself is SIGKILLed, its ranks and their subprocesses die with it.
+"$FSDP_RUN" --nproc 2 -- sh -c "sleep 64.$MARK; echo done" >"$OUT" 2>"$ERR" &
+launcher=$!
+for _ in $(seq 50); do
+  [[ "$(pgrep -u "$(id -u)" -fc "^sleep 64.$MARK")" == 2 ]] && break
+  sleep 0.1
+done
+[[ "$(pgrep -u "$(id -u)" -fc "^sleep 64.$MARK")" == 2 ]] || fail "2 ranks did not start within 5 s"
+# (braces: keep bash's "Killed" job report out of the test log)
+{ kill -KILL "$launcher"; wait "$launcher" || true; } 2>/dev/null
+left="$(survivors "64.$MARK")"
+[[ -z "$left" ]] || fail "ranks outlived a SIGKILLed fsdp-run: $left"
+pass "nothing outlives a killed fsdp-run"
+
+# --- 6. command-line errors -------------------------------------------------------------------
+expect_usage_error() {
+  local what="$1" needle="$2"; shift 2
+  run "$@"
+  expect_eq "$RC" 2 "exit code for $what"
+  expect_contains "$ERR" "$needle" "message for $what"
+}
+expect_usage_error "--nproc 0" "fsdp-run: --nproc must be at least 1, got 0" --nproc 0 -- true
+expect_usage_error "--nproc abc" "--nproc expects a whole number of ranks, got 'abc'" --nproc abc -- true
+expect_usage_error "missing --" "put '--' before the command" --nproc 2 true
+expect_usage_error "no -- at all" "missing '--' before the command" --nproc 2
+expect_usage_error "nothing after --" "missing command after '--'" --nproc 2 --
+expect_usage_error "unknown option" "unknown option '--nprocs'" --nprocs 2 -- true
+expect_usage_error "missing value" "option '--master-port' needs a value" --master-port
+expect_usage_error "bad port" "--master-port expects a port in 0..65535" --master-port 70000 -- true
+expect_usage_error "bad grace" "--grace-seconds expects a number of seconds in 0..1000000" --grace-seconds -1 -- true
+
+run --nproc 2 -- "fsdp-run-no-such-command-$MARK" arg
+expect_eq "$RC" 127 "exit code for a command that does not exist"
+expect_eq "$(cat "$ERR")" "fsdp-run: cannot execute 'fsdp-run-no-such-command-$MARK': No such file or directory" "message for a missing command"
+printf 'echo hi\n' >"$WORK/not-executable"
+chmod 644 "$WORK/not-executable"
+run --nproc 1 -- "$WORK/not-executable"
+expect_eq "$RC" 126 "exit code for a file that is not executable"
+expect_contains "$ERR" "fsdp-run: cannot execute '$WORK/not-executable': Permission denied" "message for a non-executable file"
+
+run --help
+expect_eq "$RC" 0 "exit code for --help"
+expect_contains "$OUT" "usage: fsdp-run" "--help text"
+pass "command-line errors"
+
+echo "PASS: test_fsdp_run"

@@ -1,0 +1,40 @@
+// fsdp-run: the project's launcher. Starts N local ranks with torchrun's standalone
+// environment and supervises them; see `fsdp-run --help` and supervisor.h.
+
+#include <cmath>
+#include <cstdio>
+#include <exception>
+
+#include "options.h"
+#include "rank_env.h"
+#include "supervisor.h"
+
+int main(int argc, char** argv) {
+  using namespace fsdp::launcher;
+  ParseResult parsed = parse_command_line(argc, argv);
+  switch (parsed.outcome) {
+    case ParseOutcome::Help:
+      std::fputs(usage_text(), stdout);
+      return 0;
+    case ParseOutcome::UsageError:
+      std::fprintf(stderr, "fsdp-run: %s\nTry 'fsdp-run --help' for the options.\n",
+                   parsed.error.c_str());
+      return 2;
+    case ParseOutcome::Run: break;
+  }
+  const LaunchOptions& options = parsed.options;
+  try {
+    JobSpec spec;
+    spec.command = options.command;
+    spec.topology.world_size = options.nproc;
+    spec.topology.master_addr = options.master_addr;
+    spec.topology.master_port =
+        options.master_port != 0 ? options.master_port : pick_free_port();
+    spec.grace_seconds = options.grace_seconds;
+    Supervisor supervisor(std::move(spec));
+    return supervisor.run();
+  } catch (const LauncherError& e) {
+    std::fprintf(stderr, "fsdp-run: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,147 @@
+#include "options.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <optional>
+
+namespace fsdp::launcher {
+
+const char* usage_text() {
+  return R"(usage: fsdp-run [--nproc N] [--master-addr ADDR] [--master-port PORT]
+                [--grace-seconds S] -- COMMAND [ARGS...]
+
+Starts N local ranks of COMMAND with the environment torchrun gives in standalone mode
+(RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
+TORCHELASTIC_USE_AGENT_STORE=False, ...). fsdp-run serves no store: rank 0 does.
+
+Each output line of rank N is prefixed with "[rankN]: " on the stream it was written to.
+If a rank exits non-zero or dies by a signal, the other ranks are stopped (SIGTERM, then
+SIGKILL after the grace period) and fsdp-run exits with that rank's exit code (128+signal
+for a signal). SIGINT, SIGTERM and SIGHUP are forwarded to all ranks; a second one, or the
+end of the grace period, sends SIGKILL.
+
+options:
+  --nproc N            number of ranks to start (default 1; alias --nproc-per-node)
+  --master-addr ADDR   MASTER_ADDR given to the ranks (default 127.0.0.1)
+  --master-port PORT   MASTER_PORT given to the ranks (default or 0: a free ephemeral port)
+  --grace-seconds S    seconds between the stop signal and SIGKILL (default 3)
+  -h, --help           show this text
+
+exit codes: the first failing rank's code (128+signal if killed), 2 for a usage error,
+126/127 if COMMAND cannot be executed, 128+signal if fsdp-run itself was signalled.
+
+example:
+  fsdp-run --nproc 2 -- ./build/bin/fsdp-train --config cfg.toml
+)";
+}
+
+namespace {
+
+std::optional<long> parse_long(const std::string& text) {
+  if (text.empty()) return std::nullopt;
+  errno = 0;
+  char* end = nullptr;
+  long value = std::strtol(text.c_str(), &end, 10);
+  if (errno != 0 || end == nullptr || *end != '\0') return std::nullopt;
+  return value;
+}
+
+std::optional<double> parse_double(const std::string& text) {
+  if (text.empty()) return std::nullopt;
+  errno = 0;
+  char* end = nullptr;
+  double value = std::strtod(text.c_str(), &end);
+  if (errno != 0 || end == nullptr || *end != '\0' || !std::isfinite(value)) return std::nullopt;
+  return value;
+}
+
+ParseResult usage_error(std::string message) {
+  ParseResult result;
+  result.outcome = ParseOutcome::UsageError;
+  result.error = std::move(message);
+  return result;
+}
+
+}  // namespace
+
+ParseResult parse_command_line(int argc, const char* const* argv) {
+  ParseResult result;
+  LaunchOptions& options = result.options;
+  int i = 1;
+  bool saw_separator = false;
+  for (; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--") {
+      saw_separator = true;
+      ++i;
+      break;
+    }
+    if (arg == "-h" || arg == "--help") {
+      result.outcome = ParseOutcome::Help;
+      return result;
+    }
+    // Accept both "--flag value" and "--flag=value".
+    std::string name = arg;
+    std::optional<std::string> value;
+    if (auto eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string::npos) {
+      name = arg.substr(0, eq);
+      value = arg.substr(eq + 1);
+    }
+    const bool known = name == "--nproc" || name == "--nproc-per-node" ||
+                       name == "--nproc_per_node" || name == "--master-addr" ||
+                       name == "--master-port" || name == "--grace-seconds";
+    if (!known) {
+      if (arg.rfind("-", 0) == 0) {
+        return usage_error("unknown option '" + arg + "' (see fsdp-run --help)");
+      }
+      return usage_error("unexpected argument '" + arg +
+                         "': put '--' before the command, e.g. fsdp-run --nproc 2 -- " + arg);
+    }
+    if (!value) {
+      if (i + 1 >= argc) return usage_error("option '" + name + "' needs a value");
+      value = argv[++i];
+    }
+    if (name == "--nproc" || name == "--nproc-per-node" || name == "--nproc_per_node") {
+      auto n = parse_long(*value);
+      if (!n) return usage_error(name + " expects a whole number of ranks, got '" + *value + "'");
+      if (*n < 1) {
+        return usage_error(name + " must be at least 1, got " + std::to_string(*n));
+      }
+      // Each rank costs two pipes and a process; beyond this the user surely mistyped.
+      if (*n > 4096) {
+        return usage_error(name + " must be at most 4096, got " + std::to_string(*n));
+      }
+      options.nproc = static_cast<int>(*n);
+    } else if (name == "--master-addr") {
+      if (value->empty()) return usage_error("--master-addr must not be empty");
+      options.master_addr = *value;
+    } else if (name == "--master-port") {
+      auto port = parse_long(*value);
+      if (!port || *port < 0 || *port > 65535) {
+        return usage_error("--master-port expects a port in 0..65535 (0: pick a free one), got '" +
+                           *value + "'");
+      }
+      options.master_port = static_cast<int>(*port);
+    } else {  // --grace-seconds
+      auto seconds = parse_double(*value);
+      // The upper bound keeps deadlines far from clock overflow; nobody waits 11 days.
+      if (!seconds || *seconds < 0 || *seconds > 1e6) {
+        return usage_error("--grace-seconds expects a number of seconds in 0..1000000, got '" +
+                           *value + "'");
+      }
+      options.grace_seconds = *seconds;
+    }
+  }
+  if (!saw_separator) {
+    return usage_error("missing '--' before the command, e.g. fsdp-run --nproc 2 -- ./train");
+  }
+  for (; i < argc; ++i) options.command.emplace_back(argv[i]);
+  if (options.command.empty()) {
+    return usage_error("missing command after '--', e.g. fsdp-run --nproc 2 -- ./train");
+  }
+  result.outcome = ParseOutcome::Run;
+  return result;
+}
+
+}  // namespace fsdp::launcher

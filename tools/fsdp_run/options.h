@@ -1,0 +1,37 @@
+#pragma once
+/// fsdp-run's command line: what the user asked for, checked completely before any rank starts,
+/// so a typo never leaves a half-started job behind.
+
+#include <string>
+#include <vector>
+
+namespace fsdp::launcher {
+
+struct LaunchOptions {
+  /// Ranks started on this machine (torchrun's --nproc-per-node); this is also WORLD_SIZE,
+  /// since fsdp-run only runs single-node jobs.
+  int nproc = 1;
+  std::string master_addr = "127.0.0.1";
+  /// 0 means "pick a free ephemeral port" (resolved in main, before the ranks start).
+  int master_port = 0;
+  /// How long ranks get between the stop signal (SIGTERM, or the forwarded signal) and SIGKILL.
+  double grace_seconds = 3.0;
+  /// argv of every rank: everything after "--".
+  std::vector<std::string> command;
+};
+
+enum class ParseOutcome { Run, Help, UsageError };
+
+struct ParseResult {
+  ParseOutcome outcome = ParseOutcome::UsageError;
+  LaunchOptions options;
+  /// For UsageError: what was wrong and how to fix it (one line, no "fsdp-run: " prefix).
+  std::string error;
+};
+
+ParseResult parse_command_line(int argc, const char* const* argv);
+
+/// The --help text.
+const char* usage_text();
+
+}  // namespace fsdp::launcher

@@ -1,0 +1,35 @@
+#pragma once
+/// The environment a rank starts with: fsdp-run's own, plus exactly the variables torchrun
+/// sets in standalone mode, so a program (and fsdp::dist::parse_launch_env) cannot tell the
+/// two launchers apart.
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace fsdp::launcher {
+
+/// A failure of fsdp-run itself (not of a rank); main prints it and exits 1.
+struct LauncherError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// What every rank of one job shares.
+struct JobTopology {
+  int world_size = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;
+};
+
+/// `base` is fsdp-run's own environment (environ). Variables fsdp-run sets replace any
+/// inherited value, except OMP_NUM_THREADS, which is only defaulted to 1 (as torchrun does):
+/// N ranks each using every core would oversubscribe the machine N times.
+std::vector<std::string> rank_environment(const char* const* base, const JobTopology& job,
+                                          int rank);
+
+/// A port that was free a moment ago: bind port 0 on loopback, read the port the kernel chose,
+/// close. Rank 0 binds it again shortly after; another process could take it in between, which
+/// torchrun accepts too. Throws LauncherError if no socket can be bound.
+int pick_free_port();
+
+}  // namespace fsdp::launcher

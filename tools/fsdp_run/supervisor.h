@@ -1,0 +1,93 @@
+#pragma once
+/// Runs one job: starts the ranks, relays their output, watches for exits and signals, and
+/// stops the job when a rank fails or fsdp-run is asked to stop. One thread, one poll() loop.
+///
+/// [Note: launcher states]
+///
+///   Running --rank failed / rank could not start / stop signal--> Stopping
+///   Running --every rank exited 0-------------------------------> Draining
+///   Stopping --every rank ended---------------------------------> Draining
+///   Draining --every pipe at EOF, or drain deadline-------------> Done
+///
+///   Running   all ranks run; nothing has gone wrong yet.
+///   Stopping  the stop signal went to every live rank's process group; SIGKILL follows at
+///             the end of the grace period, or at once on another stop signal. The exit code
+///             is fixed on entry: the failing rank's, or 128+signal.
+///   Draining  no rank is left; output already in the pipes is still relayed, and anything
+///             left in the ranks' process groups (background children that inherited the
+///             pipes) is killed, since nothing of the job may outlive fsdp-run. A short
+///             deadline bounds the wait for a leftover that escaped its group (setsid).
+///   Done      every partial line flushed, every rank reaped.
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "line_prefixer.h"
+#include "orphan_guard.h"
+#include "rank_env.h"
+#include "rank_process.h"
+#include "signals.h"
+
+namespace fsdp::launcher {
+
+struct JobSpec {
+  std::vector<std::string> command;
+  JobTopology topology;
+  /// Seconds between the stop signal and SIGKILL.
+  double grace_seconds = 3.0;
+};
+
+enum class LauncherState { Running, Stopping, Draining, Done };
+const char* to_string(LauncherState state);
+
+class Supervisor {
+ public:
+  explicit Supervisor(JobSpec spec);
+  /// Runs the job to the end; returns fsdp-run's exit code.
+  int run();
+
+ private:
+  using Clock = std::chrono::steady_clock;
+
+  /// One rank with the two streams its output goes through.
+  struct RankSlot {
+    RankProcess process;
+    LinePrefixer out;
+    LinePrefixer err;
+  };
+
+  void start_ranks();
+  void wait_for_events();
+  /// Reads once from one of the rank's pipes; returns true if bytes came.
+  bool relay_output(RankSlot& slot, bool from_stderr);
+  void on_signal(int sig);
+  void on_rank_end(RankSlot& slot);
+  void begin_stopping(int exit_code, int stop_signal);
+  void kill_all_live(const char* why);
+  void advance();
+  void enter(LauncherState to);
+  void finish();
+  int live_ranks() const;
+  bool pipes_open() const;
+  void say(const std::string& line);
+
+  JobSpec spec_;
+  SignalInbox signals_;
+  OrphanGuard orphan_guard_;  // kills the ranks' groups if fsdp-run dies before finish()
+  OutputStream stdout_{1};
+  OutputStream stderr_{2};
+  std::vector<std::unique_ptr<RankSlot>> slots_;
+  LauncherState state_ = LauncherState::Running;
+  int exit_code_ = 0;
+  Clock::time_point kill_deadline_;  // Stopping: when SIGKILL follows the stop signal
+  bool killed_ = false;              // Stopping: SIGKILL already sent
+  int stop_signal_ = SIGTERM;        // Stopping: what the ranks were sent first
+  Clock::time_point drain_deadline_;
+  /// A SIGCHLD arrived since ranks were last checked (true at first: a rank may have ended
+  /// while the others were being started). Saves N waitid calls per burst of output.
+  bool child_event_ = true;
+};
+
+}  // namespace fsdp::launcher
