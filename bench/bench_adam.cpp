@@ -1,0 +1,161 @@
+// bench_adam: fsdp::optim::CPUAdam against torch::optim::Adam and a bandwidth probe.
+//
+//   build/bin/bench_adam            10M and 100M parameters, 1 and 2 threads
+//   build/bin/bench_adam --quick    1M parameters, few repetitions (smoke run)
+//
+// One parameter tensor of N fp32 elements with an fp32 gradient. Each measurement
+// is the median of several optimizer steps after warm-up steps (the first step
+// allocates the state). Throughput is N / seconds per step, in Gparam/s. The probe
+// (bench/kernels/adam_probe.cpp) is a plain fused loop moving the same 28 bytes per
+// parameter; CPUAdam and the probe are timed in alternation so that noise from
+// other processes hits both alike. Prints a table, then one JSON object per line.
+#include <torch/torch.h>
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "../src/optim/kernels/adam_kernel.h"
+#include "fsdp/optim/cpu_adam.h"
+
+namespace fsdp_bench {
+// Defined in bench/kernels/adam_probe.cpp (compiled with -march=native, no torch).
+void adam_probe(float* __restrict param, const float* __restrict grad,
+                float* __restrict exp_avg, float* __restrict exp_avg_sq, int64_t begin,
+                int64_t end, float beta1, float beta2, float eps, float step_size,
+                float bias_correction2_sqrt);
+}  // namespace fsdp_bench
+
+namespace {
+
+double seconds(const std::function<void()>& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+struct Row {
+  int64_t params;
+  int threads;
+  double cpu_adam, torch_adam, probe;  // Gparam/s
+};
+
+Row measure(int64_t n, int threads, int warmup, int reps, int torch_reps) {
+  at::set_num_threads(threads);
+  torch::manual_seed(0);
+  auto param = torch::randn({n}).requires_grad_(true);
+  param.mutable_grad() = torch::randn({n});
+  Row row{n, threads, 0, 0, 0};
+
+  // Probe buffers: its own state, and a copy of the parameter so that CPUAdam's
+  // numbers are not affected by the probe's updates.
+  auto probe_param = param.detach().clone();
+  auto probe_m = torch::zeros({n});
+  auto probe_v = torch::zeros({n});
+  int64_t probe_step = 0;
+  auto probe_step_fn = [&] {
+    ++probe_step;
+    const double bc1 = 1 - std::pow(0.9, probe_step);
+    const double bc2 = 1 - std::pow(0.999, probe_step);
+    float* p = probe_param.data_ptr<float>();
+    const float* g = param.grad().data_ptr<float>();
+    float* m = probe_m.data_ptr<float>();
+    float* v = probe_v.data_ptr<float>();
+    // Same chunking as CPUAdam: 64-element aligned chunks, 32K-element grain.
+    const int64_t chunks = (n + 63) / 64;
+    at::parallel_for(0, chunks, 512, [&](int64_t c0, int64_t c1) {
+      fsdp_bench::adam_probe(p, g, m, v, c0 * 64, std::min(n, c1 * 64), 0.9f, 0.999f, 1e-8f,
+                             static_cast<float>(1e-3 / bc1),
+                             static_cast<float>(std::sqrt(bc2)));
+    });
+  };
+
+  {
+    fsdp::optim::CPUAdam opt({param}, fsdp::optim::CPUAdamOptions(1e-3));
+    for (int i = 0; i < warmup; ++i) {
+      opt.step();
+      probe_step_fn();
+    }
+    std::vector<double> ours, probe;
+    for (int i = 0; i < reps; ++i) {
+      ours.push_back(seconds([&] { opt.step(); }));
+      probe.push_back(seconds(probe_step_fn));
+    }
+    row.cpu_adam = n / median(ours) / 1e9;
+    row.probe = n / median(probe) / 1e9;
+  }
+  probe_m = probe_v = probe_param = torch::Tensor();
+  {
+    torch::optim::Adam opt({param}, torch::optim::AdamOptions(1e-3));
+    for (int i = 0; i < std::min(warmup, 2); ++i) opt.step();
+    std::vector<double> theirs;
+    for (int i = 0; i < torch_reps; ++i) theirs.push_back(seconds([&] { opt.step(); }));
+    row.torch_adam = n / median(theirs) / 1e9;
+  }
+  return row;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) {
+      quick = true;
+    } else {
+      std::fprintf(stderr, "usage: %s [--quick]\n", argv[0]);
+      return 2;
+    }
+  }
+  const std::vector<int64_t> sizes =
+      quick ? std::vector<int64_t>{1000000} : std::vector<int64_t>{10000000, 100000000};
+  const int warmup = quick ? 1 : 3;
+  const int reps = quick ? 3 : 9;
+  const int saved_threads = at::get_num_threads();
+
+  std::printf("CPUAdam kernel target: %s; libtorch intra-op threads by default: %d\n",
+              fsdp::optim::kernels::adam_kernel_target().c_str(), saved_threads);
+  std::vector<Row> rows;
+  for (int64_t n : sizes) {
+    for (int threads : {1, 2}) {
+      // torch::optim::Adam is slow: fewer repetitions on the large size.
+      const int torch_reps = quick ? 3 : (n >= 100000000 ? 3 : 5);
+      rows.push_back(measure(n, threads, warmup, reps, torch_reps));
+      const Row& r = rows.back();
+      std::fprintf(stderr, "  measured %lld params, %d thread(s)\n",
+                   static_cast<long long>(r.params), r.threads);
+    }
+  }
+  at::set_num_threads(saved_threads);
+
+  std::printf("\n| params | threads | CPUAdam Gparam/s | torch Adam Gparam/s | probe Gparam/s "
+              "| CPUAdam / torch | CPUAdam / probe |\n");
+  std::printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  for (const Row& r : rows) {
+    std::printf("| %lld | %d | %.3f | %.3f | %.3f | %.1fx | %.0f%% |\n",
+                static_cast<long long>(r.params), r.threads, r.cpu_adam, r.torch_adam, r.probe,
+                r.cpu_adam / r.torch_adam, 100 * r.cpu_adam / r.probe);
+  }
+  std::printf("\n");
+  for (const Row& r : rows) {
+    std::printf("{\"params\": %lld, \"threads\": %d, \"cpu_adam_gparam_s\": %.4f, "
+                "\"torch_adam_gparam_s\": %.4f, \"probe_gparam_s\": %.4f, "
+                "\"cpu_adam_over_torch\": %.2f, \"cpu_adam_over_probe\": %.3f}\n",
+                static_cast<long long>(r.params), r.threads, r.cpu_adam, r.torch_adam, r.probe,
+                r.cpu_adam / r.torch_adam, r.cpu_adam / r.probe);
+  }
+  return 0;
+}
