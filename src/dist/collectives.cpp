@@ -76,6 +76,7 @@ CommHandle all_gather_into(const ProcessGroup& g, const at::Tensor& flat, const 
 
 CommHandle reduce_scatter(const ProcessGroup& g, const at::Tensor& out, const at::Tensor& flat,
                           ReduceOp op) {
+  TORCH_CHECK(op != ReduceOp::Max, "fsdp: reduce_scatter supports Sum and Avg only");
   check_dense(flat, "the flat buffer", "reduce_scatter");
   check_dense(out, "the output shard", "reduce_scatter");
   const int n = g.size();
@@ -110,7 +111,7 @@ CommHandle all_reduce(const ProcessGroup& g, const at::Tensor& t, ReduceOp op) {
   if (n == 1) return CommHandle({}, g, "all_reduce", {});
   std::vector<at::Tensor> tensors{t};
   c10d::AllreduceOptions opts;
-  opts.reduceOp = c10d::ReduceOp::SUM;
+  opts.reduceOp = op == ReduceOp::Max ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM;
   comm_counters().all_reduce += 2 * nbytes(t) * (n - 1) / n;
   auto work = g.c10d()->allreduce(tensors, opts);
   return CommHandle(work, g, "all_reduce", [t, n, op]() {

@@ -32,7 +32,7 @@ class Work;
 
 namespace fsdp::dist {
 
-enum class ReduceOp { Sum, Avg };
+enum class ReduceOp { Sum, Avg, Max };  // Max: all_reduce only
 
 class CommHandle {
  public:

@@ -1,0 +1,78 @@
+#pragma once
+/// User-facing policies of FullyShardedDataParallel: sharding strategy, wrap
+/// policy and the typed options (libtorch TORCH_ARG style: chained setters).
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <torch/arg.h>
+#include <torch/nn/module.h>
+
+#include "fsdp/dist/process_group.h"
+
+namespace fsdp {
+
+/// How parameters, gradients and optimizer state are split across the group.
+enum class ShardingStrategy {
+  FULL_SHARD,     ///< ZeRO-3: parameters, gradients and optimizer state sharded
+  SHARD_GRAD_OP,  ///< ZeRO-2: parameters stay unsharded between forward and backward
+  NO_SHARD,       ///< DDP: everything replicated, gradients all-reduced
+};
+const char* to_string(ShardingStrategy s);
+/// "full_shard" | "shard_grad_op" | "no_shard" (case-insensitive); throws otherwise.
+ShardingStrategy parse_sharding_strategy(const std::string& name);
+
+/// Decides which wrap candidates become units. Called bottom-up with the module
+/// path (as in named_modules), the module, and the number of its parameters not
+/// already owned by a unit below it. See [Note: wrap candidates] in wrappable.h.
+using WrapPolicy =
+    std::function<bool(const std::string& path, const torch::nn::Module& module, int64_t unwrapped_numel)>;
+
+/// Wraps a candidate once it holds at least `min_num_params` unwrapped parameters.
+WrapPolicy size_based_policy(int64_t min_num_params);
+/// Wraps every candidate.
+WrapPolicy always_wrap_policy();
+/// Wraps candidates whose path is in the list (manual wrapping).
+WrapPolicy path_policy(std::vector<std::string> paths);
+/// Wraps candidates of the given module types (e.g. transformer blocks).
+template <typename... ModuleImpls>
+WrapPolicy module_type_policy() {
+  return [](const std::string&, const torch::nn::Module& m, int64_t) {
+    return ((dynamic_cast<const ModuleImpls*>(&m) != nullptr) || ...);
+  };
+}
+
+struct Options {
+  TORCH_ARG(ShardingStrategy, sharding_strategy) = ShardingStrategy::FULL_SHARD;
+  /// Empty: the whole model is one unit (the root).
+  TORCH_ARG(WrapPolicy, auto_wrap_policy) = nullptr;
+  /// Free unsharded parameters after forward. Default per strategy: true for
+  /// FULL_SHARD, false otherwise.
+  TORCH_ARG(std::optional<bool>, reshard_after_forward) = std::nullopt;
+  /// Gradients are divided by this before the reduction and by world/factor after.
+  /// Default (0): PyTorch's choice, the largest power of two f with world % f == 0
+  /// and world / f > f... rounded as torch.distributed.fsdp does.
+  TORCH_ARG(double, gradient_predivide_factor) = 0;
+  /// Modules (and their subtrees) whose parameters FSDP leaves alone: replicated,
+  /// never synchronised, counted once by clip_grad_norm_.
+  TORCH_ARG(std::vector<std::shared_ptr<torch::nn::Module>>, ignored_modules) = {};
+  /// Broadcast rank 0's parameters and buffers before sharding.
+  TORCH_ARG(bool, sync_module_states) = false;
+  /// Group for gradient reduction; default: a dedicated group over the same ranks.
+  TORCH_ARG(dist::ProcessGroup, reduce_group) = {};
+};
+
+/// Bytes this rank holds, by category. "Unsharded" buffers are transient: gathered
+/// parameters of units in flight, flat gradients being reduced, and gradients
+/// accumulated under no_sync.
+struct MemoryStats {
+  int64_t param_shard_bytes = 0;
+  int64_t grad_shard_bytes = 0;
+  int64_t unsharded_bytes = 0;
+  int64_t unsharded_peak_bytes = 0;
+};
+
+}  // namespace fsdp

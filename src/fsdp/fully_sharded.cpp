@@ -1,0 +1,389 @@
+#include "fsdp/fsdp/fully_sharded.h"
+
+#include <cmath>
+#include <limits>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include <torch/torch.h>
+
+#include "fsdp/dist/collectives.h"
+#include "runtime.h"
+#include "sequential_entry.h"
+
+namespace fsdp {
+
+using detail::FlatParamEntry;
+using detail::FlatParameter;
+using detail::Runtime;
+using detail::SequentialEntryImpl;
+using detail::SequentialSlot;
+using detail::Unit;
+
+namespace {
+
+std::string join(const std::string& a, const std::string& b) { return a.empty() ? b : a + "." + b; }
+
+std::string module_path_of(const std::string& fqn) {
+  auto dot = fqn.rfind('.');
+  return dot == std::string::npos ? "" : fqn.substr(0, dot);
+}
+
+bool within(const std::string& path, const std::string& prefix) {
+  return prefix.empty() || path == prefix || path.rfind(prefix + ".", 0) == 0;
+}
+
+std::string describe(const at::Tensor& t) {
+  std::ostringstream os;
+  os << t.sizes() << " " << t.scalar_type() << (t.requires_grad() ? "" : " frozen");
+  return os.str();
+}
+
+// Every rank compares its parameter list with rank 0's; on a difference every
+// rank raises the same error naming the first difference (never a hang).
+void check_same_model_on_all_ranks(const dist::ProcessGroup& pg, torch::nn::Module& model) {
+  std::vector<std::string> lines;
+  std::string desc;
+  for (const auto& p : model.named_parameters()) {
+    lines.push_back(p.key() + " " + describe(p.value()));
+    desc += lines.back() + "\n";
+  }
+  if (pg.size() == 1) return;
+  auto len = torch::tensor({static_cast<int64_t>(desc.size())}, torch::kLong);
+  dist::broadcast(pg, len, 0).wait();
+  auto buf = torch::zeros({len.item<int64_t>()}, torch::kUInt8);
+  if (pg.rank() == 0) std::memcpy(buf.data_ptr(), desc.data(), desc.size());
+  dist::broadcast(pg, buf, 0).wait();
+  std::string root_desc(reinterpret_cast<const char*>(buf.data_ptr()), buf.numel());
+  std::vector<std::string> root_lines;
+  std::istringstream is(root_desc);
+  for (std::string l; std::getline(is, l);) root_lines.push_back(l);
+  int64_t mismatch = -1;
+  for (size_t i = 0; i < std::max(lines.size(), root_lines.size()); ++i) {
+    if (i >= lines.size() || i >= root_lines.size() || lines[i] != root_lines[i]) {
+      mismatch = static_cast<int64_t>(i);
+      break;
+    }
+  }
+  auto flags = torch::zeros({pg.size()}, torch::kLong);
+  flags[pg.rank()] = mismatch + 1;
+  dist::all_reduce(pg, flags).wait();
+  for (int r = 0; r < pg.size(); ++r) {
+    const int64_t idx = flags[r].item<int64_t>() - 1;
+    if (idx < 0) continue;
+    const std::string root_has =
+        idx < static_cast<int64_t>(root_lines.size()) ? "'" + root_lines[idx] + "'" : "no such parameter";
+    std::string mine;
+    if (r == pg.rank())
+      mine = std::string(", this rank has ") +
+             (idx < static_cast<int64_t>(lines.size()) ? "'" + lines[idx] + "'" : "no such parameter");
+    TORCH_CHECK(false, "fsdp: the model differs across ranks (seen on rank ", pg.rank(), "): rank ", r,
+                " differs from rank 0 at parameter #", idx, ": rank 0 has ", root_has, mine,
+                ". Build the same model on every rank before wrapping");
+  }
+}
+
+}  // namespace
+
+FullyShardedBase::FullyShardedBase(std::shared_ptr<torch::nn::Module> model, dist::ProcessGroup pg,
+                                   Options options)
+    : torch::nn::Module("FullyShardedDataParallel"), model_(std::move(model)), pg_(std::move(pg)),
+      options_(std::move(options)) {
+  TORCH_CHECK(model_ != nullptr, "fsdp: FullyShardedDataParallel got an empty module holder");
+  TORCH_CHECK(pg_.defined(), "fsdp: FullyShardedDataParallel needs a process group; call "
+              "fsdp::dist::init_process_group() first");
+  // Wrapping twice would stack hooks on the same call sites.
+  for (const auto& m : model_->modules()) {
+    auto* w = dynamic_cast<WrappableBase*>(m.get());
+    TORCH_CHECK(w == nullptr || w->fsdp_unit_hooks() == nullptr, "fsdp: module '", m->name(),
+                "' is already part of a FullyShardedDataParallel; wrap a model once, at its root");
+    if (auto* seq = dynamic_cast<torch::nn::SequentialImpl*>(m.get())) {
+      for (const auto& entry : *seq)
+        TORCH_CHECK(!entry.ptr() || !std::dynamic_pointer_cast<SequentialEntryImpl>(entry.ptr()),
+                    "fsdp: this model is already wrapped by FullyShardedDataParallel; wrap it once");
+    }
+  }
+  TORCH_CHECK(!std::dynamic_pointer_cast<FullyShardedBase>(model_),
+              "fsdp: the module is already a FullyShardedDataParallel; wrap the model once");
+
+  if (options_.sync_module_states()) {
+    torch::NoGradGuard no_grad;
+    for (auto& p : model_->parameters()) dist::broadcast(pg_, p.detach(), 0).wait();
+    for (auto& b : model_->buffers()) dist::broadcast(pg_, b, 0).wait();
+  }
+  check_same_model_on_all_ranks(pg_, *model_);
+
+  // The wrapper shows the model's own children, parameters and buffers under
+  // their own names (same TensorImpls), so named_parameters() is unchanged.
+  for (const auto& c : model_->named_children()) register_module(c.key(), c.value());
+  for (const auto& p : model_->named_parameters(false))
+    register_parameter(p.key(), p.value(), p.value().requires_grad());
+  for (const auto& b : model_->named_buffers(false)) register_buffer(b.key(), b.value());
+
+  runtime_ = std::make_unique<Runtime>(pg_, options_);
+  build_units();
+}
+
+FullyShardedBase::~FullyShardedBase() {
+  // Put the user's Sequential entries and Wrappable marks back as they were.
+  for (auto& slot : sequential_slots_) *(slot->sequential->begin() + slot->index) = slot->original;
+  for (auto* w : wrappables_) w->set_fsdp_unit_hooks(nullptr);
+}
+
+void FullyShardedBase::build_units() {
+  const bool sharded = options_.sharding_strategy() != ShardingStrategy::NO_SHARD;
+  const bool reshard_after_forward = options_.reshard_after_forward().value_or(
+      options_.sharding_strategy() == ShardingStrategy::FULL_SHARD);
+
+  // Ignored subtrees, by path.
+  std::map<const torch::nn::Module*, std::string> path_of;
+  for (const auto& item : model_->named_modules()) path_of[item.value().get()] = item.key();
+  std::vector<std::string> ignored_paths;
+  for (const auto& m : options_.ignored_modules()) {
+    auto it = path_of.find(m.get());
+    TORCH_CHECK(it != path_of.end(), "fsdp: an ignored module (", m->name(),
+                ") is not part of the wrapped model");
+    ignored_paths.push_back(it->second);
+  }
+  auto is_ignored = [&](const std::string& path) {
+    for (const auto& ip : ignored_paths)
+      if (within(path, ip)) return true;
+    return false;
+  };
+
+  // 1. Which wrap candidates become units (bottom-up, pre-order list).
+  struct Decision {
+    std::string path;
+    std::shared_ptr<torch::nn::Module> module;
+    std::shared_ptr<torch::nn::SequentialImpl> sequential;  // set for Sequential entries
+    size_t index = 0;
+    bool wrap = false;
+  };
+  std::vector<Decision> decisions;
+  const WrapPolicy& policy = options_.auto_wrap_policy();
+  std::function<int64_t(torch::nn::Module&, const std::string&)> visit =
+      [&](torch::nn::Module& m, const std::string& path) -> int64_t {
+    int64_t n = 0;
+    for (const auto& p : m.named_parameters(false)) n += p.value().numel();
+    auto* seq = dynamic_cast<torch::nn::SequentialImpl*>(&m);
+    size_t i = 0;
+    for (const auto& c : m.named_children()) {
+      const size_t index = i++;
+      const std::string cp = join(path, c.key());
+      if (is_ignored(cp)) continue;
+      const size_t slot = decisions.size();
+      Decision d;
+      d.path = cp;
+      d.module = c.value();
+      if (seq) d.sequential = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(m.shared_from_this());
+      d.index = index;
+      decisions.push_back(d);
+      int64_t cn = visit(*c.value(), cp);
+      const bool candidate = seq != nullptr || dynamic_cast<WrappableBase*>(c.value().get()) != nullptr;
+      if (candidate && policy && policy(cp, *c.value(), cn)) {
+        decisions[slot].wrap = true;
+        cn = 0;
+      }
+      n += cn;
+    }
+    return n;
+  };
+  visit(*model_, "");
+
+  std::vector<std::string> unit_paths{""};
+  std::vector<const Decision*> unit_decisions{nullptr};
+  for (const auto& d : decisions) {
+    if (!d.wrap) continue;
+    unit_paths.push_back(d.path);
+    unit_decisions.push_back(&d);
+  }
+
+  // 2. Parameters to units: the deepest unit whose path contains the module.
+  std::vector<std::vector<FlatParamEntry>> entries(unit_paths.size());
+  std::map<const c10::TensorImpl*, std::pair<size_t, std::string>> seen;
+  for (const auto& p : model_->named_parameters()) {
+    const std::string mpath = module_path_of(p.key());
+    if (is_ignored(mpath)) continue;
+    size_t owner = 0;
+    for (size_t u = 1; u < unit_paths.size(); ++u)
+      if (within(mpath, unit_paths[u]) && unit_paths[u].size() >= unit_paths[owner].size()) owner = u;
+    auto it = seen.find(p.value().unsafeGetTensorImpl());
+    if (it != seen.end()) {
+      TORCH_CHECK(it->second.first == owner, "fsdp: parameter '", p.key(), "' (module '", mpath,
+                  "') is tied to '", it->second.second, "' (module '", module_path_of(it->second.second),
+                  "'), but they fall in different units ('", unit_paths[owner], "' and '",
+                  unit_paths[it->second.first],
+                  "'). Tied parameters must share a unit: wrap their common parent instead");
+      continue;  // tied inside one unit: flattened once
+    }
+    seen[p.value().unsafeGetTensorImpl()] = {owner, p.key()};
+    FlatParamEntry e;
+    e.fqn = p.key();
+    e.module_path = mpath;
+    e.param = p.value();
+    e.shape = p.value().sizes().vec();
+    e.numel = p.value().numel();
+    entries[owner].push_back(std::move(e));
+  }
+
+  // 3. Units.
+  for (size_t u = 0; u < unit_paths.size(); ++u) {
+    if (entries[u].empty()) continue;  // nothing to shard: no unit, no hooks
+    const auto& first = entries[u].front();
+    for (const auto& e : entries[u]) {
+      TORCH_CHECK(e.param.scalar_type() == first.param.scalar_type() &&
+                      e.param.device() == first.param.device(),
+                  "fsdp: unit '", unit_paths[u], "' mixes ", first.param.scalar_type(), " on ",
+                  first.param.device(), " ('", first.fqn, "') with ", e.param.scalar_type(), " on ",
+                  e.param.device(), " ('", e.fqn, "'); one unit holds one dtype and device: wrap "
+                  "these modules as separate units or convert the model first");
+    }
+    auto flat = std::make_unique<FlatParameter>(std::move(entries[u]), pg_.rank(), pg_.size(), sharded);
+    auto unit = std::make_unique<Unit>(runtime_.get(), static_cast<int>(runtime_->units().size()),
+                                       unit_paths[u], std::move(flat), u == 0, reshard_after_forward);
+    Unit* raw = unit.get();
+    runtime_->add_unit(std::move(unit));
+    if (u == 0) {
+      root_unit_ = raw;
+      continue;
+    }
+    const Decision& d = *unit_decisions[u];
+    if (d.sequential) {
+      auto slot = std::make_unique<SequentialSlot>();
+      slot->sequential = d.sequential;
+      slot->index = d.index;
+      auto it = d.sequential->begin() + d.index;
+      slot->original = *it;
+      *it = torch::nn::AnyModule(std::make_shared<SequentialEntryImpl>(slot->original, raw));
+      sequential_slots_.push_back(std::move(slot));
+    } else {
+      auto* w = dynamic_cast<WrappableBase*>(d.module.get());
+      TORCH_INTERNAL_ASSERT(w != nullptr);
+      w->set_fsdp_unit_hooks(raw);
+      wrappables_.push_back(w);
+    }
+  }
+}
+
+std::vector<std::string> FullyShardedBase::unit_paths() const {
+  std::vector<std::string> out;
+  for (const auto& u : runtime_->units()) out.push_back(u->path());
+  return out;
+}
+
+std::vector<std::string> FullyShardedBase::unit_parameter_names(size_t i) const {
+  TORCH_CHECK(i < runtime_->units().size(), "fsdp: unit index ", i, " out of range");
+  std::vector<std::string> out;
+  for (const auto& e : runtime_->units()[i]->flat().entries()) out.push_back(e.fqn);
+  return out;
+}
+
+MemoryStats FullyShardedBase::memory_stats() const { return runtime_->memory_stats(); }
+void FullyShardedBase::reset_peak_memory_stats() { runtime_->reset_peak(); }
+
+void FullyShardedBase::root_pre_forward() {
+  runtime_->root_pre_forward();
+  if (root_unit_) root_unit_->pre_forward();
+}
+
+void FullyShardedBase::root_post_forward(const std::vector<at::Tensor>& outputs) {
+  if (root_unit_) root_unit_->post_forward(outputs);
+  runtime_->root_post_forward();
+}
+
+at::Tensor FullyShardedBase::clip_grad_norm_(double max_norm, double norm_type) {
+  TORCH_CHECK(max_norm >= 0, "fsdp: clip_grad_norm_ max_norm must be >= 0, got ", max_norm);
+  TORCH_CHECK(norm_type > 0, "fsdp: clip_grad_norm_ norm_type must be > 0 or inf, got ", norm_type);
+  const bool inf = std::isinf(norm_type);
+  std::vector<at::Tensor> sharded_grads, replicated_grads;
+  std::set<const c10::TensorImpl*> managed;
+  for (const auto& u : runtime_->units())
+    for (const auto& e : u->flat().entries()) {
+      managed.insert(e.param.unsafeGetTensorImpl());
+      if (e.param.grad().defined()) sharded_grads.push_back(e.param.grad());
+    }
+  // Ignored parameters are replicated: counted once, after the reduction.
+  for (const auto& p : model_->parameters())
+    if (!managed.count(p.unsafeGetTensorImpl()) && p.grad().defined()) replicated_grads.push_back(p.grad());
+  const bool reduce = options_.sharding_strategy() != ShardingStrategy::NO_SHARD;
+
+  auto local = [&](const std::vector<at::Tensor>& gs) {
+    double acc = 0;
+    for (const auto& g : gs) {
+      if (g.numel() == 0) continue;
+      if (inf) acc = std::max(acc, g.abs().max().item<double>());
+      else acc += std::pow(g.norm(norm_type).item<double>(), norm_type);
+    }
+    return acc;
+  };
+  auto total = torch::tensor({local(sharded_grads)}, torch::kDouble);
+  if (reduce) dist::all_reduce(pg_, total, inf ? dist::ReduceOp::Max : dist::ReduceOp::Sum).wait();
+  double t = total.item<double>();
+  const double rep = local(replicated_grads);
+  t = inf ? std::max(t, rep) : std::pow(t + rep, 1.0 / norm_type);
+  const double coef = max_norm / (t + 1e-6);
+  if (coef < 1) {
+    for (auto& g : sharded_grads) g.mul_(coef);
+    for (auto& g : replicated_grads) g.mul_(coef);
+  }
+  return torch::tensor(t, torch::kFloat);
+}
+
+void FullyShardedBase::apply_with_full_params(const std::function<void(torch::nn::Module&)>& fn) {
+  TORCH_CHECK(!runtime_->in_backward(), "fsdp: apply_with_full_params cannot run during backward");
+  for (auto& u : runtime_->units()) {
+    TORCH_CHECK(u->state() == detail::UnitState::IDLE, "fsdp: apply_with_full_params called while unit '",
+                u->path(), "' is in state ", detail::to_string(u->state()),
+                "; call it outside forward/backward");
+  }
+  for (auto& u : runtime_->units()) {
+    u->gather();
+    u->flat().use_unsharded_views();
+  }
+  {
+    torch::NoGradGuard no_grad;
+    fn(*model_);
+  }
+  for (auto& u : runtime_->units()) {
+    u->flat().copy_unsharded_to_shard();
+    if (u->flat().sharded()) u->flat().free_unsharded();
+    u->flat().use_shard_views();
+  }
+}
+
+FullyShardedBase::NoSyncGuard::NoSyncGuard(FullyShardedBase* m) : m_(m), previous_(m->runtime_->no_sync()) {
+  m_->runtime_->set_no_sync(true);
+}
+FullyShardedBase::NoSyncGuard::~NoSyncGuard() { m_->runtime_->set_no_sync(previous_); }
+
+void FullyShardedBase::to(torch::Device device, torch::Dtype dtype, bool) {
+  TORCH_CHECK(false, "fsdp: FullyShardedDataParallel::to(", device, ", ", dtype,
+              ") would break sharding; move and convert the model before wrapping it");
+}
+void FullyShardedBase::to(torch::Dtype dtype, bool) {
+  TORCH_CHECK(false, "fsdp: FullyShardedDataParallel::to(", dtype,
+              ") would break sharding; convert the model before wrapping it (or use mixed precision)");
+}
+void FullyShardedBase::to(torch::Device device, bool) {
+  TORCH_CHECK(false, "fsdp: FullyShardedDataParallel::to(", device,
+              ") would break sharding; move the model before wrapping it");
+}
+std::shared_ptr<torch::nn::Module> FullyShardedBase::clone(const c10::optional<torch::Device>&) const {
+  TORCH_CHECK(false, "fsdp: FullyShardedDataParallel cannot be cloned (its parameters are shards); "
+              "clone the unwrapped model before wrapping, or build a new one and load a full state dict");
+}
+void FullyShardedBase::save(torch::serialize::OutputArchive&) const {
+  TORCH_CHECK(false, "fsdp: torch::save of a FullyShardedDataParallel would write this rank's shards "
+              "as if they were the model; use fsdp::save_checkpoint or a full state dict");
+}
+void FullyShardedBase::load(torch::serialize::InputArchive&) {
+  TORCH_CHECK(false, "fsdp: torch::load into a FullyShardedDataParallel is not supported; use "
+              "fsdp::load_checkpoint or load a full state dict");
+}
+void FullyShardedBase::pretty_print(std::ostream& stream) const {
+  stream << "FullyShardedDataParallel(strategy=" << to_string(options_.sharding_strategy())
+         << ", world=" << pg_.size() << ", units=" << runtime_->units().size() << ")";
+}
+
+}  // namespace fsdp

@@ -1,0 +1,45 @@
+#include "fsdp/fsdp/options.h"
+
+#include <algorithm>
+#include <cctype>
+
+namespace fsdp {
+
+const char* to_string(ShardingStrategy s) {
+  switch (s) {
+    case ShardingStrategy::FULL_SHARD: return "FULL_SHARD";
+    case ShardingStrategy::SHARD_GRAD_OP: return "SHARD_GRAD_OP";
+    case ShardingStrategy::NO_SHARD: return "NO_SHARD";
+  }
+  return "?";
+}
+
+ShardingStrategy parse_sharding_strategy(const std::string& name) {
+  std::string n = name;
+  std::transform(n.begin(), n.end(), n.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (n == "full_shard") return ShardingStrategy::FULL_SHARD;
+  if (n == "shard_grad_op") return ShardingStrategy::SHARD_GRAD_OP;
+  if (n == "no_shard") return ShardingStrategy::NO_SHARD;
+  TORCH_CHECK(false, "fsdp: unknown sharding strategy '", name,
+              "'; expected one of full_shard, shard_grad_op, no_shard");
+}
+
+WrapPolicy size_based_policy(int64_t min_num_params) {
+  TORCH_CHECK(min_num_params >= 0, "fsdp: size_based_policy min_num_params must be >= 0, got ",
+              min_num_params);
+  return [min_num_params](const std::string&, const torch::nn::Module&, int64_t n) {
+    return n >= min_num_params && n > 0;
+  };
+}
+
+WrapPolicy always_wrap_policy() {
+  return [](const std::string&, const torch::nn::Module&, int64_t) { return true; };
+}
+
+WrapPolicy path_policy(std::vector<std::string> paths) {
+  return [paths = std::move(paths)](const std::string& path, const torch::nn::Module&, int64_t) {
+    return std::find(paths.begin(), paths.end(), path) != paths.end();
+  };
+}
+
+}  // namespace fsdp

@@ -1,0 +1,158 @@
+#include "runtime.h"
+
+#include <algorithm>
+
+#include <torch/csrc/autograd/engine.h>
+
+namespace fsdp::detail {
+
+namespace {
+// PyTorch's default split of the 1/world gradient average into a division before
+// and one after the reduction (keeps low-precision sums in range).
+double default_predivide(int world) {
+  int factor = 1;
+  while (world % factor == 0 && world / factor > factor) factor *= 2;
+  return factor;
+}
+}  // namespace
+
+Runtime::Runtime(dist::ProcessGroup pg, Options options)
+    : pg_(std::move(pg)), options_(std::move(options)) {
+  const int n = pg_.size();
+  // Dedicated groups over the same ranks, so that gathers and reductions form two
+  // independent sequences (see [Note: collective order]). Created in the same
+  // order on every rank.
+  std::vector<int> all(n);
+  for (int r = 0; r < n; ++r) all[r] = r;
+  gather_pg_ = pg_.new_subgroup(all);
+  reduce_pg_ = options_.reduce_group().defined() ? options_.reduce_group() : pg_.new_subgroup(all);
+  TORCH_CHECK(reduce_pg_.size() == n, "fsdp: reduce_group has ", reduce_pg_.size(),
+              " ranks but the sharding group has ", n, "; they must cover the same ranks");
+  double pre = options_.gradient_predivide_factor();
+  TORCH_CHECK(pre >= 0, "fsdp: gradient_predivide_factor must be >= 1 (or 0 for the default), got ", pre);
+  if (pre == 0) pre = default_predivide(n);
+  TORCH_CHECK(pre >= 1 && pre <= n, "fsdp: gradient_predivide_factor must lie in [1, world size ",
+              n, "], got ", pre);
+  predivide_ = pre;
+  postdivide_ = n / pre;
+}
+
+Runtime::~Runtime() = default;
+
+void Runtime::add_unit(std::unique_ptr<Unit> unit) { units_.push_back(std::move(unit)); }
+
+void Runtime::root_pre_forward() {
+  // A previous training forward whose backward never ran leaves units waiting;
+  // start the new iteration from a clean, sharded state.
+  if (!callback_queued_) {
+    for (auto& u : units_)
+      if (u->state() != UnitState::IDLE) u->reset_after_abandoned_forward();
+    pre_forward_order_.clear();
+    post_forward_order_.clear();
+    backward_planned_ = false;
+  }
+}
+
+void Runtime::root_post_forward() {}
+
+void Runtime::on_unit_pre_forward(Unit* unit) {
+  if (std::find(pre_forward_order_.begin(), pre_forward_order_.end(), unit) == pre_forward_order_.end())
+    pre_forward_order_.push_back(unit);
+}
+
+void Runtime::on_unit_post_forward(Unit* unit) {
+  auto it = std::find(post_forward_order_.begin(), post_forward_order_.end(), unit);
+  if (it != post_forward_order_.end()) post_forward_order_.erase(it);  // last call counts
+  post_forward_order_.push_back(unit);
+  if (!at::GradMode::is_enabled() && unit->is_root()) {
+    // Root of an evaluation forward: everything is done, reshard the root too.
+    unit->reset_after_abandoned_forward();
+    pre_forward_order_.clear();
+    post_forward_order_.clear();
+  }
+}
+
+void Runtime::plan_backward() {
+  if (backward_planned_) return;
+  backward_planned_ = true;
+  backward_gather_order_.assign(post_forward_order_.rbegin(), post_forward_order_.rend());
+  reduce_order_.assign(pre_forward_order_.rbegin(), pre_forward_order_.rend());
+  gather_ptr_ = 0;
+  reduce_ptr_ = 0;
+}
+
+void Runtime::ensure_final_callback() {
+  if (callback_queued_) return;
+  callback_queued_ = true;
+  plan_backward();
+  torch::autograd::Engine::get_default_engine().queue_callback([this] { final_callback(); });
+}
+
+void Runtime::gather_until(int position) {
+  for (; static_cast<int>(gather_ptr_) <= position && gather_ptr_ < backward_gather_order_.size();
+       ++gather_ptr_) {
+    Unit* u = backward_gather_order_[gather_ptr_];
+    if (u->state() == UnitState::AWAIT_BACKWARD && u->needs_backward_gather()) {
+      u->gather();
+      u->enter_backward();
+    }
+  }
+}
+
+void Runtime::on_unit_output_grad(Unit* unit) {
+  auto it = std::find(backward_gather_order_.begin(), backward_gather_order_.end(), unit);
+  TORCH_INTERNAL_ASSERT(it != backward_gather_order_.end(), "unit not in this iteration's forward");
+  gather_until(static_cast<int>(it - backward_gather_order_.begin()));
+  if (unit->needs_backward_gather()) {
+    // Out of the planned order (the graph differs from the forward order):
+    // still correct on this rank, but only safe if every rank does the same.
+    unit->gather();
+  }
+  unit->enter_backward();
+}
+
+void Runtime::on_unit_grads_complete(Unit* /*unit*/) {
+  while (reduce_ptr_ < reduce_order_.size()) {
+    Unit* u = reduce_order_[reduce_ptr_];
+    if (u->has_grad_params() && !u->grads_complete()) break;
+    if (u->state() == UnitState::AWAIT_BACKWARD || u->state() == UnitState::BACKWARD)
+      u->issue_reduce(no_sync_);
+    ++reduce_ptr_;
+  }
+}
+
+void Runtime::final_callback() {
+  // Everything not yet issued, in the fixed orders, so all ranks match.
+  gather_until(static_cast<int>(backward_gather_order_.size()) - 1);
+  for (; reduce_ptr_ < reduce_order_.size(); ++reduce_ptr_) {
+    Unit* u = reduce_order_[reduce_ptr_];
+    if (u->state() == UnitState::AWAIT_BACKWARD || u->state() == UnitState::BACKWARD)
+      u->issue_reduce(no_sync_);
+  }
+  for (Unit* u : reduce_order_) u->finish_iteration(no_sync_);
+  callback_queued_ = false;
+  backward_planned_ = false;
+  pre_forward_order_.clear();
+  post_forward_order_.clear();
+}
+
+void Runtime::note_transient_bytes() {
+  int64_t b = 0;
+  for (auto& u : units_) b += u->transient_bytes();
+  peak_transient_ = std::max(peak_transient_, b);
+}
+
+MemoryStats Runtime::memory_stats() const {
+  MemoryStats s;
+  for (const auto& u : units_) {
+    s.param_shard_bytes += u->flat().shard().numel() * int64_t(u->flat().shard().element_size());
+    s.grad_shard_bytes += u->grad_piece_bytes();
+    s.unsharded_bytes += u->transient_bytes();
+  }
+  s.unsharded_peak_bytes = std::max(peak_transient_, s.unsharded_bytes);
+  return s;
+}
+
+void Runtime::reset_peak() { peak_transient_ = 0; }
+
+}  // namespace fsdp::detail

@@ -1,0 +1,89 @@
+#pragma once
+// The runtime of one FullyShardedDataParallel root (FSDP2's FSDPState): the
+// units, the process groups, and the per-iteration schedule.
+//
+// [Note: collective order]
+// Gloo matches collectives by their sequence number per group, so every rank must
+// issue the same collectives in the same order on each group. Ranks may differ in
+// which units receive gradients (an unused branch on one rank), so hooks alone
+// cannot order collectives. The runtime therefore issues them in orders fixed by
+// the forward pass, which all ranks share:
+//  * all-gathers (gather group): forward in call order; backward in reverse
+//    post-forward order: when a unit's output hook fires, every unit before it in
+//    that order that still needs its parameters is gathered first;
+//  * reductions (reduce group): in reverse pre-forward order; a unit whose
+//    gradients are complete waits for the units before it.
+// The end-of-backward callback issues whatever is left, in the same orders, with
+// zeros for gradients that were never produced, so no rank waits for a peer that
+// will never send. Gathers and reductions use separate groups, so the two
+// sequences do not constrain each other.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fsdp/dist/process_group.h"
+#include "fsdp/fsdp/options.h"
+#include "unit.h"
+
+namespace fsdp::detail {
+
+class Runtime {
+ public:
+  Runtime(dist::ProcessGroup pg, Options options);
+  ~Runtime();
+
+  void add_unit(std::unique_ptr<Unit> unit);
+  std::vector<std::unique_ptr<Unit>>& units() { return units_; }
+
+  const dist::ProcessGroup& group() const { return pg_; }
+  const dist::ProcessGroup& gather_group() const { return gather_pg_; }
+  const dist::ProcessGroup& reduce_group() const { return reduce_pg_; }
+  const Options& options() const { return options_; }
+  double predivide() const { return predivide_; }
+  double postdivide() const { return postdivide_; }
+
+  // Root forward boundaries.
+  void root_pre_forward();
+  void root_post_forward();
+
+  // Called by units.
+  void on_unit_pre_forward(Unit* unit);
+  void on_unit_post_forward(Unit* unit);
+  void on_unit_output_grad(Unit* unit);
+  void on_unit_grads_complete(Unit* unit);
+  void ensure_final_callback();
+
+  // no_sync
+  void set_no_sync(bool v) { no_sync_ = v; }
+  bool no_sync() const { return no_sync_; }
+
+  bool in_backward() const { return callback_queued_; }
+  void note_transient_bytes();
+  MemoryStats memory_stats() const;
+  void reset_peak();
+
+ private:
+  void final_callback();
+  void gather_until(int position);   // backward gathers up to this position
+
+  dist::ProcessGroup pg_, gather_pg_, reduce_pg_;
+  Options options_;
+  double predivide_ = 1, postdivide_ = 1;
+  std::vector<std::unique_ptr<Unit>> units_;
+
+  // Per-iteration schedule.
+  std::vector<Unit*> pre_forward_order_;
+  std::vector<Unit*> post_forward_order_;
+  std::vector<Unit*> backward_gather_order_;  // reverse post-forward
+  std::vector<Unit*> reduce_order_;           // reverse pre-forward
+  size_t gather_ptr_ = 0, reduce_ptr_ = 0;
+  bool backward_planned_ = false;
+  bool callback_queued_ = false;
+  bool no_sync_ = false;
+  int64_t peak_transient_ = 0;
+
+  void plan_backward();
+};
+
+}  // namespace fsdp::detail

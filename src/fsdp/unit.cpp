@@ -1,0 +1,281 @@
+#include "unit.h"
+
+#include <sstream>
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include "runtime.h"
+
+namespace fsdp::detail {
+
+const char* to_string(UnitState s) {
+  switch (s) {
+    case UnitState::IDLE: return "IDLE";
+    case UnitState::FORWARD: return "FORWARD";
+    case UnitState::AWAIT_BACKWARD: return "AWAIT_BACKWARD";
+    case UnitState::BACKWARD: return "BACKWARD";
+    case UnitState::REDUCING: return "REDUCING";
+  }
+  return "?";
+}
+
+namespace {
+
+// Runs after AccumulateGrad has written a parameter's (full-shape) gradient.
+class ParamGradHook : public torch::autograd::FunctionPostHook {
+ public:
+  ParamGradHook(Unit* unit, size_t entry) : unit_(unit), entry_(entry) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    unit_->on_param_grad(entry_);
+    return outputs;
+  }
+
+ private:
+  Unit* unit_;
+  size_t entry_;
+};
+
+// A tensor on the same memory as `view` that autograd does not know as a view:
+// optimizers call grad.detach_() in zero_grad, which views refuse. Gradient
+// pieces share the reduced shard's memory this way, with no copy.
+at::Tensor storage_alias(const at::Tensor& view) {
+  at::NoGradGuard no_grad;
+  return at::empty({0}, view.options()).set_(view.storage(), view.storage_offset(), view.sizes(), view.strides());
+}
+
+}  // namespace
+
+Unit::Unit(Runtime* runtime, int index, std::string path, std::unique_ptr<FlatParameter> flat,
+           bool is_root, bool reshard_after_forward)
+    : runtime_(runtime), index_(index), path_(std::move(path)), flat_(std::move(flat)),
+      is_root_(is_root), reshard_after_forward_(reshard_after_forward && flat_->sharded()) {
+  const auto& entries = flat_->entries();
+  fired_flags_.assign(entries.size(), false);
+  stashed_grads_.resize(entries.size());
+  accumulators_.resize(entries.size());
+  for (const auto& e : entries) {
+    if (e.param.requires_grad()) ++num_grad_params_;
+    else has_frozen_params_ = true;
+  }
+}
+
+void Unit::expect_state(std::initializer_list<UnitState> allowed, const char* where) const {
+  for (auto s : allowed)
+    if (s == state_) return;
+  std::ostringstream os;
+  for (auto s : allowed) os << (os.tellp() ? "|" : "") << to_string(s);
+  TORCH_CHECK(false, "fsdp: unit '", path_.empty() ? "<root>" : path_, "' on rank ",
+              runtime_->group().rank(), ": ", where, " in state ", to_string(state_),
+              ", expected ", os.str(),
+              ". Was forward called twice without backward inside one unit, or a module "
+              "called from another thread?");
+}
+
+bool Unit::needs_backward_gather() const {
+  return flat_->sharded() && !flat_->unsharded_allocated();
+}
+
+void Unit::gather() {
+  if (!flat_->sharded()) return;
+  if (!flat_->unsharded_allocated()) {
+    flat_->alloc_unsharded();
+    dist::all_gather_into(runtime_->gather_group(), flat_->unsharded(), flat_->shard()).wait();
+    runtime_->note_transient_bytes();
+  }
+}
+
+void Unit::enter_backward() {
+  if (state_ == UnitState::AWAIT_BACKWARD) state_ = UnitState::BACKWARD;
+}
+
+void Unit::unshard() {
+  gather();
+  if (flat_->state() != FlatState::Unsharded) flat_->use_unsharded_views();
+}
+
+void Unit::ensure_grad_accumulators() {
+  // The AccumulateGrad node records the parameter's shape when it is created, so
+  // it must be created while the parameter has its full shape (here), and kept
+  // alive by us so the same node, with our hook, is used in every iteration.
+  auto& entries = flat_->entries();
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (!entries[i].param.requires_grad() || accumulators_[i]) continue;
+    auto acc = torch::autograd::impl::grad_accumulator(entries[i].param);
+    TORCH_INTERNAL_ASSERT(acc, "no grad accumulator for ", entries[i].fqn);
+    acc->add_post_hook(std::make_unique<ParamGradHook>(this, i));
+    accumulators_[i] = std::move(acc);
+  }
+}
+
+void Unit::pre_forward() {
+  runtime_->on_unit_pre_forward(this);
+  const bool training = at::GradMode::is_enabled();
+  // A unit can run forward more than once per iteration (a module called twice).
+  expect_state({UnitState::IDLE, UnitState::AWAIT_BACKWARD, UnitState::FORWARD}, "pre_forward");
+  if (training && !stashed_) {
+    // Gradient pieces from earlier backward passes (accumulation without
+    // no_sync) cannot stay on parameters that now have their full shape;
+    // they are added back to the new pieces at the end of backward.
+    auto& entries = flat_->entries();
+    for (size_t i = 0; i < entries.size(); ++i) {
+      auto& g = entries[i].param.mutable_grad();
+      stashed_grads_[i] = g;
+      g = at::Tensor();
+    }
+    stashed_ = true;
+  }
+  unshard();
+  if (training) ensure_grad_accumulators();
+  state_ = UnitState::FORWARD;
+}
+
+void Unit::post_forward(const std::vector<at::Tensor>& outputs) {
+  expect_state({UnitState::FORWARD}, "post_forward");
+  runtime_->on_unit_post_forward(this);
+  if (!at::GradMode::is_enabled()) {
+    // Evaluation: no backward follows, so return to the sharded state now.
+    // The root stays unsharded until the whole forward is done (root_post_forward).
+    if (!is_root_) reset_after_abandoned_forward();
+    return;
+  }
+  state_ = UnitState::AWAIT_BACKWARD;
+  if (reshard_after_forward_ && !is_root_) {
+    flat_->free_unsharded();  // views stay; backward re-gathers into the same storage
+  }
+  for (const auto& out : outputs) {
+    if (!out.defined() || !out.requires_grad()) continue;
+    Unit* self = this;
+    // register_hook on a copy registers on the same TensorImpl.
+    at::Tensor t = out;
+    t.register_hook([self](const at::Tensor& grad) {
+      self->on_output_grad();
+      return grad;
+    });
+  }
+}
+
+void Unit::on_output_grad() {
+  runtime_->ensure_final_callback();
+  if (state_ == UnitState::AWAIT_BACKWARD) runtime_->on_unit_output_grad(this);
+}
+
+void Unit::on_param_grad(size_t entry) {
+  runtime_->ensure_final_callback();
+  if (fired_flags_[entry]) return;
+  fired_flags_[entry] = true;
+  ++fired_;
+  if (grads_complete()) runtime_->on_unit_grads_complete(this);
+}
+
+void Unit::issue_reduce(bool no_sync) {
+  expect_state({UnitState::AWAIT_BACKWARD, UnitState::BACKWARD}, "issue_reduce");
+  state_ = UnitState::REDUCING;
+  if (!has_grad_params()) return;
+  auto& entries = flat_->entries();
+  // Gradients that were never produced (unused parameters) count as zeros.
+  flat_grad_ = at::zeros({flat_->padded_numel()}, flat_->options());
+  for (size_t i = 0; i < entries.size(); ++i) {
+    auto& g = entries[i].param.mutable_grad();
+    if (g.defined()) {
+      flat_->view_of(flat_grad_, i).copy_(g);
+      g = at::Tensor();  // the full gradient is freed here
+    }
+  }
+  if (no_sync_grad_.defined()) {
+    flat_grad_.add_(no_sync_grad_);
+    no_sync_grad_ = at::Tensor();
+  }
+  runtime_->note_transient_bytes();
+  if (no_sync) {
+    no_sync_grad_ = std::move(flat_grad_);
+    flat_grad_ = at::Tensor();
+    return;
+  }
+  if (runtime_->predivide() != 1) flat_grad_.div_(runtime_->predivide());
+  if (flat_->sharded()) {
+    reduced_shard_ = at::empty({flat_->chunk_numel()}, flat_->options());
+    reduce_handle_ = dist::reduce_scatter(runtime_->reduce_group(), reduced_shard_, flat_grad_,
+                                          dist::ReduceOp::Sum);
+    reduce_pending_ = true;
+  } else {
+    reduced_shard_ = flat_grad_;
+    reduce_handle_ = dist::all_reduce(runtime_->reduce_group(), flat_grad_, dist::ReduceOp::Sum);
+    reduce_pending_ = true;
+  }
+  // Parameters are no longer needed by this unit's backward: every node that
+  // reads them also produced their gradients. Frozen parameters may still be read
+  // by later nodes, so such units reshard at the end of backward instead.
+  if (flat_->sharded() && !has_frozen_params_ && !is_root_) flat_->free_unsharded();
+}
+
+void Unit::finish_iteration(bool no_sync) {
+  auto& entries = flat_->entries();
+  if (reduce_pending_) {
+    reduce_pending_ = false;
+    reduce_handle_.wait();
+    reduce_handle_ = dist::CommHandle();
+    if (runtime_->postdivide() != 1) reduced_shard_.div_(runtime_->postdivide());
+    for (size_t i = 0; i < entries.size(); ++i) {
+      if (!entries[i].param.requires_grad()) continue;
+      at::Tensor piece = storage_alias(flat_->piece_of(reduced_shard_, i));
+      if (stashed_grads_[i].defined()) piece.add_(stashed_grads_[i].view(piece.sizes()));
+      entries[i].param.mutable_grad() = piece;
+    }
+    flat_grad_ = at::Tensor();
+  } else {
+    // No reduction this iteration (no_sync, or no gradient parameters):
+    // previous gradient pieces come back unchanged.
+    for (size_t i = 0; i < entries.size(); ++i)
+      if (stashed_grads_[i].defined()) entries[i].param.mutable_grad() = stashed_grads_[i];
+  }
+  (void)no_sync;
+  reduced_shard_ = at::Tensor();
+  for (auto& g : stashed_grads_) g = at::Tensor();
+  stashed_ = false;
+  std::fill(fired_flags_.begin(), fired_flags_.end(), false);
+  fired_ = 0;
+  if (flat_->sharded()) {
+    if (flat_->unsharded_allocated()) flat_->free_unsharded();
+  }
+  flat_->use_shard_views();
+  state_ = UnitState::IDLE;
+}
+
+void Unit::reset_after_abandoned_forward() {
+  // Forward without backward (evaluation, or a training forward whose loss was
+  // dropped): put parameters and stashed gradients back as they were.
+  auto& entries = flat_->entries();
+  if (stashed_) {
+    for (size_t i = 0; i < entries.size(); ++i) {
+      entries[i].param.mutable_grad() = stashed_grads_[i];
+      stashed_grads_[i] = at::Tensor();
+    }
+  }
+  stashed_ = false;
+  std::fill(fired_flags_.begin(), fired_flags_.end(), false);
+  fired_ = 0;
+  if (flat_->sharded() && flat_->unsharded_allocated()) flat_->free_unsharded();
+  flat_->use_shard_views();
+  state_ = UnitState::IDLE;
+}
+
+int64_t Unit::transient_bytes() const {
+  int64_t b = flat_->unsharded_bytes();
+  auto bytes = [](const at::Tensor& t) { return t.defined() ? t.numel() * int64_t(t.element_size()) : 0; };
+  b += bytes(flat_grad_) + bytes(no_sync_grad_);
+  return b;
+}
+
+int64_t Unit::grad_piece_bytes() const {
+  int64_t b = 0;
+  for (const auto& e : flat_->entries()) {
+    const auto& g = e.param.grad();
+    if (g.defined()) b += g.numel() * int64_t(g.element_size());
+  }
+  return b;
+}
+
+}  // namespace fsdp::detail

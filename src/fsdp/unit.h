@@ -1,0 +1,98 @@
+#pragma once
+// A unit: the parameters that are gathered, computed with and reduced together
+// (FSDP2's FSDPParamGroup). It owns one FlatParameter and the unit's training
+// state machine; the Runtime (runtime.h) decides when collectives are issued so
+// that every rank issues them in the same order.
+//
+// [Note: unit training states]
+//   IDLE            sharded; parameters point at their pieces; gradients are pieces
+//   FORWARD         unsharded, inside forward
+//   AWAIT_BACKWARD  forward done with grad enabled; unsharded views kept (storage
+//                   freed when resharding after forward)
+//   BACKWARD        re-gathered for backward (or never freed)
+//   REDUCING        gradients flattened; reduction issued (or accumulated under
+//                   no_sync); waits at the end of backward
+// IDLE -> FORWARD -> AWAIT_BACKWARD -> BACKWARD -> REDUCING -> IDLE, and
+// FORWARD -> IDLE for a forward under NoGradGuard. Any hook that runs in a
+// state it does not expect fails with both states.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "flat_param.h"
+#include "fsdp/dist/collectives.h"
+#include "fsdp/fsdp/wrappable.h"
+
+namespace torch::autograd {
+struct Node;
+}
+
+namespace fsdp::detail {
+
+class Runtime;
+
+enum class UnitState { IDLE, FORWARD, AWAIT_BACKWARD, BACKWARD, REDUCING };
+const char* to_string(UnitState s);
+
+class Unit : public UnitHooks {
+ public:
+  Unit(Runtime* runtime, int index, std::string path, std::unique_ptr<FlatParameter> flat,
+       bool is_root, bool reshard_after_forward);
+
+  // UnitHooks: the call site's interception points.
+  void pre_forward() override;
+  void post_forward(const std::vector<at::Tensor>& outputs) override;
+
+  // Driven by the Runtime.
+  void on_output_grad();               // output hook: this unit's backward is next
+  void on_param_grad(size_t entry);    // AccumulateGrad post hook
+  bool grads_complete() const { return fired_ == num_grad_params_; }
+  bool has_grad_params() const { return num_grad_params_ > 0; }
+  bool needs_backward_gather() const;
+  void gather();                       // alloc + all-gather (blocking)
+  void enter_backward();               // AWAIT_BACKWARD -> BACKWARD (no-op otherwise)
+  void issue_reduce(bool no_sync);     // flatten grads, start the reduction
+  void finish_iteration(bool no_sync); // wait, assign gradient pieces, reshard
+  void reset_after_abandoned_forward();
+
+  int index() const { return index_; }
+  bool is_root() const { return is_root_; }
+  const std::string& path() const { return path_; }
+  UnitState state() const { return state_; }
+  FlatParameter& flat() { return *flat_; }
+  const FlatParameter& flat() const { return *flat_; }
+  int64_t transient_bytes() const;     // unsharded params + flat grads in flight + no_sync grads
+  int64_t grad_piece_bytes() const;
+
+ private:
+  void expect_state(std::initializer_list<UnitState> allowed, const char* where) const;
+  void unshard();
+  void ensure_grad_accumulators();
+
+  Runtime* runtime_;
+  int index_;
+  std::string path_;
+  std::unique_ptr<FlatParameter> flat_;
+  bool is_root_;
+  bool reshard_after_forward_;
+  UnitState state_ = UnitState::IDLE;
+
+  size_t num_grad_params_ = 0;
+  bool has_frozen_params_ = false;
+  std::vector<bool> fired_flags_;
+  size_t fired_ = 0;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keep hooks alive
+  std::vector<at::Tensor> stashed_grads_;  // pieces from before this iteration
+  bool stashed_ = false;
+
+  at::Tensor flat_grad_;        // being reduced (flat-sized)
+  at::Tensor reduced_shard_;    // reduction output (shard-sized)
+  dist::CommHandle reduce_handle_;
+  bool reduce_pending_ = false;  // a reduction was issued this iteration
+  at::Tensor no_sync_grad_;     // accumulated unsharded gradient under no_sync
+};
+
+}  // namespace fsdp::detail

@@ -1,0 +1,186 @@
+// Rendezvous and failure behaviour: TCPStore served by rank 0, torchrun's agent
+// store, world-size disagreement, a rank claimed twice, and a rank that dies.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "fsdp/dist/collectives.h"
+#include "harness/multirank.h"
+
+using namespace fsdp;
+using fsdp::testing::run_ranks;
+
+namespace {
+
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  int port = ntohs(addr.sin_port);
+  ::close(fd);
+  return port;
+}
+
+// Rank 0 picks a port and tells the others through the harness's group.
+int shared_port(dist::ProcessGroup& pg) {
+  auto t = torch::zeros({1}, torch::kLong);
+  if (pg.rank() == 0) t.fill_(free_port());
+  dist::broadcast(pg, t, 0).wait();
+  return static_cast<int>(t.item<int64_t>());
+}
+
+dist::InitOptions tcp_options(int rank, int world, int port, std::chrono::milliseconds timeout) {
+  dist::LaunchOverrides ov;
+  ov.rank = rank;
+  ov.world_size = world;
+  ov.master_addr = "127.0.0.1";
+  ov.master_port = port;
+  return dist::InitOptions().overrides(ov).timeout(timeout);
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+}  // namespace
+
+TEST(DistInit, TcpStoreServedByRankZero) {
+  run_ranks(3, [](dist::ProcessGroup& harness) {
+    const int port = shared_port(harness);
+    auto pg = dist::init_process_group(tcp_options(harness.rank(), 3, port, std::chrono::seconds(20)));
+    EXPECT_EQ(pg.rank(), harness.rank());
+    EXPECT_EQ(pg.size(), 3);
+    auto t = torch::ones({4});
+    dist::all_reduce(pg, t).wait();
+    EXPECT_EQ(t[0].item<float>(), 3.0f);
+    EXPECT_NE(pg.describe_peer(1).find("pid"), std::string::npos);
+    dist::barrier(pg);
+  });
+}
+
+TEST(DistInit, TorchrunAgentStore) {
+  // The "agent" (here: a store served by the harness rank 0) listens on the port;
+  // every rank connects as a client under /worker/attempt_<restart count>.
+  run_ranks(2, [](dist::ProcessGroup& harness) {
+    const int port = shared_port(harness);
+    c10::intrusive_ptr<c10d::TCPStore> agent;
+    if (harness.rank() == 0) {
+      c10d::TCPStoreOptions o;
+      o.port = port;
+      o.isServer = true;
+      o.waitWorkers = false;
+      agent = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", o);
+    }
+    dist::barrier(harness);
+    setenv("RANK", std::to_string(harness.rank()).c_str(), 1);
+    setenv("WORLD_SIZE", "2", 1);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+    setenv("TORCHELASTIC_USE_AGENT_STORE", "True", 1);
+    setenv("TORCHELASTIC_RESTART_COUNT", "4", 1);
+    auto pg = dist::init_process_group(dist::InitOptions().timeout(std::chrono::seconds(20)));
+    EXPECT_TRUE(pg.launch_env().use_agent_store);
+    auto t = torch::ones({2});
+    dist::all_reduce(pg, t).wait();
+    EXPECT_EQ(t[0].item<float>(), 2.0f);
+    if (agent) {
+      // Our keys live under the attempt prefix Python uses.
+      EXPECT_TRUE(agent->check({"/worker/attempt_4/fsdp/init/world_size"}));
+      EXPECT_FALSE(agent->check({"fsdp/init/world_size"}));
+    }
+    dist::barrier(pg);
+    dist::barrier(harness);
+  });
+}
+
+TEST(DistInit, WorldSizeMismatchFailsFastOnEveryRank) {
+  run_ranks(2, [](dist::ProcessGroup& harness) {
+    const int port = shared_port(harness);
+    const int claimed_world = harness.rank() == 0 ? 2 : 3;
+    // Rank 0 registers first so the mismatch is seen by rank 1.
+    if (harness.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    auto start = std::chrono::steady_clock::now();
+    auto msg = error_of([&] {
+      dist::init_process_group(tcp_options(harness.rank(), claimed_world, port, std::chrono::seconds(3)));
+    });
+    EXPECT_FALSE(msg.empty()) << "rank " << harness.rank() << " did not fail";
+    EXPECT_LT(seconds_since(start), 10.0);
+    if (harness.rank() == 1) {
+      EXPECT_NE(msg.find("started with world size 3"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("registered world size 2"), std::string::npos) << msg;
+    } else {
+      EXPECT_NE(msg.find("are all 2 ranks running"), std::string::npos) << msg;
+    }
+  });
+}
+
+TEST(DistInit, RankClaimedTwice) {
+  // Two processes both say RANK=0 on a shared store (agent store or FileStore):
+  // the second is told at once; the first times out waiting for rank 1.
+  run_ranks(2, [](dist::ProcessGroup& harness) {
+    auto path = torch::zeros({1}, torch::kLong);
+    if (harness.rank() == 0) path.fill_(static_cast<int64_t>(::getpid()));
+    dist::broadcast(harness, path, 0).wait();
+    const std::string file = "/tmp/fsdp-claim-" + std::to_string(path.item<int64_t>());
+    if (harness.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    dist::LaunchOverrides ov;
+    ov.rank = 0;
+    ov.world_size = 2;
+    auto start = std::chrono::steady_clock::now();
+    auto msg = error_of([&] {
+      dist::init_process_group(dist::InitOptions().overrides(ov).file_store_path(file).timeout(
+          std::chrono::seconds(3)));
+    });
+    EXPECT_LT(seconds_since(start), 10.0);
+    if (harness.rank() == 1) {
+      EXPECT_NE(msg.find("rank 0 was claimed by two processes"), std::string::npos) << msg;
+    } else {
+      EXPECT_NE(msg.find("are all 2 ranks running"), std::string::npos) << msg;
+    }
+    dist::barrier(harness);
+    if (harness.rank() == 0) ::unlink(file.c_str());
+  });
+}
+
+TEST(DistInit, DeadRankIsNamedAndOthersFailFast) {
+  // Bare processes, no launcher: rank 2 vanishes after rendezvous; the others'
+  // next collective fails well within the timeout and names it.
+  fsdp::testing::RankOptions opts;
+  opts.collective_timeout = std::chrono::milliseconds(8000);
+  run_ranks(3, [](dist::ProcessGroup& pg) {
+    dist::barrier(pg);
+    if (pg.rank() == 2) {
+      std::fflush(nullptr);
+      ::_exit(0);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // let the parent reap it
+    auto start = std::chrono::steady_clock::now();
+    auto msg = error_of([&] {
+      for (int i = 0; i < 3; ++i) {
+        auto t = torch::ones({1 << 16});
+        dist::all_reduce(pg, t).wait();
+      }
+    });
+    EXPECT_LT(seconds_since(start), 9.0);
+    EXPECT_NE(msg.find("all_reduce on group 'world' failed on rank"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("gone: rank 2"), std::string::npos) << msg;
+  }, opts);
+}
