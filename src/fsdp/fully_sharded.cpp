@@ -121,7 +121,6 @@ FullyShardedBase::FullyShardedBase(std::shared_ptr<torch::nn::Module> model, dis
     register_parameter(p.key(), p.value(), p.value().requires_grad());
   for (const auto& b : model_->named_buffers(false)) register_buffer(b.key(), b.value());
 
-  runtime_ = std::make_unique<Runtime>(pg_, options_);
   build_units();
 }
 
@@ -227,7 +226,11 @@ void FullyShardedBase::build_units() {
     entries[owner].push_back(std::move(e));
   }
 
-  // 3. Units.
+  // 3. Units. The runtime (and its dedicated process groups) is created only
+  // now, after every local check above: a user error that every rank raises
+  // (tied parameters across units) must not leave freshly created groups that
+  // the ranks tear down while peers are still connecting.
+  runtime_ = std::make_unique<Runtime>(pg_, options_);
   for (size_t u = 0; u < unit_paths.size(); ++u) {
     if (entries[u].empty()) continue;  // nothing to shard: no unit, no hooks
     const auto& first = entries[u].front();

@@ -115,10 +115,20 @@ void Runtime::on_unit_grads_complete(Unit* /*unit*/) {
   while (reduce_ptr_ < reduce_order_.size()) {
     Unit* u = reduce_order_[reduce_ptr_];
     if (u->has_grad_params() && !u->grads_complete()) break;
-    if (u->state() == UnitState::AWAIT_BACKWARD || u->state() == UnitState::BACKWARD)
-      u->issue_reduce(no_sync_);
+    if (u->state() == UnitState::AWAIT_BACKWARD || u->state() == UnitState::BACKWARD) issue_reduce(u);
     ++reduce_ptr_;
   }
+}
+
+void Runtime::issue_reduce(Unit* unit) {
+  // At most one reduction in flight: waiting for the previous one before the
+  // next starts frees its flat gradient and receive buffer, so backward holds
+  // one or two units' gradients instead of the whole model's. On 2-core CPU
+  // machines Gloo's threads get no idle core anyway; overlap deeper than one
+  // unit is the prefetch issue's to measure.
+  if (inflight_reduce_ != nullptr) inflight_reduce_->wait_reduce();
+  unit->issue_reduce(no_sync_);
+  inflight_reduce_ = unit;
 }
 
 void Runtime::final_callback() {
@@ -126,9 +136,9 @@ void Runtime::final_callback() {
   gather_until(static_cast<int>(backward_gather_order_.size()) - 1);
   for (; reduce_ptr_ < reduce_order_.size(); ++reduce_ptr_) {
     Unit* u = reduce_order_[reduce_ptr_];
-    if (u->state() == UnitState::AWAIT_BACKWARD || u->state() == UnitState::BACKWARD)
-      u->issue_reduce(no_sync_);
+    if (u->state() == UnitState::AWAIT_BACKWARD || u->state() == UnitState::BACKWARD) issue_reduce(u);
   }
+  inflight_reduce_ = nullptr;
   for (Unit* u : reduce_order_) u->finish_iteration(no_sync_);
   callback_queued_ = false;
   backward_planned_ = false;

@@ -66,6 +66,7 @@ class Runtime {
  private:
   void final_callback();
   void gather_until(int position);   // backward gathers up to this position
+  void issue_reduce(Unit* unit);     // keeps at most one reduction in flight
 
   dist::ProcessGroup pg_, gather_pg_, reduce_pg_;
   Options options_;
@@ -78,6 +79,7 @@ class Runtime {
   std::vector<Unit*> backward_gather_order_;  // reverse post-forward
   std::vector<Unit*> reduce_order_;           // reverse pre-forward
   size_t gather_ptr_ = 0, reduce_ptr_ = 0;
+  Unit* inflight_reduce_ = nullptr;
   bool backward_planned_ = false;
   bool callback_queued_ = false;
   bool no_sync_ = false;

@@ -172,8 +172,13 @@ void Unit::on_param_grad(size_t entry) {
 
 void Unit::issue_reduce(bool no_sync) {
   expect_state({UnitState::AWAIT_BACKWARD, UnitState::BACKWARD}, "issue_reduce");
-  state_ = UnitState::REDUCING;
+  // A unit whose parameters are all frozen has nothing to reduce, but its
+  // backward may not have run yet (its parameters still feed the input
+  // gradient). It stays in AWAIT_BACKWARD/BACKWARD so that its output hook still
+  // re-gathers it; finish_iteration reshards it. (Moving it to REDUCING here made
+  // its backward read freed storage under FULL_SHARD.)
   if (!has_grad_params()) return;
+  state_ = UnitState::REDUCING;
   auto& entries = flat_->entries();
   // Gradients that were never produced (unused parameters) count as zeros.
   flat_grad_ = at::zeros({flat_->padded_numel()}, flat_->options());
@@ -211,20 +216,27 @@ void Unit::issue_reduce(bool no_sync) {
   if (flat_->sharded() && !has_frozen_params_ && !is_root_) flat_->free_unsharded();
 }
 
+void Unit::wait_reduce() {
+  if (!reduce_pending_) return;
+  reduce_pending_ = false;
+  reduce_handle_.wait();
+  reduce_handle_ = dist::CommHandle();
+  if (runtime_->postdivide() != 1) reduced_shard_.div_(runtime_->postdivide());
+  flat_grad_ = at::Tensor();  // the flat gradient is freed as soon as it is reduced
+  reduced_ready_ = true;
+}
+
 void Unit::finish_iteration(bool no_sync) {
   auto& entries = flat_->entries();
-  if (reduce_pending_) {
-    reduce_pending_ = false;
-    reduce_handle_.wait();
-    reduce_handle_ = dist::CommHandle();
-    if (runtime_->postdivide() != 1) reduced_shard_.div_(runtime_->postdivide());
+  wait_reduce();
+  if (reduced_ready_) {
+    reduced_ready_ = false;
     for (size_t i = 0; i < entries.size(); ++i) {
       if (!entries[i].param.requires_grad()) continue;
       at::Tensor piece = storage_alias(flat_->piece_of(reduced_shard_, i));
       if (stashed_grads_[i].defined()) piece.add_(stashed_grads_[i].view(piece.sizes()));
       entries[i].param.mutable_grad() = piece;
     }
-    flat_grad_ = at::Tensor();
   } else {
     // No reduction this iteration (no_sync, or no gradient parameters):
     // previous gradient pieces come back unchanged.

@@ -55,6 +55,7 @@ class Unit : public UnitHooks {
   void gather();                       // alloc + all-gather (blocking)
   void enter_backward();               // AWAIT_BACKWARD -> BACKWARD (no-op otherwise)
   void issue_reduce(bool no_sync);     // flatten grads, start the reduction
+  void wait_reduce();                  // complete an issued reduction, free the flat gradient
   void finish_iteration(bool no_sync); // wait, assign gradient pieces, reshard
   void reset_after_abandoned_forward();
 
@@ -91,7 +92,8 @@ class Unit : public UnitHooks {
   at::Tensor flat_grad_;        // being reduced (flat-sized)
   at::Tensor reduced_shard_;    // reduction output (shard-sized)
   dist::CommHandle reduce_handle_;
-  bool reduce_pending_ = false;  // a reduction was issued this iteration
+  bool reduce_pending_ = false;  // a reduction was issued and not yet waited for
+  bool reduced_ready_ = false;   // reduced_shard_ holds this iteration's result
   at::Tensor no_sync_grad_;     // accumulated unsharded gradient under no_sync
 };
 
