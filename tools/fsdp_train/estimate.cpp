@@ -1,0 +1,44 @@
+#include "estimate.h"
+
+namespace fsdp::train {
+
+int64_t mlp_num_params(int64_t h) { return 784 * h + h + h * h + h + h * 10 + 10; }
+
+void format_bytes(double bytes, char* out, size_t size) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 4) {
+    bytes /= 1024;
+    ++u;
+  }
+  std::snprintf(out, size, u == 0 ? "%.0f %s" : "%.2f %s", bytes, units[u]);
+}
+
+void print_memory_estimate(std::FILE* out, int64_t psi, int n) {
+  struct Row {
+    const char* name;
+    const char* formula;
+    double params, grads, optim;
+  };
+  const double p = double(psi);
+  const Row rows[] = {
+      {"NO_SHARD", "16*P", 4 * p, 4 * p, 8 * p},
+      {"SHARD_GRAD_OP", "4*P + 12*P/N", 4 * p, 4 * p / n, 8 * p / n},
+      {"FULL_SHARD", "16*P/N", 4 * p / n, 4 * p / n, 8 * p / n},
+  };
+  std::fprintf(out, "model-state memory per rank, fp32 Adam, P = %lld parameters, N = %d ranks\n",
+               (long long)psi, n);
+  std::fprintf(out, "%-14s %-14s %14s %14s %14s %14s\n", "strategy", "formula", "params", "grads",
+               "optim state", "total");
+  for (const Row& r : rows) {
+    char a[32], b[32], c[32], t[32];
+    format_bytes(r.params, a, sizeof(a));
+    format_bytes(r.grads, b, sizeof(b));
+    format_bytes(r.optim, c, sizeof(c));
+    format_bytes(r.params + r.grads + r.optim, t, sizeof(t));
+    std::fprintf(out, "%-14s %-14s %14s %14s %14s %14s\n", r.name, r.formula, a, b, c, t);
+  }
+  std::fprintf(out, "(excludes activations, transient unsharded buffers and flat-buffer padding)\n");
+}
+
+}  // namespace fsdp::train

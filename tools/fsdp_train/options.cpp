@@ -1,0 +1,155 @@
+#include "options.h"
+
+#include <algorithm>
+#include <cctype>
+#include <fstream>
+#include <sstream>
+
+#include <CLI/CLI.hpp>
+
+namespace fsdp::train {
+
+namespace {
+
+const char* const kDataFiles[] = {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+                                  "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"};
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
+ParseResult usage_error(std::string message) {
+  ParseResult r;
+  r.outcome = ParseOutcome::UsageError;
+  r.message = std::move(message);
+  return r;
+}
+
+}  // namespace
+
+double TrainOptions::effective_lr() const {
+  if (lr) return *lr;
+  return optimizer == "sgd" ? 0.05 : 1e-3;
+}
+
+ParseResult parse_command_line(int argc, const char* const* argv) {
+  TrainOptions o;
+  CLI::App app{
+      "fsdp-train: trains a model on Fashion-MNIST with FullyShardedDataParallel.\n"
+      "Started directly, it re-executes itself under fsdp-run (next to it) with --nproc ranks;\n"
+      "under a launcher (fsdp-run, torchrun, srun, mpirun) it joins the job.",
+      "fsdp-train"};
+  double lr = 0;
+  int64_t steps = 0, epochs = 0;
+  bool no_shuffle = false;
+  std::string checkpoint_dir;
+  bool resume = false;
+
+  app.add_option("--nproc", o.nproc, "ranks to start when not under a launcher")->capture_default_str();
+  app.add_option("--threads", o.threads, "intra-op threads per rank")->capture_default_str();
+  app.add_option("--model", o.model, "mlp | cnn | gpt")->capture_default_str();
+  app.add_option("--hidden", o.hidden, "hidden width of the mlp")->capture_default_str();
+  app.add_option("--data", o.data_dir, "directory of the gzip'd Fashion-MNIST IDX files")
+      ->capture_default_str();
+  app.add_option("--strategy", o.strategy, "full_shard | shard_grad_op | no_shard")->capture_default_str();
+  app.add_option("--optimizer", o.optimizer, "sgd | adam | adamw | cpu_adam")->capture_default_str();
+  auto* lr_opt = app.add_option("--lr", lr, "learning rate (default 1e-3, sgd 0.05)");
+  app.add_option("--weight-decay", o.weight_decay, "L2 (sgd, adam, cpu_adam) or decoupled (adamw)")
+      ->capture_default_str();
+  app.add_option("--momentum", o.momentum, "sgd momentum")->capture_default_str();
+  app.add_option("--min-num-params", o.min_num_params, "auto-wrap threshold (parameters per unit)")
+      ->capture_default_str();
+  app.add_option("--batch-size", o.batch_size, "global batch size, divisible by the world size")
+      ->capture_default_str();
+  auto* steps_opt = app.add_option("--steps", steps, "optimizer steps to run");
+  auto* epochs_opt = app.add_option("--epochs", epochs, "epochs to run (default 2)");
+  steps_opt->excludes(epochs_opt);
+  app.add_option("--seed", o.seed, "seed of initial weights and shuffling")->capture_default_str();
+  app.add_option("--eval-every", o.eval_every, "evaluate every K steps (0: only at the end)")
+      ->capture_default_str();
+  app.add_option("--log-every", o.log_every, "progress line every K steps")->capture_default_str();
+  app.add_flag("--no-shuffle", no_shuffle, "step s uses samples (s*B+i) mod 60000");
+  app.add_option("--metrics", o.metrics_path, "rank 0 writes JSON lines (per step and per eval)");
+  app.add_flag("--estimate-memory", o.estimate_memory,
+               "print model-state bytes per rank for each strategy and exit");
+  app.add_option("--mixed-precision", o.mixed_precision, "none (bf16: not implemented yet)")
+      ->capture_default_str();
+  auto* ckpt_opt = app.add_option("--checkpoint-dir", checkpoint_dir, "not implemented yet");
+  auto* resume_opt = app.add_flag("--resume", resume, "not implemented yet");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    ParseResult r;
+    r.outcome = ParseOutcome::Help;
+    r.message = app.help();
+    return r;
+  } catch (const CLI::ParseError& e) {
+    return usage_error(std::string(e.what()) + " (see fsdp-train --help)");
+  }
+
+  if (lr_opt->count() > 0) o.lr = lr;
+  if (steps_opt->count() > 0) o.steps = steps;
+  if (epochs_opt->count() > 0) o.epochs = epochs;
+  o.shuffle = !no_shuffle;
+  o.model = lower(o.model);
+  o.strategy = lower(o.strategy);
+  o.optimizer = lower(o.optimizer);
+  o.mixed_precision = lower(o.mixed_precision);
+
+  if (o.nproc < 1) return usage_error("--nproc must be >= 1, got " + std::to_string(o.nproc));
+  if (o.threads < 1) return usage_error("--threads must be >= 1, got " + std::to_string(o.threads));
+  if (o.model == "cnn" || o.model == "gpt")
+    return usage_error("--model " + o.model + " is not implemented yet; use --model mlp");
+  if (o.model != "mlp") return usage_error("unknown --model '" + o.model + "'; expected mlp (cnn, gpt: not implemented yet)");
+  if (o.hidden < 1) return usage_error("--hidden must be >= 1, got " + std::to_string(o.hidden));
+  if (o.strategy == "hybrid_shard")
+    return usage_error("--strategy hybrid_shard is not implemented yet; use full_shard, shard_grad_op or no_shard");
+  if (o.strategy != "full_shard" && o.strategy != "shard_grad_op" && o.strategy != "no_shard")
+    return usage_error("unknown --strategy '" + o.strategy + "'; expected full_shard, shard_grad_op or no_shard");
+  if (o.optimizer != "sgd" && o.optimizer != "adam" && o.optimizer != "adamw" && o.optimizer != "cpu_adam")
+    return usage_error("unknown --optimizer '" + o.optimizer + "'; expected sgd, adam, adamw or cpu_adam");
+  if (o.effective_lr() <= 0) return usage_error("--lr must be > 0");
+  if (o.weight_decay < 0) return usage_error("--weight-decay must be >= 0");
+  if (o.momentum < 0) return usage_error("--momentum must be >= 0");
+  if (o.min_num_params < 0) return usage_error("--min-num-params must be >= 0");
+  if (o.batch_size < 1) return usage_error("--batch-size must be >= 1, got " + std::to_string(o.batch_size));
+  if (o.steps && *o.steps < 1) return usage_error("--steps must be >= 1");
+  if (o.epochs && *o.epochs < 1) return usage_error("--epochs must be >= 1");
+  if (o.eval_every < 0) return usage_error("--eval-every must be >= 0");
+  if (o.log_every < 1) return usage_error("--log-every must be >= 1");
+  if (o.mixed_precision == "bf16")
+    return usage_error("--mixed-precision bf16 is not implemented yet; use --mixed-precision none");
+  if (o.mixed_precision != "none")
+    return usage_error("unknown --mixed-precision '" + o.mixed_precision + "'; expected none");
+  if (ckpt_opt->count() > 0 || resume_opt->count() > 0)
+    return usage_error("--checkpoint-dir and --resume are not implemented yet; drop them");
+
+  ParseResult r;
+  r.outcome = ParseOutcome::Run;
+  r.options = std::move(o);
+  return r;
+}
+
+std::string check_world_size(const TrainOptions& o, int world_size) {
+  if (o.batch_size % world_size == 0) return "";
+  std::ostringstream msg;
+  msg << "--batch-size " << o.batch_size << " does not divide by the world size " << world_size
+      << "; use a multiple of " << world_size << " (e.g. " << (o.batch_size / world_size + 1) * world_size
+      << ")";
+  return msg.str();
+}
+
+std::string check_data_dir(const TrainOptions& o) {
+  for (const char* name : kDataFiles) {
+    std::string path = o.data_dir + "/" + name;
+    if (!std::ifstream(path).good())
+      return "cannot read " + path + " (--data " + o.data_dir +
+             "): point --data at the directory of the Fashion-MNIST IDX .gz files "
+             "(Debian: apt-get install dataset-fashion-mnist)";
+  }
+  return "";
+}
+
+}  // namespace fsdp::train
