@@ -1,7 +1,7 @@
 // fsdp-train: the project's main job. Trains an mlp on Fashion-MNIST with
 // FullyShardedDataParallel and reports test accuracy, throughput and memory per rank.
 //
-//   fsdp-train                          # 2 local ranks, FULL_SHARD, Adam, 2 epochs
+//   fsdp-train                          # 2 local ranks, FULL_SHARD, Adam, 3 epochs
 //   fsdp-train --strategy no_shard --steps 200 --metrics m.jsonl
 //   fsdp-run --nproc 4 -- fsdp-train    # or torchrun --no_python, srun, mpirun
 //

@@ -63,7 +63,7 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
   app.add_option("--batch-size", o.batch_size, "global batch size, divisible by the world size")
       ->capture_default_str();
   auto* steps_opt = app.add_option("--steps", steps, "optimizer steps to run");
-  auto* epochs_opt = app.add_option("--epochs", epochs, "epochs to run (default 2)");
+  auto* epochs_opt = app.add_option("--epochs", epochs, "epochs to run (default 3)");
   steps_opt->excludes(epochs_opt);
   app.add_option("--seed", o.seed, "seed of initial weights and shuffling")->capture_default_str();
   app.add_option("--eval-every", o.eval_every, "evaluate every K steps (0: only at the end)")

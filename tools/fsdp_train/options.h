@@ -10,6 +10,10 @@
 namespace fsdp::train {
 
 inline constexpr const char* kDefaultDataDir = "/usr/share/datasets/fashion-mnist";
+/// Measured on the 2-core machine (mlp, Adam 1e-3, batch 64, seeds 0 and 1): test accuracy
+/// 84.5-85.1% after 1 epoch, 84.9% after 2 (the last step lands on a noisy point), 86.9-87.1%
+/// after 3, at about 50 s in all. 3 is the smallest count that clears 85% on every seed tried.
+inline constexpr int64_t kDefaultEpochs = 3;
 
 struct TrainOptions {
   int nproc = 2;                   ///< ranks started when not already under a launcher
@@ -25,7 +29,7 @@ struct TrainOptions {
   int64_t min_num_params = 1000;   ///< auto-wrap threshold: every Linear of the mlp is a unit
   int64_t batch_size = 64;         ///< global: split evenly across ranks
   std::optional<int64_t> steps;    ///< exclusive with --epochs
-  std::optional<int64_t> epochs;
+  std::optional<int64_t> epochs;   ///< default kDefaultEpochs when neither is given
   uint64_t seed = 0;
   int64_t eval_every = 0;          ///< 0: evaluate once, at the end
   int64_t log_every = 100;

@@ -230,7 +230,7 @@ int run_rank(const TrainOptions& o) {
 
   const int64_t n_train = train_set.labels.size(0);
   Sampler sampler(n_train, o.batch_size, o.shuffle, o.seed);
-  const int64_t total_steps = o.steps ? *o.steps : (o.epochs ? *o.epochs : 2) * sampler.steps_per_epoch();
+  const int64_t total_steps = o.steps ? *o.steps : (o.epochs ? *o.epochs : kDefaultEpochs) * sampler.steps_per_epoch();
   const int64_t local_batch = o.batch_size / world;
   const int64_t begin = rank * local_batch, end = begin + local_batch;
 
