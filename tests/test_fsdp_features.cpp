@@ -200,12 +200,20 @@ void eval_case(dist::ProcessGroup& pg, const std::string& name, Make make, const
     evaluate("before training");
     for (int s = 0; s < 4; ++s) {
       auto [x, y] = global_batch(s, 12);
+      if (s == 2) {
+        // A training forward whose output is dropped (no backward): the next
+        // iteration starts from a clean sharded state.
+        (void)model->forward(rank_slice(x, pg.rank(), pg.size()));
+      }
       ref_opt.zero_grad();
       auto ref_loss = torch::mse_loss(ref->forward(x), y);
       ref_loss.backward();
-      opt.zero_grad();
+      // Step 3 zeroes the gradients between forward and backward (a common
+      // order): the previous step's gradient pieces must be the ones zeroed.
+      if (s != 3) opt.zero_grad();
       auto loss = torch::mse_loss(model->forward(rank_slice(x, pg.rank(), pg.size())),
                                   rank_slice(y, pg.rank(), pg.size()));
+      if (s == 3) opt.zero_grad();
       loss.backward();
       if (s == 1) {
         // Between backward and step: gradient pieces must survive the evaluation
@@ -256,19 +264,35 @@ struct BranchNetImpl : torch::nn::Module {
 };
 TORCH_MODULE(BranchNet);
 
-void unused_branch_case(dist::ProcessGroup& pg, const std::string& name, ShardingStrategy strategy,
-                        bool branch_first, std::function<bool(int rank)> uses_branch) {
+/// The same with the branch and head as Sequential entries (units "branch.0",
+/// "head.0"), and the unused branch's output cut by detach() * 0 instead.
+struct SeqBranchNetImpl : torch::nn::Module {
+  SeqBranchNetImpl() {
+    trunk = register_module("trunk", torch::nn::Linear(13, 16));
+    branch = register_module("branch", torch::nn::Sequential(torch::nn::Linear(16, 5), torch::nn::Tanh()));
+    head = register_module("head", torch::nn::Sequential(torch::nn::Linear(16, 5)));
+  }
+  torch::Tensor forward(torch::Tensor x, bool use_branch) {
+    auto h = torch::relu(trunk->forward(x));
+    auto b = branch->forward(h);
+    auto out = head->forward(h);
+    return use_branch ? out + b : out + b.detach() * 0;
+  }
+  torch::nn::Linear trunk{nullptr};
+  torch::nn::Sequential branch{nullptr}, head{nullptr};
+};
+TORCH_MODULE(SeqBranchNet);
+
+template <typename Make>
+void unused_branch_case(dist::ProcessGroup& pg, const std::string& name, ShardingStrategy strategy, Make make,
+                        std::vector<std::string> expected_units, std::function<bool(int rank)> uses_branch) {
   run_case(name, [&] {
-    auto make = [&] {
-      torch::manual_seed(7);
-      return BranchNet(branch_first);
-    };
     const Options opts = Options().sharding_strategy(strategy).auto_wrap_policy(always_wrap_policy());
     const int n = pg.size();
     auto ref = make();
     torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
     auto model = FullyShardedDataParallel(make(), pg, opts);
-    ASSERT_EQ(model->unit_paths(), (std::vector<std::string>{"", "branch", "head"}));
+    ASSERT_EQ(model->unit_paths(), expected_units);
     torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
     bool anyone_uses = false;
     for (int r = 0; r < n; ++r) anyone_uses |= uses_branch(r);
@@ -529,6 +553,20 @@ void memory_case(dist::ProcessGroup& pg, const std::string& name, Make make, con
 
 // ---------------------------------------------------------------------------
 
+/// First layer frozen: its output does not require grad, so its unit has no
+/// backward at all.
+torch::nn::Sequential make_frozen_first_mlp() {
+  auto m = make_mlp();
+  for (auto& p : m->ptr(0)->parameters()) p.requires_grad_(false);
+  return m;
+}
+/// A whole block frozen: a frozen unit with frozen nested units between
+/// trainable ones.
+TinyTransformer make_frozen_block_transformer() {
+  auto t = make_transformer();
+  for (auto& p : t->blocks[0]->parameters()) p.requires_grad_(false);
+  return t;
+}
 torch::nn::Sequential make_frozen_mlp() {
   auto m = make_mlp();
   for (auto& p : m->ptr(2)->parameters()) p.requires_grad_(false);
@@ -559,14 +597,30 @@ void all_cases(dist::ProcessGroup& pg) {
     eval_case(pg, "eval/mlp/" + s, mlp, mlp_options(strategy));
     eval_case(pg, "eval/transformer/" + s, tf, tf_options(strategy));
     eval_case(pg, "eval/mlp-root-only/" + s, mlp, Options().sharding_strategy(strategy));
+    auto some = [](int r) { return r % 2 == 0; };
+    auto none = [](int) { return false; };
     for (bool first : {true, false}) {
       const std::string order = first ? "/branch-first" : "/head-first";
-      unused_branch_case(pg, "unused/some-ranks/" + s + order, strategy, first, [](int r) { return r % 2 == 0; });
-      unused_branch_case(pg, "unused/all-ranks/" + s + order, strategy, first, [](int) { return false; });
+      auto make = [first] {
+        torch::manual_seed(7);
+        return BranchNet(first);
+      };
+      const std::vector<std::string> units{"", "branch", "head"};
+      unused_branch_case(pg, "unused/some-ranks/" + s + order, strategy, make, units, some);
+      unused_branch_case(pg, "unused/all-ranks/" + s + order, strategy, make, units, none);
     }
+    auto make_seq = [] {
+      torch::manual_seed(7);
+      return SeqBranchNet();
+    };
+    const std::vector<std::string> seq_units{"", "branch.0", "head.0"};
+    unused_branch_case(pg, "unused/some-ranks/sequential/" + s, strategy, make_seq, seq_units, some);
+    unused_branch_case(pg, "unused/all-ranks/sequential/" + s, strategy, make_seq, seq_units, none);
     frozen_case(pg, "frozen/mlp/" + s, make_frozen_mlp, mlp_options(strategy), "2.");
     frozen_case(pg, "frozen/mlp-root-only/" + s, make_frozen_mlp, Options().sharding_strategy(strategy), "2.");
     frozen_case(pg, "frozen/transformer/" + s, make_frozen_transformer, tf_options(strategy), "block0.mix.");
+    frozen_case(pg, "frozen/mlp-first/" + s, make_frozen_first_mlp, mlp_options(strategy), "0.");
+    frozen_case(pg, "frozen/transformer-block/" + s, make_frozen_block_transformer, tf_options(strategy), "block0.");
     memory_case(pg, "memory/mlp/" + s, mlp, mlp_options(strategy));
     memory_case(pg, "memory/transformer/" + s, tf, tf_options(strategy));
   }

@@ -293,6 +293,19 @@ void FullyShardedBase::root_pre_forward() {
 void FullyShardedBase::root_post_forward(const std::vector<at::Tensor>& outputs) {
   if (root_unit_) root_unit_->post_forward(outputs);
   runtime_->root_post_forward();
+  if (!at::GradMode::is_enabled()) return;
+  // The gradients of the model's outputs are the first thing backward computes:
+  // that is where units set their earlier gradient pieces aside (also when the
+  // root holds no parameters and so has no unit of its own).
+  Runtime* runtime = runtime_.get();
+  for (const auto& out : outputs) {
+    if (!out.defined() || !out.requires_grad()) continue;
+    at::Tensor t = out;
+    t.register_hook([runtime](const at::Tensor& grad) {
+      runtime->on_root_output_grad();
+      return grad;
+    });
+  }
 }
 
 at::Tensor FullyShardedBase::clip_grad_norm_(double max_norm, double norm_type) {

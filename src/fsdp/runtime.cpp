@@ -88,6 +88,15 @@ void Runtime::ensure_final_callback() {
   torch::autograd::Engine::get_default_engine().queue_callback([this] { final_callback(); });
 }
 
+void Runtime::on_root_output_grad() {
+  ensure_final_callback();
+  // Backward starts: every unit that ran forward with grad moves its earlier
+  // gradient pieces aside before any AccumulateGrad runs (see Unit::stash_grads).
+  // Units whose outputs get no gradient on this rank are included, so their
+  // pieces come back unchanged at the end (plus the reduced zeros).
+  for (auto& u : units_) u->stash_grads();
+}
+
 void Runtime::gather_until(int position) {
   for (; static_cast<int>(gather_ptr_) <= position && gather_ptr_ < backward_gather_order_.size();
        ++gather_ptr_) {

@@ -53,6 +53,8 @@ class Runtime {
   void on_unit_output_grad(Unit* unit);
   void on_unit_grads_complete(Unit* unit);
   void ensure_final_callback();
+  // Hook on the root's outputs: the first event of a backward pass.
+  void on_root_output_grad();
 
   // no_sync
   void set_no_sync(bool v) { no_sync_ = v; }

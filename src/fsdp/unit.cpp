@@ -115,18 +115,8 @@ void Unit::pre_forward() {
   const bool training = at::GradMode::is_enabled();
   // A unit can run forward more than once per iteration (a module called twice).
   expect_state({UnitState::IDLE, UnitState::AWAIT_BACKWARD, UnitState::FORWARD}, "pre_forward");
-  if (training && !stashed_) {
-    // Gradient pieces from earlier backward passes (accumulation without
-    // no_sync) cannot stay on parameters that now have their full shape;
-    // they are added back to the new pieces at the end of backward.
-    auto& entries = flat_->entries();
-    for (size_t i = 0; i < entries.size(); ++i) {
-      auto& g = entries[i].param.mutable_grad();
-      stashed_grads_[i] = g;
-      g = at::Tensor();
-    }
-    stashed_ = true;
-  }
+  // Gradient pieces from earlier backward passes stay on the parameters until
+  // backward starts (stash_grads), so that the user can still zero or read them.
   unshard();
   if (training) ensure_grad_accumulators();
   state_ = UnitState::FORWARD;
@@ -157,8 +147,28 @@ void Unit::post_forward(const std::vector<at::Tensor>& outputs) {
   }
 }
 
+void Unit::stash_grads() {
+  // Gradient pieces from earlier backward passes (accumulation without no_sync)
+  // cannot stay on parameters that now have their full shape: AccumulateGrad
+  // would add the full gradient to the piece. They are moved aside when this
+  // iteration's backward starts and added back to the new pieces at its end.
+  // Not at forward: between forward and backward the pieces are the user's
+  // (forward -> zero_grad -> backward is a common order; stashing at forward
+  // hid them from zero_grad and added the old gradients back after backward).
+  if (stashed_) return;
+  if (state_ != UnitState::AWAIT_BACKWARD && state_ != UnitState::BACKWARD) return;
+  auto& entries = flat_->entries();
+  for (size_t i = 0; i < entries.size(); ++i) {
+    auto& g = entries[i].param.mutable_grad();
+    stashed_grads_[i] = g;
+    g = at::Tensor();
+  }
+  stashed_ = true;
+}
+
 void Unit::on_output_grad() {
   runtime_->ensure_final_callback();
+  stash_grads();
   if (state_ == UnitState::AWAIT_BACKWARD) runtime_->on_unit_output_grad(this);
 }
 

@@ -48,6 +48,7 @@ class Unit : public UnitHooks {
 
   // Driven by the Runtime.
   void on_output_grad();               // output hook: this unit's backward is next
+  void stash_grads();                  // backward starts: move earlier gradient pieces aside
   void on_param_grad(size_t entry);    // AccumulateGrad post hook
   bool grads_complete() const { return fired_ == num_grad_params_; }
   bool has_grad_params() const { return num_grad_params_ > 0; }
