@@ -1,0 +1,390 @@
+// bench_collectives: bus bandwidth of fsdp::dist's all-gather and reduce-scatter against
+// Gloo's own all-reduce, measured in the same run on the same buffer.
+//
+// Usage:
+//   bench_collectives [--world-sizes 2,4] [--sizes-mb 1,16,64] [--reps 10] [--reps-large 5]
+//                     [--warmup 3] [--timeout-ms 300000]
+//
+// Without RANK in the environment it re-executes itself under the fsdp-run that sits next
+// to it (same bin/ directory), once per world size, and prints rank 0's report with the
+// "[rank0]: " prefix removed. Under a launcher it runs the measurement directly.
+//
+// Words used below:
+//   flat buffer  the full fp32 buffer of `mb` MiB (size S bytes), as FSDP all-gathers it
+//   shard        this rank's 1/N of it
+//   rep          one timed call of every op, in a fixed order, each after a barrier; a rep's
+//                time for an op is the slowest rank's time (max over ranks), and an op's
+//                reported time is the median over reps. Interleaving the ops inside each rep
+//                gives every op the same background load (the machine is shared).
+//   busbw        nccl-tests' bus bandwidth: what each rank sends (and receives) per second on
+//                the optimal algorithm. All-gather and reduce-scatter: S*(N-1)/N / t;
+//                all-reduce: 2*S*(N-1)/N / t. Equal busbw means equal use of the links, so
+//                "ours >= 0.9x Gloo's all-reduce busbw" is the target.
+//
+// Ops timed (the first four are the report; the rest explain it):
+//   gloo_allreduce   pg.c10d()->allreduce on the flat buffer: the baseline
+//   all_reduce       fsdp::dist::all_reduce (the same Gloo call behind our handle)
+//   all_gather_into  fsdp::dist::all_gather_into(flat, shard)
+//   reduce_scatter   fsdp::dist::reduce_scatter(out, flat)
+//   gloo_alltoall    reduce_scatter's transfer alone: c10d alltoall_base into a buffer
+//                    allocated once (no per-call allocation, no local sum)
+//   rs_sum           reduce_scatter's local sum alone: N rows of an S-byte buffer into the shard
+//   ag_copy          the copy Gloo's allgather adds: Gloo 1.13 always gathers into a flat
+//                    tensor of its own and then copies it into the N chunk views we pass
+//   fresh_buffer     allocating an S-byte tensor and touching it once: what reduce_scatter
+//                    (its receive buffer) and Gloo's allgather (its flat output) pay on every
+//                    call; above glibc's mmap threshold (32 MiB at most) that is page faults
+//                    every time
+// So reduce_scatter ~ fresh_buffer + gloo_alltoall + rs_sum, and all_gather_into ~
+// fresh_buffer + (ring transfer) + ag_copy.
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <torch/torch.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include "fsdp/dist/collectives.h"
+#include "fsdp/dist/process_group.h"
+
+namespace {
+
+namespace dist = fsdp::dist;
+using Clock = std::chrono::steady_clock;
+
+struct Args {
+  std::vector<int> world_sizes{2, 4};
+  std::vector<int> sizes_mb{1, 16, 64};
+  int reps = 10;
+  int reps_large = 5;  // for buffers of 64 MiB and more
+  int warmup = 3;
+  long timeout_ms = 300000;
+  std::vector<std::string> passthrough;  // argv[1..] for the re-executed ranks
+};
+
+[[noreturn]] void usage_error(const std::string& what) {
+  std::fprintf(stderr,
+               "bench_collectives: %s\nusage: bench_collectives [--world-sizes 2,4] "
+               "[--sizes-mb 1,16,64] [--reps 10] [--reps-large 5] [--warmup 3] "
+               "[--timeout-ms 300000]\n",
+               what.c_str());
+  std::exit(2);
+}
+
+long parse_long(const std::string& flag, const std::string& value) {
+  char* end = nullptr;
+  long v = std::strtol(value.c_str(), &end, 10);
+  if (value.empty() || *end != '\0') {
+    usage_error(flag + " expects an integer, got '" + value + "'");
+  }
+  return v;
+}
+
+std::vector<int> parse_list(const std::string& flag, const std::string& value) {
+  std::vector<int> out;
+  std::stringstream ss(value);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    long v = parse_long(flag, item);
+    if (v < 1) usage_error(flag + " values must be >= 1");
+    out.push_back(static_cast<int>(v));
+  }
+  if (out.empty()) usage_error(flag + " needs at least one value");
+  return out;
+}
+
+Args parse_args(int argc, char** argv) {
+  Args args;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    args.passthrough.push_back(a);
+    if (a == "-h" || a == "--help") {
+      std::printf("see the comment at the top of bench/bench_collectives.cpp\n");
+      std::exit(0);
+    }
+    if (i + 1 >= argc) usage_error("unknown argument or missing value: '" + a + "'");
+    std::string v = argv[++i];
+    args.passthrough.push_back(v);
+    if (a == "--world-sizes") {
+      args.world_sizes = parse_list(a, v);
+    } else if (a == "--sizes-mb") {
+      args.sizes_mb = parse_list(a, v);
+    } else if (a == "--reps") {
+      args.reps = static_cast<int>(parse_long(a, v));
+    } else if (a == "--reps-large") {
+      args.reps_large = static_cast<int>(parse_long(a, v));
+    } else if (a == "--warmup") {
+      args.warmup = static_cast<int>(parse_long(a, v));
+    } else if (a == "--timeout-ms") {
+      args.timeout_ms = parse_long(a, v);
+    } else {
+      usage_error("unknown argument '" + a + "'");
+    }
+  }
+  if (args.reps < 1 || args.reps_large < 1 || args.warmup < 0 || args.timeout_ms <= 0) {
+    usage_error("--reps and --reps-large must be >= 1, --warmup >= 0, --timeout-ms > 0");
+  }
+  return args;
+}
+
+// ---- launcher mode ------------------------------------------------------------------------
+
+std::string self_exe() {
+  char buf[4096];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) {
+    std::fprintf(stderr, "bench_collectives: cannot read /proc/self/exe: %s\n",
+                 std::strerror(errno));
+    std::exit(1);
+  }
+  return std::string(buf, static_cast<size_t>(n));
+}
+
+// Runs `fsdp-run --nproc N -- self args...`; stdout lines of rank 0 lose their prefix.
+int run_under_launcher(const std::string& launcher, const std::string& self, int world,
+                       const std::vector<std::string>& passthrough) {
+  std::vector<std::string> argv_s{launcher, "--nproc", std::to_string(world), "--", self};
+  argv_s.insert(argv_s.end(), passthrough.begin(), passthrough.end());
+  std::vector<char*> argv_c;
+  for (auto& s : argv_s) argv_c.push_back(s.data());
+  argv_c.push_back(nullptr);
+
+  int fds[2];
+  if (::pipe(fds) != 0) {
+    std::perror("bench_collectives: pipe");
+    return 1;
+  }
+  std::fflush(nullptr);
+  pid_t pid = ::fork();
+  if (pid < 0) {
+    std::perror("bench_collectives: fork");
+    return 1;
+  }
+  if (pid == 0) {
+    ::dup2(fds[1], STDOUT_FILENO);
+    ::close(fds[0]);
+    ::close(fds[1]);
+    ::execv(argv_c[0], argv_c.data());
+    std::fprintf(stderr, "bench_collectives: cannot execute %s: %s\n", argv_c[0],
+                 std::strerror(errno));
+    ::_exit(127);
+  }
+  ::close(fds[1]);
+  FILE* in = ::fdopen(fds[0], "r");
+  const std::string prefix = "[rank0]: ";
+  char* line = nullptr;
+  size_t cap = 0;
+  while (::getline(&line, &cap, in) > 0) {
+    const char* text = line;
+    if (std::strncmp(line, prefix.c_str(), prefix.size()) == 0) text += prefix.size();
+    std::fputs(text, stdout);
+    std::fflush(stdout);
+  }
+  std::free(line);
+  std::fclose(in);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  return 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+}
+
+int launcher_main(const Args& args) {
+  const std::string self = self_exe();
+  const std::string dir = self.substr(0, self.rfind('/'));
+  const std::string launcher = dir + "/fsdp-run";
+  if (::access(launcher.c_str(), X_OK) != 0) {
+    std::fprintf(stderr,
+                 "bench_collectives: %s not found; build it (cmake --build <build> --target "
+                 "fsdp-run) or start this under a launcher (RANK set)\n",
+                 launcher.c_str());
+    return 1;
+  }
+  int worst = 0;
+  for (int world : args.world_sizes) {
+    int rc = run_under_launcher(launcher, self, world, args.passthrough);
+    if (rc != 0) {
+      std::fprintf(stderr, "bench_collectives: world size %d failed (exit %d)\n", world, rc);
+      worst = rc;
+    }
+  }
+  return worst;
+}
+
+// ---- rank mode ----------------------------------------------------------------------------
+
+struct Op {
+  std::string name;
+  bool report;          // part of the main table (the rest are the breakdown)
+  double bus_factor;    // busbw = bus_factor * S*(N-1)/N / t; 0: not a transfer
+  std::function<void()> run;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), f, v);
+  return buf;
+}
+
+int rank_main(const Args& args) {
+  auto pg = dist::init_process_group(
+      dist::InitOptions().timeout(std::chrono::milliseconds(args.timeout_ms)));
+  const int n = pg.size();
+  const int rank = pg.rank();
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+
+  struct Row {
+    int mb;
+    std::string op;
+    bool report;
+    double ms;
+    std::optional<double> busbw;
+    std::optional<double> ratio;
+  };
+  std::vector<Row> rows;
+
+  for (int mb : args.sizes_mb) {
+    const int64_t numel = dist::padded_numel(int64_t(mb) * 1024 * 1024 / 4, n);
+    const double bytes = double(numel) * 4.0;
+    const int64_t chunk = numel / n;
+    // Zeros: sums stay zero, so repeated all-reduces never reach inf or denormals.
+    auto flat = at::zeros({numel}, f32);
+    auto shard = at::zeros({chunk}, f32);
+    auto out = at::zeros({chunk}, f32);
+    auto received = at::zeros({numel}, f32);
+
+    std::vector<Op> ops;
+    ops.push_back({"gloo_allreduce", true, 2.0, [&] {
+                     std::vector<at::Tensor> t{flat};
+                     pg.c10d()->allreduce(t)->wait(pg.timeout());
+                   }});
+    ops.push_back({"all_reduce", true, 2.0, [&] { dist::all_reduce(pg, flat).wait(); }});
+    ops.push_back({"all_gather_into", true, 1.0,
+                   [&] { dist::all_gather_into(pg, flat, shard).wait(); }});
+    ops.push_back({"reduce_scatter", true, 1.0,
+                   [&] { dist::reduce_scatter(pg, out, flat).wait(); }});
+    ops.push_back({"gloo_alltoall", false, 1.0, [&] {
+                     std::vector<int64_t> equal;
+                     pg.c10d()->alltoall_base(received, flat, equal, equal)->wait(pg.timeout());
+                   }});
+    ops.push_back({"rs_sum", false, 0.0, [&] {
+                     auto r = received.view({n, chunk});
+                     out.copy_(r[0]);
+                     for (int i = 1; i < n; ++i) out.add_(r[i]);
+                   }});
+    ops.push_back({"ag_copy", false, 0.0, [&] {
+                     auto dst = flat.view({n, chunk});
+                     auto src = received.view({n, chunk});
+                     for (int i = 0; i < n; ++i) dst[i].copy_(src[i]);
+                   }});
+    ops.push_back({"fresh_buffer", false, 0.0, [&] {
+                     auto fresh = at::empty_like(flat);
+                     fresh.zero_();
+                   }});
+
+    const int reps = mb >= 64 ? args.reps_large : args.reps;
+    for (int w = 0; w < args.warmup; ++w) {
+      for (auto& op : ops) op.run();
+    }
+    // times[o * reps + r]: this rank's seconds for op o in rep r.
+    auto times = at::zeros({int64_t(ops.size()) * reps}, at::TensorOptions().dtype(at::kDouble));
+    double* tp = times.data_ptr<double>();
+    for (int r = 0; r < reps; ++r) {
+      for (size_t o = 0; o < ops.size(); ++o) {
+        dist::barrier(pg);
+        auto t0 = Clock::now();
+        ops[o].run();
+        tp[o * reps + r] = std::chrono::duration<double>(Clock::now() - t0).count();
+      }
+    }
+    // The slowest rank defines a collective's time.
+    {
+      std::vector<at::Tensor> t{times};
+      c10d::AllreduceOptions opts;
+      opts.reduceOp = c10d::ReduceOp::MAX;
+      pg.c10d()->allreduce(t, opts)->wait(pg.timeout());
+    }
+    double baseline_busbw = 0;
+    for (size_t o = 0; o < ops.size(); ++o) {
+      std::vector<double> v(tp + o * reps, tp + (o + 1) * reps);
+      const double t = median(v);
+      Row row{mb, ops[o].name, ops[o].report, t * 1e3, std::nullopt, std::nullopt};
+      if (ops[o].bus_factor > 0) {
+        row.busbw = ops[o].bus_factor * bytes * (n - 1) / n / t / 1e9;
+        if (o == 0) baseline_busbw = *row.busbw;
+        row.ratio = *row.busbw / baseline_busbw;
+      }
+      rows.push_back(row);
+    }
+  }
+
+  if (rank == 0) {
+    std::string load = "?";
+    if (FILE* f = std::fopen("/proc/loadavg", "r")) {
+      char buf[128] = {0};
+      if (std::fgets(buf, sizeof(buf), f)) load = std::string(buf, std::strcspn(buf, "\n"));
+      std::fclose(f);
+    }
+    std::printf("bench_collectives: world_size=%d on %u cores%s, fp32, median of %d reps "
+                "(%d for >= 64 MiB; max over ranks), %d warm-up, intra-op threads %d\n",
+                n, cores, n > int(cores) ? " (OVERSUBSCRIBED: more ranks than cores)" : "",
+                args.reps, args.reps_large, args.warmup, at::get_num_threads());
+    std::printf("load average at the end of the measurements: %s\n", load.c_str());
+    std::printf("busbw: all-gather/reduce-scatter S*(N-1)/N/t, all-reduce 2*S*(N-1)/N/t "
+                "(nccl-tests), GB = 1e9 bytes, MB = MiB\n");
+    std::printf("%6s %-16s %10s %12s %10s\n", "MB", "op", "ms", "busbw GB/s", "vs gloo AR");
+    auto print_rows = [&](bool report) {
+      for (const auto& r : rows) {
+        if (r.report != report) continue;
+        std::printf("%6d %-16s %10.2f %12s %10s\n", r.mb, r.op.c_str(), r.ms,
+                    r.busbw ? fmt("%.3f", *r.busbw).c_str() : "-",
+                    r.ratio ? fmt("%.2fx", *r.ratio).c_str() : "-");
+      }
+    };
+    print_rows(true);
+    std::printf("breakdown: reduce_scatter ~ fresh_buffer + gloo_alltoall + rs_sum; "
+                "all_gather_into ~ fresh_buffer + ring transfer + ag_copy\n");
+    print_rows(false);
+    for (const auto& r : rows) {
+      std::printf("{\"op\": \"%s\", \"world_size\": %d, \"mb\": %d, \"ms\": %.4f, "
+                  "\"busbw_gb_s\": %s, \"ratio_vs_gloo_allreduce\": %s}\n",
+                  r.op.c_str(), n, r.mb, r.ms, r.busbw ? fmt("%.4f", *r.busbw).c_str() : "null",
+                  r.ratio ? fmt("%.4f", *r.ratio).c_str() : "null");
+    }
+    std::fflush(stdout);
+  }
+  dist::barrier(pg);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args args = parse_args(argc, argv);
+  if (std::getenv("RANK") == nullptr) return launcher_main(args);
+  try {
+    return rank_main(args);
+  } catch (const c10::Error& e) {
+    std::fprintf(stderr, "bench_collectives: FAILED: %s\n", e.what_without_backtrace());
+    return 1;
+  }
+}
