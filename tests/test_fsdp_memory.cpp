@@ -119,9 +119,10 @@ void memory_cases(dist::ProcessGroup& pg) {
           // In flight at the worst moment of backward: one unit's gathered
           // parameters, its autograd gradients, its flat gradient and reduce
           // receive buffer, and the previous unit's reduction (one in flight):
-          // about six unit sizes here. Holding every unit's buffers until the
-          // end of backward (a bug this catches) costs about twelve.
-          EXPECT_LT(step_peak, 8 * unit_bytes) << "FULL_SHARD step peak " << step_peak;
+          // six to eight unit sizes here, depending on when Gloo's threads drop
+          // finished buffers. Holding every unit's buffers until the end of
+          // backward (a bug this catches) costs twelve.
+          EXPECT_LT(step_peak, 10 * unit_bytes) << "FULL_SHARD step peak " << step_peak;
         }
       }
       EXPECT_NEAR(static_cast<double>(counter->live() - base), 0.0, 64 * 1024) << "bytes leaked after destruction";
