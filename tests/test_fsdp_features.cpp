@@ -285,7 +285,8 @@ TORCH_MODULE(SeqBranchNet);
 
 template <typename Make>
 void unused_branch_case(dist::ProcessGroup& pg, const std::string& name, ShardingStrategy strategy, Make make,
-                        std::vector<std::string> expected_units, std::function<bool(int rank)> uses_branch) {
+                        std::vector<std::string> expected_units, std::function<bool(int rank)> uses_branch,
+                        int micro = 1, bool use_no_sync = false) {
   run_case(name, [&] {
     const Options opts = Options().sharding_strategy(strategy).auto_wrap_policy(always_wrap_policy());
     const int n = pg.size();
@@ -297,21 +298,36 @@ void unused_branch_case(dist::ProcessGroup& pg, const std::string& name, Shardin
     bool anyone_uses = false;
     for (int r = 0; r < n; ++r) anyone_uses |= uses_branch(r);
     for (int s = 0; s < 3; ++s) {
-      auto [x, y] = global_batch(s, 12);
       auto ref0 = snapshot(*ref);
       auto got0 = full_params(model);
-      // Global loss: mean of the ranks' losses, each with its own branch usage.
+      // Global loss: mean over micro-batches and ranks of the ranks' losses, each
+      // with its own branch usage.
       ref_opt.zero_grad();
       torch::Tensor ref_loss = torch::zeros({});
-      for (int r = 0; r < n; ++r)
-        ref_loss = ref_loss + torch::mse_loss(ref->forward(rank_slice(x, r, n), uses_branch(r)), rank_slice(y, r, n));
-      (ref_loss / n).backward();
+      for (int i = 0; i < micro; ++i) {
+        auto [x, y] = global_batch(10 * s + i, 12);
+        for (int r = 0; r < n; ++r)
+          ref_loss = ref_loss + torch::mse_loss(ref->forward(rank_slice(x, r, n), uses_branch(r)), rank_slice(y, r, n));
+      }
+      (ref_loss / (n * micro)).backward();
       ref_opt.step();
 
       opt.zero_grad();
-      torch::mse_loss(model->forward(rank_slice(x, pg.rank(), n), uses_branch(pg.rank())),
-                      rank_slice(y, pg.rank(), n))
-          .backward();
+      for (int i = 0; i < micro; ++i) {
+        auto [x, y] = global_batch(10 * s + i, 12);
+        auto run = [&] {
+          (torch::mse_loss(model->forward(rank_slice(x, pg.rank(), n), uses_branch(pg.rank())),
+                           rank_slice(y, pg.rank(), n)) /
+           micro)
+              .backward();
+        };
+        if (use_no_sync && i < micro - 1) {
+          auto guard = model->no_sync();
+          run();
+        } else {
+          run();
+        }
+      }
       for (const auto& p : model->named_parameters()) {
         ASSERT_TRUE(p.value().grad().defined()) << p.key() << " has no gradient piece";
         if (!anyone_uses && p.key().rfind("branch.", 0) == 0) {
@@ -616,6 +632,9 @@ void all_cases(dist::ProcessGroup& pg) {
     const std::vector<std::string> seq_units{"", "branch.0", "head.0"};
     unused_branch_case(pg, "unused/some-ranks/sequential/" + s, strategy, make_seq, seq_units, some);
     unused_branch_case(pg, "unused/all-ranks/sequential/" + s, strategy, make_seq, seq_units, none);
+    unused_branch_case(pg, "unused/some-ranks/sequential/no_sync/" + s, strategy, make_seq, seq_units, some, 2, true);
+    unused_branch_case(pg, "unused/some-ranks/sequential/accumulate/" + s, strategy, make_seq, seq_units, some, 2,
+                       false);
     frozen_case(pg, "frozen/mlp/" + s, make_frozen_mlp, mlp_options(strategy), "2.");
     frozen_case(pg, "frozen/mlp-root-only/" + s, make_frozen_mlp, Options().sharding_strategy(strategy), "2.");
     frozen_case(pg, "frozen/transformer/" + s, make_frozen_transformer, tf_options(strategy), "block0.mix.");
