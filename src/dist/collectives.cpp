@@ -28,9 +28,12 @@ void CommHandle::wait() {
     try {
       work_->wait(group_.timeout());
     } catch (const std::exception& e) {
+      // c10::Error's what() carries a C++ backtrace; the message alone is the news.
+      const auto* ce = dynamic_cast<const c10::Error*>(&e);
+      const char* cause = ce ? ce->what_without_backtrace() : e.what();
       TORCH_CHECK(false, "fsdp: ", op_, " on group '", group_.name(), "' failed on rank ",
                   group_.rank(), " of ", group_.size(), " (world rank ", group_.global_rank(),
-                  ", timeout ", group_.timeout().count(), " ms): ", e.what(),
+                  ", timeout ", group_.timeout().count(), " ms): ", cause,
                   group_.dead_peers_hint(),
                   ". Another rank probably exited or stopped calling collectives; check its log");
     }

@@ -203,6 +203,14 @@ ProcessGroup ProcessGroup::split_strided(int group_size) {
 }
 
 ProcessGroup init_process_group(const InitOptions& options) {
+  // Gloo writes to peers' sockets; when a peer dies the write raises SIGPIPE,
+  // whose default action kills this rank silently (exit 141) instead of letting
+  // the collective fail with a message naming the peer. Python ignores SIGPIPE
+  // for the same reason. A handler the program installed itself is kept.
+  struct sigaction current {};
+  if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+    ::signal(SIGPIPE, SIG_IGN);
+  }
   LaunchEnv env = parse_launch_env(process_env(), options.overrides());
   const auto timeout = options.timeout();
   TORCH_CHECK(timeout.count() > 0, "fsdp: init_process_group timeout must be positive");
