@@ -588,6 +588,12 @@ TinyTransformer make_frozen_block_transformer() {
   for (auto& p : t->blocks[0]->parameters()) p.requires_grad_(false);
   return t;
 }
+/// A frozen layer in the root unit next to trainable ones.
+TinyTransformer make_frozen_root_transformer() {
+  auto t = make_transformer();
+  for (auto& p : t->proj->parameters()) p.requires_grad_(false);
+  return t;
+}
 torch::nn::Sequential make_frozen_mlp() {
   auto m = make_mlp();
   for (auto& p : m->ptr(2)->parameters()) p.requires_grad_(false);
@@ -615,6 +621,7 @@ void all_cases(dist::ProcessGroup& pg) {
       clip_case(pg, "clip/transformer/" + s + "/" + nt, tf, tf_options(strategy), 0.05, norm_type);
     }
     clip_case(pg, "clip/transformer/" + s + "/no-clip", tf, tf_options(strategy), 1e4, 2.0);
+    clip_case(pg, "clip/transformer/" + s + "/1", tf, tf_options(strategy), 0.05, 1.0);
     eval_case(pg, "eval/mlp/" + s, mlp, mlp_options(strategy));
     eval_case(pg, "eval/transformer/" + s, tf, tf_options(strategy));
     eval_case(pg, "eval/mlp-root-only/" + s, mlp, Options().sharding_strategy(strategy));
@@ -643,6 +650,7 @@ void all_cases(dist::ProcessGroup& pg) {
     frozen_case(pg, "frozen/mlp/" + s, make_frozen_mlp, mlp_options(strategy), "2.");
     frozen_case(pg, "frozen/mlp-root-only/" + s, make_frozen_mlp, Options().sharding_strategy(strategy), "2.");
     frozen_case(pg, "frozen/transformer/" + s, make_frozen_transformer, tf_options(strategy), "block0.mix.");
+    frozen_case(pg, "frozen/transformer-root/" + s, make_frozen_root_transformer, tf_options(strategy), "proj.");
     frozen_case(pg, "frozen/mlp-first/" + s, make_frozen_first_mlp, mlp_options(strategy), "0.");
     frozen_case(pg, "frozen/transformer-block/" + s, make_frozen_block_transformer, tf_options(strategy), "block0.");
     memory_case(pg, "memory/mlp/" + s, mlp, mlp_options(strategy));
