@@ -172,6 +172,17 @@ ProcessGroup ProcessGroup::new_subgroup(std::vector<int> ranks) {
   ProcessGroup out(pg, state_->store, sub.str(), std::move(global), state_->env, state_->timeout);
   out.state_->world_peers = state_->world_peers;
   out.state_->device = state_->device;
+  // Gloo's constructor returns once *this* rank's pairs are connected; a peer may
+  // still be finishing its handshake. Without a barrier, a fast rank that drops
+  // the group at once (say, a constructor that then throws) closes sockets a slow
+  // peer is still reading: "Connection closed by peer". torch.distributed.new_group
+  // waits on a store barrier for the same reason.
+  try {
+    pg->barrier()->wait(state_->timeout);
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "fsdp: rank ", rank(), " of group '", name(), "' could not complete sub-group '",
+                sub.str(), "': ", e.what(), "; every member must create sub-groups in the same order");
+  }
   return out;
 }
 
