@@ -93,6 +93,15 @@ FullyShardedBase::FullyShardedBase(std::shared_ptr<torch::nn::Module> model, dis
   TORCH_CHECK(model_ != nullptr, "fsdp: FullyShardedDataParallel got an empty module holder");
   TORCH_CHECK(pg_.defined(), "fsdp: FullyShardedDataParallel needs a process group; call "
               "fsdp::dist::init_process_group() first");
+  // Options are checked here, before the first collective: a rank with a bad
+  // option must fail alone and at once, not leave its peers waiting in one.
+  const int n = pg_.size();
+  TORCH_CHECK(!options_.reduce_group().defined() || options_.reduce_group().size() == n,
+              "fsdp: reduce_group has ", options_.reduce_group().defined() ? options_.reduce_group().size() : 0,
+              " ranks but the sharding group has ", n, "; they must cover the same ranks");
+  const double pre = options_.gradient_predivide_factor();
+  TORCH_CHECK(pre == 0 || (pre >= 1 && pre <= n), "fsdp: gradient_predivide_factor must lie in [1, world size ",
+              n, "] (or be 0 for PyTorch's default), got ", pre);
   // Wrapping twice would stack hooks on the same call sites.
   for (const auto& m : model_->modules()) {
     auto* w = dynamic_cast<WrappableBase*>(m.get());

@@ -1,0 +1,160 @@
+// The remaining FSDP options against independent references: sync_module_states,
+// ignored_modules (replicated, never reduced, counted once by clip_grad_norm_),
+// gradient_predivide_factor, and a user-supplied reduce_group.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "fsdp/dist/collectives.h"
+#include "harness/models.h"
+#include "harness/multirank.h"
+
+using namespace fsdp;
+using namespace fsdp::testing;
+
+namespace {
+
+template <typename Fn>
+void expect_error(Fn fn, const std::string& needle, const std::string& what) {
+  try {
+    fn();
+    ADD_FAILURE() << what << ": no error";
+  } catch (const c10::Error& e) {
+    const std::string msg = e.what_without_backtrace();
+    EXPECT_NE(msg.find(needle), std::string::npos) << what << ": '" << needle << "' not in: " << msg;
+  }
+}
+
+// SGD (plain) for `steps` steps on the global batch: reference parameters.
+std::map<std::string, torch::Tensor> reference_sgd(int steps, double lr = 0.1) {
+  auto ref = make_mlp(0);
+  torch::optim::SGD opt(ref->parameters(), lr);
+  for (int s = 0; s < steps; ++s) {
+    auto [x, y] = global_batch(s, 12);
+    opt.zero_grad();
+    torch::mse_loss(ref->forward(x), y).backward();
+    opt.step();
+  }
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& p : ref->named_parameters()) out[p.key()] = p.value().detach().clone();
+  return out;
+}
+
+template <typename Impl>
+void train_sgd(FullyShardedDataParallel<Impl>& model, dist::ProcessGroup& pg, int steps, double lr = 0.1) {
+  torch::optim::SGD opt(model->parameters(), lr);
+  for (int s = 0; s < steps; ++s) {
+    auto [x, y] = global_batch(s, 12);
+    opt.zero_grad();
+    torch::mse_loss(model->forward(rank_slice(x, pg.rank(), pg.size())), rank_slice(y, pg.rank(), pg.size()))
+        .backward();
+    opt.step();
+  }
+}
+
+void expect_matches(const std::map<std::string, torch::Tensor>& got,
+                    const std::map<std::string, torch::Tensor>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (const auto& [name, w] : want) {
+    ASSERT_TRUE(got.count(name)) << what << ": " << name;
+    EXPECT_LT(rel_diff(got.at(name), w), 1e-5) << what << ": " << name;
+  }
+}
+
+void option_cases(dist::ProcessGroup& pg) {
+  const int n = pg.size();
+  const auto want = reference_sgd(4);
+
+  run_case("sync_module_states", [&] {
+    // Every rank starts from different weights; rank 0's win.
+    auto model = FullyShardedDataParallel(make_mlp(/*seed=*/100 + pg.rank()), pg,
+                                          Options().sync_module_states(true).auto_wrap_policy(always_wrap_policy()));
+    auto initial = full_params(model);
+    auto rank0 = make_mlp(100);
+    for (const auto& p : rank0->named_parameters())
+      EXPECT_TRUE(torch::equal(initial.at(p.key()), p.value())) << p.key();
+    // Same check with the reference's seed: training then matches it.
+    auto synced = FullyShardedDataParallel(make_mlp(pg.rank() == 0 ? 0 : 7), pg,
+                                           Options().sync_module_states(true).auto_wrap_policy(always_wrap_policy()));
+    train_sgd(synced, pg, 4);
+    expect_matches(full_params(synced), want, "after sync_module_states");
+  });
+
+  for (double factor : {1.0, double(n)}) {
+    run_case("gradient_predivide_factor " + std::to_string(factor), [&] {
+      auto model = FullyShardedDataParallel(
+          make_mlp(0), pg, Options().gradient_predivide_factor(factor).auto_wrap_policy(always_wrap_policy()));
+      train_sgd(model, pg, 4);
+      expect_matches(full_params(model), want, "predivide");
+    });
+  }
+  run_case("gradient_predivide_factor out of range", [&] {
+    expect_error([&] { FullyShardedDataParallel(make_mlp(0), pg, Options().gradient_predivide_factor(0.5)); },
+                 "gradient_predivide_factor", "0.5");
+    expect_error([&] { FullyShardedDataParallel(make_mlp(0), pg, Options().gradient_predivide_factor(n + 1.0)); },
+                 "gradient_predivide_factor", "n+1");
+  });
+
+  run_case("reduce_group", [&] {
+    std::vector<int> all(n);
+    for (int r = 0; r < n; ++r) all[r] = r;
+    auto reduce = pg.new_subgroup(all);
+    dist::comm_counters().reset();
+    auto model = FullyShardedDataParallel(make_mlp(0), pg,
+                                          Options().reduce_group(reduce).auto_wrap_policy(always_wrap_policy()));
+    train_sgd(model, pg, 4);
+    expect_matches(full_params(model), want, "custom reduce group");
+    if (n > 1) {
+      EXPECT_GT(dist::comm_counters().reduce_scatter.load(), 0);
+      // A group of another size is refused with both sizes.
+      auto smaller = pg.new_subgroup({0});
+      if (pg.rank() == 0) {
+        expect_error([&] { FullyShardedDataParallel(make_mlp(0), pg, Options().reduce_group(smaller)); },
+                     "reduce_group has 1 ranks", "small reduce group");
+      }
+      dist::barrier(pg);
+    }
+  });
+
+  run_case("ignored_modules", [&] {
+    // Layer "4" is ignored: replicated at full shape, never reduced (its
+    // gradient is this rank's own), counted once by clip_grad_norm_.
+    auto inner = make_mlp(0);
+    auto ignored = inner[4];
+    auto model = FullyShardedDataParallel(inner, pg,
+                                          Options().ignored_modules({ignored}).auto_wrap_policy(always_wrap_policy()));
+    EXPECT_EQ(model->unit_paths(), (std::vector<std::string>{"0", "2"}));
+    auto [x, y] = global_batch(0, 12);
+    auto xs = rank_slice(x, pg.rank(), n), ys = rank_slice(y, pg.rank(), n);
+    torch::mse_loss(model->forward(xs), ys).backward();
+
+    // References: global-batch gradients for managed parameters, the local
+    // slice's gradients for the ignored ones.
+    auto global_ref = make_mlp(0);
+    torch::mse_loss(global_ref->forward(x), y).backward();
+    auto local_ref = make_mlp(0);
+    torch::mse_loss(local_ref->forward(xs), ys).backward();
+    auto gp = global_ref->named_parameters();
+    auto lp = local_ref->named_parameters();
+    double managed_sq = 0, ignored_sq = 0;
+    for (const auto& p : model->named_parameters()) {
+      const bool is_ignored = p.key().rfind("4.", 0) == 0;
+      ASSERT_TRUE(p.value().grad().defined()) << p.key();
+      if (is_ignored) {
+        EXPECT_EQ(p.value().sizes(), lp[p.key()].sizes()) << "ignored parameters keep their shape";
+        EXPECT_LT(rel_diff(p.value().grad(), lp[p.key()].grad()), 1e-6) << p.key();
+        ignored_sq += p.value().grad().square().sum().item<double>();
+      } else {
+        managed_sq += gp[p.key()].grad().square().sum().item<double>();
+      }
+    }
+    // Each rank: global managed norm (reduced) plus its own ignored part, once.
+    auto total = model->clip_grad_norm_(1e9, 2.0);
+    EXPECT_NEAR(total.item<double>(), std::sqrt(managed_sq + ignored_sq), 1e-5 * std::sqrt(managed_sq + ignored_sq));
+  });
+}
+
+}  // namespace
+
+TEST(FsdpOptions, WorldSizes1To3) {
+  for (int n = 1; n <= 3; ++n) run_ranks(n, option_cases);
+}
