@@ -52,6 +52,16 @@ void check_dense(const at::Tensor& t, const char* what, const char* op) {
 
 int64_t nbytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
 
+// [Note: bf16 over Gloo]
+// Gloo in libtorch 1.13 rejects kBFloat16 ("Invalid scalar type") in every
+// collective; kHalf works. All-gather and all_to_all only move bytes, so a
+// bf16 tensor travels as a same-size kShort view of its storage (exact), and
+// reduce-scatter sums the received rows locally in the real dtype. all_reduce
+// of bf16 sums in fp32 and rounds once (more bytes, better sum).
+at::Tensor wire_view(const at::Tensor& t) {
+  return t.scalar_type() == at::kBFloat16 ? t.view(at::kShort) : t;
+}
+
 }  // namespace
 
 CommHandle all_gather_into(const ProcessGroup& g, const at::Tensor& flat, const at::Tensor& shard) {
@@ -69,8 +79,8 @@ CommHandle all_gather_into(const ProcessGroup& g, const at::Tensor& flat, const 
   // Gloo receives into chunk views of the flat buffer directly.
   std::vector<std::vector<at::Tensor>> outputs(1);
   auto chunks = flat.view({n, shard.numel()});
-  for (int r = 0; r < n; ++r) outputs[0].push_back(chunks[r]);
-  std::vector<at::Tensor> inputs{shard};
+  for (int r = 0; r < n; ++r) outputs[0].push_back(wire_view(chunks[r]));
+  std::vector<at::Tensor> inputs{wire_view(shard)};
   comm_counters().all_gather += nbytes(shard) * (n - 1);
   auto work = g.c10d()->allgather(outputs, inputs);
   // Keep the views (and so the flat buffer) alive until the handle completes.
@@ -97,8 +107,8 @@ CommHandle reduce_scatter(const ProcessGroup& g, const at::Tensor& out, const at
   auto received = at::empty_like(flat);
   comm_counters().reduce_scatter += nbytes(out) * (n - 1);
   std::vector<int64_t> equal_splits;  // empty = equal splits
-  auto work = g.c10d()->alltoall_base(received, const_cast<at::Tensor&>(flat), equal_splits,
-                                      equal_splits);
+  at::Tensor wire_out = wire_view(received), wire_in = wire_view(flat);
+  auto work = g.c10d()->alltoall_base(wire_out, wire_in, equal_splits, equal_splits);
   const int64_t chunk = out.numel();
   return CommHandle(work, g, "reduce_scatter", [received, flat, out, n, chunk, op]() {
     auto rows = received.view({n, chunk});
@@ -112,6 +122,14 @@ CommHandle all_reduce(const ProcessGroup& g, const at::Tensor& t, ReduceOp op) {
   check_dense(t, "the tensor", "all_reduce");
   const int n = g.size();
   if (n == 1) return CommHandle({}, g, "all_reduce", {});
+  if (t.scalar_type() == at::kBFloat16) {  // see [Note: bf16 over Gloo]
+    auto wide = t.to(at::kFloat);
+    auto inner = std::make_shared<CommHandle>(all_reduce(g, wide, op));
+    return CommHandle({}, g, "all_reduce", [inner, wide, t]() {
+      inner->wait();
+      t.copy_(wide);
+    });
+  }
   std::vector<at::Tensor> tensors{t};
   c10d::AllreduceOptions opts;
   opts.reduceOp = op == ReduceOp::Max ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM;
