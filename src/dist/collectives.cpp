@@ -55,11 +55,12 @@ int64_t nbytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.
 // [Note: bf16 over Gloo]
 // Gloo in libtorch 1.13 rejects kBFloat16 ("Invalid scalar type") in every
 // collective; kHalf works. All-gather and all_to_all only move bytes, so a
-// bf16 tensor travels as a same-size kShort view of its storage (exact), and
+// bf16 tensor travels as a kByte view of its storage (exact; Gloo has no
+// kShort either), and
 // reduce-scatter sums the received rows locally in the real dtype. all_reduce
 // of bf16 sums in fp32 and rounds once (more bytes, better sum).
 at::Tensor wire_view(const at::Tensor& t) {
-  return t.scalar_type() == at::kBFloat16 ? t.view(at::kShort) : t;
+  return t.scalar_type() == at::kBFloat16 ? t.view(at::kByte) : t;
 }
 
 }  // namespace

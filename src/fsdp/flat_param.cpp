@@ -8,9 +8,10 @@ namespace fsdp::detail {
 
 const char* to_string(FlatState s) { return s == FlatState::Sharded ? "SHARDED" : "UNSHARDED"; }
 
-FlatParameter::FlatParameter(std::vector<FlatParamEntry> entries, int rank, int world, bool sharded)
+FlatParameter::FlatParameter(std::vector<FlatParamEntry> entries, int rank, int world, bool sharded,
+                             FlatPrecision precision)
     : entries_(std::move(entries)), rank_(sharded ? rank : 0), world_(sharded ? world : 1),
-      sharded_(sharded) {
+      sharded_(sharded), precision_(precision) {
   TORCH_INTERNAL_ASSERT(!entries_.empty());
   const auto opts = entries_.front().param.options();
   for (auto& e : entries_) {
@@ -31,8 +32,9 @@ FlatParameter::FlatParameter(std::vector<FlatParamEntry> entries, int rank, int 
       shard_.slice(0, e.piece_begin - lo, e.piece_end - lo).copy_(src);
     }
   }
-  if (sharded_) {
-    unsharded_ = at::empty({padded_numel_}, shard_.options());
+  const auto compute = precision_.param_dtype.value_or(shard_.scalar_type());
+  if (sharded_ || compute != shard_.scalar_type()) {
+    unsharded_ = at::empty({padded_numel_}, shard_.options().dtype(compute));
     free_unsharded();
   } else {
     unsharded_ = shard_;  // NO_SHARD: the shard is the whole buffer
@@ -45,20 +47,24 @@ bool FlatParameter::unsharded_allocated() const {
 }
 
 int64_t FlatParameter::unsharded_bytes() const {
-  return sharded_ && unsharded_allocated() ? padded_numel_ * shard_.element_size() : 0;
+  return separate_unsharded() && unsharded_allocated() ? padded_numel_ * unsharded_.element_size() : 0;
+}
+
+at::Tensor FlatParameter::shard_for_gather() const {
+  return low_precision() ? shard_.to(compute_dtype()) : shard_;
 }
 
 void FlatParameter::alloc_unsharded() {
-  TORCH_INTERNAL_ASSERT(sharded_);
+  TORCH_INTERNAL_ASSERT(separate_unsharded());
   if (unsharded_allocated()) return;
-  const size_t nbytes = padded_numel_ * shard_.element_size();
+  const size_t nbytes = padded_numel_ * unsharded_.element_size();
   auto* impl = unsharded_.storage().unsafeGetStorageImpl();
   impl->set_data_ptr_noswap(impl->allocator()->allocate(nbytes));
   impl->set_nbytes(nbytes);
 }
 
 void FlatParameter::free_unsharded() {
-  TORCH_INTERNAL_ASSERT(sharded_);
+  TORCH_INTERNAL_ASSERT(separate_unsharded());
   auto* impl = unsharded_.storage().unsafeGetStorageImpl();
   impl->set_data_ptr_noswap(at::DataPtr(nullptr, unsharded_.device()));
   impl->set_nbytes(0);
@@ -79,8 +85,18 @@ at::Tensor FlatParameter::view_of(const at::Tensor& flat_sized, size_t i) const 
 void FlatParameter::copy_unsharded_to_shard() {
   if (!sharded_) return;
   TORCH_INTERNAL_ASSERT(unsharded_allocated());
+  copy_chunk_to_shard(unsharded_);
+}
+
+void FlatParameter::copy_chunk_to_shard(const at::Tensor& flat_sized) {
+  if (flat_sized.is_same(shard_)) return;
   at::NoGradGuard no_grad;
-  shard_.copy_(unsharded_.slice(0, rank_ * chunk_numel_, (rank_ + 1) * chunk_numel_));
+  shard_.copy_(flat_sized.slice(0, rank_ * chunk_numel_, (rank_ + 1) * chunk_numel_));
+}
+
+void FlatParameter::use_views_of(const at::Tensor& flat_sized) {
+  for (size_t i = 0; i < entries_.size(); ++i) entries_[i].param.set_data(view_of(flat_sized, i));
+  state_ = FlatState::Unsharded;
 }
 
 void FlatParameter::use_unsharded_views() {

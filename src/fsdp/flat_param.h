@@ -15,7 +15,28 @@
 //
 // Under NO_SHARD the "shard" is the whole buffer (world 1, no padding), pieces
 // are full-shape views of it, and nothing is ever gathered.
+//
+// [Note: mixed precision]
+// With a param_dtype (FlatPrecision), the shard stays in the parameters' own
+// dtype (fp32 master weights: what the optimizer sees) and the unsharded buffer
+// has param_dtype: each rank casts its shard before the all-gather, so only
+// param_dtype bytes move, and forward/backward compute with the gathered
+// low-precision views. Under NO_SHARD the unsharded buffer is then a separate
+// low-precision copy of the shard (separate_unsharded()).
+//
+// Choice: the parameter leaf itself changes dtype (fp32 piece <-> bf16 full
+// view). libtorch 1.13's set_data drops the leaf's AccumulateGrad node when the
+// dtype changes (VariableHooks::set_data, type_equal check), so Unit re-acquires
+// the node each iteration while the parameter is in its low-precision full
+// shape (its input metadata then records bf16 + full shape) and moves its post
+// hook to it; the old node, and its hook, die with it. The alternative, a
+// separate low-precision leaf per parameter swapped into the module, would
+// break the user's own references to the parameter during forward. Gradients
+// arrive in param_dtype, are flattened into a reduce_dtype flat buffer,
+// reduced, and cast to the shard's dtype for the optimizer (unless
+// keep_low_precision_grads).
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,13 +55,21 @@ struct FlatParamEntry {
   int64_t piece_end = 0;        // (piece_begin == piece_end: empty piece)
 };
 
+/// Dtypes of one unit (unset: the parameters' own dtype).
+struct FlatPrecision {
+  std::optional<at::ScalarType> param_dtype;   // unsharded buffer: compute and all-gather
+  std::optional<at::ScalarType> reduce_dtype;  // flat gradient: reduction
+  bool keep_low_precision_grads = false;       // gradient pieces in param_dtype
+};
+
 enum class FlatState { Sharded, Unsharded };
 const char* to_string(FlatState s);
 
 class FlatParameter {
  public:
   /// Copies the parameters' current values into this rank's shard.
-  FlatParameter(std::vector<FlatParamEntry> entries, int rank, int world, bool sharded);
+  FlatParameter(std::vector<FlatParamEntry> entries, int rank, int world, bool sharded,
+                FlatPrecision precision = {});
 
   FlatState state() const { return state_; }
   bool sharded() const { return sharded_; }
@@ -51,6 +80,18 @@ class FlatParameter {
   const std::vector<FlatParamEntry>& entries() const { return entries_; }
   const at::Tensor& shard() const { return shard_; }
   at::TensorOptions options() const { return shard_.options(); }
+  /// Dtypes: see [Note: mixed precision].
+  const FlatPrecision& precision() const { return precision_; }
+  at::ScalarType compute_dtype() const { return unsharded_.scalar_type(); }
+  at::ScalarType reduce_dtype() const { return precision_.reduce_dtype.value_or(shard_.scalar_type()); }
+  at::ScalarType grad_dtype() const {
+    return precision_.keep_low_precision_grads ? compute_dtype() : shard_.scalar_type();
+  }
+  bool low_precision() const { return compute_dtype() != shard_.scalar_type(); }
+  /// The unsharded buffer is not the shard itself (sharded, or a low-precision copy).
+  bool separate_unsharded() const { return sharded_ || low_precision(); }
+  /// The shard as the all-gather sends it (cast to compute_dtype()).
+  at::Tensor shard_for_gather() const;
 
   /// Unsharded buffer: allocation state and the tensor collectives fill.
   bool unsharded_allocated() const;
@@ -62,6 +103,10 @@ class FlatParameter {
   /// Points every parameter at its full-shape view (Unsharded) or its piece (Sharded).
   void use_unsharded_views();
   void use_shard_views();
+  /// Points every parameter at its full-shape view of a flat-sized tensor of any
+  /// dtype (full-precision gathers), and copies this rank's chunk of it back.
+  void use_views_of(const at::Tensor& flat_sized);
+  void copy_chunk_to_shard(const at::Tensor& flat_sized);
 
   /// Copies this rank's chunk of the unsharded buffer into the shard (write-back
   /// after parameters were changed while unsharded).
@@ -77,6 +122,7 @@ class FlatParameter {
   int rank_;
   int world_;
   bool sharded_;
+  FlatPrecision precision_;
   int64_t total_numel_ = 0;
   int64_t padded_numel_ = 0;
   int64_t chunk_numel_ = 0;

@@ -84,6 +84,33 @@ void check_same_model_on_all_ranks(const dist::ProcessGroup& pg, torch::nn::Modu
   }
 }
 
+bool is_batch_norm(const torch::nn::Module& m) {
+  return dynamic_cast<const torch::nn::BatchNorm1dImpl*>(&m) != nullptr ||
+         dynamic_cast<const torch::nn::BatchNorm2dImpl*>(&m) != nullptr ||
+         dynamic_cast<const torch::nn::BatchNorm3dImpl*>(&m) != nullptr;
+}
+
+// Unsupported mixed-precision combinations fail here, before any group exists.
+void check_mixed_precision(const MixedPrecision& mp, torch::nn::Module& model, int rank) {
+  auto check_float = [&](const std::optional<at::ScalarType>& t, const char* what) {
+    TORCH_CHECK(!t || at::isFloatingType(*t), "fsdp (rank ", rank, "): MixedPrecision ", what,
+                " must be a floating-point dtype, got ", *t);
+  };
+  check_float(mp.param_dtype(), "param_dtype");
+  check_float(mp.reduce_dtype(), "reduce_dtype");
+  check_float(mp.buffer_dtype(), "buffer_dtype");
+  if (!mp.param_dtype()) return;
+  for (const auto& p : model.named_parameters()) {
+    TORCH_CHECK(at::isFloatingType(p.value().scalar_type()), "fsdp (rank ", rank,
+                "): mixed precision needs floating-point parameters; '", p.key(), "' is ",
+                p.value().scalar_type());
+    TORCH_CHECK(!(*mp.param_dtype() == at::kHalf && p.value().device().is_cpu()), "fsdp (rank ", rank,
+                "): MixedPrecision param_dtype Half on CPU ('", p.key(),
+                "'): libtorch 1.13 has no fp16 matmul on CPU (addmm_impl_cpu_ not implemented for "
+                "'Half'). Use param_dtype BFloat16 for CPU compute; fp16 works as reduce_dtype");
+  }
+}
+
 }  // namespace
 
 FullyShardedBase::FullyShardedBase(std::shared_ptr<torch::nn::Module> model, dist::ProcessGroup pg,
@@ -122,6 +149,20 @@ FullyShardedBase::FullyShardedBase(std::shared_ptr<torch::nn::Module> model, dis
     for (auto& b : model_->buffers()) dist::broadcast(pg_, b, 0).wait();
   }
   check_same_model_on_all_ranks(pg_, *model_);
+  const auto& mp = options_.mixed_precision();
+  check_mixed_precision(mp, *model_, pg_.rank());
+  if (mp.param_dtype() && mp.cast_forward_inputs()) root_input_dtype_ = mp.param_dtype();
+  if (mp.buffer_dtype()) {
+    // Converted once here; BatchNorm statistics stay in full precision when
+    // BatchNorm layers get their own full-precision units.
+    torch::NoGradGuard no_grad;
+    const bool keep_bn = mp.param_dtype() && mp.full_precision_batch_norm();
+    for (const auto& m : model_->modules()) {
+      if (keep_bn && is_batch_norm(*m)) continue;
+      for (auto& b : m->buffers(false))
+        if (b.is_floating_point()) b.set_data(b.to(*mp.buffer_dtype()));
+    }
+  }
 
   // The wrapper shows the model's own children, parameters and buffers under
   // their own names (same TensorImpls), so named_parameters() is unchanged.
@@ -207,6 +248,23 @@ void FullyShardedBase::build_units() {
     unit_decisions.push_back(&d);
   }
 
+  // 1b. Mixed precision: each BatchNorm layer's parameters form a unit of their
+  // own in full precision (see MixedPrecision::full_precision_batch_norm). These
+  // units have no call site (the layer may sit inside the user's own block), so
+  // they are never sharded and the runtime arms them (Runtime::arm_implicit_units).
+  const auto& mp = options_.mixed_precision();
+  const size_t first_bn_unit = unit_paths.size();
+  std::map<std::string, size_t> bn_unit_of;
+  if (mp.param_dtype() && mp.full_precision_batch_norm()) {
+    for (const auto& item : model_->named_modules()) {
+      if (!is_batch_norm(*item.value()) || is_ignored(item.key())) continue;
+      if (item.value()->parameters(false).empty()) continue;
+      bn_unit_of[item.key()] = unit_paths.size();
+      unit_paths.push_back(item.key());
+      unit_decisions.push_back(nullptr);
+    }
+  }
+
   // 2. Parameters to units: the deepest unit whose path contains the module.
   std::vector<std::vector<FlatParamEntry>> entries(unit_paths.size());
   std::map<const c10::TensorImpl*, std::pair<size_t, std::string>> seen;
@@ -214,8 +272,9 @@ void FullyShardedBase::build_units() {
     const std::string mpath = module_path_of(p.key());
     if (is_ignored(mpath)) continue;
     size_t owner = 0;
-    for (size_t u = 1; u < unit_paths.size(); ++u)
+    for (size_t u = 1; u < first_bn_unit; ++u)
       if (within(mpath, unit_paths[u]) && unit_paths[u].size() >= unit_paths[owner].size()) owner = u;
+    if (auto bn = bn_unit_of.find(mpath); bn != bn_unit_of.end()) owner = bn->second;
     auto it = seen.find(p.value().unsafeGetTensorImpl());
     if (it != seen.end()) {
       TORCH_CHECK(it->second.first == owner, "fsdp: parameter '", p.key(), "' (module '", mpath,
@@ -251,11 +310,24 @@ void FullyShardedBase::build_units() {
                   e.param.device(), " ('", e.fqn, "'); one unit holds one dtype and device: wrap "
                   "these modules as separate units or convert the model first");
     }
-    auto flat = std::make_unique<FlatParameter>(std::move(entries[u]), pg_.rank(), pg_.size(), sharded);
+    const bool full_precision_unit = u >= first_bn_unit;
+    detail::FlatPrecision precision;
+    if (!full_precision_unit) {
+      precision.param_dtype = mp.param_dtype();
+      precision.reduce_dtype = mp.effective_reduce_dtype(first.param.scalar_type());
+      precision.keep_low_precision_grads = mp.keep_low_precision_grads();
+    }
+    auto flat = std::make_unique<FlatParameter>(std::move(entries[u]), pg_.rank(), pg_.size(),
+                                                sharded && !full_precision_unit, precision);
     auto unit = std::make_unique<Unit>(runtime_.get(), static_cast<int>(runtime_->units().size()),
-                                       unit_paths[u], std::move(flat), u == 0, reshard_after_forward);
+                                       unit_paths[u], std::move(flat), u == 0,
+                                       reshard_after_forward && !full_precision_unit);
     Unit* raw = unit.get();
     runtime_->add_unit(std::move(unit));
+    if (full_precision_unit) {
+      runtime_->add_implicit_unit(raw);
+      continue;
+    }
     if (u == 0) {
       root_unit_ = raw;
       continue;
@@ -297,6 +369,7 @@ void FullyShardedBase::reset_peak_memory_stats() { runtime_->reset_peak(); }
 void FullyShardedBase::root_pre_forward() {
   runtime_->root_pre_forward();
   if (root_unit_) root_unit_->pre_forward();
+  runtime_->arm_implicit_units();
 }
 
 void FullyShardedBase::root_post_forward(const std::vector<at::Tensor>& outputs) {
@@ -323,15 +396,19 @@ at::Tensor FullyShardedBase::clip_grad_norm_(double max_norm, double norm_type) 
   const bool inf = std::isinf(norm_type);
   std::vector<at::Tensor> sharded_grads, replicated_grads;
   std::set<const c10::TensorImpl*> managed;
-  for (const auto& u : runtime_->units())
+  bool reduce = false;
+  for (const auto& u : runtime_->units()) {
+    // Replicated units (NO_SHARD, full-precision BatchNorm units) count once.
+    reduce = reduce || u->flat().sharded();
     for (const auto& e : u->flat().entries()) {
       managed.insert(e.param.unsafeGetTensorImpl());
-      if (e.param.grad().defined()) sharded_grads.push_back(e.param.grad());
+      if (e.param.grad().defined())
+        (u->flat().sharded() ? sharded_grads : replicated_grads).push_back(e.param.grad());
     }
+  }
   // Ignored parameters are replicated: counted once, after the reduction.
   for (const auto& p : model_->parameters())
     if (!managed.count(p.unsafeGetTensorImpl()) && p.grad().defined()) replicated_grads.push_back(p.grad());
-  const bool reduce = options_.sharding_strategy() != ShardingStrategy::NO_SHARD;
 
   auto local = [&](const std::vector<at::Tensor>& gs) {
     double acc = 0;
@@ -362,18 +439,27 @@ void FullyShardedBase::apply_with_full_params(const std::function<void(torch::nn
                 u->path(), "' is in state ", detail::to_string(u->state()),
                 "; call it outside forward/backward");
   }
-  for (auto& u : runtime_->units()) {
-    u->gather();
-    u->flat().use_unsharded_views();
+  // Full parameters in the model's own dtype, also under mixed precision: a
+  // full-precision gather into a temporary buffer (the shard itself when not sharded).
+  std::vector<at::Tensor> full(runtime_->units().size());
+  for (size_t i = 0; i < full.size(); ++i) {
+    auto& flat = runtime_->units()[i]->flat();
+    if (!flat.sharded()) {
+      full[i] = flat.shard();
+    } else {
+      full[i] = at::empty({flat.padded_numel()}, flat.options());
+      dist::all_gather_into(runtime_->gather_group(), full[i], flat.shard()).wait();
+    }
+    flat.use_views_of(full[i]);
   }
   {
     torch::NoGradGuard no_grad;
     fn(*model_);
   }
-  for (auto& u : runtime_->units()) {
-    u->flat().copy_unsharded_to_shard();
-    if (u->flat().sharded()) u->flat().free_unsharded();
-    u->flat().use_shard_views();
+  for (size_t i = 0; i < full.size(); ++i) {
+    auto& flat = runtime_->units()[i]->flat();
+    flat.copy_chunk_to_shard(full[i]);
+    flat.use_shard_views();
   }
 }
 

@@ -55,6 +55,13 @@ void Runtime::root_pre_forward() {
 
 void Runtime::root_post_forward() {}
 
+void Runtime::arm_implicit_units() {
+  for (Unit* u : implicit_units_) {
+    u->pre_forward();
+    u->post_forward({});
+  }
+}
+
 void Runtime::on_unit_pre_forward(Unit* unit) {
   if (std::find(pre_forward_order_.begin(), pre_forward_order_.end(), unit) == pre_forward_order_.end())
     pre_forward_order_.push_back(unit);

@@ -56,6 +56,13 @@ class Runtime {
   // Hook on the root's outputs: the first event of a backward pass.
   void on_root_output_grad();
 
+  // Units without a call site of their own (full-precision BatchNorm units of
+  // mixed precision): never sharded, so nothing needs gathering; the root runs
+  // their forward hooks right after its own, which puts them in the iteration's
+  // schedule (reduced after every other unit, in unit order).
+  void add_implicit_unit(Unit* unit) { implicit_units_.push_back(unit); }
+  void arm_implicit_units();
+
   // no_sync
   void set_no_sync(bool v) { no_sync_ = v; }
   bool no_sync() const { return no_sync_; }
@@ -86,6 +93,7 @@ class Runtime {
   bool callback_queued_ = false;
   bool no_sync_ = false;
   int64_t peak_transient_ = 0;
+  std::vector<Unit*> implicit_units_;
 
   void plan_backward();
 };

@@ -16,7 +16,7 @@ class SequentialEntryImpl : public torch::nn::Module {
       : inner_(std::move(inner)), hooks_(hooks) {}
   torch::Tensor forward(torch::Tensor x) {
     hooks_->pre_forward();
-    torch::Tensor out = inner_.forward(std::move(x));
+    torch::Tensor out = inner_.forward(detail::cast_forward_input(std::move(x), hooks_->forward_input_dtype()));
     hooks_->post_forward({out});
     return out;
   }

@@ -75,14 +75,20 @@ void Unit::expect_state(std::initializer_list<UnitState> allowed, const char* wh
 }
 
 bool Unit::needs_backward_gather() const {
-  return flat_->sharded() && !flat_->unsharded_allocated();
+  return flat_->separate_unsharded() && !flat_->unsharded_allocated();
 }
 
 void Unit::gather() {
-  if (!flat_->sharded()) return;
+  if (!flat_->separate_unsharded()) return;
   if (!flat_->unsharded_allocated()) {
     flat_->alloc_unsharded();
-    dist::all_gather_into(runtime_->gather_group(), flat_->unsharded(), flat_->shard()).wait();
+    if (flat_->sharded()) {
+      // Cast before the gather: param_dtype bytes move ([Note: mixed precision]).
+      dist::all_gather_into(runtime_->gather_group(), flat_->unsharded(), flat_->shard_for_gather()).wait();
+    } else {
+      at::NoGradGuard no_grad;  // NO_SHARD with param_dtype: a local low-precision copy
+      flat_->unsharded().copy_(flat_->shard());
+    }
     runtime_->note_transient_bytes();
   }
 }
@@ -100,9 +106,15 @@ void Unit::ensure_grad_accumulators() {
   // The AccumulateGrad node records the parameter's shape when it is created, so
   // it must be created while the parameter has its full shape (here), and kept
   // alive by us so the same node, with our hook, is used in every iteration.
+  // Under mixed precision set_data changed the parameter's dtype, which drops
+  // the node we hold from the parameter: re-acquire it (see [Note: mixed
+  // precision] in flat_param.h); the old node and its hook are released here.
   auto& entries = flat_->entries();
   for (size_t i = 0; i < entries.size(); ++i) {
-    if (!entries[i].param.requires_grad() || accumulators_[i]) continue;
+    if (!entries[i].param.requires_grad()) continue;
+    if (accumulators_[i] &&
+        torch::autograd::impl::try_get_grad_accumulator(entries[i].param) == accumulators_[i])
+      continue;
     auto acc = torch::autograd::impl::grad_accumulator(entries[i].param);
     TORCH_INTERNAL_ASSERT(acc, "no grad accumulator for ", entries[i].fqn);
     acc->add_post_hook(std::make_unique<ParamGradHook>(this, i));
@@ -145,6 +157,12 @@ void Unit::post_forward(const std::vector<at::Tensor>& outputs) {
       return grad;
     });
   }
+}
+
+std::optional<at::ScalarType> Unit::forward_input_dtype() const {
+  if (!flat_->low_precision() || !runtime_->options().mixed_precision().cast_forward_inputs())
+    return std::nullopt;
+  return flat_->compute_dtype();
 }
 
 void Unit::stash_grads() {
@@ -191,7 +209,8 @@ void Unit::issue_reduce(bool no_sync) {
   state_ = UnitState::REDUCING;
   auto& entries = flat_->entries();
   // Gradients that were never produced (unused parameters) count as zeros.
-  flat_grad_ = at::zeros({flat_->padded_numel()}, flat_->options());
+  // Reduced in reduce_dtype ([Note: mixed precision]); copy_ casts.
+  flat_grad_ = at::zeros({flat_->padded_numel()}, flat_->options().dtype(flat_->reduce_dtype()));
   for (size_t i = 0; i < entries.size(); ++i) {
     auto& g = entries[i].param.mutable_grad();
     if (g.defined()) {
@@ -211,7 +230,7 @@ void Unit::issue_reduce(bool no_sync) {
   }
   if (runtime_->predivide() != 1) flat_grad_.div_(runtime_->predivide());
   if (flat_->sharded()) {
-    reduced_shard_ = at::empty({flat_->chunk_numel()}, flat_->options());
+    reduced_shard_ = at::empty({flat_->chunk_numel()}, flat_grad_.options());
     reduce_handle_ = dist::reduce_scatter(runtime_->reduce_group(), reduced_shard_, flat_grad_,
                                           dist::ReduceOp::Sum);
     reduce_pending_ = true;
@@ -223,7 +242,7 @@ void Unit::issue_reduce(bool no_sync) {
   // Parameters are no longer needed by this unit's backward: every node that
   // reads them also produced their gradients. Frozen parameters may still be read
   // by later nodes, so such units reshard at the end of backward instead.
-  if (flat_->sharded() && !has_frozen_params_ && !is_root_) flat_->free_unsharded();
+  if (flat_->separate_unsharded() && !has_frozen_params_ && !is_root_) flat_->free_unsharded();
 }
 
 void Unit::wait_reduce() {
@@ -232,6 +251,8 @@ void Unit::wait_reduce() {
   reduce_handle_.wait();
   reduce_handle_ = dist::CommHandle();
   if (runtime_->postdivide() != 1) reduced_shard_.div_(runtime_->postdivide());
+  // Gradient pieces in the optimizer's dtype (fp32 master) unless asked otherwise.
+  if (reduced_shard_.scalar_type() != flat_->grad_dtype()) reduced_shard_ = reduced_shard_.to(flat_->grad_dtype());
   flat_grad_ = at::Tensor();  // the flat gradient is freed as soon as it is reduced
   reduced_ready_ = true;
 }
@@ -259,7 +280,7 @@ void Unit::finish_iteration(bool no_sync) {
   stashed_ = false;
   std::fill(fired_flags_.begin(), fired_flags_.end(), false);
   fired_ = 0;
-  if (flat_->sharded()) {
+  if (flat_->separate_unsharded()) {
     if (flat_->unsharded_allocated()) flat_->free_unsharded();
   }
   flat_->use_shard_views();
@@ -279,7 +300,7 @@ void Unit::reset_after_abandoned_forward() {
   stashed_ = false;
   std::fill(fired_flags_.begin(), fired_flags_.end(), false);
   fired_ = 0;
-  if (flat_->sharded() && flat_->unsharded_allocated()) flat_->free_unsharded();
+  if (flat_->separate_unsharded() && flat_->unsharded_allocated()) flat_->free_unsharded();
   flat_->use_shard_views();
   state_ = UnitState::IDLE;
 }

@@ -45,6 +45,7 @@ class Unit : public UnitHooks {
   // UnitHooks: the call site's interception points.
   void pre_forward() override;
   void post_forward(const std::vector<at::Tensor>& outputs) override;
+  std::optional<at::ScalarType> forward_input_dtype() const override;
 
   // Driven by the Runtime.
   void on_output_grad();               // output hook: this unit's backward is next

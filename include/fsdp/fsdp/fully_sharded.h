@@ -95,6 +95,7 @@ class FullyShardedBase : public torch::nn::Module {
  protected:
   void root_pre_forward();
   void root_post_forward(const std::vector<at::Tensor>& outputs);
+  std::optional<at::ScalarType> root_input_dtype() const { return root_input_dtype_; }
 
  private:
   void build_units();
@@ -106,6 +107,7 @@ class FullyShardedBase : public torch::nn::Module {
   detail::Unit* root_unit_ = nullptr;
   std::vector<std::unique_ptr<detail::SequentialSlot>> sequential_slots_;
   std::vector<WrappableBase*> wrappables_;
+  std::optional<at::ScalarType> root_input_dtype_;
 };
 
 template <typename Impl>
@@ -120,7 +122,7 @@ class FullyShardedDataParallelImpl : public FullyShardedBase {
   template <typename... Args>
   auto forward(Args&&... args) {
     root_pre_forward();
-    auto out = typed_->forward(std::forward<Args>(args)...);
+    auto out = typed_->forward(detail::cast_forward_input(std::forward<Args>(args), root_input_dtype())...);
     std::vector<at::Tensor> tensors;
     detail::collect_tensors(out, tensors);
     root_post_forward(tensors);

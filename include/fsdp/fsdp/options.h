@@ -12,6 +12,7 @@
 #include <torch/nn/module.h>
 
 #include "fsdp/dist/process_group.h"
+#include "fsdp/fsdp/mixed_precision.h"
 
 namespace fsdp {
 
@@ -63,6 +64,8 @@ struct Options {
   TORCH_ARG(bool, sync_module_states) = false;
   /// Group for gradient reduction; default: a dedicated group over the same ranks.
   TORCH_ARG(dist::ProcessGroup, reduce_group) = {};
+  /// Reduced-precision compute and communication; see mixed_precision.h.
+  TORCH_ARG(MixedPrecision, mixed_precision) = {};
 };
 
 /// Bytes this rank holds, by category. "Unsharded" buffers are transient: gathered

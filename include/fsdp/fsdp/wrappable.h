@@ -14,7 +14,9 @@
 ///    a plain call otherwise.
 /// The wrap policy (options.h) decides which candidates become units.
 
+#include <optional>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -32,6 +34,9 @@ class UnitHooks {
   /// After it, with every tensor the forward returned: reshard, and arm the
   /// hooks that re-gather before the unit's backward.
   virtual void post_forward(const std::vector<at::Tensor>& outputs) = 0;
+  /// Dtype floating-point tensor arguments are cast to before the forward
+  /// (mixed precision's cast_forward_inputs); none: passed unchanged.
+  virtual std::optional<at::ScalarType> forward_input_dtype() const { return std::nullopt; }
 };
 
 namespace detail {
@@ -51,6 +56,19 @@ void collect_tensors(const std::pair<A, B>& p, std::vector<at::Tensor>& out) {
 /// Values that hold no tensors.
 template <typename T>
 void collect_tensors(const T&, std::vector<at::Tensor>&) {}
+
+/// A forward argument cast to `dtype` when it is a floating-point tensor of
+/// another dtype; anything else is forwarded unchanged.
+template <typename T>
+decltype(auto) cast_forward_input(T&& v, std::optional<at::ScalarType> dtype) {
+  if constexpr (std::is_same_v<std::decay_t<T>, at::Tensor>) {
+    if (dtype && v.defined() && v.is_floating_point() && v.scalar_type() != *dtype)
+      return at::Tensor(v.to(*dtype));
+    return at::Tensor(std::forward<T>(v));
+  } else {
+    return std::forward<T>(v);
+  }
+}
 }  // namespace detail
 
 /// Base of every Wrappable: where FSDP plugs the unit's hooks in.
@@ -74,7 +92,8 @@ class WrappableImpl : public Impl, public WrappableBase {
     UnitHooks* hooks = fsdp_unit_hooks();
     if (hooks == nullptr) return Impl::forward(std::forward<Args>(args)...);
     hooks->pre_forward();
-    auto out = Impl::forward(std::forward<Args>(args)...);
+    const auto dtype = hooks->forward_input_dtype();
+    auto out = Impl::forward(detail::cast_forward_input(std::forward<Args>(args), dtype)...);
     std::vector<at::Tensor> tensors;
     detail::collect_tensors(out, tensors);
     hooks->post_forward(tensors);
