@@ -263,6 +263,46 @@ void run_all(dist::ProcessGroup& pg) {
     EXPECT_LT(dp, 2e-2);
   });
 
+  run_case("memory_stats_count_low_precision_units", [&] {
+    // SHARD_GRAD_OP keeps the gathered parameters from forward to backward:
+    // with bf16 they take exactly half the bytes of fp32; the fp32 shards and
+    // gradient pieces the optimizer sees are the same size either way.
+    auto measure = [&](MixedPrecision mp) {
+      auto model =
+          FullyShardedDataParallel(make_mlp(7), pg, mp_options(ShardingStrategy::SHARD_GRAD_OP, mp));
+      auto [x, y] = batch_of(0);
+      torch::Tensor loss = torch::mse_loss(model->forward(rank_slice(x, pg.rank(), pg.size())).to(torch::kFloat),
+                                           rank_slice(y, pg.rank(), pg.size()));
+      auto between = model->memory_stats();
+      loss.backward();
+      auto after = model->memory_stats();
+      return std::make_pair(between, after);
+    };
+    auto [fp32_between, fp32_after] = measure(MixedPrecision());
+    auto [bf16_between, bf16_after] = measure(MixedPrecision().param_dtype(torch::kBFloat16));
+    EXPECT_GT(fp32_between.unsharded_bytes, 0);
+    EXPECT_EQ(2 * bf16_between.unsharded_bytes, fp32_between.unsharded_bytes);
+    EXPECT_EQ(bf16_between.param_shard_bytes, fp32_between.param_shard_bytes);
+    EXPECT_EQ(bf16_after.grad_shard_bytes, fp32_after.grad_shard_bytes);
+    EXPECT_EQ(bf16_after.unsharded_bytes, 0);
+  });
+
+  run_case("keep_low_precision_grads", [&] {
+    auto model = FullyShardedDataParallel(
+        make_mlp(7), pg,
+        mp_options(ShardingStrategy::FULL_SHARD,
+                   MixedPrecision().param_dtype(torch::kBFloat16).keep_low_precision_grads(true)));
+    auto [x, y] = batch_of(0);
+    torch::mse_loss(model->forward(rank_slice(x, pg.rank(), pg.size())).to(torch::kFloat),
+                    rank_slice(y, pg.rank(), pg.size()))
+        .backward();
+    for (auto& p : model->parameters()) {
+      EXPECT_EQ(p.scalar_type(), torch::kFloat);
+      ASSERT_TRUE(p.grad().defined());
+      EXPECT_EQ(p.grad().scalar_type(), torch::kBFloat16);
+    }
+  });
+
   run_case("unsupported_combinations_fail_at_construction", [&] {
     try {
       FullyShardedDataParallel(make_mlp(7), pg,
