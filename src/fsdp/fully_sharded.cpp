@@ -181,9 +181,9 @@ FullyShardedBase::~FullyShardedBase() {
 }
 
 void FullyShardedBase::build_units() {
-  const bool sharded = options_.sharding_strategy() != ShardingStrategy::NO_SHARD;
+  const auto strategy = options_.sharding_strategy();
   const bool reshard_after_forward = options_.reshard_after_forward().value_or(
-      options_.sharding_strategy() == ShardingStrategy::FULL_SHARD);
+      strategy == ShardingStrategy::FULL_SHARD || strategy == ShardingStrategy::HYBRID_SHARD);
 
   // Ignored subtrees, by path.
   std::map<const torch::nn::Module*, std::string> path_of;
@@ -299,6 +299,11 @@ void FullyShardedBase::build_units() {
   // (tied parameters across units) must not leave freshly created groups that
   // the ranks tear down while peers are still connecting.
   runtime_ = std::make_unique<Runtime>(pg_, options_);
+  // Parameters are sharded over the shard group ([Note: hybrid groups]); a
+  // HYBRID_SHARD group of one rank shards nothing and behaves as NO_SHARD.
+  const dist::ProcessGroup& shard_group = runtime_->shard_group();
+  const bool sharded = strategy != ShardingStrategy::NO_SHARD &&
+                       !(strategy == ShardingStrategy::HYBRID_SHARD && shard_group.size() == 1);
   for (size_t u = 0; u < unit_paths.size(); ++u) {
     if (entries[u].empty()) continue;  // nothing to shard: no unit, no hooks
     const auto& first = entries[u].front();
@@ -317,7 +322,7 @@ void FullyShardedBase::build_units() {
       precision.reduce_dtype = mp.effective_reduce_dtype(first.param.scalar_type());
       precision.keep_low_precision_grads = mp.keep_low_precision_grads();
     }
-    auto flat = std::make_unique<FlatParameter>(std::move(entries[u]), pg_.rank(), pg_.size(),
+    auto flat = std::make_unique<FlatParameter>(std::move(entries[u]), shard_group.rank(), shard_group.size(),
                                                 sharded && !full_precision_unit, precision);
     auto unit = std::make_unique<Unit>(runtime_.get(), static_cast<int>(runtime_->units().size()),
                                        unit_paths[u], std::move(flat), u == 0,
@@ -366,6 +371,10 @@ std::vector<std::string> FullyShardedBase::unit_parameter_names(size_t i) const 
 MemoryStats FullyShardedBase::memory_stats() const { return runtime_->memory_stats(); }
 void FullyShardedBase::reset_peak_memory_stats() { runtime_->reset_peak(); }
 
+std::vector<TraceSpan> FullyShardedBase::trace_spans() const { return runtime_->tracer().spans(); }
+std::string FullyShardedBase::flush_trace() { return runtime_->tracer().flush(); }
+void FullyShardedBase::clear_trace() { runtime_->tracer().clear(); }
+
 void FullyShardedBase::root_pre_forward() {
   runtime_->root_pre_forward();
   if (root_unit_) root_unit_->pre_forward();
@@ -409,6 +418,10 @@ at::Tensor FullyShardedBase::clip_grad_norm_(double max_norm, double norm_type) 
   // Ignored parameters are replicated: counted once, after the reduction.
   for (const auto& p : model_->parameters())
     if (!managed.count(p.unsafeGetTensorImpl()) && p.grad().defined()) replicated_grads.push_back(p.grad());
+  // Shards are disjoint inside the shard group and identical across replicas
+  // ([Note: hybrid groups]), so the norm is reduced over the shard group only.
+  const dist::ProcessGroup& norm_group = runtime_->shard_group();
+  reduce = reduce && norm_group.size() > 1;
 
   auto local = [&](const std::vector<at::Tensor>& gs) {
     double acc = 0;
@@ -420,7 +433,7 @@ at::Tensor FullyShardedBase::clip_grad_norm_(double max_norm, double norm_type) 
     return acc;
   };
   auto total = torch::tensor({local(sharded_grads)}, torch::kDouble);
-  if (reduce) dist::all_reduce(pg_, total, inf ? dist::ReduceOp::Max : dist::ReduceOp::Sum).wait();
+  if (reduce) dist::all_reduce(norm_group, total, inf ? dist::ReduceOp::Max : dist::ReduceOp::Sum).wait();
   double t = total.item<double>();
   const double rep = local(replicated_grads);
   t = inf ? std::max(t, rep) : std::pow(t + rep, 1.0 / norm_type);

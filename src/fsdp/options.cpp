@@ -10,6 +10,7 @@ const char* to_string(ShardingStrategy s) {
     case ShardingStrategy::FULL_SHARD: return "FULL_SHARD";
     case ShardingStrategy::SHARD_GRAD_OP: return "SHARD_GRAD_OP";
     case ShardingStrategy::NO_SHARD: return "NO_SHARD";
+    case ShardingStrategy::HYBRID_SHARD: return "HYBRID_SHARD";
   }
   return "?";
 }
@@ -20,8 +21,18 @@ ShardingStrategy parse_sharding_strategy(const std::string& name) {
   if (n == "full_shard") return ShardingStrategy::FULL_SHARD;
   if (n == "shard_grad_op") return ShardingStrategy::SHARD_GRAD_OP;
   if (n == "no_shard") return ShardingStrategy::NO_SHARD;
+  if (n == "hybrid_shard") return ShardingStrategy::HYBRID_SHARD;
   TORCH_CHECK(false, "fsdp: unknown sharding strategy '", name,
-              "'; expected one of full_shard, shard_grad_op, no_shard");
+              "'; expected one of full_shard, shard_grad_op, no_shard, hybrid_shard");
+}
+
+const char* to_string(BackwardPrefetch p) {
+  switch (p) {
+    case BackwardPrefetch::NONE: return "NONE";
+    case BackwardPrefetch::BACKWARD_PRE: return "BACKWARD_PRE";
+    case BackwardPrefetch::BACKWARD_POST: return "BACKWARD_POST";
+  }
+  return "?";
 }
 
 WrapPolicy size_based_policy(int64_t min_num_params) {

@@ -1,6 +1,7 @@
 #include "runtime.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include <torch/csrc/autograd/engine.h>
 
@@ -18,26 +19,55 @@ double default_predivide(int world) {
 
 Runtime::Runtime(dist::ProcessGroup pg, Options options)
     : pg_(std::move(pg)), options_(std::move(options)) {
-  const int n = pg_.size();
-  // Dedicated groups over the same ranks, so that gathers and reductions form two
-  // independent sequences (see [Note: collective order]). Created in the same
-  // order on every rank.
+  const int world = pg_.size();
+  build_hybrid_groups();
+  const int n = shard_pg_.size();
+  // Dedicated groups over the shard group's ranks, so that gathers and
+  // reductions form two independent sequences (see [Note: collective order]).
+  // Created in the same order on every rank.
   std::vector<int> all(n);
   for (int r = 0; r < n; ++r) all[r] = r;
-  gather_pg_ = pg_.new_subgroup(all);
-  reduce_pg_ = options_.reduce_group().defined() ? options_.reduce_group() : pg_.new_subgroup(all);
+  gather_pg_ = shard_pg_.new_subgroup(all);
+  reduce_pg_ = options_.reduce_group().defined() ? options_.reduce_group() : shard_pg_.new_subgroup(all);
   TORCH_CHECK(reduce_pg_.size() == n, "fsdp: reduce_group has ", reduce_pg_.size(),
               " ranks but the sharding group has ", n, "; they must cover the same ranks");
+  // The gradient average is over the whole world (shard group x replica group).
   double pre = options_.gradient_predivide_factor();
   TORCH_CHECK(pre >= 0, "fsdp: gradient_predivide_factor must be >= 1 (or 0 for the default), got ", pre);
-  if (pre == 0) pre = default_predivide(n);
-  TORCH_CHECK(pre >= 1 && pre <= n, "fsdp: gradient_predivide_factor must lie in [1, world size ",
-              n, "], got ", pre);
+  if (pre == 0) pre = default_predivide(world);
+  TORCH_CHECK(pre >= 1 && pre <= world, "fsdp: gradient_predivide_factor must lie in [1, world size ",
+              world, "], got ", pre);
   predivide_ = pre;
-  postdivide_ = n / pre;
+  postdivide_ = world / pre;
+  std::string dir = options_.trace_dir();
+  if (dir.empty())
+    if (const char* env = std::getenv("FSDP_TRACE")) dir = env;
+  tracer_ = std::make_unique<Tracer>(dir, pg_.global_rank());
 }
 
-Runtime::~Runtime() = default;
+void Runtime::build_hybrid_groups() {
+  if (options_.sharding_strategy() != ShardingStrategy::HYBRID_SHARD) {
+    shard_pg_ = pg_;
+    return;
+  }
+  int g = options_.shard_group_size();
+  if (g == 0) g = pg_.local_world_size();
+  TORCH_CHECK(g >= 1 && pg_.size() % g == 0, "fsdp: HYBRID_SHARD on rank ", pg_.rank(),
+              ": shard_group_size ", g, " must divide the world size ", pg_.size(),
+              "; set Options::shard_group_size (0 means ranks per machine, here ",
+              pg_.local_world_size(), ")");
+  shard_pg_ = pg_.split_consecutive(g);
+  replica_pg_ = pg_.split_strided(g);
+  TORCH_INTERNAL_ASSERT(shard_pg_.defined() && replica_pg_.defined());
+}
+
+Runtime::~Runtime() {
+  try {
+    tracer_->flush();
+  } catch (const std::exception&) {
+    // A destructor must not throw; flush_trace() reports the error when called.
+  }
+}
 
 void Runtime::add_unit(std::unique_ptr<Unit> unit) { units_.push_back(std::move(unit)); }
 
@@ -53,7 +83,10 @@ void Runtime::root_pre_forward() {
   }
 }
 
-void Runtime::root_post_forward() {}
+void Runtime::root_post_forward() {
+  if (at::GradMode::is_enabled() && !pre_forward_order_.empty()) recorded_forward_order_ = pre_forward_order_;
+  release_stray_prefetches();
+}
 
 void Runtime::arm_implicit_units() {
   for (Unit* u : implicit_units_) {
@@ -65,6 +98,42 @@ void Runtime::arm_implicit_units() {
 void Runtime::on_unit_pre_forward(Unit* unit) {
   if (std::find(pre_forward_order_.begin(), pre_forward_order_.end(), unit) == pre_forward_order_.end())
     pre_forward_order_.push_back(unit);
+}
+
+// ---- prefetch ([Note: prefetch]) ----
+
+bool Runtime::may_prefetch(const Unit* current) const {
+  if (!options_.limit_all_gathers()) return true;
+  for (const auto& u : units_)
+    if (u.get() != current && u->gather_pending()) return false;
+  return true;
+}
+
+void Runtime::prefetch_forward(Unit* current) {
+  if (!options_.forward_prefetch()) return;
+  auto it = std::find(recorded_forward_order_.begin(), recorded_forward_order_.end(), current);
+  if (it == recorded_forward_order_.end() || ++it == recorded_forward_order_.end()) return;
+  Unit* next = *it;
+  // Only a unit that has not run forward yet in this iteration.
+  if (next->state() != UnitState::IDLE || !next->needs_backward_gather() || !may_prefetch(current)) return;
+  next->issue_gather();
+}
+
+void Runtime::prefetch_backward(Unit* current) {
+  auto it = std::find(backward_gather_order_.begin(), backward_gather_order_.end(), current);
+  if (it == backward_gather_order_.end()) return;
+  const int pos = static_cast<int>(it - backward_gather_order_.begin());
+  if (!may_prefetch(current)) return;
+  gather_until(pos + 1);  // the same cursor as without prefetch: order unchanged
+}
+
+void Runtime::release_stray_prefetches() {
+  // A forward prefetch of a unit that then did not run (the forward took another
+  // path): wait for it and free the buffer, as if it had never been gathered.
+  for (auto& u : units_)
+    if (u->state() == UnitState::IDLE && u->flat().separate_unsharded() && u->flat().unsharded_allocated() &&
+        u->flat().state() == detail::FlatState::Sharded)
+      u->reset_after_abandoned_forward();
 }
 
 void Runtime::on_unit_post_forward(Unit* unit) {
@@ -109,7 +178,7 @@ void Runtime::gather_until(int position) {
        ++gather_ptr_) {
     Unit* u = backward_gather_order_[gather_ptr_];
     if (u->state() == UnitState::AWAIT_BACKWARD && u->needs_backward_gather()) {
-      u->gather();
+      u->issue_gather();  // waited for in the unit's output hook or before any free
       u->enter_backward();
     }
   }
@@ -122,12 +191,15 @@ void Runtime::on_unit_output_grad(Unit* unit) {
   if (unit->needs_backward_gather()) {
     // Out of the planned order (the graph differs from the forward order):
     // still correct on this rank, but only safe if every rank does the same.
-    unit->gather();
+    unit->issue_gather();
   }
   unit->enter_backward();
+  unit->wait_gather();
+  if (options_.backward_prefetch() == BackwardPrefetch::BACKWARD_PRE) prefetch_backward(unit);
 }
 
-void Runtime::on_unit_grads_complete(Unit* /*unit*/) {
+void Runtime::on_unit_grads_complete(Unit* unit) {
+  if (options_.backward_prefetch() == BackwardPrefetch::BACKWARD_POST) prefetch_backward(unit);
   while (reduce_ptr_ < reduce_order_.size()) {
     Unit* u = reduce_order_[reduce_ptr_];
     if (u->has_grad_params() && !u->grads_complete()) break;
@@ -155,6 +227,7 @@ void Runtime::final_callback() {
     if (u->state() == UnitState::AWAIT_BACKWARD || u->state() == UnitState::BACKWARD) issue_reduce(u);
   }
   inflight_reduce_ = nullptr;
+  for (Unit* u : backward_gather_order_) u->wait_gather();
   for (Unit* u : reduce_order_) u->finish_iteration(no_sync_);
   callback_queued_ = false;
   backward_planned_ = false;

@@ -17,6 +17,26 @@
 // zeros for gradients that were never produced, so no rank waits for a peer that
 // will never send. Gathers and reductions use separate groups, so the two
 // sequences do not constrain each other.
+//
+// [Note: prefetch]
+// Prefetch moves *when* a gather is issued, never *which* gather comes next: the
+// backward prefetch issues the next unit of backward_gather_order_ (the same
+// cursor gather_until advances), asynchronously, before (BACKWARD_PRE) or after
+// (BACKWARD_POST) the current unit's gradients are computed; the forward prefetch
+// issues the unit that followed the current one in the previous iteration's
+// pre-forward order. Both depend only on the forward order, which every rank
+// shares, so every rank still issues the same gathers in the same order. A unit
+// waits for its own gather where it first needs the data (pre_forward, its
+// output hook) and before anything frees the buffer. limit_all_gathers keeps at
+// most one prefetched gather in flight.
+//
+// [Note: hybrid groups]
+// HYBRID_SHARD shards over the *shard group* (shard_group_size consecutive
+// ranks) and replicates across the *replica group* (the ranks holding the same
+// shard index: i, i+g, ...). Both are built from the world group in the same
+// order on every rank (consecutive blocks, then strided), before the dedicated
+// gather/reduce groups, which then cover the shard group. For the other
+// strategies the shard group is the world group and there is no replica group.
 
 #include <memory>
 #include <string>
@@ -24,6 +44,7 @@
 
 #include "fsdp/dist/process_group.h"
 #include "fsdp/fsdp/options.h"
+#include "fsdp/fsdp/trace.h"
 #include "unit.h"
 
 namespace fsdp::detail {
@@ -39,6 +60,11 @@ class Runtime {
   const dist::ProcessGroup& group() const { return pg_; }
   const dist::ProcessGroup& gather_group() const { return gather_pg_; }
   const dist::ProcessGroup& reduce_group() const { return reduce_pg_; }
+  /// Parameters are sharded over this group (see [Note: hybrid groups]).
+  const dist::ProcessGroup& shard_group() const { return shard_pg_; }
+  /// HYBRID_SHARD: the ranks holding the same shard; undefined otherwise.
+  const dist::ProcessGroup& replica_group() const { return replica_pg_; }
+  Tracer& tracer() const { return *tracer_; }
   const Options& options() const { return options_; }
   double predivide() const { return predivide_; }
   double postdivide() const { return postdivide_; }
@@ -49,6 +75,7 @@ class Runtime {
 
   // Called by units.
   void on_unit_pre_forward(Unit* unit);
+  void prefetch_forward(Unit* current);  // after `current` is unsharded ([Note: prefetch])
   void on_unit_post_forward(Unit* unit);
   void on_unit_output_grad(Unit* unit);
   void on_unit_grads_complete(Unit* unit);
@@ -96,6 +123,15 @@ class Runtime {
   std::vector<Unit*> implicit_units_;
 
   void plan_backward();
+
+  // Prefetch ([Note: prefetch]).
+  dist::ProcessGroup shard_pg_, replica_pg_;
+  std::unique_ptr<Tracer> tracer_;
+  std::vector<Unit*> recorded_forward_order_;  // pre-forward order of the last training forward
+  bool may_prefetch(const Unit* current) const;
+  void prefetch_backward(Unit* current);
+  void release_stray_prefetches();
+  void build_hybrid_groups();
 };
 
 }  // namespace fsdp::detail

@@ -79,18 +79,54 @@ bool Unit::needs_backward_gather() const {
 }
 
 void Unit::gather() {
-  if (!flat_->separate_unsharded()) return;
-  if (!flat_->unsharded_allocated()) {
-    flat_->alloc_unsharded();
-    if (flat_->sharded()) {
-      // Cast before the gather: param_dtype bytes move ([Note: mixed precision]).
-      dist::all_gather_into(runtime_->gather_group(), flat_->unsharded(), flat_->shard_for_gather()).wait();
-    } else {
-      at::NoGradGuard no_grad;  // NO_SHARD with param_dtype: a local low-precision copy
-      flat_->unsharded().copy_(flat_->shard());
-    }
-    runtime_->note_transient_bytes();
+  issue_gather();
+  wait_gather();
+}
+
+// ---- asynchronous gathers and their trace spans ([Note: prefetch] in runtime.h) ----
+
+std::string Unit::trace_name(const char* what) const {
+  return std::string(what) + " " + (path_.empty() ? "<root>" : path_);
+}
+
+void Unit::issue_gather() {
+  if (!flat_->separate_unsharded() || flat_->unsharded_allocated()) return;
+  flat_->alloc_unsharded();
+  if (flat_->sharded()) {
+    // Cast before the gather: param_dtype bytes move ([Note: mixed precision]).
+    // The cast copy must live until the gather completes (wait_gather).
+    gather_source_ = flat_->shard_for_gather();
+    gather_mark_ = runtime_->tracer().begin();
+    gather_handle_ = dist::all_gather_into(runtime_->gather_group(), flat_->unsharded(), gather_source_);
+    gather_pending_ = true;
+  } else {
+    at::NoGradGuard no_grad;  // NO_SHARD with param_dtype: a local low-precision copy
+    flat_->unsharded().copy_(flat_->shard());
   }
+  runtime_->note_transient_bytes();
+}
+
+void Unit::wait_gather() {
+  if (!gather_pending_) return;
+  gather_pending_ = false;
+  gather_handle_.wait();
+  gather_handle_ = dist::CommHandle();
+  gather_source_ = at::Tensor();
+  runtime_->tracer().end(trace_name("all_gather"), Tracer::kGather, gather_mark_);
+}
+
+void Unit::free_unsharded() {
+  wait_gather();  // never free a buffer a collective is still writing into
+  flat_->free_unsharded();
+}
+
+void Unit::replicate_reduced_shard() {
+  // [Note: hybrid groups]: the shard group's reduce-scatter summed this shard
+  // over the shard group; summing it over the replica group completes the sum
+  // over the world (the division by the world size is split into pre/postdivide).
+  const auto& replica = runtime_->replica_group();
+  if (!replica.defined() || replica.size() == 1) return;
+  dist::all_reduce(replica, reduced_shard_, dist::ReduceOp::Sum).wait();
 }
 
 void Unit::enter_backward() {
@@ -132,10 +168,13 @@ void Unit::pre_forward() {
   unshard();
   if (training) ensure_grad_accumulators();
   state_ = UnitState::FORWARD;
+  runtime_->prefetch_forward(this);
+  if (!forward_mark_.open()) forward_mark_ = runtime_->tracer().begin();
 }
 
 void Unit::post_forward(const std::vector<at::Tensor>& outputs) {
   expect_state({UnitState::FORWARD}, "post_forward");
+  runtime_->tracer().end(trace_name("forward"), Tracer::kCompute, forward_mark_);
   runtime_->on_unit_post_forward(this);
   if (!at::GradMode::is_enabled()) {
     // Evaluation: no backward follows, so return to the sharded state now.
@@ -145,7 +184,7 @@ void Unit::post_forward(const std::vector<at::Tensor>& outputs) {
   }
   state_ = UnitState::AWAIT_BACKWARD;
   if (reshard_after_forward_ && !is_root_) {
-    flat_->free_unsharded();  // views stay; backward re-gathers into the same storage
+    free_unsharded();  // views stay; backward re-gathers into the same storage
   }
   for (const auto& out : outputs) {
     if (!out.defined() || !out.requires_grad()) continue;
@@ -187,7 +226,14 @@ void Unit::stash_grads() {
 void Unit::on_output_grad() {
   runtime_->ensure_final_callback();
   stash_grads();
-  if (state_ == UnitState::AWAIT_BACKWARD) runtime_->on_unit_output_grad(this);
+  // The first output hook of this iteration; a unit gathered ahead (by the
+  // backward order or a prefetch) is already in BACKWARD and still comes here,
+  // so that it waits for its gather and prefetches the next one.
+  if (output_grad_seen_) return;
+  if (state_ != UnitState::AWAIT_BACKWARD && state_ != UnitState::BACKWARD) return;
+  output_grad_seen_ = true;
+  runtime_->on_unit_output_grad(this);
+  backward_mark_ = runtime_->tracer().begin();
 }
 
 void Unit::on_param_grad(size_t entry) {
@@ -195,7 +241,10 @@ void Unit::on_param_grad(size_t entry) {
   if (fired_flags_[entry]) return;
   fired_flags_[entry] = true;
   ++fired_;
-  if (grads_complete()) runtime_->on_unit_grads_complete(this);
+  if (grads_complete()) {
+    runtime_->tracer().end(trace_name("backward"), Tracer::kCompute, backward_mark_);
+    runtime_->on_unit_grads_complete(this);
+  }
 }
 
 void Unit::issue_reduce(bool no_sync) {
@@ -229,6 +278,7 @@ void Unit::issue_reduce(bool no_sync) {
     return;
   }
   if (runtime_->predivide() != 1) flat_grad_.div_(runtime_->predivide());
+  reduce_mark_ = runtime_->tracer().begin();
   if (flat_->sharded()) {
     reduced_shard_ = at::empty({flat_->chunk_numel()}, flat_grad_.options());
     reduce_handle_ = dist::reduce_scatter(runtime_->reduce_group(), reduced_shard_, flat_grad_,
@@ -242,7 +292,7 @@ void Unit::issue_reduce(bool no_sync) {
   // Parameters are no longer needed by this unit's backward: every node that
   // reads them also produced their gradients. Frozen parameters may still be read
   // by later nodes, so such units reshard at the end of backward instead.
-  if (flat_->separate_unsharded() && !has_frozen_params_ && !is_root_) flat_->free_unsharded();
+  if (flat_->separate_unsharded() && !has_frozen_params_ && !is_root_) free_unsharded();
 }
 
 void Unit::wait_reduce() {
@@ -250,6 +300,8 @@ void Unit::wait_reduce() {
   reduce_pending_ = false;
   reduce_handle_.wait();
   reduce_handle_ = dist::CommHandle();
+  replicate_reduced_shard();
+  runtime_->tracer().end(trace_name("reduce"), Tracer::kReduce, reduce_mark_);
   if (runtime_->postdivide() != 1) reduced_shard_.div_(runtime_->postdivide());
   // Gradient pieces in the optimizer's dtype (fp32 master) unless asked otherwise.
   if (reduced_shard_.scalar_type() != flat_->grad_dtype()) reduced_shard_ = reduced_shard_.to(flat_->grad_dtype());
@@ -280,8 +332,11 @@ void Unit::finish_iteration(bool no_sync) {
   stashed_ = false;
   std::fill(fired_flags_.begin(), fired_flags_.end(), false);
   fired_ = 0;
+  runtime_->tracer().end(trace_name("backward"), Tracer::kCompute, backward_mark_);
+  output_grad_seen_ = false;
+  wait_gather();
   if (flat_->separate_unsharded()) {
-    if (flat_->unsharded_allocated()) flat_->free_unsharded();
+    if (flat_->unsharded_allocated()) free_unsharded();
   }
   flat_->use_shard_views();
   state_ = UnitState::IDLE;
@@ -300,7 +355,9 @@ void Unit::reset_after_abandoned_forward() {
   stashed_ = false;
   std::fill(fired_flags_.begin(), fired_flags_.end(), false);
   fired_ = 0;
-  if (flat_->separate_unsharded() && flat_->unsharded_allocated()) flat_->free_unsharded();
+  output_grad_seen_ = false;
+  forward_mark_ = backward_mark_ = Tracer::Mark{};
+  if (flat_->separate_unsharded() && flat_->unsharded_allocated()) free_unsharded();
   flat_->use_shard_views();
   state_ = UnitState::IDLE;
 }

@@ -24,6 +24,7 @@
 
 #include "flat_param.h"
 #include "fsdp/dist/collectives.h"
+#include "fsdp/fsdp/trace.h"
 #include "fsdp/fsdp/wrappable.h"
 
 namespace torch::autograd {
@@ -55,6 +56,9 @@ class Unit : public UnitHooks {
   bool has_grad_params() const { return num_grad_params_ > 0; }
   bool needs_backward_gather() const;
   void gather();                       // alloc + all-gather (blocking)
+  void issue_gather();                 // alloc + start the all-gather (no-op if allocated)
+  void wait_gather();                  // complete an issued all-gather (no-op otherwise)
+  bool gather_pending() const { return gather_pending_; }
   void enter_backward();               // AWAIT_BACKWARD -> BACKWARD (no-op otherwise)
   void issue_reduce(bool no_sync);     // flatten grads, start the reduction
   void wait_reduce();                  // complete an issued reduction, free the flat gradient
@@ -74,6 +78,9 @@ class Unit : public UnitHooks {
   void expect_state(std::initializer_list<UnitState> allowed, const char* where) const;
   void unshard();
   void ensure_grad_accumulators();
+  void free_unsharded();               // waits for an in-flight gather first
+  void replicate_reduced_shard();      // HYBRID_SHARD: all-reduce across the replica group
+  std::string trace_name(const char* what) const;
 
   Runtime* runtime_;
   int index_;
@@ -97,6 +104,13 @@ class Unit : public UnitHooks {
   bool reduce_pending_ = false;  // a reduction was issued and not yet waited for
   bool reduced_ready_ = false;   // reduced_shard_ holds this iteration's result
   at::Tensor no_sync_grad_;     // accumulated unsharded gradient under no_sync
+
+  dist::CommHandle gather_handle_;
+  at::Tensor gather_source_;     // the (possibly cast) shard being sent by an in-flight gather
+  bool gather_pending_ = false;  // an all-gather into the unsharded buffer is in flight
+  bool output_grad_seen_ = false;  // this iteration's first output hook has run
+  // Open trace spans (fsdp/trace.h); no-ops unless tracing.
+  Tracer::Mark gather_mark_, reduce_mark_, forward_mark_, backward_mark_;
 };
 
 }  // namespace fsdp::detail

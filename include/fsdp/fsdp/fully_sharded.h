@@ -24,6 +24,7 @@
 
 #include "fsdp/dist/process_group.h"
 #include "fsdp/fsdp/options.h"
+#include "fsdp/fsdp/trace.h"
 #include "fsdp/fsdp/wrappable.h"
 
 namespace fsdp {
@@ -53,7 +54,17 @@ class FullyShardedBase : public torch::nn::Module {
   MemoryStats memory_stats() const;
   void reset_peak_memory_stats();
 
-  /// Clips the global gradient norm over all ranks, each element counted once.
+  /// Schedule trace (fsdp/trace.h), when enabled by Options::trace_dir or
+  /// FSDP_TRACE: the spans recorded so far on this rank, writing them to
+  /// <dir>/trace_rank<global rank>.json (returns the path; "" when disabled),
+  /// and dropping them.
+  std::vector<TraceSpan> trace_spans() const;
+  std::string flush_trace();
+  void clear_trace();
+
+  /// Clips the global gradient norm over all ranks, each element counted once
+  /// (under HYBRID_SHARD the norm is reduced over the shard group only: the
+  /// replica groups hold identical gradients).
   /// norm_type: any p > 0, or infinity. Returns the total norm before clipping.
   /// Collective: every rank calls it.
   at::Tensor clip_grad_norm_(double max_norm, double norm_type = 2.0);

@@ -21,9 +21,14 @@ enum class ShardingStrategy {
   FULL_SHARD,     ///< ZeRO-3: parameters, gradients and optimizer state sharded
   SHARD_GRAD_OP,  ///< ZeRO-2: parameters stay unsharded between forward and backward
   NO_SHARD,       ///< DDP: everything replicated, gradients all-reduced
+  /// FULL_SHARD inside groups of `shard_group_size` consecutive ranks, replicated
+  /// across groups: gradients are reduce-scattered in the shard group, then the
+  /// reduced shard is all-reduced over the ranks holding the same shard index.
+  HYBRID_SHARD,
 };
 const char* to_string(ShardingStrategy s);
-/// "full_shard" | "shard_grad_op" | "no_shard" (case-insensitive); throws otherwise.
+/// "full_shard" | "shard_grad_op" | "no_shard" | "hybrid_shard" (case-insensitive);
+/// throws otherwise.
 ShardingStrategy parse_sharding_strategy(const std::string& name);
 
 /// Decides which wrap candidates become units. Called bottom-up with the module
@@ -46,6 +51,16 @@ WrapPolicy module_type_policy() {
   };
 }
 
+/// When the unsharded parameters of the *next* unit are gathered in backward
+/// (the order of gathers never changes, only their timing; see [Note: prefetch]
+/// in runtime.h).
+enum class BackwardPrefetch {
+  NONE,           ///< gather a unit when its backward is reached
+  BACKWARD_PRE,   ///< issue the next unit's gather before this unit's gradients are computed
+  BACKWARD_POST,  ///< issue it once this unit's gradients are computed
+};
+const char* to_string(BackwardPrefetch p);
+
 struct Options {
   TORCH_ARG(ShardingStrategy, sharding_strategy) = ShardingStrategy::FULL_SHARD;
   /// Empty: the whole model is one unit (the root).
@@ -66,6 +81,21 @@ struct Options {
   TORCH_ARG(dist::ProcessGroup, reduce_group) = {};
   /// Reduced-precision compute and communication; see mixed_precision.h.
   TORCH_ARG(MixedPrecision, mixed_precision) = {};
+  /// HYBRID_SHARD only: ranks per shard group (consecutive ranks). 0: ranks per
+  /// machine (pg.local_world_size()). Must divide the world size.
+  TORCH_ARG(int, shard_group_size) = 0;
+  /// Backward prefetch of the next unit's parameters (FULL_SHARD/HYBRID_SHARD).
+  TORCH_ARG(BackwardPrefetch, backward_prefetch) = BackwardPrefetch::NONE;
+  /// Gather the next unit during the current unit's forward, in the forward
+  /// order recorded in the previous iteration.
+  TORCH_ARG(bool, forward_prefetch) = false;
+  /// At most one prefetched gather in flight besides the one being used, so
+  /// prefetch holds at most two units' unsharded parameters at a time.
+  TORCH_ARG(bool, limit_all_gathers) = true;
+  /// Directory for a Chrome trace (one JSON file per rank, trace_rank<r>.json,
+  /// written by FullyShardedBase::flush_trace and at destruction). Empty: the
+  /// environment variable FSDP_TRACE, if set; otherwise no trace.
+  TORCH_ARG(std::string, trace_dir) = "";
 };
 
 /// Bytes this rank holds, by category. "Unsharded" buffers are transient: gathered

@@ -1,0 +1,161 @@
+// HYBRID_SHARD: sharded inside groups of shard_group_size consecutive ranks,
+// replicated across them. At N=4, shard 2, training equals single-process
+// training on the global batch (relative L2 < 1e-5, SGD+momentum and AdamW, MLP
+// and nested transformer); gradients cross the replica group (all-reduce bytes
+// equal to the ring all-reduce of every reduced shard); parameter memory per
+// rank is half of NO_SHARD's; shard_group_size 4 gives FULL_SHARD's result and
+// traffic shape, 1 gives NO_SHARD's.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "fsdp/dist/collectives.h"
+#include "harness/models.h"
+#include "harness/multirank.h"
+
+using namespace fsdp;
+using namespace fsdp::testing;
+
+namespace {
+
+enum class Opt { SGD, AdamW };
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(Opt opt, torch::nn::Module& m) {
+  if (opt == Opt::SGD)
+    return std::make_unique<torch::optim::SGD>(m.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  return std::make_unique<torch::optim::AdamW>(m.parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+}
+
+struct RunResult {
+  std::map<std::string, torch::Tensor> full;
+  MemoryStats mem;
+  int64_t all_reduce_bytes = 0, reduce_scatter_bytes = 0, all_gather_bytes = 0;
+  int64_t max_param_dim = 0;
+};
+
+// Trains `steps` steps on this rank's slice of the global batch (no clipping, so
+// the comm counters hold the training traffic only).
+template <typename ModelFactory>
+RunResult train(dist::ProcessGroup& pg, ModelFactory make, Options options, Opt opt, int steps = 5,
+                int64_t batch = 16) {
+  auto model = FullyShardedDataParallel(make(), pg, options);
+  auto optim = make_optimizer(opt, *model);
+  RunResult r;
+  dist::comm_counters().reset();
+  for (int s = 0; s < steps; ++s) {
+    auto [x, y] = global_batch(s, batch);
+    optim->zero_grad();
+    auto loss = torch::mse_loss(model->forward(rank_slice(x, pg.rank(), pg.size())),
+                                rank_slice(y, pg.rank(), pg.size()));
+    loss.backward();
+    optim->step();
+  }
+  r.all_reduce_bytes = dist::comm_counters().all_reduce;
+  r.reduce_scatter_bytes = dist::comm_counters().reduce_scatter;
+  r.all_gather_bytes = dist::comm_counters().all_gather;
+  r.mem = model->memory_stats();
+  for (auto& p : model->parameters()) r.max_param_dim = std::max<int64_t>(r.max_param_dim, p.dim());
+  r.full = full_params(model);
+  return r;
+}
+
+template <typename ModelFactory>
+std::map<std::string, torch::Tensor> reference(ModelFactory make, Opt opt, int steps = 5, int64_t batch = 16) {
+  auto ref = make();
+  auto o = make_optimizer(opt, *ref.ptr());
+  for (int s = 0; s < steps; ++s) {
+    auto [x, y] = global_batch(s, batch);
+    o->zero_grad();
+    torch::mse_loss(ref->forward(x), y).backward();
+    o->step();
+  }
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& p : ref->named_parameters()) out[p.key()] = p.value().detach().clone();
+  return out;
+}
+
+void expect_close(const std::map<std::string, torch::Tensor>& got, const std::map<std::string, torch::Tensor>& want,
+                  double tol) {
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& [k, v] : want) {
+    ASSERT_TRUE(got.count(k)) << k;
+    EXPECT_LT(rel_diff(got.at(k), v), tol) << k;
+  }
+}
+
+Options hybrid(int g, WrapPolicy policy) {
+  return Options().sharding_strategy(ShardingStrategy::HYBRID_SHARD).shard_group_size(g).auto_wrap_policy(policy);
+}
+
+void hybrid_cases(dist::ProcessGroup& pg) {
+  ASSERT_EQ(pg.size(), 4);
+  auto mlp = [] { return make_mlp(); };
+  auto tf = [] { return make_transformer(); };
+  for (Opt opt : {Opt::SGD, Opt::AdamW}) {
+    const std::string o = opt == Opt::SGD ? "sgd" : "adamw";
+    run_case("parity/mlp/" + o, [&] {
+      expect_close(train(pg, mlp, hybrid(2, always_wrap_policy()), opt).full, reference(mlp, opt), 1e-5);
+    });
+    run_case("parity/transformer/" + o, [&] {
+      expect_close(train(pg, tf, hybrid(2, size_based_policy(100)), opt).full, reference(tf, opt), 1e-5);
+    });
+  }
+
+  run_case("traffic-and-memory/shard2", [&] {
+    auto h = train(pg, mlp, hybrid(2, always_wrap_policy()), Opt::SGD, /*steps=*/1);
+    auto ns = train(pg, mlp, Options().sharding_strategy(ShardingStrategy::NO_SHARD)
+                                 .auto_wrap_policy(always_wrap_policy()), Opt::SGD, 1);
+    // One ring all-reduce over the 2-rank replica group per reduced shard moves
+    // 2*(2-1)/2 = 1x the shard: exactly the parameter shard bytes.
+    EXPECT_GT(h.all_reduce_bytes, 0);
+    EXPECT_EQ(h.all_reduce_bytes, h.mem.param_shard_bytes);
+    EXPECT_GT(h.reduce_scatter_bytes, 0);
+    // Half of NO_SHARD's parameters, up to one padding element per unit (3 units).
+    EXPECT_LE(std::abs(2 * h.mem.param_shard_bytes - ns.mem.param_shard_bytes), 3 * 4);
+    EXPECT_EQ(ns.mem.param_shard_bytes, 1099 * 4);  // 13*32+32 + 32*17+17 + 17*5+5
+    EXPECT_EQ(h.max_param_dim, 1);  // pieces outside forward/backward
+  });
+
+  run_case("shard4-is-full-shard", [&] {
+    auto h = train(pg, tf, hybrid(4, size_based_policy(100)), Opt::AdamW);
+    auto f = train(pg, tf, Options().sharding_strategy(ShardingStrategy::FULL_SHARD)
+                               .auto_wrap_policy(size_based_policy(100)), Opt::AdamW);
+    expect_close(h.full, f.full, 1e-7);
+    EXPECT_EQ(h.all_reduce_bytes, 0);  // no replica group traffic
+    EXPECT_EQ(h.reduce_scatter_bytes, f.reduce_scatter_bytes);
+    EXPECT_EQ(h.all_gather_bytes, f.all_gather_bytes);
+    EXPECT_EQ(h.mem.param_shard_bytes, f.mem.param_shard_bytes);
+  });
+
+  run_case("shard1-is-no-shard", [&] {
+    auto h = train(pg, tf, hybrid(1, size_based_policy(100)), Opt::AdamW);
+    auto n = train(pg, tf, Options().sharding_strategy(ShardingStrategy::NO_SHARD)
+                               .auto_wrap_policy(size_based_policy(100)), Opt::AdamW);
+    expect_close(h.full, n.full, 1e-7);
+    expect_close(h.full, reference(tf, Opt::AdamW), 1e-5);
+    EXPECT_EQ(h.all_reduce_bytes, n.all_reduce_bytes);
+    EXPECT_EQ(h.all_gather_bytes, 0);
+    EXPECT_EQ(h.mem.param_shard_bytes, n.mem.param_shard_bytes);
+    EXPECT_GT(h.max_param_dim, 1);  // full shapes, as NO_SHARD
+  });
+
+  run_case("clip-grad-norm-over-shard-group", [&] {
+    // The norm of the averaged global gradient, computed by the reference.
+    auto ref = make_mlp();
+    auto [x, y] = global_batch(0, 16);
+    torch::mse_loss(ref->forward(x), y).backward();
+    double sq = 0;
+    for (auto& p : ref->parameters()) sq += p.grad().pow(2).sum().item<double>();
+    auto model = FullyShardedDataParallel(make_mlp(), pg, hybrid(2, always_wrap_policy()));
+    torch::mse_loss(model->forward(rank_slice(x, pg.rank(), 4)), rank_slice(y, pg.rank(), 4)).backward();
+    const double norm = model->clip_grad_norm_(1e9).item<double>();
+    EXPECT_NEAR(norm, std::sqrt(sq), 1e-5 * std::sqrt(sq));
+  });
+
+  run_case("bad-shard-group-size", [&] {
+    EXPECT_THROW(FullyShardedDataParallel(make_mlp(), pg, hybrid(3, always_wrap_policy())), c10::Error);
+  });
+}
+
+}  // namespace
+
+TEST(HybridShard, FourRanksShardGroupsOfTwo) { run_ranks(4, hybrid_cases); }
