@@ -1,0 +1,310 @@
+// bench_strategies: step time, traffic and memory of every sharding strategy on two
+// models, against Python PyTorch DDP measured in the same run (not a test).
+//
+// Usage:
+//   bench_strategies [--steps 30] [--warmup 5] [--models mlp,transformer] [--no-python]
+//                    [--cpu-adam]
+//
+// Without RANK in the environment it re-executes itself under the fsdp-run next to
+// it once per (model, strategy): NO_SHARD, SHARD_GRAD_OP, FULL_SHARD at N=2 and
+// HYBRID_SHARD (shard groups of 2) at N=4; with --cpu-adam also NO_SHARD and
+// FULL_SHARD with fsdp::optim::CPUAdam. Then it runs bench/ddp_baseline.py under
+// /usr/bin/python3 (Debian's torch) at N=2 on the same model, batch, optimizer and
+// thread count. It prints a table, then one JSON object per line.
+//
+// Models: "mlp" 784-1024-1024-10 (ReLU), one unit per Linear; "transformer" Linear
+// 784->256, 4 blocks [x + mix(LayerNorm(x)); x + fc2(GELU(fc1(x)))] with fc1 256->1024,
+// Linear 256->10, one unit per block and per projection. Adam (lr 1e-3), cross
+// entropy, global batch 128 split evenly, 1 intra-op thread per rank.
+//
+// Measured per configuration: step_ms = (slowest rank's wall time for `steps` steps
+// between two barriers) / steps; bytes_communicated = bytes this rank sent through
+// fsdp::dist per step (comm_counters; rank 0); param/grad/optim bytes on rank 0 after
+// the run (memory_stats and the optimizer's exp_avg/exp_avg_sq); peak_rss_bytes =
+// rank 0's ru_maxrss. ring_optimum_bytes is the per-rank ring optimum for the
+// strategy (2Psi(N-1)/N for NO_SHARD and SHARD_GRAD_OP, 3Psi(N-1)/N for FULL_SHARD;
+// HYBRID: 3Psi(g-1)/g in the shard group plus 2(Psi/g)(R-1)/R across the R replicas).
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "fsdp/dist/collectives.h"
+#include "fsdp/dist/process_group.h"
+#include "fsdp/fsdp/fully_sharded.h"
+#include "fsdp/optim/cpu_adam.h"
+
+#ifndef FSDP_SOURCE_DIR
+#define FSDP_SOURCE_DIR "."
+#endif
+
+namespace {
+
+struct Args {
+  int steps = 30, warmup = 5;
+  std::vector<std::string> models{"mlp", "transformer"};
+  bool python = true, cpu_adam = false;
+  // rank mode
+  std::string model = "mlp", strategy = "no_shard", optim = "adam", prefetch = "none";
+  int shard_group = 0;
+};
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string x; std::getline(ss, x, ',');) out.push_back(x);
+  return out;
+}
+
+Args parse_args(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    std::string k = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "bench_strategies: %s needs a value\n", k.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (k == "--steps") a.steps = std::stoi(next());
+    else if (k == "--warmup") a.warmup = std::stoi(next());
+    else if (k == "--models") a.models = split(next());
+    else if (k == "--no-python") a.python = false;
+    else if (k == "--cpu-adam") a.cpu_adam = true;
+    else if (k == "--model") a.model = next();
+    else if (k == "--strategy") a.strategy = next();
+    else if (k == "--optim") a.optim = next();
+    else if (k == "--prefetch") a.prefetch = next();
+    else if (k == "--shard-group") a.shard_group = std::stoi(next());
+    else {
+      std::fprintf(stderr, "bench_strategies: unknown argument %s\n", k.c_str());
+      std::exit(2);
+    }
+  }
+  return a;
+}
+
+// ---- models (same as bench/ddp_baseline.py) ----
+
+struct BenchBlockImpl : torch::nn::Module {
+  explicit BenchBlockImpl(int64_t dim) {
+    norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})));
+    mix = register_module("mix", torch::nn::Linear(dim, dim));
+    fc1 = register_module("fc1", torch::nn::Linear(dim, 4 * dim));
+    fc2 = register_module("fc2", torch::nn::Linear(4 * dim, dim));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = x + mix->forward(norm->forward(x));
+    return x + fc2->forward(torch::gelu(fc1->forward(x)));
+  }
+  torch::nn::LayerNorm norm{nullptr};
+  torch::nn::Linear mix{nullptr}, fc1{nullptr}, fc2{nullptr};
+};
+TORCH_MODULE(BenchBlock);
+
+torch::nn::Sequential make_model(const std::string& name) {
+  torch::manual_seed(0);
+  if (name == "mlp")
+    return torch::nn::Sequential(torch::nn::Linear(784, 1024), torch::nn::ReLU(), torch::nn::Linear(1024, 1024),
+                                 torch::nn::ReLU(), torch::nn::Linear(1024, 10));
+  torch::nn::Sequential s(torch::nn::Linear(784, 256));
+  for (int i = 0; i < 4; ++i) s->push_back(BenchBlock(256));
+  s->push_back(torch::nn::Linear(256, 10));
+  return s;
+}
+
+// ---- rank mode ----
+
+int rank_main(const Args& a) {
+  at::set_num_threads(1);
+  auto pg = fsdp::dist::init_process_group();
+  const int n = pg.size();
+  const int64_t global_batch = 128, per = global_batch / n;
+  auto strategy = fsdp::parse_sharding_strategy(a.strategy);
+  auto opts = fsdp::Options().sharding_strategy(strategy).auto_wrap_policy(fsdp::always_wrap_policy());
+  if (a.shard_group > 0) opts.shard_group_size(a.shard_group);
+  if (a.prefetch == "pre") opts.backward_prefetch(fsdp::BackwardPrefetch::BACKWARD_PRE).forward_prefetch(true);
+  auto model = fsdp::FullyShardedDataParallel(make_model(a.model), pg, opts);
+  int64_t numel = 0;
+  {
+    auto ref = make_model(a.model);
+    for (auto& p : ref->parameters()) numel += p.numel();
+  }
+  std::unique_ptr<torch::optim::Optimizer> opt;
+  if (a.optim == "cpuadam") opt = std::make_unique<fsdp::optim::CPUAdam>(model->parameters(), fsdp::optim::CPUAdamOptions(1e-3));
+  else opt = std::make_unique<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(1e-3));
+  auto gen = at::detail::createCPUGenerator(1 + pg.rank());
+  auto x = at::randn({per, 784}, gen);
+  auto y = at::randint(0, 10, {per}, gen, torch::kLong);
+  auto step = [&] {
+    opt->zero_grad();
+    torch::nn::functional::cross_entropy(model->forward(x), y).backward();
+    opt->step();
+  };
+  for (int i = 0; i < a.warmup; ++i) step();
+  fsdp::dist::barrier(pg);
+  fsdp::dist::comm_counters().reset();
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < a.steps; ++i) step();
+  const int64_t bytes = fsdp::dist::comm_counters().total() / a.steps;
+  fsdp::dist::barrier(pg);
+  auto el = torch::tensor({std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()},
+                          torch::kDouble);
+  fsdp::dist::all_reduce(pg, el, fsdp::dist::ReduceOp::Max).wait();
+  const double step_s = el.item<double>() / a.steps;
+  auto mem = model->memory_stats();
+  int64_t optim_bytes = 0;
+  for (const auto& kv : opt->state()) {
+    auto* s = dynamic_cast<torch::optim::AdamParamState*>(kv.second.get());
+    if (!s) continue;
+    for (const auto* t : {&s->exp_avg(), &s->exp_avg_sq()})
+      if (t->defined()) optim_bytes += t->numel() * int64_t(t->element_size());
+  }
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  const double psi = 4.0 * numel;
+  double optimum = 0;
+  const int g = strategy == fsdp::ShardingStrategy::HYBRID_SHARD ? (a.shard_group > 0 ? a.shard_group : n) : n;
+  const int r = n / g;
+  switch (strategy) {
+    case fsdp::ShardingStrategy::NO_SHARD:
+    case fsdp::ShardingStrategy::SHARD_GRAD_OP: optimum = 2 * psi * (n - 1) / n; break;
+    case fsdp::ShardingStrategy::FULL_SHARD: optimum = 3 * psi * (n - 1) / n; break;
+    case fsdp::ShardingStrategy::HYBRID_SHARD:
+      optimum = 3 * psi * (g - 1) / g + 2 * (psi / g) * (r - 1) / r;
+      break;
+  }
+  if (pg.rank() == 0) {
+    std::string name = fsdp::to_string(strategy);
+    if (a.optim == "cpuadam") name += "+CPUAdam";
+    if (a.prefetch == "pre") name += "+prefetch";
+    if (strategy == fsdp::ShardingStrategy::HYBRID_SHARD) name += "(g=" + std::to_string(g) + ")";
+    std::printf(
+        "{\"model\": \"%s\", \"strategy\": \"%s\", \"world_size\": %d, \"step_ms\": %.3f, "
+        "\"samples_per_s\": %.1f, \"bytes_communicated\": %lld, \"param_bytes\": %lld, \"grad_bytes\": %lld, "
+        "\"optim_bytes\": %lld, \"peak_rss_bytes\": %lld, \"ring_optimum_bytes\": %lld}\n",
+        a.model.c_str(), name.c_str(), n, step_s * 1e3, global_batch / step_s, (long long)bytes,
+        (long long)mem.param_shard_bytes, (long long)mem.grad_shard_bytes, (long long)optim_bytes,
+        (long long)ru.ru_maxrss * 1024, (long long)optimum);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+// ---- launcher mode ----
+
+std::string self_exe() {
+  char buf[4096];
+  ssize_t len = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  return len > 0 ? std::string(buf, static_cast<size_t>(len)) : "bench_strategies";
+}
+
+// Runs a command and returns the JSON lines it printed (rank 0's, prefix removed).
+std::vector<std::string> json_lines(const std::string& cmd) {
+  std::vector<std::string> out;
+  std::fflush(nullptr);
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return out;
+  char* line = nullptr;
+  size_t cap = 0;
+  while (::getline(&line, &cap, p) > 0) {
+    std::string s = line;
+    const std::string prefix = "[rank0]: ";
+    if (s.rfind(prefix, 0) == 0) s = s.substr(prefix.size());
+    while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
+    if (!s.empty() && s.front() == '{') out.push_back(s);
+  }
+  std::free(line);
+  const int rc = ::pclose(p);
+  if (rc != 0) std::fprintf(stderr, "bench_strategies: '%s' exited with status %d\n", cmd.c_str(), rc);
+  return out;
+}
+
+// Minimal field access in our own flat JSON lines.
+std::string field(const std::string& json, const std::string& key) {
+  auto k = json.find("\"" + key + "\": ");
+  if (k == std::string::npos) return "";
+  auto v = k + key.size() + 4;
+  auto e = json.find_first_of(",}", v);
+  std::string s = json.substr(v, e - v);
+  if (!s.empty() && s.front() == '"') s = s.substr(1, s.size() - 2);
+  return s;
+}
+
+int launcher_main(const Args& a) {
+  const std::string self = self_exe();
+  const std::string dir = self.substr(0, self.rfind('/'));
+  const std::string run = dir + "/fsdp-run";
+  struct Config { int n; std::string strategy, optim, prefetch; int g; };
+  std::vector<Config> configs{{2, "no_shard", "adam", "none", 0},
+                              {2, "shard_grad_op", "adam", "none", 0},
+                              {2, "full_shard", "adam", "none", 0},
+                              {2, "full_shard", "adam", "pre", 0},
+                              {4, "hybrid_shard", "adam", "none", 2}};
+  if (a.cpu_adam) {
+    configs.push_back({2, "no_shard", "cpuadam", "none", 0});
+    configs.push_back({2, "full_shard", "cpuadam", "none", 0});
+  }
+  std::vector<std::string> results;
+  for (const auto& m : a.models) {
+    for (const auto& c : configs) {
+      std::ostringstream cmd;
+      cmd << run << " --nproc " << c.n << " -- " << self << " --model " << m << " --strategy " << c.strategy
+          << " --optim " << c.optim << " --prefetch " << c.prefetch << " --shard-group " << c.g << " --steps "
+          << a.steps << " --warmup " << a.warmup;
+      for (auto& l : json_lines(cmd.str())) results.push_back(l);
+    }
+    if (a.python) {
+      std::ostringstream cmd;
+      cmd << "OMP_NUM_THREADS=1 /usr/bin/python3 " << FSDP_SOURCE_DIR << "/bench/ddp_baseline.py --model " << m
+          << " --world 2 --steps " << a.steps << " --warmup " << a.warmup;
+      for (auto& l : json_lines(cmd.str())) results.push_back(l);
+    }
+  }
+  std::printf("| model | strategy | N | step ms | samples/s | vs Python DDP | MB sent/step | vs ring optimum | "
+              "param MB | grad MB | optim MB | peak RSS MB |\n");
+  std::printf("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  for (const auto& r : results) {
+    double ddp = 0;
+    for (const auto& o : results)
+      if (field(o, "model") == field(r, "model") && field(o, "strategy") == "PYTHON_DDP")
+        ddp = std::stod(field(o, "samples_per_s"));
+    const double sps = std::stod(field(r, "samples_per_s"));
+    const std::string opt = field(r, "ring_optimum_bytes");
+    const double mb = 1.0 / (1 << 20);
+    char ratio[32] = "-", ring[32] = "-";
+    if (ddp > 0) std::snprintf(ratio, sizeof ratio, "%.2fx", sps / ddp);
+    if (!opt.empty() && std::stod(opt) > 0)
+      std::snprintf(ring, sizeof ring, "%.3f", std::stod(field(r, "bytes_communicated")) / std::stod(opt));
+    std::printf("| %s | %s | %s | %.1f | %.0f | %s | %.2f | %s | %.2f | %.2f | %.2f | %.0f |\n",
+                field(r, "model").c_str(), field(r, "strategy").c_str(), field(r, "world_size").c_str(),
+                std::stod(field(r, "step_ms")), sps, ratio, std::stod(field(r, "bytes_communicated")) * mb, ring,
+                std::stod(field(r, "param_bytes")) * mb, std::stod(field(r, "grad_bytes")) * mb,
+                std::stod(field(r, "optim_bytes")) * mb, std::stod(field(r, "peak_rss_bytes")) * mb);
+  }
+  for (const auto& r : results) std::printf("%s\n", r.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args args = parse_args(argc, argv);
+  if (std::getenv("RANK") == nullptr) return launcher_main(args);
+  try {
+    return rank_main(args);
+  } catch (const c10::Error& e) {
+    std::fprintf(stderr, "bench_strategies: FAILED: %s\n", e.what_without_backtrace());
+    return 1;
+  }
+}

@@ -1,0 +1,112 @@
+#!/usr/bin/python3
+"""Python PyTorch DDP baseline for bench_strategies (not a test).
+
+Trains the same models as bench/bench_strategies.cpp (MLP 784-1024-1024-10, or the
+transformer-like stack: Linear 784->256, 4 blocks of [x + Linear(LayerNorm(x)),
+x + Linear(GELU(Linear(x)))] with a 4x MLP, Linear 256->10) with torch.optim.Adam,
+global batch 128 split over `--world` ranks, one intra-op thread per rank, Gloo over
+loopback. Prints one JSON object (rank 0) with the same keys as bench_strategies.
+Run with Debian's interpreter: /usr/bin/python3 bench/ddp_baseline.py --model mlp
+"""
+import argparse
+import json
+import os
+import resource
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Block(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.mix = nn.Linear(dim, dim)
+        self.fc1 = nn.Linear(dim, 4 * dim)
+        self.fc2 = nn.Linear(4 * dim, dim)
+
+    def forward(self, x):
+        x = x + self.mix(self.norm(x))
+        return x + self.fc2(F.gelu(self.fc1(x)))
+
+
+def make_model(name):
+    if name == "mlp":
+        return nn.Sequential(nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
+                             nn.Linear(1024, 10))
+    return nn.Sequential(nn.Linear(784, 256), *[Block(256) for _ in range(4)], nn.Linear(256, 10))
+
+
+def worker(rank, args, init_file, queue):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=args.world)
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(make_model(args.model))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    per = args.batch // args.world
+    gen = torch.Generator().manual_seed(1 + rank)
+    x = torch.randn(per, 784, generator=gen)
+    y = torch.randint(0, 10, (per,), generator=gen)
+
+    def step():
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    for _ in range(args.warmup):
+        step()
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        step()
+    dist.barrier()
+    elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    if rank == 0:
+        n = args.world
+        param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        optim_bytes = sum(t.numel() * t.element_size() for s in opt.state.values()
+                          for k, t in s.items() if torch.is_tensor(t) and k != "step")
+        step_s = elapsed.item() / args.steps
+        queue.put({
+            "model": args.model, "strategy": "PYTHON_DDP", "world_size": n,
+            "step_ms": round(step_s * 1e3, 3), "samples_per_s": round(args.batch / step_s, 1),
+            # DDP all-reduces every gradient once (ring): 2 Psi (N-1)/N; not measured.
+            "bytes_communicated": int(2 * param_bytes * (n - 1) / n),
+            "param_bytes": param_bytes, "grad_bytes": param_bytes, "optim_bytes": optim_bytes,
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        })
+    dist.destroy_process_group()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", choices=["mlp", "transformer"], default="mlp")
+    ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=5)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        ctx = mp.get_context("spawn")
+        queue = ctx.Queue()
+        procs = [ctx.Process(target=worker, args=(r, args, os.path.join(d, "store"), queue))
+                 for r in range(args.world)]
+        for p in procs:
+            p.start()
+        result = queue.get(timeout=600)
+        for p in procs:
+            p.join()
+        if any(p.exitcode != 0 for p in procs):
+            sys.exit(1)
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
