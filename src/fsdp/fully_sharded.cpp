@@ -123,9 +123,19 @@ FullyShardedBase::FullyShardedBase(std::shared_ptr<torch::nn::Module> model, dis
   // Options are checked here, before the first collective: a rank with a bad
   // option must fail alone and at once, not leave its peers waiting in one.
   const int n = pg_.size();
-  TORCH_CHECK(!options_.reduce_group().defined() || options_.reduce_group().size() == n,
+  // HYBRID_SHARD: gathers and reductions run over the shard group.
+  const bool hybrid = options_.sharding_strategy() == ShardingStrategy::HYBRID_SHARD;
+  const int shard_n = hybrid ? (options_.shard_group_size() > 0 ? options_.shard_group_size()
+                                                                 : pg_.local_world_size())
+                             : n;
+  TORCH_CHECK(options_.shard_group_size() >= 0, "fsdp: shard_group_size must be >= 0 (0: ranks per machine), got ",
+              options_.shard_group_size());
+  TORCH_CHECK(!hybrid || (shard_n >= 1 && n % shard_n == 0), "fsdp: HYBRID_SHARD on rank ", pg_.rank(),
+              ": shard_group_size ", shard_n, " must divide the world size ", n,
+              "; set Options::shard_group_size (0 means ranks per machine, here ", pg_.local_world_size(), ")");
+  TORCH_CHECK(!options_.reduce_group().defined() || options_.reduce_group().size() == shard_n,
               "fsdp: reduce_group has ", options_.reduce_group().defined() ? options_.reduce_group().size() : 0,
-              " ranks but the sharding group has ", n, "; they must cover the same ranks");
+              " ranks but the sharding group has ", shard_n, "; they must cover the same ranks");
   const double pre = options_.gradient_predivide_factor();
   TORCH_CHECK(pre == 0 || (pre >= 1 && pre <= n), "fsdp: gradient_predivide_factor must lie in [1, world size ",
               n, "] (or be 0 for PyTorch's default), got ", pre);
