@@ -4,6 +4,20 @@ namespace fsdp::train {
 
 int64_t mlp_num_params(int64_t h) { return 784 * h + h + h * h + h + h * 10 + 10; }
 
+int64_t cnn_num_params() { return (16 * 1 * 9 + 16) + (32 * 16 * 9 + 32) + (32 * 7 * 7 * 10 + 10); }
+
+int64_t gpt_num_params(int64_t layers, int64_t d, int64_t context) {
+  // Per block: two LayerNorms (2d each), q, k, v, proj (d*d + d each), fc1 (d*4d + 4d), fc2 (4d*d + d).
+  const int64_t block = 2 * 2 * d + 4 * (d * d + d) + (4 * d * d + 4 * d) + (4 * d * d + d);
+  return 256 * d + context * d + layers * block + 2 * d + 256 * d;
+}
+
+int64_t model_num_params(const TrainOptions& o) {
+  if (o.model == "cnn") return cnn_num_params();
+  if (o.model == "gpt") return gpt_num_params(o.layers, o.dim, o.context);
+  return mlp_num_params(o.hidden);
+}
+
 void format_bytes(double bytes, char* out, size_t size) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   int u = 0;

@@ -3,15 +3,24 @@
 /// §5, Ψ parameters, N ranks; 4 bytes each of parameter and gradient, 8 of Adam state):
 ///   NO_SHARD 16Ψ   SHARD_GRAD_OP 4Ψ + 12Ψ/N   FULL_SHARD 16Ψ/N
 /// Activations, transient unsharded buffers and flat-buffer padding are not included.
-/// Torch-free: the mlp's parameter count is arithmetic.
+/// Torch-free: the models' parameter counts are arithmetic (models.h builds exactly these).
 
 #include <cstdint>
 #include <cstdio>
+
+#include "options.h"
 
 namespace fsdp::train {
 
 /// Linear(784,H), Linear(H,H), Linear(H,10), with biases.
 int64_t mlp_num_params(int64_t hidden);
+/// Conv2d(1,16,3), Conv2d(16,32,3), Linear(32*7*7,10), with biases.
+int64_t cnn_num_params();
+/// Token and position embeddings, `layers` blocks of 12*dim^2 + 13*dim, final LayerNorm,
+/// bias-free head: (256 + context + 2)*dim + layers*(12*dim^2 + 13*dim) + 256*dim.
+int64_t gpt_num_params(int64_t layers, int64_t dim, int64_t context);
+/// The parameter count of the model `o` selects.
+int64_t model_num_params(const TrainOptions& o);
 
 void print_memory_estimate(std::FILE* out, int64_t num_params, int world_size);
 

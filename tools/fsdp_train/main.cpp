@@ -1,11 +1,13 @@
-// fsdp-train: the project's main job. Trains an mlp on Fashion-MNIST with
-// FullyShardedDataParallel and reports test accuracy, throughput and memory per rank.
+// fsdp-train: the project's main job. Trains an mlp or a cnn on Fashion-MNIST, or a
+// byte-level gpt on a text file, with FullyShardedDataParallel and reports accuracy,
+// throughput and memory per rank.
 //
 //   fsdp-train                          # 2 local ranks, FULL_SHARD, Adam, 3 epochs
 //   fsdp-train --strategy no_shard --steps 200 --metrics m.jsonl
+//   fsdp-train --model gpt --layers 4 --dim 128 --text book.txt
 //   fsdp-run --nproc 4 -- fsdp-train    # or torchrun --no_python, srun, mpirun
 //
-// Order of checks: the command line and the data directory are checked before any rank
+// Order of checks: the command line and the input files are checked before any rank
 // starts (so a typo costs no rendezvous); the batch/world-size check is done here too
 // when this process will pick the world size itself, and again on every rank otherwise.
 
@@ -50,10 +52,10 @@ int main(int argc, char** argv) {
   if (o.estimate_memory) {
     const char* rank = std::getenv("RANK");
     if (rank == nullptr || std::string(rank) == "0")
-      print_memory_estimate(stdout, mlp_num_params(o.hidden), world);
+      print_memory_estimate(stdout, model_num_params(o), world);
     return 0;
   }
-  if (std::string e = check_data_dir(o); !e.empty()) return fail(e);
+  if (std::string e = check_inputs(o); !e.empty()) return fail(e);
   if (std::string e = check_world_size(o, world); !e.empty()) return fail(e);
 
   if (!launched) return fail(relaunch_under_fsdp_run(o.nproc, argc, argv), 1);

@@ -3,7 +3,9 @@
 /// crashed or interrupted run keeps everything up to its last step.
 ///   step: {"step","loss","lr","samples_per_s","memory":{"param_bytes","grad_bytes",
 ///          "optim_bytes","unsharded_peak_bytes","rss_bytes"}}
-///   eval: {"step","eval":{"loss","accuracy"}}   (accuracy: fraction of the test set)
+///   eval: {"step","eval":{"loss","accuracy"}}   (accuracy: fraction of the test set; gpt:
+///         of the validation bytes whose next byte the argmax predicts)
+/// samples_per_s counts the task's samples: images, or windows of --context+1 bytes (gpt).
 
 #include <cstdint>
 #include <fstream>

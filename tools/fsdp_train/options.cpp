@@ -4,8 +4,13 @@
 #include <cctype>
 #include <fstream>
 #include <sstream>
+#include <tuple>
+
+#include <sys/stat.h>
 
 #include <CLI/CLI.hpp>
+
+#include "text.h"
 
 namespace fsdp::train {
 
@@ -36,7 +41,8 @@ double TrainOptions::effective_lr() const {
 ParseResult parse_command_line(int argc, const char* const* argv) {
   TrainOptions o;
   CLI::App app{
-      "fsdp-train: trains a model on Fashion-MNIST with FullyShardedDataParallel.\n"
+      "fsdp-train: trains a model with FullyShardedDataParallel: an mlp or a cnn on Fashion-MNIST,\n"
+      "or a byte-level gpt on a text file (--text, default " + std::string(kDefaultTextFile) + ").\n"
       "Started directly, it re-executes itself under fsdp-run (next to it) with --nproc ranks;\n"
       "under a launcher (fsdp-run, torchrun, srun, mpirun) it joins the job.",
       "fsdp-train"};
@@ -48,20 +54,38 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
 
   app.add_option("--nproc", o.nproc, "ranks to start when not under a launcher")->capture_default_str();
   app.add_option("--threads", o.threads, "intra-op threads per rank")->capture_default_str();
-  app.add_option("--model", o.model, "mlp | cnn | gpt")->capture_default_str();
-  app.add_option("--hidden", o.hidden, "hidden width of the mlp")->capture_default_str();
-  app.add_option("--data", o.data_dir, "directory of the gzip'd Fashion-MNIST IDX files")
+  app.add_option("--model", o.model,
+                 "mlp | cnn (both on Fashion-MNIST) | gpt (decoder-only transformer on the bytes of --text)")
       ->capture_default_str();
+  auto* hidden_opt = app.add_option("--hidden", o.hidden, "hidden width of the mlp")->capture_default_str();
+  auto* data_opt = app.add_option("--data", o.data_dir, "mlp, cnn: directory of the gzip'd Fashion-MNIST IDX files")
+                       ->capture_default_str();
+  auto* text_opt =
+      app.add_option("--text", o.text_path,
+                     "gpt: text file to train on, byte-level (first 90% train, last 10% validation); "
+                     "the default is on every Debian system")
+          ->capture_default_str();
+  auto* layers_opt = app.add_option("--layers", o.layers, "gpt: transformer blocks (one FSDP unit each)")
+                         ->capture_default_str();
+  auto* dim_opt = app.add_option("--dim", o.dim, "gpt: model width")->capture_default_str();
+  auto* heads_opt = app.add_option("--heads", o.heads, "gpt: attention heads (must divide --dim)")
+                        ->capture_default_str();
+  auto* context_opt = app.add_option("--context", o.context, "gpt: window length in bytes (positions)")
+                          ->capture_default_str();
   app.add_option("--strategy", o.strategy, "full_shard | shard_grad_op | no_shard")->capture_default_str();
   app.add_option("--optimizer", o.optimizer, "sgd | adam | adamw | cpu_adam")->capture_default_str();
   auto* lr_opt = app.add_option("--lr", lr, "learning rate (default 1e-3, sgd 0.05)");
   app.add_option("--weight-decay", o.weight_decay, "L2 (sgd, adam, cpu_adam) or decoupled (adamw)")
       ->capture_default_str();
   app.add_option("--momentum", o.momentum, "sgd momentum")->capture_default_str();
-  app.add_option("--min-num-params", o.min_num_params, "auto-wrap threshold (parameters per unit)")
-      ->capture_default_str();
-  app.add_option("--batch-size", o.batch_size, "global batch size, divisible by the world size")
-      ->capture_default_str();
+  auto* min_params_opt =
+      app.add_option("--min-num-params", o.min_num_params,
+                     "mlp, cnn: auto-wrap threshold (parameters per unit); gpt: one unit per block")
+          ->capture_default_str();
+  auto* batch_opt =
+      app.add_option("--batch-size", o.batch_size,
+                     "global batch size (gpt: windows of --context+1 bytes), divisible by the world size "
+                     "(default 64; gpt: 32)");
   auto* steps_opt = app.add_option("--steps", steps, "optimizer steps to run");
   auto* epochs_opt = app.add_option("--epochs", epochs, "epochs to run (default 3)");
   steps_opt->excludes(epochs_opt);
@@ -69,7 +93,8 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
   app.add_option("--eval-every", o.eval_every, "evaluate every K steps (0: only at the end)")
       ->capture_default_str();
   app.add_option("--log-every", o.log_every, "progress line every K steps")->capture_default_str();
-  app.add_flag("--no-shuffle", no_shuffle, "step s uses samples (s*B+i) mod 60000");
+  app.add_flag("--no-shuffle", no_shuffle,
+               "step s uses samples (s*B+i) mod 60000 (gpt: consecutive windows instead of random ones)");
   app.add_option("--metrics", o.metrics_path, "rank 0 writes JSON lines (per step and per eval)");
   app.add_flag("--estimate-memory", o.estimate_memory,
                "print model-state bytes per rank for each strategy and exit");
@@ -100,10 +125,31 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
 
   if (o.nproc < 1) return usage_error("--nproc must be >= 1, got " + std::to_string(o.nproc));
   if (o.threads < 1) return usage_error("--threads must be >= 1, got " + std::to_string(o.threads));
-  if (o.model == "cnn" || o.model == "gpt")
-    return usage_error("--model " + o.model + " is not implemented yet; use --model mlp");
-  if (o.model != "mlp") return usage_error("unknown --model '" + o.model + "'; expected mlp (cnn, gpt: not implemented yet)");
+  if (o.model != "mlp" && o.model != "cnn" && o.model != "gpt")
+    return usage_error("unknown --model '" + o.model + "'; expected mlp, cnn or gpt");
+  // A flag the chosen model ignores is almost always a mistake (a forgotten --model gpt).
+  auto only_for = [&](CLI::Option* opt, bool applies, const char* models) -> std::string {
+    if (opt->count() == 0 || applies) return "";
+    return opt->get_name() + " applies to --model " + models + " only, not --model " + o.model +
+           "; drop it or pick that model";
+  };
+  const bool gpt = o.model == "gpt";
+  for (auto [opt, applies, models] :
+       {std::tuple{hidden_opt, o.model == "mlp", "mlp"}, std::tuple{data_opt, !gpt, "mlp and cnn"},
+        std::tuple{min_params_opt, !gpt, "mlp and cnn"}, std::tuple{text_opt, gpt, "gpt"},
+        std::tuple{layers_opt, gpt, "gpt"}, std::tuple{dim_opt, gpt, "gpt"}, std::tuple{heads_opt, gpt, "gpt"},
+        std::tuple{context_opt, gpt, "gpt"}})
+    if (std::string e = only_for(opt, applies, models); !e.empty()) return usage_error(e);
   if (o.hidden < 1) return usage_error("--hidden must be >= 1, got " + std::to_string(o.hidden));
+  if (o.layers < 1) return usage_error("--layers must be >= 1, got " + std::to_string(o.layers));
+  if (o.dim < 1) return usage_error("--dim must be >= 1, got " + std::to_string(o.dim));
+  if (o.heads < 1) return usage_error("--heads must be >= 1, got " + std::to_string(o.heads));
+  if (o.dim % o.heads != 0)
+    return usage_error("--dim " + std::to_string(o.dim) + " does not divide into --heads " + std::to_string(o.heads) +
+                       " (each head gets dim/heads channels); pick --heads dividing --dim, e.g. --dim " +
+                       std::to_string((o.dim / o.heads + 1) * o.heads) + " --heads " + std::to_string(o.heads));
+  if (o.context < 1) return usage_error("--context must be >= 1, got " + std::to_string(o.context));
+  if (gpt && batch_opt->count() == 0) o.batch_size = 32;
   if (o.strategy == "hybrid_shard")
     return usage_error("--strategy hybrid_shard is not implemented yet; use full_shard, shard_grad_op or no_shard");
   if (o.strategy != "full_shard" && o.strategy != "shard_grad_op" && o.strategy != "no_shard")
@@ -141,6 +187,16 @@ std::string check_world_size(const TrainOptions& o, int world_size) {
   return msg.str();
 }
 
+namespace {
+
+std::string check_text_file(const TrainOptions& o) {
+  struct stat st {};
+  if (stat(o.text_path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || !std::ifstream(o.text_path).good())
+    return "--text " + o.text_path + ": cannot read the file; point --text at a readable text file (default " +
+           kDefaultTextFile + ")";
+  return check_text_size(o.text_path, int64_t(st.st_size), o.context);
+}
+
 std::string check_data_dir(const TrainOptions& o) {
   for (const char* name : kDataFiles) {
     std::string path = o.data_dir + "/" + name;
@@ -150,6 +206,12 @@ std::string check_data_dir(const TrainOptions& o) {
              "(Debian: apt-get install dataset-fashion-mnist)";
   }
   return "";
+}
+
+}  // namespace
+
+std::string check_inputs(const TrainOptions& o) {
+  return o.model == "gpt" ? check_text_file(o) : check_data_dir(o);
 }
 
 }  // namespace fsdp::train

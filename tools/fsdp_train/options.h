@@ -14,20 +14,27 @@ inline constexpr const char* kDefaultDataDir = "/usr/share/datasets/fashion-mnis
 /// 84.5-85.1% after 1 epoch, 84.9% after 2 (the last step lands on a noisy point), 86.9-87.1%
 /// after 3, at about 50 s in all. 3 is the smallest count that clears 85% on every seed tried.
 inline constexpr int64_t kDefaultEpochs = 3;
+/// The gpt's corpus when --text is not given: present on every Debian system (35 kB).
+inline constexpr const char* kDefaultTextFile = "/usr/share/common-licenses/GPL-3";
 
 struct TrainOptions {
   int nproc = 2;                   ///< ranks started when not already under a launcher
   int threads = 1;                 ///< at::set_num_threads per rank (2 cores, 2 ranks)
-  std::string model = "mlp";       ///< mlp (cnn, gpt: parsed, not implemented yet)
-  int64_t hidden = 512;
-  std::string data_dir = kDefaultDataDir;
+  std::string model = "mlp";       ///< mlp | cnn (Fashion-MNIST) | gpt (bytes of a text file)
+  int64_t hidden = 512;            ///< mlp only
+  std::string data_dir = kDefaultDataDir;  ///< mlp, cnn
+  std::string text_path = kDefaultTextFile;  ///< gpt: the corpus, 90% train / 10% validation
+  int64_t layers = 2;              ///< gpt: transformer blocks (one FSDP unit each)
+  int64_t dim = 64;                ///< gpt: model width
+  int64_t heads = 4;               ///< gpt: attention heads, dividing dim
+  int64_t context = 64;            ///< gpt: window length in bytes
   std::string strategy = "full_shard";
   std::string optimizer = "adam";  ///< sgd | adam | adamw | cpu_adam
   std::optional<double> lr;        ///< default per optimizer, see effective_lr()
   double weight_decay = 0.0;
   double momentum = 0.9;           ///< sgd only
-  int64_t min_num_params = 1000;   ///< auto-wrap threshold: every Linear of the mlp is a unit
-  int64_t batch_size = 64;         ///< global: split evenly across ranks
+  int64_t min_num_params = 1000;   ///< mlp, cnn auto-wrap threshold: every Linear/Conv2d is a unit
+  int64_t batch_size = 64;         ///< global: split evenly across ranks (gpt default: 32 windows)
   std::optional<int64_t> steps;    ///< exclusive with --epochs
   std::optional<int64_t> epochs;   ///< default kDefaultEpochs when neither is given
   uint64_t seed = 0;
@@ -51,12 +58,14 @@ struct ParseResult {
 };
 
 /// Parses and validates everything that does not depend on the world size
-/// (see check_world_size) or on the data files (see check_data_dir).
+/// (see check_world_size) or on the input files (see check_inputs).
 ParseResult parse_command_line(int argc, const char* const* argv);
 
 /// Empty if the global batch splits evenly over `world_size` ranks, else the message.
 std::string check_world_size(const TrainOptions& o, int world_size);
-/// Empty if the four Fashion-MNIST files are readable in o.data_dir, else the message.
-std::string check_data_dir(const TrainOptions& o);
+/// Empty if the model's inputs are usable, else the message: mlp and cnn need the four
+/// Fashion-MNIST files readable in o.data_dir; gpt needs o.text_path readable and long
+/// enough for one window of context+1 bytes in each of its train and validation parts.
+std::string check_inputs(const TrainOptions& o);
 
 }  // namespace fsdp::train

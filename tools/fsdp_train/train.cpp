@@ -2,9 +2,8 @@
 
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <memory>
-#include <numeric>
-#include <random>
 #include <vector>
 
 #include <torch/torch.h>
@@ -15,8 +14,10 @@
 #include "fsdp/fsdp/fully_sharded.h"
 #include "fsdp/optim/cpu_adam.h"
 #include "metrics.h"
-#include "mnist.h"
+#include "models.h"
 #include "progress.h"
+#include "task.h"
+#include "text.h"
 
 namespace fsdp::train {
 
@@ -25,74 +26,12 @@ namespace {
 namespace dist = fsdp::dist;
 using Clock = std::chrono::steady_clock;
 
-constexpr int64_t kPixels = 28 * 28;
-constexpr int64_t kEvalBatch = 1000;
+using Forward = std::function<torch::Tensor(const torch::Tensor&)>;
 
-// [Note: batches]
-//   A *global batch* of B samples is one optimizer step; rank r of N takes the contiguous
-//   *rank slice* i in [r*B/N, (r+1)*B/N). Sample i of step s is, within epoch e = s / S
-//   (S = floor(60000/B) steps per epoch), perm_e[(s mod S)*B + i] with shuffling, or
-//   (s*B + i) mod 60000 without (which then wraps across epochs). perm_e comes from a
-//   std::mt19937_64 seeded with (seed, e) alone, so every rank draws the same order and
-//   a run is reproducible. The loss of a step is the mean over the global batch: the
-//   average of the rank slices' mean losses (all slices have B/N samples).
-class Sampler {
- public:
-  Sampler(int64_t dataset_size, int64_t batch, bool shuffle, uint64_t seed)
-      : n_(dataset_size), batch_(batch), shuffle_(shuffle), seed_(seed), steps_per_epoch_(dataset_size / batch) {}
-
-  int64_t steps_per_epoch() const { return steps_per_epoch_; }
-
-  /// Global indices [begin, end) of step s (0-based).
-  std::vector<int64_t> indices(int64_t s, int64_t begin, int64_t end) {
-    std::vector<int64_t> out;
-    out.reserve(size_t(end - begin));
-    if (!shuffle_) {
-      for (int64_t i = begin; i < end; ++i) out.push_back((s * batch_ + i) % n_);
-      return out;
-    }
-    int64_t epoch = s / steps_per_epoch_;
-    if (epoch != perm_epoch_) make_perm(epoch);
-    int64_t base = (s % steps_per_epoch_) * batch_;
-    for (int64_t i = begin; i < end; ++i) out.push_back(perm_[size_t(base + i)]);
-    return out;
-  }
-
- private:
-  void make_perm(int64_t epoch) {
-    std::seed_seq seq{uint64_t(seed_), uint64_t(seed_ >> 32), uint64_t(epoch)};
-    std::mt19937_64 rng(seq);
-    perm_.resize(size_t(n_));
-    std::iota(perm_.begin(), perm_.end(), 0);
-    // Fisher-Yates with rng() % k rather than std::shuffle/uniform_int_distribution, whose
-    // outputs the standard leaves to the library: the order must not depend on it.
-    for (int64_t i = n_ - 1; i > 0; --i) std::swap(perm_[size_t(i)], perm_[size_t(rng() % uint64_t(i + 1))]);
-    perm_epoch_ = epoch;
-  }
-
-  int64_t n_, batch_;
-  bool shuffle_;
-  uint64_t seed_;
-  int64_t steps_per_epoch_;
-  int64_t perm_epoch_ = -1;
-  std::vector<int64_t> perm_;
-};
-
-/// Pixels as uint8 [count, 784] and labels as int64 [count]; batches are converted to
-/// float in [0,1] on the fly (a float copy of the train set would be 188 MB per rank).
-struct TensorSplit {
-  torch::Tensor pixels, labels;
-};
-
-TensorSplit to_tensors(Split s) {
-  auto count = s.images.count;
-  auto px = torch::from_blob(s.images.pixels.data(), {count, s.images.rows * s.images.cols}, torch::kUInt8).clone();
-  auto lb = torch::from_blob(s.labels.data(), {count}, torch::kUInt8).to(torch::kInt64);
-  return {px, lb};
-}
-
-torch::Tensor batch_inputs(const TensorSplit& d, const torch::Tensor& idx) {
-  return d.pixels.index_select(0, idx).to(torch::kFloat32).div_(255.0);
+/// Mean cross-entropy of logits [..., K] against class indices [...] (see task.h).
+torch::Tensor task_loss(const torch::Tensor& logits, const torch::Tensor& targets,
+                        torch::nn::functional::CrossEntropyFuncOptions opts = {}) {
+  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}), opts);
 }
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainOptions& o,
@@ -129,53 +68,52 @@ int64_t optimizer_state_bytes(torch::optim::Optimizer& opt) {
 
 struct EvalResult {
   double loss = 0, accuracy = 0;
-  int64_t correct = 0, total = 0;
+  int64_t correct = 0, total = 0;  ///< predictions: images, or bytes of the windows
 };
 
-/// Each rank evaluates its contiguous slice of the test set; sums are all-reduced.
-/// Every rank runs the same number of forwards (FSDP's forward is collective), the
-/// last ones possibly on empty batches when the slices differ in size.
-template <typename Model>
-EvalResult evaluate(Model& model, const dist::ProcessGroup& pg, const TensorSplit& test) {
+/// Each rank evaluates its contiguous slice of the task's evaluation set; sums are
+/// all-reduced. Every rank runs the same number of forwards (FSDP's forward is collective),
+/// the last ones possibly on empty batches when the slices differ in size.
+EvalResult evaluate(const Forward& forward, const dist::ProcessGroup& pg, const Task& task) {
   torch::NoGradGuard no_grad;
-  const int64_t n = test.labels.size(0), r = pg.rank(), w = pg.size();
+  const int64_t n = task.eval_size(), r = pg.rank(), w = pg.size(), per_batch = task.eval_batch_size();
   const int64_t begin = r * n / w, end = (r + 1) * n / w;
   const int64_t max_slice = (n + w - 1) / w;
-  const int64_t batches = (max_slice + kEvalBatch - 1) / kEvalBatch;
-  double loss_sum = 0, correct = 0;
+  const int64_t batches = (max_slice + per_batch - 1) / per_batch;
+  double loss_sum = 0, correct = 0, count = 0;
   for (int64_t b = 0; b < batches; ++b) {
-    int64_t lo = std::min(end, begin + b * kEvalBatch), hi = std::min(end, lo + kEvalBatch);
-    auto x = test.pixels.slice(0, lo, hi).to(torch::kFloat32).div_(255.0);
-    auto y = test.labels.slice(0, lo, hi);
-    torch::Tensor logits = model->forward(x);
+    int64_t lo = std::min(end, begin + b * per_batch), hi = std::min(end, lo + per_batch);
+    Batch batch = task.eval_batch(lo, hi);
+    torch::Tensor logits = forward(batch.inputs);
     if (hi > lo) {
-      loss_sum += torch::nn::functional::cross_entropy(
-                      logits, y, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+      loss_sum += task_loss(logits, batch.targets,
+                            torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
                       .item<double>();
-      correct += logits.argmax(1).eq(y).sum().item<double>();
+      correct += logits.argmax(-1).eq(batch.targets).sum().item<double>();
+      count += double(batch.targets.numel());
     }
   }
-  auto sums = torch::tensor({loss_sum, correct}, torch::kFloat64);
+  auto sums = torch::tensor({loss_sum, correct, count}, torch::kFloat64);
   dist::all_reduce(pg, sums, dist::ReduceOp::Sum).wait();
   EvalResult e;
-  e.total = n;
+  e.total = int64_t(sums[2].item<double>() + 0.5);
   e.correct = int64_t(sums[1].item<double>() + 0.5);
-  e.loss = sums[0].item<double>() / double(n);
-  e.accuracy = double(e.correct) / double(n);
+  e.loss = sums[0].item<double>() / double(std::max<int64_t>(e.total, 1));
+  e.accuracy = double(e.correct) / double(std::max<int64_t>(e.total, 1));
   return e;
 }
 
-void print_summary(const TrainOptions& o, const dist::ProcessGroup& pg, const EvalResult& e,
+void print_summary(const TrainOptions& o, const dist::ProcessGroup& pg, const Task& task, const EvalResult& e,
                    int64_t steps, double train_seconds, int64_t num_params,
                    const std::vector<std::vector<double>>& mem /* [rank][4] */) {
   const int n = pg.size();
   std::printf("== fsdp-train summary: %s, %s, %d ranks x %d threads, %s (lr %g), global batch %lld ==\n",
               o.model.c_str(), o.strategy.c_str(), n, o.threads, o.optimizer.c_str(), o.effective_lr(),
               (long long)o.batch_size);
-  std::printf("test accuracy: %.2f%% (%lld/%lld), test loss %.4f\n", 100.0 * e.accuracy, (long long)e.correct,
-              (long long)e.total, e.loss);
-  std::printf("throughput: %.0f samples/s (%lld steps, %lld samples in %.1f s)\n",
-              double(steps * o.batch_size) / train_seconds, (long long)steps, (long long)(steps * o.batch_size),
+  std::printf("%s accuracy: %.2f%% (%lld/%lld), %s loss %.4f\n", task.eval_name(), 100.0 * e.accuracy,
+              (long long)e.correct, (long long)e.total, task.eval_name(), e.loss);
+  std::printf("throughput: %.0f %s/s (%lld steps, %lld %s in %.1f s)\n", double(steps * o.batch_size) / train_seconds,
+              task.sample_name(), (long long)steps, (long long)(steps * o.batch_size), task.sample_name(),
               train_seconds);
   std::printf("memory per rank (%lld parameters; unsharded Adam training holds 16 B/param = %lld B):\n",
               (long long)num_params, (long long)(16 * num_params));
@@ -194,46 +132,26 @@ void print_summary(const TrainOptions& o, const dist::ProcessGroup& pg, const Ev
   std::fflush(stdout);
 }
 
-}  // namespace
+/// Parameters of the unwrapped model, checked against the arithmetic --estimate-memory uses.
+int64_t count_params(const TrainOptions& o, const torch::nn::Module& net) {
+  int64_t n = 0;
+  for (const auto& p : net.parameters()) n += p.numel();
+  TORCH_INTERNAL_ASSERT(n == model_num_params(o), "fsdp-train: --model ", o.model, " has ", n,
+                        " parameters but estimate.cpp computes ", model_num_params(o), "; fix model_num_params");
+  return n;
+}
 
-int run_rank(const TrainOptions& o) {
-  at::set_num_threads(o.threads);
-  auto pg = dist::init_process_group();
+/// The training loop shared by every model: `model` is the FSDP wrapper (parameters, units,
+/// memory), `forward` its typed forward.
+int train(const TrainOptions& o, const dist::ProcessGroup& pg, FullyShardedBase& model, const Forward& forward,
+          Task& task, int64_t num_params) {
   const int rank = pg.rank(), world = pg.size();
   const bool lead = rank == 0;
+  auto opt = make_optimizer(o, model.parameters());
 
-  // Checked on every rank, so each exits non-zero on its own instead of waiting for peers.
-  std::string err = check_world_size(o, world);
-  if (!err.empty()) {
-    std::fprintf(stderr, "fsdp-train: error (rank %d): %s\n", rank, err.c_str());
-    return 2;
-  }
-
-  TensorSplit train_set = to_tensors(load_split(o.data_dir, "train"));
-  TensorSplit test_set = to_tensors(load_split(o.data_dir, "t10k"));
-
-  // Same seed on every rank before the model is built: identical initial weights
-  // without a broadcast.
-  torch::manual_seed(o.seed);
-  const int64_t h = o.hidden;
-  torch::nn::Sequential mlp(torch::nn::Linear(kPixels, h), torch::nn::ReLU(), torch::nn::Linear(h, h),
-                            torch::nn::ReLU(), torch::nn::Linear(h, 10));
-  int64_t num_params = 0;
-  for (auto& p : mlp->parameters()) num_params += p.numel();
-
-  auto model = fsdp::FullyShardedDataParallel(
-      mlp, pg,
-      fsdp::Options()
-          .sharding_strategy(fsdp::parse_sharding_strategy(o.strategy))
-          .auto_wrap_policy(fsdp::size_based_policy(o.min_num_params)));
-  auto opt = make_optimizer(o, model->parameters());
-
-  const int64_t n_train = train_set.labels.size(0);
-  Sampler sampler(n_train, o.batch_size, o.shuffle, o.seed);
-  const int64_t total_steps = o.steps ? *o.steps : (o.epochs ? *o.epochs : kDefaultEpochs) * sampler.steps_per_epoch();
+  const int64_t total_steps = o.steps ? *o.steps : (o.epochs ? *o.epochs : kDefaultEpochs) * task.steps_per_epoch();
   const int64_t local_batch = o.batch_size / world;
   const int64_t begin = rank * local_batch, end = begin + local_batch;
-
   MetricsWriter metrics(lead ? o.metrics_path : "");
   // Every rank must take the same decision: --metrics is the same flag everywhere.
   const bool loss_every_step = !o.metrics_path.empty();
@@ -241,16 +159,16 @@ int run_rank(const TrainOptions& o) {
   if (lead) {
     std::fprintf(stderr,
                  "fsdp-train: %s (%lld params, %zu units), %s, %d ranks, %s lr %g, global batch %lld, %lld steps\n",
-                 o.model.c_str(), (long long)num_params, model->unit_paths().size(), o.strategy.c_str(), world,
+                 o.model.c_str(), (long long)num_params, model.unit_paths().size(), o.strategy.c_str(), world,
                  o.optimizer.c_str(), o.effective_lr(), (long long)o.batch_size, (long long)total_steps);
   }
 
   auto eval_and_report = [&](int64_t step) {
-    EvalResult e = evaluate(model, pg, test_set);
+    EvalResult e = evaluate(forward, pg, task);
     if (lead) {
-      char line[160];
-      std::snprintf(line, sizeof line, "eval @ step %lld: loss %.4f  accuracy %.2f%%", (long long)step, e.loss,
-                    100.0 * e.accuracy);
+      char line[200];
+      std::snprintf(line, sizeof line, "eval @ step %lld: %s loss %.4f  accuracy %.2f%%", (long long)step,
+                    task.eval_name(), e.loss, 100.0 * e.accuracy);
       progress.note(line);
       metrics.write_eval(step, e.loss, e.accuracy);
     }
@@ -264,12 +182,10 @@ int run_rank(const TrainOptions& o) {
   int64_t optim_bytes = -1;
   for (int64_t s = 0; s < total_steps; ++s) {
     const auto t_step = Clock::now();
-    auto idx = torch::tensor(sampler.indices(s, begin, end), torch::kInt64);
-    auto x = batch_inputs(train_set, idx);
-    auto y = train_set.labels.index_select(0, idx);
+    Batch batch = task.train_batch(s, begin, end);
 
     opt->zero_grad();
-    auto loss = torch::nn::functional::cross_entropy(model->forward(x), y);
+    auto loss = task_loss(forward(batch.inputs), batch.targets);
     loss.backward();
     opt->step();
     ++interval_steps;
@@ -283,7 +199,7 @@ int run_rank(const TrainOptions& o) {
       const auto now = Clock::now();
       if (lead && metrics.enabled()) {
         if (optim_bytes < 0) optim_bytes = optimizer_state_bytes(*opt);  // fixed after the first step
-        auto ms = model->memory_stats();
+        auto ms = model.memory_stats();
         MemorySample m{ms.param_shard_bytes, ms.grad_shard_bytes, optim_bytes, ms.unsharded_peak_bytes,
                        current_rss_bytes()};
         double sps = double(o.batch_size) / std::chrono::duration<double>(now - t_step).count();
@@ -310,7 +226,7 @@ int run_rank(const TrainOptions& o) {
   EvalResult final_eval = eval_and_report(total_steps);
 
   // Per-rank memory to rank 0: each rank fills its own row, a sum all-reduce assembles.
-  auto ms = model->memory_stats();
+  auto ms = model.memory_stats();
   auto mem = torch::zeros({world, 4}, torch::kFloat64);
   mem[rank][0] = double(ms.param_shard_bytes);
   mem[rank][1] = double(ms.grad_shard_bytes);
@@ -322,10 +238,53 @@ int run_rank(const TrainOptions& o) {
     auto acc = mem.accessor<double, 2>();
     for (int r = 0; r < world; ++r)
       for (int c = 0; c < 4; ++c) rows[size_t(r)][size_t(c)] = acc[r][c];
-    print_summary(o, pg, final_eval, total_steps, train_seconds, num_params, rows);
+    print_summary(o, pg, task, final_eval, total_steps, train_seconds, num_params, rows);
   }
   dist::barrier(pg);
   return 0;
+}
+
+}  // namespace
+
+int run_rank(const TrainOptions& o) {
+  at::set_num_threads(o.threads);
+  auto pg = dist::init_process_group();
+  const int rank = pg.rank(), world = pg.size();
+
+  // Checked on every rank, so each exits non-zero on its own instead of waiting for peers.
+  std::string err = check_world_size(o, world);
+  if (!err.empty()) {
+    std::fprintf(stderr, "fsdp-train: error (rank %d): %s\n", rank, err.c_str());
+    return 2;
+  }
+
+  const auto strategy = fsdp::parse_sharding_strategy(o.strategy);
+  // Same seed on every rank right before the model is built: identical initial weights
+  // without a broadcast.
+  if (o.model == "gpt") {
+    auto task = make_text_task(o);
+    torch::manual_seed(o.seed);
+    GptConfig cfg;
+    cfg.vocab = kVocabSize;
+    cfg.layers = o.layers;
+    cfg.dim = o.dim;
+    cfg.heads = o.heads;
+    cfg.context = o.context;
+    Gpt gpt(cfg);
+    const int64_t num_params = count_params(o, *gpt);
+    auto model = fsdp::FullyShardedDataParallel(
+        gpt, pg,
+        fsdp::Options().sharding_strategy(strategy).auto_wrap_policy(fsdp::module_type_policy<GptBlockImpl>()));
+    return train(o, pg, *model, [&](const torch::Tensor& x) { return model->forward(x); }, *task, num_params);
+  }
+  auto task = make_image_task(o);
+  torch::manual_seed(o.seed);
+  torch::nn::Sequential net = o.model == "cnn" ? make_cnn() : make_mlp(o.hidden);
+  const int64_t num_params = count_params(o, *net);
+  auto model = fsdp::FullyShardedDataParallel(
+      net, pg,
+      fsdp::Options().sharding_strategy(strategy).auto_wrap_policy(fsdp::size_based_policy(o.min_num_params)));
+  return train(o, pg, *model, [&](const torch::Tensor& x) { return model->forward(x); }, *task, num_params);
 }
 
 }  // namespace fsdp::train
