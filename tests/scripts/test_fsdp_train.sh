@@ -135,13 +135,91 @@ pass "--estimate-memory prints the three strategies"
 run --estimate-memory --model cnn
 grep -q "P = 20490 parameters" "$OUT" || fail "--estimate-memory --model cnn: wrong parameter count"
 run --estimate-memory --model gpt --layers 3 --dim 32 --heads 2 --context 16
-# 256*32 + 16*32 + 3*(12*32*32 + 13*32) + 2*32 + 256*32 = 55616
-grep -q "P = 55616 parameters" "$OUT" || fail "--estimate-memory --model gpt: wrong parameter count"
+# 256*32 + 16*32 + 3*(12*32*32 + 13*32) + 2*32 + 256*32 = 8192 + 512 + 38112 + 64 + 8192 = 55072
+grep -q "P = 55072 parameters" "$OUT" || fail "--estimate-memory --model gpt: wrong parameter count"
 pass "--estimate-memory counts the cnn and the gpt"
 
 # --- 5. cnn and gpt ----------------------------------------------------------------------
-# Loss down, header (parameters, units), summary line; for the gpt also determinism and
-# agreement of the strategies on the first loss.
+# Reference: unsharded single-process PyTorch (/usr/bin/python3, torch 1.13) builds the same
+# model in the same order from the same seed (libtorch and PyTorch share the CPU generator and
+# the init functions, so the initial weights are identical), trains it with Adam on the whole
+# global batch of each --no-shuffle step, and prints one loss per step. The 2-rank FULL_SHARD
+# losses must match it. The gpt's attention is written differently here (a tril mask).
+reference() {  # reference mlp|cnn <steps> <batch> <lr> | reference gpt <steps> <batch> <lr> <text> <layers> <dim> <heads> <context>
+  /usr/bin/python3 - "$DATA" "$@" <<'PY'
+import gzip, math, sys
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+data_dir, model, steps, B, lr = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
+torch.set_num_threads(1)
+torch.manual_seed(0)
+if model in ("mlp", "cnn"):
+    def idx(name, offset):
+        return np.frombuffer(gzip.open(f"{data_dir}/{name}").read(), dtype=np.uint8, offset=offset)
+    pixels = torch.from_numpy(idx("train-images-idx3-ubyte.gz", 16).reshape(-1, 784).copy())
+    labels = torch.from_numpy(idx("train-labels-idx1-ubyte.gz", 8).astype(np.int64))
+    if model == "mlp":
+        net = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
+    else:
+        net = nn.Sequential(nn.Unflatten(1, (1, 28, 28)), nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                            nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                            nn.Linear(1568, 10))
+    params = list(net.parameters())
+    def batch(s):  # --no-shuffle: sample i of step s is (s*B + i) mod 60000
+        i = torch.tensor([(s * B + i) % len(labels) for i in range(B)])
+        return net(pixels[i].float().div_(255.0)), labels[i]
+else:
+    text, L, d, H, T = sys.argv[6], *map(int, sys.argv[7:11])
+    raw = open(text, "rb").read()
+    train = torch.tensor(list(raw[: len(raw) - len(raw) // 10]), dtype=torch.int64)
+    tok, pos = nn.Embedding(256, d), nn.Embedding(T, d)
+    blocks = []
+    for _ in range(L):
+        blk = nn.ModuleDict()
+        blk["ln1"] = nn.LayerNorm(d)
+        for name in ("q", "k", "v", "proj"):
+            blk[name] = nn.Linear(d, d)
+        blk["ln2"] = nn.LayerNorm(d)
+        blk["fc1"], blk["fc2"] = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        blocks.append(blk)
+    ln_f, head = nn.LayerNorm(d), nn.Linear(d, 256, bias=False)
+    params = [p for m in [tok, pos, *blocks, ln_f, head] for p in m.parameters()]
+    sees = torch.tril(torch.ones(T, T, dtype=torch.bool))  # position t sees positions 0..t
+    def attention(blk, x):
+        b, t, c = x.shape
+        split = lambda y: y.view(b, t, H, c // H).transpose(1, 2)
+        q, k, v = split(blk["q"](x)), split(blk["k"](x)), split(blk["v"](x))
+        w = F.softmax((q @ k.transpose(-2, -1) / math.sqrt(c // H)).masked_fill(~sees[:t, :t], float("-inf")), -1)
+        return blk["proj"]((w @ v).transpose(1, 2).reshape(b, t, c))
+    def batch(s):  # --no-shuffle: window i of step s starts at ((s*B + i)*T) mod (n - T)
+        w = torch.stack([train[a : a + T + 1] for a in (((s * B + i) * T) % (len(train) - T) for i in range(B))])
+        h = tok(w[:, :T]) + pos(torch.arange(T))
+        for blk in blocks:
+            h = h + attention(blk, blk["ln1"](h))
+            h = h + blk["fc2"](F.gelu(blk["fc1"](blk["ln2"](h))))
+        return head(ln_f(h)).reshape(-1, 256), w[:, 1:].reshape(-1)
+opt = torch.optim.Adam(params, lr=lr)
+for s in range(steps):
+    logits, y = batch(s)
+    loss = F.cross_entropy(logits, y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    print(repr(loss.item()))
+PY
+}
+# Largest relative difference of two loss columns (files $1, $2; equal lengths required).
+max_rel_diff() {
+  /usr/bin/python3 -c '
+import sys
+a = [float(l) for l in open(sys.argv[1]) if not l.startswith("eval")]
+b = [float(l) for l in open(sys.argv[2]) if not l.startswith("eval")]
+assert len(a) == len(b) and a, f"{len(a)} vs {len(b)} losses"
+print("%.3g" % max(abs(x - y) / abs(y) for x, y in zip(a, b)))' "$1" "$2"
+}
 check_run() {  # check_run <name> <steps> <header fragment> <summary fragment>
   [[ $RC == 0 ]] || fail "$1: exit status $RC"
   grep -qF -- "$3" "$OUT" || fail "$1: header '$3' not found"
@@ -151,16 +229,47 @@ check_run() {  # check_run <name> <steps> <header fragment> <summary fragment>
   last="$(grep -v eval "$WORK/$1.losses" | tail -n 1)"
   awk -v a="$last" -v b="$first" 'BEGIN { exit !(a < b) }' || fail "$1: loss did not go down (first $first, last $last)"
 }
-CNN_STEPS=30
-run --model cnn --steps $CNN_STEPS --no-shuffle --metrics "$WORK/cnn.jsonl"
-# root (the first Conv2d: 160 < --min-num-params 1000) + second Conv2d + Linear
-check_run cnn $CNN_STEPS "cnn (20490 params, 3 units)" "test accuracy:"
-pass "cnn: $CNN_STEPS steps, loss $first -> $last, $(grep -o 'test accuracy: [0-9.]*%' "$OUT")"
+# Float32 sums in another order (two rank slices, reduce-scattered gradients): agreement to
+# ~1e-7 measured; 1e-4 leaves room and still catches any wrong mask, window or init.
+REF_TOL=1e-4
 
-GPT_STEPS=30
-run --model gpt --steps $GPT_STEPS --metrics "$WORK/gpt.jsonl"
+# The mlp of section 1 (--no-shuffle, 30 steps, batch 64) against the same reference.
+reference mlp 30 64 0.001 >"$WORK/mlp.ref" || fail "mlp: the PyTorch reference failed"
+d="$(max_rel_diff "$WORK/full_shard.losses" "$WORK/mlp.ref")" || fail "mlp: cannot compare with the reference"
+awk -v d="$d" -v t="$REF_TOL" 'BEGIN { exit !(d < t) }' ||
+  fail "mlp: losses differ from the unsharded PyTorch reference by $d (> $REF_TOL): $(paste "$WORK/full_shard.losses" "$WORK/mlp.ref" | head -n 3 | tr '\n' ' ')"
+pass "mlp: 30 FULL_SHARD steps match unsharded PyTorch (max rel. diff $d)"
+
+run --model cnn --steps 30 --no-shuffle --metrics "$WORK/cnn.jsonl"
+# root (the first Conv2d: 160 < --min-num-params 1000) + second Conv2d + Linear
+check_run cnn 30 "cnn (20490 params, 3 units)" "test accuracy:"
+cnn_acc="$(grep -o 'test accuracy: [0-9.]*%' "$OUT")"
+reference cnn 30 64 0.001 >"$WORK/cnn.ref" || fail "cnn: the PyTorch reference failed"
+d="$(max_rel_diff "$WORK/cnn.losses" "$WORK/cnn.ref")" || fail "cnn: cannot compare with the reference"
+awk -v d="$d" -v t="$REF_TOL" 'BEGIN { exit !(d < t) }' ||
+  fail "cnn: losses differ from the unsharded PyTorch reference by $d (> $REF_TOL): $(paste "$WORK/cnn.losses" "$WORK/cnn.ref" | head -n 3 | tr '\n' ' ')"
+pass "cnn: 30 steps, loss $first -> $last, $cnn_acc, max rel. diff to PyTorch $d"
+
+GPL=/usr/share/common-licenses/GPL-3
+run --model gpt --steps 30 --no-shuffle --metrics "$WORK/gpt.jsonl"
 # root (embeddings, final norm, head) + one unit per block
-check_run gpt $GPT_STEPS "gpt (136960 params, 3 units)" "validation next-byte accuracy:"
-gpt_first="$first"
-pass "gpt: $GPT_STEPS steps, loss $first -> $last, $(grep -o 'validation next-byte accuracy: [0-9.]*%' "$OUT")"
+check_run gpt 30 "gpt (136960 params, 3 units)" "validation next-byte accuracy:"
+reference gpt 30 32 0.001 "$GPL" 2 64 4 64 >"$WORK/gpt.ref" || fail "gpt: the PyTorch reference failed"
+d="$(max_rel_diff "$WORK/gpt.losses" "$WORK/gpt.ref")" || fail "gpt: cannot compare with the reference"
+awk -v d="$d" -v t="$REF_TOL" 'BEGIN { exit !(d < t) }' ||
+  fail "gpt: losses differ from the unsharded PyTorch reference by $d (> $REF_TOL): $(paste "$WORK/gpt.losses" "$WORK/gpt.ref" | head -n 3 | tr '\n' ' ')"
+pass "gpt: 30 steps, loss $first -> $last, max rel. diff to PyTorch $d"
+
+# Random windows: the same flags give the same losses (the draws are identical on every rank),
+# and they are not the --no-shuffle windows.
+for i in 1 2; do
+  run --model gpt --steps 15 --metrics "$WORK/gs$i.jsonl"
+  [[ $RC == 0 ]] || fail "gpt shuffled run $i: exit $RC"
+  losses "$WORK/gs$i.jsonl" 15 >"$WORK/gs$i.losses" || fail "gpt shuffled run $i: bad metrics file"
+done
+diff "$WORK/gs1.losses" "$WORK/gs2.losses" >/dev/null ||
+  fail "gpt: same flags, different losses: $(diff "$WORK/gs1.losses" "$WORK/gs2.losses" | head -n 4)"
+[[ "$(head -n 1 "$WORK/gs1.losses")" != "$(head -n 1 "$WORK/gpt.losses")" ]] ||
+  fail "gpt: shuffled and --no-shuffle runs start from the same loss (windows not drawn at random?)"
+pass "gpt: same flags twice (random windows), identical losses and validation"
 echo "all fsdp-train checks passed"

@@ -8,16 +8,31 @@ namespace fsdp::train {
 
 namespace nn = torch::nn;
 
+// Layers are appended one statement at a time: constructing them as arguments of
+// Sequential's variadic constructor would draw their initial weights in the compiler's
+// argument-evaluation order (right to left with GCC), not in layer order as PyTorch does.
 nn::Sequential make_mlp(int64_t h) {
-  return nn::Sequential(nn::Linear(28 * 28, h), nn::ReLU(), nn::Linear(h, h), nn::ReLU(), nn::Linear(h, 10));
+  nn::Sequential s;
+  s->push_back(nn::Linear(28 * 28, h));
+  s->push_back(nn::ReLU());
+  s->push_back(nn::Linear(h, h));
+  s->push_back(nn::ReLU());
+  s->push_back(nn::Linear(h, 10));
+  return s;
 }
 
 nn::Sequential make_cnn() {
-  return nn::Sequential(nn::Unflatten(nn::UnflattenOptions(1, {1, 28, 28})),
-                        nn::Conv2d(nn::Conv2dOptions(1, 16, 3).padding(1)), nn::ReLU(),
-                        nn::MaxPool2d(nn::MaxPool2dOptions(2)),
-                        nn::Conv2d(nn::Conv2dOptions(16, 32, 3).padding(1)), nn::ReLU(),
-                        nn::MaxPool2d(nn::MaxPool2dOptions(2)), nn::Flatten(), nn::Linear(32 * 7 * 7, 10));
+  nn::Sequential s;
+  s->push_back(nn::Unflatten(nn::UnflattenOptions(1, {1, 28, 28})));
+  s->push_back(nn::Conv2d(nn::Conv2dOptions(1, 16, 3).padding(1)));
+  s->push_back(nn::ReLU());
+  s->push_back(nn::MaxPool2d(nn::MaxPool2dOptions(2)));
+  s->push_back(nn::Conv2d(nn::Conv2dOptions(16, 32, 3).padding(1)));
+  s->push_back(nn::ReLU());
+  s->push_back(nn::MaxPool2d(nn::MaxPool2dOptions(2)));
+  s->push_back(nn::Flatten());
+  s->push_back(nn::Linear(32 * 7 * 7, 10));
+  return s;
 }
 
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(int64_t dim, int64_t heads_) : heads(heads_) {
