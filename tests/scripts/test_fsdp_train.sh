@@ -269,6 +269,14 @@ check_run gpt 30 "gpt (136960 params, 3 units)" "validation next-byte accuracy:"
 reference gpt $REF_STEPS 32 0.001 "$GPL" 2 64 4 64 >"$WORK/gpt.ref" || fail "gpt: the PyTorch reference failed"
 d="$(compare_losses "$WORK/gpt.losses" "$WORK/gpt.ref" 2>&1)" || fail "gpt: losses differ from the unsharded PyTorch reference: $d"
 pass "gpt: 30 steps, loss $first -> $last, max rel. diff to PyTorch over $REF_STEPS steps $d"
+# The other strategies on the custom model (the Sequential ones are covered by section 1).
+for strategy in shard_grad_op no_shard; do
+  run --model gpt --strategy $strategy --steps $REF_STEPS --no-shuffle --metrics "$WORK/gpt_$strategy.jsonl"
+  check_run gpt_$strategy $REF_STEPS "gpt (136960 params, 3 units), $strategy" "validation next-byte accuracy:"
+  d="$(compare_losses "$WORK/gpt_$strategy.losses" "$WORK/gpt.ref" 2>&1)" ||
+    fail "gpt $strategy: losses differ from the unsharded PyTorch reference: $d"
+  pass "gpt $strategy: loss $first -> $last, max rel. diff to PyTorch $d"
+done
 
 # Random windows: the same flags give the same losses (the draws are identical on every rank),
 # and they are not the --no-shuffle windows.

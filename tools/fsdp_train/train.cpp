@@ -149,7 +149,7 @@ int train(const TrainOptions& o, const dist::ProcessGroup& pg, FullyShardedBase&
   const bool lead = rank == 0;
   auto opt = make_optimizer(o, model.parameters());
 
-  const int64_t total_steps = o.steps ? *o.steps : (o.epochs ? *o.epochs : kDefaultEpochs) * task.steps_per_epoch();
+  const int64_t total_steps = o.steps ? *o.steps : (o.epochs ? *o.epochs : default_epochs(o.model)) * task.steps_per_epoch();
   const int64_t local_batch = o.batch_size / world;
   const int64_t begin = rank * local_batch, end = begin + local_batch;
   MetricsWriter metrics(lead ? o.metrics_path : "");
