@@ -87,7 +87,8 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
                      "global batch size (gpt: windows of --context+1 bytes), divisible by the world size "
                      "(default 64; gpt: 32)");
   auto* steps_opt = app.add_option("--steps", steps, "optimizer steps to run");
-  auto* epochs_opt = app.add_option("--epochs", epochs, "epochs to run (default 3; cnn 1; gpt 40, i.e. 600 steps on the default text)");
+  auto* epochs_opt =
+      app.add_option("--epochs", epochs, "epochs to run (default 3; cnn 1; gpt 40, i.e. 600 steps on the default text)");
   steps_opt->excludes(epochs_opt);
   app.add_option("--seed", o.seed, "seed of initial weights and shuffling")->capture_default_str();
   app.add_option("--eval-every", o.eval_every, "evaluate every K steps (0: only at the end)")
