@@ -66,6 +66,20 @@ for strategy in full_shard shard_grad_op no_shard; do
     fail "$strategy: loss did not go down (first $first, last $last)"
   pass "$strategy: 30 steps, loss $first -> $last, metrics well-formed"
 done
+# hybrid_shard (2 ranks, one shard group of 2: the shard + replica paths with a
+# trivial replica group) and bf16 mixed precision train too.
+for variant in "hybrid_shard:--strategy hybrid_shard --shard-group-size 2" "bf16:--mixed-precision bf16"; do
+  name="${variant%%:*}"
+  # shellcheck disable=SC2086
+  run ${variant#*:} --steps 30 --no-shuffle --metrics "$WORK/$name.jsonl"
+  [[ $RC == 0 ]] || { cat "$OUT"; fail "$name: exit status $RC"; }
+  losses "$WORK/$name.jsonl" >"$WORK/$name.losses" || fail "$name: bad metrics file"
+  first="$(head -n 1 "$WORK/$name.losses")"
+  last="$(grep -v eval "$WORK/$name.losses" | tail -n 1)"
+  awk -v a="$last" -v b="$first" 'BEGIN { exit !(a < b) }' ||
+    fail "$name: loss did not go down (first $first, last $last)"
+  pass "$name: 30 steps, loss $first -> $last"
+done
 # Same data, same initial weights, same math: the strategies agree on the first loss exactly.
 f1="$(head -n 1 "$WORK/full_shard.losses")"
 for strategy in shard_grad_op no_shard; do
@@ -100,7 +114,8 @@ expect_error() {  # expect_error "<message fragment>" args...
   pass "fsdp-train $* -> exit $RC, '$want'"
 }
 expect_error "unknown --strategy 'bogus'" --strategy bogus
-expect_error "hybrid_shard is not implemented yet" --strategy hybrid_shard
+expect_error "--shard-group-size applies to --strategy hybrid_shard only" --shard-group-size 2
+expect_error "unknown --mixed-precision 'fp8'; expected none or bf16" --mixed-precision fp8
 expect_error "--batch-size 63 does not divide by the world size 2" --batch-size 63
 expect_error "cannot read $WORK/nope/train-images-idx3-ubyte.gz" --data "$WORK/nope"
 expect_error "unknown --model 'rnn'; expected mlp, cnn or gpt" --model rnn
@@ -111,7 +126,6 @@ expect_error "--text $WORK/short.txt has 10 bytes: too short for --context 64" -
 expect_error "--context must be >= 1, got 0" --model gpt --context 0
 expect_error "--layers applies to --model gpt only, not --model mlp" --layers 3
 expect_error "--hidden applies to --model mlp only, not --model gpt" --model gpt --hidden 128
-expect_error "--mixed-precision bf16 is not implemented yet" --mixed-precision bf16
 # Under a launcher the world size is only known to the ranks: every rank must refuse.
 run --batch-size 63 --nproc 1 --steps 1  # passes the pre-spawn check (63 % 1 == 0)
 [[ $RC == 0 ]] || fail "--nproc 1 --batch-size 63 should run (exit $RC)"

@@ -72,7 +72,10 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
                         ->capture_default_str();
   auto* context_opt = app.add_option("--context", o.context, "gpt: window length in bytes (positions)")
                           ->capture_default_str();
-  app.add_option("--strategy", o.strategy, "full_shard | shard_grad_op | no_shard")->capture_default_str();
+  app.add_option("--strategy", o.strategy, "full_shard | shard_grad_op | no_shard | hybrid_shard")
+      ->capture_default_str();
+  auto* group_opt = app.add_option("--shard-group-size", o.shard_group_size,
+                                   "hybrid_shard: ranks per shard group, consecutive (default: ranks per machine)");
   app.add_option("--optimizer", o.optimizer, "sgd | adam | adamw | cpu_adam")->capture_default_str();
   auto* lr_opt = app.add_option("--lr", lr, "learning rate (default 1e-3, sgd 0.05)");
   app.add_option("--weight-decay", o.weight_decay, "L2 (sgd, adam, cpu_adam) or decoupled (adamw)")
@@ -99,7 +102,8 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
   app.add_option("--metrics", o.metrics_path, "rank 0 writes JSON lines (per step and per eval)");
   app.add_flag("--estimate-memory", o.estimate_memory,
                "print model-state bytes per rank for each strategy and exit");
-  app.add_option("--mixed-precision", o.mixed_precision, "none (bf16: not implemented yet)")
+  app.add_option("--mixed-precision", o.mixed_precision,
+                 "none | bf16 (bf16 gathers and compute, fp32 master weights and optimizer)")
       ->capture_default_str();
   auto* ckpt_opt = app.add_option("--checkpoint-dir", checkpoint_dir, "not implemented yet");
   auto* resume_opt = app.add_flag("--resume", resume, "not implemented yet");
@@ -151,10 +155,15 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
                        std::to_string((o.dim / o.heads + 1) * o.heads) + " --heads " + std::to_string(o.heads));
   if (o.context < 1) return usage_error("--context must be >= 1, got " + std::to_string(o.context));
   if (gpt && batch_opt->count() == 0) o.batch_size = 32;
-  if (o.strategy == "hybrid_shard")
-    return usage_error("--strategy hybrid_shard is not implemented yet; use full_shard, shard_grad_op or no_shard");
-  if (o.strategy != "full_shard" && o.strategy != "shard_grad_op" && o.strategy != "no_shard")
-    return usage_error("unknown --strategy '" + o.strategy + "'; expected full_shard, shard_grad_op or no_shard");
+  if (o.strategy != "full_shard" && o.strategy != "shard_grad_op" && o.strategy != "no_shard" &&
+      o.strategy != "hybrid_shard")
+    return usage_error("unknown --strategy '" + o.strategy +
+                       "'; expected full_shard, shard_grad_op, no_shard or hybrid_shard");
+  if (group_opt->count() > 0 && o.strategy != "hybrid_shard")
+    return usage_error("--shard-group-size applies to --strategy hybrid_shard only");
+  if (o.shard_group_size < 0)
+    return usage_error("--shard-group-size must be >= 1 (or 0 for ranks per machine), got " +
+                       std::to_string(o.shard_group_size));
   if (o.optimizer != "sgd" && o.optimizer != "adam" && o.optimizer != "adamw" && o.optimizer != "cpu_adam")
     return usage_error("unknown --optimizer '" + o.optimizer + "'; expected sgd, adam, adamw or cpu_adam");
   if (o.effective_lr() <= 0) return usage_error("--lr must be > 0");
@@ -166,10 +175,8 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
   if (o.epochs && *o.epochs < 1) return usage_error("--epochs must be >= 1");
   if (o.eval_every < 0) return usage_error("--eval-every must be >= 0");
   if (o.log_every < 1) return usage_error("--log-every must be >= 1");
-  if (o.mixed_precision == "bf16")
-    return usage_error("--mixed-precision bf16 is not implemented yet; use --mixed-precision none");
-  if (o.mixed_precision != "none")
-    return usage_error("unknown --mixed-precision '" + o.mixed_precision + "'; expected none");
+  if (o.mixed_precision != "none" && o.mixed_precision != "bf16")
+    return usage_error("unknown --mixed-precision '" + o.mixed_precision + "'; expected none or bf16");
   if (ckpt_opt->count() > 0 || resume_opt->count() > 0)
     return usage_error("--checkpoint-dir and --resume are not implemented yet; drop them");
 
@@ -180,6 +187,9 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
 }
 
 std::string check_world_size(const TrainOptions& o, int world_size) {
+  if (o.strategy == "hybrid_shard" && o.shard_group_size > 0 && world_size % o.shard_group_size != 0)
+    return "--shard-group-size " + std::to_string(o.shard_group_size) + " does not divide the world size " +
+           std::to_string(world_size) + "; pick a divisor of " + std::to_string(world_size);
   if (o.batch_size % world_size == 0) return "";
   std::ostringstream msg;
   msg << "--batch-size " << o.batch_size << " does not divide by the world size " << world_size

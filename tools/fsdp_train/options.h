@@ -42,6 +42,7 @@ struct TrainOptions {
   int64_t heads = 4;               ///< gpt: attention heads, dividing dim
   int64_t context = 64;            ///< gpt: window length in bytes
   std::string strategy = "full_shard";
+  int shard_group_size = 0;        ///< hybrid_shard: ranks per shard group (0: ranks per machine)
   std::string optimizer = "adam";  ///< sgd | adam | adamw | cpu_adam
   std::optional<double> lr;        ///< default per optimizer, see effective_lr()
   double weight_decay = 0.0;
@@ -56,7 +57,7 @@ struct TrainOptions {
   bool shuffle = true;
   std::string metrics_path;        ///< JSON lines, rank 0; empty: none
   bool estimate_memory = false;
-  std::string mixed_precision = "none";
+  std::string mixed_precision = "none";  ///< none | bf16 (bf16 compute and gathers, fp32 master)
 
   /// 1e-3 for the Adam family, 0.05 for SGD.
   double effective_lr() const;

@@ -258,7 +258,11 @@ int run_rank(const TrainOptions& o) {
     return 2;
   }
 
-  const auto strategy = fsdp::parse_sharding_strategy(o.strategy);
+  // Library options shared by every model; the wrap policy is the model's.
+  fsdp::Options base = fsdp::Options()
+                           .sharding_strategy(fsdp::parse_sharding_strategy(o.strategy))
+                           .shard_group_size(o.shard_group_size);
+  if (o.mixed_precision == "bf16") base.mixed_precision(fsdp::MixedPrecision().param_dtype(torch::kBFloat16));
   // Same seed on every rank right before the model is built: identical initial weights
   // without a broadcast.
   if (o.model == "gpt") {
@@ -274,7 +278,7 @@ int run_rank(const TrainOptions& o) {
     const int64_t num_params = count_params(o, *gpt);
     auto model = fsdp::FullyShardedDataParallel(
         gpt, pg,
-        fsdp::Options().sharding_strategy(strategy).auto_wrap_policy(fsdp::module_type_policy<GptBlockImpl>()));
+        fsdp::Options(base).auto_wrap_policy(fsdp::module_type_policy<GptBlockImpl>()));
     return train(o, pg, *model, [&](const torch::Tensor& x) { return model->forward(x); }, *task, num_params);
   }
   auto task = make_image_task(o);
@@ -283,7 +287,7 @@ int run_rank(const TrainOptions& o) {
   const int64_t num_params = count_params(o, *net);
   auto model = fsdp::FullyShardedDataParallel(
       net, pg,
-      fsdp::Options().sharding_strategy(strategy).auto_wrap_policy(fsdp::size_based_policy(o.min_num_params)));
+      fsdp::Options(base).auto_wrap_policy(fsdp::size_based_policy(o.min_num_params)));
   return train(o, pg, *model, [&](const torch::Tensor& x) { return model->forward(x); }, *task, num_params);
 }
 
