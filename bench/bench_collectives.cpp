@@ -3,7 +3,7 @@
 //
 // Usage:
 //   bench_collectives [--world-sizes 2,4] [--sizes-mb 1,16,64] [--reps 10] [--reps-large 5]
-//                     [--warmup 3] [--timeout-ms 300000]
+//                     [--warmup 3] [--timeout-ms 300000] [--segment-kb 4096]
 //
 // Without RANK in the environment it re-executes itself under the fsdp-run that sits next
 // to it (same bin/ directory), once per world size, and prints rank 0's report with the
@@ -28,15 +28,18 @@
 //   reduce_scatter   fsdp::dist::reduce_scatter(out, flat)
 //   gloo_alltoall    reduce_scatter's transfer alone: c10d alltoall_base into a buffer
 //                    allocated once (no per-call allocation, no local sum)
-//   rs_sum           reduce_scatter's local sum alone: N rows of an S-byte buffer into the shard
-//   ag_copy          the copy Gloo's allgather adds: Gloo 1.13 always gathers into a flat
-//                    tensor of its own and then copies it into the N chunk views we pass
-//   fresh_buffer     allocating an S-byte tensor and touching it once: what reduce_scatter
-//                    (its receive buffer) and Gloo's allgather (its flat output) pay on every
-//                    call; above glibc's mmap threshold (32 MiB at most) that is page faults
-//                    every time
-// So reduce_scatter ~ fresh_buffer + gloo_alltoall + rs_sum, and all_gather_into ~
-// fresh_buffer + (ring transfer) + ag_copy.
+//   gloo_allgather   Gloo's own allgather into the N chunk views (what all_gather_into used
+//                    before it moved to send/recv): Gloo 1.13 gathers into a flat tensor it
+//                    allocates on every call and then copies that into the views
+//   rs_sum           reduce_scatter's local sum alone, unoverlapped: N rows of an S-byte
+//                    buffer into the shard
+//   fresh_buffer     allocating an S-byte tensor and touching it once: what a per-call
+//                    receive buffer costs; above glibc's mmap threshold (32 MiB at most)
+//                    that is page faults every time
+// reduce_scatter and all_gather_into are built from Gloo send/recv (see
+// src/dist/collectives.cpp): reduce_scatter overlaps the sum of each segment
+// (--segment-kb, default 4096) with the transfer of the next, and keeps a large receive
+// buffer per group; all_gather_into receives straight into the chunk views.
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -71,6 +74,7 @@ struct Args {
   int reps_large = 5;  // for buffers of 64 MiB and more
   int warmup = 3;
   long timeout_ms = 300000;
+  long segment_kb = 4096;
   std::vector<std::string> passthrough;  // argv[1..] for the re-executed ranks
 };
 
@@ -78,7 +82,7 @@ struct Args {
   std::fprintf(stderr,
                "bench_collectives: %s\nusage: bench_collectives [--world-sizes 2,4] "
                "[--sizes-mb 1,16,64] [--reps 10] [--reps-large 5] [--warmup 3] "
-               "[--timeout-ms 300000]\n",
+               "[--timeout-ms 300000] [--segment-kb 4096]\n",
                what.c_str());
   std::exit(2);
 }
@@ -127,14 +131,18 @@ Args parse_args(int argc, char** argv) {
       args.reps_large = static_cast<int>(parse_long(a, v));
     } else if (a == "--warmup") {
       args.warmup = static_cast<int>(parse_long(a, v));
+    } else if (a == "--segment-kb") {
+      args.segment_kb = parse_long(a, v);
     } else if (a == "--timeout-ms") {
       args.timeout_ms = parse_long(a, v);
     } else {
       usage_error("unknown argument '" + a + "'");
     }
   }
-  if (args.reps < 1 || args.reps_large < 1 || args.warmup < 0 || args.timeout_ms <= 0) {
-    usage_error("--reps and --reps-large must be >= 1, --warmup >= 0, --timeout-ms > 0");
+  if (args.reps < 1 || args.reps_large < 1 || args.warmup < 0 || args.timeout_ms <= 0 ||
+      args.segment_kb < 1) {
+    usage_error("--reps and --reps-large must be >= 1, --warmup >= 0, --timeout-ms and "
+                "--segment-kb > 0");
   }
   return args;
 }
@@ -249,6 +257,7 @@ int rank_main(const Args& args) {
       dist::InitOptions().timeout(std::chrono::milliseconds(args.timeout_ms)));
   const int n = pg.size();
   const int rank = pg.rank();
+  dist::set_reduce_scatter_segment_bytes(int64_t(args.segment_kb) * 1024);
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   const auto f32 = at::TensorOptions().dtype(at::kFloat);
 
@@ -286,15 +295,17 @@ int rank_main(const Args& args) {
                      std::vector<int64_t> equal;
                      pg.c10d()->alltoall_base(received, flat, equal, equal)->wait(pg.timeout());
                    }});
+    ops.push_back({"gloo_allgather", false, 1.0, [&] {
+                     std::vector<std::vector<at::Tensor>> outputs(1);
+                     auto chunks = flat.view({n, chunk});
+                     for (int i = 0; i < n; ++i) outputs[0].push_back(chunks[i]);
+                     std::vector<at::Tensor> inputs{shard};
+                     pg.c10d()->allgather(outputs, inputs)->wait(pg.timeout());
+                   }});
     ops.push_back({"rs_sum", false, 0.0, [&] {
                      auto r = received.view({n, chunk});
                      out.copy_(r[0]);
                      for (int i = 1; i < n; ++i) out.add_(r[i]);
-                   }});
-    ops.push_back({"ag_copy", false, 0.0, [&] {
-                     auto dst = flat.view({n, chunk});
-                     auto src = received.view({n, chunk});
-                     for (int i = 0; i < n; ++i) dst[i].copy_(src[i]);
                    }});
     ops.push_back({"fresh_buffer", false, 0.0, [&] {
                      auto fresh = at::empty_like(flat);
@@ -361,8 +372,8 @@ int rank_main(const Args& args) {
       }
     };
     print_rows(true);
-    std::printf("breakdown: reduce_scatter ~ fresh_buffer + gloo_alltoall + rs_sum; "
-                "all_gather_into ~ fresh_buffer + ring transfer + ag_copy\n");
+    std::printf("reference points (segment %ld KiB): Gloo's alltoall and allgather alone, "
+                "the unoverlapped sum, a fresh buffer\n", args.segment_kb);
     print_rows(false);
     for (const auto& r : rows) {
       std::printf("{\"op\": \"%s\", \"world_size\": %d, \"mb\": %d, \"ms\": %.4f, "

@@ -2,6 +2,7 @@
 // buffers that need padding, the bytes each op reports, and sub-groups.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+#include <ATen/CPUGeneratorImpl.h>
 
 #include "fsdp/dist/collectives.h"
 #include "harness/multirank.h"
@@ -16,6 +17,140 @@ namespace {
 // misplaced chunk cannot go unnoticed.
 torch::Tensor rank_values(int64_t numel, int rank, torch::Dtype dtype = torch::kFloat) {
   return (torch::arange(numel, torch::kDouble) + 1000.0 * (rank + 1)).to(dtype);
+}
+
+// Rank q's reduce-scatter input in the segment tests: random floats (seeded by q) so
+// that the float sum depends on the order of addition.
+torch::Tensor random_flat(int64_t numel, int q, torch::Dtype dtype = torch::kFloat) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(1234 + q);
+  return at::randn({numel}, gen, torch::TensorOptions().dtype(dtype));
+}
+
+// The reference reduce-scatter computed locally from every rank's input: chunk r of
+// sum_q flat_q, added in rank order (so float results compare bit for bit).
+torch::Tensor reference_chunk(int64_t chunk, int n, int r, torch::Dtype dtype = torch::kFloat) {
+  torch::Tensor acc;
+  for (int q = 0; q < n; ++q) {
+    auto part = random_flat(chunk * n, q, dtype).slice(0, r * chunk, (r + 1) * chunk);
+    acc = q == 0 ? part.clone() : acc + part;
+  }
+  return acc;
+}
+
+// Segmenting, buffer reuse and calls in flight on several groups.
+void pipeline_cases(dist::ProcessGroup& pg) {
+  const int n = pg.size();
+  const int r = pg.rank();
+  const int64_t default_segment = dist::reduce_scatter_segment_bytes();
+  EXPECT_EQ(default_segment, int64_t(4) << 20);
+
+  // 16-element segments: chunks just below, at and above one segment, and many.
+  dist::set_reduce_scatter_segment_bytes(64);
+  for (int64_t chunk : {1, 15, 16, 17, 31, 32, 33, 16 * 37 + 5}) {
+    run_case("reduce_scatter segments chunk=" + std::to_string(chunk), [&] {
+      auto flat = random_flat(chunk * n, r);
+      auto out = torch::full({chunk}, -1.0f);
+      dist::reduce_scatter(pg, out, flat).wait();
+      EXPECT_TRUE(torch::equal(out, reference_chunk(chunk, n, r))) << "chunk " << chunk;
+      auto avg = torch::empty({chunk}, torch::kDouble);
+      dist::reduce_scatter(pg, avg, random_flat(chunk * n, r, torch::kDouble), dist::ReduceOp::Avg)
+          .wait();
+      EXPECT_TRUE(torch::equal(avg, reference_chunk(chunk, n, r, torch::kDouble) / n));
+    });
+  }
+  run_case("reduce_scatter output aliasing the flat buffer", [&] {
+    const int64_t chunk = 16 * 3 + 1;
+    // Our own chunk of the flat buffer, then another rank's chunk.
+    for (int target : {r, (r + 1) % n}) {
+      auto flat = random_flat(chunk * n, r);
+      auto out = flat.slice(0, target * chunk, (target + 1) * chunk);
+      dist::reduce_scatter(pg, out, flat).wait();
+      EXPECT_TRUE(torch::equal(out, reference_chunk(chunk, n, r))) << "target chunk " << target;
+    }
+  });
+  // A segment size that is not a multiple of the element size rounds down.
+  dist::set_reduce_scatter_segment_bytes(70);
+  run_case("reduce_scatter segment of 70 bytes", [&] {
+    const int64_t chunk = 100;
+    auto out = torch::empty({chunk});
+    dist::reduce_scatter(pg, out, random_flat(chunk * n, r)).wait();
+    EXPECT_TRUE(torch::equal(out, reference_chunk(chunk, n, r)));
+  });
+  dist::set_reduce_scatter_segment_bytes(default_segment);
+  EXPECT_THROW(dist::set_reduce_scatter_segment_bytes(0), c10::Error);
+
+  run_case("default segment: one element either side of 4 MiB per chunk", [&] {
+    for (int64_t chunk : {(int64_t(1) << 20) - 1, (int64_t(1) << 20) + 1}) {
+      auto out = torch::empty({chunk});
+      dist::comm_counters().reset();
+      dist::reduce_scatter(pg, out, random_flat(chunk * n, r)).wait();
+      EXPECT_TRUE(torch::equal(out, reference_chunk(chunk, n, r))) << "chunk " << chunk;
+      EXPECT_EQ(dist::comm_counters().reduce_scatter.load(), 4 * chunk * (n - 1));
+      auto flat = torch::full({chunk * n}, -1.0f);
+      dist::all_gather_into(pg, flat, rank_values(chunk, r)).wait();
+      for (int q = 0; q < n; ++q) {
+        EXPECT_TRUE(torch::equal(flat.slice(0, q * chunk, (q + 1) * chunk), rank_values(chunk, q)));
+      }
+    }
+  });
+
+  if (n < 2) return;  // below: sub-groups and buffers kept by them
+  std::vector<int> all(n);
+  for (int q = 0; q < n; ++q) all[q] = q;
+
+  run_case("back-to-back calls of different sizes reuse the receive buffer", [&] {
+    auto g = pg.new_subgroup(all);  // a group with no buffer yet
+    // Receive buffers of (n-1)*chunk floats: 8 MiB and more are kept by the group.
+    const int64_t big = (int64_t(2) << 20) / (n - 1) + 7;
+    dist::set_reduce_scatter_segment_bytes(int64_t(1) << 20);
+    const int64_t before = dist::comm_cached_bytes();
+    for (int64_t chunk : {big, big / 2 + 3, int64_t(5), big + 1000, big}) {
+      auto out = torch::empty({chunk});
+      dist::reduce_scatter(g, out, random_flat(chunk * n, r)).wait();
+      EXPECT_TRUE(torch::equal(out, reference_chunk(chunk, n, r))) << "chunk " << chunk;
+    }
+    // One idle buffer, the largest: (n-1)*(big+1000) floats.
+    EXPECT_EQ(dist::comm_cached_bytes() - before, 4 * (n - 1) * (big + 1000));
+    dist::set_reduce_scatter_segment_bytes(default_segment);
+  });
+
+  run_case("collectives in flight on two groups and twice on one", [&] {
+    auto g1 = pg.new_subgroup(all);
+    auto g2 = pg.new_subgroup(all);
+    const int64_t before = dist::comm_cached_bytes();
+    {
+      const int64_t big = (int64_t(2) << 20) / (n - 1) + 1;
+      dist::set_reduce_scatter_segment_bytes(int64_t(1) << 20);
+      auto f1 = random_flat(big * n, r), f2 = random_flat(big * n, r);
+      auto o1 = torch::empty({big}), o2 = torch::empty({big}), o3 = torch::empty({big});
+      auto gathered = torch::full({big * n}, -1.0f);
+      // Two large reduce-scatters on g1 (the second finds no idle buffer), one on g2,
+      // and an all-gather on g2, waited in an order different from the issue order.
+      auto h1 = dist::reduce_scatter(g1, o1, f1);
+      auto h2 = dist::reduce_scatter(g2, o2, f2);
+      auto h3 = dist::all_gather_into(g2, gathered, rank_values(big, r));
+      auto h4 = dist::reduce_scatter(g1, o3, f1.clone());
+      h4.wait();
+      h2.wait();
+      h3.wait();
+      h1.wait();
+      auto expected = reference_chunk(big, n, r);
+      EXPECT_TRUE(torch::equal(o1, expected));
+      EXPECT_TRUE(torch::equal(o2, expected));
+      EXPECT_TRUE(torch::equal(o3, expected));
+      for (int q = 0; q < n; ++q) {
+        EXPECT_TRUE(torch::equal(gathered.slice(0, q * big, (q + 1) * big), rank_values(big, q)));
+      }
+      dist::set_reduce_scatter_segment_bytes(default_segment);
+      EXPECT_EQ(dist::comm_cached_bytes() - before, 2 * 4 * (n - 1) * big);
+    }
+    // Groups gone: their buffers go with them (noticed on the next call).
+    g1 = dist::ProcessGroup();
+    g2 = dist::ProcessGroup();
+    auto t = torch::ones({n});
+    dist::reduce_scatter(pg, t.slice(0, r, r + 1).clone(), t).wait();
+    EXPECT_EQ(dist::comm_cached_bytes(), before);
+  });
 }
 
 void collective_cases(dist::ProcessGroup& pg) {
@@ -128,6 +263,7 @@ void collective_cases(dist::ProcessGroup& pg) {
       }
     });
   }
+  pipeline_cases(pg);
   dist::barrier(pg);
 }
 

@@ -1,8 +1,13 @@
 #include "fsdp/dist/collectives.h"
 
+#include <algorithm>
 #include <sstream>
 
+#include <ATen/ATen.h>
+
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include "group_comm_state.h"
 
 namespace fsdp::dist {
 
@@ -21,23 +26,30 @@ CommHandle::CommHandle(c10::intrusive_ptr<c10d::Work> work, ProcessGroup group, 
     : work_(std::move(work)), group_(std::move(group)), op_(std::move(op)),
       finish_(std::move(finish)) {}
 
+namespace {
+
+// Waits for one c10d work of `op` on `g`, turning a failure into our error message.
+void wait_work(const c10::intrusive_ptr<c10d::Work>& work, const ProcessGroup& g,
+               const std::string& op) {
+  try {
+    work->wait(g.timeout());
+  } catch (const std::exception& e) {
+    // c10::Error's what() carries a C++ backtrace; the message alone is the news.
+    const auto* ce = dynamic_cast<const c10::Error*>(&e);
+    const char* cause = ce ? ce->what_without_backtrace() : e.what();
+    TORCH_CHECK(false, "fsdp: ", op, " on group '", g.name(), "' failed on rank ", g.rank(),
+                " of ", g.size(), " (world rank ", g.global_rank(), ", timeout ",
+                g.timeout().count(), " ms): ", cause, g.dead_peers_hint(),
+                ". Another rank probably exited or stopped calling collectives; check its log");
+  }
+}
+
+}  // namespace
+
 void CommHandle::wait() {
   if (done_) return;
   done_ = true;
-  if (work_) {
-    try {
-      work_->wait(group_.timeout());
-    } catch (const std::exception& e) {
-      // c10::Error's what() carries a C++ backtrace; the message alone is the news.
-      const auto* ce = dynamic_cast<const c10::Error*>(&e);
-      const char* cause = ce ? ce->what_without_backtrace() : e.what();
-      TORCH_CHECK(false, "fsdp: ", op_, " on group '", group_.name(), "' failed on rank ",
-                  group_.rank(), " of ", group_.size(), " (world rank ", group_.global_rank(),
-                  ", timeout ", group_.timeout().count(), " ms): ", cause,
-                  group_.dead_peers_hint(),
-                  ". Another rank probably exited or stopped calling collectives; check its log");
-    }
-  }
+  if (work_) wait_work(work_, group_, op_);
   if (finish_) finish_();
   work_.reset();
   finish_ = nullptr;
@@ -56,14 +68,67 @@ int64_t nbytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.
 // Gloo in libtorch 1.13 rejects kBFloat16 ("Invalid scalar type") in every
 // collective; kHalf works. All-gather and all_to_all only move bytes, so a
 // bf16 tensor travels as a kByte view of its storage (exact; Gloo has no
-// kShort either), and
-// reduce-scatter sums the received rows locally in the real dtype. all_reduce
+// kShort either), and reduce-scatter sums the received rows locally in the real
+// dtype. (Both now use send/recv, which only move bytes; the view keeps any
+// dtype check of the transport out of the way.) all_reduce
 // of bf16 sums in fp32 and rounds once (more bytes, better sum).
 at::Tensor wire_view(const at::Tensor& t) {
   return t.scalar_type() == at::kBFloat16 ? t.view(at::kByte) : t;
 }
 
+// Reduce-scatter moves each chunk in segments of about this many bytes, so the sum of
+// segment k runs while later segments are still on the wire (see reduce_scatter).
+std::atomic<int64_t>& segment_bytes() {
+  static std::atomic<int64_t> bytes{int64_t(4) << 20};
+  return bytes;
+}
+
+c10::intrusive_ptr<c10d::Work> send(const ProcessGroup& g, const at::Tensor& t, int peer, int tag) {
+  std::vector<at::Tensor> v{wire_view(t)};
+  return g.c10d()->send(v, peer, tag);
+}
+
+c10::intrusive_ptr<c10d::Work> recv(const ProcessGroup& g, const at::Tensor& t, int peer, int tag) {
+  std::vector<at::Tensor> v{wire_view(t)};
+  return g.c10d()->recv(v, peer, tag);
+}
+
+bool overlaps(const at::Tensor& a, const at::Tensor& b) {
+  const auto* a0 = static_cast<const char*>(a.data_ptr());
+  const auto* b0 = static_cast<const char*>(b.data_ptr());
+  return a0 < b0 + nbytes(b) && b0 < a0 + nbytes(a);
+}
+
 }  // namespace
+
+// [Note: point-to-point all-gather and reduce-scatter]
+// Both are built from Gloo send/recv, which the transport's own thread completes (they
+// do not queue behind other collectives on Gloo's worker threads), instead of Gloo's
+// allgather and all_to_all_single:
+//   - Gloo 1.13's allgather gathers into a flat tensor it allocates itself on every call
+//     and then copies it into the chunk views it was given: an allocation (page faults
+//     above glibc's mmap threshold) plus a full copy. Here every rank sends its shard to
+//     each peer and receives each peer's shard straight into that peer's chunk of the
+//     flat buffer: (N-1) shards sent, the ring optimum, and no copy but our own chunk.
+//   - all_to_all_single needed a fresh receive buffer of the whole flat size, moved every
+//     byte before the local sum could start, and received our own chunk as a copy.
+//     Here the chunk is cut into segments of ~segment_bytes(); every segment's messages
+//     are posted up front (so the transfer proceeds while the caller computes), and
+//     wait() sums segment k as soon as it has arrived while later segments are still in
+//     flight. Our own row is read in place; the receive buffer holds the N-1 peer rows
+//     and is leased from the group when large ([Note: per-group comm state]).
+// The sum per element is row 0 + row 1 + ... + row N-1 in rank order, the same order
+// and so the same bits as before, on every run.
+
+void set_reduce_scatter_segment_bytes(int64_t bytes) {
+  TORCH_CHECK(bytes > 0, "fsdp: set_reduce_scatter_segment_bytes: expected a positive byte count, got ",
+              bytes);
+  segment_bytes() = bytes;
+}
+
+int64_t reduce_scatter_segment_bytes() { return segment_bytes().load(); }
+
+int64_t comm_cached_bytes() { return detail::cached_scratch_bytes(); }
 
 CommHandle all_gather_into(const ProcessGroup& g, const at::Tensor& flat, const at::Tensor& shard) {
   check_dense(flat, "the flat buffer", "all_gather_into");
@@ -77,15 +142,29 @@ CommHandle all_gather_into(const ProcessGroup& g, const at::Tensor& flat, const 
     if (flat.data_ptr() != shard.data_ptr()) flat.copy_(shard);
     return CommHandle({}, g, "all_gather", {});
   }
-  // Gloo receives into chunk views of the flat buffer directly.
-  std::vector<std::vector<at::Tensor>> outputs(1);
+  const int me = g.rank();
   auto chunks = flat.view({n, shard.numel()});
-  for (int r = 0; r < n; ++r) outputs[0].push_back(wire_view(chunks[r]));
-  std::vector<at::Tensor> inputs{wire_view(shard)};
+  auto mine = chunks[me];
+  // The shard must not be overwritten by a peer's chunk while we still send it.
+  TORCH_CHECK(!overlaps(shard, flat) || mine.data_ptr() == shard.data_ptr(),
+              "fsdp: all_gather_into on group '", g.name(), "': the shard overlaps the flat "
+              "buffer but is not this rank's chunk (rank ", me, "); pass a separate shard or "
+              "flat[rank*chunk:(rank+1)*chunk]");
+  const int tag = detail::reserve_tags(g, 1);
   comm_counters().all_gather += nbytes(shard) * (n - 1);
-  auto work = g.c10d()->allgather(outputs, inputs);
-  // Keep the views (and so the flat buffer) alive until the handle completes.
-  return CommHandle(work, g, "all_gather", [outputs, inputs]() {});
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  works.reserve(2 * (n - 1));
+  // Receives first, so a peer's data finds its destination already posted.
+  for (int k = 1; k < n; ++k) {
+    const int peer = (me + n - k) % n;
+    works.push_back(recv(g, chunks[peer], peer, tag));
+  }
+  for (int k = 1; k < n; ++k) works.push_back(send(g, shard, (me + k) % n, tag));
+  // Our own chunk is copied while the messages are in flight.
+  if (mine.data_ptr() != shard.data_ptr()) mine.copy_(shard);
+  return CommHandle({}, g, "all_gather", [works, g]() {
+    for (const auto& w : works) wait_work(w, g, "all_gather");
+  });
 }
 
 CommHandle reduce_scatter(const ProcessGroup& g, const at::Tensor& out, const at::Tensor& flat,
@@ -102,20 +181,57 @@ CommHandle reduce_scatter(const ProcessGroup& g, const at::Tensor& out, const at
     if (out.data_ptr() != flat.data_ptr()) out.copy_(flat);
     return CommHandle({}, g, "reduce_scatter", {});
   }
-  // all_to_all: chunk j of our buffer goes to rank j; row i of `received` is
-  // rank i's chunk for us. Summing the rows in rank order makes every run
-  // produce the same bits.
-  auto received = at::empty_like(flat);
-  comm_counters().reduce_scatter += nbytes(out) * (n - 1);
-  std::vector<int64_t> equal_splits;  // empty = equal splits
-  at::Tensor wire_out = wire_view(received), wire_in = wire_view(flat);
-  auto work = g.c10d()->alltoall_base(wire_out, wire_in, equal_splits, equal_splits);
+  const int me = g.rank();
   const int64_t chunk = out.numel();
-  return CommHandle(work, g, "reduce_scatter", [received, flat, out, n, chunk, op]() {
-    auto rows = received.view({n, chunk});
-    out.copy_(rows[0]);
-    for (int r = 1; r < n; ++r) out.add_(rows[r]);
-    if (op == ReduceOp::Avg) out.div_(n);
+  const int64_t seg = std::max<int64_t>(1, segment_bytes().load() / static_cast<int64_t>(flat.element_size()));
+  const int nseg = static_cast<int>((chunk + seg - 1) / seg);
+  auto rows = flat.view({n, chunk});
+  // Peer p's row for us lands in received[slot(p)], slot(p) = p < me ? p : p - 1.
+  auto scratch = detail::acquire_scratch(g, (n - 1) * chunk, flat.options());
+  auto received = scratch.narrow(0, 0, (n - 1) * chunk).view({n - 1, chunk});
+  const int tag0 = detail::reserve_tags(g, nseg);
+  comm_counters().reduce_scatter += nbytes(out) * (n - 1);
+
+  // recvs[s*(n-1) + k-1]: segment s from peer me-k; sends likewise to peer me+k.
+  std::vector<c10::intrusive_ptr<c10d::Work>> recvs, sends;
+  recvs.reserve(size_t(nseg) * (n - 1));
+  sends.reserve(size_t(nseg) * (n - 1));
+  for (int s = 0; s < nseg; ++s) {
+    const int64_t c0 = s * seg, len = std::min(seg, chunk - c0);
+    for (int k = 1; k < n; ++k) {
+      const int peer = (me + n - k) % n;
+      recvs.push_back(recv(g, received[peer < me ? peer : peer - 1].narrow(0, c0, len), peer, tag0 + s));
+    }
+    for (int k = 1; k < n; ++k) {
+      const int peer = (me + k) % n;
+      sends.push_back(send(g, rows[peer].narrow(0, c0, len), peer, tag0 + s));
+    }
+  }
+  // Writing `out` while parts of `flat` are still being sent would corrupt them if
+  // the two overlap; then sum into a temporary and copy at the end.
+  const bool alias = overlaps(out, flat);
+  return CommHandle({}, g, "reduce_scatter",
+                    [g, out, flat, scratch, received, recvs, sends, n, me, chunk, seg, nseg, op,
+                     alias]() mutable {
+    auto acc = alias ? at::empty_like(out) : out;
+    auto row = [&](int p, int64_t c0, int64_t len) {
+      return p == me ? flat.narrow(0, int64_t(me) * chunk + c0, len)
+                     : received[p < me ? p : p - 1].narrow(0, c0, len);
+    };
+    for (int s = 0; s < nseg; ++s) {
+      for (int k = 0; k < n - 1; ++k) wait_work(recvs[size_t(s) * (n - 1) + k], g, "reduce_scatter");
+      const int64_t c0 = s * seg, len = std::min(seg, chunk - c0);
+      auto a = acc.narrow(0, c0, len);
+      at::add_out(a, row(0, c0, len), row(1, c0, len));
+      for (int p = 2; p < n; ++p) a.add_(row(p, c0, len));
+      if (op == ReduceOp::Avg) a.div_(n);
+    }
+    for (const auto& w : sends) wait_work(w, g, "reduce_scatter");
+    if (alias) out.copy_(acc);
+    // Every message into the scratch has completed: the next call may have it.
+    recvs.clear();
+    received = at::Tensor();
+    detail::release_scratch(g, std::move(scratch));
   });
 }
 

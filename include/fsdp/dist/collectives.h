@@ -11,11 +11,21 @@
 ///   from every rank's chunk; reduce-scatter leaves in this rank's chunk output the
 ///   sum (or mean) of chunk r across ranks.
 ///
-/// Gloo in libtorch 1.13 has no reduce_scatter and no _allgather_base. Reduce-scatter
-/// is built on all_to_all_single: every rank sends chunk j to rank j ((N-1)/N of the
-/// buffer, the ring optimum) and sums the N received chunks locally in rank order,
-/// which makes the result deterministic and identical on every run. All-gather
-/// receives straight into chunk views of the flat buffer.
+/// Gloo in libtorch 1.13 has no reduce_scatter and no _allgather_base; both are built
+/// from Gloo send/recv (see [Note: point-to-point all-gather and reduce-scatter] in
+/// src/dist/collectives.cpp). Reduce-scatter sends chunk j to rank j ((N-1)/N of the
+/// buffer, the ring optimum) in segments and sums the N rows locally in rank order,
+/// each segment as it arrives, which makes the result deterministic and identical on
+/// every run. All-gather sends the shard to every peer and receives straight into chunk
+/// views of the flat buffer.
+///
+/// Memory: reduce-scatter receives the N-1 peer rows into a buffer of (N-1)/N of the
+/// flat size. When that buffer is 8 MiB or more the group keeps it between calls (one
+/// idle buffer per group, the largest so far, freed with the group), because a fresh
+/// buffer that large is mmapped and page-faulted in on every call.
+///
+/// Ordering: like every collective, calls on one group must be issued in the same order
+/// on every member (message tags are drawn from a per-group counter).
 
 #include <atomic>
 #include <cstdint>
@@ -59,6 +69,14 @@ CommHandle all_gather_into(const ProcessGroup& g, const at::Tensor& flat, const 
 /// out = op over ranks of flat[rank*chunk:(rank+1)*chunk]. `flat` is left unspecified.
 CommHandle reduce_scatter(const ProcessGroup& g, const at::Tensor& out, const at::Tensor& flat,
                           ReduceOp op = ReduceOp::Sum);
+/// Reduce-scatter's segment: each chunk moves in pieces of this many bytes (rounded down
+/// to whole elements, at least one), and the sum of one piece overlaps the transfer of
+/// the next. Default 4 MiB. Process-wide; every rank of a group must use the same value
+/// (it fixes the message sizes). Must be > 0.
+void set_reduce_scatter_segment_bytes(int64_t bytes);
+int64_t reduce_scatter_segment_bytes();
+/// Bytes of receive buffers kept between calls by live groups (see "Memory" above).
+int64_t comm_cached_bytes();
 /// In place, every rank gets the reduction.
 CommHandle all_reduce(const ProcessGroup& g, const at::Tensor& t, ReduceOp op = ReduceOp::Sum);
 /// In place, from `root` (a rank of g).
