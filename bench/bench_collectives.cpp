@@ -37,8 +37,8 @@
 //                    receive buffer costs; above glibc's mmap threshold (32 MiB at most)
 //                    that is page faults every time
 // reduce_scatter and all_gather_into are built from Gloo send/recv (see
-// src/dist/collectives.cpp): reduce_scatter overlaps the sum of each segment
-// (--segment-kb, default 4096) with the transfer of the next, and keeps a large receive
+// src/dist/collectives.cpp), in segments of --segment-kb (default 4096); reduce_scatter
+// overlaps the sum of each segment with the transfer of the next and keeps a large receive
 // buffer per group; all_gather_into receives straight into the chunk views.
 
 #include <sys/wait.h>
@@ -257,7 +257,7 @@ int rank_main(const Args& args) {
       dist::InitOptions().timeout(std::chrono::milliseconds(args.timeout_ms)));
   const int n = pg.size();
   const int rank = pg.rank();
-  dist::set_reduce_scatter_segment_bytes(int64_t(args.segment_kb) * 1024);
+  dist::set_comm_segment_bytes(int64_t(args.segment_kb) * 1024);
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   const auto f32 = at::TensorOptions().dtype(at::kFloat);
 

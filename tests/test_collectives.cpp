@@ -41,11 +41,11 @@ torch::Tensor reference_chunk(int64_t chunk, int n, int r, torch::Dtype dtype = 
 void pipeline_cases(dist::ProcessGroup& pg) {
   const int n = pg.size();
   const int r = pg.rank();
-  const int64_t default_segment = dist::reduce_scatter_segment_bytes();
+  const int64_t default_segment = dist::comm_segment_bytes();
   EXPECT_EQ(default_segment, int64_t(4) << 20);
 
   // 16-element segments: chunks just below, at and above one segment, and many.
-  dist::set_reduce_scatter_segment_bytes(64);
+  dist::set_comm_segment_bytes(64);
   for (int64_t chunk : {1, 15, 16, 17, 31, 32, 33, 16 * 37 + 5}) {
     run_case("reduce_scatter segments chunk=" + std::to_string(chunk), [&] {
       auto flat = random_flat(chunk * n, r);
@@ -56,6 +56,19 @@ void pipeline_cases(dist::ProcessGroup& pg) {
       dist::reduce_scatter(pg, avg, random_flat(chunk * n, r, torch::kDouble), dist::ReduceOp::Avg)
           .wait();
       EXPECT_TRUE(torch::equal(avg, reference_chunk(chunk, n, r, torch::kDouble) / n));
+      auto gathered = torch::full({chunk * n}, -1.0f);
+      dist::comm_counters().reset();
+      dist::all_gather_into(pg, gathered, rank_values(chunk, r)).wait();
+      for (int q = 0; q < n; ++q) {
+        EXPECT_TRUE(torch::equal(gathered.slice(0, q * chunk, (q + 1) * chunk), rank_values(chunk, q)))
+            << "chunk of rank " << q;
+      }
+      EXPECT_EQ(dist::comm_counters().all_gather.load(), 4 * chunk * (n - 1));
+      // The shard may be this rank's own chunk of the flat buffer (in-place gather).
+      auto inplace = torch::full({chunk * n}, -1.0f);
+      inplace.slice(0, r * chunk, (r + 1) * chunk).copy_(rank_values(chunk, r));
+      dist::all_gather_into(pg, inplace, inplace.slice(0, r * chunk, (r + 1) * chunk)).wait();
+      EXPECT_TRUE(torch::equal(inplace, gathered));
     });
   }
   run_case("reduce_scatter output aliasing the flat buffer", [&] {
@@ -69,15 +82,15 @@ void pipeline_cases(dist::ProcessGroup& pg) {
     }
   });
   // A segment size that is not a multiple of the element size rounds down.
-  dist::set_reduce_scatter_segment_bytes(70);
+  dist::set_comm_segment_bytes(70);
   run_case("reduce_scatter segment of 70 bytes", [&] {
     const int64_t chunk = 100;
     auto out = torch::empty({chunk});
     dist::reduce_scatter(pg, out, random_flat(chunk * n, r)).wait();
     EXPECT_TRUE(torch::equal(out, reference_chunk(chunk, n, r)));
   });
-  dist::set_reduce_scatter_segment_bytes(default_segment);
-  EXPECT_THROW(dist::set_reduce_scatter_segment_bytes(0), c10::Error);
+  dist::set_comm_segment_bytes(default_segment);
+  EXPECT_THROW(dist::set_comm_segment_bytes(0), c10::Error);
 
   run_case("default segment: one element either side of 4 MiB per chunk", [&] {
     for (int64_t chunk : {(int64_t(1) << 20) - 1, (int64_t(1) << 20) + 1}) {
@@ -102,7 +115,7 @@ void pipeline_cases(dist::ProcessGroup& pg) {
     auto g = pg.new_subgroup(all);  // a group with no buffer yet
     // Receive buffers of (n-1)*chunk floats: 8 MiB and more are kept by the group.
     const int64_t big = (int64_t(2) << 20) / (n - 1) + 7;
-    dist::set_reduce_scatter_segment_bytes(int64_t(1) << 20);
+    dist::set_comm_segment_bytes(int64_t(1) << 20);
     const int64_t before = dist::comm_cached_bytes();
     for (int64_t chunk : {big, big / 2 + 3, int64_t(5), big + 1000, big}) {
       auto out = torch::empty({chunk});
@@ -111,7 +124,7 @@ void pipeline_cases(dist::ProcessGroup& pg) {
     }
     // One idle buffer, the largest: (n-1)*(big+1000) floats.
     EXPECT_EQ(dist::comm_cached_bytes() - before, 4 * (n - 1) * (big + 1000));
-    dist::set_reduce_scatter_segment_bytes(default_segment);
+    dist::set_comm_segment_bytes(default_segment);
   });
 
   run_case("collectives in flight on two groups and twice on one", [&] {
@@ -120,7 +133,7 @@ void pipeline_cases(dist::ProcessGroup& pg) {
     const int64_t before = dist::comm_cached_bytes();
     {
       const int64_t big = (int64_t(2) << 20) / (n - 1) + 1;
-      dist::set_reduce_scatter_segment_bytes(int64_t(1) << 20);
+      dist::set_comm_segment_bytes(int64_t(1) << 20);
       auto f1 = random_flat(big * n, r), f2 = random_flat(big * n, r);
       auto o1 = torch::empty({big}), o2 = torch::empty({big}), o3 = torch::empty({big});
       auto gathered = torch::full({big * n}, -1.0f);
@@ -141,7 +154,7 @@ void pipeline_cases(dist::ProcessGroup& pg) {
       for (int q = 0; q < n; ++q) {
         EXPECT_TRUE(torch::equal(gathered.slice(0, q * big, (q + 1) * big), rank_values(big, q)));
       }
-      dist::set_reduce_scatter_segment_bytes(default_segment);
+      dist::set_comm_segment_bytes(default_segment);
       EXPECT_EQ(dist::comm_cached_bytes() - before, 2 * 4 * (n - 1) * big);
     }
     // Groups gone: their buffers go with them (noticed on the next call).

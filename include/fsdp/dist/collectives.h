@@ -17,7 +17,7 @@
 /// buffer, the ring optimum) in segments and sums the N rows locally in rank order,
 /// each segment as it arrives, which makes the result deterministic and identical on
 /// every run. All-gather sends the shard to every peer and receives straight into chunk
-/// views of the flat buffer.
+/// views of the flat buffer (segmented too, no copy but this rank's own chunk).
 ///
 /// Memory: reduce-scatter receives the N-1 peer rows into a buffer of (N-1)/N of the
 /// flat size. When that buffer is 8 MiB or more the group keeps it between calls (one
@@ -69,12 +69,13 @@ CommHandle all_gather_into(const ProcessGroup& g, const at::Tensor& flat, const 
 /// out = op over ranks of flat[rank*chunk:(rank+1)*chunk]. `flat` is left unspecified.
 CommHandle reduce_scatter(const ProcessGroup& g, const at::Tensor& out, const at::Tensor& flat,
                           ReduceOp op = ReduceOp::Sum);
-/// Reduce-scatter's segment: each chunk moves in pieces of this many bytes (rounded down
-/// to whole elements, at least one), and the sum of one piece overlaps the transfer of
-/// the next. Default 4 MiB. Process-wide; every rank of a group must use the same value
+/// Segment of all-gather and reduce-scatter: each chunk moves in messages of this many
+/// bytes (rounded down to whole elements, at least one). Reduce-scatter sums one segment
+/// while the next is in flight; on loopback TCP, 4 MiB messages also moved faster than
+/// one message per chunk at 64 MiB (docs/benchmarks.md). Default 4 MiB. Process-wide; every rank of a group must use the same value
 /// (it fixes the message sizes). Must be > 0.
-void set_reduce_scatter_segment_bytes(int64_t bytes);
-int64_t reduce_scatter_segment_bytes();
+void set_comm_segment_bytes(int64_t bytes);
+int64_t comm_segment_bytes();
 /// Bytes of receive buffers kept between calls by live groups (see "Memory" above).
 int64_t comm_cached_bytes();
 /// In place, every rank gets the reduction.
