@@ -23,7 +23,7 @@ torch::Tensor rank_values(int64_t numel, int rank, torch::Dtype dtype = torch::k
 // that the float sum depends on the order of addition.
 torch::Tensor random_flat(int64_t numel, int q, torch::Dtype dtype = torch::kFloat) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(1234 + q);
-  return at::randn({numel}, gen, torch::TensorOptions().dtype(dtype));
+  return at::randn({numel}, gen, torch::TensorOptions().dtype(torch::kFloat)).to(dtype);
 }
 
 // The reference reduce-scatter computed locally from every rank's input: chunk r of
@@ -56,6 +56,16 @@ void pipeline_cases(dist::ProcessGroup& pg) {
       dist::reduce_scatter(pg, avg, random_flat(chunk * n, r, torch::kDouble), dist::ReduceOp::Avg)
           .wait();
       EXPECT_TRUE(torch::equal(avg, reference_chunk(chunk, n, r, torch::kDouble) / n));
+      // bf16 travels as bytes (see [Note: bf16 over Gloo]) and sums in bf16, rank order.
+      auto low = torch::empty({chunk}, torch::kBFloat16);
+      dist::reduce_scatter(pg, low, random_flat(chunk * n, r, torch::kBFloat16)).wait();
+      EXPECT_TRUE(torch::equal(low, reference_chunk(chunk, n, r, torch::kBFloat16)));
+      auto low_flat = torch::zeros({chunk * n}, torch::kBFloat16);
+      dist::all_gather_into(pg, low_flat, rank_values(chunk, r).to(torch::kBFloat16)).wait();
+      for (int q = 0; q < n; ++q) {
+        EXPECT_TRUE(torch::equal(low_flat.slice(0, q * chunk, (q + 1) * chunk),
+                                 rank_values(chunk, q).to(torch::kBFloat16)));
+      }
       auto gathered = torch::full({chunk * n}, -1.0f);
       dist::comm_counters().reset();
       dist::all_gather_into(pg, gathered, rank_values(chunk, r)).wait();
