@@ -1,0 +1,360 @@
+#include "fsdp/state/checkpoint.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include <torch/torch.h>
+
+#include "checkpoint_format.h"
+#include "fsdp/dist/collectives.h"
+#include "local_pieces.h"
+#include "optim_state.h"
+
+namespace fsdp {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using state::LocalPiece;
+using state::format::Record;
+
+namespace {
+
+// Every rank's string, on every rank (two collectives: lengths, then bytes).
+std::vector<std::string> all_gather_strings(const dist::ProcessGroup& pg, const std::string& s) {
+  if (pg.size() == 1) return {s};
+  auto len = torch::tensor({static_cast<int64_t>(s.size())}, torch::kLong);
+  dist::all_reduce(pg, len, dist::ReduceOp::Max).wait();
+  const int64_t chunk = std::max<int64_t>(len.item<int64_t>(), 1) + 8;
+  auto mine = torch::zeros({chunk}, torch::kUInt8);
+  auto* m = mine.data_ptr<uint8_t>();
+  const uint64_t n = s.size();
+  std::memcpy(m, &n, 8);
+  std::memcpy(m + 8, s.data(), s.size());
+  auto all = torch::empty({chunk * pg.size()}, torch::kUInt8);
+  dist::all_gather_into(pg, all, mine).wait();
+  std::vector<std::string> out;
+  const auto* a = all.data_ptr<uint8_t>();
+  for (int r = 0; r < pg.size(); ++r) {
+    uint64_t k;
+    std::memcpy(&k, a + r * chunk, 8);
+    out.emplace_back(reinterpret_cast<const char*>(a + r * chunk + 8), k);
+  }
+  return out;
+}
+
+// Every rank learns whether any rank failed, so no rank waits for a peer that
+// gave up; the failing rank's own error is rethrown by that rank.
+void agree_or_throw(const dist::ProcessGroup& pg, const std::string& my_error, const char* what) {
+  auto flags = torch::zeros({pg.size()}, torch::kLong);
+  flags[pg.rank()] = my_error.empty() ? 0 : 1;
+  if (pg.size() > 1) dist::all_reduce(pg, flags).wait();
+  TORCH_CHECK(my_error.empty(), my_error);
+  for (int r = 0; r < pg.size(); ++r)
+    TORCH_CHECK(flags[r].item<int64_t>() == 0, "fsdp: ", what, " failed on rank ", r,
+                " (see its error); nothing was renamed into place");
+}
+
+// Test-only: FSDP_CKPT_TEST_EXIT_AFTER_RECORDS=k makes every rank exit (code 86)
+// right after writing its k-th record, as a crash mid-save would.
+int64_t test_exit_after_records() {
+  const char* v = std::getenv("FSDP_CKPT_TEST_EXIT_AFTER_RECORDS");
+  return v ? std::atoll(v) : -1;
+}
+
+std::string strategy_name(const FullyShardedBase& m) {
+  return to_string(m.options().sharding_strategy());
+}
+
+}  // namespace
+
+void save_checkpoint(const std::string& dir, FullyShardedBase& model, const torch::optim::Optimizer* optimizer,
+                     const CheckpointExtra& extra) {
+  TORCH_CHECK(!dir.empty(), "fsdp: save_checkpoint needs a directory");
+  const auto& pg = model.process_group();
+  const int rank = pg.rank();
+  auto pieces = state::local_pieces(model, "save_checkpoint");
+  const std::string opt_kind = optimizer ? state::optimizer_kind(*optimizer) : "";
+  const std::string tmp = dir + ".tmp";
+
+  std::string error;
+  if (rank == 0) {
+    try {
+      std::error_code ec;
+      fs::remove_all(tmp, ec);  // left by a crashed save
+      fs::create_directories(tmp);
+    } catch (const std::exception& e) {
+      error = std::string("fsdp: save_checkpoint cannot create '") + tmp + "': " + e.what();
+    }
+  }
+  agree_or_throw(pg, error, "save_checkpoint");
+
+  // 1. Every rank writes its own pieces (replicated values: rank 0 only).
+  json mine = {{"records", json::array()}, {"steps", json::object()}, {"file", nullptr}};
+  try {
+    const int64_t exit_after = test_exit_after_records();
+    int64_t written = 0;
+    std::unique_ptr<state::format::RankFileWriter> writer;
+    auto put = [&](const std::string& item, const std::string& kind, const at::Tensor& t, int64_t b, int64_t e) {
+      if (!writer) writer = std::make_unique<state::format::RankFileWriter>(tmp, state::format::rank_file_name(rank));
+      mine["records"].push_back(writer->write(item, kind, t, b, e));
+      if (++written == exit_after) ::_exit(86);
+    };
+    for (const auto& p : pieces) {
+      if (p.replicated && rank != 0) continue;
+      put(p.name, state::format::kParam, p.flat(), p.begin, p.end);
+      if (!optimizer) continue;
+      auto st = state::get_param_state(*optimizer, p.param);
+      if (!st) continue;
+      mine["steps"][p.name] = st->step;
+      for (const auto& kv : st->tensors) {
+        TORCH_CHECK(kv.second.numel() == p.end - p.begin && kv.second.is_contiguous(), "fsdp: save_checkpoint: ",
+                    opt_kind, " state '", kv.first, "' of parameter '", p.name, "' on rank ", rank, " has shape ",
+                    kv.second.sizes(), ", not that of the parameter's piece (", p.end - p.begin,
+                    " elements); was the optimizer built on the wrapped model's parameters?");
+        put(p.name, kv.first, kv.second.reshape({-1}), p.begin, p.end);
+      }
+    }
+    if (rank == 0) {
+      for (const auto& b : model.module_ptr()->named_buffers())
+        put(b.key(), state::format::kBuffer, b.value().contiguous().view({-1}), 0, b.value().numel());
+      for (const auto& kv : extra.tensors)
+        put(kv.first, state::format::kExtra, kv.second.detach().cpu().contiguous().view({-1}), 0,
+            kv.second.numel());
+    }
+    if (writer) {
+      const int64_t bytes = writer->finish();
+      mine["file"] = {{"name", writer->name()}, {"bytes", bytes}, {"crc32", writer->file_crc()}};
+    }
+  } catch (const std::exception& e) {
+    error = std::string("fsdp: save_checkpoint on rank ") + std::to_string(rank) + ": " + e.what();
+  }
+  agree_or_throw(pg, error, "save_checkpoint");
+
+  // 2. Rank 0 writes the metadata and renames the directory into place.
+  const auto parts = all_gather_strings(pg, mine.dump());
+  if (rank == 0) {
+    try {
+      json meta;
+      meta["format"] = state::format::kFormatName;
+      meta["version"] = state::format::kFormatVersion;
+      meta["world_size"] = pg.size();
+      meta["strategy"] = strategy_name(model);
+      meta["optimizer"] = optimizer ? json(opt_kind) : json(nullptr);
+      json items = json::object();
+      std::vector<std::string> order;
+      std::map<const c10::TensorImpl*, std::string> name_of;
+      for (const auto& p : pieces) {
+        items[p.name] = {{"kind", state::format::kParam}, {"shape", p.shape},
+                         {"dtype", state::format::dtype_name(p.param.scalar_type())}};
+        order.push_back(p.name);
+        name_of[p.param.unsafeGetTensorImpl()] = p.name;
+      }
+      for (const auto& b : model.module_ptr()->named_buffers())
+        items[b.key()] = {{"kind", state::format::kBuffer}, {"shape", b.value().sizes().vec()},
+                          {"dtype", state::format::dtype_name(b.value().scalar_type())}};
+      for (const auto& kv : extra.tensors)
+        items[kv.first] = {{"kind", state::format::kExtra}, {"shape", kv.second.sizes().vec()},
+                           {"dtype", state::format::dtype_name(kv.second.scalar_type())}};
+      meta["parameter_order"] = order;
+      meta["items"] = items;
+      json groups = json::array();
+      if (optimizer) {
+        for (const auto& g : optimizer->param_groups()) {
+          json names = json::array();
+          for (const auto& p : g.params()) {
+            auto it = name_of.find(p.unsafeGetTensorImpl());
+            names.push_back(it == name_of.end() ? json(nullptr) : json(it->second));
+          }
+          groups.push_back({{"lr", g.options().get_lr()}, {"params", names}});
+        }
+      }
+      meta["param_groups"] = groups;
+      json files = json::array(), records = json::array(), steps = json::object();
+      for (const auto& part : parts) {
+        auto j = json::parse(part);
+        if (!j["file"].is_null()) files.push_back(j["file"]);
+        for (auto& r : j["records"]) records.push_back(r);
+        for (auto& kv : j["steps"].items())
+          steps[kv.key()] = std::max<int64_t>(steps.value(kv.key(), int64_t{0}), kv.value().get<int64_t>());
+      }
+      meta["files"] = files;
+      meta["records"] = records;
+      meta["steps"] = steps;
+      meta["extra"] = extra.values;
+      state::format::write_file_synced(tmp + "/" + state::format::kMetadataFile, meta.dump(1));
+      state::format::fsync_dir(tmp);
+      // Only now, with every rank's files fsync'd and the metadata written, does
+      // the new checkpoint replace the old one.
+      const std::string old = dir + ".old";
+      std::error_code ec;
+      fs::remove_all(old, ec);
+      if (fs::exists(dir)) fs::rename(dir, old);
+      fs::rename(tmp, dir);
+      const auto parent = fs::absolute(dir).parent_path();
+      state::format::fsync_dir(parent.string());
+      fs::remove_all(old, ec);
+    } catch (const std::exception& e) {
+      error = std::string("fsdp: save_checkpoint (rank 0, metadata and rename): ") + e.what();
+    }
+  }
+  agree_or_throw(pg, error, "save_checkpoint");
+}
+
+namespace {
+
+struct Loaded {
+  std::string dir;
+  json meta;
+  std::map<std::pair<std::string, std::string>, std::vector<Record>> records;  // (item, kind)
+};
+
+Loaded open_checkpoint(const std::string& dir) {
+  Loaded l;
+  l.dir = dir;
+  const std::string mf = std::string("/") + state::format::kMetadataFile;
+  if (!fs::exists(dir + mf) && fs::exists(dir + ".old" + mf)) l.dir = dir + ".old";  // crash between renames
+  TORCH_CHECK(fs::exists(l.dir + mf), "fsdp: load_checkpoint: '", dir, mf,
+              "' does not exist (no checkpoint there, or a save that never completed)");
+  try {
+    l.meta = json::parse(state::format::read_text_file(l.dir + mf));
+  } catch (const json::exception& e) {
+    TORCH_CHECK(false, "fsdp: load_checkpoint: '", l.dir, mf, "' is not valid JSON (", e.what(), ")");
+  }
+  TORCH_CHECK(l.meta.value("format", "") == state::format::kFormatName &&
+                  l.meta.value("version", 0) == state::format::kFormatVersion,
+              "fsdp: load_checkpoint: '", l.dir, mf, "' is not an fsdp-cpp checkpoint of version ",
+              state::format::kFormatVersion);
+  // A truncated file is reported up front, by name.
+  for (const auto& f : l.meta["files"]) {
+    const std::string path = l.dir + "/" + f["name"].get<std::string>();
+    std::error_code ec;
+    const auto size = fs::file_size(path, ec);
+    TORCH_CHECK(!ec, "fsdp: load_checkpoint: file '", path, "' is missing: ", ec.message());
+    TORCH_CHECK(static_cast<int64_t>(size) == f["bytes"].get<int64_t>(), "fsdp: load_checkpoint: file '", path,
+                "' has ", size, " bytes, metadata says ", f["bytes"].get<int64_t>(),
+                ": the file is truncated or corrupted");
+  }
+  for (const auto& rj : l.meta["records"]) {
+    Record r = rj.get<Record>();
+    l.records[{r.item, r.kind}].push_back(std::move(r));
+  }
+  return l;
+}
+
+// Fills `target` (flat, elements [begin, end) of `item`) from the records of
+// (item, kind) that overlap it.
+void fill(Loaded& l, state::format::RankFileReader& reader, const std::string& item, const std::string& kind,
+          const at::Tensor& target, int64_t begin, int64_t end) {
+  auto it = l.records.find({item, kind});
+  TORCH_CHECK(it != l.records.end() || begin == end, "fsdp: load_checkpoint: checkpoint '", l.dir, "' has no ",
+              kind, " data for '", item, "'");
+  int64_t covered = 0;
+  if (it != l.records.end()) {
+    for (const auto& r : it->second) {
+      const int64_t lo = std::max(begin, r.begin), hi = std::min(end, r.end);
+      if (lo >= hi) continue;
+      auto src = reader.read(r);
+      TORCH_CHECK(src.scalar_type() == target.scalar_type(), "fsdp: load_checkpoint: '", item, "' (", kind,
+                  ") is ", src.scalar_type(), " in the checkpoint but ", target.scalar_type(), " in the model");
+      target.slice(0, lo - begin, hi - begin).copy_(src.slice(0, lo - r.begin, hi - r.begin));
+      covered += hi - lo;
+    }
+  }
+  TORCH_CHECK(covered == end - begin, "fsdp: load_checkpoint: checkpoint '", l.dir, "' covers ", covered, " of ",
+              end - begin, " needed elements of '", item, "' (", kind, "): its records are incomplete");
+}
+
+}  // namespace
+
+CheckpointExtra load_checkpoint(const std::string& dir, FullyShardedBase& model, torch::optim::Optimizer* optimizer) {
+  const int rank = model.process_group().rank();
+  auto pieces = state::local_pieces(model, "load_checkpoint");
+  Loaded l = open_checkpoint(dir);
+  state::format::RankFileReader reader(l.dir);
+  const auto& items = l.meta["items"];
+  torch::NoGradGuard no_grad;
+
+  auto check_item = [&](const std::string& name, const char* kind, c10::IntArrayRef shape, at::ScalarType dtype) {
+    TORCH_CHECK(items.contains(name) && items[name]["kind"] == kind, "fsdp: load_checkpoint on rank ", rank,
+                ": checkpoint '", l.dir, "' has no ", kind, " '", name, "' (saved from a different model?)");
+    const auto saved = items[name]["shape"].get<std::vector<int64_t>>();
+    TORCH_CHECK(saved == shape.vec(), "fsdp: load_checkpoint: ", kind, " '", name, "' has shape ", shape,
+                " in the model but ", c10::IntArrayRef(saved), " in checkpoint '", l.dir, "'");
+    TORCH_CHECK(items[name]["dtype"] == state::format::dtype_name(dtype), "fsdp: load_checkpoint: ", kind, " '",
+                name, "' is ", state::format::dtype_name(dtype), " in the model but ",
+                items[name]["dtype"].get<std::string>(), " in checkpoint '", l.dir,
+                "'; convert the model before wrapping");
+  };
+
+  for (const auto& p : pieces) {
+    check_item(p.name, state::format::kParam, p.shape, p.param.scalar_type());
+    fill(l, reader, p.name, state::format::kParam, p.flat(), p.begin, p.end);
+  }
+  for (const auto& b : model.module_ptr()->named_buffers()) {
+    check_item(b.key(), state::format::kBuffer, b.value().sizes(), b.value().scalar_type());
+    auto v = b.value();
+    TORCH_INTERNAL_ASSERT(v.is_contiguous());
+    fill(l, reader, b.key(), state::format::kBuffer, v.view({-1}), 0, v.numel());
+  }
+
+  if (optimizer) {
+    const std::string kind = state::optimizer_kind(*optimizer);
+    TORCH_CHECK(!l.meta["optimizer"].is_null(), "fsdp: load_checkpoint: checkpoint '", l.dir,
+                "' holds no optimizer state; pass nullptr as the optimizer to load parameters only");
+    const std::string saved_kind = l.meta["optimizer"].get<std::string>();
+    TORCH_CHECK(state::optimizer_family(saved_kind) == state::optimizer_family(kind), "fsdp: load_checkpoint: "
+                "checkpoint '", l.dir, "' holds ", saved_kind, " state, which a ", kind, " optimizer cannot use");
+    std::map<const c10::TensorImpl*, const LocalPiece*> piece_of;
+    for (const auto& p : pieces) piece_of[p.param.unsafeGetTensorImpl()] = &p;
+    std::map<std::string, std::set<std::string>> kinds_of;  // item -> optimizer-state kinds
+    for (const auto& kv : l.records)
+      if (kv.first.second != state::format::kParam && kv.first.second != state::format::kBuffer &&
+          kv.first.second != state::format::kExtra)
+        kinds_of[kv.first.first].insert(kv.first.second);
+    const auto& steps = l.meta["steps"];
+    auto& groups = optimizer->param_groups();
+    const auto& saved_groups = l.meta["param_groups"];
+    for (size_t gi = 0; gi < groups.size(); ++gi) {
+      if (gi < saved_groups.size()) groups[gi].options().set_lr(saved_groups[gi]["lr"].get<double>());
+      for (const auto& param : groups[gi].params()) {
+        auto pit = piece_of.find(param.unsafeGetTensorImpl());
+        TORCH_CHECK(pit != piece_of.end(), "fsdp: load_checkpoint: the optimizer holds a tensor of shape ",
+                    param.sizes(), " that is not a parameter of the wrapped model; build the optimizer on the "
+                    "wrapped model's parameters()");
+        const LocalPiece& p = *pit->second;
+        auto kit = kinds_of.find(p.name);
+        if (kit == kinds_of.end() && !steps.contains(p.name)) {
+          optimizer->state().erase(c10::guts::to_string(param.unsafeGetTensorImpl()));
+          continue;
+        }
+        state::ParamOptimState s;
+        s.step = steps.value(p.name, int64_t{0});
+        if (kit != kinds_of.end()) {
+          for (const auto& k : kit->second) {
+            auto t = at::empty(param.sizes(), param.options().requires_grad(false));
+            fill(l, reader, p.name, k, t.view({-1}), p.begin, p.end);
+            s.tensors[k] = t;
+          }
+        }
+        state::set_param_state(*optimizer, param, std::move(s));
+      }
+    }
+  }
+
+  CheckpointExtra extra;
+  if (l.meta.contains("extra")) extra.values = l.meta["extra"].get<std::map<std::string, std::string>>();
+  for (const auto& it : items.items()) {
+    if (it.value()["kind"] != state::format::kExtra) continue;
+    const auto shape = it.value()["shape"].get<std::vector<int64_t>>();
+    auto t = at::empty(shape, at::TensorOptions().dtype(state::format::parse_dtype(it.value()["dtype"])));
+    fill(l, reader, it.key(), state::format::kExtra, t.view({-1}), 0, t.numel());
+    extra.tensors[it.key()] = t;
+  }
+  return extra;
+}
+
+}  // namespace fsdp

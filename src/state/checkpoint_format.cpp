@@ -1,0 +1,183 @@
+#include "checkpoint_format.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include <ATen/ATen.h>
+
+namespace fsdp::state::format {
+
+std::string rank_file_name(int rank) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "shard_rank%05d.bin", rank);
+  return buf;
+}
+
+void to_json(nlohmann::json& j, const Record& r) {
+  j = nlohmann::json{{"item", r.item}, {"kind", r.kind},   {"file", r.file},   {"offset", r.offset},
+                     {"begin", r.begin}, {"end", r.end}, {"dtype", r.dtype}, {"crc32", r.crc32}};
+}
+void from_json(const nlohmann::json& j, Record& r) {
+  j.at("item").get_to(r.item);
+  j.at("kind").get_to(r.kind);
+  j.at("file").get_to(r.file);
+  j.at("offset").get_to(r.offset);
+  j.at("begin").get_to(r.begin);
+  j.at("end").get_to(r.end);
+  j.at("dtype").get_to(r.dtype);
+  j.at("crc32").get_to(r.crc32);
+}
+
+namespace {
+const std::pair<at::ScalarType, const char*> kDtypes[] = {
+    {at::kFloat, "float32"}, {at::kDouble, "float64"}, {at::kHalf, "float16"}, {at::kBFloat16, "bfloat16"},
+    {at::kLong, "int64"},    {at::kInt, "int32"},      {at::kShort, "int16"},  {at::kChar, "int8"},
+    {at::kByte, "uint8"},    {at::kBool, "bool"},
+};
+}  // namespace
+
+std::string dtype_name(at::ScalarType t) {
+  for (const auto& d : kDtypes)
+    if (d.first == t) return d.second;
+  TORCH_CHECK(false, "fsdp checkpoint: dtype ", t, " is not supported in checkpoints");
+}
+
+at::ScalarType parse_dtype(const std::string& s) {
+  for (const auto& d : kDtypes)
+    if (s == d.second) return d.first;
+  TORCH_CHECK(false, "fsdp checkpoint: unknown dtype '", s, "' in metadata");
+}
+
+uint32_t crc32_of(const void* data, size_t n, uint32_t crc) {
+  const auto* p = static_cast<const Bytef*>(data);
+  // zlib takes uInt lengths: feed large buffers in 1 GiB steps.
+  while (n > 0) {
+    const size_t step = std::min<size_t>(n, size_t(1) << 30);
+    crc = static_cast<uint32_t>(::crc32(crc, p, static_cast<uInt>(step)));
+    p += step;
+    n -= step;
+  }
+  return crc;
+}
+
+RankFileWriter::RankFileWriter(const std::string& dir, std::string file_name)
+    : path_(dir + "/" + file_name), name_(std::move(file_name)) {
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  TORCH_CHECK(fd_ >= 0, "fsdp checkpoint: cannot create '", path_, "': ", std::strerror(errno));
+}
+
+RankFileWriter::~RankFileWriter() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Record RankFileWriter::write(const std::string& item, const std::string& kind, const at::Tensor& t, int64_t begin,
+                             int64_t end) {
+  TORCH_INTERNAL_ASSERT(t.is_contiguous() && t.device().is_cpu() && t.numel() == end - begin,
+                        "record ", item, "/", kind, " is not a contiguous CPU tensor of ", end - begin, " elements");
+  Record r;
+  r.item = item;
+  r.kind = kind;
+  r.file = name_;
+  r.offset = size_;
+  r.begin = begin;
+  r.end = end;
+  r.dtype = dtype_name(t.scalar_type());
+  const size_t nbytes = t.numel() * t.element_size();
+  const char* p = static_cast<const char*>(t.data_ptr());
+  r.crc32 = crc32_of(p, nbytes);
+  size_t done = 0;
+  while (done < nbytes) {
+    const ssize_t w = ::write(fd_, p + done, nbytes - done);
+    if (w < 0 && errno == EINTR) continue;
+    TORCH_CHECK(w > 0, "fsdp checkpoint: writing '", path_, "' failed: ", std::strerror(errno));
+    done += static_cast<size_t>(w);
+  }
+  size_ += static_cast<int64_t>(nbytes);
+  file_crc_ = crc32_of(p, nbytes, file_crc_);
+  return r;
+}
+
+int64_t RankFileWriter::finish() {
+  TORCH_CHECK(::fsync(fd_) == 0, "fsdp checkpoint: fsync of '", path_, "' failed: ", std::strerror(errno));
+  ::close(fd_);
+  fd_ = -1;
+  return size_;
+}
+
+RankFileReader::~RankFileReader() {
+  for (auto& kv : fds_) ::close(kv.second);
+}
+
+int RankFileReader::fd_of(const std::string& file) {
+  auto it = fds_.find(file);
+  if (it != fds_.end()) return it->second;
+  const std::string path = dir_ + "/" + file;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  TORCH_CHECK(fd >= 0, "fsdp checkpoint: cannot open '", path, "': ", std::strerror(errno),
+              " (the checkpoint is incomplete)");
+  fds_[file] = fd;
+  return fd;
+}
+
+at::Tensor RankFileReader::read(const Record& r) {
+  const int fd = fd_of(r.file);
+  auto t = at::empty({r.end - r.begin}, at::TensorOptions().dtype(parse_dtype(r.dtype)));
+  const size_t nbytes = t.numel() * t.element_size();
+  char* p = static_cast<char*>(t.data_ptr());
+  size_t done = 0;
+  while (done < nbytes) {
+    const ssize_t got = ::pread(fd, p + done, nbytes - done, r.offset + static_cast<off_t>(done));
+    if (got < 0 && errno == EINTR) continue;
+    TORCH_CHECK(got > 0, "fsdp checkpoint: file '", dir_, "/", r.file, "' is truncated or unreadable: record ",
+                r.item, " (", r.kind, ") needs bytes [", r.offset, ", ", r.offset + static_cast<int64_t>(nbytes),
+                ")", got < 0 ? std::string(": ") + std::strerror(errno) : std::string(""));
+    done += static_cast<size_t>(got);
+  }
+  const uint32_t crc = crc32_of(p, nbytes);
+  TORCH_CHECK(crc == r.crc32, "fsdp checkpoint: checksum mismatch in file '", dir_, "/", r.file, "' for ", r.item,
+              " (", r.kind, ", elements [", r.begin, ", ", r.end, ")): the file is corrupted; restore it or load an "
+              "earlier checkpoint");
+  return t;
+}
+
+void write_file_synced(const std::string& path, const std::string& contents) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  TORCH_CHECK(fd >= 0, "fsdp checkpoint: cannot create '", path, "': ", std::strerror(errno));
+  size_t done = 0;
+  while (done < contents.size()) {
+    const ssize_t w = ::write(fd, contents.data() + done, contents.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      ::close(fd);
+      TORCH_CHECK(false, "fsdp checkpoint: writing '", path, "' failed: ", std::strerror(errno));
+    }
+    done += static_cast<size_t>(w);
+  }
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  TORCH_CHECK(rc == 0, "fsdp checkpoint: fsync of '", path, "' failed");
+}
+
+void fsync_dir(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  TORCH_CHECK(in, "fsdp checkpoint: cannot read '", path, "'");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace fsdp::state::format

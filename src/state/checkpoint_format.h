@@ -1,0 +1,93 @@
+#pragma once
+// The checkpoint directory format (docs/checkpoint-format.md), independent of
+// FSDP: records, the metadata file, CRC-32, and the file reads and writes.
+//
+// [Note: checkpoint records]
+// A *record* is a contiguous run of raw little-endian elements in one rank file:
+// the elements [begin, end) of the flattened (row-major) value of one *item* (a
+// parameter, a buffer, one optimizer-state tensor of a parameter, or a user
+// extra tensor). An item saved at world size N is split into at most N records
+// (one per rank piece, some empty); together they cover [0, numel) exactly once.
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <nlohmann/json.hpp>
+
+namespace fsdp::state::format {
+
+constexpr const char* kMetadataFile = "metadata.json";
+constexpr const char* kFormatName = "fsdp-cpp-checkpoint";
+constexpr int kFormatVersion = 1;
+
+std::string rank_file_name(int rank);  // "shard_rank00003.bin"
+
+// Kinds of items.
+constexpr const char* kParam = "param";
+constexpr const char* kBuffer = "buffer";
+constexpr const char* kExtra = "extra";
+// Optimizer-state kinds are the state tensor's name ("exp_avg", "momentum_buffer", ...).
+
+struct Record {
+  std::string item;     // parameter / buffer / extra name
+  std::string kind;     // kParam, kBuffer, kExtra or an optimizer-state tensor name
+  std::string file;     // rank file name
+  int64_t offset = 0;   // bytes into the file
+  int64_t begin = 0, end = 0;  // element range of the flattened item
+  std::string dtype;    // dtype_name()
+  uint32_t crc32 = 0;   // of the record's bytes
+};
+void to_json(nlohmann::json& j, const Record& r);
+void from_json(const nlohmann::json& j, Record& r);
+
+struct ItemInfo {
+  std::vector<int64_t> shape;
+  std::string dtype;
+};
+
+std::string dtype_name(at::ScalarType t);          // "float32", "bfloat16", ... (torch's names)
+at::ScalarType parse_dtype(const std::string& s);  // throws on unknown names
+
+uint32_t crc32_of(const void* data, size_t n, uint32_t crc = 0);
+
+// Appends records to one file: writes, checksums, fsync on close.
+class RankFileWriter {
+ public:
+  RankFileWriter(const std::string& dir, std::string file_name);
+  ~RankFileWriter();
+  // Writes t (contiguous CPU) as a record of elements [begin, end) of `item`.
+  Record write(const std::string& item, const std::string& kind, const at::Tensor& t, int64_t begin, int64_t end);
+  // fsync + close; returns the file size.
+  int64_t finish();
+  const std::string& name() const { return name_; }
+  uint32_t file_crc() const { return file_crc_; }
+
+ private:
+  std::string path_, name_;
+  int fd_ = -1;
+  int64_t size_ = 0;
+  uint32_t file_crc_ = 0;
+};
+
+// Reads records of a checkpoint directory, checking sizes and checksums.
+class RankFileReader {
+ public:
+  explicit RankFileReader(std::string dir) : dir_(std::move(dir)) {}
+  ~RankFileReader();
+  // The record's elements, checked against its CRC (error names the file).
+  at::Tensor read(const Record& r);
+
+ private:
+  int fd_of(const std::string& file);
+  std::string dir_;
+  std::map<std::string, int> fds_;
+};
+
+void write_file_synced(const std::string& path, const std::string& contents);
+void fsync_dir(const std::string& dir);
+std::string read_text_file(const std::string& path);
+
+}  // namespace fsdp::state::format
