@@ -14,6 +14,8 @@
 #include "fsdp/dist/collectives.h"
 #include "fsdp/optim/cpu_adam.h"
 #include "fsdp/state/checkpoint.h"
+#include "fsdp/state/state_dict.h"
+#include "fsdp/state/summon_full_params.h"
 #include "harness/models.h"
 #include "harness/multirank.h"
 
@@ -297,6 +299,76 @@ TEST(Checkpoint, KilledSaveLeavesPreviousLoadable) {
       save_checkpoint(dir, *m2, opt2.get());
       EXPECT_TRUE(fs::exists(dir + "/metadata.json"));
       EXPECT_FALSE(fs::exists(dir + ".tmp"));
+    });
+  }, rank_options());
+}
+
+// FULL state dicts and summon_full_params at N=3, against apply_with_full_params
+// and against the plain (unwrapped) model.
+TEST(StateDict, FullRank0OnlyLoadAndSummon) {
+  run_ranks(3, [](dist::ProcessGroup& pg) {
+    auto m = wrap(0, pg, ShardingStrategy::FULL_SHARD, true);
+    auto opt = make_optimizer("adam", m);
+    train(m, *opt, 0, 2, pg);
+    const auto ref = full_params(m);
+    run_case("full rank0_only", [&] {
+      StateDictTypeGuard guard(*m, StateDictType::FULL, FullStateDictConfig().offload_to_cpu(true).rank0_only(true));
+      auto sd = state_dict(*m);
+      if (pg.rank() != 0) {
+        EXPECT_EQ(sd.size(), 0u);
+        return;
+      }
+      EXPECT_EQ(sd.size(), ref.size());  // no buffers in this model
+      for (const auto& kv : ref) {
+        ASSERT_NE(sd.find(kv.first), nullptr) << kv.first;
+        EXPECT_TRUE(torch::equal(sd[kv.first], kv.second)) << kv.first;
+      }
+    });
+    run_case("full on every rank, loaded into the plain model", [&] {
+      auto sd = state_dict(*m);  // default: FULL, every rank
+      ASSERT_EQ(sd.size(), ref.size());
+      auto plain = make_transformer(9);
+      torch::NoGradGuard no_grad;
+      for (auto& p : plain->named_parameters()) p.value().copy_(sd[p.key()]);
+      auto [x, y] = global_batch(50, kBatch);
+      auto expected = plain->forward(x);
+      auto got = m->forward(x);
+      EXPECT_LT(rel_diff(got, expected), 1e-6);
+    });
+    run_case("load_state_dict under another strategy", [&] {
+      auto sd = state_dict(*m);
+      auto m2 = wrap(5, pg, ShardingStrategy::SHARD_GRAD_OP, false);
+      load_state_dict(*m2, sd);
+      auto got = full_params(m2);
+      for (const auto& kv : ref) EXPECT_TRUE(torch::equal(got.at(kv.first), kv.second)) << kv.first;
+      StateDict missing;
+      for (const auto& kv : sd) if (kv.key() != "head.bias") missing.insert(kv.key(), kv.value());
+      const auto err = error_of([&] { load_state_dict(*m2, missing); });
+      EXPECT_NE(err.find("head.bias"), std::string::npos) << err;
+    });
+    run_case("summon_full_params", [&] {
+      {
+        SummonFullParams full(*m, SummonFullParamsOptions().writeback(true));
+        for (const auto& p : m->module()->named_parameters()) {
+          EXPECT_TRUE(torch::equal(p.value(), ref.at(p.key()))) << p.key();
+        }
+        torch::NoGradGuard no_grad;
+        m->module()->head->weight.mul_(2);
+      }
+      auto after = full_params(m);
+      EXPECT_TRUE(torch::equal(after.at("head.weight"), ref.at("head.weight") * 2));
+      EXPECT_TRUE(torch::equal(after.at("proj.weight"), ref.at("proj.weight")));
+      {
+        SummonFullParams full(*m, SummonFullParamsOptions().writeback(false).rank0_only(true));
+        const auto& w = m->module()->head->weight;
+        if (pg.rank() == 0) EXPECT_EQ(w.sizes(), ref.at("head.weight").sizes());
+        else EXPECT_EQ(w.dim(), 1);
+        torch::NoGradGuard no_grad;
+        if (pg.rank() == 0) m->module()->head->weight.mul_(3);  // not written back
+      }
+      auto after2 = full_params(m);
+      EXPECT_TRUE(torch::equal(after2.at("head.weight"), ref.at("head.weight") * 2));
+      EXPECT_NE(error_of([&] { SummonFullParams bad(*m, SummonFullParamsOptions().rank0_only(true)); }), "");
     });
   }, rank_options());
 }

@@ -1,0 +1,46 @@
+#pragma once
+/// summon_full_params as a scoped guard: within its scope the parameters of the
+/// unwrapped model have their full shapes and values on every rank.
+///
+///     {
+///       fsdp::SummonFullParams full(*model, fsdp::SummonFullParamsOptions().writeback(true));
+///       model->module()->head->weight.mul_(0.5);   // written back into the shards at scope exit
+///     }
+///
+/// Collective (every rank constructs it). Must be used between training steps;
+/// forward/backward inside the scope are not supported.
+
+#include <vector>
+
+#include <torch/arg.h>
+
+#include "fsdp/fsdp/fully_sharded.h"
+
+namespace fsdp {
+
+struct SummonFullParamsOptions {
+  /// Every unit (true) or only the root unit's own parameters (false).
+  TORCH_ARG(bool, recurse) = true;
+  /// Copy changes made inside the scope back into this rank's shard at exit.
+  TORCH_ARG(bool, writeback) = true;
+  /// Only rank 0 sees full parameters; the others keep their pieces (they still
+  /// take part in the gathers). Incompatible with writeback.
+  TORCH_ARG(bool, rank0_only) = false;
+  /// Accepted for API parity; parameters are on the CPU already in this build.
+  TORCH_ARG(bool, offload_to_cpu) = false;
+};
+
+class SummonFullParams {
+ public:
+  SummonFullParams(FullyShardedBase& model, SummonFullParamsOptions options = {});
+  ~SummonFullParams() noexcept(false);
+  SummonFullParams(const SummonFullParams&) = delete;
+  SummonFullParams& operator=(const SummonFullParams&) = delete;
+
+ private:
+  FullyShardedBase* model_;
+  SummonFullParamsOptions options_;
+  std::vector<int> units_;  // indices of the units this guard unsharded
+};
+
+}  // namespace fsdp

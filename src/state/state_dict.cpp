@@ -1,0 +1,156 @@
+#include "fsdp/state/state_dict.h"
+
+#include <fstream>
+#include <map>
+#include <unordered_map>
+
+#include <torch/serialize.h>
+#include <torch/torch.h>
+
+#include "../fsdp/runtime.h"
+#include "local_pieces.h"
+
+namespace fsdp {
+
+namespace {
+
+struct Selected {
+  StateDictType type = StateDictType::FULL;
+  FullStateDictConfig config;
+};
+// The selection lives here, keyed by the model, not on the model or its tensors.
+std::map<const FullyShardedBase*, Selected>& selections() {
+  static std::map<const FullyShardedBase*, Selected> m;
+  return m;
+}
+
+const char* name_of(StateDictType t) {
+  switch (t) {
+    case StateDictType::FULL: return "FULL";
+    case StateDictType::LOCAL: return "LOCAL";
+    case StateDictType::SHARDED: return "SHARDED";
+  }
+  return "?";
+}
+
+StateDict full_state_dict(FullyShardedBase& model, const FullStateDictConfig& cfg) {
+  auto& rt = model.runtime();
+  const bool keep = !cfg.rank0_only() || model.process_group().rank() == 0;
+  for (auto& u : rt.units())
+    TORCH_CHECK(u->state() == detail::UnitState::IDLE && u->flat().state() == detail::FlatState::Sharded,
+                "fsdp: state_dict on rank ", model.process_group().rank(), " while unit '", u->path(),
+                "' is in state ", detail::to_string(u->state()), "; call it between training steps");
+  torch::NoGradGuard no_grad;
+  // Unit by unit: gather, copy out (rank 0 only under rank0_only), free.
+  std::unordered_map<const c10::TensorImpl*, at::Tensor> value_of;
+  for (auto& u : rt.units()) {
+    auto& flat = u->flat();
+    u->gather();
+    if (keep) {
+      for (size_t i = 0; i < flat.entries().size(); ++i)
+        value_of[flat.entries()[i].param.unsafeGetTensorImpl()] = flat.view_of(flat.unsharded(), i).clone();
+    }
+    if (flat.sharded()) flat.free_unsharded();
+  }
+  StateDict out;
+  if (!keep) return out;
+  for (const auto& p : model.module_ptr()->named_parameters()) {
+    auto it = value_of.find(p.value().unsafeGetTensorImpl());
+    // Ignored parameters are replicated and full already.
+    out.insert(p.key(), it != value_of.end() ? it->second : p.value().detach().clone());
+  }
+  for (const auto& b : model.module_ptr()->named_buffers()) out.insert(b.key(), b.value().detach().clone());
+  return out;
+}
+
+}  // namespace
+
+StateDictTypeGuard::StateDictTypeGuard(FullyShardedBase& model, StateDictType type, FullStateDictConfig config)
+    : model_(&model) {
+  TORCH_CHECK(type == StateDictType::FULL, "fsdp: state dict type ", name_of(type),
+              " is not implemented yet; use FULL, or fsdp::save_checkpoint for per-rank pieces");
+  auto& sel = selections();
+  auto it = sel.find(&model);
+  had_previous_ = it != sel.end();
+  if (had_previous_) {
+    previous_type_ = it->second.type;
+    previous_config_ = it->second.config;
+  }
+  sel[&model] = Selected{type, config};
+}
+
+StateDictTypeGuard::~StateDictTypeGuard() {
+  auto& sel = selections();
+  if (had_previous_) sel[model_] = Selected{previous_type_, previous_config_};
+  else sel.erase(model_);
+}
+
+StateDict state_dict(FullyShardedBase& model) {
+  auto it = selections().find(&model);
+  const Selected s = it == selections().end() ? Selected{} : it->second;
+  return full_state_dict(model, s.config);
+}
+
+void load_state_dict(FullyShardedBase& model, const StateDict& dict) {
+  const int rank = model.process_group().rank();
+  auto pieces = state::local_pieces(model, "load_state_dict");
+  torch::NoGradGuard no_grad;
+  auto lookup = [&](const std::string& key, c10::IntArrayRef shape, at::ScalarType dtype) -> const at::Tensor& {
+    const at::Tensor* t = dict.find(key);
+    TORCH_CHECK(t != nullptr, "fsdp: load_state_dict on rank ", rank, ": missing key '", key,
+                "' (a FULL state dict holds every parameter and buffer of the unwrapped model)");
+    TORCH_CHECK(t->sizes() == shape, "fsdp: load_state_dict: '", key, "' has shape ", t->sizes(),
+                ", the model expects ", shape);
+    TORCH_CHECK(t->scalar_type() == dtype, "fsdp: load_state_dict: '", key, "' is ", t->scalar_type(),
+                ", the model expects ", dtype);
+    return *t;
+  };
+  std::set<std::string> known;
+  for (const auto& p : pieces) {
+    const auto& src = lookup(p.name, p.shape, p.param.scalar_type());
+    p.flat().copy_(src.reshape({-1}).slice(0, p.begin, p.end));
+  }
+  for (const auto& p : model.module_ptr()->named_parameters()) known.insert(p.key());
+  for (const auto& b : model.module_ptr()->named_buffers()) {
+    b.value().copy_(lookup(b.key(), b.value().sizes(), b.value().scalar_type()));
+    known.insert(b.key());
+  }
+  for (const auto& kv : dict)
+    TORCH_CHECK(known.count(kv.key()), "fsdp: load_state_dict: unexpected key '", kv.key(),
+                "' (not a parameter or buffer of the unwrapped model)");
+}
+
+void save_full_state_dict(const StateDict& dict, const std::string& path) {
+  c10::Dict<std::string, at::Tensor> d;
+  for (const auto& kv : dict) d.insert(kv.key(), kv.value().detach().cpu().contiguous());
+  const std::vector<char> bytes = torch::pickle_save(c10::IValue(d));
+  std::ofstream out(path, std::ios::binary);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  out.close();
+  TORCH_CHECK(out, "fsdp: save_full_state_dict: cannot write '", path, "'");
+}
+
+StateDict load_full_state_dict(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  TORCH_CHECK(in, "fsdp: load_full_state_dict: cannot read '", path, "'");
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  c10::IValue v;
+  try {
+    v = torch::pickle_load(bytes);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "fsdp: load_full_state_dict: cannot unpickle '", path, "' (", e.what_without_backtrace(),
+                "). Save a plain dict from Python: torch.save(dict(model.state_dict()), path); an OrderedDict "
+                "with _metadata is not readable from C++");
+  }
+  TORCH_CHECK(v.isGenericDict(), "fsdp: load_full_state_dict: '", path, "' holds a ", v.tagKind(),
+              ", not a dict of tensors (save it with torch.save(model.state_dict(), path))");
+  StateDict out;
+  for (const auto& kv : v.toGenericDict()) {
+    TORCH_CHECK(kv.key().isString() && kv.value().isTensor(), "fsdp: load_full_state_dict: '", path,
+                "' has a non-string key or non-tensor value");
+    out.insert(kv.key().toStringRef(), kv.value().toTensor());
+  }
+  return out;
+}
+
+}  // namespace fsdp

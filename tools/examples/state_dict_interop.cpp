@@ -1,0 +1,55 @@
+// Python interop of full state dicts (tests/scripts/test_python_interop.sh).
+//   state_dict_interop save MODEL.pt OUT.pt   FSDP model (world 1) -> FULL state dict
+//                                             for Python, plus its output on a fixed input
+//   state_dict_interop load MODEL.pt OUT.pt   Python-saved state dict -> FSDP model; checks
+//                                             its output against Python's (exit 1 if not)
+// The model is torch.nn.Sequential(Linear(13,32), ReLU, Linear(32,17), ReLU, Linear(17,5)).
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <string>
+
+#include <torch/torch.h>
+
+#include "fsdp/dist/process_group.h"
+#include "fsdp/fsdp/fully_sharded.h"
+#include "fsdp/state/state_dict.h"
+
+int main(int argc, char** argv) {
+  if (argc != 4) {
+    std::cerr << "usage: state_dict_interop save|load MODEL.pt OUT.pt\n";
+    return 2;
+  }
+  const std::string mode = argv[1], model_path = argv[2], out_path = argv[3];
+  char tmpl[] = "/tmp/fsdp-interop-XXXXXX";
+  const std::string store = std::string(mkdtemp(tmpl)) + "/store";
+  fsdp::dist::LaunchOverrides ov;
+  ov.rank = 0;
+  ov.world_size = 1;
+  auto pg = fsdp::dist::init_process_group(fsdp::dist::InitOptions().file_store_path(store).overrides(ov));
+  torch::manual_seed(42);
+  auto net = torch::nn::Sequential(torch::nn::Linear(13, 32), torch::nn::ReLU(), torch::nn::Linear(32, 17),
+                                   torch::nn::ReLU(), torch::nn::Linear(17, 5));
+  fsdp::FullyShardedDataParallel model(net, pg,
+                                       fsdp::Options().auto_wrap_policy(fsdp::always_wrap_policy()));
+  const auto x = torch::linspace(-1, 1, 4 * 13).reshape({4, 13});
+  if (mode == "save") {
+    fsdp::StateDictTypeGuard guard(*model, fsdp::StateDictType::FULL,
+                                   fsdp::FullStateDictConfig().offload_to_cpu(true).rank0_only(true));
+    fsdp::save_full_state_dict(fsdp::state_dict(*model), model_path);
+    torch::NoGradGuard no_grad;
+    const auto y = model->forward(x);
+    const auto bytes = torch::pickle_save(c10::IValue(y));
+    std::ofstream(out_path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    return 0;
+  }
+  fsdp::load_state_dict(*model, fsdp::load_full_state_dict(model_path));
+  std::ifstream in(out_path, std::ios::binary);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto expected = torch::pickle_load(bytes).toTensor();
+  torch::NoGradGuard no_grad;
+  const auto y = model->forward(x);
+  const double diff = (y - expected).abs().max().item<double>();
+  std::cout << "max |C++ - Python| = " << diff << "\n";
+  return diff < 1e-5 ? 0 : 1;
+}
