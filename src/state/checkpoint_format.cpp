@@ -127,10 +127,15 @@ int RankFileReader::fd_of(const std::string& file) {
 }
 
 at::Tensor RankFileReader::read(const Record& r) {
-  const int fd = fd_of(r.file);
   auto t = at::empty({r.end - r.begin}, at::TensorOptions().dtype(parse_dtype(r.dtype)));
-  const size_t nbytes = t.numel() * t.element_size();
-  char* p = static_cast<char*>(t.data_ptr());
+  read_into(r, t.data_ptr());
+  return t;
+}
+
+void RankFileReader::read_into(const Record& r, void* dst) {
+  const int fd = fd_of(r.file);
+  const size_t nbytes = (r.end - r.begin) * c10::elementSize(parse_dtype(r.dtype));
+  char* p = static_cast<char*>(dst);
   size_t done = 0;
   while (done < nbytes) {
     const ssize_t got = ::pread(fd, p + done, nbytes - done, r.offset + static_cast<off_t>(done));
@@ -144,7 +149,6 @@ at::Tensor RankFileReader::read(const Record& r) {
   TORCH_CHECK(crc == r.crc32, "fsdp checkpoint: checksum mismatch in file '", dir_, "/", r.file, "' for ", r.item,
               " (", r.kind, ", elements [", r.begin, ", ", r.end, ")): the file is corrupted; restore it or load an "
               "earlier checkpoint");
-  return t;
 }
 
 void write_file_synced(const std::string& path, const std::string& contents) {

@@ -79,6 +79,8 @@ class RankFileReader {
   ~RankFileReader();
   // The record's elements, checked against its CRC (error names the file).
   at::Tensor read(const Record& r);
+  // Same, into `dst` (the record's bytes), without an intermediate buffer.
+  void read_into(const Record& r, void* dst);
 
  private:
   int fd_of(const std::string& file);

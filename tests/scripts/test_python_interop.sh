@@ -49,4 +49,30 @@ PYEOF
 if "$BIN/state_dict_interop" load "$T/cpp_model.pt" "$T/py_out.pt" >/dev/null; then
   echo "FAIL: a mismatched model passed the output check"; exit 1
 fi
+# 4. fsdp-ckpt: a 3-rank checkpoint, inspected and consolidated; Python reads the
+# consolidated file as the same plain dict as the FULL state dict.
+"$BIN/fsdp-run" --nproc 3 -- "$BIN/state_dict_interop" checkpoint "$T/ckpt" "$T/full.pt" >/dev/null
+"$BIN/fsdp-ckpt" inspect "$T/ckpt" > "$T/inspect.txt"
+cat "$T/inspect.txt"
+grep -q "world size 3" "$T/inspect.txt"
+grep -q "param 2.weight \[17, 32\] float32 2176 B (+" "$T/inspect.txt"
+[ "$(grep -c 'checksum ok' "$T/inspect.txt")" = 3 ]
+"$BIN/fsdp-ckpt" consolidate "$T/ckpt" "$T/consolidated.pt"
+"$PY" - "$T" <<PYEOF
+import sys, torch
+t = sys.argv[1]
+c = torch.load(t + "/consolidated.pt")
+f = torch.load(t + "/full.pt")
+assert type(c) is dict, type(c)
+assert list(c.keys()) == list(f.keys()), (list(c.keys()), list(f.keys()))
+for k in f:
+    assert torch.equal(c[k], f[k]), k
+m = $MODEL
+m.load_state_dict(c, strict=True)
+print("consolidated == FULL state dict:", list(c.keys()))
+PYEOF
+# A flipped byte is reported by inspect (exit 1) with the file's name.
+printf '\xff' | dd of="$T/ckpt/shard_rank00001.bin" bs=1 seek=10 conv=notrunc 2>/dev/null
+if "$BIN/fsdp-ckpt" inspect "$T/ckpt" > "$T/inspect2.txt"; then echo "FAIL: inspect missed a flipped byte"; exit 1; fi
+grep -q "shard_rank00001.bin .*CHECKSUM MISMATCH" "$T/inspect2.txt"
 echo "PASS"

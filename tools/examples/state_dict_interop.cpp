@@ -3,6 +3,9 @@
 //                                             for Python, plus its output on a fixed input
 //   state_dict_interop load MODEL.pt OUT.pt   Python-saved state dict -> FSDP model; checks
 //                                             its output against Python's (exit 1 if not)
+//   state_dict_interop checkpoint DIR FULL.pt one Adam step, then save_checkpoint(DIR) and
+//                                             the FULL state dict (rank 0) for comparison;
+//                                             run under fsdp-run for several ranks
 // The model is torch.nn.Sequential(Linear(13,32), ReLU, Linear(32,17), ReLU, Linear(17,5)).
 #include <cstdio>
 #include <fstream>
@@ -13,26 +16,43 @@
 
 #include "fsdp/dist/process_group.h"
 #include "fsdp/fsdp/fully_sharded.h"
+#include "fsdp/state/checkpoint.h"
 #include "fsdp/state/state_dict.h"
 
 int main(int argc, char** argv) {
   if (argc != 4) {
-    std::cerr << "usage: state_dict_interop save|load MODEL.pt OUT.pt\n";
+    std::cerr << "usage: state_dict_interop save|load|checkpoint MODEL.pt|DIR OUT.pt\n";
     return 2;
   }
   const std::string mode = argv[1], model_path = argv[2], out_path = argv[3];
-  char tmpl[] = "/tmp/fsdp-interop-XXXXXX";
-  const std::string store = std::string(mkdtemp(tmpl)) + "/store";
-  fsdp::dist::LaunchOverrides ov;
-  ov.rank = 0;
-  ov.world_size = 1;
-  auto pg = fsdp::dist::init_process_group(fsdp::dist::InitOptions().file_store_path(store).overrides(ov));
+  fsdp::dist::ProcessGroup pg;
+  if (std::getenv("RANK")) {
+    pg = fsdp::dist::init_process_group(fsdp::dist::InitOptions());  // under fsdp-run / torchrun
+  } else {
+    char tmpl[] = "/tmp/fsdp-interop-XXXXXX";
+    const std::string store = std::string(mkdtemp(tmpl)) + "/store";
+    fsdp::dist::LaunchOverrides ov;
+    ov.rank = 0;
+    ov.world_size = 1;
+    pg = fsdp::dist::init_process_group(fsdp::dist::InitOptions().file_store_path(store).overrides(ov));
+  }
   torch::manual_seed(42);
   auto net = torch::nn::Sequential(torch::nn::Linear(13, 32), torch::nn::ReLU(), torch::nn::Linear(32, 17),
                                    torch::nn::ReLU(), torch::nn::Linear(17, 5));
   fsdp::FullyShardedDataParallel model(net, pg,
                                        fsdp::Options().auto_wrap_policy(fsdp::always_wrap_policy()));
   const auto x = torch::linspace(-1, 1, 4 * 13).reshape({4, 13});
+  if (mode == "checkpoint") {
+    torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-2));
+    const auto y = torch::ones({4, 5});
+    torch::mse_loss(model->forward(x), y).backward();
+    opt.step();
+    fsdp::save_checkpoint(model_path, *model, &opt);
+    fsdp::StateDictTypeGuard guard(*model, fsdp::StateDictType::FULL, fsdp::FullStateDictConfig().rank0_only(true));
+    auto sd = fsdp::state_dict(*model);
+    if (pg.rank() == 0) fsdp::save_full_state_dict(sd, out_path);
+    return 0;
+  }
   if (mode == "save") {
     fsdp::StateDictTypeGuard guard(*model, fsdp::StateDictType::FULL,
                                    fsdp::FullStateDictConfig().offload_to_cpu(true).rank0_only(true));

@@ -1,0 +1,175 @@
+#include "fsdp/state/checkpoint_tools.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <sstream>
+
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/serialization/pickler.h>
+#include <torch/torch.h>
+
+#include "checkpoint_format.h"
+
+namespace fsdp {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+namespace fmt = state::format;
+
+namespace {
+
+json read_metadata(const std::string& dir) {
+  const std::string path = dir + "/" + fmt::kMetadataFile;
+  TORCH_CHECK(fs::exists(path), "fsdp-ckpt: '", path, "' does not exist (not a checkpoint, or an incomplete save)");
+  json meta = json::parse(fmt::read_text_file(path));
+  TORCH_CHECK(meta.value("format", "") == fmt::kFormatName, "fsdp-ckpt: '", path, "' is not an fsdp-cpp checkpoint");
+  return meta;
+}
+
+// Whole-file CRC-32, streamed in 4 MiB blocks.
+bool file_crc(const std::string& path, uint32_t* crc) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  std::vector<char> buf(4 << 20);
+  uint32_t c = 0;
+  for (;;) {
+    const ssize_t n = ::read(fd, buf.data(), buf.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      ::close(fd);
+      return false;
+    }
+    if (n == 0) break;
+    c = fmt::crc32_of(buf.data(), static_cast<size_t>(n), c);
+  }
+  ::close(fd);
+  *crc = c;
+  return true;
+}
+
+}  // namespace
+
+std::string inspect_checkpoint(const std::string& dir, bool verify, bool* ok) {
+  const json meta = read_metadata(dir);
+  bool all_ok = true;
+  std::ostringstream os;
+  os << "checkpoint " << dir << "\n"
+     << "  format " << meta["format"].get<std::string>() << " v" << meta["version"].get<int>() << ", world size "
+     << meta["world_size"].get<int>() << ", strategy " << meta["strategy"].get<std::string>() << ", optimizer "
+     << (meta["optimizer"].is_null() ? std::string("none") : meta["optimizer"].get<std::string>()) << "\n";
+  for (const auto& kv : meta["extra"].items())
+    os << "  extra " << kv.key() << " = " << kv.value().get<std::string>() << "\n";
+  std::map<std::string, int64_t> state_bytes;  // item -> optimizer state bytes
+  for (const auto& r : meta["records"]) {
+    const std::string kind = r["kind"];
+    if (kind == fmt::kParam || kind == fmt::kBuffer || kind == fmt::kExtra) continue;
+    state_bytes[r["item"]] += (r["end"].get<int64_t>() - r["begin"].get<int64_t>()) *
+                              static_cast<int64_t>(c10::elementSize(fmt::parse_dtype(r["dtype"])));
+  }
+  int64_t total_numel = 0;
+  os << "  items:\n";
+  for (const auto& it : meta["items"].items()) {
+    const auto shape = it.value()["shape"].get<std::vector<int64_t>>();
+    int64_t numel = 1;
+    for (auto d : shape) numel *= d;
+    if (it.value()["kind"] == fmt::kParam) total_numel += numel;
+    const std::string dtype = it.value()["dtype"];
+    os << "    " << it.value()["kind"].get<std::string>() << " " << it.key() << " " << c10::IntArrayRef(shape) << " "
+       << dtype << " " << numel * static_cast<int64_t>(c10::elementSize(fmt::parse_dtype(dtype))) << " B";
+    if (state_bytes.count(it.key())) os << " (+" << state_bytes[it.key()] << " B optimizer state)";
+    os << "\n";
+  }
+  os << "  parameters: " << total_numel << " elements\n  files:\n";
+  for (const auto& f : meta["files"]) {
+    const std::string name = f["name"];
+    const std::string path = dir + "/" + name;
+    const int64_t bytes = f["bytes"];
+    std::error_code ec;
+    const auto size = fs::file_size(path, ec);
+    std::string status;
+    if (ec) status = "MISSING";
+    else if (static_cast<int64_t>(size) != bytes) status = "TRUNCATED (" + std::to_string(size) + " B on disk)";
+    else if (!verify) status = "size ok (checksum not verified)";
+    else {
+      uint32_t crc = 0;
+      status = file_crc(path, &crc) && crc == f["crc32"].get<uint32_t>() ? "checksum ok" : "CHECKSUM MISMATCH";
+    }
+    if (status == "MISSING" || status.rfind("TRUNCATED", 0) == 0 || status == "CHECKSUM MISMATCH") all_ok = false;
+    os << "    " << name << " " << bytes << " B " << status << "\n";
+  }
+  if (ok) *ok = all_ok;
+  return os.str();
+}
+
+void consolidate_checkpoint(const std::string& dir, const std::string& out) {
+  const json meta = read_metadata(dir);
+  std::map<std::string, std::vector<fmt::Record>> records;  // model items only
+  for (const auto& rj : meta["records"]) {
+    fmt::Record r = rj.get<fmt::Record>();
+    if (r.kind == fmt::kParam || r.kind == fmt::kBuffer) records[r.item].push_back(std::move(r));
+  }
+  // 1. The pickle of {name: tensor} with storage placeholders: tensors whose
+  // storages have the right size but no memory, so pickling allocates nothing.
+  struct Item {
+    std::string name;
+    std::vector<int64_t> shape;
+    at::ScalarType dtype;
+  };
+  std::vector<Item> items;
+  std::vector<std::string> names = meta["parameter_order"].get<std::vector<std::string>>();
+  for (const auto& it : meta["items"].items())
+    if (it.value()["kind"] == fmt::kBuffer) names.push_back(it.key());
+  c10::impl::GenericDict dict(c10::StringType::get(), c10::TensorType::get());
+  for (const auto& name : names) {
+    const auto& info = meta["items"][name];
+    Item item{name, info["shape"].get<std::vector<int64_t>>(), fmt::parse_dtype(info["dtype"])};
+    int64_t numel = 1;
+    for (auto d : item.shape) numel *= d;
+    const size_t nbytes = numel * c10::elementSize(item.dtype);
+    c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, c10::DataPtr(nullptr, c10::Device(c10::kCPU)),
+                         nullptr, false);
+    auto placeholder = at::empty({0}, at::TensorOptions().dtype(item.dtype));
+    placeholder.set_(storage, 0, item.shape, c10::contiguous_strides(item.shape));
+    dict.insert(name, placeholder);
+    items.push_back(std::move(item));
+  }
+  std::vector<char> pickle;
+  torch::jit::Pickler pickler([&](const char* b, size_t n) { pickle.insert(pickle.end(), b, b + n); }, nullptr,
+                              nullptr, nullptr, nullptr, /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(c10::IValue(dict));
+  pickler.stop();
+  TORCH_INTERNAL_ASSERT(pickler.tensorData().size() == items.size());
+  dict = c10::impl::GenericDict(c10::StringType::get(), c10::TensorType::get());
+
+  // 2. The zip archive, record by record: data.pkl, then data/<i> per item,
+  // each assembled from its checkpoint records and freed before the next.
+  const std::string tmp = out + ".tmp";
+  {
+    caffe2::serialize::PyTorchStreamWriter writer(tmp);
+    writer.writeRecord("data.pkl", pickle.data(), pickle.size());
+    fmt::RankFileReader reader(dir);
+    for (size_t i = 0; i < items.size(); ++i) {
+      const Item& item = items[i];
+      int64_t numel = 1;
+      for (auto d : item.shape) numel *= d;
+      const size_t esize = c10::elementSize(item.dtype);
+      std::vector<char> buf(numel * esize);
+      int64_t covered = 0;
+      for (const auto& r : records[item.name]) {
+        TORCH_CHECK(fmt::parse_dtype(r.dtype) == item.dtype, "fsdp-ckpt: record dtype mismatch for ", item.name);
+        reader.read_into(r, buf.data() + r.begin * esize);
+        covered += r.end - r.begin;
+      }
+      TORCH_CHECK(covered == numel, "fsdp-ckpt: checkpoint '", dir, "' covers ", covered, " of ", numel,
+                  " elements of '", item.name, "'");
+      writer.writeRecord("data/" + std::to_string(i), buf.data(), buf.size());
+    }
+    writer.writeEndOfFile();
+  }
+  fs::rename(tmp, out);
+}
+
+}  // namespace fsdp
