@@ -156,16 +156,18 @@ void consolidate_checkpoint(const std::string& dir, const std::string& out) {
       int64_t numel = 1;
       for (auto d : item.shape) numel *= d;
       const size_t esize = c10::elementSize(item.dtype);
-      std::vector<char> buf(numel * esize);
+      // Through the CPU allocator, so allocator-level accounting sees it.
+      auto buf_t = at::empty({numel * static_cast<int64_t>(esize)}, at::kByte);
+      char* buf = reinterpret_cast<char*>(buf_t.data_ptr<uint8_t>());
       int64_t covered = 0;
       for (const auto& r : records[item.name]) {
         TORCH_CHECK(fmt::parse_dtype(r.dtype) == item.dtype, "fsdp-ckpt: record dtype mismatch for ", item.name);
-        reader.read_into(r, buf.data() + r.begin * esize);
+        reader.read_into(r, buf + r.begin * esize);
         covered += r.end - r.begin;
       }
       TORCH_CHECK(covered == numel, "fsdp-ckpt: checkpoint '", dir, "' covers ", covered, " of ", numel,
                   " elements of '", item.name, "'");
-      writer.writeRecord("data/" + std::to_string(i), buf.data(), buf.size());
+      writer.writeRecord("data/" + std::to_string(i), buf, numel * esize);
     }
     writer.writeEndOfFile();
   }
