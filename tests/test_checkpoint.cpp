@@ -14,6 +14,7 @@
 #include "fsdp/dist/collectives.h"
 #include "fsdp/optim/cpu_adam.h"
 #include "fsdp/state/checkpoint.h"
+#include "fsdp/state/optim_state_dict.h"
 #include "fsdp/state/state_dict.h"
 #include "fsdp/state/summon_full_params.h"
 #include "harness/models.h"
@@ -369,6 +370,87 @@ TEST(StateDict, FullRank0OnlyLoadAndSummon) {
       auto after2 = full_params(m);
       EXPECT_TRUE(torch::equal(after2.at("head.weight"), ref.at("head.weight") * 2));
       EXPECT_NE(error_of([&] { SummonFullParams bad(*m, SummonFullParamsOptions().rank0_only(true)); }), "");
+    });
+  }, rank_options());
+}
+
+// Optimizer state dicts at N=3: the full dict equals the state of unsharded Adam
+// trained on the global batches; scatter / shard+load into other strategies
+// continue like the original; rekeying round-trips.
+TEST(OptimStateDict, FullMatchesUnshardedAdamAndScatterContinues) {
+  run_ranks(3, [](dist::ProcessGroup& pg) {
+    auto m = wrap(0, pg, ShardingStrategy::FULL_SHARD, true);
+    auto opt = make_optimizer("adam", m);
+    train(m, *opt, 0, kSaveStep, pg);
+    // Independent reference: the plain model, one process, global batches.
+    auto ref = make_transformer(0);
+    torch::optim::Adam ref_opt(ref->parameters(), torch::optim::AdamOptions(1e-2));
+    for (int64_t s = 0; s < kSaveStep; ++s) {
+      auto [x, y] = global_batch(s, kBatch);
+      ref_opt.zero_grad();
+      torch::mse_loss(ref->forward(x), y).backward();
+      ref_opt.step();
+    }
+    const auto osd = full_optim_state_dict(*m, *opt, /*rank0_only=*/false);
+    run_case("full dict equals unsharded Adam", [&] {
+      for (const auto& p : ref->named_parameters()) {
+        auto& st = static_cast<torch::optim::AdamParamState&>(
+            *ref_opt.state().at(c10::guts::to_string(p.value().unsafeGetTensorImpl())));
+        ASSERT_TRUE(osd.state.count(p.key())) << p.key();
+        const auto& got = osd.state.at(p.key());
+        EXPECT_EQ(got.at("step").item<int64_t>(), kSaveStep);
+        EXPECT_LT(rel_diff(got.at("exp_avg"), st.exp_avg()), 1e-5) << p.key();
+        EXPECT_LT(rel_diff(got.at("exp_avg_sq"), st.exp_avg_sq()), 1e-5) << p.key();
+        EXPECT_EQ(got.at("exp_avg").sizes(), p.value().sizes());
+      }
+      ASSERT_EQ(osd.param_groups.size(), 1u);
+      EXPECT_EQ(osd.param_groups[0].params.size(), ref->parameters().size());
+    });
+    run_case("rank0_only", [&] {
+      auto r0 = full_optim_state_dict(*m, *opt, true);
+      EXPECT_EQ(r0.empty(), pg.rank() != 0);
+    });
+    run_case("rekey round trip", [&] {
+      auto by_pos = rekey_optim_state_dict(osd, OptimKey::ByPosition, *m, *opt);
+      EXPECT_TRUE(by_pos.state.count("0"));
+      EXPECT_EQ(by_pos.param_groups[0].params[0], "0");
+      auto back = rekey_optim_state_dict(by_pos, OptimKey::ByName, *m, *opt);
+      for (const auto& kv : osd.state) EXPECT_TRUE(torch::equal(back.state.at(kv.first).at("exp_avg"), kv.second.at("exp_avg")));
+    });
+    // Continue the original for reference.
+    const auto params_at = state_dict(*m);
+    train(m, *opt, kSaveStep, kSteps, pg);
+    const auto expected = full_params(m);
+    auto check_continues = [&](Model& m2, torch::optim::Optimizer& opt2, const char* what) {
+      load_state_dict(*m2, params_at);
+      train(m2, opt2, kSaveStep, kSteps, pg);
+      auto got = full_params(m2);
+      for (const auto& kv : expected) EXPECT_LT(rel_diff(got.at(kv.first), kv.second), 2e-5) << what << " " << kv.first;
+    };
+    run_case("scatter into SHARD_GRAD_OP root-only", [&] {
+      auto m2 = wrap(5, pg, ShardingStrategy::SHARD_GRAD_OP, false);
+      auto opt2 = make_optimizer("adam", m2);
+      scatter_full_optim_state_dict(pg.rank() == 0 ? osd : OptimStateDict{}, *m2, *opt2);
+      check_continues(m2, *opt2, "scatter");
+    });
+    run_case("shard + load into NO_SHARD, via a file", [&] {
+      const std::string path = test_dir() + "/osd_rank" + std::to_string(pg.rank()) + ".pt";
+      save_optim_state_dict(osd, path);
+      auto reread = load_optim_state_dict_file(path);
+      auto m2 = wrap(6, pg, ShardingStrategy::NO_SHARD, true);
+      auto opt2 = make_optimizer("adam", m2);
+      load_optim_state_dict(*m2, *opt2, shard_full_optim_state_dict(reread, *m2));
+      check_continues(m2, *opt2, "shard");
+    });
+    run_case("restarted Adam is detectably different", [&] {
+      auto m2 = wrap(5, pg, ShardingStrategy::FULL_SHARD, true);
+      auto opt2 = make_optimizer("adam", m2);
+      load_state_dict(*m2, params_at);
+      train(m2, *opt2, kSaveStep, kSteps, pg);
+      auto got = full_params(m2);
+      double worst = 0;
+      for (const auto& kv : expected) worst = std::max(worst, rel_diff(got.at(kv.first), kv.second));
+      EXPECT_GT(worst, 1e-3);
     });
   }, rank_options());
 }

@@ -70,6 +70,13 @@ for k in f:
 m = $MODEL
 m.load_state_dict(c, strict=True)
 print("consolidated == FULL state dict:", list(c.keys()))
+o = torch.load(t + "/full.pt.optim")
+assert type(o) is dict and set(o) == {"state", "param_groups"}, o.keys()
+assert o["state"]["0.weight"]["exp_avg"].shape == (32, 13)
+assert int(o["state"]["0.weight"]["step"]) == 1
+assert abs(o["param_groups"][0]["lr"] - 1e-2) < 1e-12
+assert o["param_groups"][0]["params"] == list(f.keys()), o["param_groups"]
+print("optimizer state dict: plain dict, state keys", sorted(o["state"].keys()))
 PYEOF
 # A flipped byte is reported by inspect (exit 1) with the file's name.
 printf '\xff' | dd of="$T/ckpt/shard_rank00001.bin" bs=1 seek=10 conv=notrunc 2>/dev/null

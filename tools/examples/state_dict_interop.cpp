@@ -17,6 +17,7 @@
 #include "fsdp/dist/process_group.h"
 #include "fsdp/fsdp/fully_sharded.h"
 #include "fsdp/state/checkpoint.h"
+#include "fsdp/state/optim_state_dict.h"
 #include "fsdp/state/state_dict.h"
 
 int main(int argc, char** argv) {
@@ -51,6 +52,8 @@ int main(int argc, char** argv) {
     fsdp::StateDictTypeGuard guard(*model, fsdp::StateDictType::FULL, fsdp::FullStateDictConfig().rank0_only(true));
     auto sd = fsdp::state_dict(*model);
     if (pg.rank() == 0) fsdp::save_full_state_dict(sd, out_path);
+    const auto osd = fsdp::full_optim_state_dict(*model, opt);  // rank 0 holds it
+    if (pg.rank() == 0) fsdp::save_optim_state_dict(osd, out_path + ".optim");
     return 0;
   }
   if (mode == "save") {
