@@ -257,6 +257,14 @@ void fill(Loaded& l, state::format::RankFileReader& reader, const std::string& i
     for (const auto& r : it->second) {
       const int64_t lo = std::max(begin, r.begin), hi = std::min(end, r.end);
       if (lo >= hi) continue;
+      if (lo == r.begin && hi == r.end && target.is_contiguous() &&
+          state::format::parse_dtype(r.dtype) == target.scalar_type()) {
+        // The record is exactly a slice of the target (same layout as at save):
+        // read straight into it.
+        reader.read_into(r, target.slice(0, lo - begin, hi - begin).data_ptr());
+        covered += hi - lo;
+        continue;
+      }
       auto src = reader.read(r);
       TORCH_CHECK(src.scalar_type() == target.scalar_type(), "fsdp: load_checkpoint: '", item, "' (", kind,
                   ") is ", src.scalar_type(), " in the checkpoint but ", target.scalar_type(), " in the model");
