@@ -349,6 +349,39 @@ TEST(StateDict, FullRank0OnlyLoadAndSummon) {
       const auto err = error_of([&] { load_state_dict(*m2, missing); });
       EXPECT_NE(err.find("head.bias"), std::string::npos) << err;
     });
+    run_case("LOCAL and SHARDED", [&] {
+      auto m2 = wrap(5, pg, ShardingStrategy::FULL_SHARD, true);
+      {
+        StateDictTypeGuard g(*m, StateDictType::LOCAL);
+        auto local = state_dict(*m);
+        EXPECT_EQ(local.size(), m->unit_paths().size());
+        StateDictTypeGuard g2(*m2, StateDictType::LOCAL);
+        load_state_dict(*m2, local);
+      }
+      auto got = full_params(m2);
+      for (const auto& kv : ref) EXPECT_TRUE(torch::equal(got.at(kv.first), kv.second)) << "LOCAL " << kv.first;
+      auto sharded = sharded_state_dict(*m);
+      for (const auto& kv : sharded) {
+        const auto& e = kv.value();
+        EXPECT_TRUE(torch::equal(e.local, ref.at(kv.key()).reshape({-1}).slice(0, e.begin, e.end))) << kv.key();
+      }
+      auto m3 = wrap(6, pg, ShardingStrategy::FULL_SHARD, true);
+      load_sharded_state_dict(*m3, sharded);
+      auto got3 = full_params(m3);
+      for (const auto& kv : ref) EXPECT_TRUE(torch::equal(got3.at(kv.first), kv.second)) << "SHARDED " << kv.first;
+      {
+        StateDictTypeGuard g(*m, StateDictType::SHARDED);
+        auto sd = state_dict(*m);
+        EXPECT_EQ(sd.size(), ref.size());
+      }
+      // Another layout is refused with the way out.
+      auto m4 = wrap(6, pg, ShardingStrategy::FULL_SHARD, false);
+      const auto err = error_of([&] { load_sharded_state_dict(*m4, sharded); });
+      auto refused = torch::tensor({err.empty() ? int64_t{0} : int64_t{1}});
+      dist::all_reduce(pg, refused).wait();
+      EXPECT_GE(refused.item<int64_t>(), 1) << "no rank noticed the other layout";
+      if (!err.empty()) EXPECT_NE(err.find("load_checkpoint"), std::string::npos) << err;
+    });
     run_case("summon_full_params", [&] {
       {
         SummonFullParams full(*m, SummonFullParamsOptions().writeback(true));

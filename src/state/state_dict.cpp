@@ -67,8 +67,6 @@ StateDict full_state_dict(FullyShardedBase& model, const FullStateDictConfig& cf
 
 StateDictTypeGuard::StateDictTypeGuard(FullyShardedBase& model, StateDictType type, FullStateDictConfig config)
     : model_(&model) {
-  TORCH_CHECK(type == StateDictType::FULL, "fsdp: state dict type ", name_of(type),
-              " is not implemented yet; use FULL, or fsdp::save_checkpoint for per-rank pieces");
   auto& sel = selections();
   auto it = sel.find(&model);
   had_previous_ = it != sel.end();
@@ -88,11 +86,71 @@ StateDictTypeGuard::~StateDictTypeGuard() {
 StateDict state_dict(FullyShardedBase& model) {
   auto it = selections().find(&model);
   const Selected s = it == selections().end() ? Selected{} : it->second;
-  return full_state_dict(model, s.config);
+  if (s.type == StateDictType::FULL) return full_state_dict(model, s.config);
+  StateDict out;
+  if (s.type == StateDictType::LOCAL) {
+    auto pieces = state::local_pieces(model, "state_dict(LOCAL)");
+    for (auto& u : model.runtime().units())
+      out.insert(u->path().empty() ? "flat_param" : u->path() + ".flat_param", u->flat().shard().clone());
+  } else {
+    for (const auto& kv : sharded_state_dict(model)) out.insert(kv.key(), kv.value().local);
+  }
+  for (const auto& b : model.module_ptr()->named_buffers()) out.insert(b.key(), b.value().detach().clone());
+  return out;
+}
+
+ShardedStateDict sharded_state_dict(FullyShardedBase& model) {
+  ShardedStateDict out;
+  for (const auto& p : state::local_pieces(model, "sharded_state_dict"))
+    out.insert(p.name, ShardedEntry{p.flat().clone(), p.shape, p.begin, p.end});
+  return out;
+}
+
+void load_sharded_state_dict(FullyShardedBase& model, const ShardedStateDict& dict) {
+  const int rank = model.process_group().rank();
+  torch::NoGradGuard no_grad;
+  for (const auto& p : state::local_pieces(model, "load_sharded_state_dict")) {
+    const ShardedEntry* e = dict.find(p.name);
+    TORCH_CHECK(e != nullptr, "fsdp: load_sharded_state_dict on rank ", rank, ": missing '", p.name, "'");
+    TORCH_CHECK(e->shape == p.shape, "fsdp: load_sharded_state_dict: '", p.name, "' has full shape ",
+                c10::IntArrayRef(e->shape), ", the model ", c10::IntArrayRef(p.shape));
+    TORCH_CHECK(e->begin <= p.begin && p.end <= e->end && e->local.numel() == e->end - e->begin,
+                "fsdp: load_sharded_state_dict on rank ", rank, ": the piece of '", p.name, "' holds elements [",
+                e->begin, ", ", e->end, "), this rank needs [", p.begin, ", ", p.end,
+                "); a sharded state dict loads into the same layout only (use save_checkpoint/load_checkpoint "
+                "to change world size, strategy or wrap policy)");
+    p.flat().copy_(e->local.reshape({-1}).slice(0, p.begin - e->begin, p.end - e->begin));
+  }
 }
 
 void load_state_dict(FullyShardedBase& model, const StateDict& dict) {
   const int rank = model.process_group().rank();
+  auto sel = selections().find(&model);
+  const StateDictType type = sel == selections().end() ? StateDictType::FULL : sel->second.type;
+  if (type != StateDictType::FULL) {
+    torch::NoGradGuard no_grad;
+    auto lookup = [&](const std::string& key, int64_t numel) -> const at::Tensor& {
+      const at::Tensor* t = dict.find(key);
+      TORCH_CHECK(t != nullptr, "fsdp: load_state_dict(", name_of(type), ") on rank ", rank, ": missing key '", key,
+                  "'");
+      TORCH_CHECK(t->numel() == numel, "fsdp: load_state_dict(", name_of(type), ") on rank ", rank, ": '", key,
+                  "' has ", t->numel(), " elements, this rank holds ", numel,
+                  "; LOCAL and SHARDED dicts load into the same world size and layout only");
+      return *t;
+    };
+    if (type == StateDictType::LOCAL) {
+      state::local_pieces(model, "load_state_dict(LOCAL)");  // checks idle
+      for (auto& u : model.runtime().units()) {
+        const auto& shard = u->flat().shard();
+        shard.copy_(lookup(u->path().empty() ? "flat_param" : u->path() + ".flat_param", shard.numel()));
+      }
+    } else {
+      for (const auto& p : state::local_pieces(model, "load_state_dict(SHARDED)"))
+        p.flat().copy_(lookup(p.name, p.end - p.begin).reshape({-1}));
+    }
+    for (const auto& b : model.module_ptr()->named_buffers()) b.value().copy_(lookup(b.key(), b.value().numel()));
+    return;
+  }
   auto pieces = state::local_pieces(model, "load_state_dict");
   torch::NoGradGuard no_grad;
   auto lookup = [&](const std::string& key, c10::IntArrayRef shape, at::ScalarType dtype) -> const at::Tensor& {

@@ -14,8 +14,13 @@
 /// FULL: gathered unit by unit. Beyond its own shards and the dict it returns, a
 /// rank holds at most one gathered unit at a time; with rank0_only the other
 /// ranks return an empty dict and hold nothing beyond one unit.
-/// SHARDED (not yet implemented) and LOCAL (not yet implemented) fail with a
-/// message pointing at save_checkpoint, which stores the same per-piece data.
+/// LOCAL: this rank's flat shard of each unit ("<unit path>.flat_param", root:
+/// "flat_param"; padded, as in [Note: padded flat buffer]) plus the buffers;
+/// loads only into the same world size, strategy and wrap policy.
+/// SHARDED: per original parameter, this rank's piece (1-D; full shape under
+/// NO_SHARD) plus the buffers; sharded_state_dict() adds each piece's element
+/// range [begin, end) of the flattened parameter. Loads where the pieces cover
+/// the receiving rank's own (same layout); resharding is save_checkpoint's job.
 
 #include <string>
 
@@ -58,9 +63,23 @@ using StateDict = torch::OrderedDict<std::string, at::Tensor>;
 /// default config, without one). Collective for FULL: every rank calls it.
 StateDict state_dict(FullyShardedBase& model);
 
-/// Loads a FULL state dict (every parameter and buffer, full shapes) on every
-/// rank: each rank copies its own pieces out of it. Missing or mis-shaped
-/// entries are errors naming the key. Not collective.
+/// One parameter's piece with its place in the full parameter.
+struct ShardedEntry {
+  at::Tensor local;            ///< this rank's elements [begin, end) of the flattened parameter
+  std::vector<int64_t> shape;  ///< full shape
+  int64_t begin = 0, end = 0;
+};
+using ShardedStateDict = torch::OrderedDict<std::string, ShardedEntry>;
+/// SHARDED state dict with offsets (parameters only). Not collective.
+ShardedStateDict sharded_state_dict(FullyShardedBase& model);
+/// Loads pieces whose ranges cover this rank's own. Not collective.
+void load_sharded_state_dict(FullyShardedBase& model, const ShardedStateDict& dict);
+
+/// Loads a state dict of the type selected by the innermost guard (FULL by
+/// default). FULL: every parameter and buffer, full shapes, on every rank; each
+/// rank copies its own pieces out of it. LOCAL / SHARDED: what state_dict()
+/// returned on this rank under that type (same world size and layout). Missing
+/// or mis-shaped entries are errors naming the key. Not collective.
 void load_state_dict(FullyShardedBase& model, const StateDict& dict);
 
 /// Writes a full state dict as a plain dict of tensors that Python's torch.load
