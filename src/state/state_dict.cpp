@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include "../fsdp/runtime.h"
+#include "fsdp/dist/collectives.h"
 #include "local_pieces.h"
 
 namespace fsdp {
@@ -41,16 +42,21 @@ StateDict full_state_dict(FullyShardedBase& model, const FullStateDictConfig& cf
                 "fsdp: state_dict on rank ", model.process_group().rank(), " while unit '", u->path(),
                 "' is in state ", detail::to_string(u->state()), "; call it between training steps");
   torch::NoGradGuard no_grad;
-  // Unit by unit: gather, copy out (rank 0 only under rank0_only), free.
+  // Unit by unit: gather the shards (in their own dtype: the full-precision
+  // master values under mixed precision, not the low-precision compute copy),
+  // copy out (rank 0 only under rank0_only), free.
   std::unordered_map<const c10::TensorImpl*, at::Tensor> value_of;
   for (auto& u : rt.units()) {
     auto& flat = u->flat();
-    u->gather();
+    at::Tensor full = flat.shard();
+    if (flat.sharded()) {
+      full = torch::empty({flat.padded_numel()}, flat.options());
+      dist::all_gather_into(model.process_group(), full, flat.shard()).wait();
+    }
     if (keep) {
       for (size_t i = 0; i < flat.entries().size(); ++i)
-        value_of[flat.entries()[i].param.unsafeGetTensorImpl()] = flat.view_of(flat.unsharded(), i).clone();
+        value_of[flat.entries()[i].param.unsafeGetTensorImpl()] = flat.view_of(full, i).clone();
     }
-    if (flat.sharded()) flat.free_unsharded();
   }
   StateDict out;
   if (!keep) return out;

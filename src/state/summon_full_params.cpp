@@ -1,6 +1,9 @@
 #include "fsdp/state/summon_full_params.h"
 
+#include <torch/torch.h>
+
 #include "../fsdp/runtime.h"
+#include "fsdp/dist/collectives.h"
 
 namespace fsdp {
 
@@ -16,28 +19,33 @@ SummonFullParams::SummonFullParams(FullyShardedBase& model, SummonFullParamsOpti
                 "' is in state ", detail::to_string(u->state()),
                 " (nested summon_full_params, or inside forward/backward); use it between steps");
   }
+  // Own full buffers in the shards' dtype (not the units' unsharded buffers,
+  // which hold the low-precision compute copy under mixed precision), so what
+  // the user sees and writes back is the full-precision value.
   const bool show = !options.rank0_only() || model.process_group().rank() == 0;
   for (auto& u : rt.units()) {
     if (!options.recurse() && !u->is_root()) continue;
-    u->gather();
-    if (show) {
-      u->flat().use_unsharded_views();
-    } else if (u->flat().sharded()) {
-      u->flat().free_unsharded();  // took part in the gather only
-      continue;
+    auto& flat = u->flat();
+    at::Tensor full = flat.shard();
+    if (flat.sharded()) {
+      full = torch::empty({flat.padded_numel()}, flat.options());
+      dist::all_gather_into(model.process_group(), full, flat.shard()).wait();
     }
+    if (!show) continue;  // took part in the gather only
+    flat.use_views_of(full);
     units_.push_back(u->index());
+    buffers_.push_back(full);
   }
 }
 
 SummonFullParams::~SummonFullParams() noexcept(false) {
   auto& units = model_->runtime().units();
-  for (int i : units_) {
-    auto& flat = units[i]->flat();
-    if (options_.writeback()) flat.copy_unsharded_to_shard();
-    if (flat.sharded()) flat.free_unsharded();
+  for (size_t k = 0; k < units_.size(); ++k) {
+    auto& flat = units[units_[k]]->flat();
+    if (options_.writeback()) flat.copy_chunk_to_shard(buffers_[k]);
     flat.use_shard_views();
   }
+  buffers_.clear();
 }
 
 }  // namespace fsdp

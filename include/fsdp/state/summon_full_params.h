@@ -8,10 +8,14 @@
 ///     }
 ///
 /// Collective (every rank constructs it). Must be used between training steps;
-/// forward/backward inside the scope are not supported.
+/// forward/backward inside the scope are not supported. Under mixed precision
+/// the parameters show their full-precision (shard dtype) values. Under NO_SHARD
+/// the full parameters are the shard itself, so changes stick even without
+/// writeback.
 
 #include <vector>
 
+#include <ATen/core/Tensor.h>
 #include <torch/arg.h>
 
 #include "fsdp/fsdp/fully_sharded.h"
@@ -41,6 +45,7 @@ class SummonFullParams {
   FullyShardedBase* model_;
   SummonFullParamsOptions options_;
   std::vector<int> units_;  // indices of the units this guard unsharded
+  std::vector<at::Tensor> buffers_;  // their full flat buffers (shard dtype)
 };
 
 }  // namespace fsdp
