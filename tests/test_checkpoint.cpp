@@ -66,7 +66,9 @@ void train(Model& m, torch::optim::Optimizer& opt, int64_t from, int64_t to, con
   for (int64_t s = from; s < to; ++s) {
     auto [x, y] = global_batch(s, kBatch);
     opt.zero_grad();
-    auto loss = torch::mse_loss(m->forward(rank_slice(x, pg.rank(), pg.size())), rank_slice(y, pg.rank(), pg.size()));
+    // .to(kFloat): a no-op except under bf16 mixed precision.
+    auto loss = torch::mse_loss(m->forward(rank_slice(x, pg.rank(), pg.size())).to(torch::kFloat),
+                                rank_slice(y, pg.rank(), pg.size()));
     loss.backward();
     opt.step();
   }
@@ -486,6 +488,43 @@ TEST(OptimStateDict, FullMatchesUnshardedAdamAndScatterContinues) {
       double worst = 0;
       for (const auto& kv : expected) worst = std::max(worst, rel_diff(got.at(kv.first), kv.second));
       EXPECT_GT(worst, 1e-3);
+    });
+  }, rank_options());
+}
+
+// Under mixed precision (bf16 compute) the FULL state dict, summon_full_params
+// and checkpoints carry the fp32 master values (the shards), not bf16 copies.
+TEST(StateDict, MixedPrecisionKeepsFullPrecision) {
+  run_ranks(2, [](dist::ProcessGroup& pg) {
+    auto opts = Options().auto_wrap_policy(always_wrap_policy()).mixed_precision(
+        MixedPrecision().param_dtype(torch::kBFloat16));
+    Model m(make_transformer(0), pg, opts);
+    auto opt = make_optimizer("adam", m);
+    train(m, *opt, 0, 2, pg);
+    const auto sd = state_dict(*m);
+    const auto pieces = sharded_state_dict(*m);  // the fp32 shards
+    run_case("FULL is fp32 and equals the shards", [&] {
+      for (const auto& kv : pieces) {
+        const auto& full = sd[kv.key()];
+        EXPECT_EQ(full.scalar_type(), torch::kFloat) << kv.key();
+        EXPECT_TRUE(torch::equal(full.reshape({-1}).slice(0, kv.value().begin, kv.value().end), kv.value().local))
+            << kv.key();
+      }
+    });
+    run_case("summon shows fp32", [&] {
+      SummonFullParams full(*m, SummonFullParamsOptions().writeback(false));
+      for (const auto& p : m->module()->named_parameters()) {
+        EXPECT_EQ(p.value().scalar_type(), torch::kFloat) << p.key();
+        EXPECT_TRUE(torch::equal(p.value(), sd[p.key()])) << p.key();
+      }
+    });
+    run_case("checkpoint into an fp32 model", [&] {
+      save_checkpoint(test_dir() + "/mp", *m, opt.get());
+      auto m2 = wrap(3, pg, ShardingStrategy::FULL_SHARD, false);
+      auto opt2 = make_optimizer("adam", m2);
+      load_checkpoint(test_dir() + "/mp", *m2, opt2.get());
+      auto sd2 = state_dict(*m2);
+      for (const auto& kv : sd) EXPECT_TRUE(torch::equal(sd2[kv.key()], kv.value())) << kv.key();
     });
   }, rank_options());
 }
