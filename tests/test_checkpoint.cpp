@@ -125,6 +125,23 @@ void save_phase(dist::ProcessGroup& pg) {
       dist::barrier(pg);
     });
   }
+  run_case("HYBRID_SHARD: the first replica group writes; loads under FULL_SHARD", [&] {
+    const std::string dir = test_dir() + "/hybrid";
+    auto m = Model(make_transformer(0), pg, Options().sharding_strategy(ShardingStrategy::HYBRID_SHARD)
+                                               .shard_group_size(2).auto_wrap_policy(always_wrap_policy()));
+    auto opt = make_optimizer("adam", m);
+    train(m, *opt, 0, 2, pg);
+    save_checkpoint(dir, *m, opt.get());
+    EXPECT_TRUE(fs::exists(dir + "/shard_rank00001.bin"));
+    EXPECT_FALSE(fs::exists(dir + "/shard_rank00002.bin"));
+    const auto expected = full_params(m);
+    auto m2 = wrap(4, pg, ShardingStrategy::FULL_SHARD, false);
+    auto opt2 = make_optimizer("adam", m2);
+    load_checkpoint(dir, *m2, opt2.get());
+    auto got = full_params(m2);
+    for (const auto& kv : expected) EXPECT_TRUE(torch::equal(got.at(kv.first), kv.second)) << kv.first;
+    dist::barrier(pg);
+  });
 }
 
 struct LoadConfig {

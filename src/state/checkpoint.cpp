@@ -104,7 +104,7 @@ void save_checkpoint(const std::string& dir, FullyShardedBase& model, const torc
       if (++written == exit_after) ::_exit(86);
     };
     for (const auto& p : pieces) {
-      if (p.replicated && rank != 0) continue;
+      if (!p.writer) continue;
       put(p.name, state::format::kParam, p.flat(), p.begin, p.end);
       if (!optimizer) continue;
       auto st = state::get_param_state(*optimizer, p.param);

@@ -15,6 +15,9 @@ at::Tensor LocalPiece::flat() const {
 
 std::vector<LocalPiece> local_pieces(FullyShardedBase& model, const char* what) {
   auto& rt = model.runtime();
+  const bool rank0 = model.process_group().rank() == 0;
+  // HYBRID_SHARD: every replica group holds the same shards; the first writes.
+  const bool first_replica = !rt.replica_group().defined() || rt.replica_group().rank() == 0;
   std::vector<LocalPiece> out;
   std::set<const c10::TensorImpl*> seen;
   for (auto& u : rt.units()) {
@@ -33,10 +36,12 @@ std::vector<LocalPiece> local_pieces(FullyShardedBase& model, const char* what) 
         p.begin = e.piece_begin - e.offset;
         p.end = e.piece_end - e.offset;
         if (p.end <= p.begin) p.begin = p.end = 0;
+        p.writer = first_replica;
       } else {
         p.begin = 0;
         p.end = e.numel;
         p.replicated = true;
+        p.writer = rank0;
       }
       seen.insert(e.param.unsafeGetTensorImpl());
       out.push_back(std::move(p));
@@ -52,6 +57,7 @@ std::vector<LocalPiece> local_pieces(FullyShardedBase& model, const char* what) 
     p.begin = 0;
     p.end = p.numel;
     p.replicated = true;
+    p.writer = rank0;
     out.push_back(std::move(p));
   }
   return out;

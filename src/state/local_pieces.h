@@ -22,6 +22,8 @@ struct LocalPiece {
   int64_t numel = 0;
   int64_t begin = 0, end = 0;  // this rank's elements of the flattened parameter
   bool replicated = false;     // every rank holds the same full value (NO_SHARD, ignored)
+  bool writer = false;         // this rank saves it: one copy per element range (rank 0 for
+                               // replicated values, the first replica under HYBRID_SHARD)
   int unit = -1;               // unit index, -1 for ignored parameters
   /// param's data as a flat view of elements [begin, end).
   at::Tensor flat() const;

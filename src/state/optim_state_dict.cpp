@@ -88,7 +88,8 @@ OptimStateDict full_optim_state_dict(FullyShardedBase& model, const torch::optim
       at::Tensor full;
       if (flat.sharded()) {
         // This rank's chunk of the unit's flat state, then one all-gather.
-        const int64_t lo = pg.rank() * flat.chunk_numel();
+        const auto& gg = model.runtime().gather_group();  // the shard group (HYBRID_SHARD)
+        const int64_t lo = gg.rank() * flat.chunk_numel();
         auto chunk = torch::zeros({flat.chunk_numel()}, flat.options());
         for (size_t i = 0; i < n; ++i) {
           const auto& e = flat.entries()[i];
@@ -96,7 +97,7 @@ OptimStateDict full_optim_state_dict(FullyShardedBase& model, const torch::optim
           chunk.slice(0, e.piece_begin - lo, e.piece_end - lo).copy_(st[i]->tensors[kKinds[k]].reshape({-1}));
         }
         full = torch::empty({flat.padded_numel()}, flat.options());
-        dist::all_gather_into(pg, full, chunk).wait();
+        dist::all_gather_into(gg, full, chunk).wait();
       }
       if (!keep) continue;
       for (size_t i = 0; i < n; ++i) {

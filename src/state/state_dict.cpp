@@ -51,7 +51,7 @@ StateDict full_state_dict(FullyShardedBase& model, const FullStateDictConfig& cf
     at::Tensor full = flat.shard();
     if (flat.sharded()) {
       full = torch::empty({flat.padded_numel()}, flat.options());
-      dist::all_gather_into(model.process_group(), full, flat.shard()).wait();
+      dist::all_gather_into(rt.gather_group(), full, flat.shard()).wait();  // the shard group
     }
     if (keep) {
       for (size_t i = 0; i < flat.entries().size(); ++i)

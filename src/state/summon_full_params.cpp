@@ -29,7 +29,7 @@ SummonFullParams::SummonFullParams(FullyShardedBase& model, SummonFullParamsOpti
     at::Tensor full = flat.shard();
     if (flat.sharded()) {
       full = torch::empty({flat.padded_numel()}, flat.options());
-      dist::all_gather_into(model.process_group(), full, flat.shard()).wait();
+      dist::all_gather_into(rt.gather_group(), full, flat.shard()).wait();  // the shard group
     }
     if (!show) continue;  // took part in the gather only
     flat.use_views_of(full);

@@ -52,7 +52,8 @@ struct CheckpointExtra {
 /// Saves this rank's pieces of `model`'s parameters and buffers and of
 /// `optimizer`'s state (nullptr: parameters only) into `dir`. Collective over the
 /// model's process group; every rank must see the same file system path.
-/// Units must be idle (call it between steps). Under NO_SHARD one replica
+/// Units must be idle (call it between steps). Under HYBRID_SHARD the first
+/// replica group writes; under NO_SHARD one replica
 /// (rank 0) writes. Replaces an existing checkpoint at `dir` atomically.
 void save_checkpoint(const std::string& dir, FullyShardedBase& model, const torch::optim::Optimizer* optimizer,
                      const CheckpointExtra& extra = {});
