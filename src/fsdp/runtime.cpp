@@ -228,7 +228,7 @@ void Runtime::final_callback() {
   }
   inflight_reduce_ = nullptr;
   for (Unit* u : backward_gather_order_) u->wait_gather();
-  for (Unit* u : reduce_order_) u->finish_iteration(no_sync_);
+  for (Unit* u : reduce_order_) u->finish_iteration();
   callback_queued_ = false;
   backward_planned_ = false;
   pre_forward_order_.clear();

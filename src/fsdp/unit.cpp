@@ -309,7 +309,7 @@ void Unit::wait_reduce() {
   reduced_ready_ = true;
 }
 
-void Unit::finish_iteration(bool no_sync) {
+void Unit::finish_iteration() {
   auto& entries = flat_->entries();
   wait_reduce();
   if (reduced_ready_) {
@@ -326,7 +326,6 @@ void Unit::finish_iteration(bool no_sync) {
     for (size_t i = 0; i < entries.size(); ++i)
       if (stashed_grads_[i].defined()) entries[i].param.mutable_grad() = stashed_grads_[i];
   }
-  (void)no_sync;
   reduced_shard_ = at::Tensor();
   for (auto& g : stashed_grads_) g = at::Tensor();
   stashed_ = false;

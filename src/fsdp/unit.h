@@ -62,7 +62,7 @@ class Unit : public UnitHooks {
   void enter_backward();               // AWAIT_BACKWARD -> BACKWARD (no-op otherwise)
   void issue_reduce(bool no_sync);     // flatten grads, start the reduction
   void wait_reduce();                  // complete an issued reduction, free the flat gradient
-  void finish_iteration(bool no_sync); // wait, assign gradient pieces, reshard
+  void finish_iteration();             // wait, assign gradient pieces, reshard
   void reset_after_abandoned_forward();
 
   int index() const { return index_; }
