@@ -304,4 +304,87 @@ diff "$WORK/gs1.losses" "$WORK/gs2.losses" >/dev/null ||
 [[ "$(head -n 1 "$WORK/gs1.losses")" != "$(head -n 1 "$WORK/gpt.losses")" ]] ||
   fail "gpt: shuffled and --no-shuffle runs start from the same loss (windows not drawn at random?)"
 pass "gpt: same flags twice (random windows), identical losses and validation"
+# --- 6. checkpoints and --resume ---------------------------------------------------------
+# An uninterrupted run of 2K steps against: K steps with --checkpoint-dir, then --resume from
+# DIR/step-K up to 2K. Same world size and strategy: the losses of steps K+1..2K and the final
+# eval are bitwise equal (weights, Adam moments and steps, data position restored); another
+# world size or strategy: equal within 1e-5 relative (only float sums run in another order).
+K=10
+CK="$WORK/ckpt"
+# step_losses FILE: "step loss" per step line, the loss as Python's repr (exact), then the eval.
+step_losses() {
+  /usr/bin/python3 -c '
+import json, sys
+for line in open(sys.argv[1]):
+    j = json.loads(line)
+    print(j["step"], "eval" if "eval" in j else "", repr(j["eval"]["loss"] if "eval" in j else j["loss"]))
+' "$1"
+}
+# same_losses A B TOL: the step lines of B (steps s..2K) and its eval equal A's (TOL 0: exactly).
+same_losses() {
+  /usr/bin/python3 -c '
+import json, sys
+def read(p):
+    steps, ev = {}, None
+    for line in open(p):
+        j = json.loads(line)
+        if "eval" in j: ev = j["eval"]["loss"]
+        else: steps[j["step"]] = j["loss"]
+    return steps, ev
+(a, ea), (b, eb), tol = read(sys.argv[1]), read(sys.argv[2]), float(sys.argv[3])
+assert b and ea is not None and eb is not None, "missing step or eval lines"
+worst = 0.0
+for s, x in sorted(b.items()) + [("eval", eb)]:
+    y = a[s] if s != "eval" else ea
+    rel = abs(x - y) / abs(y)
+    worst = max(worst, rel)
+    assert (x == y) if tol == 0 else rel < tol, f"step {s}: resumed {x!r} vs uninterrupted {y!r}"
+print("%.2g" % worst, min(b), max(b))
+' "$1" "$2" "$3"
+}
+for variant in "noshuffle:--no-shuffle" "shuffled:--seed 3"; do
+  name="${variant%%:*}"
+  flags="${variant#*:}"
+  # shellcheck disable=SC2086
+  run $flags --steps $((2 * K)) --metrics "$WORK/$name.full.jsonl"
+  [[ $RC == 0 ]] || fail "$name: uninterrupted run: exit $RC"
+  # shellcheck disable=SC2086
+  run $flags --steps $K --checkpoint-dir "$CK/$name" --checkpoint-every 4 --metrics "$WORK/$name.first.jsonl"
+  [[ $RC == 0 ]] || fail "$name: run with --checkpoint-dir: exit $RC"
+  for s in 0 4 8 $K; do
+    [[ -f "$CK/$name/step-$s/metadata.json" ]] || fail "$name: no checkpoint $CK/$name/step-$s (have: $(ls "$CK/$name"))"
+  done
+  [[ ! -e "$CK/$name/step-12" && ! -e "$CK/$name/step-$K.tmp" ]] || fail "$name: unexpected checkpoint directories: $(ls "$CK/$name")"
+  # Checkpointing does not perturb the run.
+  d="$(same_losses "$WORK/$name.full.jsonl" "$WORK/$name.first.jsonl" 0 2>&1)" &&
+    [[ "$(step_losses "$WORK/$name.first.jsonl" | grep -c eval)" == 1 ]] ||
+    fail "$name: the first $K steps with --checkpoint-dir differ from the uninterrupted run: $d"
+  # shellcheck disable=SC2086
+  run $flags --resume "$CK/$name/step-$K" --steps $((2 * K)) --checkpoint-dir "$CK/$name" --metrics "$WORK/$name.resumed.jsonl"
+  [[ $RC == 0 ]] || fail "$name: --resume: exit $RC"
+  grep -q "resumed from $CK/$name/step-$K at step $K" "$OUT" || fail "$name: no 'resumed from ... at step $K' line"
+  d="$(same_losses "$WORK/$name.full.jsonl" "$WORK/$name.resumed.jsonl" 0 2>&1)" ||
+    fail "$name: resumed losses differ from the uninterrupted run: $d"
+  [[ "$(echo "$d" | cut -d' ' -f2-3)" == "$((K + 1)) $((2 * K))" ]] || fail "$name: the resumed run wrote steps $d, expected $((K + 1))..$((2 * K))"
+  [[ -f "$CK/$name/step-$((2 * K))/metadata.json" ]] || fail "$name: no final checkpoint step-$((2 * K))"
+  pass "$name: $K steps + --resume step-$K to $((2 * K)): losses of steps $(echo "$d" | cut -d' ' -f2-3 | tr ' ' -) and eval bitwise equal to $((2 * K)) uninterrupted steps; step-0, -4, -8, -$K, -$((2 * K)) written"
+done
+# Other world sizes and strategies (batch 64 divides 1 and 4).
+for variant in "nproc1:--nproc 1" "no_shard:--strategy no_shard" "nproc4_sgo:--nproc 4 --strategy shard_grad_op"; do
+  name="${variant%%:*}"
+  # shellcheck disable=SC2086
+  run --no-shuffle ${variant#*:} --resume "$CK/noshuffle/step-$K" --steps $((2 * K)) --metrics "$WORK/$name.resumed.jsonl"
+  [[ $RC == 0 ]] || fail "resume under $name: exit $RC"
+  d="$(same_losses "$WORK/noshuffle.full.jsonl" "$WORK/$name.resumed.jsonl" 1e-5 2>&1)" ||
+    fail "resume under $name: losses differ from the 2-rank FULL_SHARD run by more than 1e-5: $d"
+  pass "resume (saved by 2 ranks FULL_SHARD) under ${variant#*:}: max rel. diff $(echo "$d" | cut -d' ' -f1) to the uninterrupted run"
+done
+expect_error "--resume $CK/nope: no checkpoint there" --resume "$CK/nope"
+expect_error "the checkpoint was saved with --seed 3 but this run has --seed 0" --resume "$CK/shuffled/step-$K"
+expect_error "saved with --no-shuffle given but this run has --no-shuffle not given; a resumed run must train the same model on the same data: add --no-shuffle" --resume "$CK/noshuffle/step-$K"
+expect_error "--checkpoint-every needs --checkpoint-dir" --checkpoint-every 5
+run --no-shuffle --resume "$CK/noshuffle/step-$((2 * K))" --steps $K
+[[ $RC != 0 ]] && grep -qF "the checkpoint is at step $((2 * K)) but this run has only $K steps in all" "$OUT" ||
+  fail "--resume past --steps: exit $RC, expected the 'checkpoint is at step' message"
+pass "--resume step-$((2 * K)) --steps $K refused"
 echo "all fsdp-train checks passed"

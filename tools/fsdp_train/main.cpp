@@ -19,6 +19,7 @@
 #include "estimate.h"
 #include "options.h"
 #include "relaunch.h"
+#include "resume.h"
 #include "train.h"
 
 namespace {
@@ -56,6 +57,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (std::string e = check_inputs(o); !e.empty()) return fail(e);
+  if (std::string e = check_resume(o); !e.empty()) return fail(e);
   if (std::string e = check_world_size(o, world); !e.empty()) return fail(e);
 
   if (!launched) return fail(relaunch_under_fsdp_run(o.nproc, argc, argv), 1);

@@ -49,8 +49,6 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
   double lr = 0;
   int64_t steps = 0, epochs = 0;
   bool no_shuffle = false;
-  std::string checkpoint_dir;
-  bool resume = false;
 
   app.add_option("--nproc", o.nproc, "ranks to start when not under a launcher")->capture_default_str();
   app.add_option("--threads", o.threads, "intra-op threads per rank")->capture_default_str();
@@ -105,8 +103,20 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
   app.add_option("--mixed-precision", o.mixed_precision,
                  "none | bf16 (bf16 gathers and compute, fp32 master weights and optimizer)")
       ->capture_default_str();
-  auto* ckpt_opt = app.add_option("--checkpoint-dir", checkpoint_dir, "not implemented yet");
-  auto* resume_opt = app.add_flag("--resume", resume, "not implemented yet");
+  app.add_option("--checkpoint-dir", o.checkpoint_dir,
+                 "write checkpoints (docs/checkpoint-format.md) to DIR/step-S, S = optimizer steps taken: "
+                 "DIR/step-0 before the first step, every --checkpoint-every steps, and after the last step");
+  auto* every_opt =
+      app.add_option("--checkpoint-every", o.checkpoint_every,
+                     "with --checkpoint-dir: also checkpoint every K steps (0: only step-0 and the last step)")
+          ->capture_default_str();
+  app.add_option("--resume", o.resume,
+                 "continue from a checkpoint DIR/step-S written by --checkpoint-dir: weights, optimizer state, "
+                 "data position (step S) and torch's CPU RNG, so later losses equal an uninterrupted run's; "
+                 "any world size and strategy. --steps/--epochs still count from the run's start. The flags "
+                 "that decide the model and the data (--model and its shape flags, --seed, --batch-size, "
+                 "--no-shuffle, --optimizer, --lr) must equal the checkpoint's; a difference is refused. "
+                 "(fp32 and bf16 training use no loss scaler, so there is none to restore.)");
 
   try {
     app.parse(argc, argv);
@@ -177,8 +187,10 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
   if (o.log_every < 1) return usage_error("--log-every must be >= 1");
   if (o.mixed_precision != "none" && o.mixed_precision != "bf16")
     return usage_error("unknown --mixed-precision '" + o.mixed_precision + "'; expected none or bf16");
-  if (ckpt_opt->count() > 0 || resume_opt->count() > 0)
-    return usage_error("--checkpoint-dir and --resume are not implemented yet; drop them");
+  if (o.checkpoint_every < 0)
+    return usage_error("--checkpoint-every must be >= 0, got " + std::to_string(o.checkpoint_every));
+  if (every_opt->count() > 0 && o.checkpoint_dir.empty())
+    return usage_error("--checkpoint-every needs --checkpoint-dir DIR (where the checkpoints go)");
 
   ParseResult r;
   r.outcome = ParseOutcome::Run;

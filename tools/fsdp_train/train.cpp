@@ -16,6 +16,7 @@
 #include "metrics.h"
 #include "models.h"
 #include "progress.h"
+#include "resume.h"
 #include "task.h"
 #include "text.h"
 
@@ -150,6 +151,26 @@ int train(const TrainOptions& o, const dist::ProcessGroup& pg, FullyShardedBase&
   auto opt = make_optimizer(o, model.parameters());
 
   const int64_t total_steps = o.steps ? *o.steps : (o.epochs ? *o.epochs : default_epochs(o.model)) * task.steps_per_epoch();
+  // --resume: weights, optimizer state (Adam moments and step counts), then the training
+  // state (see [Note: training state] in resume.h). Any world size and strategy.
+  int64_t first_step = 0;
+  if (!o.resume.empty()) {
+    fsdp::CheckpointExtra extra = fsdp::load_checkpoint(o.resume, model, opt.get());
+    std::string err = check_compatible(o, extra.values);
+    TORCH_CHECK(err.empty(), err);
+    first_step = restore_training_state(extra);
+    TORCH_CHECK(first_step <= total_steps, "--resume ", o.resume, ": the checkpoint is at step ", first_step,
+                " but this run has only ", total_steps, " steps in all (--steps and --epochs count from the run's "
+                "start); ask for more than ", first_step);
+  }
+  double paused_seconds = 0;  // evaluations and checkpoints: not training throughput
+  auto checkpoint = [&](int64_t step) {
+    if (o.checkpoint_dir.empty()) return;
+    const auto t0 = Clock::now();
+    // save_checkpoint creates <dir>/step-S.tmp's parents; atomic rename at the end.
+    fsdp::save_checkpoint(checkpoint_path(o.checkpoint_dir, step), model, opt.get(), training_state(o, step));
+    paused_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+  };
   const int64_t local_batch = o.batch_size / world;
   const int64_t begin = rank * local_batch, end = begin + local_batch;
   MetricsWriter metrics(lead ? o.metrics_path : "");
@@ -161,6 +182,8 @@ int train(const TrainOptions& o, const dist::ProcessGroup& pg, FullyShardedBase&
                  "fsdp-train: %s (%lld params, %zu units), %s, %d ranks, %s lr %g, global batch %lld, %lld steps\n",
                  o.model.c_str(), (long long)num_params, model.unit_paths().size(), o.strategy.c_str(), world,
                  o.optimizer.c_str(), o.effective_lr(), (long long)o.batch_size, (long long)total_steps);
+    if (!o.resume.empty())
+      std::fprintf(stderr, "fsdp-train: resumed from %s at step %lld\n", o.resume.c_str(), (long long)first_step);
   }
 
   auto eval_and_report = [&](int64_t step) {
@@ -178,9 +201,9 @@ int train(const TrainOptions& o, const dist::ProcessGroup& pg, FullyShardedBase&
   const auto t_start = Clock::now();
   auto t_interval = t_start;
   int64_t interval_steps = 0;
-  double eval_seconds = 0;
   int64_t optim_bytes = -1;
-  for (int64_t s = 0; s < total_steps; ++s) {
+  if (first_step == 0) checkpoint(0);  // a resumed run does not rewrite the checkpoint it started from
+  for (int64_t s = first_step; s < total_steps; ++s) {
     const auto t_step = Clock::now();
     Batch batch = task.train_batch(s, begin, end);
 
@@ -212,15 +235,17 @@ int train(const TrainOptions& o, const dist::ProcessGroup& pg, FullyShardedBase&
         interval_steps = 0;
       }
     }
+    if (step == total_steps || (o.checkpoint_every > 0 && step % o.checkpoint_every == 0)) checkpoint(step);
     if (o.eval_every > 0 && step % o.eval_every == 0 && step != total_steps) {
       const auto t0 = Clock::now();
       eval_and_report(step);
-      eval_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+      paused_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
       t_interval = Clock::now();
       interval_steps = 0;
     }
   }
-  const double train_seconds = std::chrono::duration<double>(Clock::now() - t_start).count() - eval_seconds;
+  const int64_t steps_run = total_steps - first_step;
+  const double train_seconds = std::chrono::duration<double>(Clock::now() - t_start).count() - paused_seconds;
   progress.finish();
 
   EvalResult final_eval = eval_and_report(total_steps);
@@ -238,7 +263,7 @@ int train(const TrainOptions& o, const dist::ProcessGroup& pg, FullyShardedBase&
     auto acc = mem.accessor<double, 2>();
     for (int r = 0; r < world; ++r)
       for (int c = 0; c < 4; ++c) rows[size_t(r)][size_t(c)] = acc[r][c];
-    print_summary(o, pg, task, final_eval, total_steps, train_seconds, num_params, rows);
+    print_summary(o, pg, task, final_eval, steps_run, train_seconds, num_params, rows);
   }
   dist::barrier(pg);
   return 0;
