@@ -12,6 +12,7 @@
 
 #include "fsdp/dist/collectives.h"
 #include "fsdp/fsdp/fully_sharded.h"
+#include "fsdp/fsdp/memory_estimate.h"
 #include "harness/multirank.h"
 
 using namespace fsdp;
@@ -134,4 +135,19 @@ void memory_cases(dist::ProcessGroup& pg) {
 
 TEST(FsdpMemory, AllocatorCountedModelState) {
   for (int n : {2, 3}) run_ranks(n, memory_cases);
+}
+
+// The ZeRO accounting (paper §5) as closed forms, fp32 Adam and bf16 with fp32 master.
+TEST(FsdpMemory, EstimateModelStateClosedForms) {
+  const int64_t psi = 1000;
+  auto total = [&](ShardingStrategy s, int n, int g = 0, int64_t p = 4, int64_t o = 8) {
+    return fsdp::estimate_model_state(psi, n, s, g, p, o).total();
+  };
+  EXPECT_DOUBLE_EQ(total(ShardingStrategy::NO_SHARD, 4), 16.0 * psi);
+  EXPECT_DOUBLE_EQ(total(ShardingStrategy::SHARD_GRAD_OP, 4), 4.0 * psi + 12.0 * psi / 4);
+  EXPECT_DOUBLE_EQ(total(ShardingStrategy::FULL_SHARD, 4), 16.0 * psi / 4);
+  EXPECT_DOUBLE_EQ(total(ShardingStrategy::HYBRID_SHARD, 4, 2), 16.0 * psi / 2);
+  // Mixed precision with fp32 master (K = 12): stage 3 is 16Ψ/N = (2 + 2 + 12)Ψ/N.
+  EXPECT_DOUBLE_EQ(total(ShardingStrategy::FULL_SHARD, 4, 0, 2, 12), 16.0 * psi / 4);
+  EXPECT_THROW(total(ShardingStrategy::HYBRID_SHARD, 4, 3), c10::Error);
 }

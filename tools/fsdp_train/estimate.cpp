@@ -1,5 +1,7 @@
 #include "estimate.h"
 
+#include "fsdp/fsdp/memory_estimate.h"
+
 namespace fsdp::train {
 
 int64_t mlp_num_params(int64_t h) { return 784 * h + h + h * h + h + h * 10 + 10; }
@@ -32,27 +34,28 @@ void print_memory_estimate(std::FILE* out, int64_t psi, int n) {
   struct Row {
     const char* name;
     const char* formula;
-    double params, grads, optim;
+    fsdp::ShardingStrategy strategy;
   };
-  const double p = double(psi);
   const Row rows[] = {
-      {"NO_SHARD", "16*P", 4 * p, 4 * p, 8 * p},
-      {"SHARD_GRAD_OP", "4*P + 12*P/N", 4 * p, 4 * p / n, 8 * p / n},
-      {"FULL_SHARD", "16*P/N", 4 * p / n, 4 * p / n, 8 * p / n},
+      {"NO_SHARD", "16*P", fsdp::ShardingStrategy::NO_SHARD},
+      {"SHARD_GRAD_OP", "4*P + 12*P/N", fsdp::ShardingStrategy::SHARD_GRAD_OP},
+      {"FULL_SHARD", "16*P/N", fsdp::ShardingStrategy::FULL_SHARD},
   };
   std::fprintf(out, "model-state memory per rank, fp32 Adam, P = %lld parameters, N = %d ranks\n",
                (long long)psi, n);
   std::fprintf(out, "%-14s %-14s %14s %14s %14s %14s\n", "strategy", "formula", "params", "grads",
                "optim state", "total");
   for (const Row& r : rows) {
+    const auto e = fsdp::estimate_model_state(psi, n, r.strategy);
     char a[32], b[32], c[32], t[32];
-    format_bytes(r.params, a, sizeof(a));
-    format_bytes(r.grads, b, sizeof(b));
-    format_bytes(r.optim, c, sizeof(c));
-    format_bytes(r.params + r.grads + r.optim, t, sizeof(t));
+    format_bytes(e.param_bytes, a, sizeof(a));
+    format_bytes(e.grad_bytes, b, sizeof(b));
+    format_bytes(e.optim_bytes, c, sizeof(c));
+    format_bytes(e.total(), t, sizeof(t));
     std::fprintf(out, "%-14s %-14s %14s %14s %14s %14s\n", r.name, r.formula, a, b, c, t);
   }
-  std::fprintf(out, "(excludes activations, transient unsharded buffers and flat-buffer padding)\n");
+  std::fprintf(out, "(excludes activations, transient unsharded buffers and flat-buffer padding; "
+                    "library function: fsdp::estimate_model_state)\n");
 }
 
 }  // namespace fsdp::train

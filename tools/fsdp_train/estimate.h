@@ -3,7 +3,8 @@
 /// §5, Ψ parameters, N ranks; 4 bytes each of parameter and gradient, 8 of Adam state):
 ///   NO_SHARD 16Ψ   SHARD_GRAD_OP 4Ψ + 12Ψ/N   FULL_SHARD 16Ψ/N
 /// Activations, transient unsharded buffers and flat-buffer padding are not included.
-/// Torch-free: the models' parameter counts are arithmetic (models.h builds exactly these).
+/// The parameter counts are arithmetic (models.h builds exactly these); the bytes come from
+/// the library function fsdp::estimate_model_state.
 
 #include <cstdint>
 #include <cstdio>

@@ -12,6 +12,7 @@
 #include "fsdp/dist/collectives.h"
 #include "fsdp/dist/process_group.h"
 #include "fsdp/fsdp/fully_sharded.h"
+#include "fsdp/fsdp/memory_estimate.h"
 #include "fsdp/optim/cpu_adam.h"
 #include "metrics.h"
 #include "models.h"
@@ -116,8 +117,16 @@ void print_summary(const TrainOptions& o, const dist::ProcessGroup& pg, const Ta
   std::printf("throughput: %.0f %s/s (%lld steps, %lld %s in %.1f s)\n", double(steps * o.batch_size) / train_seconds,
               task.sample_name(), (long long)steps, (long long)(steps * o.batch_size), task.sample_name(),
               train_seconds);
-  std::printf("memory per rank (%lld parameters; unsharded Adam training holds 16 B/param = %lld B):\n",
-              (long long)num_params, (long long)(16 * num_params));
+  // The ZeRO accounting for this run's strategy (fsdp::estimate_model_state), next to what
+  // each rank measured.
+  const auto strategy = fsdp::parse_sharding_strategy(o.strategy);
+  const int group = o.shard_group_size > 0 ? o.shard_group_size : n;
+  const double zero = fsdp::estimate_model_state(num_params, n, strategy, group).total();
+  char z[32];
+  format_bytes(zero, z, sizeof z);
+  std::printf("memory per rank (%lld parameters; unsharded Adam training holds 16 B/param = %lld B; "
+              "ZeRO estimate for %s: %s):\n",
+              (long long)num_params, (long long)(16 * num_params), o.strategy.c_str(), z);
   std::printf("  %-6s %14s %14s %14s %16s %14s %16s\n", "rank", "params", "grads", "optim state", "peak unsharded",
               "model state", "unsharded Adam");
   for (int r = 0; r < n; ++r) {
