@@ -9,11 +9,13 @@
 #include <filesystem>
 #include <fstream>
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include "fsdp/dist/collectives.h"
 #include "fsdp/optim/cpu_adam.h"
 #include "fsdp/state/checkpoint.h"
+#include "fsdp/state/checkpoint_tools.h"
 #include "fsdp/state/optim_state_dict.h"
 #include "fsdp/state/state_dict.h"
 #include "fsdp/state/summon_full_params.h"
@@ -542,6 +544,121 @@ TEST(StateDict, MixedPrecisionKeepsFullPrecision) {
       load_checkpoint(test_dir() + "/mp", *m2, opt2.get());
       auto sd2 = state_dict(*m2);
       for (const auto& kv : sd) EXPECT_TRUE(torch::equal(sd2[kv.key()], kv.value())) << kv.key();
+    });
+  }, rank_options());
+}
+
+namespace {
+
+// A weight shared by two modules (an embedding and an output head, as in a
+// language model with tied embeddings), all in one unit.
+constexpr int64_t kVocab = 11, kDim = 6;
+struct HolderImpl : torch::nn::Module {
+  torch::Tensor weight;
+  explicit HolderImpl(torch::Tensor w) { weight = register_parameter("weight", std::move(w)); }
+};
+TORCH_MODULE(Holder);
+struct TiedNetImpl : torch::nn::Module {
+  Holder embed{nullptr}, head{nullptr};
+  torch::nn::Linear mid{nullptr};
+  explicit TiedNetImpl(uint64_t seed) {
+    torch::manual_seed(seed);
+    auto w = torch::randn({kVocab, kDim}) * 0.4;
+    embed = register_module("embed", Holder(w));
+    mid = register_module("mid", torch::nn::Linear(kDim, kDim));
+    head = register_module("head", Holder(w));  // the same tensor: tied
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    return torch::tanh(mid(x.matmul(embed->weight))).matmul(head->weight.t());
+  }
+};
+TORCH_MODULE(TiedNet);
+using TiedModel = FullyShardedDataParallel<TiedNetImpl>;
+
+std::pair<torch::Tensor, torch::Tensor> tied_batch(int64_t step) {
+  auto g = at::detail::createCPUGenerator(1000 + step);
+  return {torch::randn({kBatch, kVocab}, g), torch::randn({kBatch, kVocab}, g)};
+}
+
+template <typename Fwd>
+void train_tied(Fwd&& forward, torch::optim::Optimizer& opt, int64_t from, int64_t to, int rank, int world) {
+  for (int64_t s = from; s < to; ++s) {
+    auto [x, y] = tied_batch(s);
+    opt.zero_grad();
+    torch::mse_loss(forward(rank_slice(x, rank, world)), rank_slice(y, rank, world)).backward();
+    opt.step();
+  }
+}
+
+}  // namespace
+
+// Tied parameters: the FULL state dict, checkpoints and their consolidation name
+// the shared tensor under every name (as Python's state_dict does), and loading
+// accepts either or both names. Reference: the unsharded model trained on the
+// global batch.
+TEST(StateDict, TiedParametersUnderEveryName) {
+  run_ranks(2, [](dist::ProcessGroup& pg) {
+    TiedModel m(TiedNet(0), pg, Options().sharding_strategy(ShardingStrategy::FULL_SHARD));
+    torch::optim::Adam opt(m->parameters(), torch::optim::AdamOptions(1e-2));
+    train_tied([&](const torch::Tensor& x) { return m->forward(x); }, opt, 0, 3, pg.rank(), pg.size());
+    TiedNet ref(0);
+    torch::optim::Adam ref_opt(ref->parameters(), torch::optim::AdamOptions(1e-2));
+    train_tied([&](const torch::Tensor& x) { return ref->forward(x); }, ref_opt, 0, 3, 0, 1);
+    const auto sd = state_dict(*m);
+    run_case("tied: FULL has both names, equal, matching the unsharded run", [&] {
+      ASSERT_EQ(sd.size(), 4u);
+      for (const char* k : {"embed.weight", "head.weight", "mid.weight", "mid.bias"}) ASSERT_NE(sd.find(k), nullptr) << k;
+      EXPECT_TRUE(torch::equal(sd["embed.weight"], sd["head.weight"]));
+      for (const auto& p : ref->named_parameters()) EXPECT_LT(rel_diff(sd[p.key()], p.value()), 1e-5) << p.key();
+      // The reference moved away from the initial weights (the check can fail).
+      EXPECT_GT(rel_diff(sd["head.weight"], TiedNet(0)->head->weight), 1e-3);
+    });
+    run_case("tied: load_state_dict with both names, with one, and with disagreeing values", [&] {
+      TiedModel m2(TiedNet(5), pg);
+      load_state_dict(*m2, sd);
+      auto got = state_dict(*m2);
+      for (const auto& kv : sd) EXPECT_TRUE(torch::equal(got[kv.key()], kv.value())) << kv.key();
+      for (const char* only : {"embed.weight", "head.weight"}) {
+        TiedModel m3(TiedNet(6), pg);
+        StateDict one;
+        for (const auto& kv : sd)
+          if (kv.key() != (std::string(only) == "embed.weight" ? "head.weight" : "embed.weight"))
+            one.insert(kv.key(), kv.value());
+        load_state_dict(*m3, one);
+        EXPECT_TRUE(torch::equal(state_dict(*m3)["head.weight"], sd["head.weight"])) << only;
+      }
+      StateDict bad;
+      for (const auto& kv : sd) bad.insert(kv.key(), kv.key() == "head.weight" ? kv.value() + 1 : kv.value());
+      TiedModel m4(TiedNet(7), pg);
+      EXPECT_THROW(load_state_dict(*m4, bad), c10::Error);
+    });
+    run_case("tied: checkpoint round trip, consolidated under both names", [&] {
+      const std::string dir = test_dir() + "/tied";
+      save_checkpoint(dir, *m, &opt);
+      {
+        std::ifstream in(dir + "/metadata.json");
+        std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        EXPECT_NE(text.find("\"head.weight\": \"embed.weight\""), std::string::npos) << text.substr(0, 2000);
+      }
+      TiedModel m2(TiedNet(8), pg);
+      torch::optim::Adam opt2(m2->parameters(), torch::optim::AdamOptions(1e-2));
+      load_checkpoint(dir, *m2, &opt2);
+      auto got = state_dict(*m2);
+      for (const auto& kv : sd) EXPECT_TRUE(torch::equal(got[kv.key()], kv.value())) << kv.key();
+      // Continued training equals the uninterrupted run (Adam state restored).
+      train_tied([&](const torch::Tensor& x) { return m->forward(x); }, opt, 3, 5, pg.rank(), pg.size());
+      train_tied([&](const torch::Tensor& x) { return m2->forward(x); }, opt2, 3, 5, pg.rank(), pg.size());
+      auto a = state_dict(*m), b = state_dict(*m2);
+      for (const auto& kv : a) EXPECT_TRUE(torch::equal(b[kv.key()], kv.value())) << kv.key();
+      if (pg.rank() == 0) {
+        consolidate_checkpoint(dir, dir + ".pt");
+        auto c = load_full_state_dict(dir + ".pt");
+        ASSERT_EQ(c.size(), 4u);
+        for (const auto& kv : sd) {
+          ASSERT_NE(c.find(kv.key()), nullptr) << kv.key();
+          EXPECT_TRUE(torch::equal(c[kv.key()], kv.value())) << kv.key();
+        }
+      }
     });
   }, rank_options());
 }

@@ -100,7 +100,7 @@ void save_checkpoint(const std::string& dir, FullyShardedBase& model, const torc
     std::unique_ptr<state::format::RankFileWriter> writer;
     auto put = [&](const std::string& item, const std::string& kind, const at::Tensor& t, int64_t b, int64_t e) {
       if (!writer) writer = std::make_unique<state::format::RankFileWriter>(tmp, state::format::rank_file_name(rank));
-      mine["records"].push_back(writer->write(item, kind, t, b, e));
+      writer->write(item, kind, t, b, e);
       if (++written == exit_after) ::_exit(86);
     };
     for (const auto& p : pieces) {
@@ -127,6 +127,7 @@ void save_checkpoint(const std::string& dir, FullyShardedBase& model, const torc
     }
     if (writer) {
       const int64_t bytes = writer->finish();
+      for (const auto& r : writer->records()) mine["records"].push_back(r);
       mine["file"] = {{"name", writer->name()}, {"bytes", bytes}, {"crc32", writer->file_crc()}};
     }
   } catch (const std::exception& e) {
@@ -159,7 +160,13 @@ void save_checkpoint(const std::string& dir, FullyShardedBase& model, const torc
       for (const auto& kv : extra.tensors)
         items[kv.first] = {{"kind", state::format::kExtra}, {"shape", kv.second.sizes().vec()},
                            {"dtype", state::format::dtype_name(kv.second.scalar_type())}};
+      // Tied parameters are stored once, under their first name; the other
+      // names map to it (consolidate emits them all, as Python's state_dict does).
+      json aliases = json::object();
+      for (const auto& p : pieces)
+        for (const auto& a : p.aliases) aliases[a] = p.name;
       meta["parameter_order"] = order;
+      meta["aliases"] = aliases;
       meta["items"] = items;
       json groups = json::array();
       if (optimizer) {
@@ -298,9 +305,20 @@ CheckpointExtra load_checkpoint(const std::string& dir, FullyShardedBase& model,
                 "'; convert the model before wrapping");
   };
 
+  // The name each piece was saved under: its own, or, for a tied parameter
+  // saved under another of its names, that one.
+  const json saved_aliases = l.meta.value("aliases", json::object());
+  std::map<const c10::TensorImpl*, std::string> saved_name_of;
   for (const auto& p : pieces) {
-    check_item(p.name, state::format::kParam, p.shape, p.param.scalar_type());
-    fill(l, reader, p.name, state::format::kParam, p.flat(), p.begin, p.end);
+    std::string name = p.name;
+    if (!items.contains(name)) {
+      if (saved_aliases.contains(name)) name = saved_aliases[name].get<std::string>();
+      for (const auto& a : p.aliases)
+        if (!items.contains(name) && items.contains(a)) name = a;
+    }
+    saved_name_of[p.param.unsafeGetTensorImpl()] = name;
+    check_item(name, state::format::kParam, p.shape, p.param.scalar_type());
+    fill(l, reader, name, state::format::kParam, p.flat(), p.begin, p.end);
   }
   for (const auto& b : model.module_ptr()->named_buffers()) {
     check_item(b.key(), state::format::kBuffer, b.value().sizes(), b.value().scalar_type());
@@ -334,17 +352,18 @@ CheckpointExtra load_checkpoint(const std::string& dir, FullyShardedBase& model,
                     param.sizes(), " that is not a parameter of the wrapped model; build the optimizer on the "
                     "wrapped model's parameters()");
         const LocalPiece& p = *pit->second;
-        auto kit = kinds_of.find(p.name);
-        if (kit == kinds_of.end() && !steps.contains(p.name)) {
+        const std::string& name = saved_name_of.at(param.unsafeGetTensorImpl());
+        auto kit = kinds_of.find(name);
+        if (kit == kinds_of.end() && !steps.contains(name)) {
           optimizer->state().erase(c10::guts::to_string(param.unsafeGetTensorImpl()));
           continue;
         }
         state::ParamOptimState s;
-        s.step = steps.value(p.name, int64_t{0});
+        s.step = steps.value(name, int64_t{0});
         if (kit != kinds_of.end()) {
           for (const auto& k : kit->second) {
             auto t = at::empty(param.sizes(), param.options().requires_grad(false));
-            fill(l, reader, p.name, k, t.view({-1}), p.begin, p.end);
+            fill(l, reader, name, k, t.view({-1}), p.begin, p.end);
             s.tensors[k] = t;
           }
         }

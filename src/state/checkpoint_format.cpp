@@ -9,6 +9,7 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include <ATen/ATen.h>
 
@@ -77,8 +78,8 @@ RankFileWriter::~RankFileWriter() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-Record RankFileWriter::write(const std::string& item, const std::string& kind, const at::Tensor& t, int64_t begin,
-                             int64_t end) {
+void RankFileWriter::write(const std::string& item, const std::string& kind, const at::Tensor& t, int64_t begin,
+                           int64_t end) {
   TORCH_INTERNAL_ASSERT(t.is_contiguous() && t.device().is_cpu() && t.numel() == end - begin,
                         "record ", item, "/", kind, " is not a contiguous CPU tensor of ", end - begin, " elements");
   Record r;
@@ -91,7 +92,6 @@ Record RankFileWriter::write(const std::string& item, const std::string& kind, c
   r.dtype = dtype_name(t.scalar_type());
   const size_t nbytes = t.numel() * t.element_size();
   const char* p = static_cast<const char*>(t.data_ptr());
-  r.crc32 = crc32_of(p, nbytes);
   size_t done = 0;
   while (done < nbytes) {
     const ssize_t w = ::write(fd_, p + done, nbytes - done);
@@ -99,14 +99,31 @@ Record RankFileWriter::write(const std::string& item, const std::string& kind, c
     TORCH_CHECK(w > 0, "fsdp checkpoint: writing '", path_, "' failed: ", std::strerror(errno));
     done += static_cast<size_t>(w);
   }
+  // Start the write-back of this record now (asynchronous), so the disk works
+  // while the next records are copied; the fsync in finish() makes it durable.
+  if (nbytes > 0) ::sync_file_range(fd_, size_, static_cast<off_t>(nbytes), SYNC_FILE_RANGE_WRITE);
   size_ += static_cast<int64_t>(nbytes);
-  // Whole-file CRC from the record's, without a second pass over the bytes.
-  file_crc_ = static_cast<uint32_t>(::crc32_combine(file_crc_, r.crc32, static_cast<z_off_t>(nbytes)));
-  return r;
+  records_.push_back(std::move(r));
+  pending_.push_back(t);
 }
 
 int64_t RankFileWriter::finish() {
-  TORCH_CHECK(::fsync(fd_) == 0, "fsdp checkpoint: fsync of '", path_, "' failed: ", std::strerror(errno));
+  // See [Note: checksums overlap the fsync].
+  int sync_rc = 0, sync_errno = 0;
+  std::thread syncer([&] {
+    sync_rc = ::fsync(fd_);
+    sync_errno = errno;
+  });
+  for (size_t i = 0; i < records_.size(); ++i) {
+    const at::Tensor& t = pending_[i];
+    const size_t nbytes = t.numel() * t.element_size();
+    records_[i].crc32 = crc32_of(t.data_ptr(), nbytes);
+    // Whole-file CRC from the records', without a second pass over the bytes.
+    file_crc_ = static_cast<uint32_t>(::crc32_combine(file_crc_, records_[i].crc32, static_cast<z_off_t>(nbytes)));
+  }
+  syncer.join();
+  pending_.clear();
+  TORCH_CHECK(sync_rc == 0, "fsdp checkpoint: fsync of '", path_, "' failed: ", std::strerror(sync_errno));
   ::close(fd_);
   fd_ = -1;
   return size_;
@@ -123,6 +140,7 @@ int RankFileReader::fd_of(const std::string& file) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   TORCH_CHECK(fd >= 0, "fsdp checkpoint: cannot open '", path, "': ", std::strerror(errno),
               " (the checkpoint is incomplete)");
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
   fds_[file] = fd;
   return fd;
 }
@@ -136,17 +154,35 @@ at::Tensor RankFileReader::read(const Record& r) {
 void RankFileReader::read_into(const Record& r, void* dst) {
   const int fd = fd_of(r.file);
   const size_t nbytes = (r.end - r.begin) * c10::elementSize(parse_dtype(r.dtype));
+  // Ask the kernel to read ahead past this record (records are mostly read in
+  // file order), so the disk works while this one is copied and checksummed.
+  constexpr int64_t kReadAhead = 64 << 20;
+  int64_t& ahead = prefetched_[r.file];
+  const int64_t want = r.offset + static_cast<int64_t>(nbytes) + kReadAhead;
+  if (ahead < want) {
+    const int64_t from = std::max<int64_t>(ahead, r.offset);
+    ::posix_fadvise(fd, from, want - from, POSIX_FADV_WILLNEED);
+    ahead = want;
+  }
+  // Chunk by chunk: each chunk is checksummed right after it is read, while it
+  // is still in the CPU cache.
+  constexpr size_t kChunk = 1 << 20;
   char* p = static_cast<char*>(dst);
+  uint32_t crc = 0;
   size_t done = 0;
   while (done < nbytes) {
-    const ssize_t got = ::pread(fd, p + done, nbytes - done, r.offset + static_cast<off_t>(done));
-    if (got < 0 && errno == EINTR) continue;
-    TORCH_CHECK(got > 0, "fsdp checkpoint: file '", dir_, "/", r.file, "' is truncated or unreadable: record ",
-                r.item, " (", r.kind, ") needs bytes [", r.offset, ", ", r.offset + static_cast<int64_t>(nbytes),
-                ")", got < 0 ? std::string(": ") + std::strerror(errno) : std::string(""));
-    done += static_cast<size_t>(got);
+    const size_t chunk_end = std::min(nbytes, done + kChunk);
+    const size_t chunk_begin = done;
+    while (done < chunk_end) {
+      const ssize_t got = ::pread(fd, p + done, chunk_end - done, r.offset + static_cast<off_t>(done));
+      if (got < 0 && errno == EINTR) continue;
+      TORCH_CHECK(got > 0, "fsdp checkpoint: file '", dir_, "/", r.file, "' is truncated or unreadable: record ",
+                  r.item, " (", r.kind, ") needs bytes [", r.offset, ", ", r.offset + static_cast<int64_t>(nbytes),
+                  ")", got < 0 ? std::string(": ") + std::strerror(errno) : std::string(""));
+      done += static_cast<size_t>(got);
+    }
+    crc = crc32_of(p + chunk_begin, chunk_end - chunk_begin, crc);
   }
-  const uint32_t crc = crc32_of(p, nbytes);
   TORCH_CHECK(crc == r.crc32, "fsdp checkpoint: checksum mismatch in file '", dir_, "/", r.file, "' for ", r.item,
               " (", r.kind, ", elements [", r.begin, ", ", r.end, ")): the file is corrupted; restore it or load an "
               "earlier checkpoint");

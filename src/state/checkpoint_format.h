@@ -54,15 +54,26 @@ at::ScalarType parse_dtype(const std::string& s);  // throws on unknown names
 uint32_t crc32_of(const void* data, size_t n, uint32_t crc = 0);
 
 // Appends records to one file: writes, checksums, fsync on close.
+//
+// [Note: checksums overlap the fsync]
+// write() only copies the bytes into the page cache (and asks the kernel to
+// start writing them back); the CRC-32s are computed in finish(), from the
+// tensors' memory, while another thread waits in fsync for the disk. The disk
+// is the bottleneck of a save, so the checksums cost (almost) nothing. The
+// writer keeps a reference to every written tensor until finish(); the caller
+// must not modify them in between (save_checkpoint does not).
 class RankFileWriter {
  public:
   RankFileWriter(const std::string& dir, std::string file_name);
   ~RankFileWriter();
   // Writes t (contiguous CPU) as a record of elements [begin, end) of `item`.
-  Record write(const std::string& item, const std::string& kind, const at::Tensor& t, int64_t begin, int64_t end);
-  // fsync + close; returns the file size.
+  // Its crc32 is filled in by finish().
+  void write(const std::string& item, const std::string& kind, const at::Tensor& t, int64_t begin, int64_t end);
+  // Checksums every record while fsync runs, closes; returns the file size.
   int64_t finish();
   const std::string& name() const { return name_; }
+  // Every record written, with checksums (valid after finish()).
+  const std::vector<Record>& records() const { return records_; }
   uint32_t file_crc() const { return file_crc_; }
 
  private:
@@ -70,6 +81,8 @@ class RankFileWriter {
   int fd_ = -1;
   int64_t size_ = 0;
   uint32_t file_crc_ = 0;
+  std::vector<Record> records_;
+  std::vector<at::Tensor> pending_;  // records_[i]'s bytes, until checksummed
 };
 
 // Reads records of a checkpoint directory, checking sizes and checksums.
@@ -86,6 +99,7 @@ class RankFileReader {
   int fd_of(const std::string& file);
   std::string dir_;
   std::map<std::string, int> fds_;
+  std::map<std::string, int64_t> prefetched_;  // file -> end of the read-ahead requested so far
 };
 
 void write_file_synced(const std::string& path, const std::string& contents);

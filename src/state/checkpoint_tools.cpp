@@ -135,6 +135,15 @@ void consolidate_checkpoint(const std::string& dir, const std::string& out) {
     dict.insert(name, placeholder);
     items.push_back(std::move(item));
   }
+  // Tied parameters: every alias names the same tensor, so the pickler writes
+  // one storage record that both keys share (as torch.save of a tied model does).
+  const json aliases = meta.value("aliases", json::object());
+  for (const auto& a : aliases.items()) {
+    const std::string canonical = a.value().get<std::string>();
+    TORCH_CHECK(dict.contains(canonical), "fsdp-ckpt: checkpoint '", dir, "': alias '", a.key(),
+                "' names '", canonical, "', which the checkpoint does not hold");
+    dict.insert(a.key(), dict.at(canonical));
+  }
   std::vector<char> pickle;
   torch::jit::Pickler pickler([&](const char* b, size_t n) { pickle.insert(pickle.end(), b, b + n); }, nullptr,
                               nullptr, nullptr, nullptr, /*tag_aggregates=*/false);

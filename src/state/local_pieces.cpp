@@ -1,5 +1,6 @@
 #include "local_pieces.h"
 
+#include <map>
 #include <set>
 
 #include "../fsdp/runtime.h"
@@ -47,7 +48,15 @@ std::vector<LocalPiece> local_pieces(FullyShardedBase& model, const char* what) 
       out.push_back(std::move(p));
     }
   }
+  std::map<const c10::TensorImpl*, size_t> index_of;
+  for (size_t i = 0; i < out.size(); ++i) index_of[out[i].param.unsafeGetTensorImpl()] = i;
   for (const auto& np : model.module_ptr()->named_parameters()) {
+    auto it = index_of.find(np.value().unsafeGetTensorImpl());
+    if (it != index_of.end()) {
+      // A tied parameter: the flat parameter holds it once, under its first name.
+      if (np.key() != out[it->second].name) out[it->second].aliases.push_back(np.key());
+      continue;
+    }
     if (!seen.insert(np.value().unsafeGetTensorImpl()).second) continue;
     LocalPiece p;
     p.name = np.key();
@@ -58,6 +67,7 @@ std::vector<LocalPiece> local_pieces(FullyShardedBase& model, const char* what) 
     p.end = p.numel;
     p.replicated = true;
     p.writer = rank0;
+    index_of[p.param.unsafeGetTensorImpl()] = out.size();
     out.push_back(std::move(p));
   }
   return out;

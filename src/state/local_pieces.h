@@ -25,11 +25,15 @@ struct LocalPiece {
   bool writer = false;         // this rank saves it: one copy per element range (rank 0 for
                                // replicated values, the first replica under HYBRID_SHARD)
   int unit = -1;               // unit index, -1 for ignored parameters
+  /// Other names of the same tensor (tied parameters: one tensor registered by
+  /// two modules), in named_parameters() order. They share this piece's values.
+  std::vector<std::string> aliases;
   /// param's data as a flat view of elements [begin, end).
   at::Tensor flat() const;
 };
 
-/// Every parameter once (tied aliases under their first name), in unit order,
+/// Every parameter once (tied aliases under their first name, the others in
+/// `aliases`), in unit order,
 /// then ignored parameters. Fails unless every unit is idle and sharded
 /// (`what` names the caller in the message).
 std::vector<LocalPiece> local_pieces(FullyShardedBase& model, const char* what);

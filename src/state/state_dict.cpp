@@ -171,7 +171,23 @@ void load_state_dict(FullyShardedBase& model, const StateDict& dict) {
   };
   std::set<std::string> known;
   for (const auto& p : pieces) {
-    const auto& src = lookup(p.name, p.shape, p.param.scalar_type());
+    // Tied parameters: any one of the names suffices (a dict from a model that
+    // registers the tensor once); names present together must hold equal values.
+    std::string name = p.name;
+    if (!dict.contains(name))
+      for (const auto& a : p.aliases)
+        if (dict.contains(a)) {
+          name = a;
+          break;
+        }
+    const auto& src = lookup(name, p.shape, p.param.scalar_type());
+    for (const auto& a : p.aliases) {
+      if (a == name || !dict.contains(a)) continue;
+      const auto& other = lookup(a, p.shape, p.param.scalar_type());
+      TORCH_CHECK(torch::equal(other, src), "fsdp: load_state_dict on rank ", rank, ": '", a, "' and '", name,
+                  "' are one tied parameter in the model but hold different values in the dict; "
+                  "drop one of them or make them equal");
+    }
     p.flat().copy_(src.reshape({-1}).slice(0, p.begin, p.end));
   }
   for (const auto& p : model.module_ptr()->named_parameters()) known.insert(p.key());

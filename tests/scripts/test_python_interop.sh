@@ -78,6 +78,37 @@ assert abs(o["param_groups"][0]["lr"] - 1e-2) < 1e-12
 assert o["param_groups"][0]["params"] == list(f.keys()), o["param_groups"]
 print("optimizer state dict: plain dict, state keys", sorted(o["state"].keys()))
 PYEOF
+# 5. Tied weights (embed.weight is head.weight, one FSDP unit): the consolidated
+# file and the FULL state dict carry both names; a Python module with the same
+# tie loads the consolidated file strictly and gives the C++ model's output.
+"$BIN/fsdp-run" --nproc 2 -- "$BIN/state_dict_interop" tied "$T/tied" "$T/tied_full.pt" >/dev/null
+"$BIN/fsdp-ckpt" consolidate "$T/tied" "$T/tied_consolidated.pt"
+"$PY" - "$T" <<PYEOF
+import sys, torch
+t = sys.argv[1]
+class Holder(torch.nn.Module):
+    def __init__(self, w):
+        super().__init__()
+        self.weight = w
+class Tied(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        w = torch.nn.Parameter(torch.zeros(11, 6))
+        self.embed, self.mid, self.head = Holder(w), torch.nn.Linear(6, 6), Holder(w)
+    def forward(self, x):
+        return torch.tanh(self.mid(x @ self.embed.weight)) @ self.head.weight.t()
+for name in ("tied_consolidated.pt", "tied_full.pt"):
+    sd = torch.load(t + "/" + name)
+    assert set(sd) == {"embed.weight", "mid.weight", "mid.bias", "head.weight"}, (name, list(sd))
+    assert torch.equal(sd["embed.weight"], sd["head.weight"]), name
+    m = Tied()
+    m.load_state_dict(sd, strict=True)
+    assert m.embed.weight is m.head.weight
+    x = torch.linspace(-1, 1, 4 * 11).reshape(4, 11)
+    d = (m(x) - torch.load(t + "/tied_full.pt.out")).abs().max().item()
+    print("tied:", name, "keys", sorted(sd), "max diff", d)
+    assert d < 1e-5, d
+PYEOF
 # A flipped byte is reported by inspect (exit 1) with the file's name.
 printf '\xff' | dd of="$T/ckpt/shard_rank00001.bin" bs=1 seek=10 conv=notrunc 2>/dev/null
 if "$BIN/fsdp-ckpt" inspect "$T/ckpt" > "$T/inspect2.txt"; then echo "FAIL: inspect missed a flipped byte"; exit 1; fi

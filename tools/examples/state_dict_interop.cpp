@@ -6,7 +6,11 @@
 //   state_dict_interop checkpoint DIR FULL.pt one Adam step, then save_checkpoint(DIR) and
 //                                             the FULL state dict (rank 0) for comparison;
 //                                             run under fsdp-run for several ranks
+//   state_dict_interop tied DIR FULL.pt       the same with a tied-weight model (below); also
+//                                             writes its output on a fixed input to FULL.pt.out
 // The model is torch.nn.Sequential(Linear(13,32), ReLU, Linear(32,17), ReLU, Linear(17,5)).
+// The tied model: embed.weight [11, 6] is head.weight (one tensor), mid = Linear(6, 6);
+// forward(x [B, 11]) = tanh(mid(x @ embed.weight)) @ head.weight^T.
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -19,6 +23,35 @@
 #include "fsdp/state/checkpoint.h"
 #include "fsdp/state/optim_state_dict.h"
 #include "fsdp/state/state_dict.h"
+
+namespace {
+
+struct HolderImpl : torch::nn::Module {
+  torch::Tensor weight;
+  explicit HolderImpl(torch::Tensor w) { weight = register_parameter("weight", std::move(w)); }
+};
+TORCH_MODULE(Holder);
+struct TiedNetImpl : torch::nn::Module {
+  Holder embed{nullptr}, head{nullptr};
+  torch::nn::Linear mid{nullptr};
+  TiedNetImpl() {
+    auto w = torch::randn({11, 6}) * 0.4;
+    embed = register_module("embed", Holder(w));
+    mid = register_module("mid", torch::nn::Linear(6, 6));
+    head = register_module("head", Holder(w));  // the same tensor: tied
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    return torch::tanh(mid(x.matmul(embed->weight))).matmul(head->weight.t());
+  }
+};
+TORCH_MODULE(TiedNet);
+
+void save_tensor(const torch::Tensor& t, const std::string& path) {
+  const auto bytes = torch::pickle_save(c10::IValue(t));
+  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   if (argc != 4) {
@@ -38,6 +71,21 @@ int main(int argc, char** argv) {
     pg = fsdp::dist::init_process_group(fsdp::dist::InitOptions().file_store_path(store).overrides(ov));
   }
   torch::manual_seed(42);
+  if (mode == "tied") {
+    fsdp::FullyShardedDataParallel<TiedNetImpl> model(TiedNet(), pg);
+    torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-2));
+    const auto x = torch::linspace(-1, 1, 4 * 11).reshape({4, 11});
+    torch::mse_loss(model->forward(x), torch::ones({4, 11})).backward();
+    opt.step();
+    fsdp::save_checkpoint(model_path, *model, &opt);
+    fsdp::StateDictTypeGuard guard(*model, fsdp::StateDictType::FULL, fsdp::FullStateDictConfig().rank0_only(true));
+    auto sd = fsdp::state_dict(*model);
+    if (pg.rank() == 0) fsdp::save_full_state_dict(sd, out_path);
+    torch::NoGradGuard no_grad;
+    const auto y = model->forward(x);  // collective: every rank
+    if (pg.rank() == 0) save_tensor(y, out_path + ".out");
+    return 0;
+  }
   auto net = torch::nn::Sequential(torch::nn::Linear(13, 32), torch::nn::ReLU(), torch::nn::Linear(32, 17),
                                    torch::nn::ReLU(), torch::nn::Linear(17, 5));
   fsdp::FullyShardedDataParallel model(net, pg,
