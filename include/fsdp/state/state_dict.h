@@ -9,7 +9,9 @@
 ///     }
 ///
 /// Keys are the parameter and buffer names of the unwrapped model, which are
-/// also those of the equivalent torch.nn model in Python.
+/// also those of the equivalent torch.nn model in Python. A tied parameter (one
+/// tensor registered under several names, e.g. an embedding and an output head)
+/// appears under every name with the same values, as in Python's state_dict.
 ///
 /// FULL: gathered unit by unit. Beyond its own shards and the dict it returns, a
 /// rank holds at most one gathered unit at a time; with rank0_only the other
@@ -77,7 +79,8 @@ void load_sharded_state_dict(FullyShardedBase& model, const ShardedStateDict& di
 
 /// Loads a state dict of the type selected by the innermost guard (FULL by
 /// default). FULL: every parameter and buffer, full shapes, on every rank; each
-/// rank copies its own pieces out of it. LOCAL / SHARDED: what state_dict()
+/// rank copies its own pieces out of it; a tied parameter needs any one of its
+/// names, and names present together must hold equal values. LOCAL / SHARDED: what state_dict()
 /// returned on this rank under that type (same world size and layout). Missing
 /// or mis-shaped entries are errors naming the key. Not collective.
 void load_state_dict(FullyShardedBase& model, const StateDict& dict);
