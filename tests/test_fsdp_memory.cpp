@@ -13,54 +13,17 @@
 #include "fsdp/dist/collectives.h"
 #include "fsdp/fsdp/fully_sharded.h"
 #include "fsdp/fsdp/memory_estimate.h"
+#include "harness/counting_allocator.h"
 #include "harness/multirank.h"
 
 using namespace fsdp;
+using fsdp::testing::CountingAllocator;
+using fsdp::testing::install_counting_allocator;
 using fsdp::testing::run_case;
 using fsdp::testing::run_ranks;
 
 namespace {
 
-// Forwards to the original CPU allocator and counts live bytes.
-class CountingAllocator final : public c10::Allocator {
- public:
-  explicit CountingAllocator(c10::Allocator* base) : base_(base) {}
-  c10::DataPtr allocate(size_t n) const override {
-    auto* ctx = new Context{base_->allocate(n), n, this};
-    live_ += static_cast<int64_t>(n);
-    peak_ = std::max(peak_.load(), live_.load());
-    void* data = ctx->inner.get();
-    return {data, ctx, &CountingAllocator::release, ctx->inner.device()};
-  }
-  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
-  int64_t live() const { return live_; }
-  int64_t peak() const { return peak_; }
-  void reset_peak() { peak_ = live_.load(); }
-
- private:
-  struct Context {
-    c10::DataPtr inner;
-    size_t n;
-    const CountingAllocator* self;
-  };
-  static void release(void* p) {
-    auto* ctx = static_cast<Context*>(p);
-    ctx->self->live_ -= static_cast<int64_t>(ctx->n);
-    delete ctx;
-  }
-  c10::Allocator* base_;
-  mutable std::atomic<int64_t> live_{0};
-  mutable std::atomic<int64_t> peak_{0};
-};
-
-CountingAllocator* install_counter() {
-  static CountingAllocator* counter = [] {
-    auto* c = new CountingAllocator(c10::GetCPUAllocator());
-    c10::SetCPUAllocator(c, /*priority=*/100);
-    return c;
-  }();
-  return counter;
-}
 
 // Four 256x256 layers: Ψ = 263,168 (1 MB of fp32), units of 65,792 elements.
 torch::nn::Sequential make_model() {
@@ -71,7 +34,7 @@ torch::nn::Sequential make_model() {
 }
 
 void memory_cases(dist::ProcessGroup& pg) {
-  auto* counter = install_counter();
+  auto* counter = install_counting_allocator();
   const int n = pg.size();
   const int64_t unit_numel = 256 * 256 + 256;
   const int64_t psi = 4 * unit_numel;

@@ -18,6 +18,7 @@
 #include "fsdp/state/checkpoint.h"
 #include "fsdp/state/checkpoint_tools.h"
 #include "fsdp/state/state_dict.h"
+#include "harness/counting_allocator.h"
 #include "harness/multirank.h"
 
 using namespace fsdp;
@@ -25,45 +26,6 @@ using namespace fsdp::testing;
 
 namespace {
 
-class CountingAllocator final : public c10::Allocator {
- public:
-  explicit CountingAllocator(c10::Allocator* base) : base_(base) {}
-  c10::DataPtr allocate(size_t n) const override {
-    auto* ctx = new Context{base_->allocate(n), n, this};
-    live_ += static_cast<int64_t>(n);
-    peak_ = std::max(peak_.load(), live_.load());
-    void* data = ctx->inner.get();
-    return {data, ctx, &CountingAllocator::release, ctx->inner.device()};
-  }
-  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
-  int64_t live() const { return live_; }
-  int64_t peak() const { return peak_; }
-  void reset_peak() { peak_ = live_.load(); }
-
- private:
-  struct Context {
-    c10::DataPtr inner;
-    size_t n;
-    const CountingAllocator* self;
-  };
-  static void release(void* p) {
-    auto* ctx = static_cast<Context*>(p);
-    ctx->self->live_ -= static_cast<int64_t>(ctx->n);
-    delete ctx;
-  }
-  c10::Allocator* base_;
-  mutable std::atomic<int64_t> live_{0};
-  mutable std::atomic<int64_t> peak_{0};
-};
-
-CountingAllocator* install_counter() {
-  static CountingAllocator* counter = [] {
-    auto* c = new CountingAllocator(c10::GetCPUAllocator());
-    c10::SetCPUAllocator(c, /*priority=*/100);
-    return c;
-  }();
-  return counter;
-}
 
 // Four 256x256 layers, one unit each (65,792 elements = 263,168 B).
 constexpr int64_t kUnitBytes = (256 * 256 + 256) * 4;
@@ -81,7 +43,7 @@ TEST(StateMemory, FullRank0OnlySaveAndConsolidate) {
   RankOptions opts;
   opts.extra_env = {"FSDP_STATE_MEM_DIR=" + dir};
   run_ranks(3, [](dist::ProcessGroup& pg) {
-    auto* counter = install_counter();
+    auto* counter = install_counting_allocator();
     torch::manual_seed(0);
     torch::nn::Sequential net;
     for (int i = 0; i < 4; ++i) net->push_back(torch::nn::Linear(256, 256));
