@@ -54,12 +54,12 @@ at::Tensor FlatParameter::shard_for_gather() const {
   return low_precision() ? shard_.to(compute_dtype()) : shard_;
 }
 
-void FlatParameter::alloc_unsharded() {
+void FlatParameter::alloc_unsharded(BufferPool& pool) {
   TORCH_INTERNAL_ASSERT(separate_unsharded());
   if (unsharded_allocated()) return;
   const size_t nbytes = padded_numel_ * unsharded_.element_size();
   auto* impl = unsharded_.storage().unsafeGetStorageImpl();
-  impl->set_data_ptr_noswap(impl->allocator()->allocate(nbytes));
+  impl->set_data_ptr_noswap(pool.allocate(nbytes));
   impl->set_nbytes(nbytes);
 }
 

@@ -42,6 +42,8 @@
 
 #include <ATen/ATen.h>
 
+#include "buffer_pool.h"
+
 namespace fsdp::detail {
 
 struct FlatParamEntry {
@@ -95,7 +97,7 @@ class FlatParameter {
 
   /// Unsharded buffer: allocation state and the tensor collectives fill.
   bool unsharded_allocated() const;
-  void alloc_unsharded();
+  void alloc_unsharded(BufferPool& pool);  // memory from the pool ([Note: buffer pool])
   void free_unsharded();
   const at::Tensor& unsharded() const { return unsharded_; }
   int64_t unsharded_bytes() const;

@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include "fsdp/dist/collectives.h"
+#include "fsdp/fsdp/host_memory.h"
 #include "runtime.h"
 #include "sequential_entry.h"
 
@@ -309,6 +310,7 @@ void FullyShardedBase::build_units() {
   // (tied parameters across units) must not leave freshly created groups that
   // the ranks tear down while peers are still connecting.
   runtime_ = std::make_unique<Runtime>(pg_, options_);
+  if (options_.keep_freed_host_memory()) keep_freed_host_memory();
   // Parameters are sharded over the shard group ([Note: hybrid groups]); a
   // HYBRID_SHARD group of one rank shards nothing and behaves as NO_SHARD.
   const dist::ProcessGroup& shard_group = runtime_->shard_group();
@@ -380,6 +382,7 @@ std::vector<std::string> FullyShardedBase::unit_parameter_names(size_t i) const 
 
 MemoryStats FullyShardedBase::memory_stats() const { return runtime_->memory_stats(); }
 void FullyShardedBase::reset_peak_memory_stats() { runtime_->reset_peak(); }
+void FullyShardedBase::empty_cache() { runtime_->pool().release_idle(); }
 
 std::vector<TraceSpan> FullyShardedBase::trace_spans() const { return runtime_->tracer().spans(); }
 std::string FullyShardedBase::flush_trace() { return runtime_->tracer().flush(); }

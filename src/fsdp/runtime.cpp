@@ -249,6 +249,7 @@ MemoryStats Runtime::memory_stats() const {
     s.unsharded_bytes += u->transient_bytes();
   }
   s.unsharded_peak_bytes = std::max(peak_transient_, s.unsharded_bytes);
+  s.cached_bytes = pool_.idle_bytes();
   return s;
 }
 

@@ -44,6 +44,7 @@
 
 #include "fsdp/dist/process_group.h"
 #include "fsdp/fsdp/options.h"
+#include "buffer_pool.h"
 #include "fsdp/fsdp/trace.h"
 #include "unit.h"
 
@@ -65,6 +66,9 @@ class Runtime {
   /// HYBRID_SHARD: the ranks holding the same shard; undefined otherwise.
   const dist::ProcessGroup& replica_group() const { return replica_pg_; }
   Tracer& tracer() const { return *tracer_; }
+  /// Large per-iteration buffers ([Note: buffer pool]).
+  BufferPool& pool() { return pool_; }
+  const BufferPool& pool() const { return pool_; }
   const Options& options() const { return options_; }
   double predivide() const { return predivide_; }
   double postdivide() const { return postdivide_; }
@@ -127,6 +131,9 @@ class Runtime {
   // Prefetch ([Note: prefetch]).
   dist::ProcessGroup shard_pg_, replica_pg_;
   std::unique_ptr<Tracer> tracer_;
+  // Up to four idle blocks: in backward a unit's gathered parameters, the next
+  // unit's prefetch, the flat gradient being built and the one in flight.
+  BufferPool pool_{4, int64_t(256) << 10};
   std::vector<Unit*> recorded_forward_order_;  // pre-forward order of the last training forward
   bool may_prefetch(const Unit* current) const;
   void prefetch_backward(Unit* current);

@@ -91,7 +91,7 @@ std::string Unit::trace_name(const char* what) const {
 
 void Unit::issue_gather() {
   if (!flat_->separate_unsharded() || flat_->unsharded_allocated()) return;
-  flat_->alloc_unsharded();
+  flat_->alloc_unsharded(runtime_->pool());
   if (flat_->sharded()) {
     // Cast before the gather: param_dtype bytes move ([Note: mixed precision]).
     // The cast copy must live until the gather completes (wait_gather).
@@ -257,16 +257,28 @@ void Unit::issue_reduce(bool no_sync) {
   if (!has_grad_params()) return;
   state_ = UnitState::REDUCING;
   auto& entries = flat_->entries();
-  // Gradients that were never produced (unused parameters) count as zeros.
-  // Reduced in reduce_dtype ([Note: mixed precision]); copy_ casts.
-  flat_grad_ = at::zeros({flat_->padded_numel()}, flat_->options().dtype(flat_->reduce_dtype()));
+  // Parameters are no longer needed by this unit's backward: every node that
+  // reads them also produced their gradients. Frozen parameters may still be read
+  // by later nodes, so such units reshard at the end of backward instead.
+  // Freed before the flat gradient is allocated, so that the gradient reuses the
+  // parameters' block ([Note: buffer pool]).
+  if (flat_->separate_unsharded() && !has_frozen_params_ && !is_root_) free_unsharded();
+  // Reduced in reduce_dtype ([Note: mixed precision]); copy_ casts. Every element
+  // is written once: gradients are copied in, gradients that were never produced
+  // (unused or frozen parameters) and the padding are zeros.
+  flat_grad_ = runtime_->pool().empty(flat_->padded_numel(), flat_->options().dtype(flat_->reduce_dtype()));
   for (size_t i = 0; i < entries.size(); ++i) {
     auto& g = entries[i].param.mutable_grad();
+    auto dst = flat_->view_of(flat_grad_, i);
     if (g.defined()) {
-      flat_->view_of(flat_grad_, i).copy_(g);
+      dst.copy_(g);
       g = at::Tensor();  // the full gradient is freed here
+    } else {
+      dst.zero_();
     }
   }
+  if (flat_->padded_numel() > flat_->total_numel())
+    flat_grad_.narrow(0, flat_->total_numel(), flat_->padded_numel() - flat_->total_numel()).zero_();
   if (no_sync_grad_.defined()) {
     flat_grad_.add_(no_sync_grad_);
     no_sync_grad_ = at::Tensor();
@@ -289,10 +301,6 @@ void Unit::issue_reduce(bool no_sync) {
     reduce_handle_ = dist::all_reduce(runtime_->reduce_group(), flat_grad_, dist::ReduceOp::Sum);
     reduce_pending_ = true;
   }
-  // Parameters are no longer needed by this unit's backward: every node that
-  // reads them also produced their gradients. Frozen parameters may still be read
-  // by later nodes, so such units reshard at the end of backward instead.
-  if (flat_->separate_unsharded() && !has_frozen_params_ && !is_root_) free_unsharded();
 }
 
 void Unit::wait_reduce() {

@@ -53,6 +53,8 @@ class FullyShardedBase : public torch::nn::Module {
   /// Bytes this rank holds (see MemoryStats).
   MemoryStats memory_stats() const;
   void reset_peak_memory_stats();
+  /// Releases the freed transient buffers FSDP keeps for reuse (MemoryStats::cached_bytes).
+  void empty_cache();
 
   /// Schedule trace (fsdp/trace.h), when enabled by Options::trace_dir or
   /// FSDP_TRACE: the spans recorded so far on this rank, writing them to

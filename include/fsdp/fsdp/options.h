@@ -96,16 +96,24 @@ struct Options {
   /// written by FullyShardedBase::flush_trace and at destruction). Empty: the
   /// environment variable FSDP_TRACE, if set; otherwise no trace.
   TORCH_ARG(std::string, trace_dir) = "";
+  /// Keep freed tensor memory in the C library's heap for the next step
+  /// (keep_freed_host_memory() in host_memory.h: process-wide glibc settings,
+  /// skipped when the environment sets malloc tunables). false: leave malloc alone.
+  TORCH_ARG(bool, keep_freed_host_memory) = true;
 };
 
 /// Bytes this rank holds, by category. "Unsharded" buffers are transient: gathered
 /// parameters of units in flight, flat gradients being reduced, and gradients
-/// accumulated under no_sync.
+/// accumulated under no_sync. "Cached" bytes are freed transient buffers FSDP
+/// keeps for the next iteration (at most four blocks; on the CPU a fresh buffer
+/// of this size is page-faulted in on every use); FullyShardedBase::empty_cache()
+/// releases them.
 struct MemoryStats {
   int64_t param_shard_bytes = 0;
   int64_t grad_shard_bytes = 0;
   int64_t unsharded_bytes = 0;
   int64_t unsharded_peak_bytes = 0;
+  int64_t cached_bytes = 0;
 };
 
 }  // namespace fsdp

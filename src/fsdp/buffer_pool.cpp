@@ -1,0 +1,94 @@
+#include "buffer_pool.h"
+
+#include <algorithm>
+#include <mutex>
+#include <vector>
+
+#include <c10/core/CPUAllocator.h>
+
+namespace fsdp::detail {
+
+struct BufferPool::State {
+  struct Block {
+    at::DataPtr mem;  // from the CPU allocator; freed when the Block dies
+    size_t capacity = 0;
+  };
+  // What a handed-out DataPtr's deleter context points at.
+  struct Lease {
+    std::weak_ptr<State> pool;
+    Block block;
+  };
+
+  int max_idle;
+  size_t min_block_bytes;
+  mutable std::mutex mu;
+  std::vector<Block> idle;
+
+  void give_back(Block b) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (b.capacity < min_block_bytes || static_cast<int>(idle.size()) >= max_idle) return;  // b frees
+    idle.push_back(std::move(b));
+  }
+
+  static void return_lease(void* ctx) {
+    std::unique_ptr<Lease> lease(static_cast<Lease*>(ctx));
+    // The deleter may run on any thread (Gloo's worker drops its references
+    // to finished collectives' tensors there); give_back locks.
+    if (auto pool = lease->pool.lock()) pool->give_back(std::move(lease->block));
+  }
+};
+
+BufferPool::BufferPool(int max_idle, int64_t min_block_bytes) : state_(std::make_shared<State>()) {
+  TORCH_INTERNAL_ASSERT(max_idle >= 0 && min_block_bytes >= 0);
+  state_->max_idle = max_idle;
+  state_->min_block_bytes = static_cast<size_t>(min_block_bytes);
+}
+
+at::DataPtr BufferPool::allocate(size_t nbytes) {
+  State::Block block;
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    auto& idle = state_->idle;
+    auto best = idle.end();
+    for (auto it = idle.begin(); it != idle.end(); ++it) {
+      const bool fits = it->capacity >= nbytes && it->capacity < 2 * nbytes;
+      if (fits && (best == idle.end() || it->capacity < best->capacity)) best = it;
+    }
+    if (best != idle.end()) {
+      block = std::move(*best);
+      idle.erase(best);
+    }
+  }
+  if (!block.mem) {
+    block.mem = c10::GetAllocator(c10::DeviceType::CPU)->allocate(nbytes);
+    block.capacity = nbytes;
+  }
+  void* data = block.mem.get();
+  auto* lease = new State::Lease{state_, std::move(block)};
+  return at::DataPtr(data, lease, &State::return_lease, at::Device(at::kCPU));
+}
+
+at::Tensor BufferPool::empty(int64_t numel, const at::TensorOptions& options) {
+  const size_t nbytes = static_cast<size_t>(numel) * c10::elementSize(c10::typeMetaToScalarType(options.dtype()));
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, allocate(nbytes), /*allocator=*/nullptr,
+                       /*resizable=*/false);
+  return at::empty({0}, options).set_(storage, 0, {numel}, {1});
+}
+
+int64_t BufferPool::idle_bytes() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  int64_t b = 0;
+  for (const auto& blk : state_->idle) b += static_cast<int64_t>(blk.capacity);
+  return b;
+}
+
+void BufferPool::release_idle() {
+  std::vector<State::Block> drop;
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    drop.swap(state_->idle);
+  }
+  // Freed here, outside the lock.
+}
+
+}  // namespace fsdp::detail
