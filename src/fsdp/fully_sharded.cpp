@@ -140,6 +140,7 @@ FullyShardedBase::FullyShardedBase(std::shared_ptr<torch::nn::Module> model, dis
   const double pre = options_.gradient_predivide_factor();
   TORCH_CHECK(pre == 0 || (pre >= 1 && pre <= n), "fsdp: gradient_predivide_factor must lie in [1, world size ",
               n, "] (or be 0 for PyTorch's default), got ", pre);
+  bucket_cap_bytes(options_);  // throws for a NaN, infinite or huge bucket_cap_mb
   // Wrapping twice would stack hooks on the same call sites.
   for (const auto& m : model_->modules()) {
     auto* w = dynamic_cast<WrappableBase*>(m.get());

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 
 namespace fsdp {
 
@@ -33,6 +34,15 @@ const char* to_string(BackwardPrefetch p) {
     case BackwardPrefetch::BACKWARD_POST: return "BACKWARD_POST";
   }
   return "?";
+}
+
+int64_t bucket_cap_bytes(const Options& options) {
+  const double mb = options.bucket_cap_mb();
+  constexpr double kMaxMb = 1099511627776.0;  // 2^40 MiB: 2^60 bytes still fit an int64_t
+  TORCH_CHECK(std::isfinite(mb) && mb <= kMaxMb, "fsdp: Options::bucket_cap_mb must be a finite number of "
+              "MiB no larger than 2^40 (values <= 0 disable gradient buckets), got ", mb);
+  if (mb <= 0) return 0;
+  return static_cast<int64_t>(mb * 1024 * 1024);
 }
 
 WrapPolicy size_based_policy(int64_t min_num_params) {

@@ -43,6 +43,7 @@ Runtime::Runtime(dist::ProcessGroup pg, Options options)
   if (dir.empty())
     if (const char* env = std::getenv("FSDP_TRACE")) dir = env;
   tracer_ = std::make_unique<Tracer>(dir, pg_.global_rank());
+  reducer_ = std::make_unique<GradReducer>(reduce_pg_, replica_pg_, bucket_cap_bytes(options_), tracer_.get());
 }
 
 void Runtime::build_hybrid_groups() {
@@ -203,20 +204,20 @@ void Runtime::on_unit_grads_complete(Unit* unit) {
   while (reduce_ptr_ < reduce_order_.size()) {
     Unit* u = reduce_order_[reduce_ptr_];
     if (u->has_grad_params() && !u->grads_complete()) break;
-    if (u->state() == UnitState::AWAIT_BACKWARD || u->state() == UnitState::BACKWARD) issue_reduce(u);
+    if (u->state() == UnitState::AWAIT_BACKWARD || u->state() == UnitState::BACKWARD) reduce(u);
     ++reduce_ptr_;
   }
 }
 
-void Runtime::issue_reduce(Unit* unit) {
-  // At most one reduction in flight: waiting for the previous one before the
-  // next starts frees its flat gradient and receive buffer, so backward holds
-  // one or two units' gradients instead of the whole model's. On 2-core CPU
-  // machines Gloo's threads get no idle core anyway; overlap deeper than one
-  // unit is the prefetch issue's to measure.
-  if (inflight_reduce_ != nullptr) inflight_reduce_->wait_reduce();
-  unit->issue_reduce(no_sync_);
-  inflight_reduce_ = unit;
+void Runtime::reduce(Unit* unit) {
+  // The reducer keeps at most one reduction in flight: issuing the next waits
+  // for the previous one, which frees its flat gradients and receive buffer, so
+  // backward holds one or two buckets' gradients instead of the whole model's.
+  // On 2-core CPU machines Gloo's threads get no idle core anyway.
+  if (unit->flatten_grads(no_sync_)) {
+    reducer_->add(unit);
+    note_transient_bytes();
+  }
 }
 
 void Runtime::final_callback() {
@@ -224,9 +225,9 @@ void Runtime::final_callback() {
   gather_until(static_cast<int>(backward_gather_order_.size()) - 1);
   for (; reduce_ptr_ < reduce_order_.size(); ++reduce_ptr_) {
     Unit* u = reduce_order_[reduce_ptr_];
-    if (u->state() == UnitState::AWAIT_BACKWARD || u->state() == UnitState::BACKWARD) issue_reduce(u);
+    if (u->state() == UnitState::AWAIT_BACKWARD || u->state() == UnitState::BACKWARD) reduce(u);
   }
-  inflight_reduce_ = nullptr;
+  reducer_->finish();  // every reduced shard is in place before pieces are assigned
   for (Unit* u : backward_gather_order_) u->wait_gather();
   for (Unit* u : reduce_order_) u->finish_iteration();
   callback_queued_ = false;
@@ -238,6 +239,7 @@ void Runtime::final_callback() {
 void Runtime::note_transient_bytes() {
   int64_t b = 0;
   for (auto& u : units_) b += u->transient_bytes();
+  if (reducer_) b += reducer_->transient_bytes();
   peak_transient_ = std::max(peak_transient_, b);
 }
 
@@ -248,6 +250,7 @@ MemoryStats Runtime::memory_stats() const {
     s.grad_shard_bytes += u->grad_piece_bytes();
     s.unsharded_bytes += u->transient_bytes();
   }
+  s.unsharded_bytes += reducer_->transient_bytes();
   s.unsharded_peak_bytes = std::max(peak_transient_, s.unsharded_bytes);
   s.cached_bytes = pool_.idle_bytes();
   return s;

@@ -12,7 +12,9 @@
 //    post-forward order: when a unit's output hook fires, every unit before it in
 //    that order that still needs its parameters is gathered first;
 //  * reductions (reduce group): in reverse pre-forward order; a unit whose
-//    gradients are complete waits for the units before it.
+//    gradients are complete waits for the units before it. Consecutive small
+//    units may share one collective ([Note: reduce buckets] in reduce_bucket.h);
+//    buckets are formed from this order alone, so they match on every rank.
 // The end-of-backward callback issues whatever is left, in the same orders, with
 // zeros for gradients that were never produced, so no rank waits for a peer that
 // will never send. Gathers and reductions use separate groups, so the two
@@ -46,6 +48,7 @@
 #include "fsdp/fsdp/options.h"
 #include "buffer_pool.h"
 #include "fsdp/fsdp/trace.h"
+#include "reduce_bucket.h"
 #include "unit.h"
 
 namespace fsdp::detail {
@@ -106,7 +109,7 @@ class Runtime {
  private:
   void final_callback();
   void gather_until(int position);   // backward gathers up to this position
-  void issue_reduce(Unit* unit);     // keeps at most one reduction in flight
+  void reduce(Unit* unit);           // flatten, hand to the reducer (in reduce_order_)
 
   dist::ProcessGroup pg_, gather_pg_, reduce_pg_;
   Options options_;
@@ -119,7 +122,7 @@ class Runtime {
   std::vector<Unit*> backward_gather_order_;  // reverse post-forward
   std::vector<Unit*> reduce_order_;           // reverse pre-forward
   size_t gather_ptr_ = 0, reduce_ptr_ = 0;
-  Unit* inflight_reduce_ = nullptr;
+  std::unique_ptr<GradReducer> reducer_;  // buckets and reductions in flight
   bool backward_planned_ = false;
   bool callback_queued_ = false;
   bool no_sync_ = false;

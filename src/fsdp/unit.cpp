@@ -85,9 +85,7 @@ void Unit::gather() {
 
 // ---- asynchronous gathers and their trace spans ([Note: prefetch] in runtime.h) ----
 
-std::string Unit::trace_name(const char* what) const {
-  return std::string(what) + " " + (path_.empty() ? "<root>" : path_);
-}
+std::string Unit::trace_name(const char* what) const { return std::string(what) + " " + label(); }
 
 void Unit::issue_gather() {
   if (!flat_->separate_unsharded() || flat_->unsharded_allocated()) return;
@@ -118,15 +116,6 @@ void Unit::wait_gather() {
 void Unit::free_unsharded() {
   wait_gather();  // never free a buffer a collective is still writing into
   flat_->free_unsharded();
-}
-
-void Unit::replicate_reduced_shard() {
-  // [Note: hybrid groups]: the shard group's reduce-scatter summed this shard
-  // over the shard group; summing it over the replica group completes the sum
-  // over the world (the division by the world size is split into pre/postdivide).
-  const auto& replica = runtime_->replica_group();
-  if (!replica.defined() || replica.size() == 1) return;
-  dist::all_reduce(replica, reduced_shard_, dist::ReduceOp::Sum).wait();
 }
 
 void Unit::enter_backward() {
@@ -247,14 +236,14 @@ void Unit::on_param_grad(size_t entry) {
   }
 }
 
-void Unit::issue_reduce(bool no_sync) {
-  expect_state({UnitState::AWAIT_BACKWARD, UnitState::BACKWARD}, "issue_reduce");
+bool Unit::flatten_grads(bool no_sync) {
+  expect_state({UnitState::AWAIT_BACKWARD, UnitState::BACKWARD}, "flatten_grads");
   // A unit whose parameters are all frozen has nothing to reduce, but its
   // backward may not have run yet (its parameters still feed the input
   // gradient). It stays in AWAIT_BACKWARD/BACKWARD so that its output hook still
   // re-gathers it; finish_iteration reshards it. (Moving it to REDUCING here made
   // its backward read freed storage under FULL_SHARD.)
-  if (!has_grad_params()) return;
+  if (!has_grad_params()) return false;
   state_ = UnitState::REDUCING;
   auto& entries = flat_->entries();
   // Parameters are no longer needed by this unit's backward: every node that
@@ -287,39 +276,31 @@ void Unit::issue_reduce(bool no_sync) {
   if (no_sync) {
     no_sync_grad_ = std::move(flat_grad_);
     flat_grad_ = at::Tensor();
-    return;
+    return false;
   }
   if (runtime_->predivide() != 1) flat_grad_.div_(runtime_->predivide());
-  reduce_mark_ = runtime_->tracer().begin();
-  if (flat_->sharded()) {
-    reduced_shard_ = at::empty({flat_->chunk_numel()}, flat_grad_.options());
-    reduce_handle_ = dist::reduce_scatter(runtime_->reduce_group(), reduced_shard_, flat_grad_,
-                                          dist::ReduceOp::Sum);
-    reduce_pending_ = true;
-  } else {
-    reduced_shard_ = flat_grad_;
-    reduce_handle_ = dist::all_reduce(runtime_->reduce_group(), flat_grad_, dist::ReduceOp::Sum);
-    reduce_pending_ = true;
-  }
+  return true;
 }
 
-void Unit::wait_reduce() {
-  if (!reduce_pending_) return;
-  reduce_pending_ = false;
-  reduce_handle_.wait();
-  reduce_handle_ = dist::CommHandle();
-  replicate_reduced_shard();
-  runtime_->tracer().end(trace_name("reduce"), Tracer::kReduce, reduce_mark_);
+at::Tensor Unit::take_flat_grad() {
+  at::Tensor g = std::move(flat_grad_);
+  flat_grad_ = at::Tensor();
+  return g;
+}
+
+void Unit::adopt_reduced_shard(at::Tensor shard) {
+  TORCH_INTERNAL_ASSERT(state_ == UnitState::REDUCING && !reduced_ready_, "unit '", label(),
+                        "' got a reduced shard in state ", to_string(state_));
+  reduced_shard_ = std::move(shard);
   if (runtime_->postdivide() != 1) reduced_shard_.div_(runtime_->postdivide());
   // Gradient pieces in the optimizer's dtype (fp32 master) unless asked otherwise.
   if (reduced_shard_.scalar_type() != flat_->grad_dtype()) reduced_shard_ = reduced_shard_.to(flat_->grad_dtype());
-  flat_grad_ = at::Tensor();  // the flat gradient is freed as soon as it is reduced
   reduced_ready_ = true;
 }
 
 void Unit::finish_iteration() {
   auto& entries = flat_->entries();
-  wait_reduce();
+  TORCH_INTERNAL_ASSERT(!flat_grad_.defined(), "unit '", label(), "' finishes with an unreduced flat gradient");
   if (reduced_ready_) {
     reduced_ready_ = false;
     for (size_t i = 0; i < entries.size(); ++i) {

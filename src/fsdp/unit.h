@@ -10,8 +10,8 @@
 //   AWAIT_BACKWARD  forward done with grad enabled; unsharded views kept (storage
 //                   freed when resharding after forward)
 //   BACKWARD        re-gathered for backward (or never freed)
-//   REDUCING        gradients flattened; reduction issued (or accumulated under
-//                   no_sync); waits at the end of backward
+//   REDUCING        gradients flattened; handed to the GradReducer (or accumulated
+//                   under no_sync); the reduced shard arrives by the end of backward
 // IDLE -> FORWARD -> AWAIT_BACKWARD -> BACKWARD -> REDUCING -> IDLE, and
 // FORWARD -> IDLE for a forward under NoGradGuard. Any hook that runs in a
 // state it does not expect fails with both states.
@@ -60,9 +60,15 @@ class Unit : public UnitHooks {
   void wait_gather();                  // complete an issued all-gather (no-op otherwise)
   bool gather_pending() const { return gather_pending_; }
   void enter_backward();               // AWAIT_BACKWARD -> BACKWARD (no-op otherwise)
-  void issue_reduce(bool no_sync);     // flatten grads, start the reduction
-  void wait_reduce();                  // complete an issued reduction, free the flat gradient
-  void finish_iteration();             // wait, assign gradient pieces, reshard
+  // Gradient reduction ([Note: reduce buckets] in reduce_bucket.h): the unit
+  // flattens its gradients, the GradReducer reduces them (alone or in a bucket)
+  // and hands back this rank's reduced shard.
+  bool flatten_grads(bool no_sync);    // -> REDUCING; true: flat_grad() awaits reduction
+  const at::Tensor& flat_grad() const { return flat_grad_; }
+  at::Tensor take_flat_grad();         // the reducer takes (and later frees) it
+  void adopt_reduced_shard(at::Tensor shard);  // completed reduction: divide, cast, keep
+  void finish_iteration();             // assign gradient pieces, reshard
+  std::string label() const { return path_.empty() ? "<root>" : path_; }
   void reset_after_abandoned_forward();
 
   int index() const { return index_; }
@@ -79,7 +85,6 @@ class Unit : public UnitHooks {
   void unshard();
   void ensure_grad_accumulators();
   void free_unsharded();               // waits for an in-flight gather first
-  void replicate_reduced_shard();      // HYBRID_SHARD: all-reduce across the replica group
   std::string trace_name(const char* what) const;
 
   Runtime* runtime_;
@@ -98,10 +103,8 @@ class Unit : public UnitHooks {
   std::vector<at::Tensor> stashed_grads_;  // pieces from before this iteration
   bool stashed_ = false;
 
-  at::Tensor flat_grad_;        // being reduced (flat-sized)
-  at::Tensor reduced_shard_;    // reduction output (shard-sized)
-  dist::CommHandle reduce_handle_;
-  bool reduce_pending_ = false;  // a reduction was issued and not yet waited for
+  at::Tensor flat_grad_;        // flattened, awaiting reduction (flat-sized)
+  at::Tensor reduced_shard_;    // reduction output (shard-sized; may view a bucket's output)
   bool reduced_ready_ = false;   // reduced_shard_ holds this iteration's result
   at::Tensor no_sync_grad_;     // accumulated unsharded gradient under no_sync
 
@@ -110,7 +113,7 @@ class Unit : public UnitHooks {
   bool gather_pending_ = false;  // an all-gather into the unsharded buffer is in flight
   bool output_grad_seen_ = false;  // this iteration's first output hook has run
   // Open trace spans (fsdp/trace.h); no-ops unless tracing.
-  Tracer::Mark gather_mark_, reduce_mark_, forward_mark_, backward_mark_;
+  Tracer::Mark gather_mark_, forward_mark_, backward_mark_;
 };
 
 }  // namespace fsdp::detail

@@ -100,7 +100,32 @@ struct Options {
   /// (keep_freed_host_memory() in host_memory.h: process-wide glibc settings,
   /// skipped when the environment sets malloc tunables). false: leave malloc alone.
   TORCH_ARG(bool, keep_freed_host_memory) = true;
+  /// Gradient reduction buckets, in MiB (FairScale's bucket_cap_mb; see [Note:
+  /// reduce buckets] in src/fsdp/reduce_bucket.h). Consecutive units of the
+  /// reduction order whose flat gradients together fit in the cap are reduced by
+  /// one collective (one reduce-scatter, or one all-reduce under NO_SHARD) instead
+  /// of one each; a unit whose flat gradient alone is >= the cap is reduced alone.
+  /// Results are the same sums as without buckets (bit-identical for
+  /// reduce-scatter; for all-reduce with more than 2 ranks Gloo's ring adds in an
+  /// order that depends on the element's position, so equal to rounding).
+  /// Values <= 0 disable bucketing.
+  ///
+  /// Default 0 (off): a bucket trades memory and overlap for fewer collectives.
+  /// Its members' flat gradients stay alive until the bucket is full, so the
+  /// backward peak grows by up to the cap, and the first member's reduction waits
+  /// for the last, so less of it overlaps backward. Units are sized by the wrap
+  /// policy, which is the first knob (PyTorch FSDP has no buckets at all);
+  /// buckets pay off when the policy leaves many small units (always_wrap, norms,
+  /// heads) whose collectives are latency-bound: a reduce-scatter of 1 MiB takes
+  /// ~0.5 ms on loopback Gloo at N=2, of which most is per-message latency
+  /// (docs/benchmarks.md). For such models 1-4 MB amortises that latency;
+  /// FairScale's 25 holds the whole of a CPU-sized model in one bucket.
+  TORCH_ARG(double, bucket_cap_mb) = 0;
 };
+
+/// Options::bucket_cap_mb in bytes, 0 when bucketing is off (cap <= 0). Throws
+/// c10::Error for a cap that is not a finite number of MiB or exceeds 2^40 MiB.
+int64_t bucket_cap_bytes(const Options& options);
 
 /// Bytes this rank holds, by category. "Unsharded" buffers are transient: gathered
 /// parameters of units in flight, flat gradients being reduced, and gradients

@@ -1,0 +1,168 @@
+#include "reduce_bucket.h"
+
+#include "unit.h"
+
+namespace fsdp::detail {
+
+at::Tensor alloc_reduce_buffer(int64_t numel, const at::TensorOptions& options) {
+  return at::empty({numel}, options);
+}
+
+namespace {
+int64_t nbytes(const at::Tensor& t) { return t.defined() ? t.numel() * int64_t(t.element_size()) : 0; }
+}  // namespace
+
+// One issued bucket ([Note: reduce buckets]).
+struct GradReducer::Reduction {
+  enum class Phase { SCATTERING, REPLICATING, DONE };
+  Phase phase = Phase::SCATTERING;
+  std::vector<Unit*> members;
+  std::vector<int64_t> offsets;  // member i's shard: output[offsets[i], offsets[i] + chunk_i)
+  at::Tensor input;              // [rows, sum of chunks], flattened; freed once reduced
+  at::Tensor output;             // the concatenated shards (the input itself when unsharded)
+  dist::CommHandle handle;
+  std::string label;             // "<unit>" or "<unit>+<unit>+..." for the trace
+  Tracer::Mark mark;
+};
+
+GradReducer::GradReducer(dist::ProcessGroup reduce_group, dist::ProcessGroup replica_group,
+                         int64_t cap_bytes, Tracer* tracer)
+    : reduce_pg_(std::move(reduce_group)), replica_pg_(std::move(replica_group)),
+      cap_bytes_(cap_bytes), tracer_(tracer) {}
+
+GradReducer::~GradReducer() = default;
+
+bool GradReducer::fits_open_bucket(const Unit& unit) const {
+  if (open_.empty()) return true;
+  const Unit& first = *open_.front();
+  return unit.flat().sharded() == first.flat().sharded() &&
+         unit.flat_grad().scalar_type() == first.flat_grad().scalar_type() &&
+         unit.flat_grad().device() == first.flat_grad().device() &&
+         open_bytes_ + nbytes(unit.flat_grad()) <= cap_bytes_;
+}
+
+void GradReducer::add(Unit* unit) {
+  TORCH_INTERNAL_ASSERT(unit->flat_grad().defined(), "unit '", unit->label(), "' has no flat gradient to reduce");
+  const int64_t bytes = nbytes(unit->flat_grad());
+  if (!fits_open_bucket(*unit)) issue_open_bucket();
+  open_.push_back(unit);
+  open_bytes_ += bytes;
+  if (cap_bytes_ <= 0 || bytes >= cap_bytes_) issue_open_bucket();  // alone: too big to share
+}
+
+void GradReducer::issue_open_bucket() {
+  if (open_.empty()) return;
+  std::vector<Unit*> members = std::move(open_);
+  open_.clear();
+  open_bytes_ = 0;
+  // At most one reduction scattering: complete the previous one first (its
+  // replica all-reduce starts there and overlaps what follows).
+  if (scattering_) {
+    complete_scatter(*scattering_);
+    if (scattering_->phase == Reduction::Phase::REPLICATING) replicating_ = std::move(scattering_);
+    scattering_.reset();
+  }
+  scattering_ = issue(std::move(members));
+}
+
+std::unique_ptr<GradReducer::Reduction> GradReducer::issue(std::vector<Unit*> members) {
+  auto r = std::make_unique<Reduction>();
+  const Unit& first = *members.front();
+  const bool sharded = first.flat().sharded();
+  const int64_t rows = sharded ? reduce_pg_.size() : 1;
+  int64_t total = 0;
+  for (Unit* u : members) {
+    r->offsets.push_back(total);
+    const int64_t numel = u->flat_grad().numel();
+    TORCH_INTERNAL_ASSERT(numel % rows == 0, "flat gradient of unit '", u->label(), "' has ", numel,
+                          " elements, not a multiple of ", rows, " ranks");
+    total += numel / rows;
+    r->label += (r->label.empty() ? "" : "+") + u->label();
+  }
+  if (members.size() == 1) {
+    r->input = members.front()->take_flat_grad();  // no copy: the unbucketed reduction
+  } else {
+    r->input = alloc_reduce_buffer(rows * total, first.flat_grad().options());
+    auto table = r->input.view({rows, total});
+    for (size_t i = 0; i < members.size(); ++i) {
+      at::Tensor g = members[i]->take_flat_grad();
+      const int64_t chunk = g.numel() / rows;
+      table.narrow(1, r->offsets[i], chunk).copy_(g.view({rows, chunk}));
+    }  // each member's flat gradient is freed here, after its copy
+  }
+  r->members = std::move(members);
+  r->mark = tracer_->begin();
+  if (sharded) {
+    r->output = alloc_reduce_buffer(total, r->input.options());
+    r->handle = dist::reduce_scatter(reduce_pg_, r->output, r->input, dist::ReduceOp::Sum);
+  } else {
+    r->output = r->input;
+    r->handle = dist::all_reduce(reduce_pg_, r->input, dist::ReduceOp::Sum);
+  }
+  return r;
+}
+
+void GradReducer::complete_scatter(Reduction& r) {
+  TORCH_INTERNAL_ASSERT(r.phase == Reduction::Phase::SCATTERING);
+  r.handle.wait();
+  r.handle = dist::CommHandle();
+  tracer_->end("reduce " + r.label, Tracer::kReduce, r.mark);
+  if (!r.output.is_same(r.input)) r.input = at::Tensor();  // the flat gradients are freed once reduced
+  if (replica_pg_.defined() && replica_pg_.size() > 1) {
+    // [Note: hybrid groups]: the shard group summed these shards over the shard
+    // group; summing them over the replica group completes the sum over the
+    // world. At most one replica all-reduce in flight.
+    if (replicating_) {
+      complete_replication(*replicating_);
+      replicating_.reset();
+    }
+    r.mark = tracer_->begin();
+    r.handle = dist::all_reduce(replica_pg_, r.output, dist::ReduceOp::Sum);
+    r.phase = Reduction::Phase::REPLICATING;
+    return;
+  }
+  deliver(r);
+}
+
+void GradReducer::complete_replication(Reduction& r) {
+  TORCH_INTERNAL_ASSERT(r.phase == Reduction::Phase::REPLICATING);
+  r.handle.wait();
+  r.handle = dist::CommHandle();
+  tracer_->end("replica_all_reduce " + r.label, Tracer::kReduce, r.mark);
+  deliver(r);
+}
+
+void GradReducer::deliver(Reduction& r) {
+  for (size_t i = 0; i < r.members.size(); ++i) {
+    const int64_t chunk = r.members[i]->flat().sharded() ? r.members[i]->flat().chunk_numel()
+                                                         : r.members[i]->flat().padded_numel();
+    r.members[i]->adopt_reduced_shard(r.output.narrow(0, r.offsets[i], chunk));
+  }
+  r.output = r.input = at::Tensor();  // members keep what they use (views or casts)
+  r.phase = Reduction::Phase::DONE;
+}
+
+void GradReducer::finish() {
+  issue_open_bucket();
+  // The older reduction first: collectives complete in the order issued.
+  if (replicating_) {
+    complete_replication(*replicating_);
+    replicating_.reset();
+  }
+  if (scattering_) {
+    complete_scatter(*scattering_);
+    if (scattering_->phase == Reduction::Phase::REPLICATING) complete_replication(*scattering_);
+    scattering_.reset();
+  }
+}
+
+int64_t GradReducer::transient_bytes() const {
+  int64_t b = 0;
+  // Flat-sized inputs only, as a unit counts its own flat gradient; the
+  // shard-sized outputs become the gradient pieces.
+  for (const auto* r : {scattering_.get(), replicating_.get()})
+    if (r != nullptr) b += nbytes(r->input);
+  return b;
+}
+
+}  // namespace fsdp::detail

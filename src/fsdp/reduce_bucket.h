@@ -1,0 +1,93 @@
+#pragma once
+// Gradient reduction of one Runtime: which units are reduced together (buckets)
+// and the reductions in flight.
+//
+// [Note: reduce buckets]
+// A *bucket* is a run of consecutive units of the reduction order (reverse
+// pre-forward; [Note: collective order] in runtime.h) whose flat gradients one
+// collective reduces (Options::bucket_cap_mb, FairScale's semantics). Members
+// share their kind (sharded or not) and reduce dtype. A sharded member's flat
+// gradient is N *rows*, its chunks for the N ranks of the reduce group ([Note:
+// padded flat buffer]); the bucket's buffer is [N, sum of the members' chunks],
+// row r the concatenation of every member's chunk r, so one reduce-scatter leaves
+// on rank r the concatenation of every member's shard r. An unsharded member is
+// one row (its whole flat gradient) and the bucket one all-reduce. Every element
+// is the sum of the same values as without buckets; reduce_scatter adds rows
+// 0..N-1 in rank order at any position, so its results are bit-identical
+// (Gloo's ring all-reduce picks the order by position: bit-identical at 2 ranks,
+// equal to rounding above).
+//
+// Who joins: a unit whose flat gradient fits the open bucket (same kind and
+// dtype, bucket bytes + its bytes <= cap) joins it; otherwise the open bucket is
+// issued first. A unit whose flat gradient alone is >= cap (every unit when the
+// cap is <= 0) is issued alone at once. The end-of-backward callback issues what
+// is left. Membership depends only on the order, the units' sizes and dtypes and
+// no_sync, which every rank shares, so every rank forms the same buckets and
+// issues the same collectives in the same order; an unused branch on one rank
+// only changes *when* a bucket fills there. A bucket of one unit is exactly the
+// unbucketed reduction: the unit's own flat gradient, no copy.
+//
+// Reductions in flight. An issued bucket is a Reduction:
+//   SCATTERING   its collective over the reduce group is in flight
+//   REPLICATING  (HYBRID_SHARD) the all-reduce of its output over the replica
+//                group is in flight ([Note: hybrid groups] in runtime.h)
+//   DONE         its members hold their reduced shards (Unit::adopt_reduced_shard)
+// At most one reduction is SCATTERING: issuing the next completes the previous
+// first, so backward holds one or two buckets' flat gradients instead of the
+// whole model's. The completed one then starts its replica all-reduce, which
+// runs while backward computes the next units, and is completed when the next
+// reduction leaves SCATTERING (at most one REPLICATING, holding a shard-sized
+// buffer) or at the end of backward, before any gradient piece is assigned.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "fsdp/dist/collectives.h"
+#include "fsdp/fsdp/trace.h"
+
+namespace fsdp::detail {
+
+class Unit;
+
+/// A big transient buffer of gradient reduction (bucket inputs and outputs).
+/// One function, so that a buffer pool can take over these allocations.
+at::Tensor alloc_reduce_buffer(int64_t numel, const at::TensorOptions& options);
+
+class GradReducer {
+ public:
+  /// replica_group: undefined or of size 1 unless HYBRID_SHARD replicates.
+  /// cap_bytes <= 0: every unit is reduced alone.
+  GradReducer(dist::ProcessGroup reduce_group, dist::ProcessGroup replica_group, int64_t cap_bytes,
+              Tracer* tracer);
+  ~GradReducer();
+
+  /// `unit` has flattened its gradient (Unit::flatten_grads) and comes next in
+  /// the reduction order: it joins the open bucket, which may be issued.
+  void add(Unit* unit);
+  /// End of backward: issues the open bucket and completes every reduction, so
+  /// that every member holds its reduced shard.
+  void finish();
+  /// Bucket buffers alive now (members' own flat gradients are the units').
+  int64_t transient_bytes() const;
+
+ private:
+  struct Reduction;
+  bool fits_open_bucket(const Unit& unit) const;
+  void issue_open_bucket();
+  std::unique_ptr<Reduction> issue(std::vector<Unit*> members);
+  void complete_scatter(Reduction& r);      // SCATTERING -> REPLICATING or DONE
+  void complete_replication(Reduction& r);  // REPLICATING -> DONE
+  void deliver(Reduction& r);               // members adopt their shards
+
+  dist::ProcessGroup reduce_pg_, replica_pg_;
+  int64_t cap_bytes_;
+  Tracer* tracer_;
+  std::vector<Unit*> open_;      // the open bucket, in reduction order
+  int64_t open_bytes_ = 0;
+  std::unique_ptr<Reduction> scattering_, replicating_;
+};
+
+}  // namespace fsdp::detail
