@@ -3,11 +3,12 @@
 //
 // Usage:
 //   bench_strategies [--steps 30] [--warmup 5] [--models mlp,transformer] [--no-python]
-//                    [--cpu-adam]
+//                    [--cpu-adam]   (rank mode also: --bucket-mb MB)
 //
 // Without RANK in the environment it re-executes itself under the fsdp-run next to
 // it once per (model, strategy): NO_SHARD, SHARD_GRAD_OP, FULL_SHARD at N=2 and
-// HYBRID_SHARD (shard groups of 2) at N=4; with --cpu-adam also NO_SHARD and
+// HYBRID_SHARD (shard groups of 2) at N=4, NO_SHARD, FULL_SHARD and HYBRID_SHARD also
+// with gradient buckets (bucket_cap_mb 25; FULL_SHARD also 4); with --cpu-adam also NO_SHARD and
 // FULL_SHARD with fsdp::optim::CPUAdam. Then it runs bench/ddp_baseline.py under
 // /usr/bin/python3 (Debian's torch) at N=2 on the same model, batch, optimizer and
 // thread count. It prints a table, then one JSON object per line.
@@ -56,6 +57,7 @@ struct Args {
   // rank mode
   std::string model = "mlp", strategy = "no_shard", optim = "adam", prefetch = "none";
   int shard_group = 0;
+  double bucket_mb = 0;  // Options::bucket_cap_mb
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -86,6 +88,7 @@ Args parse_args(int argc, char** argv) {
     else if (k == "--optim") a.optim = next();
     else if (k == "--prefetch") a.prefetch = next();
     else if (k == "--shard-group") a.shard_group = std::stoi(next());
+    else if (k == "--bucket-mb") a.bucket_mb = std::stod(next());
     else {
       std::fprintf(stderr, "bench_strategies: unknown argument %s\n", k.c_str());
       std::exit(2);
@@ -134,6 +137,7 @@ int rank_main(const Args& a) {
   auto opts = fsdp::Options().sharding_strategy(strategy).auto_wrap_policy(fsdp::always_wrap_policy());
   if (a.shard_group > 0) opts.shard_group_size(a.shard_group);
   if (a.prefetch == "pre") opts.backward_prefetch(fsdp::BackwardPrefetch::BACKWARD_PRE).forward_prefetch(true);
+  opts.bucket_cap_mb(a.bucket_mb);
   auto model = fsdp::FullyShardedDataParallel(make_model(a.model), pg, opts);
   int64_t numel = 0;
   {
@@ -188,6 +192,11 @@ int rank_main(const Args& a) {
     std::string name = fsdp::to_string(strategy);
     if (a.optim == "cpuadam") name += "+CPUAdam";
     if (a.prefetch == "pre") name += "+prefetch";
+    if (a.bucket_mb > 0) {
+      char b[32];
+      std::snprintf(b, sizeof b, "+bucket%g", a.bucket_mb);
+      name += b;
+    }
     if (strategy == fsdp::ShardingStrategy::HYBRID_SHARD) name += "(g=" + std::to_string(g) + ")";
     std::printf(
         "{\"model\": \"%s\", \"strategy\": \"%s\", \"world_size\": %d, \"step_ms\": %.3f, "
@@ -245,12 +254,16 @@ int launcher_main(const Args& a) {
   const std::string self = self_exe();
   const std::string dir = self.substr(0, self.rfind('/'));
   const std::string run = dir + "/fsdp-run";
-  struct Config { int n; std::string strategy, optim, prefetch; int g; };
+  struct Config { int n; std::string strategy, optim, prefetch; int g; double bucket_mb = 0; };
   std::vector<Config> configs{{2, "no_shard", "adam", "none", 0},
+                              {2, "no_shard", "adam", "none", 0, 25},
                               {2, "shard_grad_op", "adam", "none", 0},
                               {2, "full_shard", "adam", "none", 0},
+                              {2, "full_shard", "adam", "none", 0, 25},
+                              {2, "full_shard", "adam", "none", 0, 4},
                               {2, "full_shard", "adam", "pre", 0},
-                              {4, "hybrid_shard", "adam", "none", 2}};
+                              {4, "hybrid_shard", "adam", "none", 2},
+                              {4, "hybrid_shard", "adam", "none", 2, 25}};
   if (a.cpu_adam) {
     configs.push_back({2, "no_shard", "cpuadam", "none", 0});
     configs.push_back({2, "full_shard", "cpuadam", "none", 0});
@@ -260,7 +273,7 @@ int launcher_main(const Args& a) {
     for (const auto& c : configs) {
       std::ostringstream cmd;
       cmd << run << " --nproc " << c.n << " -- " << self << " --model " << m << " --strategy " << c.strategy
-          << " --optim " << c.optim << " --prefetch " << c.prefetch << " --shard-group " << c.g << " --steps "
+          << " --optim " << c.optim << " --prefetch " << c.prefetch << " --shard-group " << c.g << " --bucket-mb " << c.bucket_mb << " --steps "
           << a.steps << " --warmup " << a.warmup;
       for (auto& l : json_lines(cmd.str())) results.push_back(l);
     }

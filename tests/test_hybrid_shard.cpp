@@ -4,7 +4,9 @@
 // and nested transformer); gradients cross the replica group (all-reduce bytes
 // equal to the ring all-reduce of every reduced shard); parameter memory per
 // rank is half of NO_SHARD's; shard_group_size 4 gives FULL_SHARD's result and
-// traffic shape, 1 gives NO_SHARD's.
+// traffic shape, 1 gives NO_SHARD's. With bucket_cap_mb the results are
+// bit-identical and the traffic the same; the replica all-reduce runs while
+// backward continues (checked through the trace).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -164,6 +166,69 @@ void hybrid_cases(dist::ProcessGroup& pg) {
     auto h2 = train(pg, mlp, hybrid(2, always_wrap_policy()).mixed_precision(mp), Opt::AdamW);
     EXPECT_GT(h2.all_reduce_bytes, 0);
     expect_close(h2.full, reference(mlp, Opt::AdamW), 2e-2);
+  });
+
+  run_case("buckets", [&] {
+    // bucket_cap_mb: one reduce-scatter in the shard group and one all-reduce
+    // over the replica group for the whole bucket; the same sums (bit-identical:
+    // the replica group has 2 ranks), the same traffic.
+    for (Opt opt : {Opt::SGD, Opt::AdamW}) {
+      auto off = train(pg, mlp, hybrid(2, always_wrap_policy()).bucket_cap_mb(0), opt);
+      auto on = train(pg, mlp, hybrid(2, always_wrap_policy()).bucket_cap_mb(1), opt);
+      expect_close(on.full, reference(mlp, opt), 1e-5);
+      for (const auto& [k, v] : off.full) EXPECT_TRUE(torch::equal(on.full.at(k), v)) << k;
+      EXPECT_GT(on.all_reduce_bytes, 0);
+      EXPECT_EQ(on.all_reduce_bytes, off.all_reduce_bytes);
+      EXPECT_EQ(on.reduce_scatter_bytes, off.reduce_scatter_bytes);
+    }
+    auto tf_off = train(pg, tf, hybrid(2, size_based_policy(100)).bucket_cap_mb(0), Opt::AdamW);
+    auto tf_on = train(pg, tf, hybrid(2, size_based_policy(100)).bucket_cap_mb(25), Opt::AdamW);
+    expect_close(tf_on.full, reference(tf, Opt::AdamW), 1e-5);
+    for (const auto& [k, v] : tf_off.full) EXPECT_TRUE(torch::equal(tf_on.full.at(k), v)) << k;
+  });
+
+  run_case("replica-all-reduce-overlaps-backward", [&] {
+    // MLP units reduce in the order 4, 2, 0. The replica all-reduce of unit 4
+    // starts when unit 2's reduction needs the slot (4's reduce-scatter is then
+    // complete) and is waited for only when unit 0's reduction needs it: unit
+    // 0's whole backward runs while it is in flight. (A blocking replica
+    // all-reduce would end before backward 0 begins.)
+    auto spans_of = [&](double cap) {
+      auto model = FullyShardedDataParallel(make_mlp(), pg, hybrid(2, always_wrap_policy()).bucket_cap_mb(cap)
+                                                                .trace_dir("/tmp/unused-until-flush"));
+      torch::optim::SGD o(model->parameters(), 0.05);
+      for (int s = 0; s < 2; ++s) {
+        model->clear_trace();
+        auto [x, y] = global_batch(s, 16);
+        o.zero_grad();
+        torch::mse_loss(model->forward(rank_slice(x, pg.rank(), 4)), rank_slice(y, pg.rank(), 4)).backward();
+        o.step();
+      }
+      return model->trace_spans();
+    };
+    auto find = [](const std::vector<TraceSpan>& spans, const std::string& name) {
+      for (const auto& s : spans)
+        if (s.name == name) return s;
+      ADD_FAILURE() << "no span '" << name << "'";
+      return TraceSpan{};
+    };
+    auto t = spans_of(0);
+    const auto rep = find(t, "replica_all_reduce 4");
+    const auto bwd = find(t, "backward 0");
+    EXPECT_LT(rep.begin_seq, bwd.begin_seq);
+    EXPECT_GT(rep.end_seq, bwd.end_seq);
+    EXPECT_GT(rep.begin_seq, find(t, "reduce 4").end_seq);  // after the shard group's sum
+    // One bucket: one reduce-scatter and one replica all-reduce in all.
+    auto b = spans_of(1);
+    int reduces = 0, replicas = 0;
+    for (const auto& s : b) {
+      reduces += s.name.rfind("reduce ", 0) == 0;
+      replicas += s.name.rfind("replica_all_reduce ", 0) == 0;
+    }
+    EXPECT_EQ(reduces, 1);
+    EXPECT_EQ(replicas, 1);
+    find(b, "reduce 4+2+0");
+    find(b, "replica_all_reduce 4+2+0");
   });
 
   run_case("bad-shard-group-size", [&] {
