@@ -7,8 +7,9 @@
 //    order that depends on the element's position, so equal to 1e-6 there);
 //  - the number of reduce collectives, read from the trace, drops to the
 //    expected bucket count, and the span names list the bucket's units;
-//  - an unused branch on some ranks, no_sync, mixed precision and a cap below
-//    every unit (each reduced alone) still match;
+//  - an unused branch on some ranks, no_sync, mixed precision (incl. an fp32
+//    BatchNorm unit that cannot join a bf16 bucket) and a cap below every unit
+//    (each reduced alone) still match;
 //  - invalid caps are rejected before any collective; <= 0 disables buckets.
 // HYBRID_SHARD with buckets is in test_hybrid_shard.cpp (N=4).
 #include <cmath>
@@ -187,6 +188,26 @@ void parity_cases(dist::ProcessGroup& pg) {
     EXPECT_EQ(on.reduce_spans.size(), 1u) << join(on.reduce_spans);
     expect_identical(on.full, off.full, "bf16: buckets vs none");
     expect_close(on.full, mlp_ref, 2e-2, "bf16 vs fp32 reference");
+  });
+  run_case("mixed-kinds", [&] {
+    // Under mixed precision a BatchNorm layer is an unsharded fp32 unit of its
+    // own, reduced after the others: it cannot share the bf16 reduce-scatter
+    // bucket, so the open bucket is issued first and it is reduced alone.
+    // (Per-rank batch statistics differ from the global batch's, so the check
+    // is against training without buckets, bit for bit.)
+    auto bn = [] {
+      torch::manual_seed(3);
+      return torch::nn::Sequential(torch::nn::Linear(13, 16), torch::nn::BatchNorm1d(16), torch::nn::ReLU(),
+                                   torch::nn::Linear(16, 5));
+    };
+    const auto mp = MixedPrecision().param_dtype(torch::kBFloat16).reduce_dtype(torch::kBFloat16);
+    auto opts = Options().sharding_strategy(ShardingStrategy::FULL_SHARD).auto_wrap_policy(always_wrap_policy())
+                    .mixed_precision(mp);
+    auto off = train(pg, bn, Options(opts).bucket_cap_mb(0));
+    auto on = train(pg, bn, Options(opts).bucket_cap_mb(1));
+    EXPECT_EQ(off.reduce_spans, (std::vector<std::string>{"reduce 3", "reduce 0", "reduce 1"})) << join(off.reduce_spans);
+    EXPECT_EQ(on.reduce_spans, (std::vector<std::string>{"reduce 3+0", "reduce 1"})) << join(on.reduce_spans);
+    expect_identical(on.full, off.full, "BatchNorm unit: buckets vs none");
   });
 }
 
