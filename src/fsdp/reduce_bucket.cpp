@@ -32,22 +32,44 @@ GradReducer::GradReducer(dist::ProcessGroup reduce_group, dist::ProcessGroup rep
 
 GradReducer::~GradReducer() = default;
 
+// What a unit's flat gradient will be (known before it is flattened).
+int64_t GradReducer::flat_grad_bytes(const Unit& unit) {
+  return unit.flat().padded_numel() * int64_t(c10::elementSize(unit.flat().reduce_dtype()));
+}
+
+bool GradReducer::alone(const Unit& unit) const { return cap_bytes_ <= 0 || flat_grad_bytes(unit) >= cap_bytes_; }
+
 bool GradReducer::fits_open_bucket(const Unit& unit) const {
   if (open_.empty()) return true;
-  const Unit& first = *open_.front();
-  return unit.flat().sharded() == first.flat().sharded() &&
-         unit.flat_grad().scalar_type() == first.flat_grad().scalar_type() &&
-         unit.flat_grad().device() == first.flat_grad().device() &&
-         open_bytes_ + nbytes(unit.flat_grad()) <= cap_bytes_;
+  const FlatParameter& a = unit.flat();
+  const FlatParameter& b = open_.front()->flat();
+  return a.sharded() == b.sharded() && a.reduce_dtype() == b.reduce_dtype() &&
+         a.options().device() == b.options().device() && open_bytes_ + flat_grad_bytes(unit) <= cap_bytes_;
+}
+
+void GradReducer::make_room(const Unit& unit) {
+  // Adding `unit` will issue a collective: complete the one in flight before the
+  // unit's flat gradient is allocated, so that the two never coexist with the
+  // unit's autograd gradients (the peak of unbucketed reduction stays as it was).
+  if (alone(unit) || !fits_open_bucket(unit)) complete_in_flight();
 }
 
 void GradReducer::add(Unit* unit) {
-  TORCH_INTERNAL_ASSERT(unit->flat_grad().defined(), "unit '", unit->label(), "' has no flat gradient to reduce");
-  const int64_t bytes = nbytes(unit->flat_grad());
+  TORCH_INTERNAL_ASSERT(unit->flat_grad().defined() && nbytes(unit->flat_grad()) == flat_grad_bytes(*unit),
+                        "unit '", unit->label(), "' has no flat gradient of the expected size to reduce");
   if (!fits_open_bucket(*unit)) issue_open_bucket();
   open_.push_back(unit);
-  open_bytes_ += bytes;
-  if (cap_bytes_ <= 0 || bytes >= cap_bytes_) issue_open_bucket();  // alone: too big to share
+  open_bytes_ += flat_grad_bytes(*unit);
+  if (alone(*unit)) issue_open_bucket();  // too big to share
+}
+
+void GradReducer::complete_in_flight() {
+  // At most one reduction scattering; completing it starts its replica
+  // all-reduce, which then overlaps what follows.
+  if (!scattering_) return;
+  complete_scatter(*scattering_);
+  if (scattering_->phase == Reduction::Phase::REPLICATING) replicating_ = std::move(scattering_);
+  scattering_.reset();
 }
 
 void GradReducer::issue_open_bucket() {
@@ -55,13 +77,7 @@ void GradReducer::issue_open_bucket() {
   std::vector<Unit*> members = std::move(open_);
   open_.clear();
   open_bytes_ = 0;
-  // At most one reduction scattering: complete the previous one first (its
-  // replica all-reduce starts there and overlaps what follows).
-  if (scattering_) {
-    complete_scatter(*scattering_);
-    if (scattering_->phase == Reduction::Phase::REPLICATING) replicating_ = std::move(scattering_);
-    scattering_.reset();
-  }
+  complete_in_flight();
   scattering_ = issue(std::move(members));
 }
 

@@ -64,8 +64,12 @@ class GradReducer {
               Tracer* tracer);
   ~GradReducer();
 
-  /// `unit` has flattened its gradient (Unit::flatten_grads) and comes next in
-  /// the reduction order: it joins the open bucket, which may be issued.
+  /// `unit` comes next in the reduction order and is about to flatten its
+  /// gradient: if adding it will issue a collective, the reduction in flight is
+  /// completed now, before the new flat gradient exists.
+  void make_room(const Unit& unit);
+  /// `unit` has flattened its gradient (Unit::flatten_grads): it joins the open
+  /// bucket, which may be issued.
   void add(Unit* unit);
   /// End of backward: issues the open bucket and completes every reduction, so
   /// that every member holds its reduced shard.
@@ -75,7 +79,10 @@ class GradReducer {
 
  private:
   struct Reduction;
+  static int64_t flat_grad_bytes(const Unit& unit);
+  bool alone(const Unit& unit) const;  // never shares a bucket
   bool fits_open_bucket(const Unit& unit) const;
+  void complete_in_flight();           // the SCATTERING reduction, if any
   void issue_open_bucket();
   std::unique_ptr<Reduction> issue(std::vector<Unit*> members);
   void complete_scatter(Reduction& r);      // SCATTERING -> REPLICATING or DONE

@@ -214,6 +214,7 @@ void Runtime::reduce(Unit* unit) {
   // for the previous one, which frees its flat gradients and receive buffer, so
   // backward holds one or two buckets' gradients instead of the whole model's.
   // On 2-core CPU machines Gloo's threads get no idle core anyway.
+  if (unit->has_grad_params() && !no_sync_) reducer_->make_room(*unit);
   if (unit->flatten_grads(no_sync_)) {
     reducer_->add(unit);
     note_transient_bytes();
