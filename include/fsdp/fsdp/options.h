@@ -111,15 +111,17 @@ struct Options {
   /// Values <= 0 disable bucketing.
   ///
   /// Default 0 (off): a bucket trades memory and overlap for fewer collectives.
-  /// Its members' flat gradients stay alive until the bucket is full, so the
+  /// Its members' flat gradients stay alive until the bucket is issued, so the
   /// backward peak grows by up to the cap, and the first member's reduction waits
   /// for the last, so less of it overlaps backward. Units are sized by the wrap
-  /// policy, which is the first knob (PyTorch FSDP has no buckets at all);
-  /// buckets pay off when the policy leaves many small units (always_wrap, norms,
-  /// heads) whose collectives are latency-bound: a reduce-scatter of 1 MiB takes
-  /// ~0.5 ms on loopback Gloo at N=2, of which most is per-message latency
-  /// (docs/benchmarks.md). For such models 1-4 MB amortises that latency;
-  /// FairScale's 25 holds the whole of a CPU-sized model in one bucket.
+  /// policy, which is the first knob (PyTorch FSDP has no buckets at all).
+  /// Measured here (docs/benchmarks.md, bench_strategies, 2 cores, Gloo over
+  /// loopback): with units of 10 KB-4 MB, caps of 4 and 25 MB changed step times
+  /// by less than the run-to-run noise, so nothing justifies the extra memory by
+  /// default. Buckets are for models whose wrap policy leaves many tiny units
+  /// (norms, biases, small heads), whose collectives move little and each pay
+  /// the fixed per-message cost (not measured here); 1-4 MB then suffices.
+  /// FairScale's 25 would hold the whole of these CPU-sized models in one bucket.
   TORCH_ARG(double, bucket_cap_mb) = 0;
 };
 
