@@ -240,7 +240,7 @@ void unused_branch_cases(dist::ProcessGroup& pg) {
     return BranchNet();
   };
   auto uses = [](int r) { return r % 2 == 0; };
-  for (auto strategy : {ShardingStrategy::FULL_SHARD, ShardingStrategy::NO_SHARD}) {
+  for (auto strategy : {ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP, ShardingStrategy::NO_SHARD}) {
     for (double cap : {0.0, 1.0, 700.0 / (1024 * 1024)}) {  // none; all; head+branch (2 x 85-87 floats), root alone
       run_case(std::string("unused-branch/") + to_string(strategy) + "/cap" + std::to_string(cap), [&] {
         auto ref = make();

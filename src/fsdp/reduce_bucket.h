@@ -32,9 +32,10 @@
 //   REPLICATING  (HYBRID_SHARD) the all-reduce of its output over the replica
 //                group is in flight ([Note: hybrid groups] in runtime.h)
 //   DONE         its members hold their reduced shards (Unit::adopt_reduced_shard)
-// At most one reduction is SCATTERING: issuing the next completes the previous
-// first, so backward holds one or two buckets' flat gradients instead of the
-// whole model's. The completed one then starts its replica all-reduce, which
+// At most one reduction is SCATTERING: the previous one is completed before the
+// next is issued (make_room: before the unit whose arrival issues it even
+// flattens its gradients), so backward holds one or two buckets' flat gradients
+// instead of the whole model's, and without buckets the peak is as it was. The completed one then starts its replica all-reduce, which
 // runs while backward computes the next units, and is completed when the next
 // reduction leaves SCATTERING (at most one REPLICATING, holding a shard-sized
 // buffer) or at the end of backward, before any gradient piece is assigned.
