@@ -4,10 +4,6 @@
 
 namespace fsdp::detail {
 
-at::Tensor alloc_reduce_buffer(int64_t numel, const at::TensorOptions& options) {
-  return at::empty({numel}, options);
-}
-
 namespace {
 int64_t nbytes(const at::Tensor& t) { return t.defined() ? t.numel() * int64_t(t.element_size()) : 0; }
 }  // namespace
@@ -26,9 +22,9 @@ struct GradReducer::Reduction {
 };
 
 GradReducer::GradReducer(dist::ProcessGroup reduce_group, dist::ProcessGroup replica_group,
-                         int64_t cap_bytes, Tracer* tracer)
+                         int64_t cap_bytes, Tracer* tracer, BufferPool* pool)
     : reduce_pg_(std::move(reduce_group)), replica_pg_(std::move(replica_group)),
-      cap_bytes_(cap_bytes), tracer_(tracer) {}
+      cap_bytes_(cap_bytes), tracer_(tracer), pool_(pool) {}
 
 GradReducer::~GradReducer() = default;
 
@@ -98,7 +94,7 @@ std::unique_ptr<GradReducer::Reduction> GradReducer::issue(std::vector<Unit*> me
   if (members.size() == 1) {
     r->input = members.front()->take_flat_grad();  // no copy: the unbucketed reduction
   } else {
-    r->input = alloc_reduce_buffer(rows * total, first.flat_grad().options());
+    r->input = pool_->empty(rows * total, first.flat_grad().options());
     auto table = r->input.view({rows, total});
     for (size_t i = 0; i < members.size(); ++i) {
       at::Tensor g = members[i]->take_flat_grad();
@@ -109,7 +105,8 @@ std::unique_ptr<GradReducer::Reduction> GradReducer::issue(std::vector<Unit*> me
   r->members = std::move(members);
   r->mark = tracer_->begin();
   if (sharded) {
-    r->output = alloc_reduce_buffer(total, r->input.options());
+    // Not pooled: the output becomes the gradient pieces, which outlive the step.
+    r->output = at::empty({total}, r->input.options());
     r->handle = dist::reduce_scatter(reduce_pg_, r->output, r->input, dist::ReduceOp::Sum);
   } else {
     r->output = r->input;

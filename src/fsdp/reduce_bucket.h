@@ -47,22 +47,20 @@
 #include <ATen/ATen.h>
 
 #include "fsdp/dist/collectives.h"
+#include "buffer_pool.h"
 #include "fsdp/fsdp/trace.h"
 
 namespace fsdp::detail {
 
 class Unit;
 
-/// A big transient buffer of gradient reduction (bucket inputs and outputs).
-/// One function, so that a buffer pool can take over these allocations.
-at::Tensor alloc_reduce_buffer(int64_t numel, const at::TensorOptions& options);
-
 class GradReducer {
  public:
   /// replica_group: undefined or of size 1 unless HYBRID_SHARD replicates.
-  /// cap_bytes <= 0: every unit is reduced alone.
+  /// cap_bytes <= 0: every unit is reduced alone. A bucket's input buffer comes
+  /// from `pool` ([Note: buffer pool]), like the flat gradients it concatenates.
   GradReducer(dist::ProcessGroup reduce_group, dist::ProcessGroup replica_group, int64_t cap_bytes,
-              Tracer* tracer);
+              Tracer* tracer, BufferPool* pool);
   ~GradReducer();
 
   /// `unit` comes next in the reduction order and is about to flatten its
@@ -93,6 +91,7 @@ class GradReducer {
   dist::ProcessGroup reduce_pg_, replica_pg_;
   int64_t cap_bytes_;
   Tracer* tracer_;
+  BufferPool* pool_;
   std::vector<Unit*> open_;      // the open bucket, in reduction order
   int64_t open_bytes_ = 0;
   std::unique_ptr<Reduction> scattering_, replicating_;
