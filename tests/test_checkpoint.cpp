@@ -401,7 +401,9 @@ TEST(StateDict, FullRank0OnlyLoadAndSummon) {
       auto refused = torch::tensor({err.empty() ? int64_t{0} : int64_t{1}});
       dist::all_reduce(pg, refused).wait();
       EXPECT_GE(refused.item<int64_t>(), 1) << "no rank noticed the other layout";
-      if (!err.empty()) EXPECT_NE(err.find("load_checkpoint"), std::string::npos) << err;
+      if (!err.empty()) {
+        EXPECT_NE(err.find("load_checkpoint"), std::string::npos) << err;
+      }
     });
     run_case("summon_full_params", [&] {
       {

@@ -201,8 +201,11 @@ void run_all(dist::ProcessGroup& pg) {
         EXPECT_EQ(p.grad().scalar_type(), torch::kFloat);
       }
     opt.step();
-    for (const auto& b : model->module()->named_buffers())
-      if (b.value().is_floating_point()) EXPECT_EQ(b.value().scalar_type(), torch::kFloat) << b.key();
+    for (const auto& b : model->module()->named_buffers()) {
+      if (b.value().is_floating_point()) {
+        EXPECT_EQ(b.value().scalar_type(), torch::kFloat) << b.key();
+      }
+    }
     // Several iterations: the re-acquired grad accumulators fire exactly once each.
     for (int s = 1; s < 4; ++s) {
       auto [xs, ys] = batch_of(s);
