@@ -156,6 +156,13 @@ void Runtime::plan_backward() {
   reduce_order_.assign(pre_forward_order_.rbegin(), pre_forward_order_.rend());
   gather_ptr_ = 0;
   reduce_ptr_ = 0;
+  // [Note: last unit stays gathered]
+  kept_after_forward_ = nullptr;
+  for (auto it = post_forward_order_.rbegin(); it != post_forward_order_.rend(); ++it)
+    if (!(*it)->is_root()) {
+      kept_after_forward_ = *it;
+      break;
+    }
 }
 
 void Runtime::ensure_final_callback() {

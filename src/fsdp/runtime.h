@@ -32,6 +32,17 @@
 // output hook) and before anything frees the buffer. limit_all_gathers keeps at
 // most one prefetched gather in flight.
 //
+// [Note: last unit stays gathered]
+// Under reshard_after_forward every non-root unit frees its gathered
+// parameters after forward, except the non-root unit that finished forward
+// last in the previous training iteration: backward starts with it, so freeing
+// it would only be followed at once by a gather of the same bytes (one more
+// collective per step, and its memory is needed again before anything else
+// runs). The choice depends only on the forward order, which every rank shares,
+// so every rank skips the same gather. The first iteration reshards it (no
+// order recorded yet); a forward that takes another path is still correct: a
+// unit kept gathered needs no backward gather, any other unit is re-gathered.
+//
 // [Note: hybrid groups]
 // HYBRID_SHARD shards over the *shard group* (shard_group_size consecutive
 // ranks) and replicates across the *replica group* (the ranks holding the same
@@ -102,6 +113,8 @@ class Runtime {
   bool no_sync() const { return no_sync_; }
 
   bool in_backward() const { return callback_queued_; }
+  /// Whether `unit` keeps its parameters gathered after forward ([Note: last unit stays gathered]).
+  bool keeps_gathered_after_forward(const Unit* unit) const { return unit == kept_after_forward_; }
   void note_transient_bytes();
   MemoryStats memory_stats() const;
   void reset_peak();
@@ -128,6 +141,7 @@ class Runtime {
   bool no_sync_ = false;
   int64_t peak_transient_ = 0;
   std::vector<Unit*> implicit_units_;
+  const Unit* kept_after_forward_ = nullptr;  // from the previous iteration's forward
 
   void plan_backward();
 

@@ -172,7 +172,7 @@ void Unit::post_forward(const std::vector<at::Tensor>& outputs) {
     return;
   }
   state_ = UnitState::AWAIT_BACKWARD;
-  if (reshard_after_forward_ && !is_root_) {
+  if (reshard_after_forward_ && !is_root_ && !runtime_->keeps_gathered_after_forward(this)) {
     free_unsharded();  // views stay; backward re-gathers into the same storage
   }
   for (const auto& out : outputs) {

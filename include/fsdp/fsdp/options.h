@@ -66,7 +66,9 @@ struct Options {
   /// Empty: the whole model is one unit (the root).
   TORCH_ARG(WrapPolicy, auto_wrap_policy) = nullptr;
   /// Free unsharded parameters after forward. Default per strategy: true for
-  /// FULL_SHARD, false otherwise.
+  /// FULL_SHARD, false otherwise. The unit that finished the previous
+  /// iteration's forward last stays gathered: backward starts with it, so
+  /// freeing it would only add a gather of the same bytes.
   TORCH_ARG(std::optional<bool>, reshard_after_forward) = std::nullopt;
   /// Gradients are divided by this before the reduction and by world/factor after.
   /// Default (0): PyTorch's choice, the largest power of two f with world % f == 0
