@@ -87,7 +87,9 @@ struct Options {
   /// machine (pg.local_world_size()). Must divide the world size.
   TORCH_ARG(int, shard_group_size) = 0;
   /// Backward prefetch of the next unit's parameters (FULL_SHARD/HYBRID_SHARD).
-  TORCH_ARG(BackwardPrefetch, backward_prefetch) = BackwardPrefetch::NONE;
+  /// Default BACKWARD_PRE, as in PyTorch: the next unit's gather overlaps this
+  /// unit's gradient computation (bench_strategies: faster than NONE here too).
+  TORCH_ARG(BackwardPrefetch, backward_prefetch) = BackwardPrefetch::BACKWARD_PRE;
   /// Gather the next unit during the current unit's forward, in the forward
   /// order recorded in the previous iteration.
   TORCH_ARG(bool, forward_prefetch) = false;
