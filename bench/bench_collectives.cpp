@@ -4,6 +4,7 @@
 // Usage:
 //   bench_collectives [--world-sizes 2,4] [--sizes-mb 1,16,64] [--reps 10] [--reps-large 5]
 //                     [--warmup 3] [--timeout-ms 300000] [--segment-kb 4096]
+//                     [--alltoall-kb 2048]
 //
 // Without RANK in the environment it re-executes itself under the fsdp-run that sits next
 // to it (same bin/ directory), once per world size, and prints rank 0's report with the
@@ -75,6 +76,7 @@ struct Args {
   int warmup = 3;
   long timeout_ms = 300000;
   long segment_kb = 4096;
+  long alltoall_kb = 2048;  // set_comm_alltoall_max_bytes; 0: send/recv at every size
   std::vector<std::string> passthrough;  // argv[1..] for the re-executed ranks
 };
 
@@ -82,7 +84,7 @@ struct Args {
   std::fprintf(stderr,
                "bench_collectives: %s\nusage: bench_collectives [--world-sizes 2,4] "
                "[--sizes-mb 1,16,64] [--reps 10] [--reps-large 5] [--warmup 3] "
-               "[--timeout-ms 300000] [--segment-kb 4096]\n",
+               "[--timeout-ms 300000] [--segment-kb 4096] [--alltoall-kb 2048]\n",
                what.c_str());
   std::exit(2);
 }
@@ -133,6 +135,8 @@ Args parse_args(int argc, char** argv) {
       args.warmup = static_cast<int>(parse_long(a, v));
     } else if (a == "--segment-kb") {
       args.segment_kb = parse_long(a, v);
+    } else if (a == "--alltoall-kb") {
+      args.alltoall_kb = parse_long(a, v);
     } else if (a == "--timeout-ms") {
       args.timeout_ms = parse_long(a, v);
     } else {
@@ -140,9 +144,9 @@ Args parse_args(int argc, char** argv) {
     }
   }
   if (args.reps < 1 || args.reps_large < 1 || args.warmup < 0 || args.timeout_ms <= 0 ||
-      args.segment_kb < 1) {
+      args.segment_kb < 1 || args.alltoall_kb < 0) {
     usage_error("--reps and --reps-large must be >= 1, --warmup >= 0, --timeout-ms and "
-                "--segment-kb > 0");
+                "--segment-kb > 0, --alltoall-kb >= 0");
   }
   return args;
 }
@@ -258,6 +262,7 @@ int rank_main(const Args& args) {
   const int n = pg.size();
   const int rank = pg.rank();
   dist::set_comm_segment_bytes(int64_t(args.segment_kb) * 1024);
+  dist::set_comm_alltoall_max_bytes(int64_t(args.alltoall_kb) * 1024);
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   const auto f32 = at::TensorOptions().dtype(at::kFloat);
 
@@ -372,8 +377,9 @@ int rank_main(const Args& args) {
       }
     };
     print_rows(true);
-    std::printf("reference points (segment %ld KiB): Gloo's alltoall and allgather alone, "
-                "the unoverlapped sum, a fresh buffer\n", args.segment_kb);
+    std::printf("reference points (segment %ld KiB, alltoall path up to %ld KiB): Gloo's "
+                "alltoall and allgather alone, the unoverlapped sum, a fresh buffer\n",
+                args.segment_kb, args.alltoall_kb);
     print_rows(false);
     for (const auto& r : rows) {
       std::printf("{\"op\": \"%s\", \"world_size\": %d, \"mb\": %d, \"ms\": %.4f, "

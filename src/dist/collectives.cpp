@@ -4,10 +4,12 @@
 #include <sstream>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include "group_comm_state.h"
+#include "kernels/row_sum_kernel.h"
 
 namespace fsdp::dist {
 
@@ -111,6 +113,27 @@ c10::intrusive_ptr<c10d::Work> recv(const ProcessGroup& g, const at::Tensor& t, 
   return g.c10d()->recv(v, peer, tag);
 }
 
+// acc = rows[0] + rows[1] + ... in this order (reduce-scatter's sum). fp32 and fp64 go
+// through one blocked pass (kernels/row_sum_kernel.h, same bits as the ATen sequence
+// below, which reads and writes `acc` once per row); other dtypes use that sequence.
+// `acc` must not overlap the rows.
+void sum_rows_into(at::Tensor acc, const std::vector<at::Tensor>& rows) {
+  const auto dtype = acc.scalar_type();
+  if (dtype == at::kFloat || dtype == at::kDouble) {
+    const int threads = at::get_num_threads();
+    AT_DISPATCH_FLOATING_TYPES(dtype, "sum_rows_into", [&] {
+      std::vector<const scalar_t*> ptrs;
+      ptrs.reserve(rows.size());
+      for (const auto& r : rows) ptrs.push_back(r.data_ptr<scalar_t>());
+      kernels::sum_rows(acc.data_ptr<scalar_t>(), ptrs.data(), static_cast<int>(ptrs.size()),
+                        acc.numel(), threads);
+    });
+    return;
+  }
+  at::add_out(acc, rows[0], rows[1]);
+  for (size_t p = 2; p < rows.size(); ++p) acc.add_(rows[p]);
+}
+
 bool overlaps(const at::Tensor& a, const at::Tensor& b) {
   const auto* a0 = static_cast<const char*>(a.data_ptr());
   const auto* b0 = static_cast<const char*>(b.data_ptr());
@@ -151,7 +174,9 @@ bool overlaps(const at::Tensor& a, const at::Tensor& b) {
 //     N rows into the output (our own row is Gloo's copy of it): same bits.
 //   - all-gather: alltoall(flat <- scratch), the scratch holding the shard N times (a
 //     copy of the flat size on our side; what goes on the wire is still (N-1) shards).
-//     Only at N >= 3: at N=2 a single send/recv pair was faster (1 MiB: 0.40 vs 0.58 ms).
+//   Only at N >= 3: at N=2 there is one peer, one send and one recv, and alltoall saved
+//   nothing measurable (1 MiB, N=2: all-gather 0.40 ms over send/recv vs 0.58 ms over
+//   alltoall; reduce-scatter 0.56-0.69 vs 0.65-0.67 ms, within the machine's noise).
 //   These run on Gloo's worker threads, so they queue behind collectives already
 //   issued on the group; small ones are short.
 // The sum per element is row 0 + row 1 + ... + row N-1 in rank order on both paths,
@@ -246,7 +271,7 @@ CommHandle reduce_scatter(const ProcessGroup& g, const at::Tensor& out, const at
   const int me = g.rank();
   const int64_t chunk = out.numel();
   comm_counters().reduce_scatter += nbytes(out) * (n - 1);
-  if (nbytes(flat) <= alltoall_max_bytes().load()) {
+  if (n > 2 && nbytes(flat) <= alltoall_max_bytes().load()) {
     // Small: Gloo's alltoall into a scratch of N rows, then the rank-order sum.
     auto scratch = detail::acquire_scratch(g, nbytes(flat));
     auto rows = scratch_view(scratch, flat).view({n, chunk});
@@ -254,9 +279,9 @@ CommHandle reduce_scatter(const ProcessGroup& g, const at::Tensor& out, const at
     return CommHandle(work, g, "reduce_scatter", [g, out, scratch, rows, n, op]() mutable {
       // Every row is here (ours as Gloo's copy) and `flat` is no longer read, so `out`
       // may alias it.
-      at::Tensor acc = out;
-      at::add_out(acc, rows[0], rows[1]);
-      for (int p = 2; p < n; ++p) out.add_(rows[p]);
+      std::vector<at::Tensor> parts;
+      for (int p = 0; p < n; ++p) parts.push_back(rows[p]);
+      sum_rows_into(out, parts);
       if (op == ReduceOp::Avg) out.div_(n);
       rows = at::Tensor();
       detail::release_scratch(g, std::move(scratch));
@@ -292,6 +317,8 @@ CommHandle reduce_scatter(const ProcessGroup& g, const at::Tensor& out, const at
                     [g, out, flat, scratch, received, recvs, sends, n, me, chunk, seg, nseg, op,
                      alias]() mutable {
     auto acc = alias ? at::empty_like(out) : out;
+    std::vector<at::Tensor> parts;
+    parts.reserve(n);
     auto row = [&](int p, int64_t c0, int64_t len) {
       return p == me ? flat.narrow(0, int64_t(me) * chunk + c0, len)
                      : received[p < me ? p : p - 1].narrow(0, c0, len);
@@ -300,8 +327,9 @@ CommHandle reduce_scatter(const ProcessGroup& g, const at::Tensor& out, const at
       for (int k = 0; k < n - 1; ++k) wait_work(recvs[size_t(s) * (n - 1) + k], g, "reduce_scatter");
       const int64_t c0 = s * seg, len = std::min(seg, chunk - c0);
       auto a = acc.narrow(0, c0, len);
-      at::add_out(a, row(0, c0, len), row(1, c0, len));
-      for (int p = 2; p < n; ++p) a.add_(row(p, c0, len));
+      parts.clear();
+      for (int p = 0; p < n; ++p) parts.push_back(row(p, c0, len));
+      sum_rows_into(a, parts);
       if (op == ReduceOp::Avg) a.div_(n);
     }
     for (const auto& w : sends) wait_work(w, g, "reduce_scatter");

@@ -81,8 +81,8 @@ CommHandle reduce_scatter(const ProcessGroup& g, const at::Tensor& out, const at
 void set_comm_segment_bytes(int64_t bytes);
 int64_t comm_segment_bytes();
 /// All-gather and reduce-scatter of flat buffers of at most this many bytes use Gloo's
-/// alltoall through a scratch buffer of the flat size instead of send/recv (all-gather
-/// only at N >= 3): fewer wake-ups, markedly faster for small buffers when ranks share
+/// alltoall through a scratch buffer of the flat size instead of send/recv, at N >= 3
+/// (at N=2 it saved nothing): fewer wake-ups, markedly faster for small buffers when ranks share
 /// cores. Same results and byte counts either way. Default 2 MiB; 0 turns it off.
 /// Process-wide; every rank of a group must use the same value.
 void set_comm_alltoall_max_bytes(int64_t bytes);
