@@ -96,12 +96,53 @@ at::Tensor scratch_view(const at::Tensor& scratch, const at::Tensor& like) {
   return scratch.narrow(0, 0, nbytes(like)).view(like.scalar_type());
 }
 
-c10::intrusive_ptr<c10d::Work> alltoall(const ProcessGroup& g, const at::Tensor& out,
-                                        const at::Tensor& in) {
-  at::Tensor o = wire_view(out), i = wire_view(in);
-  std::vector<int64_t> equal_splits;
-  return g.c10d()->alltoall_base(o, i, equal_splits, equal_splits);
-}
+// The tensors of one Gloo alltoall. Gloo's work object keeps the tensors it was given
+// until its worker thread lets go of the work, which can be after wait() has returned:
+// the caller's flat buffer and our scratch would outlive the call by a moment (two
+// units' gathers in a row briefly held three buffers; test_state_memory saw it, send/
+// recv never did, its works are ours). So Gloo gets non-owning views, and the lease
+// holds the tensors themselves until the work is complete, then lets go (the scratch
+// goes back to the group, kept if large: [Note: per-group comm state]).
+struct AlltoallLease {
+  ProcessGroup group;
+  at::Tensor scratch;             // kByte, from detail::acquire_scratch
+  std::vector<at::Tensor> owned;  // what the views handed to Gloo point into
+  c10::intrusive_ptr<c10d::Work> work;
+
+  AlltoallLease(ProcessGroup g, int64_t scratch_bytes)
+      : group(std::move(g)), scratch(detail::acquire_scratch(group, scratch_bytes)) {}
+  AlltoallLease(const AlltoallLease&) = delete;
+  AlltoallLease& operator=(const AlltoallLease&) = delete;
+
+  // A tensor shaped like `like` on the scratch (not owning it).
+  at::Tensor on_scratch(const at::Tensor& like) const {
+    return at::from_blob(scratch.data_ptr(), like.sizes(), like.options());
+  }
+  // `t` (which stays alive in the lease) as a non-owning view for Gloo.
+  at::Tensor lend(const at::Tensor& t) {
+    owned.push_back(t);
+    return at::from_blob(t.data_ptr(), t.sizes(), t.strides(), t.options());
+  }
+  void start(const at::Tensor& out, const at::Tensor& in) {
+    at::Tensor o = lend(wire_view(out)), i = lend(wire_view(in));
+    std::vector<int64_t> equal_splits;
+    work = group.c10d()->alltoall_base(o, i, equal_splits, equal_splits);
+  }
+  // After the work completed.
+  void release() {
+    work.reset();
+    owned.clear();
+    detail::release_scratch(group, std::move(scratch));
+  }
+  ~AlltoallLease() {
+    // A handle dropped without wait() while Gloo may still read or write: leak what it
+    // points into rather than free it under Gloo's feet.
+    if (work && !work->isCompleted()) {
+      new at::Tensor(std::move(scratch));
+      new std::vector<at::Tensor>(std::move(owned));
+    }
+  }
+};
 
 c10::intrusive_ptr<c10d::Work> send(const ProcessGroup& g, const at::Tensor& t, int peer, int tag) {
   std::vector<at::Tensor> v{wire_view(t)};
@@ -223,14 +264,13 @@ CommHandle all_gather_into(const ProcessGroup& g, const at::Tensor& flat, const 
   const int64_t chunk = shard.numel();
   if (n > 2 && nbytes(flat) <= alltoall_max_bytes().load()) {
     // Small: Gloo's alltoall from the shard repeated N times (see the note above).
-    auto scratch = detail::acquire_scratch(g, nbytes(flat));
-    auto repeated = scratch_view(scratch, flat).view({n, chunk});
-    for (int p = 0; p < n; ++p) repeated[p].copy_(shard);
+    auto lease = std::make_shared<AlltoallLease>(g, nbytes(flat));
+    auto repeated = lease->on_scratch(flat);
+    auto rows = repeated.view({n, chunk});
+    for (int p = 0; p < n; ++p) rows[p].copy_(shard);
     comm_counters().all_gather += nbytes(shard) * (n - 1);
-    auto work = alltoall(g, flat, repeated.view({-1}));
-    return CommHandle(work, g, "all_gather", [g, scratch]() mutable {
-      detail::release_scratch(g, std::move(scratch));
-    });
+    lease->start(flat, repeated);
+    return CommHandle(lease->work, g, "all_gather", [lease]() { lease->release(); });
   }
   const int64_t seg = std::max<int64_t>(1, segment_bytes().load() / static_cast<int64_t>(flat.element_size()));
   const int nseg = static_cast<int>((chunk + seg - 1) / seg);
@@ -273,10 +313,11 @@ CommHandle reduce_scatter(const ProcessGroup& g, const at::Tensor& out, const at
   comm_counters().reduce_scatter += nbytes(out) * (n - 1);
   if (n > 2 && nbytes(flat) <= alltoall_max_bytes().load()) {
     // Small: Gloo's alltoall into a scratch of N rows, then the rank-order sum.
-    auto scratch = detail::acquire_scratch(g, nbytes(flat));
-    auto rows = scratch_view(scratch, flat).view({n, chunk});
-    auto work = alltoall(g, rows.view({-1}), flat);
-    return CommHandle(work, g, "reduce_scatter", [g, out, scratch, rows, n, op]() mutable {
+    auto lease = std::make_shared<AlltoallLease>(g, nbytes(flat));
+    auto received = lease->on_scratch(flat);
+    lease->start(received, flat);
+    auto rows = received.view({n, chunk});
+    return CommHandle(lease->work, g, "reduce_scatter", [lease, out, rows, n, op]() mutable {
       // Every row is here (ours as Gloo's copy) and `flat` is no longer read, so `out`
       // may alias it.
       std::vector<at::Tensor> parts;
@@ -284,7 +325,7 @@ CommHandle reduce_scatter(const ProcessGroup& g, const at::Tensor& out, const at
       sum_rows_into(out, parts);
       if (op == ReduceOp::Avg) out.div_(n);
       rows = at::Tensor();
-      detail::release_scratch(g, std::move(scratch));
+      lease->release();
     });
   }
   const int64_t seg = std::max<int64_t>(1, segment_bytes().load() / static_cast<int64_t>(flat.element_size()));
