@@ -42,7 +42,6 @@
 // overlaps the sum of each segment with the transfer of the next and keeps a large receive
 // buffer per group; all_gather_into receives straight into the chunk views.
 
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -62,6 +61,7 @@
 
 #include "fsdp/dist/collectives.h"
 #include "fsdp/dist/process_group.h"
+#include "bench_launch.h"
 
 namespace {
 
@@ -153,70 +153,22 @@ Args parse_args(int argc, char** argv) {
 
 // ---- launcher mode ------------------------------------------------------------------------
 
-std::string self_exe() {
-  char buf[4096];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  if (n <= 0) {
-    std::fprintf(stderr, "bench_collectives: cannot read /proc/self/exe: %s\n",
-                 std::strerror(errno));
-    std::exit(1);
-  }
-  return std::string(buf, static_cast<size_t>(n));
-}
-
-// Runs `fsdp-run --nproc N -- self args...`; stdout lines of rank 0 lose their prefix.
+// Runs `fsdp-run --nproc N -- self args...` (bench/bench_launch.h); rank 0's stdout
+// lines lose their prefix.
 int run_under_launcher(const std::string& launcher, const std::string& self, int world,
                        const std::vector<std::string>& passthrough) {
-  std::vector<std::string> argv_s{launcher, "--nproc", std::to_string(world), "--", self};
-  argv_s.insert(argv_s.end(), passthrough.begin(), passthrough.end());
-  std::vector<char*> argv_c;
-  for (auto& s : argv_s) argv_c.push_back(s.data());
-  argv_c.push_back(nullptr);
-
-  int fds[2];
-  if (::pipe(fds) != 0) {
-    std::perror("bench_collectives: pipe");
-    return 1;
-  }
-  std::fflush(nullptr);
-  pid_t pid = ::fork();
-  if (pid < 0) {
-    std::perror("bench_collectives: fork");
-    return 1;
-  }
-  if (pid == 0) {
-    ::dup2(fds[1], STDOUT_FILENO);
-    ::close(fds[0]);
-    ::close(fds[1]);
-    ::execv(argv_c[0], argv_c.data());
-    std::fprintf(stderr, "bench_collectives: cannot execute %s: %s\n", argv_c[0],
-                 std::strerror(errno));
-    ::_exit(127);
-  }
-  ::close(fds[1]);
-  FILE* in = ::fdopen(fds[0], "r");
-  const std::string prefix = "[rank0]: ";
-  char* line = nullptr;
-  size_t cap = 0;
-  while (::getline(&line, &cap, in) > 0) {
-    const char* text = line;
-    if (std::strncmp(line, prefix.c_str(), prefix.size()) == 0) text += prefix.size();
-    std::fputs(text, stdout);
+  std::string cmd = fsdp::bench::shell_quote(launcher) + " --nproc " + std::to_string(world) +
+                    " -- " + fsdp::bench::shell_quote(self);
+  for (const auto& a : passthrough) cmd += " " + fsdp::bench::shell_quote(a);
+  return fsdp::bench::run_lines(cmd, [](const std::string& line) {
+    std::printf("%s\n", line.c_str());
     std::fflush(stdout);
-  }
-  std::free(line);
-  std::fclose(in);
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  return 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  });
 }
 
 int launcher_main(const Args& args) {
-  const std::string self = self_exe();
-  const std::string dir = self.substr(0, self.rfind('/'));
-  const std::string launcher = dir + "/fsdp-run";
+  const std::string self = fsdp::bench::self_exe("bench_collectives");
+  const std::string launcher = fsdp::bench::launcher_next_to(self);
   if (::access(launcher.c_str(), X_OK) != 0) {
     std::fprintf(stderr,
                  "bench_collectives: %s not found; build it (cmake --build <build> --target "
