@@ -207,9 +207,10 @@ bool overlaps(const at::Tensor& a, const at::Tensor& b) {
 //   - bench_collectives at N=4 on 2 cores (every wake-up waits for a core), 1 MiB: our
 //     send/recv took 3.7-4.3 ms, Gloo's alltoall of the same bytes 1.1-1.3 ms. Posting
 //     order is not the cause (sends first, receives first and Gloo's interleaved order
-//     all took 3.1-4.9 ms in a probe); Gloo's alltoall posts every message on one
-//     UnboundBuffer from its worker thread and waits for completions in any order,
-//     where each c10d send/recv is its own buffer and Work. Above ~4 MiB the transfer
+//     all took 3.1-4.9 ms in a probe). What differs: Gloo's alltoall posts every
+//     message on one UnboundBuffer from its worker thread and waits for completions in
+//     any order, where each c10d send/recv is its own buffer and Work waited in turn;
+//     which of these costs the time was not isolated. Above ~4 MiB the transfer
 //     dominates and send/recv matched or beat alltoall (it also skips the copies below).
 //   - reduce-scatter: alltoall(scratch <- flat), then the same rank-order sum of the
 //     N rows into the output (our own row is Gloo's copy of it): same bits.
@@ -221,7 +222,8 @@ bool overlaps(const at::Tensor& a, const at::Tensor& b) {
 //   These run on Gloo's worker threads, so they queue behind collectives already
 //   issued on the group; small ones are short.
 // The sum per element is row 0 + row 1 + ... + row N-1 in rank order on both paths,
-// the same order and so the same bits, on every run.
+// the same order and so the same bits, on every run (fp32/fp64 in one blocked pass,
+// kernels/row_sum_kernel.h, equal bit for bit to the ATen add sequence).
 
 void set_comm_segment_bytes(int64_t bytes) {
   TORCH_CHECK(bytes > 0, "fsdp: set_comm_segment_bytes: expected a positive byte count, got ",
