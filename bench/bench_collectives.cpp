@@ -4,6 +4,7 @@
 // Usage:
 //   bench_collectives [--world-sizes 2,4] [--sizes-mb 1,16,64] [--reps 10] [--reps-large 5]
 //                     [--warmup 3] [--timeout-ms 300000] [--segment-kb 4096]
+//                     [--alltoall-kb 2048]
 //
 // Without RANK in the environment it re-executes itself under the fsdp-run that sits next
 // to it (same bin/ directory), once per world size, and prints rank 0's report with the
@@ -39,9 +40,9 @@
 // reduce_scatter and all_gather_into are built from Gloo send/recv (see
 // src/dist/collectives.cpp), in segments of --segment-kb (default 4096); reduce_scatter
 // overlaps the sum of each segment with the transfer of the next and keeps a large receive
-// buffer per group; all_gather_into receives straight into the chunk views.
+// buffer per group; all_gather_into receives straight into the chunk views. At N >= 3, flat
+// buffers up to --alltoall-kb (default 2048; 0: never) go through Gloo's alltoall instead.
 
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -61,6 +62,7 @@
 
 #include "fsdp/dist/collectives.h"
 #include "fsdp/dist/process_group.h"
+#include "bench_launch.h"
 
 namespace {
 
@@ -75,6 +77,7 @@ struct Args {
   int warmup = 3;
   long timeout_ms = 300000;
   long segment_kb = 4096;
+  long alltoall_kb = 2048;  // set_comm_alltoall_max_bytes; 0: send/recv at every size
   std::vector<std::string> passthrough;  // argv[1..] for the re-executed ranks
 };
 
@@ -82,7 +85,7 @@ struct Args {
   std::fprintf(stderr,
                "bench_collectives: %s\nusage: bench_collectives [--world-sizes 2,4] "
                "[--sizes-mb 1,16,64] [--reps 10] [--reps-large 5] [--warmup 3] "
-               "[--timeout-ms 300000] [--segment-kb 4096]\n",
+               "[--timeout-ms 300000] [--segment-kb 4096] [--alltoall-kb 2048]\n",
                what.c_str());
   std::exit(2);
 }
@@ -133,6 +136,8 @@ Args parse_args(int argc, char** argv) {
       args.warmup = static_cast<int>(parse_long(a, v));
     } else if (a == "--segment-kb") {
       args.segment_kb = parse_long(a, v);
+    } else if (a == "--alltoall-kb") {
+      args.alltoall_kb = parse_long(a, v);
     } else if (a == "--timeout-ms") {
       args.timeout_ms = parse_long(a, v);
     } else {
@@ -140,79 +145,31 @@ Args parse_args(int argc, char** argv) {
     }
   }
   if (args.reps < 1 || args.reps_large < 1 || args.warmup < 0 || args.timeout_ms <= 0 ||
-      args.segment_kb < 1) {
+      args.segment_kb < 1 || args.alltoall_kb < 0) {
     usage_error("--reps and --reps-large must be >= 1, --warmup >= 0, --timeout-ms and "
-                "--segment-kb > 0");
+                "--segment-kb > 0, --alltoall-kb >= 0");
   }
   return args;
 }
 
 // ---- launcher mode ------------------------------------------------------------------------
 
-std::string self_exe() {
-  char buf[4096];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  if (n <= 0) {
-    std::fprintf(stderr, "bench_collectives: cannot read /proc/self/exe: %s\n",
-                 std::strerror(errno));
-    std::exit(1);
-  }
-  return std::string(buf, static_cast<size_t>(n));
-}
-
-// Runs `fsdp-run --nproc N -- self args...`; stdout lines of rank 0 lose their prefix.
+// Runs `fsdp-run --nproc N -- self args...` (bench/bench_launch.h); rank 0's stdout
+// lines lose their prefix.
 int run_under_launcher(const std::string& launcher, const std::string& self, int world,
                        const std::vector<std::string>& passthrough) {
-  std::vector<std::string> argv_s{launcher, "--nproc", std::to_string(world), "--", self};
-  argv_s.insert(argv_s.end(), passthrough.begin(), passthrough.end());
-  std::vector<char*> argv_c;
-  for (auto& s : argv_s) argv_c.push_back(s.data());
-  argv_c.push_back(nullptr);
-
-  int fds[2];
-  if (::pipe(fds) != 0) {
-    std::perror("bench_collectives: pipe");
-    return 1;
-  }
-  std::fflush(nullptr);
-  pid_t pid = ::fork();
-  if (pid < 0) {
-    std::perror("bench_collectives: fork");
-    return 1;
-  }
-  if (pid == 0) {
-    ::dup2(fds[1], STDOUT_FILENO);
-    ::close(fds[0]);
-    ::close(fds[1]);
-    ::execv(argv_c[0], argv_c.data());
-    std::fprintf(stderr, "bench_collectives: cannot execute %s: %s\n", argv_c[0],
-                 std::strerror(errno));
-    ::_exit(127);
-  }
-  ::close(fds[1]);
-  FILE* in = ::fdopen(fds[0], "r");
-  const std::string prefix = "[rank0]: ";
-  char* line = nullptr;
-  size_t cap = 0;
-  while (::getline(&line, &cap, in) > 0) {
-    const char* text = line;
-    if (std::strncmp(line, prefix.c_str(), prefix.size()) == 0) text += prefix.size();
-    std::fputs(text, stdout);
+  std::string cmd = fsdp::bench::shell_quote(launcher) + " --nproc " + std::to_string(world) +
+                    " -- " + fsdp::bench::shell_quote(self);
+  for (const auto& a : passthrough) cmd += " " + fsdp::bench::shell_quote(a);
+  return fsdp::bench::run_lines(cmd, [](const std::string& line) {
+    std::printf("%s\n", line.c_str());
     std::fflush(stdout);
-  }
-  std::free(line);
-  std::fclose(in);
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  return 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  });
 }
 
 int launcher_main(const Args& args) {
-  const std::string self = self_exe();
-  const std::string dir = self.substr(0, self.rfind('/'));
-  const std::string launcher = dir + "/fsdp-run";
+  const std::string self = fsdp::bench::self_exe("bench_collectives");
+  const std::string launcher = fsdp::bench::launcher_next_to(self);
   if (::access(launcher.c_str(), X_OK) != 0) {
     std::fprintf(stderr,
                  "bench_collectives: %s not found; build it (cmake --build <build> --target "
@@ -258,6 +215,7 @@ int rank_main(const Args& args) {
   const int n = pg.size();
   const int rank = pg.rank();
   dist::set_comm_segment_bytes(int64_t(args.segment_kb) * 1024);
+  dist::set_comm_alltoall_max_bytes(int64_t(args.alltoall_kb) * 1024);
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   const auto f32 = at::TensorOptions().dtype(at::kFloat);
 
@@ -372,8 +330,9 @@ int rank_main(const Args& args) {
       }
     };
     print_rows(true);
-    std::printf("reference points (segment %ld KiB): Gloo's alltoall and allgather alone, "
-                "the unoverlapped sum, a fresh buffer\n", args.segment_kb);
+    std::printf("reference points (segment %ld KiB, alltoall path up to %ld KiB): Gloo's "
+                "alltoall and allgather alone, the unoverlapped sum, a fresh buffer\n",
+                args.segment_kb, args.alltoall_kb);
     print_rows(false);
     for (const auto& r : rows) {
       std::printf("{\"op\": \"%s\", \"world_size\": %d, \"mb\": %d, \"ms\": %.4f, "

@@ -52,6 +52,7 @@
 #include "fsdp/dist/process_group.h"
 #include "fsdp/fsdp/fully_sharded.h"
 #include "fsdp/optim/cpu_adam.h"
+#include "bench_launch.h"
 
 #ifndef FSDP_SOURCE_DIR
 #define FSDP_SOURCE_DIR "."
@@ -229,31 +230,12 @@ int rank_main(const Args& a) {
 
 // ---- launcher mode ----
 
-std::string self_exe() {
-  char buf[4096];
-  ssize_t len = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  return len > 0 ? std::string(buf, static_cast<size_t>(len)) : "bench_strategies";
-}
+// Shared with bench_collectives: bench/bench_launch.h.
+std::string self_exe() { return fsdp::bench::self_exe("bench_strategies"); }
 
 // Runs a command and returns the JSON lines it printed (rank 0's, prefix removed).
 std::vector<std::string> json_lines(const std::string& cmd) {
-  std::vector<std::string> out;
-  std::fflush(nullptr);
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return out;
-  char* line = nullptr;
-  size_t cap = 0;
-  while (::getline(&line, &cap, p) > 0) {
-    std::string s = line;
-    const std::string prefix = "[rank0]: ";
-    if (s.rfind(prefix, 0) == 0) s = s.substr(prefix.size());
-    while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
-    if (!s.empty() && s.front() == '{') out.push_back(s);
-  }
-  std::free(line);
-  const int rc = ::pclose(p);
-  if (rc != 0) std::fprintf(stderr, "bench_strategies: '%s' exited with status %d\n", cmd.c_str(), rc);
-  return out;
+  return fsdp::bench::json_lines(cmd, "bench_strategies");
 }
 
 // Minimal field access in our own flat JSON lines.

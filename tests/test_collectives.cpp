@@ -6,6 +6,7 @@
 
 #include "fsdp/dist/collectives.h"
 #include "harness/multirank.h"
+#include "../src/dist/kernels/row_sum_kernel.h"
 
 using namespace fsdp;
 using fsdp::testing::run_case;
@@ -44,10 +45,17 @@ void pipeline_cases(dist::ProcessGroup& pg) {
   const int64_t default_segment = dist::comm_segment_bytes();
   EXPECT_EQ(default_segment, int64_t(4) << 20);
 
+  const int64_t default_alltoall = dist::comm_alltoall_max_bytes();
+  EXPECT_EQ(default_alltoall, int64_t(2) << 20);
+  // These small buffers take the alltoall path at N >= 3 by default; first over
+  // send/recv (alltoall off), then by default.
+  for (int64_t alltoall_max : {int64_t(0), default_alltoall}) {
+  dist::set_comm_alltoall_max_bytes(alltoall_max);
+  const std::string path = alltoall_max == 0 ? " (send/recv)" : " (default path)";
   // 16-element segments: chunks just below, at and above one segment, and many.
   dist::set_comm_segment_bytes(64);
   for (int64_t chunk : {1, 15, 16, 17, 31, 32, 33, 16 * 37 + 5}) {
-    run_case("reduce_scatter segments chunk=" + std::to_string(chunk), [&] {
+    run_case("reduce_scatter segments chunk=" + std::to_string(chunk) + path, [&] {
       auto flat = random_flat(chunk * n, r);
       auto out = torch::full({chunk}, -1.0f);
       dist::reduce_scatter(pg, out, flat).wait();
@@ -81,7 +89,7 @@ void pipeline_cases(dist::ProcessGroup& pg) {
       EXPECT_TRUE(torch::equal(inplace, gathered));
     });
   }
-  run_case("reduce_scatter output aliasing the flat buffer", [&] {
+  run_case("reduce_scatter output aliasing the flat buffer" + path, [&] {
     const int64_t chunk = 16 * 3 + 1;
     // Our own chunk of the flat buffer, then another rank's chunk.
     for (int target : {r, (r + 1) % n}) {
@@ -93,14 +101,17 @@ void pipeline_cases(dist::ProcessGroup& pg) {
   });
   // A segment size that is not a multiple of the element size rounds down.
   dist::set_comm_segment_bytes(70);
-  run_case("reduce_scatter segment of 70 bytes", [&] {
+  run_case("reduce_scatter segment of 70 bytes" + path, [&] {
     const int64_t chunk = 100;
     auto out = torch::empty({chunk});
     dist::reduce_scatter(pg, out, random_flat(chunk * n, r)).wait();
     EXPECT_TRUE(torch::equal(out, reference_chunk(chunk, n, r)));
   });
   dist::set_comm_segment_bytes(default_segment);
+  }
+  dist::set_comm_alltoall_max_bytes(default_alltoall);
   EXPECT_THROW(dist::set_comm_segment_bytes(0), c10::Error);
+  EXPECT_THROW(dist::set_comm_alltoall_max_bytes(-1), c10::Error);
 
   run_case("default segment: one element either side of 4 MiB per chunk", [&] {
     for (int64_t chunk : {(int64_t(1) << 20) - 1, (int64_t(1) << 20) + 1}) {
@@ -123,7 +134,8 @@ void pipeline_cases(dist::ProcessGroup& pg) {
 
   run_case("back-to-back calls of different sizes reuse the receive buffer", [&] {
     auto g = pg.new_subgroup(all);  // a group with no buffer yet
-    // Receive buffers of (n-1)*chunk floats: 8 MiB and more are kept by the group.
+    // Flat buffers of ~8n/(n-1) MiB: send/recv, receive buffers of (n-1)*chunk floats
+    // (1 MiB and more are kept by the group).
     const int64_t big = (int64_t(2) << 20) / (n - 1) + 7;
     dist::set_comm_segment_bytes(int64_t(1) << 20);
     const int64_t before = dist::comm_cached_bytes();
@@ -135,6 +147,35 @@ void pipeline_cases(dist::ProcessGroup& pg) {
     // One idle buffer, the largest: (n-1)*(big+1000) floats.
     EXPECT_EQ(dist::comm_cached_bytes() - before, 4 * (n - 1) * (big + 1000));
     dist::set_comm_segment_bytes(default_segment);
+  });
+
+  run_case("the small-buffer path at its threshold, and the buffer it keeps", [&] {
+    // What the group keeps tells the path: alltoall leases a scratch of the flat size,
+    // send/recv a receive buffer of (n-1)/n of it (all-gather none).
+    const int64_t limit = dist::comm_alltoall_max_bytes();
+    for (int64_t chunk : {limit / 4 / n, limit / 4 / n + 1}) {
+      const bool small = n > 2 && 4 * n * chunk <= limit;
+      auto g = pg.new_subgroup(all);
+      const int64_t before = dist::comm_cached_bytes();
+      auto out = torch::empty({chunk});
+      dist::reduce_scatter(g, out, random_flat(chunk * n, r)).wait();
+      EXPECT_TRUE(torch::equal(out, reference_chunk(chunk, n, r))) << "chunk " << chunk;
+      EXPECT_EQ(dist::comm_cached_bytes() - before, 4 * chunk * (small ? n : n - 1))
+          << "chunk " << chunk;
+      auto avg = torch::empty({chunk});
+      dist::reduce_scatter(g, avg, random_flat(chunk * n, r), dist::ReduceOp::Avg).wait();
+      EXPECT_TRUE(torch::equal(avg, reference_chunk(chunk, n, r) / n));
+      // All-gather, also in place; the scratch it leases is the same size (or none).
+      auto flat = torch::full({chunk * n}, -1.0f);
+      flat.slice(0, r * chunk, (r + 1) * chunk).copy_(rank_values(chunk, r));
+      dist::comm_counters().reset();
+      dist::all_gather_into(g, flat, flat.slice(0, r * chunk, (r + 1) * chunk)).wait();
+      EXPECT_EQ(dist::comm_counters().all_gather.load(), 4 * chunk * (n - 1));
+      for (int q = 0; q < n; ++q) {
+        EXPECT_TRUE(torch::equal(flat.slice(0, q * chunk, (q + 1) * chunk), rank_values(chunk, q)));
+      }
+      EXPECT_EQ(dist::comm_cached_bytes() - before, 4 * chunk * (small ? n : n - 1));
+    }
   });
 
   run_case("collectives in flight on two groups and twice on one", [&] {
@@ -291,6 +332,38 @@ void collective_cases(dist::ProcessGroup& pg) {
 }
 
 }  // namespace
+
+// The blocked row sum against the ATen sequence it replaces, bit for bit: lengths
+// around the block size (4096) and the threading threshold, 2-5 rows, 1 and 2 threads.
+TEST(Collectives, RowSumKernelMatchesAtenOrder) {
+  for (auto dtype : {torch::kFloat, torch::kDouble}) {
+    for (int nrows : {2, 3, 4, 5}) {
+      for (int64_t len : {int64_t(1), int64_t(4095), int64_t(4097), int64_t(3) << 16}) {
+        std::vector<torch::Tensor> rows;
+        for (int p = 0; p < nrows; ++p) rows.push_back(random_flat(len, p, dtype));
+        auto expected = torch::empty({len}, dtype);
+        at::add_out(expected, rows[0], rows[1]);
+        for (int p = 2; p < nrows; ++p) expected.add_(rows[p]);
+        for (int threads : {1, 2}) {
+          auto got = torch::full({len}, -1.0, dtype);
+          AT_DISPATCH_FLOATING_TYPES(dtype, "test", [&] {
+            std::vector<const scalar_t*> ptrs;
+            for (auto& row : rows) ptrs.push_back(row.data_ptr<scalar_t>());
+            fsdp::dist::kernels::sum_rows(got.data_ptr<scalar_t>(), ptrs.data(), nrows, len, threads);
+          });
+          EXPECT_TRUE(torch::equal(got, expected))
+              << dtype << " rows " << nrows << " len " << len << " threads " << threads;
+        }
+        // The order matters: a different order gives different bits (so the check above
+        // can fail).
+        if (dtype == torch::kFloat && nrows == 5 && len > 4096) {
+          auto reversed = rows[4] + rows[3] + rows[2] + rows[1] + rows[0];
+          EXPECT_FALSE(torch::equal(reversed, expected));
+        }
+      }
+    }
+  }
+}
 
 TEST(Collectives, WorldSizes1To4) {
   for (int n = 1; n <= 4; ++n) run_ranks(n, collective_cases);

@@ -4,10 +4,12 @@
 #include <sstream>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include "group_comm_state.h"
+#include "kernels/row_sum_kernel.h"
 
 namespace fsdp::dist {
 
@@ -83,6 +85,65 @@ std::atomic<int64_t>& segment_bytes() {
   return bytes;
 }
 
+// Flat buffers of at most this many bytes go through Gloo's alltoall (see the note below).
+std::atomic<int64_t>& alltoall_max_bytes() {
+  static std::atomic<int64_t> bytes{int64_t(2) << 20};
+  return bytes;
+}
+
+// `flat` (N chunks) as a kByte or typed view of the first bytes of a scratch buffer.
+at::Tensor scratch_view(const at::Tensor& scratch, const at::Tensor& like) {
+  return scratch.narrow(0, 0, nbytes(like)).view(like.scalar_type());
+}
+
+// The tensors of one Gloo alltoall. Gloo's work object keeps the tensors it was given
+// until its worker thread lets go of the work, which can be after wait() has returned:
+// the caller's flat buffer and our scratch would outlive the call by a moment (two
+// units' gathers in a row briefly held three buffers; test_state_memory saw it, send/
+// recv never did, its works are ours). So Gloo gets non-owning views, and the lease
+// holds the tensors themselves until the work is complete, then lets go (the scratch
+// goes back to the group, kept if large: [Note: per-group comm state]).
+struct AlltoallLease {
+  ProcessGroup group;
+  at::Tensor scratch;             // kByte, from detail::acquire_scratch
+  std::vector<at::Tensor> owned;  // what the views handed to Gloo point into
+  c10::intrusive_ptr<c10d::Work> work;
+
+  AlltoallLease(ProcessGroup g, int64_t scratch_bytes)
+      : group(std::move(g)), scratch(detail::acquire_scratch(group, scratch_bytes)) {}
+  AlltoallLease(const AlltoallLease&) = delete;
+  AlltoallLease& operator=(const AlltoallLease&) = delete;
+
+  // A tensor shaped like `like` on the scratch (not owning it).
+  at::Tensor on_scratch(const at::Tensor& like) const {
+    return at::from_blob(scratch.data_ptr(), like.sizes(), like.options());
+  }
+  // `t` (which stays alive in the lease) as a non-owning view for Gloo.
+  at::Tensor lend(const at::Tensor& t) {
+    owned.push_back(t);
+    return at::from_blob(t.data_ptr(), t.sizes(), t.strides(), t.options());
+  }
+  void start(const at::Tensor& out, const at::Tensor& in) {
+    at::Tensor o = lend(wire_view(out)), i = lend(wire_view(in));
+    std::vector<int64_t> equal_splits;
+    work = group.c10d()->alltoall_base(o, i, equal_splits, equal_splits);
+  }
+  // After the work completed.
+  void release() {
+    work.reset();
+    owned.clear();
+    detail::release_scratch(group, std::move(scratch));
+  }
+  ~AlltoallLease() {
+    // A handle dropped without wait() while Gloo may still read or write: leak what it
+    // points into rather than free it under Gloo's feet.
+    if (work && !work->isCompleted()) {
+      new at::Tensor(std::move(scratch));
+      new std::vector<at::Tensor>(std::move(owned));
+    }
+  }
+};
+
 c10::intrusive_ptr<c10d::Work> send(const ProcessGroup& g, const at::Tensor& t, int peer, int tag) {
   std::vector<at::Tensor> v{wire_view(t)};
   return g.c10d()->send(v, peer, tag);
@@ -91,6 +152,27 @@ c10::intrusive_ptr<c10d::Work> send(const ProcessGroup& g, const at::Tensor& t, 
 c10::intrusive_ptr<c10d::Work> recv(const ProcessGroup& g, const at::Tensor& t, int peer, int tag) {
   std::vector<at::Tensor> v{wire_view(t)};
   return g.c10d()->recv(v, peer, tag);
+}
+
+// acc = rows[0] + rows[1] + ... in this order (reduce-scatter's sum). fp32 and fp64 go
+// through one blocked pass (kernels/row_sum_kernel.h, same bits as the ATen sequence
+// below, which reads and writes `acc` once per row); other dtypes use that sequence.
+// `acc` must not overlap the rows.
+void sum_rows_into(at::Tensor acc, const std::vector<at::Tensor>& rows) {
+  const auto dtype = acc.scalar_type();
+  if (dtype == at::kFloat || dtype == at::kDouble) {
+    const int threads = at::get_num_threads();
+    AT_DISPATCH_FLOATING_TYPES(dtype, "sum_rows_into", [&] {
+      std::vector<const scalar_t*> ptrs;
+      ptrs.reserve(rows.size());
+      for (const auto& r : rows) ptrs.push_back(r.data_ptr<scalar_t>());
+      kernels::sum_rows(acc.data_ptr<scalar_t>(), ptrs.data(), static_cast<int>(ptrs.size()),
+                        acc.numel(), threads);
+    });
+    return;
+  }
+  at::add_out(acc, rows[0], rows[1]);
+  for (size_t p = 2; p < rows.size(); ++p) acc.add_(rows[p]);
 }
 
 bool overlaps(const at::Tensor& a, const at::Tensor& b) {
@@ -102,9 +184,10 @@ bool overlaps(const at::Tensor& a, const at::Tensor& b) {
 }  // namespace
 
 // [Note: point-to-point all-gather and reduce-scatter]
-// Both are built from Gloo send/recv, which the transport's own thread completes (they
-// do not queue behind other collectives on Gloo's worker threads), instead of Gloo's
-// allgather and all_to_all_single:
+// Above alltoall_max_bytes() (default 2 MiB of flat buffer) both are built from Gloo
+// send/recv, which the transport's own thread completes (they do not queue behind other
+// collectives on Gloo's worker threads), instead of Gloo's allgather and
+// all_to_all_single:
 //   - Gloo 1.13's allgather gathers into a flat tensor it allocates itself on every call
 //     and then copies it into the chunk views it was given: an allocation (page faults
 //     above glibc's mmap threshold) plus a full copy. Here every rank sends its shard to
@@ -119,8 +202,28 @@ bool overlaps(const at::Tensor& a, const at::Tensor& b) {
 //     wait() sums segment k as soon as it has arrived while later segments are still in
 //     flight. Our own row is read in place; the receive buffer holds the N-1 peer rows
 //     and is leased from the group when large ([Note: per-group comm state]).
-// The sum per element is row 0 + row 1 + ... + row N-1 in rank order, the same order
-// and so the same bits as before, on every run.
+// Small flat buffers (<= alltoall_max_bytes()) go through Gloo's alltoall instead, into
+// (reduce-scatter) or out of (all-gather) a leased scratch buffer of the flat size:
+//   - bench_collectives at N=4 on 2 cores (every wake-up waits for a core), 1 MiB: our
+//     send/recv took 3.7-4.3 ms, Gloo's alltoall of the same bytes 1.1-1.3 ms. Posting
+//     order is not the cause (sends first, receives first and Gloo's interleaved order
+//     all took 3.1-4.9 ms in a probe). What differs: Gloo's alltoall posts every
+//     message on one UnboundBuffer from its worker thread and waits for completions in
+//     any order, where each c10d send/recv is its own buffer and Work waited in turn;
+//     which of these costs the time was not isolated. Above ~4 MiB the transfer
+//     dominates and send/recv matched or beat alltoall (it also skips the copies below).
+//   - reduce-scatter: alltoall(scratch <- flat), then the same rank-order sum of the
+//     N rows into the output (our own row is Gloo's copy of it): same bits.
+//   - all-gather: alltoall(flat <- scratch), the scratch holding the shard N times (a
+//     copy of the flat size on our side; what goes on the wire is still (N-1) shards).
+//   Only at N >= 3: at N=2 there is one peer, one send and one recv, and alltoall saved
+//   nothing measurable (1 MiB, N=2: all-gather 0.40 ms over send/recv vs 0.58 ms over
+//   alltoall; reduce-scatter 0.56-0.69 vs 0.65-0.67 ms, within the machine's noise).
+//   These run on Gloo's worker threads, so they queue behind collectives already
+//   issued on the group; small ones are short.
+// The sum per element is row 0 + row 1 + ... + row N-1 in rank order on both paths,
+// the same order and so the same bits, on every run (fp32/fp64 in one blocked pass,
+// kernels/row_sum_kernel.h, equal bit for bit to the ATen add sequence).
 
 void set_comm_segment_bytes(int64_t bytes) {
   TORCH_CHECK(bytes > 0, "fsdp: set_comm_segment_bytes: expected a positive byte count, got ",
@@ -129,6 +232,14 @@ void set_comm_segment_bytes(int64_t bytes) {
 }
 
 int64_t comm_segment_bytes() { return segment_bytes().load(); }
+
+void set_comm_alltoall_max_bytes(int64_t bytes) {
+  TORCH_CHECK(bytes >= 0, "fsdp: set_comm_alltoall_max_bytes: expected a byte count >= 0 "
+              "(0 turns the alltoall path off), got ", bytes);
+  alltoall_max_bytes() = bytes;
+}
+
+int64_t comm_alltoall_max_bytes() { return alltoall_max_bytes().load(); }
 
 int64_t comm_cached_bytes() { return detail::cached_scratch_bytes(); }
 
@@ -153,6 +264,16 @@ CommHandle all_gather_into(const ProcessGroup& g, const at::Tensor& flat, const 
               "buffer but is not this rank's chunk (rank ", me, "); pass a separate shard or "
               "flat[rank*chunk:(rank+1)*chunk]");
   const int64_t chunk = shard.numel();
+  if (n > 2 && nbytes(flat) <= alltoall_max_bytes().load()) {
+    // Small: Gloo's alltoall from the shard repeated N times (see the note above).
+    auto lease = std::make_shared<AlltoallLease>(g, nbytes(flat));
+    auto repeated = lease->on_scratch(flat);
+    auto rows = repeated.view({n, chunk});
+    for (int p = 0; p < n; ++p) rows[p].copy_(shard);
+    comm_counters().all_gather += nbytes(shard) * (n - 1);
+    lease->start(flat, repeated);
+    return CommHandle(lease->work, g, "all_gather", [lease]() { lease->release(); });
+  }
   const int64_t seg = std::max<int64_t>(1, segment_bytes().load() / static_cast<int64_t>(flat.element_size()));
   const int nseg = static_cast<int>((chunk + seg - 1) / seg);
   const int tag0 = detail::reserve_tags(g, nseg);
@@ -191,14 +312,31 @@ CommHandle reduce_scatter(const ProcessGroup& g, const at::Tensor& out, const at
   }
   const int me = g.rank();
   const int64_t chunk = out.numel();
+  comm_counters().reduce_scatter += nbytes(out) * (n - 1);
+  if (n > 2 && nbytes(flat) <= alltoall_max_bytes().load()) {
+    // Small: Gloo's alltoall into a scratch of N rows, then the rank-order sum.
+    auto lease = std::make_shared<AlltoallLease>(g, nbytes(flat));
+    auto received = lease->on_scratch(flat);
+    lease->start(received, flat);
+    auto rows = received.view({n, chunk});
+    return CommHandle(lease->work, g, "reduce_scatter", [lease, out, rows, n, op]() mutable {
+      // Every row is here (ours as Gloo's copy) and `flat` is no longer read, so `out`
+      // may alias it.
+      std::vector<at::Tensor> parts;
+      for (int p = 0; p < n; ++p) parts.push_back(rows[p]);
+      sum_rows_into(out, parts);
+      if (op == ReduceOp::Avg) out.div_(n);
+      rows = at::Tensor();
+      lease->release();
+    });
+  }
   const int64_t seg = std::max<int64_t>(1, segment_bytes().load() / static_cast<int64_t>(flat.element_size()));
   const int nseg = static_cast<int>((chunk + seg - 1) / seg);
   auto rows = flat.view({n, chunk});
   // Peer p's row for us lands in received[slot(p)], slot(p) = p < me ? p : p - 1.
-  auto scratch = detail::acquire_scratch(g, (n - 1) * chunk, flat.options());
-  auto received = scratch.narrow(0, 0, (n - 1) * chunk).view({n - 1, chunk});
+  auto scratch = detail::acquire_scratch(g, nbytes(out) * (n - 1));
+  auto received = scratch_view(scratch, flat.narrow(0, 0, (n - 1) * chunk)).view({n - 1, chunk});
   const int tag0 = detail::reserve_tags(g, nseg);
-  comm_counters().reduce_scatter += nbytes(out) * (n - 1);
 
   // recvs[s*(n-1) + k-1]: segment s from peer me-k; sends likewise to peer me+k.
   std::vector<c10::intrusive_ptr<c10d::Work>> recvs, sends;
@@ -222,6 +360,8 @@ CommHandle reduce_scatter(const ProcessGroup& g, const at::Tensor& out, const at
                     [g, out, flat, scratch, received, recvs, sends, n, me, chunk, seg, nseg, op,
                      alias]() mutable {
     auto acc = alias ? at::empty_like(out) : out;
+    std::vector<at::Tensor> parts;
+    parts.reserve(n);
     auto row = [&](int p, int64_t c0, int64_t len) {
       return p == me ? flat.narrow(0, int64_t(me) * chunk + c0, len)
                      : received[p < me ? p : p - 1].narrow(0, c0, len);
@@ -230,8 +370,9 @@ CommHandle reduce_scatter(const ProcessGroup& g, const at::Tensor& out, const at
       for (int k = 0; k < n - 1; ++k) wait_work(recvs[size_t(s) * (n - 1) + k], g, "reduce_scatter");
       const int64_t c0 = s * seg, len = std::min(seg, chunk - c0);
       auto a = acc.narrow(0, c0, len);
-      at::add_out(a, row(0, c0, len), row(1, c0, len));
-      for (int p = 2; p < n; ++p) a.add_(row(p, c0, len));
+      parts.clear();
+      for (int p = 0; p < n; ++p) parts.push_back(row(p, c0, len));
+      sum_rows_into(a, parts);
       if (op == ReduceOp::Avg) a.div_(n);
     }
     for (const auto& w : sends) wait_work(w, g, "reduce_scatter");

@@ -58,18 +58,16 @@ int reserve_tags(const ProcessGroup& g, int count) {
   return first;
 }
 
-at::Tensor acquire_scratch(const ProcessGroup& g, int64_t numel, const at::TensorOptions& options) {
-  const int64_t want = numel * static_cast<int64_t>(c10::elementSize(
-                                   c10::typeMetaToScalarType(options.dtype())));
-  if (want >= kCacheMinBytes) {
+at::Tensor acquire_scratch(const ProcessGroup& g, int64_t bytes) {
+  if (bytes >= kCacheMinBytes) {
     auto& r = registry();
     std::lock_guard<std::mutex> lock(r.mu);
     auto& e = r.entry(g);
-    if (e.idle.defined() && e.idle.numel() >= numel && e.idle.dtype() == options.dtype()) {
+    if (e.idle.defined() && nbytes(e.idle) >= bytes) {
       return std::move(e.idle);  // leaves e.idle undefined: leased
     }
   }
-  return at::empty({numel}, options);
+  return at::empty({bytes}, at::TensorOptions().dtype(at::kByte));
 }
 
 void release_scratch(const ProcessGroup& g, at::Tensor buffer) {

@@ -1,0 +1,74 @@
+// The "re-execute myself under fsdp-run" part of the benchmarks that start their own
+// ranks: started without RANK in the environment, bench_collectives and bench_strategies
+// run `<bin>/fsdp-run --nproc N -- <self> args...` and read what rank 0 prints.
+// Header-only: benchmarks link the library, not each other.
+#pragma once
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace fsdp {
+namespace bench {
+
+/// Path of the running executable (/proc/self/exe), or `fallback` if it cannot be read.
+inline std::string self_exe(const std::string& fallback) {
+  char buf[4096];
+  ssize_t len = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  return len > 0 ? std::string(buf, static_cast<size_t>(len)) : fallback;
+}
+
+/// The fsdp-run that sits in the same directory as `exe`.
+inline std::string launcher_next_to(const std::string& exe) {
+  return exe.substr(0, exe.rfind('/') + 1) + "fsdp-run";
+}
+
+/// `s` single-quoted for the shell.
+inline std::string shell_quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+/// Runs `cmd` through the shell and hands every line it prints on stdout to `on_line`
+/// (without the newline; rank 0's "[rank0]: " prefix removed, other ranks' lines as
+/// they are). Returns the command's exit code, 128 + signal if a signal ended it, or
+/// -1 if it could not be started.
+inline int run_lines(const std::string& cmd, const std::function<void(const std::string&)>& on_line) {
+  std::fflush(nullptr);
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return -1;
+  const std::string prefix = "[rank0]: ";
+  char* line = nullptr;
+  size_t cap = 0;
+  while (::getline(&line, &cap, p) > 0) {
+    std::string s = line;
+    if (s.rfind(prefix, 0) == 0) s = s.substr(prefix.size());
+    while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
+    on_line(s);
+  }
+  std::free(line);
+  const int status = ::pclose(p);
+  if (status == -1) return -1;
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  return 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+}
+
+/// The JSON lines ("{...}") that `cmd` printed on stdout (rank 0's, prefix removed); a
+/// non-zero exit is reported on stderr as "<who>: '<cmd>' exited with status <code>".
+inline std::vector<std::string> json_lines(const std::string& cmd, const char* who) {
+  std::vector<std::string> out;
+  const int rc = run_lines(cmd, [&](const std::string& s) {
+    if (!s.empty() && s.front() == '{') out.push_back(s);
+  });
+  if (rc != 0) std::fprintf(stderr, "%s: '%s' exited with status %d\n", who, cmd.c_str(), rc);
+  return out;
+}
+
+}  // namespace bench
+}  // namespace fsdp
