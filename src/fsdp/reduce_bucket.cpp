@@ -22,9 +22,11 @@ struct GradReducer::Reduction {
 };
 
 GradReducer::GradReducer(dist::ProcessGroup reduce_group, dist::ProcessGroup replica_group,
-                         int64_t cap_bytes, Tracer* tracer, BufferPool* pool)
+                         int64_t cap_bytes, Tracer* tracer, BufferPool* pool, int max_scattering)
     : reduce_pg_(std::move(reduce_group)), replica_pg_(std::move(replica_group)),
-      cap_bytes_(cap_bytes), tracer_(tracer), pool_(pool) {}
+      cap_bytes_(cap_bytes), tracer_(tracer), pool_(pool), max_scattering_(max_scattering) {
+  TORCH_INTERNAL_ASSERT(max_scattering_ >= 1);
+}
 
 GradReducer::~GradReducer() = default;
 
@@ -60,12 +62,16 @@ void GradReducer::add(Unit* unit) {
 }
 
 void GradReducer::complete_in_flight() {
-  // At most one reduction scattering; completing it starts its replica
-  // all-reduce, which then overlaps what follows.
-  if (!scattering_) return;
-  complete_scatter(*scattering_);
-  if (scattering_->phase == Reduction::Phase::REPLICATING) replicating_ = std::move(scattering_);
-  scattering_.reset();
+  // At most max_scattering_ reductions scattering ([Note: reductions in flight]).
+  while (static_cast<int>(scattering_.size()) >= max_scattering_) complete_oldest_scatter();
+}
+
+void GradReducer::complete_oldest_scatter() {
+  // Completing it starts its replica all-reduce, which then overlaps what follows.
+  std::unique_ptr<Reduction> r = std::move(scattering_.front());
+  scattering_.pop_front();
+  complete_scatter(*r);
+  if (r->phase == Reduction::Phase::REPLICATING) replicating_ = std::move(r);
 }
 
 void GradReducer::issue_open_bucket() {
@@ -74,7 +80,7 @@ void GradReducer::issue_open_bucket() {
   open_.clear();
   open_bytes_ = 0;
   complete_in_flight();
-  scattering_ = issue(std::move(members));
+  scattering_.push_back(issue(std::move(members)));
 }
 
 std::unique_ptr<GradReducer::Reduction> GradReducer::issue(std::vector<Unit*> members) {
@@ -162,10 +168,12 @@ void GradReducer::finish() {
     complete_replication(*replicating_);
     replicating_.reset();
   }
-  if (scattering_) {
-    complete_scatter(*scattering_);
-    if (scattering_->phase == Reduction::Phase::REPLICATING) complete_replication(*scattering_);
-    scattering_.reset();
+  while (!scattering_.empty()) {
+    complete_oldest_scatter();  // a replica all-reduce it starts waits for the previous one
+    if (replicating_) {
+      complete_replication(*replicating_);
+      replicating_.reset();
+    }
   }
 }
 
@@ -173,8 +181,8 @@ int64_t GradReducer::transient_bytes() const {
   int64_t b = 0;
   // Flat-sized inputs only, as a unit counts its own flat gradient; the
   // shard-sized outputs become the gradient pieces.
-  for (const auto* r : {scattering_.get(), replicating_.get()})
-    if (r != nullptr) b += nbytes(r->input);
+  for (const auto& r : scattering_) b += nbytes(r->input);
+  if (replicating_) b += nbytes(replicating_->input);
   return b;
 }
 

@@ -32,14 +32,22 @@
 //   REPLICATING  (HYBRID_SHARD) the all-reduce of its output over the replica
 //                group is in flight ([Note: hybrid groups] in runtime.h)
 //   DONE         its members hold their reduced shards (Unit::adopt_reduced_shard)
-// At most one reduction is SCATTERING: the previous one is completed before the
-// next is issued (make_room: before the unit whose arrival issues it even
-// flattens its gradients), so backward holds one or two buckets' flat gradients
-// instead of the whole model's, and without buckets the peak is as it was. The completed one then starts its replica all-reduce, which
+// [Note: reductions in flight]
+// At most max_scattering reductions are SCATTERING: when the window is full the
+// oldest is completed before the next is issued (make_room: before the unit
+// whose arrival issues it even flattens its gradients), so backward holds a
+// bounded number of flat gradients instead of the whole model's. Sharded
+// strategies use a window of one: the flat gradient is transient, and one
+// more in flight costs a unit's memory. NO_SHARD uses two: its flat gradient
+// *is* the gradient kept after the step, so a second all-reduce in flight costs
+// nothing, and the main thread no longer waits for one unit's all-reduce
+// before it can flatten and issue the next (bench_strategies, mlp NO_SHARD:
+// 26.7 -> see docs/benchmarks.md). Collectives complete in the order issued. The completed one then starts its replica all-reduce, which
 // runs while backward computes the next units, and is completed when the next
 // reduction leaves SCATTERING (at most one REPLICATING, holding a shard-sized
 // buffer) or at the end of backward, before any gradient piece is assigned.
 
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -59,8 +67,10 @@ class GradReducer {
   /// replica_group: undefined or of size 1 unless HYBRID_SHARD replicates.
   /// cap_bytes <= 0: every unit is reduced alone. A bucket's input buffer comes
   /// from `pool` ([Note: buffer pool]), like the flat gradients it concatenates.
+  /// max_scattering: reductions whose collective may be in flight at once
+  /// ([Note: reductions in flight]).
   GradReducer(dist::ProcessGroup reduce_group, dist::ProcessGroup replica_group, int64_t cap_bytes,
-              Tracer* tracer, BufferPool* pool);
+              Tracer* tracer, BufferPool* pool, int max_scattering);
   ~GradReducer();
 
   /// `unit` comes next in the reduction order and is about to flatten its
@@ -81,7 +91,8 @@ class GradReducer {
   static int64_t flat_grad_bytes(const Unit& unit);
   bool alone(const Unit& unit) const;  // never shares a bucket
   bool fits_open_bucket(const Unit& unit) const;
-  void complete_in_flight();           // the SCATTERING reduction, if any
+  void complete_in_flight();           // the oldest SCATTERING reduction when the window is full
+  void complete_oldest_scatter();
   void issue_open_bucket();
   std::unique_ptr<Reduction> issue(std::vector<Unit*> members);
   void complete_scatter(Reduction& r);      // SCATTERING -> REPLICATING or DONE
@@ -94,7 +105,9 @@ class GradReducer {
   BufferPool* pool_;
   std::vector<Unit*> open_;      // the open bucket, in reduction order
   int64_t open_bytes_ = 0;
-  std::unique_ptr<Reduction> scattering_, replicating_;
+  int max_scattering_;
+  std::deque<std::unique_ptr<Reduction>> scattering_;  // oldest first
+  std::unique_ptr<Reduction> replicating_;
 };
 
 }  // namespace fsdp::detail

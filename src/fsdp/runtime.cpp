@@ -43,7 +43,10 @@ Runtime::Runtime(dist::ProcessGroup pg, Options options)
   if (dir.empty())
     if (const char* env = std::getenv("FSDP_TRACE")) dir = env;
   tracer_ = std::make_unique<Tracer>(dir, pg_.global_rank());
-  reducer_ = std::make_unique<GradReducer>(reduce_pg_, replica_pg_, bucket_cap_bytes(options_), tracer_.get(), &pool_);
+  // [Note: reductions in flight]
+  const int max_scattering = options_.sharding_strategy() == ShardingStrategy::NO_SHARD ? 2 : 1;
+  reducer_ = std::make_unique<GradReducer>(reduce_pg_, replica_pg_, bucket_cap_bytes(options_), tracer_.get(),
+                                           &pool_, max_scattering);
 }
 
 void Runtime::build_hybrid_groups() {
