@@ -88,6 +88,15 @@ for strategy in shard_grad_op no_shard; do
 done
 pass "all strategies start from the same loss ($f1)"
 
+# The schedule flags move collectives, never numbers: same losses bit for bit.
+run --strategy full_shard --steps 30 --no-shuffle --backward-prefetch none --forward-prefetch \
+  --bucket-cap-mb 8 --metrics "$WORK/schedule.jsonl"
+[[ $RC == 0 ]] || { cat "$OUT"; fail "schedule flags: exit status $RC"; }
+losses "$WORK/schedule.jsonl" >"$WORK/schedule.losses" || fail "schedule flags: bad metrics file"
+diff "$WORK/full_shard.losses" "$WORK/schedule.losses" >/dev/null ||
+  fail "--backward-prefetch none --forward-prefetch --bucket-cap-mb 8 changed the losses"
+pass "--backward-prefetch none --forward-prefetch --bucket-cap-mb 8: identical losses"
+
 # --- 2. determinism ----------------------------------------------------------------------
 run --strategy full_shard --steps 30 --no-shuffle --metrics "$WORK/again.jsonl"
 [[ $RC == 0 ]] || fail "repeat run: exit status $RC"
@@ -116,6 +125,7 @@ expect_error() {  # expect_error "<message fragment>" args...
 expect_error "unknown --strategy 'bogus'" --strategy bogus
 expect_error "--shard-group-size applies to --strategy hybrid_shard only" --shard-group-size 2
 expect_error "unknown --mixed-precision 'fp8'; expected none or bf16" --mixed-precision fp8
+expect_error "unknown --backward-prefetch 'early'; expected pre, post or none" --backward-prefetch early
 expect_error "--batch-size 63 does not divide by the world size 2" --batch-size 63
 expect_error "cannot read $WORK/nope/train-images-idx3-ubyte.gz" --data "$WORK/nope"
 expect_error "unknown --model 'rnn'; expected mlp, cnn or gpt" --model rnn

@@ -103,6 +103,14 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
   app.add_option("--mixed-precision", o.mixed_precision,
                  "none | bf16 (bf16 gathers and compute, fp32 master weights and optimizer)")
       ->capture_default_str();
+  app.add_option("--backward-prefetch", o.backward_prefetch,
+                 "gather the next unit before (pre) or after (post) this unit's gradients, or not at all (none)")
+      ->capture_default_str();
+  app.add_flag("--forward-prefetch", o.forward_prefetch,
+               "gather the next unit during this unit's forward (order of the previous step)");
+  app.add_option("--bucket-cap-mb", o.bucket_cap_mb,
+                 "reduce consecutive units' gradients together up to this many MiB (0: one collective per unit)")
+      ->capture_default_str();
   app.add_option("--checkpoint-dir", o.checkpoint_dir,
                  "write checkpoints (docs/checkpoint-format.md) to DIR/step-S, S = optimizer steps taken: "
                  "DIR/step-0 before the first step, every --checkpoint-every steps, and after the last step");
@@ -137,6 +145,7 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
   o.strategy = lower(o.strategy);
   o.optimizer = lower(o.optimizer);
   o.mixed_precision = lower(o.mixed_precision);
+  o.backward_prefetch = lower(o.backward_prefetch);
 
   if (o.nproc < 1) return usage_error("--nproc must be >= 1, got " + std::to_string(o.nproc));
   if (o.threads < 1) return usage_error("--threads must be >= 1, got " + std::to_string(o.threads));
@@ -187,6 +196,9 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
   if (o.log_every < 1) return usage_error("--log-every must be >= 1");
   if (o.mixed_precision != "none" && o.mixed_precision != "bf16")
     return usage_error("unknown --mixed-precision '" + o.mixed_precision + "'; expected none or bf16");
+  if (o.backward_prefetch != "pre" && o.backward_prefetch != "post" && o.backward_prefetch != "none")
+    return usage_error("unknown --backward-prefetch '" + o.backward_prefetch + "'; expected pre, post or none");
+  if (!(o.bucket_cap_mb < 1e12)) return usage_error("--bucket-cap-mb must be a finite number of MiB (<= 0: off)");
   if (o.checkpoint_every < 0)
     return usage_error("--checkpoint-every must be >= 0, got " + std::to_string(o.checkpoint_every));
   if (every_opt->count() > 0 && o.checkpoint_dir.empty())

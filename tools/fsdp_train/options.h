@@ -58,6 +58,9 @@ struct TrainOptions {
   std::string metrics_path;        ///< JSON lines, rank 0; empty: none
   bool estimate_memory = false;
   std::string mixed_precision = "none";  ///< none | bf16 (bf16 compute and gathers, fp32 master)
+  std::string backward_prefetch = "pre";  ///< pre | post | none (fsdp::Options::backward_prefetch)
+  bool forward_prefetch = false;          ///< fsdp::Options::forward_prefetch
+  double bucket_cap_mb = 0;               ///< fsdp::Options::bucket_cap_mb (<= 0: off)
   std::string checkpoint_dir;      ///< checkpoints go to <dir>/step-S; empty: none
   int64_t checkpoint_every = 0;    ///< also every K steps (0: only step-0 and the last step)
   std::string resume;              ///< a checkpoint directory (<dir>/step-S) to continue from; empty: none

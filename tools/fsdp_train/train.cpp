@@ -295,7 +295,12 @@ int run_rank(const TrainOptions& o) {
   // Library options shared by every model; the wrap policy is the model's.
   fsdp::Options base = fsdp::Options()
                            .sharding_strategy(fsdp::parse_sharding_strategy(o.strategy))
-                           .shard_group_size(o.shard_group_size);
+                           .shard_group_size(o.shard_group_size)
+                           .forward_prefetch(o.forward_prefetch)
+                           .bucket_cap_mb(o.bucket_cap_mb);
+  base.backward_prefetch(o.backward_prefetch == "post"   ? fsdp::BackwardPrefetch::BACKWARD_POST
+                         : o.backward_prefetch == "none" ? fsdp::BackwardPrefetch::NONE
+                                                         : fsdp::BackwardPrefetch::BACKWARD_PRE);
   if (o.mixed_precision == "bf16") base.mixed_precision(fsdp::MixedPrecision().param_dtype(torch::kBFloat16));
   // Same seed on every rank right before the model is built: identical initial weights
   // without a broadcast.
