@@ -3,6 +3,7 @@
 //
 // Usage:
 //   bench_collectives [--world-sizes 2,4] [--sizes-mb 1,16,64] [--reps 10] [--reps-large 5]
+//                     [--reps-small 50]
 //                     [--warmup 3] [--timeout-ms 300000] [--segment-kb 4096]
 //                     [--alltoall-kb 2048]
 //
@@ -74,6 +75,9 @@ struct Args {
   std::vector<int> sizes_mb{1, 16, 64};
   int reps = 10;
   int reps_large = 5;  // for buffers of 64 MiB and more
+  // Buffers below 4 MiB: a collective takes a few hundred microseconds there, so one
+  // scheduler hiccup moves a sample by 2-5x; the median needs more samples to settle.
+  int reps_small = 50;
   int warmup = 3;
   long timeout_ms = 300000;
   long segment_kb = 4096;
@@ -84,7 +88,7 @@ struct Args {
 [[noreturn]] void usage_error(const std::string& what) {
   std::fprintf(stderr,
                "bench_collectives: %s\nusage: bench_collectives [--world-sizes 2,4] "
-               "[--sizes-mb 1,16,64] [--reps 10] [--reps-large 5] [--warmup 3] "
+               "[--sizes-mb 1,16,64] [--reps 10] [--reps-small 50] [--reps-large 5] [--warmup 3] "
                "[--timeout-ms 300000] [--segment-kb 4096] [--alltoall-kb 2048]\n",
                what.c_str());
   std::exit(2);
@@ -130,6 +134,8 @@ Args parse_args(int argc, char** argv) {
       args.sizes_mb = parse_list(a, v);
     } else if (a == "--reps") {
       args.reps = static_cast<int>(parse_long(a, v));
+    } else if (a == "--reps-small") {
+      args.reps_small = static_cast<int>(parse_long(a, v));
     } else if (a == "--reps-large") {
       args.reps_large = static_cast<int>(parse_long(a, v));
     } else if (a == "--warmup") {
@@ -144,9 +150,9 @@ Args parse_args(int argc, char** argv) {
       usage_error("unknown argument '" + a + "'");
     }
   }
-  if (args.reps < 1 || args.reps_large < 1 || args.warmup < 0 || args.timeout_ms <= 0 ||
+  if (args.reps < 1 || args.reps_large < 1 || args.reps_small < 1 || args.warmup < 0 || args.timeout_ms <= 0 ||
       args.segment_kb < 1 || args.alltoall_kb < 0) {
-    usage_error("--reps and --reps-large must be >= 1, --warmup >= 0, --timeout-ms and "
+    usage_error("--reps, --reps-small and --reps-large must be >= 1, --warmup >= 0, --timeout-ms and "
                 "--segment-kb > 0, --alltoall-kb >= 0");
   }
   return args;
@@ -270,7 +276,7 @@ int rank_main(const Args& args) {
                      fresh.zero_();
                    }});
 
-    const int reps = mb >= 64 ? args.reps_large : args.reps;
+    const int reps = mb >= 64 ? args.reps_large : mb < 4 ? args.reps_small : args.reps;
     for (int w = 0; w < args.warmup; ++w) {
       for (auto& op : ops) op.run();
     }
@@ -314,9 +320,9 @@ int rank_main(const Args& args) {
       std::fclose(f);
     }
     std::printf("bench_collectives: world_size=%d on %u cores%s, fp32, median of %d reps "
-                "(%d for >= 64 MiB; max over ranks), %d warm-up, intra-op threads %d\n",
+                "(%d below 4 MiB, %d for >= 64 MiB; max over ranks), %d warm-up, intra-op threads %d\n",
                 n, cores, n > int(cores) ? " (OVERSUBSCRIBED: more ranks than cores)" : "",
-                args.reps, args.reps_large, args.warmup, at::get_num_threads());
+                args.reps, args.reps_small, args.reps_large, args.warmup, at::get_num_threads());
     std::printf("load average at the end of the measurements: %s\n", load.c_str());
     std::printf("busbw: all-gather/reduce-scatter S*(N-1)/N/t, all-reduce 2*S*(N-1)/N/t "
                 "(nccl-tests), GB = 1e9 bytes, MB = MiB\n");
