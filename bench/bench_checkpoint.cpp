@@ -28,42 +28,12 @@
 #include "fsdp/dist/collectives.h"
 #include "fsdp/fsdp/fully_sharded.h"
 #include "fsdp/state/checkpoint.h"
+#include "harness/counting_allocator.h"  // header-only; the benchmark does not link the harness
 
 using namespace fsdp;
 namespace fs = std::filesystem;
 
 namespace {
-
-class CountingAllocator final : public c10::Allocator {
- public:
-  explicit CountingAllocator(c10::Allocator* base) : base_(base) {}
-  c10::DataPtr allocate(size_t n) const override {
-    auto* ctx = new Context{base_->allocate(n), n, this};
-    live_ += static_cast<int64_t>(n);
-    peak_ = std::max(peak_.load(), live_.load());
-    void* data = ctx->inner.get();
-    return {data, ctx, &CountingAllocator::release, ctx->inner.device()};
-  }
-  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
-  int64_t live() const { return live_; }
-  int64_t peak() const { return peak_; }
-  void reset_peak() { peak_ = live_.load(); }
-
- private:
-  struct Context {
-    c10::DataPtr inner;
-    size_t n;
-    const CountingAllocator* self;
-  };
-  static void release(void* p) {
-    auto* ctx = static_cast<Context*>(p);
-    ctx->self->live_ -= static_cast<int64_t>(ctx->n);
-    delete ctx;
-  }
-  c10::Allocator* base_;
-  mutable std::atomic<int64_t> live_{0};
-  mutable std::atomic<int64_t> peak_{0};
-};
 
 double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -88,8 +58,7 @@ std::string arg(int argc, char** argv, const std::string& name, const std::strin
 }
 
 int rank_main(int argc, char** argv) {
-  auto* counter = new CountingAllocator(c10::GetCPUAllocator());
-  c10::SetCPUAllocator(counter, /*priority=*/100);
+  auto* counter = fsdp::testing::install_counting_allocator();
   const int64_t target = std::stoll(arg(argc, argv, "--params", "100000000"));
   const std::string dir = arg(argc, argv, "--dir", "/tmp") + "/bench_checkpoint";
   auto pg = dist::init_process_group(dist::InitOptions());

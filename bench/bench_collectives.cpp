@@ -355,12 +355,5 @@ int rank_main(const Args& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const Args args = parse_args(argc, argv);
-  if (std::getenv("RANK") == nullptr) return launcher_main(args);
-  try {
-    return rank_main(args);
-  } catch (const c10::Error& e) {
-    std::fprintf(stderr, "bench_collectives: FAILED: %s\n", e.what_without_backtrace());
-    return 1;
-  }
+  return fsdp::bench::launcher_or_rank_main("bench_collectives", parse_args(argc, argv), launcher_main, rank_main);
 }

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include <c10/util/Exception.h>
+
 namespace fsdp {
 namespace bench {
 
@@ -68,6 +70,21 @@ inline std::vector<std::string> json_lines(const std::string& cmd, const char* w
   });
   if (rc != 0) std::fprintf(stderr, "%s: '%s' exited with status %d\n", who, cmd.c_str(), rc);
   return out;
+}
+
+/// main() of a benchmark that starts its own ranks: without RANK in the environment it
+/// runs `launcher` (which re-executes the binary under fsdp-run), under a launcher it
+/// runs `rank`; a c10::Error there is reported as "<name>: FAILED: ..." with status 1.
+template <typename Args>
+int launcher_or_rank_main(const char* name, const Args& args, int (*launcher)(const Args&),
+                          int (*rank)(const Args&)) {
+  if (std::getenv("RANK") == nullptr) return launcher(args);
+  try {
+    return rank(args);
+  } catch (const c10::Error& e) {
+    std::fprintf(stderr, "%s: FAILED: %s\n", name, e.what_without_backtrace());
+    return 1;
+  }
 }
 
 }  // namespace bench

@@ -324,12 +324,5 @@ int launcher_main(const Args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const Args args = parse_args(argc, argv);
-  if (std::getenv("RANK") == nullptr) return launcher_main(args);
-  try {
-    return rank_main(args);
-  } catch (const c10::Error& e) {
-    std::fprintf(stderr, "bench_strategies: FAILED: %s\n", e.what_without_backtrace());
-    return 1;
-  }
+  return fsdp::bench::launcher_or_rank_main("bench_strategies", parse_args(argc, argv), launcher_main, rank_main);
 }

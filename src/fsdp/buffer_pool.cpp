@@ -69,7 +69,7 @@ at::DataPtr BufferPool::allocate(size_t nbytes) {
 }
 
 at::Tensor BufferPool::empty(int64_t numel, const at::TensorOptions& options) {
-  const size_t nbytes = static_cast<size_t>(numel) * c10::elementSize(c10::typeMetaToScalarType(options.dtype()));
+  const size_t nbytes = static_cast<size_t>(numel) * options.dtype().itemsize();
   c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, allocate(nbytes), /*allocator=*/nullptr,
                        /*resizable=*/false);
   return at::empty({0}, options).set_(storage, 0, {numel}, {1});

@@ -82,7 +82,6 @@ class Runtime {
   Tracer& tracer() const { return *tracer_; }
   /// Large per-iteration buffers ([Note: buffer pool]).
   BufferPool& pool() { return pool_; }
-  const BufferPool& pool() const { return pool_; }
   const Options& options() const { return options_; }
   double predivide() const { return predivide_; }
   double postdivide() const { return postdivide_; }

@@ -54,16 +54,22 @@ print("eval", repr(evals[0]["eval"]["loss"]), repr(evals[0]["eval"]["accuracy"])
 PY
 }
 
+# Sets first/last to the first and last training loss of $WORK/<name>.losses and fails
+# unless the loss went down.
+loss_went_down() {
+  first="$(head -n 1 "$WORK/$1.losses")"
+  last="$(grep -v eval "$WORK/$1.losses" | tail -n 1)"
+  awk -v a="$last" -v b="$first" 'BEGIN { exit !(a < b) }' ||
+    fail "$1: loss did not go down (first $first, last $last)"
+}
+
 # --- 1. each strategy trains and writes metrics ------------------------------------------
 for strategy in full_shard shard_grad_op no_shard; do
   run --strategy "$strategy" --steps 30 --no-shuffle --metrics "$WORK/$strategy.jsonl"
   [[ $RC == 0 ]] || fail "$strategy: exit status $RC"
   grep -q "test accuracy:" "$OUT" || fail "$strategy: no summary line 'test accuracy:'"
   losses "$WORK/$strategy.jsonl" >"$WORK/$strategy.losses" || fail "$strategy: bad metrics file"
-  first="$(head -n 1 "$WORK/$strategy.losses")"
-  last="$(grep -v eval "$WORK/$strategy.losses" | tail -n 1)"
-  awk -v a="$last" -v b="$first" 'BEGIN { exit !(a < b) }' ||
-    fail "$strategy: loss did not go down (first $first, last $last)"
+  loss_went_down "$strategy"
   pass "$strategy: 30 steps, loss $first -> $last, metrics well-formed"
 done
 # hybrid_shard (2 ranks, one shard group of 2: the shard + replica paths with a
@@ -74,10 +80,7 @@ for variant in "hybrid_shard:--strategy hybrid_shard --shard-group-size 2" "bf16
   run ${variant#*:} --steps 30 --no-shuffle --metrics "$WORK/$name.jsonl"
   [[ $RC == 0 ]] || { cat "$OUT"; fail "$name: exit status $RC"; }
   losses "$WORK/$name.jsonl" >"$WORK/$name.losses" || fail "$name: bad metrics file"
-  first="$(head -n 1 "$WORK/$name.losses")"
-  last="$(grep -v eval "$WORK/$name.losses" | tail -n 1)"
-  awk -v a="$last" -v b="$first" 'BEGIN { exit !(a < b) }' ||
-    fail "$name: loss did not go down (first $first, last $last)"
+  loss_went_down "$name"
   pass "$name: 30 steps, loss $first -> $last"
 done
 # Same data, same initial weights, same math: the strategies agree on the first loss exactly.
