@@ -25,9 +25,14 @@
 //
 // Ops timed (the first four are the report; the rest explain it):
 //   gloo_allreduce   pg.c10d()->allreduce on the flat buffer: the baseline
-//   all_reduce       fsdp::dist::all_reduce (the same Gloo call behind our handle)
+//   all_reduce       fsdp::dist::all_reduce
 //   all_gather_into  fsdp::dist::all_gather_into(flat, shard)
 //   reduce_scatter   fsdp::dist::reduce_scatter(out, flat)
+//                    (these three go through shared memory when every rank is on this host,
+//                    which bench ranks are: [Note: shared-memory transport] in
+//                    src/dist/shm_channel.cpp)
+//   *_gloo           the same three calls with the shared-memory transport switched off
+//                    (set_comm_shared_memory(false)): our Gloo paths, described next
 //   gloo_alltoall    reduce_scatter's transfer alone: c10d alltoall_base into a buffer
 //                    allocated once (no per-call allocation, no local sum)
 //   gloo_allgather   Gloo's own allgather into the N chunk views (what all_gather_into used
@@ -255,6 +260,17 @@ int rank_main(const Args& args) {
                    [&] { dist::all_gather_into(pg, flat, shard).wait(); }});
     ops.push_back({"reduce_scatter", true, 1.0,
                    [&] { dist::reduce_scatter(pg, out, flat).wait(); }});
+    auto over_gloo = [](const std::function<void()>& f) {
+      dist::set_comm_shared_memory(false);
+      f();
+      dist::set_comm_shared_memory(true);
+    };
+    ops.push_back({"all_reduce_gloo", false, 2.0,
+                   [&] { over_gloo([&] { dist::all_reduce(pg, flat).wait(); }); }});
+    ops.push_back({"all_gather_gloo", false, 1.0,
+                   [&] { over_gloo([&] { dist::all_gather_into(pg, flat, shard).wait(); }); }});
+    ops.push_back({"reduce_scatter_gloo", false, 1.0,
+                   [&] { over_gloo([&] { dist::reduce_scatter(pg, out, flat).wait(); }); }});
     ops.push_back({"gloo_alltoall", false, 1.0, [&] {
                      std::vector<int64_t> equal;
                      pg.c10d()->alltoall_base(received, flat, equal, equal)->wait(pg.timeout());
@@ -326,11 +342,11 @@ int rank_main(const Args& args) {
     std::printf("load average at the end of the measurements: %s\n", load.c_str());
     std::printf("busbw: all-gather/reduce-scatter S*(N-1)/N/t, all-reduce 2*S*(N-1)/N/t "
                 "(nccl-tests), GB = 1e9 bytes, MB = MiB\n");
-    std::printf("%6s %-16s %10s %12s %10s\n", "MB", "op", "ms", "busbw GB/s", "vs gloo AR");
+    std::printf("%6s %-20s %10s %12s %10s\n", "MB", "op", "ms", "busbw GB/s", "vs gloo AR");
     auto print_rows = [&](bool report) {
       for (const auto& r : rows) {
         if (r.report != report) continue;
-        std::printf("%6d %-16s %10.2f %12s %10s\n", r.mb, r.op.c_str(), r.ms,
+        std::printf("%6d %-20s %10.2f %12s %10s\n", r.mb, r.op.c_str(), r.ms,
                     r.busbw ? fmt("%.3f", *r.busbw).c_str() : "-",
                     r.ratio ? fmt("%.2fx", *r.ratio).c_str() : "-");
       }

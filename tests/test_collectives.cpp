@@ -217,7 +217,111 @@ void pipeline_cases(dist::ProcessGroup& pg) {
   });
 }
 
-void collective_cases(dist::ProcessGroup& pg) {
+// The shared-memory transport's own geometry: chunks around one slot (256 KiB) and
+// larger than the whole ring (16 slots), all-reduce chunks of zero elements, every
+// reduction, and operations in flight on several groups waited out of order.
+void shm_cases(dist::ProcessGroup& pg) {
+  const int n = pg.size();
+  const int r = pg.rank();
+  if (n < 2) return;
+  run_case("shm: a same-host group has a channel", [&] { EXPECT_NE(pg.shm_channel(), nullptr); });
+  const int64_t slot = 65536;  // floats in one 256 KiB slot
+  for (int64_t chunk : {slot - 1, slot, slot + 1, 20 * slot + 3}) {
+    run_case("shm: reduce_scatter and all_gather chunk=" + std::to_string(chunk), [&] {
+      auto out = torch::full({chunk}, -1.0f);
+      dist::comm_counters().reset();
+      dist::reduce_scatter(pg, out, random_flat(chunk * n, r)).wait();
+      EXPECT_TRUE(torch::equal(out, reference_chunk(chunk, n, r)));
+      EXPECT_EQ(dist::comm_counters().reduce_scatter.load(), 4 * chunk * (n - 1));
+      auto avg = torch::empty({chunk}, torch::kDouble);
+      dist::reduce_scatter(pg, avg, random_flat(chunk * n, r, torch::kDouble), dist::ReduceOp::Avg).wait();
+      EXPECT_TRUE(torch::equal(avg, reference_chunk(chunk, n, r, torch::kDouble) / n));
+      auto low = torch::empty({chunk}, torch::kBFloat16);
+      dist::reduce_scatter(pg, low, random_flat(chunk * n, r, torch::kBFloat16)).wait();
+      EXPECT_TRUE(torch::equal(low, reference_chunk(chunk, n, r, torch::kBFloat16)));
+      auto flat = torch::full({chunk * n}, -1.0f);
+      dist::all_gather_into(pg, flat, rank_values(chunk, r)).wait();
+      auto inplace = torch::full({chunk * n}, -1.0f);
+      inplace.slice(0, r * chunk, (r + 1) * chunk).copy_(rank_values(chunk, r));
+      dist::all_gather_into(pg, inplace, inplace.slice(0, r * chunk, (r + 1) * chunk)).wait();
+      for (int q = 0; q < n; ++q) {
+        EXPECT_TRUE(torch::equal(flat.slice(0, q * chunk, (q + 1) * chunk), rank_values(chunk, q))) << q;
+      }
+      EXPECT_TRUE(torch::equal(inplace, flat));
+    });
+  }
+  run_case("shm: reduce_scatter output aliasing the flat buffer", [&] {
+    const int64_t chunk = 2 * slot + 3;
+    for (int target : {r, (r + 1) % n}) {
+      auto flat = random_flat(chunk * n, r);
+      auto out = flat.slice(0, target * chunk, (target + 1) * chunk);
+      dist::reduce_scatter(pg, out, flat).wait();
+      EXPECT_TRUE(torch::equal(out, reference_chunk(chunk, n, r))) << "target chunk " << target;
+    }
+  });
+  run_case("shm: all_reduce in rank order, every reduction", [&] {
+    for (int64_t numel : {int64_t(1), int64_t(n - 1), int64_t(7), 3 * slot + 5, 40 * slot + 1}) {
+      // Reference: the inputs of all ranks added in rank order, element by element.
+      auto sum = random_flat(numel, 0), mx = random_flat(numel, 0);
+      auto sum_d = random_flat(numel, 0, torch::kDouble);
+      for (int q = 1; q < n; ++q) {
+        sum = sum + random_flat(numel, q);
+        sum_d = sum_d + random_flat(numel, q, torch::kDouble);
+        mx = torch::maximum(mx, random_flat(numel, q));
+      }
+      dist::comm_counters().reset();
+      auto t = random_flat(numel, r);
+      dist::all_reduce(pg, t).wait();
+      EXPECT_TRUE(torch::equal(t, sum)) << "numel " << numel;
+      EXPECT_EQ(dist::comm_counters().all_reduce.load(), 2 * 4 * numel * (n - 1) / n);
+      auto d = random_flat(numel, r, torch::kDouble);
+      dist::all_reduce(pg, d, dist::ReduceOp::Avg).wait();
+      EXPECT_TRUE(torch::equal(d, sum_d / n)) << "numel " << numel;
+      auto m = random_flat(numel, r);
+      dist::all_reduce(pg, m, dist::ReduceOp::Max).wait();
+      EXPECT_TRUE(torch::equal(m, mx)) << "numel " << numel;
+      auto i = torch::full({numel}, int64_t(r + 1), torch::kLong);
+      dist::all_reduce(pg, i).wait();
+      EXPECT_TRUE(torch::equal(i, torch::full({numel}, int64_t(n * (n + 1) / 2), torch::kLong)));
+    }
+  });
+  std::vector<int> all(n);
+  for (int q = 0; q < n; ++q) all[q] = q;
+  run_case("shm: larger than the ring, in flight on two groups, waited out of order", [&] {
+    auto g1 = pg.new_subgroup(all);
+    auto g2 = pg.new_subgroup(all);
+    ASSERT_NE(g1.shm_channel(), nullptr);
+    const int64_t big = 24 * slot + 5;  // n x 6 MiB flat buffers, the ring holds 4 MiB
+    auto f1 = random_flat(big * n, r), f2 = random_flat(big * n, r);
+    auto o1 = torch::empty({big}), o3 = torch::empty({big});
+    auto t = random_flat(big, r);
+    auto gathered = torch::full({big * n}, -1.0f);
+    auto h1 = dist::reduce_scatter(g1, o1, f1);
+    auto h2 = dist::all_reduce(g2, t);
+    auto h3 = dist::all_gather_into(g2, gathered, rank_values(big, r));
+    auto h4 = dist::reduce_scatter(g1, o3, f2);
+    // A Gloo operation waited while all of these are pending: the wait keeps feeding them.
+    auto b = rank_values(5, r);
+    dist::broadcast(pg, b, n - 1).wait();
+    EXPECT_TRUE(torch::equal(b, rank_values(5, n - 1)));
+    h4.wait();
+    h2.wait();
+    h3.wait();
+    h1.wait();
+    auto expected = reference_chunk(big, n, r);
+    EXPECT_TRUE(torch::equal(o1, expected));
+    EXPECT_TRUE(torch::equal(o3, expected));
+    auto sum = random_flat(big, 0);
+    for (int q = 1; q < n; ++q) sum = sum + random_flat(big, q);
+    EXPECT_TRUE(torch::equal(t, sum));
+    for (int q = 0; q < n; ++q) {
+      EXPECT_TRUE(torch::equal(gathered.slice(0, q * big, (q + 1) * big), rank_values(big, q)));
+    }
+  });
+}
+
+// Every case against hand-computed values; run once per transport (`via`).
+void basic_cases(dist::ProcessGroup& pg, const std::string& via) {
   const int n = pg.size();
   const int r = pg.rank();
 
@@ -225,7 +329,7 @@ void collective_cases(dist::ProcessGroup& pg) {
   for (int64_t numel : {1, 5, 64, 1001}) {
     const int64_t padded = dist::padded_numel(numel, n);
     const int64_t chunk = padded / n;
-    run_case("all_gather numel=" + std::to_string(numel), [&] {
+    run_case(via + "all_gather numel=" + std::to_string(numel), [&] {
       auto shard = rank_values(chunk, r);
       auto flat = torch::full({padded}, -1.0f);
       dist::comm_counters().reset();
@@ -236,7 +340,7 @@ void collective_cases(dist::ProcessGroup& pg) {
       }
       EXPECT_EQ(dist::comm_counters().all_gather.load(), int64_t(4) * chunk * (n - 1));
     });
-    run_case("reduce_scatter sum numel=" + std::to_string(numel), [&] {
+    run_case(via + "reduce_scatter sum numel=" + std::to_string(numel), [&] {
       auto flat = rank_values(padded, r);
       auto out = torch::empty({chunk});
       dist::comm_counters().reset();
@@ -247,7 +351,7 @@ void collective_cases(dist::ProcessGroup& pg) {
       EXPECT_TRUE(torch::equal(out, expected)) << out << expected;
       EXPECT_EQ(dist::comm_counters().reduce_scatter.load(), int64_t(4) * chunk * (n - 1));
     });
-    run_case("reduce_scatter avg numel=" + std::to_string(numel), [&] {
+    run_case(via + "reduce_scatter avg numel=" + std::to_string(numel), [&] {
       auto flat = rank_values(padded, r, torch::kDouble);
       auto out = torch::empty({chunk}, torch::kDouble);
       dist::reduce_scatter(pg, out, flat, dist::ReduceOp::Avg).wait();
@@ -256,7 +360,7 @@ void collective_cases(dist::ProcessGroup& pg) {
       EXPECT_TRUE(torch::allclose(out, expected, 0, 1e-9)) << out << expected;
     });
   }
-  run_case("all_reduce", [&] {
+  run_case(via + "all_reduce", [&] {
     auto t = rank_values(7, r);
     dist::comm_counters().reset();
     dist::all_reduce(pg, t, dist::ReduceOp::Sum).wait();
@@ -267,14 +371,14 @@ void collective_cases(dist::ProcessGroup& pg) {
     dist::all_reduce(pg, a, dist::ReduceOp::Avg).wait();
     EXPECT_DOUBLE_EQ(a[0].item<double>(), (n + 1) / 2.0);
   });
-  run_case("broadcast", [&] {
+  run_case(via + "broadcast", [&] {
     for (int root = 0; root < n; ++root) {
       auto t = rank_values(9, r);
       dist::broadcast(pg, t, root).wait();
       EXPECT_TRUE(torch::equal(t, rank_values(9, root))) << "root " << root;
     }
   });
-  run_case("async handles overlap", [&] {
+  run_case(via + "async handles overlap", [&] {
     // Several collectives in flight at once complete independently.
     auto a = rank_values(n * 3, r), b = torch::empty({n * 3});
     auto s = rank_values(2, r), out = torch::empty({2});
@@ -285,7 +389,7 @@ void collective_cases(dist::ProcessGroup& pg) {
     h1.wait();  // idempotent
     for (int src = 0; src < n; ++src) EXPECT_TRUE(torch::equal(b.slice(0, 3 * src, 3 * src + 3), rank_values(3, src)));
   });
-  run_case("bad sizes are rejected with the group name", [&] {
+  run_case(via + "bad sizes are rejected with the group name", [&] {
     try {
       dist::all_gather_into(pg, torch::empty({n * 2 + 1}), torch::empty({2}));
       ADD_FAILURE() << "no error";
@@ -294,7 +398,7 @@ void collective_cases(dist::ProcessGroup& pg) {
     }
   });
   if (n >= 2) {
-    run_case("subgroups", [&] {
+    run_case(via + "subgroups", [&] {
       // Consecutive blocks of 2 (where it divides) and strided groups.
       if (n % 2 == 0) {
         auto block = pg.split_consecutive(2);
@@ -327,7 +431,15 @@ void collective_cases(dist::ProcessGroup& pg) {
       }
     });
   }
-  pipeline_cases(pg);
+}
+
+void collective_cases(dist::ProcessGroup& pg) {
+  basic_cases(pg, "[shm] ");
+  dist::set_comm_shared_memory(false);
+  basic_cases(pg, "[gloo] ");
+  pipeline_cases(pg);  // segments, alltoall and kept buffers: the Gloo path's own
+  dist::set_comm_shared_memory(true);
+  shm_cases(pg);
   dist::barrier(pg);
 }
 

@@ -184,3 +184,49 @@ TEST(DistInit, DeadRankIsNamedAndOthersFailFast) {
     EXPECT_NE(msg.find("gone: rank 2"), std::string::npos) << msg;
   }, opts);
 }
+
+TEST(DistInit, SharedMemoryStallIsNamedAndPeersFailFast) {
+  // Shared-memory transport: rank 1 stops calling collectives (alive, not exited). Rank 0
+  // times out naming it; rank 1's next collective then fails at once, because rank 0
+  // raised its failure flag, instead of waiting out its own timeout.
+  fsdp::testing::RankOptions opts;
+  opts.collective_timeout = std::chrono::milliseconds(1500);
+  run_ranks(2, [](dist::ProcessGroup& pg) {
+    ASSERT_NE(pg.shm_channel(), nullptr);
+    auto t = torch::ones({1 << 20});
+    dist::all_reduce(pg, t).wait();  // both present: works
+    EXPECT_EQ(t[0].item<float>(), 2.0f);
+    if (pg.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+    auto start = std::chrono::steady_clock::now();
+    auto msg = error_of([&] { dist::all_reduce(pg, t).wait(); });
+    const double took = seconds_since(start);
+    EXPECT_NE(msg.find("all_reduce on group 'world' failed on rank " + std::to_string(pg.rank())),
+              std::string::npos) << msg;
+    if (pg.rank() == 0) {
+      EXPECT_GT(took, 1.4);
+      EXPECT_LT(took, 2.4);
+      EXPECT_NE(msg.find("timed out after 1500 ms: no data from rank 1"), std::string::npos) << msg;
+    } else {
+      EXPECT_LT(took, 0.5);
+      EXPECT_NE(msg.find("rank 0 [pid"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("gave up on the group"), std::string::npos) << msg;
+    }
+    // The channel stays failed: later calls say so at once.
+    auto again = error_of([&] { dist::all_gather_into(pg, torch::empty({4}), torch::ones({2})).wait(); });
+    EXPECT_NE(again.find("shared-memory transport failed earlier"), std::string::npos) << again;
+  }, opts);
+}
+
+TEST(DistInit, SharedMemoryCanBeTurnedOff) {
+  // FSDP_SHARED_MEMORY=0: no channel, and collectives go through Gloo.
+  fsdp::testing::RankOptions opts;
+  opts.extra_env = {"FSDP_SHARED_MEMORY=0"};
+  run_ranks(2, [](dist::ProcessGroup& pg) {
+    EXPECT_EQ(pg.shm_channel(), nullptr);
+    auto sub = pg.new_subgroup({0, 1});
+    EXPECT_EQ(sub.shm_channel(), nullptr);
+    auto t = torch::full({3}, float(pg.rank() + 1));
+    dist::all_reduce(sub, t).wait();
+    EXPECT_TRUE(torch::equal(t, torch::full({3}, 3.0f)));
+  }, opts);
+}

@@ -1,7 +1,9 @@
 #include "fsdp/dist/collectives.h"
 
 #include <algorithm>
+#include <chrono>
 #include <sstream>
+#include <thread>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -10,6 +12,7 @@
 
 #include "group_comm_state.h"
 #include "kernels/row_sum_kernel.h"
+#include "shm_channel.h"
 
 namespace fsdp::dist {
 
@@ -31,9 +34,19 @@ CommHandle::CommHandle(c10::intrusive_ptr<c10d::Work> work, ProcessGroup group, 
 namespace {
 
 // Waits for one c10d work of `op` on `g`, turning a failure into our error message.
+// While shared-memory operations are pending, this rank keeps moving them as it waits:
+// a peer may need them to get to the Gloo operation we wait on ([Note: shared-memory
+// transport]).
 void wait_work(const c10::intrusive_ptr<c10d::Work>& work, const ProcessGroup& g,
                const std::string& op) {
   try {
+    if (detail::shm_pending()) {
+      const auto deadline = std::chrono::steady_clock::now() + g.timeout();
+      while (!work->isCompleted() && detail::shm_pending() &&
+             std::chrono::steady_clock::now() < deadline) {
+        if (!detail::progress_all_shm()) std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+    }
     work->wait(g.timeout());
   } catch (const std::exception& e) {
     // c10::Error's what() carries a C++ backtrace; the message alone is the news.
@@ -89,6 +102,22 @@ std::atomic<int64_t>& segment_bytes() {
 std::atomic<int64_t>& alltoall_max_bytes() {
   static std::atomic<int64_t> bytes{int64_t(2) << 20};
   return bytes;
+}
+
+std::atomic<bool>& shared_memory_on() {
+  static std::atomic<bool> on{true};
+  return on;
+}
+
+// The group's shared-memory channel when it has one and the transport is on.
+std::shared_ptr<detail::ShmChannel> shm_for(const ProcessGroup& g) {
+  if (!shared_memory_on().load()) return nullptr;
+  return g.shm_channel();
+}
+
+CommHandle shm_handle(const ProcessGroup& g, const char* op, std::shared_ptr<detail::ShmChannel> ch,
+                      std::shared_ptr<detail::ShmOp> shm_op) {
+  return CommHandle({}, g, op, [ch = std::move(ch), shm_op = std::move(shm_op)]() { ch->wait(*shm_op); });
 }
 
 // `flat` (N chunks) as a kByte or typed view of the first bytes of a scratch buffer.
@@ -243,6 +272,10 @@ int64_t comm_alltoall_max_bytes() { return alltoall_max_bytes().load(); }
 
 int64_t comm_cached_bytes() { return detail::cached_scratch_bytes(); }
 
+void set_comm_shared_memory(bool on) { shared_memory_on() = on; }
+
+bool comm_shared_memory() { return shared_memory_on().load(); }
+
 CommHandle all_gather_into(const ProcessGroup& g, const at::Tensor& flat, const at::Tensor& shard) {
   check_dense(flat, "the flat buffer", "all_gather_into");
   check_dense(shard, "the shard", "all_gather_into");
@@ -264,6 +297,12 @@ CommHandle all_gather_into(const ProcessGroup& g, const at::Tensor& flat, const 
               "buffer but is not this rank's chunk (rank ", me, "); pass a separate shard or "
               "flat[rank*chunk:(rank+1)*chunk]");
   const int64_t chunk = shard.numel();
+  if (auto ch = shm_for(g)) {
+    comm_counters().all_gather += nbytes(shard) * (n - 1);
+    auto op = ch->all_gather(flat, shard);
+    if (mine.data_ptr() != shard.data_ptr()) mine.copy_(shard);
+    return shm_handle(g, "all_gather", std::move(ch), std::move(op));
+  }
   if (n > 2 && nbytes(flat) <= alltoall_max_bytes().load()) {
     // Small: Gloo's alltoall from the shard repeated N times (see the note above).
     auto lease = std::make_shared<AlltoallLease>(g, nbytes(flat));
@@ -313,6 +352,9 @@ CommHandle reduce_scatter(const ProcessGroup& g, const at::Tensor& out, const at
   const int me = g.rank();
   const int64_t chunk = out.numel();
   comm_counters().reduce_scatter += nbytes(out) * (n - 1);
+  if (auto ch = shm_for(g)) {
+    return shm_handle(g, "reduce_scatter", ch, ch->reduce_scatter(out, flat, op));
+  }
   if (n > 2 && nbytes(flat) <= alltoall_max_bytes().load()) {
     // Small: Gloo's alltoall into a scratch of N rows, then the rank-order sum.
     auto lease = std::make_shared<AlltoallLease>(g, nbytes(flat));
@@ -396,10 +438,11 @@ CommHandle all_reduce(const ProcessGroup& g, const at::Tensor& t, ReduceOp op) {
       t.copy_(wide);
     });
   }
+  comm_counters().all_reduce += 2 * nbytes(t) * (n - 1) / n;
+  if (auto ch = shm_for(g)) return shm_handle(g, "all_reduce", ch, ch->all_reduce(t, op));
   std::vector<at::Tensor> tensors{t};
   c10d::AllreduceOptions opts;
   opts.reduceOp = op == ReduceOp::Max ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM;
-  comm_counters().all_reduce += 2 * nbytes(t) * (n - 1) / n;
   auto work = g.c10d()->allreduce(tensors, opts);
   return CommHandle(work, g, "all_reduce", [t, n, op]() {
     if (op == ReduceOp::Avg) t.div_(n);

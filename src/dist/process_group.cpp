@@ -23,6 +23,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "shm_channel.h"
+
 namespace fsdp::dist {
 
 namespace {
@@ -69,6 +71,8 @@ struct ProcessGroup::State {
   std::vector<Peer> world_peers;  // indexed by world rank
   int subgroup_counter = 0;
   std::shared_ptr<::gloo::transport::Device> device;
+  bool shared_memory = false;  // InitOptions::shared_memory, inherited by sub-groups
+  std::shared_ptr<detail::ShmChannel> shm;
 };
 
 ProcessGroup::ProcessGroup(c10::intrusive_ptr<::c10d::ProcessGroup> pg,
@@ -100,6 +104,7 @@ std::chrono::milliseconds ProcessGroup::timeout() const { FSDP_PG_STATE(); retur
 const LaunchEnv& ProcessGroup::launch_env() const { FSDP_PG_STATE(); return state_->env; }
 const c10::intrusive_ptr<::c10d::ProcessGroup>& ProcessGroup::c10d() const { FSDP_PG_STATE(); return state_->pg; }
 const c10::intrusive_ptr<::c10d::Store>& ProcessGroup::store() const { FSDP_PG_STATE(); return state_->store; }
+const std::shared_ptr<detail::ShmChannel>& ProcessGroup::shm_channel() const { FSDP_PG_STATE(); return state_->shm; }
 
 std::string ProcessGroup::describe_peer(int r) const {
   FSDP_PG_STATE();
@@ -172,6 +177,7 @@ ProcessGroup ProcessGroup::new_subgroup(std::vector<int> ranks) {
   ProcessGroup out(pg, state_->store, sub.str(), std::move(global), state_->env, state_->timeout);
   out.state_->world_peers = state_->world_peers;
   out.state_->device = state_->device;
+  out.state_->shared_memory = state_->shared_memory;
   // Gloo's constructor returns once *this* rank's pairs are connected; a peer may
   // still be finishing its handshake. Without a barrier, a fast rank that drops
   // the group at once (say, a constructor that then throws) closes sockets a slow
@@ -183,6 +189,7 @@ ProcessGroup ProcessGroup::new_subgroup(std::vector<int> ranks) {
     TORCH_CHECK(false, "fsdp: rank ", rank(), " of group '", name(), "' could not complete sub-group '",
                 sub.str(), "': ", e.what(), "; every member must create sub-groups in the same order");
   }
+  if (out.state_->shared_memory) out.state_->shm = detail::make_shm_channel(out);
   return out;
 }
 
@@ -299,6 +306,11 @@ ProcessGroup init_process_group(const InitOptions& options) {
     std::istringstream is(str(store->get("fsdp/init/peer/" + std::to_string(r))));
     is >> out.state_->world_peers[r].host >> out.state_->world_peers[r].pid;
   }
+
+  // 5. Same-host ranks talk through shared memory ([Note: shared-memory transport]).
+  const char* shm_env = std::getenv("FSDP_SHARED_MEMORY");
+  out.state_->shared_memory = options.shared_memory() && !(shm_env && std::string(shm_env) == "0");
+  if (out.state_->shared_memory) out.state_->shm = detail::make_shm_channel(out);
   return out;
 }
 

@@ -87,6 +87,12 @@ int64_t comm_segment_bytes();
 /// Process-wide; every rank of a group must use the same value.
 void set_comm_alltoall_max_bytes(int64_t bytes);
 int64_t comm_alltoall_max_bytes();
+/// Whether groups that have a shared-memory channel use it (InitOptions::shared_memory;
+/// see [Note: shared-memory transport] in src/dist/shm_channel.cpp). Default true. For
+/// benchmarks and tests that compare the two transports in one run: process-wide, and
+/// every rank of a group must use the same value for each call.
+void set_comm_shared_memory(bool on);
+bool comm_shared_memory();
 /// Bytes of scratch buffers kept between calls by live groups (see "Memory" above).
 int64_t comm_cached_bytes();
 /// In place, every rank gets the reduction.

@@ -19,6 +19,10 @@ class Store;
 
 namespace fsdp::dist {
 
+namespace detail {
+class ShmChannel;
+}
+
 enum class Backend { Auto, Gloo, NCCL };
 
 /// Options of init_process_group (libtorch style: chained setters).
@@ -32,6 +36,12 @@ struct InitOptions {
   TORCH_ARG(std::string, file_store_path) = "";
   /// Key prefix inside the store (distinct jobs sharing one store).
   TORCH_ARG(std::string, store_prefix) = "";
+  /// When every rank of a group runs on this host, its all-gathers, reduce-scatters and
+  /// all-reduces go through shared memory (/dev/shm) instead of Gloo's loopback TCP:
+  /// same results, a fraction of the CPU time. Groups spanning hosts, or whose ranks
+  /// cannot map each other's segments, use Gloo. Sub-groups inherit this setting. The
+  /// environment variable FSDP_SHARED_MEMORY=0 turns it off as well.
+  TORCH_ARG(bool, shared_memory) = true;
 };
 
 /// A process group and this rank's place in it. Cheap to copy (shared state).
@@ -67,6 +77,10 @@ class ProcessGroup {
   ProcessGroup split_consecutive(int group_size);
   /// Groups of ranks holding the same index inside their block ({i, i+g, i+2g, ...}).
   ProcessGroup split_strided(int group_size);
+
+  /// The group's shared-memory transport, or nullptr when it uses Gloo only
+  /// (see InitOptions::shared_memory). Internal to fsdp::dist.
+  const std::shared_ptr<detail::ShmChannel>& shm_channel() const;
 
   /// Host and pid of a member, as published at rendezvous (for error messages).
   std::string describe_peer(int rank) const;

@@ -1,0 +1,82 @@
+#pragma once
+// Internal to src/dist: the shared-memory transport of a process group whose ranks all
+// run on one host. See [Note: shared-memory transport] in shm_channel.cpp.
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "fsdp/dist/collectives.h"
+#include "fsdp/dist/process_group.h"
+
+namespace fsdp::dist::detail {
+
+struct ShmOp;
+struct ShmSegment;
+
+/// One group's rings: this rank's (it writes) and every peer's (it reads). Issue calls
+/// copy what fits into this rank's ring at once and return; ShmChannel::wait moves the
+/// rest. Calls on one channel must be issued in the same order on every member, like
+/// every collective. Not thread-safe on its own: every entry point takes the process-wide
+/// engine lock (see the note).
+class ShmChannel {
+ public:
+  ~ShmChannel();
+  ShmChannel(const ShmChannel&) = delete;
+  ShmChannel& operator=(const ShmChannel&) = delete;
+
+  /// flat[r*chunk:(r+1)*chunk] = shard of rank r.
+  std::shared_ptr<ShmOp> all_gather(const at::Tensor& flat, const at::Tensor& shard);
+  /// out = sum (or mean) over ranks of flat[rank*chunk:(rank+1)*chunk], in rank order.
+  std::shared_ptr<ShmOp> reduce_scatter(const at::Tensor& out, const at::Tensor& flat, ReduceOp op);
+  /// In place: a reduce-scatter of near-equal chunks, then an all-gather of the results.
+  std::shared_ptr<ShmOp> all_reduce(const at::Tensor& t, ReduceOp op);
+  /// Blocks until `op` is complete, moving every channel's pending operations meanwhile.
+  /// Throws c10::Error naming the operation, the group and the peer waited on when a peer
+  /// exits or gives up, or after the group's timeout.
+  void wait(ShmOp& op);
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+ private:
+  friend std::shared_ptr<ShmChannel> make_shm_channel(const ProcessGroup& g);
+  friend struct Engine;
+  ShmChannel() = default;
+
+  std::shared_ptr<ShmOp> issue(std::shared_ptr<ShmOp> op);
+  bool progress();  // engine lock held; true if anything moved
+  std::string failure(const ShmOp& op, const std::string& cause) const;
+  std::string blocking_peers(const ShmOp& op) const;
+  std::string peer_problem() const;  // "" while every peer is alive and has not given up
+
+  std::string group_name_;
+  int rank_ = 0, size_ = 0, global_rank_ = 0;
+  std::chrono::milliseconds timeout_{0};
+  std::vector<std::string> peer_names_;  // describe_peer(r), for messages
+  std::vector<std::unique_ptr<ShmSegment>> segs_;  // by group rank; segs_[rank_] is ours
+  int64_t slot_bytes_ = 0;
+  int nslots_ = 0;
+  std::vector<uint64_t> assigned_;  // per writer: pieces assigned to its ring so far
+  uint64_t published_ = 0;          // pieces this rank has published
+  std::vector<std::shared_ptr<ShmOp>> pending_;  // issue order
+  std::unique_ptr<char[]> temp_;  // one slot of scratch for sums into an aliased output
+  std::string broken_;            // set when a wait failed: later calls fail at once
+};
+
+/// The channel of group `g`, or nullptr when some member is on another host, cannot map
+/// the others' segments, or the group has one rank (every member gets the same answer).
+/// Collective over `g`: it exchanges segment names through the group's store.
+std::shared_ptr<ShmChannel> make_shm_channel(const ProcessGroup& g);
+
+/// Moves every live channel's pending operations as far as they go without blocking;
+/// true if anything moved. Waits on Gloo work call it while shared-memory operations are
+/// pending, so that a rank blocked on Gloo still feeds its peers (see the note).
+bool progress_all_shm();
+/// True while some channel of this process has an operation not yet complete.
+bool shm_pending();
+
+}  // namespace fsdp::dist::detail
