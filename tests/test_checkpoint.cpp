@@ -21,6 +21,7 @@
 #include "fsdp/state/summon_full_params.h"
 #include "harness/models.h"
 #include "harness/multirank.h"
+#include "harness/temp_dir.h"
 
 using namespace fsdp;
 using namespace fsdp::testing;
@@ -31,14 +32,11 @@ namespace {
 constexpr int64_t kBatch = 12;  // divisible by 1, 2, 3 and 4
 constexpr int64_t kSaveStep = 3, kSteps = 6;
 
-// One directory per test, created by the test process and passed to its workers.
+// One directory per test process, created by it and passed to its workers (which
+// borrow it); the test process removes it when it exits, after its workers have.
 std::string test_dir() {
-  static std::string dir = [] {
-    if (const char* d = std::getenv("FSDP_CKPT_TEST_DIR")) return std::string(d);
-    char tmpl[] = "/tmp/fsdp-ckpt-test-XXXXXX";
-    return std::string(mkdtemp(tmpl));
-  }();
-  return dir;
+  static const TempDir dir = TempDir::from_env_or_create("FSDP_CKPT_TEST_DIR", "fsdp-ckpt-test-");
+  return dir.path();
 }
 RankOptions rank_options(std::vector<std::string> env = {}) {
   RankOptions o;

@@ -34,7 +34,7 @@ const TraceSpan& find_span(const std::vector<TraceSpan>& spans, const std::strin
 
 Options mlp_options(BackwardPrefetch bp, bool fp) {
   return Options().sharding_strategy(ShardingStrategy::FULL_SHARD).auto_wrap_policy(always_wrap_policy())
-      .backward_prefetch(bp).forward_prefetch(fp).trace_dir("/tmp/unused-until-flush");
+      .backward_prefetch(bp).forward_prefetch(fp).trace_dir(worker_scratch_dir() + "/trace");
 }
 
 // Two training iterations of the MLP (units "0", "2", "4"); returns the spans
@@ -107,7 +107,7 @@ void prefetch_cases(dist::ProcessGroup& pg) {
     }
   });
   run_case("trace-file-is-chrome-json", [&] {
-    const std::string dir = "/tmp/fsdp_trace_test_" + std::to_string(::getpid());
+    const std::string dir = worker_scratch_dir() + "/trace_env";  // run_ranks removes it
     ASSERT_EQ(::setenv("FSDP_TRACE", dir.c_str(), 1), 0);  // the environment route
     auto model = FullyShardedDataParallel(make_mlp(), pg, Options().auto_wrap_policy(always_wrap_policy()));
     ::unsetenv("FSDP_TRACE");

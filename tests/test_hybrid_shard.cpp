@@ -195,7 +195,7 @@ void hybrid_cases(dist::ProcessGroup& pg) {
     // all-reduce would end before backward 0 begins.)
     auto spans_of = [&](double cap) {
       auto model = FullyShardedDataParallel(make_mlp(), pg, hybrid(2, always_wrap_policy()).bucket_cap_mb(cap)
-                                                                .trace_dir("/tmp/unused-until-flush"));
+                                                                .trace_dir(worker_scratch_dir() + "/trace"));
       torch::optim::SGD o(model->parameters(), 0.05);
       for (int s = 0; s < 2; ++s) {
         model->clear_trace();

@@ -45,7 +45,7 @@ std::vector<std::string> reduce_spans(const std::vector<TraceSpan>& spans) {
 template <typename ModelFactory>
 Run train(dist::ProcessGroup& pg, ModelFactory make, Options options, int steps = 4, int micro = 1,
           bool use_no_sync = false) {
-  auto model = FullyShardedDataParallel(make(), pg, options.trace_dir("/tmp/unused-until-flush"));
+  auto model = FullyShardedDataParallel(make(), pg, options.trace_dir(worker_scratch_dir() + "/trace"));
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
   const int n = pg.size();
   for (int s = 0; s < steps; ++s) {
@@ -247,7 +247,7 @@ void unused_branch_cases(dist::ProcessGroup& pg) {
         torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
         auto model = FullyShardedDataParallel(
             make(), pg, Options().sharding_strategy(strategy).auto_wrap_policy(always_wrap_policy()).bucket_cap_mb(cap)
-                            .trace_dir("/tmp/unused-until-flush"));
+                            .trace_dir(worker_scratch_dir() + "/trace"));
         ASSERT_EQ(model->unit_paths(), (std::vector<std::string>{"", "branch", "head"}));
         torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
         for (int s = 0; s < 3; ++s) {

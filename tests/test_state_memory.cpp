@@ -20,6 +20,7 @@
 #include "fsdp/state/state_dict.h"
 #include "harness/counting_allocator.h"
 #include "harness/multirank.h"
+#include "harness/temp_dir.h"
 
 using namespace fsdp;
 using namespace fsdp::testing;
@@ -38,11 +39,13 @@ constexpr int64_t kSlack = 32 * 1024;  // small tensors: lengths, flags, metadat
 }  // namespace
 
 TEST(StateMemory, FullRank0OnlySaveAndConsolidate) {
-  char tmpl[] = "/tmp/fsdp-state-mem-XXXXXX";
-  static std::string dir = std::getenv("FSDP_STATE_MEM_DIR") ? std::getenv("FSDP_STATE_MEM_DIR") : mkdtemp(tmpl);
+  // Made by the test process, borrowed by its workers; removed when the test
+  // returns, after run_ranks has reaped them.
+  const TempDir tmp = TempDir::from_env_or_create("FSDP_STATE_MEM_DIR", "fsdp-state-mem-");
+  const std::string dir = tmp.path();
   RankOptions opts;
   opts.extra_env = {"FSDP_STATE_MEM_DIR=" + dir};
-  run_ranks(3, [](dist::ProcessGroup& pg) {
+  run_ranks(3, [dir](dist::ProcessGroup& pg) {
     auto* counter = install_counting_allocator();
     torch::manual_seed(0);
     torch::nn::Sequential net;

@@ -16,6 +16,8 @@
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
+#include "harness/temp_dir.h"
+
 extern char** environ;
 
 namespace fsdp::testing {
@@ -68,9 +70,32 @@ std::string prefix_lines(const std::string& text, int rank) {
   return out.str();
 }
 
+// Kills and reaps the ranks still running when run_ranks leaves early (a later
+// spawn failed), so that none outlives the call or writes into its removed
+// directory. After a normal run every rank is already reaped and this is a no-op.
+struct ReapRanksOnExit {
+  const std::vector<pid_t>& pids;
+  const std::vector<bool>& done;
+  ~ReapRanksOnExit() {
+    for (size_t r = 0; r < pids.size(); ++r)
+      if (pids[r] > 0 && !done[r]) kill(pids[r], SIGKILL);
+    for (size_t r = 0; r < pids.size(); ++r) {
+      int st = 0;
+      if (pids[r] > 0 && !done[r]) waitpid(pids[r], &st, 0);
+    }
+  }
+};
+
 }  // namespace
 
 bool is_worker() { return std::getenv(kRankVar) != nullptr; }
+
+std::string worker_scratch_dir() {
+  const char* store = std::getenv(kStoreVar);
+  TORCH_CHECK(is_worker() && store != nullptr, "worker_scratch_dir() is for the body of run_ranks");
+  const std::string path(store);
+  return path.substr(0, path.rfind('/'));
+}
 
 void configure_worker_process() {
   if (!is_worker()) return;
@@ -108,16 +133,20 @@ void run_ranks(int world_size, const std::function<void(dist::ProcessGroup&)>& b
     return;
   }
 
-  char dir_template[] = "/tmp/fsdp-test-XXXXXX";
-  const char* dir = mkdtemp(dir_template);
-  ASSERT_NE(dir, nullptr) << "mkdtemp failed: " << std::strerror(errno);
-  const std::string store = std::string(dir) + "/store";
+  // The store and the ranks' logs; removed when this call returns, after every
+  // rank has exited (run_dir is declared before reaper, so destroyed after it).
+  const TempDir run_dir = TempDir::create("fsdp-test-");
+  const std::string& dir = run_dir.path();
+  const std::string store = dir + "/store";
   const std::string filter = "--gtest_filter=" + current_test_filter();
 
   std::vector<pid_t> pids(world_size, -1);
+  std::vector<int> status(world_size, -1);
+  std::vector<bool> done(world_size, false);
+  const ReapRanksOnExit reaper{pids, done};
   std::vector<std::string> logs(world_size);
   for (int r = 0; r < world_size; ++r) {
-    logs[r] = std::string(dir) + "/rank" + std::to_string(r) + ".log";
+    logs[r] = dir + "/rank" + std::to_string(r) + ".log";
     std::vector<std::string> env_strings;
     for (char** e = environ; *e; ++e) {
       if (std::strncmp(*e, "FSDP_TEST_", 10) != 0) env_strings.emplace_back(*e);
@@ -152,8 +181,6 @@ void run_ranks(int world_size, const std::function<void(dist::ProcessGroup&)>& b
   // others get a short grace period to report their own view, then are killed.
   const auto start = std::chrono::steady_clock::now();
   const auto deadline = start + options.deadline;
-  std::vector<int> status(world_size, -1);
-  std::vector<bool> done(world_size, false);
   int remaining = world_size;
   bool any_failed = false;
   std::chrono::steady_clock::time_point kill_at = deadline;
@@ -206,8 +233,6 @@ void run_ranks(int world_size, const std::function<void(dist::ProcessGroup&)>& b
   } else if (std::getenv("FSDP_TEST_VERBOSE")) {
     for (int r = 0; r < world_size; ++r) std::cout << prefix_lines(read_file(logs[r]), r);
   }
-  std::string cleanup = std::string("rm -rf ") + dir;
-  if (std::system(cleanup.c_str()) != 0) std::cerr << "harness: could not remove " << dir << "\n";
 }
 
 }  // namespace fsdp::testing

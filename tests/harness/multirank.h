@@ -31,6 +31,10 @@ void run_ranks(int world_size, const std::function<void(dist::ProcessGroup&)>& b
 
 /// True inside a rank worker process.
 bool is_worker();
+/// Inside a rank worker: the directory of the current run_ranks call (it holds the
+/// store and the ranks' logs), shared by its ranks, for files a test does not keep
+/// (trace files). The launcher removes it after every rank has exited.
+std::string worker_scratch_dir();
 /// Called from main(): in workers, pins threads and narrows the gtest filter.
 void configure_worker_process();
 

@@ -11,7 +11,11 @@
 // The model is torch.nn.Sequential(Linear(13,32), ReLU, Linear(32,17), ReLU, Linear(17,5)).
 // The tied model: embed.weight [11, 6] is head.weight (one tensor), mid = Linear(6, 6);
 // forward(x [B, 11]) = tanh(mid(x @ embed.weight)) @ head.weight^T.
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -51,20 +55,36 @@ void save_tensor(const torch::Tensor& t, const std::string& path) {
   std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
+// The single-process run's own store directory, removed on every return from
+// run(). Declared before the process group, so removed after the store is closed.
+struct StoreDir {
+  std::string path;
+  ~StoreDir() {
+    std::error_code ec;
+    if (!path.empty()) std::filesystem::remove_all(path, ec);
+  }
+};
+
 }  // namespace
 
-int main(int argc, char** argv) {
+static int run(int argc, char** argv) {
   if (argc != 4) {
     std::cerr << "usage: state_dict_interop save|load|checkpoint MODEL.pt|DIR OUT.pt\n";
     return 2;
   }
   const std::string mode = argv[1], model_path = argv[2], out_path = argv[3];
+  StoreDir store_dir;
   fsdp::dist::ProcessGroup pg;
   if (std::getenv("RANK")) {
     pg = fsdp::dist::init_process_group(fsdp::dist::InitOptions());  // under fsdp-run / torchrun
   } else {
     char tmpl[] = "/tmp/fsdp-interop-XXXXXX";
-    const std::string store = std::string(mkdtemp(tmpl)) + "/store";
+    if (mkdtemp(tmpl) == nullptr) {
+      std::cerr << "state_dict_interop: mkdtemp(" << tmpl << ") failed: " << std::strerror(errno) << "\n";
+      return 2;
+    }
+    store_dir.path = tmpl;
+    const std::string store = store_dir.path + "/store";
     fsdp::dist::LaunchOverrides ov;
     ov.rank = 0;
     ov.world_size = 1;
@@ -123,4 +143,15 @@ int main(int argc, char** argv) {
   const double diff = (y - expected).abs().max().item<double>();
   std::cout << "max |C++ - Python| = " << diff << "\n";
   return diff < 1e-5 ? 0 : 1;
+}
+
+// Errors are caught here rather than left to std::terminate, so that run()'s
+// locals are destroyed and its store directory removed.
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "state_dict_interop: " << e.what() << "\n";
+    return 1;
+  }
 }

@@ -35,6 +35,8 @@ struct HostMemoryPolicy {
 
 /// Applies the policy once per process; returns whether it is in effect (false
 /// when the environment set malloc tunables or the C library is not glibc).
+/// policy.trim_threshold_bytes above 1 GiB is silently applied as 1 GiB (mallopt
+/// takes an int).
 bool keep_freed_host_memory(const HostMemoryPolicy& policy = {});
 
 }  // namespace fsdp
