@@ -11,7 +11,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include "group_comm_state.h"
-#include "kernels/row_sum_kernel.h"
+#include "row_sum.h"
 #include "shm_channel.h"
 
 namespace fsdp::dist {
@@ -183,27 +183,6 @@ c10::intrusive_ptr<c10d::Work> recv(const ProcessGroup& g, const at::Tensor& t, 
   return g.c10d()->recv(v, peer, tag);
 }
 
-// acc = rows[0] + rows[1] + ... in this order (reduce-scatter's sum). fp32 and fp64 go
-// through one blocked pass (kernels/row_sum_kernel.h, same bits as the ATen sequence
-// below, which reads and writes `acc` once per row); other dtypes use that sequence.
-// `acc` must not overlap the rows.
-void sum_rows_into(at::Tensor acc, const std::vector<at::Tensor>& rows) {
-  const auto dtype = acc.scalar_type();
-  if (dtype == at::kFloat || dtype == at::kDouble) {
-    const int threads = at::get_num_threads();
-    AT_DISPATCH_FLOATING_TYPES(dtype, "sum_rows_into", [&] {
-      std::vector<const scalar_t*> ptrs;
-      ptrs.reserve(rows.size());
-      for (const auto& r : rows) ptrs.push_back(r.data_ptr<scalar_t>());
-      kernels::sum_rows(acc.data_ptr<scalar_t>(), ptrs.data(), static_cast<int>(ptrs.size()),
-                        acc.numel(), threads);
-    });
-    return;
-  }
-  at::add_out(acc, rows[0], rows[1]);
-  for (size_t p = 2; p < rows.size(); ++p) acc.add_(rows[p]);
-}
-
 bool overlaps(const at::Tensor& a, const at::Tensor& b) {
   const auto* a0 = static_cast<const char*>(a.data_ptr());
   const auto* b0 = static_cast<const char*>(b.data_ptr());
@@ -353,7 +332,15 @@ CommHandle reduce_scatter(const ProcessGroup& g, const at::Tensor& out, const at
   const int64_t chunk = out.numel();
   comm_counters().reduce_scatter += nbytes(out) * (n - 1);
   if (auto ch = shm_for(g)) {
-    return shm_handle(g, "reduce_scatter", ch, ch->reduce_scatter(out, flat, op));
+    // An output inside `flat` would be written while parts of `flat` may still wait to
+    // be copied out: then reduce into a temporary and copy it at the end.
+    if (!overlaps(out, flat)) return shm_handle(g, "reduce_scatter", ch, ch->reduce_scatter(out, flat, op));
+    auto acc = at::empty_like(out);
+    auto inner = std::make_shared<CommHandle>(shm_handle(g, "reduce_scatter", ch, ch->reduce_scatter(acc, flat, op)));
+    return CommHandle({}, g, "reduce_scatter", [inner, out, acc]() {
+      inner->wait();
+      out.copy_(acc);
+    });
   }
   if (n > 2 && nbytes(flat) <= alltoall_max_bytes().load()) {
     // Small: Gloo's alltoall into a scratch of N rows, then the rank-order sum.
@@ -366,7 +353,7 @@ CommHandle reduce_scatter(const ProcessGroup& g, const at::Tensor& out, const at
       // may alias it.
       std::vector<at::Tensor> parts;
       for (int p = 0; p < n; ++p) parts.push_back(rows[p]);
-      sum_rows_into(out, parts);
+      detail::sum_rows_into(out, parts);
       if (op == ReduceOp::Avg) out.div_(n);
       rows = at::Tensor();
       lease->release();
@@ -414,7 +401,7 @@ CommHandle reduce_scatter(const ProcessGroup& g, const at::Tensor& out, const at
       auto a = acc.narrow(0, c0, len);
       parts.clear();
       for (int p = 0; p < n; ++p) parts.push_back(row(p, c0, len));
-      sum_rows_into(a, parts);
+      detail::sum_rows_into(a, parts);
       if (op == ReduceOp::Avg) a.div_(n);
     }
     for (const auto& w : sends) wait_work(w, g, "reduce_scatter");

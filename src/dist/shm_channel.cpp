@@ -74,7 +74,6 @@
 #include <climits>
 #include <cstring>
 #include <fstream>
-#include <functional>
 #include <mutex>
 #include <random>
 #include <sstream>
@@ -83,7 +82,7 @@
 #include <ATen/Parallel.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
-#include "kernels/row_sum_kernel.h"
+#include "row_sum.h"
 
 namespace fsdp::dist::detail {
 
@@ -167,10 +166,16 @@ int64_t slot_bytes_setting() {
 
 // One mapped segment: ours (created) or a peer's (opened).
 struct ShmSegment {
-  void* base = nullptr;
-  int64_t bytes = 0;
-  int nslots = 0;
-  int64_t slot_bytes = 0;
+  void* base;
+  int64_t bytes;
+  int nslots;
+  int64_t slot_bytes;
+
+  // Takes over a mapping of mapping_bytes(nslots, slot_bytes) at `base`.
+  ShmSegment(void* base, int nslots, int64_t slot_bytes)
+      : base(base), bytes(mapping_bytes(nslots, slot_bytes)), nslots(nslots), slot_bytes(slot_bytes) {}
+  ShmSegment(const ShmSegment&) = delete;
+  ShmSegment& operator=(const ShmSegment&) = delete;
 
   SegHeader* hdr() const { return static_cast<SegHeader*>(base); }
   SlotHeader* slot(int i) const {
@@ -208,11 +213,7 @@ std::unique_ptr<ShmSegment> create_segment(int nslots, int64_t slot_bytes, uint6
     *why = "cannot reserve " + std::to_string(bytes) + " bytes in /dev/shm: " + std::strerror(err);
     return nullptr;
   }
-  auto seg = std::make_unique<ShmSegment>();
-  seg->base = base;
-  seg->bytes = bytes;
-  seg->nslots = nslots;
-  seg->slot_bytes = slot_bytes;
+  auto seg = std::make_unique<ShmSegment>(base, nslots, slot_bytes);
   auto* h = new (base) SegHeader();
   h->nonce = nonce;
   h->slot_bytes = slot_bytes;
@@ -245,11 +246,7 @@ std::unique_ptr<ShmSegment> open_segment(const std::string& name, uint64_t nonce
     *why = "cannot map " + name + ": " + std::strerror(errno);
     return nullptr;
   }
-  auto seg = std::make_unique<ShmSegment>();
-  seg->base = base;
-  seg->bytes = bytes;
-  seg->nslots = nslots;
-  seg->slot_bytes = slot_bytes;
+  auto seg = std::make_unique<ShmSegment>(base, nslots, slot_bytes);
   const auto* h = seg->hdr();
   if (h->magic != kMagic || h->nonce != nonce || h->nslots != nslots || h->slot_bytes != slot_bytes) {
     *why = name + " is not the peer's segment (another IPC namespace?)";
@@ -336,7 +333,6 @@ struct ShmOp {
   at::ScalarType dtype = at::kFloat;
   ReduceOp reduce = ReduceOp::Sum;
   std::vector<at::Tensor> keep;    // what the pieces point into
-  std::function<void()> finish;    // after the last stage, under the engine lock
   bool done = false;
 };
 
@@ -387,33 +383,24 @@ ShmChannel::~ShmChannel() {
 
 namespace {
 
-// dst = rows[0] op rows[1] op ... in rank order (then / n for Avg), `count` elements.
-void reduce_rows(at::ScalarType dtype, ReduceOp op, int n, char* dst,
-                 const std::vector<const char*>& rows, int64_t count) {
-  if (op != ReduceOp::Max && (dtype == at::kFloat || dtype == at::kDouble)) {
-    const int threads = at::get_num_threads();
-    if (dtype == at::kFloat) {
-      kernels::sum_rows(reinterpret_cast<float*>(dst),
-                        reinterpret_cast<const float* const*>(rows.data()), n, count, threads);
-    } else {
-      kernels::sum_rows(reinterpret_cast<double*>(dst),
-                        reinterpret_cast<const double* const*>(rows.data()), n, count, threads);
-    }
-  } else {
-    auto opts = at::TensorOptions().dtype(dtype);
-    auto view = [&](const char* p) { return at::from_blob(const_cast<char*>(p), {count}, opts); };
-    auto out = view(dst);
-    if (op == ReduceOp::Max) {
-      at::maximum_out(out, view(rows[0]), view(rows[1]));
-      for (int p = 2; p < n; ++p) at::maximum_out(out, out, view(rows[p]));
-    } else {
-      at::add_out(out, view(rows[0]), view(rows[1]));
-      for (int p = 2; p < n; ++p) out.add_(view(rows[p]));
-    }
+// dst = rows[0] op rows[1] op ... in rank order (then / n for Avg), `count` elements:
+// the sum is the one every transport uses (row_sum.h), so the bits match the Gloo path.
+void reduce_rows(at::ScalarType dtype, ReduceOp op, char* dst, const std::vector<const char*>& rows,
+                 int64_t count) {
+  auto view = [&](const char* p) {
+    return at::from_blob(const_cast<char*>(p), {count}, at::TensorOptions().dtype(dtype));
+  };
+  auto out = view(dst);
+  std::vector<at::Tensor> parts;
+  parts.reserve(rows.size());
+  for (const char* r : rows) parts.push_back(view(r));
+  if (op == ReduceOp::Max) {
+    at::maximum_out(out, parts[0], parts[1]);
+    for (size_t p = 2; p < parts.size(); ++p) at::maximum_out(out, out, parts[p]);
+    return;
   }
-  if (op == ReduceOp::Avg) {
-    at::from_blob(dst, {count}, at::TensorOptions().dtype(dtype)).div_(n);
-  }
+  sum_rows_into(out, parts);
+  if (op == ReduceOp::Avg) out.div_(static_cast<int64_t>(parts.size()));
 }
 
 }  // namespace
@@ -471,7 +458,7 @@ bool ShmChannel::progress() {
           for (const auto& [w, piece] : r.pieces) rows[w] = data_of(w, piece);
           const int64_t count = r.bytes / static_cast<int64_t>(c10::elementSize(op.dtype));
           char* out = r.via_temp ? temp_.get() : r.dst;
-          reduce_rows(op.dtype, op.reduce, size_, out, rows, count);
+          reduce_rows(op.dtype, op.reduce, out, rows, count);
           if (r.via_temp) std::memcpy(r.dst, out, static_cast<size_t>(r.bytes));
         }
         for (const auto& [w, piece] : r.pieces) {
@@ -486,7 +473,6 @@ bool ShmChannel::progress() {
     }
     if (op.writes_done < op.writes_total) may_write = false;
     if (op.stage == op.stages.size()) {
-      if (op.finish) op.finish();
       op.keep.clear();
       op.done = true;
       pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
@@ -560,11 +546,6 @@ void build_stage(Stage& st, bool gather, int me, int n, const Geometry& geo, int
   for (int w = 0; w < n; ++w) assigned[w] += lay[w].size();
 }
 
-bool overlaps(const at::Tensor& a, const at::Tensor& b) {
-  const auto* a0 = static_cast<const char*>(a.data_ptr());
-  const auto* b0 = static_cast<const char*>(b.data_ptr());
-  return a0 < b0 + nbytes(b) && b0 < a0 + nbytes(a);
-}
 
 }  // namespace
 
@@ -601,20 +582,12 @@ std::shared_ptr<ShmOp> ShmChannel::reduce_scatter(const at::Tensor& out, const a
     geo.off.push_back(p * c);
     geo.len.push_back(c);
   }
-  // An output inside `flat` could be written while parts of `flat` still wait to be
-  // copied out: then sum into a temporary and copy it at the end.
-  at::Tensor target = out;
-  if (overlaps(out, flat)) {
-    target = at::empty_like(out);
-    op->keep.push_back(target);
-    op->finish = [out, target]() { out.copy_(target); };
-  }
   op->stages.emplace_back();
   {
     auto& e = engine();
     std::lock_guard<std::mutex> lock(e.mu);
     build_stage(op->stages.back(), false, rank_, size_, geo, slot_bytes_, assigned_,
-                static_cast<const char*>(flat.data_ptr()), static_cast<char*>(target.data_ptr()), false);
+                static_cast<const char*>(flat.data_ptr()), static_cast<char*>(out.data_ptr()), false);
   }
   return issue(std::move(op));
 }

@@ -31,6 +31,7 @@ class ShmChannel {
   /// flat[r*chunk:(r+1)*chunk] = shard of rank r.
   std::shared_ptr<ShmOp> all_gather(const at::Tensor& flat, const at::Tensor& shard);
   /// out = sum (or mean) over ranks of flat[rank*chunk:(rank+1)*chunk], in rank order.
+  /// `out` must not overlap `flat` (collectives.cpp reduces into a temporary then).
   std::shared_ptr<ShmOp> reduce_scatter(const at::Tensor& out, const at::Tensor& flat, ReduceOp op);
   /// In place: a reduce-scatter of near-equal chunks, then an all-gather of the results.
   std::shared_ptr<ShmOp> all_reduce(const at::Tensor& t, ReduceOp op);
