@@ -427,6 +427,22 @@ TEST(StateDict, FullRank0OnlyLoadAndSummon) {
       EXPECT_TRUE(torch::equal(after2.at("head.weight"), ref.at("head.weight") * 2));
       EXPECT_NE(error_of([&] { SummonFullParams bad(*m, SummonFullParamsOptions().rank0_only(true)); }), "");
     });
+    run_case("inside summon_full_params the other full-parameter users refuse", [&] {
+      SummonFullParams full(*m, SummonFullParamsOptions().writeback(false));
+      const auto shape = ref.at("head.weight").sizes().vec();
+      // apply_with_full_params would otherwise gather again and, at its end,
+      // point the parameters back at their shards under this open guard.
+      const auto err = error_of([&] { m->apply_with_full_params([](torch::nn::Module&) {}); });
+      EXPECT_NE(err.find("apply_with_full_params"), std::string::npos) << err;
+      EXPECT_NE(err.find("rank " + std::to_string(pg.rank())), std::string::npos) << err;
+      EXPECT_NE(err.find("summon_full_params"), std::string::npos) << err;
+      EXPECT_EQ(m->module()->head->weight.sizes().vec(), shape);
+      EXPECT_NE(error_of([&] { SummonFullParams nested(*m); }), "");
+      EXPECT_NE(error_of([&] { state_dict(*m); }), "");
+      EXPECT_NE(error_of([&] { sharded_state_dict(*m); }), "");
+      EXPECT_NE(error_of([&] { save_checkpoint(test_dir() + "/refused", *m, nullptr); }), "");
+      EXPECT_EQ(m->module()->head->weight.sizes().vec(), shape);
+    });
   }, rank_options());
 }
 

@@ -459,37 +459,6 @@ at::Tensor FullyShardedBase::clip_grad_norm_(double max_norm, double norm_type) 
   return torch::tensor(t, torch::kFloat);
 }
 
-void FullyShardedBase::apply_with_full_params(const std::function<void(torch::nn::Module&)>& fn) {
-  TORCH_CHECK(!runtime_->in_backward(), "fsdp: apply_with_full_params cannot run during backward");
-  for (auto& u : runtime_->units()) {
-    TORCH_CHECK(u->state() == detail::UnitState::IDLE, "fsdp: apply_with_full_params called while unit '",
-                u->path(), "' is in state ", detail::to_string(u->state()),
-                "; call it outside forward/backward");
-  }
-  // Full parameters in the model's own dtype, also under mixed precision: a
-  // full-precision gather into a temporary buffer (the shard itself when not sharded).
-  std::vector<at::Tensor> full(runtime_->units().size());
-  for (size_t i = 0; i < full.size(); ++i) {
-    auto& flat = runtime_->units()[i]->flat();
-    if (!flat.sharded()) {
-      full[i] = flat.shard();
-    } else {
-      full[i] = at::empty({flat.padded_numel()}, flat.options());
-      dist::all_gather_into(runtime_->gather_group(), full[i], flat.shard()).wait();
-    }
-    flat.use_views_of(full[i]);
-  }
-  {
-    torch::NoGradGuard no_grad;
-    fn(*model_);
-  }
-  for (size_t i = 0; i < full.size(); ++i) {
-    auto& flat = runtime_->units()[i]->flat();
-    flat.copy_chunk_to_shard(full[i]);
-    flat.use_shard_views();
-  }
-}
-
 FullyShardedBase::NoSyncGuard::NoSyncGuard(FullyShardedBase* m) : m_(m), previous_(m->runtime_->no_sync()) {
   m_->runtime_->set_no_sync(true);
 }

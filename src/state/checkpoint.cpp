@@ -9,16 +9,16 @@
 
 #include <torch/torch.h>
 
+#include "../fsdp/state_view.h"
 #include "checkpoint_format.h"
 #include "fsdp/dist/collectives.h"
-#include "local_pieces.h"
 #include "optim_state.h"
 
 namespace fsdp {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-using state::LocalPiece;
+using detail::LocalPiece;
 using state::format::Record;
 
 namespace {
@@ -76,7 +76,7 @@ void save_checkpoint(const std::string& dir, FullyShardedBase& model, const torc
   TORCH_CHECK(!dir.empty(), "fsdp: save_checkpoint needs a directory");
   const auto& pg = model.process_group();
   const int rank = pg.rank();
-  auto pieces = state::local_pieces(model, "save_checkpoint");
+  auto pieces = detail::StateView(model).local_pieces("save_checkpoint");
   const std::string opt_kind = optimizer ? state::optimizer_kind(*optimizer) : "";
   const std::string tmp = dir + ".tmp";
 
@@ -287,7 +287,7 @@ void fill(Loaded& l, state::format::RankFileReader& reader, const std::string& i
 
 CheckpointExtra load_checkpoint(const std::string& dir, FullyShardedBase& model, torch::optim::Optimizer* optimizer) {
   const int rank = model.process_group().rank();
-  auto pieces = state::local_pieces(model, "load_checkpoint");
+  auto pieces = detail::StateView(model).local_pieces("load_checkpoint");
   Loaded l = open_checkpoint(dir);
   state::format::RankFileReader reader(l.dir);
   const auto& items = l.meta["items"];
