@@ -355,7 +355,7 @@ CheckpointExtra load_checkpoint(const std::string& dir, FullyShardedBase& model,
         const std::string& name = saved_name_of.at(param.unsafeGetTensorImpl());
         auto kit = kinds_of.find(name);
         if (kit == kinds_of.end() && !steps.contains(name)) {
-          optimizer->state().erase(c10::guts::to_string(param.unsafeGetTensorImpl()));
+          state::erase_param_state(*optimizer, param);
           continue;
         }
         state::ParamOptimState s;

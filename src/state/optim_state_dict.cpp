@@ -158,7 +158,7 @@ void load_optim_state_dict(FullyShardedBase& model, torch::optim::Optimizer& opt
       const LocalPiece& p = *pit->second;
       auto it = sharded.state.find(p.name);
       if (it == sharded.state.end()) {
-        opt.state().erase(c10::guts::to_string(param.unsafeGetTensorImpl()));
+        state::erase_param_state(opt, param);
         continue;
       }
       state::ParamOptimState s;
