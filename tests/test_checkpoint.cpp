@@ -5,6 +5,8 @@
 #include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +17,7 @@
 #include "fsdp/dist/collectives.h"
 #include "fsdp/optim/cpu_adam.h"
 #include "fsdp/state/checkpoint.h"
+#include "fsdp/state/checkpoint_testing.h"
 #include "fsdp/state/checkpoint_tools.h"
 #include "fsdp/state/optim_state_dict.h"
 #include "fsdp/state/state_dict.h"
@@ -277,11 +280,14 @@ namespace {
 // The save at step 5 dies on every rank after its third record.
 void crashing_save() {
   run_ranks(2, [](dist::ProcessGroup& pg) {
+    fsdp::detail::set_checkpoint_record_hook([](int64_t written) {
+      if (written == 3) ::_exit(86);
+    });
     auto m = wrap(0, pg, ShardingStrategy::FULL_SHARD, true);
     auto opt = make_optimizer("adam", m);
     train(m, *opt, 0, 5, pg);
     save_checkpoint(test_dir() + "/k", *m, opt.get());
-  }, rank_options({"FSDP_CKPT_TEST_EXIT_AFTER_RECORDS=3"}));
+  }, rank_options());
 }
 }  // namespace
 

@@ -8,6 +8,7 @@
 
 #include <torch/torch.h>
 
+#include "../dist/object_collectives.h"
 #include "fsdp/dist/collectives.h"
 #include "fsdp/fsdp/host_memory.h"
 #include "runtime.h"
@@ -51,12 +52,7 @@ void check_same_model_on_all_ranks(const dist::ProcessGroup& pg, torch::nn::Modu
     desc += lines.back() + "\n";
   }
   if (pg.size() == 1) return;
-  auto len = torch::tensor({static_cast<int64_t>(desc.size())}, torch::kLong);
-  dist::broadcast(pg, len, 0).wait();
-  auto buf = torch::zeros({len.item<int64_t>()}, torch::kUInt8);
-  if (pg.rank() == 0) std::memcpy(buf.data_ptr(), desc.data(), desc.size());
-  dist::broadcast(pg, buf, 0).wait();
-  std::string root_desc(reinterpret_cast<const char*>(buf.data_ptr()), buf.numel());
+  const std::string root_desc = dist::broadcast_object(pg, desc, 0);
   std::vector<std::string> root_lines;
   std::istringstream is(root_desc);
   for (std::string l; std::getline(is, l);) root_lines.push_back(l);

@@ -7,6 +7,7 @@
 #include <torch/serialize.h>
 #include <torch/torch.h>
 
+#include "../dist/object_collectives.h"
 #include "../fsdp/state_view.h"
 #include "fsdp/dist/collectives.h"
 #include "optim_state.h"
@@ -44,16 +45,6 @@ std::map<const c10::TensorImpl*, std::string> names_of(const std::vector<LocalPi
   std::map<const c10::TensorImpl*, std::string> m;
   for (const auto& p : pieces) m[p.param.unsafeGetTensorImpl()] = p.name;
   return m;
-}
-
-std::string broadcast_string(const dist::ProcessGroup& pg, const std::string& s) {
-  if (pg.size() == 1) return s;
-  auto len = torch::tensor({static_cast<int64_t>(s.size())}, torch::kLong);
-  dist::broadcast(pg, len, 0).wait();
-  auto buf = torch::zeros({std::max<int64_t>(len.item<int64_t>(), 1)}, torch::kUInt8);
-  if (pg.rank() == 0) std::memcpy(buf.data_ptr(), s.data(), s.size());
-  dist::broadcast(pg, buf, 0).wait();
-  return std::string(reinterpret_cast<const char*>(buf.data_ptr()), len.item<int64_t>());
 }
 
 }  // namespace
@@ -198,7 +189,7 @@ void scatter_full_optim_state_dict(const OptimStateDict& full_on_rank0, FullySha
     desc["groups"] = json::array();
     for (const auto& g : full_on_rank0.param_groups) desc["groups"].push_back({{"lr", g.lr}, {"params", g.params}});
   }
-  desc = json::parse(broadcast_string(pg, pg.rank() == 0 ? desc.dump() : std::string()));
+  desc = json::parse(dist::broadcast_object(pg, pg.rank() == 0 ? desc.dump() : std::string()));
   OptimStateDict mine;
   for (const auto& g : desc["groups"])
     mine.param_groups.push_back({g["lr"].get<double>(), g["params"].get<std::vector<std::string>>()});
