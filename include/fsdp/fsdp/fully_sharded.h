@@ -74,7 +74,9 @@ class FullyShardedBase : public torch::nn::Module {
   at::Tensor clip_grad_norm_(double max_norm, double norm_type = 2.0);
 
   /// Runs fn on the unwrapped model with full parameters, on every rank, then
-  /// writes parameter changes back into the shards. Collective.
+  /// writes parameter changes back into the shards: SummonFullParams with
+  /// write-back around fn (fsdp/state/summon_full_params.h). Collective; between
+  /// training steps only.
   void apply_with_full_params(const std::function<void(torch::nn::Module&)>& fn);
 
   /// Within its scope, backward accumulates unreduced gradients locally (under
