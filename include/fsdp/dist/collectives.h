@@ -11,9 +11,12 @@
 ///   from every rank's chunk; reduce-scatter leaves in this rank's chunk output the
 ///   sum (or mean) of chunk r across ranks.
 ///
-/// Gloo in libtorch 1.13 has no reduce_scatter and no _allgather_base; both are built
-/// from Gloo send/recv, and for small buffers from Gloo's alltoall (see [Note:
-/// point-to-point all-gather and reduce-scatter] in src/dist/collectives.cpp).
+/// Each group moves data through a transport chosen when the group is created: shared
+/// memory when all its ranks run on one host, Gloo otherwise (see [Note: transports] in
+/// src/dist/transport.h). Gloo in libtorch 1.13 has no reduce_scatter and no
+/// _allgather_base; both are built from Gloo send/recv, and for small buffers from Gloo's
+/// alltoall (see [Note: point-to-point all-gather and reduce-scatter] in
+/// src/dist/gloo_p2p.cpp).
 /// Reduce-scatter sends chunk j to rank j ((N-1)/N of the buffer, the ring optimum) and
 /// sums the N rows locally in rank order (over send/recv in segments, each as it
 /// arrives), which makes the result deterministic and identical on every run and on

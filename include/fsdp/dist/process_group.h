@@ -21,7 +21,8 @@ namespace fsdp::dist {
 
 namespace detail {
 class ShmChannel;
-}
+class Transport;
+}  // namespace detail
 
 enum class Backend { Auto, Gloo, NCCL };
 
@@ -81,6 +82,9 @@ class ProcessGroup {
   /// The group's shared-memory transport, or nullptr when it uses Gloo only
   /// (see InitOptions::shared_memory). Internal to fsdp::dist.
   const std::shared_ptr<detail::ShmChannel>& shm_channel() const;
+  /// How this group's collectives move data, chosen when the group was created (see
+  /// [Note: transports] in src/dist/transport.h). Internal to fsdp::dist.
+  const std::shared_ptr<detail::Transport>& transport() const;
 
   /// Host and pid of a member, as published at rendezvous (for error messages).
   std::string describe_peer(int rank) const;
