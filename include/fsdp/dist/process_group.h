@@ -41,7 +41,9 @@ struct InitOptions {
   /// all-reduces go through shared memory (/dev/shm) instead of Gloo's loopback TCP:
   /// same results, a fraction of the CPU time. Groups spanning hosts, or whose ranks
   /// cannot map each other's segments, use Gloo. Sub-groups inherit this setting. The
-  /// environment variable FSDP_SHARED_MEMORY=0 turns it off as well.
+  /// environment variable FSDP_SHARED_MEMORY=0 turns it off as well; FSDP_SHM_SLOT_KIB
+  /// sets the size of a ring slot in KiB (tuning, default 256; every rank must use the
+  /// same). Both are read once, here.
   TORCH_ARG(bool, shared_memory) = true;
 };
 
