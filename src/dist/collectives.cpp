@@ -21,6 +21,11 @@ CommCounters& comm_counters() {
   return counters;
 }
 
+CommCounters& shm_slot_counters() {
+  static CommCounters counters;
+  return counters;
+}
+
 int64_t padded_numel(int64_t numel, int64_t size) {
   TORCH_INTERNAL_ASSERT(size > 0);
   return (numel + size - 1) / size * size;

@@ -324,6 +324,7 @@ struct ShmOp {
   at::ScalarType dtype = at::kFloat;
   ReduceOp reduce = ReduceOp::Sum;
   std::vector<at::Tensor> keep;    // what the pieces point into
+  std::atomic<int64_t>* written = nullptr;  // this op's counter in shm_slot_counters()
   bool done = false;
 };
 
@@ -373,6 +374,7 @@ bool ShmChannel::progress_locked() {
         SlotHeader* sh = mine.slot(s);
         if (sh->readers_left.load(std::memory_order_acquire) != 0) break;
         std::memcpy(mine.data(s), w.src, static_cast<size_t>(w.bytes));
+        *op.written += w.bytes;
         sh->readers_left.store(w.reader < 0 ? size_ - 1 : 1, std::memory_order_relaxed);
         sh->seq.store(w.piece, std::memory_order_release);
         published_ = w.piece;
@@ -503,6 +505,7 @@ void build_stage(Stage& st, bool gather, int me, int n, const Geometry& geo, int
 std::shared_ptr<ShmOp> ShmChannel::all_gather(const at::Tensor& flat, const at::Tensor& shard) {
   auto op = std::make_shared<ShmOp>();
   op->name = "all_gather";
+  op->written = &shm_slot_counters().all_gather;
   op->dtype = flat.scalar_type();
   op->keep = {flat, shard};
   const int64_t c = nbytes(shard);
@@ -523,6 +526,7 @@ std::shared_ptr<ShmOp> ShmChannel::all_gather(const at::Tensor& flat, const at::
 std::shared_ptr<ShmOp> ShmChannel::reduce_scatter(const at::Tensor& out, const at::Tensor& flat, ReduceOp rop) {
   auto op = std::make_shared<ShmOp>();
   op->name = "reduce_scatter";
+  op->written = &shm_slot_counters().reduce_scatter;
   op->dtype = flat.scalar_type();
   op->reduce = rop;
   op->keep = {out, flat};
@@ -544,6 +548,7 @@ std::shared_ptr<ShmOp> ShmChannel::reduce_scatter(const at::Tensor& out, const a
 std::shared_ptr<ShmOp> ShmChannel::all_reduce(const at::Tensor& t, ReduceOp rop) {
   auto op = std::make_shared<ShmOp>();
   op->name = "all_reduce";
+  op->written = &shm_slot_counters().all_reduce;
   op->dtype = t.scalar_type();
   op->reduce = rop;
   op->keep = {t};

@@ -115,5 +115,12 @@ struct CommCounters {
   void reset() { all_gather = 0; reduce_scatter = 0; all_reduce = 0; broadcast = 0; }
 };
 CommCounters& comm_counters();
+/// Bytes this process wrote into its shared-memory ring slots, per op, counted where the
+/// copy happens (each slot is then read by one peer, or by every peer for all-gather data).
+/// A measurement of the shared-memory transport, to compare with comm_counters() volumes:
+/// all-gather writes the shard once, reduce-scatter (N-1)/N of the flat buffer, all-reduce
+/// the tensor once (its reduce-scatter stage (N-1)/N, its all-gather stage this rank's
+/// chunk). `broadcast` stays 0 (broadcast goes through Gloo).
+CommCounters& shm_slot_counters();
 
 }  // namespace fsdp::dist
