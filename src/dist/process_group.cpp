@@ -54,7 +54,8 @@ std::shared_ptr<::gloo::transport::Device> make_gloo_device(const LaunchEnv& env
   // GLOO_SOCKET_IFNAME is read here, where the device is made, rather than in InitOptions:
   // it is Gloo's and torch.distributed's own switch, with the same meaning for every
   // program on the machine (ours, Python peers, torchrun), and the device is made once per
-  // world, in init_process_group (new_subgroup reuses it).
+  // world, in init_process_group (its sub-groups reuse it; only a group built directly
+  // from the public constructor makes its own in new_subgroup).
   if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME")) {
     return ::c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
   }

@@ -6,13 +6,12 @@
 // inside a node.
 //
 // Set-up (make_shm_channel, collective over the group, when the group is created and its
-// transport chosen, transport.cpp): every
-// member creates one segment, publishes its name, a random nonce and its host identity
-// (hostname and kernel boot id) under "fsdp/shm/<group>/" in the job's store, maps every
-// peer's segment and checks the nonce, which proves the mapping is the peer's and not a
-// namesake in another IPC namespace. Only when every member succeeded does the group use
-// the channel (every member reads every member's verdict, so all agree); otherwise it
-// stays on Gloo. Each member then unlinks its own segment name (every peer has it mapped
+// transport chosen, transport.cpp): every member creates one segment, publishes its name,
+// a random nonce and its host identity (hostname and kernel boot id) under
+// "fsdp/shm/<group>/" in the job's store, maps every peer's segment and checks the nonce,
+// which proves the mapping is the peer's and not a namesake in another IPC namespace.
+// Only when every member succeeded does the group use the channel (every member reads
+// every member's verdict, so all agree); otherwise it stays on Gloo. Each member then unlinks its own segment name (every peer has it mapped
 // by then), so a crash later leaves nothing in /dev/shm.
 //
 // A segment is a header (pid, nonce, doorbell, failure flag) and a ring of `nslots` slots
