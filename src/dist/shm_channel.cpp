@@ -85,6 +85,7 @@
 
 #include "row_sum.h"
 #include "shm_engine.h"
+#include "tensor_bytes.h"
 
 namespace fsdp::dist::detail {
 
@@ -149,8 +150,6 @@ std::string host_identity() {
 
 std::vector<uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
 std::string str_of(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
-
-int64_t nbytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
 
 }  // namespace
 

@@ -29,7 +29,10 @@
 // all-gather; all-gather and reduce-scatter compose the same way (Gloo across hosts on
 // 1/local_size of the data, shared memory inside). It implements this interface, so
 // collectives.cpp does not change; it shares the world's engine, so its Gloo waits keep
-// the progress guarantee. Groups inside one host (HYBRID_SHARD's shard group) stay on
+// the progress guarantee. One thing it cannot keep as is: its sums add per-host partial
+// sums, not the N rows in rank order, so its results would match the flat transports'
+// within rounding, not bit for bit (rank-order-preserving variants move more data).
+// Groups inside one host (HYBRID_SHARD's shard group) stay on
 // ShmTransport and groups with one rank per host (its replica group) on GlooTransport.
 #include <cstdint>
 #include <memory>
@@ -84,7 +87,7 @@ constexpr int64_t kDefaultShmSlotBytes = int64_t(256) << 10;
 /// InitOptions and the environment); sub-groups inherit it.
 struct TransportConfig {
   /// InitOptions::shared_memory, and FSDP_SHARED_MEMORY is not "0".
-  bool shared_memory = true;
+  bool shared_memory = false;
   /// Slot size of the shared-memory rings: FSDP_SHM_SLOT_KIB (tuning; every rank must
   /// agree, or the group falls back to Gloo naming the mismatch), else the default.
   int64_t shm_slot_bytes = kDefaultShmSlotBytes;
