@@ -67,8 +67,8 @@ std::shared_ptr<::gloo::transport::Device> make_gloo_device(const LaunchEnv& env
   return ::c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
-// The transport settings of a world: InitOptions, and the environment read once here
-// (documented user switches; the library reads no environment variable after this).
+// The transport settings of a world: InitOptions and two documented user switches from
+// the environment, read once per world here rather than where they are used.
 detail::TransportConfig transport_config(const InitOptions& options, int rank) {
   detail::TransportConfig config;
   const char* shm_env = std::getenv("FSDP_SHARED_MEMORY");
@@ -273,6 +273,8 @@ ProcessGroup init_process_group(const InitOptions& options) {
   TORCH_CHECK(options.backend() != Backend::NCCL,
               "fsdp: the NCCL backend needs a libtorch built with CUDA; this build has none. "
               "Use Backend::Gloo (CPU tensors)");
+  // Checked before the rendezvous, so that a bad value fails at once on the rank that has it.
+  const detail::TransportConfig config = transport_config(options, env.rank);
 
   // 1. The job's store.
   c10::intrusive_ptr<::c10d::Store> store;
@@ -346,8 +348,7 @@ ProcessGroup init_process_group(const InitOptions& options) {
   }
 
   // 5. The transports: same-host ranks talk through shared memory ([Note: transports]).
-  auto& config = out.state_->transport_config;
-  config = transport_config(options, env.rank);
+  out.state_->transport_config = config;
   if (config.shared_memory) out.state_->shm_engine = std::make_shared<detail::ShmEngine>();
   out.state_->transport = detail::make_transport(out, config, out.state_->shm_engine);
   return out;
