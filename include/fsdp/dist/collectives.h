@@ -20,16 +20,19 @@
 /// Reduce-scatter sends chunk j to rank j ((N-1)/N of the buffer, the ring optimum) and
 /// sums the N rows locally in rank order (over send/recv in segments, each as it
 /// arrives), which makes the result deterministic and identical on every run and on
-/// both paths. All-gather sends the shard to every peer and, over send/recv, receives
+/// every transport (shared memory sums the same rows in the same order). All-gather sends the shard to every peer and, over send/recv, receives
 /// straight into chunk views of the flat buffer (segmented too, no copy but this rank's
 /// own chunk).
 ///
-/// Memory: reduce-scatter receives into a scratch buffer ((N-1)/N of the flat size over
+/// Memory over Gloo: reduce-scatter receives into a scratch buffer ((N-1)/N of the flat size over
 /// send/recv, the flat size over alltoall), and the small-buffer all-gather sends from
 /// one of the flat size. When such a buffer is 1 MiB or more the group keeps it between
 /// calls (one idle buffer per group, the largest so far, freed with the group; see
 /// comm_cached_bytes), because a fresh buffer that large page-faults in on every call
-/// and slowed the transfer it overlaps.
+/// and slowed the transfer it overlaps. Over shared memory: each group maps one ring per
+/// member (16 slots of 256 KiB by default, more above 9 ranks) for the group's lifetime,
+/// and a reduce-scatter whose output lies inside its flat buffer reduces into a
+/// temporary of the output's size (over send/recv too).
 ///
 /// Ordering: like every collective, calls on one group must be issued in the same order
 /// on every member (message tags are drawn from a per-group counter).
