@@ -44,7 +44,7 @@
 //                    receive buffer costs; above glibc's mmap threshold (32 MiB at most)
 //                    that is page faults every time
 // reduce_scatter and all_gather_into are built from Gloo send/recv (see
-// src/dist/collectives.cpp), in segments of --segment-kb (default 4096); reduce_scatter
+// src/dist/gloo_p2p.cpp), in segments of --segment-kb (default 4096); reduce_scatter
 // overlaps the sum of each segment with the transfer of the next and keeps a large receive
 // buffer per group; all_gather_into receives straight into the chunk views. At N >= 3, flat
 // buffers up to --alltoall-kb (default 2048; 0: never) go through Gloo's alltoall instead.

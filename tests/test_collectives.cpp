@@ -285,6 +285,31 @@ void shm_cases(dist::ProcessGroup& pg) {
       EXPECT_TRUE(torch::equal(i, torch::full({numel}, int64_t(n * (n + 1) / 2), torch::kLong)));
     }
   });
+  run_case("shm: slot bytes written, counted where the copies happen", [&] {
+    // What this rank writes into its ring, in closed form: the shard once (every peer reads
+    // it), chunk p of the flat buffer for each peer p, and for all-reduce the tensor once
+    // (its peers' chunks in the reduce-scatter stage, its own reduced chunk in the
+    // all-gather stage).
+    const int64_t chunk = 3 * slot + 7, numel = 5 * slot + 3;
+    dist::shm_slot_counters().reset();
+    auto flat = torch::empty({chunk * n});
+    dist::all_gather_into(pg, flat, rank_values(chunk, r)).wait();
+    auto out = torch::empty({chunk});
+    dist::reduce_scatter(pg, out, random_flat(chunk * n, r)).wait();
+    auto t = random_flat(numel, r);
+    dist::all_reduce(pg, t).wait();
+    EXPECT_EQ(dist::shm_slot_counters().all_gather.load(), 4 * chunk);
+    EXPECT_EQ(dist::shm_slot_counters().reduce_scatter.load(), 4 * chunk * (n - 1));
+    EXPECT_EQ(dist::shm_slot_counters().all_reduce.load(), 4 * numel);
+    EXPECT_EQ(dist::shm_slot_counters().broadcast.load(), 0);
+    // Over Gloo nothing goes through the slots.
+    dist::set_comm_shared_memory(false);
+    dist::shm_slot_counters().reset();
+    dist::all_reduce(pg, t).wait();
+    dist::all_gather_into(pg, flat, rank_values(chunk, r)).wait();
+    dist::set_comm_shared_memory(true);
+    EXPECT_EQ(dist::shm_slot_counters().total(), 0);
+  });
   std::vector<int> all(n);
   for (int q = 0; q < n; ++q) all[q] = q;
   run_case("shm: larger than the ring, in flight on two groups, waited out of order", [&] {

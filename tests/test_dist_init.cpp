@@ -230,3 +230,20 @@ TEST(DistInit, SharedMemoryCanBeTurnedOff) {
     EXPECT_TRUE(torch::equal(t, torch::full({3}, 3.0f)));
   }, opts);
 }
+
+TEST(DistInit, BadShmSlotSizeIsRefusedBeforeRendezvous) {
+  // FSDP_SHM_SLOT_KIB is read once by init_process_group and checked before it contacts
+  // the store: nothing listens on this port, yet the error names the variable at once.
+  const int port = free_port();
+  for (const char* bad : {"abc", "0", "-4", "64k"}) {
+    ::setenv("FSDP_SHM_SLOT_KIB", bad, 1);
+    const auto start = std::chrono::steady_clock::now();
+    const auto msg = error_of([&] {
+      dist::init_process_group(tcp_options(0, 2, port, std::chrono::seconds(20)));
+    });
+    EXPECT_LT(seconds_since(start), 5.0) << bad;
+    EXPECT_NE(msg.find("FSDP_SHM_SLOT_KIB='" + std::string(bad) + "' is not a slot size in KiB"),
+              std::string::npos) << msg;
+  }
+  ::unsetenv("FSDP_SHM_SLOT_KIB");
+}

@@ -23,7 +23,10 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-#include "shm_channel.h"
+#include "gloo_transport.h"
+#include "shm_engine.h"
+#include "shm_transport.h"
+#include "transport.h"
 
 namespace fsdp::dist {
 
@@ -48,6 +51,11 @@ bool is_loopback(const std::string& addr) {
 }
 
 std::shared_ptr<::gloo::transport::Device> make_gloo_device(const LaunchEnv& env) {
+  // GLOO_SOCKET_IFNAME is read here, where the device is made, rather than in InitOptions:
+  // it is Gloo's and torch.distributed's own switch, with the same meaning for every
+  // program on the machine (ours, Python peers, torchrun), and the device is made once per
+  // world, in init_process_group (its sub-groups reuse it; only a group built directly
+  // from the public constructor makes its own in new_subgroup).
   if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME")) {
     return ::c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
   }
@@ -57,6 +65,23 @@ std::shared_ptr<::gloo::transport::Device> make_gloo_device(const LaunchEnv& env
     return ::c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
   }
   return ::c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+// The transport settings of a world: InitOptions and two documented user switches from
+// the environment, read once per world here rather than where they are used.
+detail::TransportConfig transport_config(const InitOptions& options, int rank) {
+  detail::TransportConfig config;
+  const char* shm_env = std::getenv("FSDP_SHARED_MEMORY");
+  config.shared_memory = options.shared_memory() && !(shm_env && std::string(shm_env) == "0");
+  if (const char* v = std::getenv("FSDP_SHM_SLOT_KIB")) {
+    char* end = nullptr;
+    const long long kib = std::strtoll(v, &end, 10);
+    TORCH_CHECK(end != v && *end == '\0' && kib > 0 && kib <= (int64_t(1) << 20), "fsdp: rank ", rank,
+                ": FSDP_SHM_SLOT_KIB='", v, "' is not a slot size in KiB between 1 and 1048576; "
+                "unset it for the default (", detail::kDefaultShmSlotBytes >> 10, ")");
+    config.shm_slot_bytes = int64_t(kib) << 10;
+  }
+  return config;
 }
 
 }  // namespace
@@ -71,8 +96,11 @@ struct ProcessGroup::State {
   std::vector<Peer> world_peers;  // indexed by world rank
   int subgroup_counter = 0;
   std::shared_ptr<::gloo::transport::Device> device;
-  bool shared_memory = false;  // InitOptions::shared_memory, inherited by sub-groups
-  std::shared_ptr<detail::ShmChannel> shm;
+  // Inherited by sub-groups: the world's transport settings and its shared-memory engine
+  // (nullptr when shared memory is off), which the transports of all its groups share.
+  detail::TransportConfig transport_config;
+  std::shared_ptr<detail::ShmEngine> shm_engine;
+  std::shared_ptr<detail::Transport> transport;  // chosen when the group is created
 };
 
 ProcessGroup::ProcessGroup(c10::intrusive_ptr<::c10d::ProcessGroup> pg,
@@ -86,6 +114,8 @@ ProcessGroup::ProcessGroup(c10::intrusive_ptr<::c10d::ProcessGroup> pg,
   state_->global_ranks = std::move(global_ranks);
   state_->env = std::move(env);
   state_->timeout = timeout;
+  // Until the creator chooses (init_process_group, new_subgroup): Gloo, which every group can use.
+  state_->transport = std::make_shared<detail::GlooTransport>(nullptr);
 }
 
 #define FSDP_PG_STATE()                                                                   \
@@ -104,7 +134,14 @@ std::chrono::milliseconds ProcessGroup::timeout() const { FSDP_PG_STATE(); retur
 const LaunchEnv& ProcessGroup::launch_env() const { FSDP_PG_STATE(); return state_->env; }
 const c10::intrusive_ptr<::c10d::ProcessGroup>& ProcessGroup::c10d() const { FSDP_PG_STATE(); return state_->pg; }
 const c10::intrusive_ptr<::c10d::Store>& ProcessGroup::store() const { FSDP_PG_STATE(); return state_->store; }
-const std::shared_ptr<detail::ShmChannel>& ProcessGroup::shm_channel() const { FSDP_PG_STATE(); return state_->shm; }
+const std::shared_ptr<detail::Transport>& ProcessGroup::transport() const { FSDP_PG_STATE(); return state_->transport; }
+
+const std::shared_ptr<detail::ShmChannel>& ProcessGroup::shm_channel() const {
+  FSDP_PG_STATE();
+  static const std::shared_ptr<detail::ShmChannel> none;
+  const auto* shm = dynamic_cast<const detail::ShmTransport*>(state_->transport.get());
+  return shm ? shm->channel() : none;
+}
 
 std::string ProcessGroup::describe_peer(int r) const {
   FSDP_PG_STATE();
@@ -177,7 +214,8 @@ ProcessGroup ProcessGroup::new_subgroup(std::vector<int> ranks) {
   ProcessGroup out(pg, state_->store, sub.str(), std::move(global), state_->env, state_->timeout);
   out.state_->world_peers = state_->world_peers;
   out.state_->device = state_->device;
-  out.state_->shared_memory = state_->shared_memory;
+  out.state_->transport_config = state_->transport_config;
+  out.state_->shm_engine = state_->shm_engine;
   // Gloo's constructor returns once *this* rank's pairs are connected; a peer may
   // still be finishing its handshake. Without a barrier, a fast rank that drops
   // the group at once (say, a constructor that then throws) closes sockets a slow
@@ -189,7 +227,7 @@ ProcessGroup ProcessGroup::new_subgroup(std::vector<int> ranks) {
     TORCH_CHECK(false, "fsdp: rank ", rank(), " of group '", name(), "' could not complete sub-group '",
                 sub.str(), "': ", e.what(), "; every member must create sub-groups in the same order");
   }
-  if (out.state_->shared_memory) out.state_->shm = detail::make_shm_channel(out);
+  out.state_->transport = detail::make_transport(out, out.state_->transport_config, out.state_->shm_engine);
   return out;
 }
 
@@ -235,6 +273,8 @@ ProcessGroup init_process_group(const InitOptions& options) {
   TORCH_CHECK(options.backend() != Backend::NCCL,
               "fsdp: the NCCL backend needs a libtorch built with CUDA; this build has none. "
               "Use Backend::Gloo (CPU tensors)");
+  // Checked before the rendezvous, so that a bad value fails at once on the rank that has it.
+  const detail::TransportConfig config = transport_config(options, env.rank);
 
   // 1. The job's store.
   c10::intrusive_ptr<::c10d::Store> store;
@@ -307,10 +347,10 @@ ProcessGroup init_process_group(const InitOptions& options) {
     is >> out.state_->world_peers[r].host >> out.state_->world_peers[r].pid;
   }
 
-  // 5. Same-host ranks talk through shared memory ([Note: shared-memory transport]).
-  const char* shm_env = std::getenv("FSDP_SHARED_MEMORY");
-  out.state_->shared_memory = options.shared_memory() && !(shm_env && std::string(shm_env) == "0");
-  if (out.state_->shared_memory) out.state_->shm = detail::make_shm_channel(out);
+  // 5. The transports: same-host ranks talk through shared memory ([Note: transports]).
+  out.state_->transport_config = config;
+  if (config.shared_memory) out.state_->shm_engine = std::make_shared<detail::ShmEngine>();
+  out.state_->transport = detail::make_transport(out, config, out.state_->shm_engine);
   return out;
 }
 

@@ -5,13 +5,13 @@
 // loop thread); a memcpy through shared memory costs a tenth of that. NCCL does the same
 // inside a node.
 //
-// Set-up (make_shm_channel, collective over the group, when the group is created): every
-// member creates one segment, publishes its name, a random nonce and its host identity
-// (hostname and kernel boot id) under "fsdp/shm/<group>/" in the job's store, maps every
-// peer's segment and checks the nonce, which proves the mapping is the peer's and not a
-// namesake in another IPC namespace. Only when every member succeeded does the group use
-// the channel (every member reads every member's verdict, so all agree); otherwise it
-// stays on Gloo. Each member then unlinks its own segment name (every peer has it mapped
+// Set-up (make_shm_channel, collective over the group, when the group is created and its
+// transport chosen, transport.cpp): every member creates one segment, publishes its name,
+// a random nonce and its host identity (hostname and kernel boot id) under
+// "fsdp/shm/<group>/" in the job's store, maps every peer's segment and checks the nonce,
+// which proves the mapping is the peer's and not a namesake in another IPC namespace.
+// Only when every member succeeded does the group use the channel (every member reads
+// every member's verdict, so all agree); otherwise it stays on Gloo. Each member then unlinks its own segment name (every peer has it mapped
 // by then), so a crash later leaves nothing in /dev/shm.
 //
 // A segment is a header (pid, nonce, doorbell, failure flag) and a ring of `nslots` slots
@@ -43,11 +43,12 @@
 // reads what is already there; wait() moves everything the rest of the way. An operation
 // larger than the ring therefore needs its peers to be waiting (or issuing) to finish,
 // which is where a rank is when it needs the result. Any wait moves the pending
-// operations of *every* channel of the process, in issue order (as one progress thread
+// operations of *every* channel of the world, in issue order (as one progress thread
 // would), and so do waits on Gloo work while shared-memory operations are pending
-// (collectives.cpp): a rank blocked anywhere in fsdp::dist keeps feeding its peers, so
-// two ranks waiting on different groups cannot starve each other. One process-wide
-// engine lock serialises all of this; collectives are issued from one thread anyway.
+// (gloo_transport.cpp): a rank blocked anywhere in fsdp::dist keeps feeding its peers, so
+// two ranks waiting on different groups cannot starve each other. The channels of a world
+// share one engine (shm_engine.h) whose lock serialises all of this; collectives are
+// issued from one thread anyway.
 //
 // Waiting: spin briefly (a peer one slot behind finishes within microseconds), then sleep
 // on a futex in this rank's segment header (the doorbell), which a peer bumps and wakes
@@ -83,16 +84,14 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "row_sum.h"
+#include "shm_engine.h"
+#include "tensor_bytes.h"
 
 namespace fsdp::dist::detail {
 
 namespace {
 
 constexpr uint64_t kMagic = 0x3174687370647366ull;  // "fsdpsht1"
-// 256 KiB slots: big enough that the per-piece handshake (two atomics, maybe a futex
-// wake) is noise next to the copy, small enough that a piece is still in cache when its
-// reader takes it. FSDP_SHM_SLOT_KIB overrides it (tuning; every rank must agree).
-constexpr int64_t kDefaultSlotBytes = int64_t(256) << 10;
 constexpr int kMinSlots = 16;
 
 struct alignas(64) SegHeader {
@@ -151,16 +150,6 @@ std::string host_identity() {
 
 std::vector<uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
 std::string str_of(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
-
-int64_t nbytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
-
-int64_t slot_bytes_setting() {
-  if (const char* v = std::getenv("FSDP_SHM_SLOT_KIB")) {
-    const long kib = std::strtol(v, nullptr, 10);
-    if (kib > 0) return int64_t(kib) << 10;
-  }
-  return kDefaultSlotBytes;
-}
 
 }  // namespace
 
@@ -333,52 +322,14 @@ struct ShmOp {
   at::ScalarType dtype = at::kFloat;
   ReduceOp reduce = ReduceOp::Sum;
   std::vector<at::Tensor> keep;    // what the pieces point into
+  std::atomic<int64_t>* written = nullptr;  // this op's counter in shm_slot_counters()
   bool done = false;
 };
 
-// ---------------------------------------------------------------------------------------
-// The engine: every live channel, one lock.
-
-struct Engine {
-  std::mutex mu;
-  std::vector<ShmChannel*> channels;
-
-  bool progress_all() {
-    bool moved = false;
-    for (auto* c : channels) moved |= c->progress();
-    return moved;
-  }
-  bool any_pending(const ShmChannel* except = nullptr) const {
-    for (auto* c : channels) {
-      if (c != except && !c->pending_.empty()) return true;
-    }
-    return false;
-  }
-};
-
-namespace {
-Engine& engine() {
-  static auto* e = new Engine();  // leaked: channels may die during static teardown
-  return *e;
-}
-}  // namespace
-
-bool progress_all_shm() {
-  auto& e = engine();
-  std::lock_guard<std::mutex> lock(e.mu);
-  return e.progress_all();
-}
-
-bool shm_pending() {
-  auto& e = engine();
-  std::lock_guard<std::mutex> lock(e.mu);
-  return e.any_pending();
-}
-
 ShmChannel::~ShmChannel() {
-  auto& e = engine();
-  std::lock_guard<std::mutex> lock(e.mu);
-  e.channels.erase(std::remove(e.channels.begin(), e.channels.end(), this), e.channels.end());
+  if (!engine_) return;  // set-up failed before registering
+  std::lock_guard<std::mutex> lock(engine_->mutex());
+  engine_->remove_locked(this);
 }
 
 namespace {
@@ -405,7 +356,7 @@ void reduce_rows(at::ScalarType dtype, ReduceOp op, char* dst, const std::vector
 
 }  // namespace
 
-bool ShmChannel::progress() {
+bool ShmChannel::progress_locked() {
   bool moved = false;
   bool may_write = true;  // false once an earlier operation still has pieces to write
   ShmSegment& mine = *segs_[rank_];
@@ -421,6 +372,7 @@ bool ShmChannel::progress() {
         SlotHeader* sh = mine.slot(s);
         if (sh->readers_left.load(std::memory_order_acquire) != 0) break;
         std::memcpy(mine.data(s), w.src, static_cast<size_t>(w.bytes));
+        *op.written += w.bytes;
         sh->readers_left.store(w.reader < 0 ? size_ - 1 : 1, std::memory_order_relaxed);
         sh->seq.store(w.piece, std::memory_order_release);
         published_ = w.piece;
@@ -485,13 +437,12 @@ bool ShmChannel::progress() {
 }
 
 std::shared_ptr<ShmOp> ShmChannel::issue(std::shared_ptr<ShmOp> op) {
-  auto& e = engine();
-  std::lock_guard<std::mutex> lock(e.mu);
+  std::lock_guard<std::mutex> lock(engine_->mutex());
   TORCH_CHECK(broken_.empty(), "fsdp: ", op->name, " on group '", group_name_, "' (rank ", rank_,
               "): the group's shared-memory transport failed earlier: ", broken_);
   for (const auto& st : op->stages) op->writes_total += st.writes.size();
   pending_.push_back(op);
-  progress();
+  progress_locked();
   return op;
 }
 
@@ -552,6 +503,7 @@ void build_stage(Stage& st, bool gather, int me, int n, const Geometry& geo, int
 std::shared_ptr<ShmOp> ShmChannel::all_gather(const at::Tensor& flat, const at::Tensor& shard) {
   auto op = std::make_shared<ShmOp>();
   op->name = "all_gather";
+  op->written = &shm_slot_counters().all_gather;
   op->dtype = flat.scalar_type();
   op->keep = {flat, shard};
   const int64_t c = nbytes(shard);
@@ -562,8 +514,7 @@ std::shared_ptr<ShmOp> ShmChannel::all_gather(const at::Tensor& flat, const at::
   }
   op->stages.emplace_back();
   {
-    auto& e = engine();
-    std::lock_guard<std::mutex> lock(e.mu);  // assigned_ is shared with progress()
+    std::lock_guard<std::mutex> lock(engine_->mutex());  // assigned_ is shared with progress
     build_stage(op->stages.back(), true, rank_, size_, geo, slot_bytes_, assigned_,
                 static_cast<const char*>(shard.data_ptr()), static_cast<char*>(flat.data_ptr()), false);
   }
@@ -573,6 +524,7 @@ std::shared_ptr<ShmOp> ShmChannel::all_gather(const at::Tensor& flat, const at::
 std::shared_ptr<ShmOp> ShmChannel::reduce_scatter(const at::Tensor& out, const at::Tensor& flat, ReduceOp rop) {
   auto op = std::make_shared<ShmOp>();
   op->name = "reduce_scatter";
+  op->written = &shm_slot_counters().reduce_scatter;
   op->dtype = flat.scalar_type();
   op->reduce = rop;
   op->keep = {out, flat};
@@ -584,8 +536,7 @@ std::shared_ptr<ShmOp> ShmChannel::reduce_scatter(const at::Tensor& out, const a
   }
   op->stages.emplace_back();
   {
-    auto& e = engine();
-    std::lock_guard<std::mutex> lock(e.mu);
+    std::lock_guard<std::mutex> lock(engine_->mutex());
     build_stage(op->stages.back(), false, rank_, size_, geo, slot_bytes_, assigned_,
                 static_cast<const char*>(flat.data_ptr()), static_cast<char*>(out.data_ptr()), false);
   }
@@ -595,6 +546,7 @@ std::shared_ptr<ShmOp> ShmChannel::reduce_scatter(const at::Tensor& out, const a
 std::shared_ptr<ShmOp> ShmChannel::all_reduce(const at::Tensor& t, ReduceOp rop) {
   auto op = std::make_shared<ShmOp>();
   op->name = "all_reduce";
+  op->written = &shm_slot_counters().all_reduce;
   op->dtype = t.scalar_type();
   op->reduce = rop;
   op->keep = {t};
@@ -609,8 +561,7 @@ std::shared_ptr<ShmOp> ShmChannel::all_reduce(const at::Tensor& t, ReduceOp rop)
   char* base = static_cast<char*>(t.data_ptr());
   op->stages.resize(2);
   {
-    auto& e = engine();
-    std::lock_guard<std::mutex> lock(e.mu);
+    std::lock_guard<std::mutex> lock(engine_->mutex());
     // Stage 1 reduces into our own chunk of t, which is also our row: via the temporary.
     build_stage(op->stages[0], false, rank_, size_, geo, slot_bytes_, assigned_, base,
                 base + geo.off[rank_], true);
@@ -673,7 +624,7 @@ std::string ShmChannel::failure(const ShmOp& op, const std::string& cause) const
 
 void ShmChannel::wait(ShmOp& op) {
   using clock = std::chrono::steady_clock;
-  auto& e = engine();
+  ShmEngine& e = *engine_;
   const auto start = clock::now();
   auto next_check = start + std::chrono::milliseconds(100);
   SegHeader* h = segs_[rank_]->hdr();
@@ -681,7 +632,7 @@ void ShmChannel::wait(ShmOp& op) {
   auto fail = [&](const std::string& cause) {
     const std::string msg = failure(op, cause);
     {
-      std::lock_guard<std::mutex> lock(e.mu);
+      std::lock_guard<std::mutex> lock(e.mutex());
       if (broken_.empty()) broken_ = msg;
     }
     if (h->failed.load(std::memory_order_relaxed) == 0) {
@@ -693,11 +644,11 @@ void ShmChannel::wait(ShmOp& op) {
   int idle = 0;
   for (;;) {
     {
-      std::lock_guard<std::mutex> lock(e.mu);
+      std::lock_guard<std::mutex> lock(e.mutex());
       if (op.done) return;
       TORCH_CHECK(broken_.empty(), "fsdp: ", op.name, " on group '", group_name_, "' (rank ", rank_,
                   "): the group's shared-memory transport failed earlier: ", broken_);
-      const bool moved = e.progress_all();
+      const bool moved = e.progress_locked();
       if (op.done) return;
       if (moved) {
         idle = 0;
@@ -713,16 +664,16 @@ void ShmChannel::wait(ShmOp& op) {
     const uint32_t bell = h->doorbell.load(std::memory_order_seq_cst);
     bool moved = false, done = false;
     {
-      std::lock_guard<std::mutex> lock(e.mu);
-      moved = e.progress_all();
+      std::lock_guard<std::mutex> lock(e.mutex());
+      moved = e.progress_locked();
       done = op.done;
     }
     if (!moved && !done) {
       // Other channels with pending work ring other doorbells: sleep shorter then.
       bool others = false;
       {
-        std::lock_guard<std::mutex> lock(e.mu);
-        others = e.any_pending(this);
+        std::lock_guard<std::mutex> lock(e.mutex());
+        others = e.pending_locked(this);
       }
       futex_wait(&h->doorbell, bell, std::chrono::microseconds(others ? 1000 : 50000));
     }
@@ -737,7 +688,7 @@ void ShmChannel::wait(ShmOp& op) {
       if (now - start >= timeout_) {
         std::string blocked;
         {
-          std::lock_guard<std::mutex> lock(e.mu);
+          std::lock_guard<std::mutex> lock(e.mutex());
           blocked = blocking_peers(op);
         }
         fail("timed out after " + std::to_string(timeout_.count()) + " ms: " + blocked);
@@ -749,12 +700,13 @@ void ShmChannel::wait(ShmOp& op) {
 // ---------------------------------------------------------------------------------------
 // Set-up
 
-std::shared_ptr<ShmChannel> make_shm_channel(const ProcessGroup& g) {
+std::shared_ptr<ShmChannel> make_shm_channel(const ProcessGroup& g, std::shared_ptr<ShmEngine> engine,
+                                             int64_t slot_bytes) {
+  TORCH_INTERNAL_ASSERT(engine != nullptr && slot_bytes > 0);
   const int n = g.size(), me = g.rank();
   if (n == 1) return nullptr;
   const auto& store = g.store();
   const std::string prefix = "fsdp/shm/" + g.name() + "/";
-  const int64_t slot_bytes = slot_bytes_setting();
   const int nslots = std::max(kMinSlots, 2 * (n - 1));
   std::random_device rd;
   const uint64_t nonce = (uint64_t(rd()) << 32) ^ rd();
@@ -811,9 +763,9 @@ std::shared_ptr<ShmChannel> make_shm_channel(const ProcessGroup& g) {
     return nullptr;
   }
   ch->temp_.reset(new char[static_cast<size_t>(slot_bytes)]);
-  auto& e = engine();
-  std::lock_guard<std::mutex> lock(e.mu);
-  e.channels.push_back(ch.get());
+  std::lock_guard<std::mutex> lock(engine->mutex());
+  engine->add_locked(ch.get());
+  ch->engine_ = std::move(engine);
   return ch;
 }
 

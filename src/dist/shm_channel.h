@@ -17,11 +17,13 @@ namespace fsdp::dist::detail {
 struct ShmOp;
 struct ShmSegment;
 
+class ShmEngine;
+
 /// One group's rings: this rank's (it writes) and every peer's (it reads). Issue calls
 /// copy what fits into this rank's ring at once and return; ShmChannel::wait moves the
 /// rest. Calls on one channel must be issued in the same order on every member, like
-/// every collective. Not thread-safe on its own: every entry point takes the process-wide
-/// engine lock (see the note).
+/// every collective. Not thread-safe on its own: every entry point takes the lock of the
+/// engine the channel is registered with (shm_engine.h).
 class ShmChannel {
  public:
   ~ShmChannel();
@@ -31,11 +33,12 @@ class ShmChannel {
   /// flat[r*chunk:(r+1)*chunk] = shard of rank r.
   std::shared_ptr<ShmOp> all_gather(const at::Tensor& flat, const at::Tensor& shard);
   /// out = sum (or mean) over ranks of flat[rank*chunk:(rank+1)*chunk], in rank order.
-  /// `out` must not overlap `flat` (collectives.cpp reduces into a temporary then).
+  /// `out` must not overlap `flat` (ShmTransport reduces into a temporary then).
   std::shared_ptr<ShmOp> reduce_scatter(const at::Tensor& out, const at::Tensor& flat, ReduceOp op);
   /// In place: a reduce-scatter of near-equal chunks, then an all-gather of the results.
   std::shared_ptr<ShmOp> all_reduce(const at::Tensor& t, ReduceOp op);
-  /// Blocks until `op` is complete, moving every channel's pending operations meanwhile.
+  /// Blocks until `op` is complete, moving the pending operations of every channel of the
+  /// engine meanwhile.
   /// Throws c10::Error naming the operation, the group and the peer waited on when a peer
   /// exits or gives up, or after the group's timeout.
   void wait(ShmOp& op);
@@ -44,16 +47,20 @@ class ShmChannel {
   int size() const { return size_; }
 
  private:
-  friend std::shared_ptr<ShmChannel> make_shm_channel(const ProcessGroup& g);
-  friend struct Engine;
+  friend std::shared_ptr<ShmChannel> make_shm_channel(const ProcessGroup& g,
+                                                      std::shared_ptr<ShmEngine> engine,
+                                                      int64_t slot_bytes);
+  friend class ShmEngine;
   ShmChannel() = default;
 
   std::shared_ptr<ShmOp> issue(std::shared_ptr<ShmOp> op);
-  bool progress();  // engine lock held; true if anything moved
+  bool progress_locked();  // true if anything moved
+  bool pending_locked() const { return !pending_.empty(); }
   std::string failure(const ShmOp& op, const std::string& cause) const;
   std::string blocking_peers(const ShmOp& op) const;
   std::string peer_problem() const;  // "" while every peer is alive and has not given up
 
+  std::shared_ptr<ShmEngine> engine_;  // registered with it from creation to destruction
   std::string group_name_;
   int rank_ = 0, size_ = 0, global_rank_ = 0;
   std::chrono::milliseconds timeout_{0};
@@ -68,16 +75,12 @@ class ShmChannel {
   std::string broken_;            // set when a wait failed: later calls fail at once
 };
 
-/// The channel of group `g`, or nullptr when some member is on another host, cannot map
-/// the others' segments, or the group has one rank (every member gets the same answer).
-/// Collective over `g`: it exchanges segment names through the group's store.
-std::shared_ptr<ShmChannel> make_shm_channel(const ProcessGroup& g);
-
-/// Moves every live channel's pending operations as far as they go without blocking;
-/// true if anything moved. Waits on Gloo work call it while shared-memory operations are
-/// pending, so that a rank blocked on Gloo still feeds its peers (see the note).
-bool progress_all_shm();
-/// True while some channel of this process has an operation not yet complete.
-bool shm_pending();
+/// The channel of group `g`, registered with `engine`, with ring slots of `slot_bytes`
+/// (every member must pass the same value), or nullptr when some member is on another
+/// host, cannot map the others' segments, or the group has one rank (every member gets
+/// the same answer). Collective over `g`: it exchanges segment names through the group's
+/// store.
+std::shared_ptr<ShmChannel> make_shm_channel(const ProcessGroup& g, std::shared_ptr<ShmEngine> engine,
+                                             int64_t slot_bytes);
 
 }  // namespace fsdp::dist::detail

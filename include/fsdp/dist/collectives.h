@@ -11,22 +11,28 @@
 ///   from every rank's chunk; reduce-scatter leaves in this rank's chunk output the
 ///   sum (or mean) of chunk r across ranks.
 ///
-/// Gloo in libtorch 1.13 has no reduce_scatter and no _allgather_base; both are built
-/// from Gloo send/recv, and for small buffers from Gloo's alltoall (see [Note:
-/// point-to-point all-gather and reduce-scatter] in src/dist/collectives.cpp).
+/// Each group moves data through a transport chosen when the group is created: shared
+/// memory when all its ranks run on one host, Gloo otherwise (see [Note: transports] in
+/// src/dist/transport.h). Gloo in libtorch 1.13 has no reduce_scatter and no
+/// _allgather_base; both are built from Gloo send/recv, and for small buffers from Gloo's
+/// alltoall (see [Note: point-to-point all-gather and reduce-scatter] in
+/// src/dist/gloo_p2p.cpp).
 /// Reduce-scatter sends chunk j to rank j ((N-1)/N of the buffer, the ring optimum) and
 /// sums the N rows locally in rank order (over send/recv in segments, each as it
 /// arrives), which makes the result deterministic and identical on every run and on
-/// both paths. All-gather sends the shard to every peer and, over send/recv, receives
+/// every transport (shared memory sums the same rows in the same order). All-gather sends the shard to every peer and, over send/recv, receives
 /// straight into chunk views of the flat buffer (segmented too, no copy but this rank's
 /// own chunk).
 ///
-/// Memory: reduce-scatter receives into a scratch buffer ((N-1)/N of the flat size over
+/// Memory over Gloo: reduce-scatter receives into a scratch buffer ((N-1)/N of the flat size over
 /// send/recv, the flat size over alltoall), and the small-buffer all-gather sends from
 /// one of the flat size. When such a buffer is 1 MiB or more the group keeps it between
 /// calls (one idle buffer per group, the largest so far, freed with the group; see
 /// comm_cached_bytes), because a fresh buffer that large page-faults in on every call
-/// and slowed the transfer it overlaps.
+/// and slowed the transfer it overlaps. Over shared memory: each group maps one ring per
+/// member (16 slots of 256 KiB by default, more above 9 ranks) for the group's lifetime,
+/// and a reduce-scatter whose output lies inside its flat buffer reduces into a
+/// temporary of the output's size (over send/recv too).
 ///
 /// Ordering: like every collective, calls on one group must be issued in the same order
 /// on every member (message tags are drawn from a per-group counter).
@@ -112,5 +118,12 @@ struct CommCounters {
   void reset() { all_gather = 0; reduce_scatter = 0; all_reduce = 0; broadcast = 0; }
 };
 CommCounters& comm_counters();
+/// Bytes this process wrote into its shared-memory ring slots, per op, counted where the
+/// copy happens (each slot is then read by one peer, or by every peer for all-gather data).
+/// A measurement of the shared-memory transport, to compare with comm_counters() volumes:
+/// all-gather writes the shard once, reduce-scatter (N-1)/N of the flat buffer, all-reduce
+/// the tensor once (its reduce-scatter stage (N-1)/N, its all-gather stage this rank's
+/// chunk). `broadcast` stays 0 (broadcast goes through Gloo).
+CommCounters& shm_slot_counters();
 
 }  // namespace fsdp::dist

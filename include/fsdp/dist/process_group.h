@@ -21,7 +21,8 @@ namespace fsdp::dist {
 
 namespace detail {
 class ShmChannel;
-}
+class Transport;
+}  // namespace detail
 
 enum class Backend { Auto, Gloo, NCCL };
 
@@ -40,7 +41,9 @@ struct InitOptions {
   /// all-reduces go through shared memory (/dev/shm) instead of Gloo's loopback TCP:
   /// same results, a fraction of the CPU time. Groups spanning hosts, or whose ranks
   /// cannot map each other's segments, use Gloo. Sub-groups inherit this setting. The
-  /// environment variable FSDP_SHARED_MEMORY=0 turns it off as well.
+  /// environment variable FSDP_SHARED_MEMORY=0 turns it off as well; FSDP_SHM_SLOT_KIB
+  /// sets the size of a ring slot in KiB (tuning, default 256; every rank must use the
+  /// same). Both are read once, here.
   TORCH_ARG(bool, shared_memory) = true;
 };
 
@@ -81,6 +84,9 @@ class ProcessGroup {
   /// The group's shared-memory transport, or nullptr when it uses Gloo only
   /// (see InitOptions::shared_memory). Internal to fsdp::dist.
   const std::shared_ptr<detail::ShmChannel>& shm_channel() const;
+  /// How this group's collectives move data, chosen when the group was created (see
+  /// [Note: transports] in src/dist/transport.h). Internal to fsdp::dist.
+  const std::shared_ptr<detail::Transport>& transport() const;
 
   /// Host and pid of a member, as published at rendezvous (for error messages).
   std::string describe_peer(int rank) const;

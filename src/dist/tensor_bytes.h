@@ -1,0 +1,18 @@
+#pragma once
+// Internal to src/dist: byte-level facts about dense tensors that several transports need.
+#include <cstdint>
+
+#include <ATen/core/Tensor.h>
+
+namespace fsdp::dist::detail {
+
+inline int64_t nbytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
+
+/// Whether the bytes of two contiguous tensors overlap.
+inline bool overlaps(const at::Tensor& a, const at::Tensor& b) {
+  const auto* a0 = static_cast<const char*>(a.data_ptr());
+  const auto* b0 = static_cast<const char*>(b.data_ptr());
+  return a0 < b0 + nbytes(b) && b0 < a0 + nbytes(a);
+}
+
+}  // namespace fsdp::dist::detail
