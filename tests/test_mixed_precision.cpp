@@ -224,12 +224,17 @@ void run_all(dist::ProcessGroup& pg) {
   struct Config {
     const char* name;
     MixedPrecision mp;
+    double bound;  ///< on the parameters' relative L2 difference to fp32 after kSteps
   };
+  // Bounds: about 1.5x the largest value measured at N=2,3 (1.06e-2 with bf16
+  // compute, 1.7e-3 with only a bf16 reduction, 7.7e-4 with an fp16 one: fp16
+  // keeps 3 more mantissa bits than bf16). The runs are deterministic, so the
+  // margin covers changes of summation order, not run-to-run noise.
   const std::vector<Config> configs = {
-      {"bf16_params", MixedPrecision().param_dtype(torch::kBFloat16)},
-      {"bf16_params_fp32_reduce", MixedPrecision().param_dtype(torch::kBFloat16).fp32_reduce_scatter(true)},
-      {"fp32_compute_bf16_reduce", MixedPrecision().reduce_dtype(torch::kBFloat16)},
-      {"fp32_compute_fp16_reduce", MixedPrecision().reduce_dtype(torch::kHalf)},
+      {"bf16_params", MixedPrecision().param_dtype(torch::kBFloat16), 1.5e-2},
+      {"bf16_params_fp32_reduce", MixedPrecision().param_dtype(torch::kBFloat16).fp32_reduce_scatter(true), 1.5e-2},
+      {"fp32_compute_bf16_reduce", MixedPrecision().reduce_dtype(torch::kBFloat16), 3e-3},
+      {"fp32_compute_fp16_reduce", MixedPrecision().reduce_dtype(torch::kHalf), 1.2e-3},
   };
   for (auto strategy : {ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP}) {
     for (const auto& c : configs) {
@@ -241,8 +246,8 @@ void run_all(dist::ProcessGroup& pg) {
           std::cout << "[mp] world " << pg.size() << " " << to_string(strategy) << " " << c.name
                     << ": final loss " << r.final_loss << " (fp32 ref " << reference.final_loss
                     << ", rel " << dl << "), params rel L2 " << dp << "\n";
-        EXPECT_LT(dl, 0.02);
-        EXPECT_LT(dp, 2e-2);
+        EXPECT_LT(dl, 1.5e-2);  // measured <= 8.5e-3
+        EXPECT_LT(dp, c.bound);
         EXPECT_GT(dp, 0) << "bit-identical to fp32: was the policy applied at all?";
       });
     }
@@ -252,8 +257,8 @@ void run_all(dist::ProcessGroup& pg) {
     auto r = train_fsdp(pg, [] { return make_mlp(7); },
                         mp_options(ShardingStrategy::NO_SHARD, MixedPrecision().param_dtype(torch::kBFloat16)),
                         kSteps);
-    EXPECT_LT(std::abs(r.final_loss - reference.final_loss) / reference.final_loss, 0.02);
-    EXPECT_LT(params_rel_diff(r.params, reference.params), 2e-2);
+    EXPECT_LT(std::abs(r.final_loss - reference.final_loss) / reference.final_loss, 1.5e-2);
+    EXPECT_LT(params_rel_diff(r.params, reference.params), 1.5e-2);
   });
 
   for (auto reduce : {torch::kBFloat16, torch::kHalf}) {
@@ -451,8 +456,8 @@ void run_all(dist::ProcessGroup& pg) {
     if (pg.rank() == 0)
       std::cout << "[mp] world " << pg.size() << " batchnorm: loss " << loss_fsdp << " (ref " << loss_ref
                 << "), params rel L2 " << dp << "\n";
-    EXPECT_LT(std::abs(loss_fsdp - loss_ref) / loss_ref, 0.02);
-    EXPECT_LT(dp, 2e-2);
+    EXPECT_LT(std::abs(loss_fsdp - loss_ref) / loss_ref, 1.5e-2);
+    EXPECT_LT(dp, 1.5e-2);  // measured <= 8.8e-3
   });
 
   run_case("memory_stats_count_low_precision_units", [&] {
