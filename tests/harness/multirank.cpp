@@ -56,6 +56,11 @@ std::string current_test_filter() {
   return std::string(info->test_suite_name()) + "." + info->name();
 }
 
+// The file a worker writes once its body has returned, so that the launcher can
+// tell a rank that ran its body from one that exited 0 without running it (a
+// gtest filter that matched no test, a call index that matched no call).
+std::string ran_marker(const std::string& dir, int rank) { return dir + "/rank" + std::to_string(rank) + ".ran"; }
+
 std::string read_file(const std::string& path) {
   std::ifstream in(path);
   std::stringstream ss;
@@ -217,6 +222,17 @@ void run_ranks(int world_size, const std::function<void(dist::ProcessGroup&)>& b
       break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+
+  // Every rank exited 0: each must also have run the body.
+  if (!any_failed) {
+    for (int r = 0; r < world_size; ++r) {
+      if (std::ifstream(ran_marker(dir, r)).good()) continue;
+      any_failed = true;
+      why = "rank " + std::to_string(r) +
+            " exited 0 without running the test body (its gtest filter or run_ranks call matched nothing)";
+      break;
+    }
   }
 
   if (any_failed) {
