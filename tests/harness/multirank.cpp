@@ -132,6 +132,7 @@ void run_ranks(int world_size, const std::function<void(dist::ProcessGroup&)>& b
     try {
       auto pg = dist::init_process_group(opts);
       body(pg);
+      std::ofstream(ran_marker(worker_scratch_dir(), env_int(kRankVar, 0))) << "ran\n";
     } catch (const std::exception& e) {
       ADD_FAILURE() << "rank " << env_int(kRankVar, 0) << " threw: " << e.what();
     }
