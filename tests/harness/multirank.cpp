@@ -102,6 +102,13 @@ std::string worker_scratch_dir() {
   return path.substr(0, path.rfind('/'));
 }
 
+void exit_worker_now() {
+  TORCH_CHECK(is_worker(), "exit_worker_now() is for the body of run_ranks");
+  std::ofstream(ran_marker(worker_scratch_dir(), env_int(kRankVar, 0))) << "ran\n";
+  std::fflush(nullptr);
+  ::_exit(0);
+}
+
 void configure_worker_process() {
   if (!is_worker()) return;
   at::set_num_threads(env_int(kThreadsVar, 1));
