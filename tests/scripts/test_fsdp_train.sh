@@ -3,7 +3,8 @@
 # well-formed metrics; a run is deterministic; bad flags fail fast with the right message;
 # --estimate-memory prints every strategy; the cnn and the gpt train too, and all three models
 # match unsharded single-process PyTorch (section 5): bit for bit for the mlp and the cnn
-# (every optimizer, bf16 mixed precision, every strategy, 1 and 2 ranks).
+# (every optimizer, bf16 mixed precision, every strategy, 1 and 2 ranks; at 1 rank the final
+# weights too).
 # 2 ranks, short runs: well under 2 minutes.
 set -euo pipefail
 # One BLAS thread on both sides, set before torch loads: torch.set_num_threads does not
@@ -194,6 +195,7 @@ pass "--estimate-memory counts the cnn and the gpt"
 # (a tril mask): its losses agree to rounding only (measured 4.9e-8 over 10 steps).
 reference() {  # reference mlp|cnn <steps> <batch> <lr> | reference gpt <steps> <batch> <lr> <text> <layers> <dim> <heads> <context>
   # REF_OPT=adam|adamw|sgd (REF_WD: weight decay, sgd: momentum 0.9), REF_MP=none|bf16,
+  # REF_SAVE=FILE: torch.save of the final state dict.
   # REF_WORLD=N: the global batch is split into N rank slices whose gradients are reduced
   # as the library does (each divided by the predivide factor, summed in rank order, divided
   # by the rest of N, in the reduce dtype); the loss is the mean of the slices' losses.
@@ -294,6 +296,8 @@ for s in range(steps):
     for x in losses:
         acc += x
     print(repr(acc / W))
+if os.environ.get("REF_SAVE"):
+    torch.save(net.state_dict(), os.environ["REF_SAVE"])
 PY
 }
 # Compares the losses of file $1 (fsdp-train) with the first ones, all of file $2 (the
@@ -330,12 +334,22 @@ check_run() {  # check_run <name> <steps> <header fragment> <summary fragment>
 
 # The mlp: one rank against plain PyTorch on the whole batch, then the section 1 runs (every
 # strategy, bf16) and each optimizer at 2 ranks against the 2-slice reference.
-reference mlp 30 64 0.001 >"$WORK/mlp1.ref" || fail "mlp: the PyTorch reference failed"
-run --nproc 1 --steps 30 --no-shuffle --metrics "$WORK/mlp_nproc1.jsonl"
+REF_SAVE="$WORK/mlp1.ref.pt" reference mlp 30 64 0.001 >"$WORK/mlp1.ref" || fail "mlp: the PyTorch reference failed"
+run --nproc 1 --steps 30 --no-shuffle --metrics "$WORK/mlp_nproc1.jsonl" --checkpoint-dir "$WORK/mlp1ck"
 [[ $RC == 0 ]] || fail "mlp --nproc 1: exit status $RC"
 losses "$WORK/mlp_nproc1.jsonl" >"$WORK/mlp_nproc1.losses" || fail "mlp --nproc 1: bad metrics file"
 exact mlp_nproc1 "$WORK/mlp1.ref"
-pass "mlp --nproc 1: 30 Adam steps equal plain unsharded PyTorch to the bit"
+# The final weights too: the step-30 checkpoint, consolidated, against PyTorch's.
+"$FSDP_BIN_DIR/fsdp-ckpt" consolidate "$WORK/mlp1ck/step-30" "$WORK/mlp1.pt" >/dev/null ||
+  fail "fsdp-ckpt consolidate of the --nproc 1 run failed (build target fsdp-ckpt)"
+/usr/bin/python3 -c '
+import sys, torch
+a, b = torch.load(sys.argv[1]), torch.load(sys.argv[2])
+assert list(a) == list(b), (list(a), list(b))
+bad = [k for k in a if not torch.equal(a[k], b[k])]
+assert not bad, f"weights differ: {bad}"
+' "$WORK/mlp1.pt" "$WORK/mlp1.ref.pt" || fail "mlp --nproc 1: final weights differ from PyTorch's"
+pass "mlp --nproc 1: 30 Adam steps equal plain unsharded PyTorch to the bit (losses and final weights)"
 REF_WORLD=2 reference mlp 30 64 0.001 >"$WORK/mlp2.ref" || fail "mlp: the PyTorch reference failed"
 for name in full_shard shard_grad_op no_shard hybrid_shard; do
   exact $name "$WORK/mlp2.ref"
