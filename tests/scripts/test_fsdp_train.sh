@@ -5,7 +5,7 @@
 # match unsharded single-process PyTorch (section 5): bit for bit for the mlp and the cnn
 # (every optimizer, bf16 mixed precision, every strategy, 1 and 2 ranks; at 1 rank the final
 # weights too).
-# 2 ranks, short runs: well under 2 minutes.
+# 2 ranks, short runs: about 4 minutes on the loaded 2-core machine.
 set -euo pipefail
 # One BLAS thread on both sides, set before torch loads: torch.set_num_threads does not
 # reach OpenBLAS, and GEMM rounding follows the thread count.
