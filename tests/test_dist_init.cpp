@@ -131,7 +131,13 @@ TEST(DistInit, WorldSizeMismatchFailsFastOnEveryRank) {
       o.isServer = false;
       o.waitWorkers = false;
       o.timeout = std::chrono::seconds(30);
-      c10d::TCPStore("127.0.0.1", o).wait({"fsdp/init/world_size"});
+      c10d::TCPStore store("127.0.0.1", o);
+      // Polled: the store's wait() is not woken by compareSet, which registers it.
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while (!store.check({"fsdp/init/world_size"})) {
+        ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "rank 0 never registered";
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
     }
     auto start = std::chrono::steady_clock::now();
     auto msg = error_of([&] {
