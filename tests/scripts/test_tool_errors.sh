@@ -2,7 +2,7 @@
 # What a user sees when a tool fails: one line per error, "<tool>: ..." with the tool's
 # name once and no C++ backtrace ("frame #N" lines), unless TORCH_SHOW_CPP_STACKTRACES=1
 # asks for it; every benchmark answers --help without running and refuses unknown flags.
-# About 15 s.
+# About 20 s.
 set -euo pipefail
 
 BIN="${FSDP_BIN_DIR:?set FSDP_BIN_DIR to the bin directory of a build}"
@@ -49,6 +49,31 @@ run "$BIN/fsdp-train" --steps 2 --no-shuffle --resume "$WORK/ck/step-1"
 grep -q "fsdp-train: error: " "$ERR" || fail "--resume from a corrupted checkpoint: no 'fsdp-train: error: ' line"
 no_backtrace "fsdp-train --resume (corrupted)"
 pass "fsdp-train --resume of a corrupted checkpoint: $(grep -m1 -o 'fsdp-train: error: .\{0,80\}' "$ERR")..."
+
+# --- fsdp-train: the survivor of a killed peer -----------------------------------------------
+# Two ranks started by hand (no launcher to stop the survivor); rank 1 is SIGKILLed once
+# rank 0 has trained a few steps. Rank 0 must fail naming rank 1, in one line, no backtrace.
+port="$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+pids=()
+for r in 0 1; do
+  (export RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port
+   exec "$BIN/fsdp-train" --steps 100000 --log-every 1 >"$WORK/rank$r.out" 2>"$WORK/rank$r.err") &
+  pids+=($!)
+done
+stop_ranks() { kill -9 "${pids[@]}" 2>/dev/null || true; wait "${pids[@]}" 2>/dev/null || true; }
+for _ in $(seq 1 600); do grep -q "^step 3/" "$WORK/rank0.err" 2>/dev/null && break; sleep 0.1; done
+grep -q "^step 3/" "$WORK/rank0.err" || { stop_ranks; ERR="$WORK/rank0.err" fail "the two ranks did not train 3 steps in 60 s"; }
+kill -9 "${pids[1]}"
+wait "${pids[1]}" 2>/dev/null || true
+SECONDS=0
+while kill -0 "${pids[0]}" 2>/dev/null && (( SECONDS < 60 )); do sleep 0.1; done
+took=$SECONDS
+stop_ranks
+ERR="$WORK/rank0.err"
+(( took < 10 )) || fail "rank 0 did not stop within 10 s of rank 1's death (${took} s)"
+grep -q "^fsdp-train: error: .*gone: rank 1" "$ERR" || fail "rank 0 did not name the dead rank 1"
+no_backtrace "the survivor of a killed peer"
+pass "a survivor of a killed peer: $(grep -m1 -o '^fsdp-train: error: .\{0,60\}' "$ERR")... (no backtrace)"
 
 # --- benchmarks -----------------------------------------------------------------------------
 for b in bench_adam bench_checkpoint bench_collectives bench_strategies; do
