@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <exception>
 
+#include "common/tool_error.h"
 #include "options.h"
 #include "rank_env.h"
 #include "supervisor.h"
@@ -34,7 +35,7 @@ int main(int argc, char** argv) {
     Supervisor supervisor(std::move(spec));
     return supervisor.run();
   } catch (const LauncherError& e) {
-    std::fprintf(stderr, "fsdp-run: %s\n", e.what());
+    fsdp::tools::print_exception("fsdp-run", e);
     return 1;
   }
 }
