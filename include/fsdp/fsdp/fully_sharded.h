@@ -32,6 +32,7 @@ namespace fsdp {
 namespace detail {
 class Runtime;
 class Unit;
+struct ResolvedOptions;
 struct SequentialSlot;
 }  // namespace detail
 
@@ -111,7 +112,7 @@ class FullyShardedBase : public torch::nn::Module {
   std::optional<at::ScalarType> root_input_dtype() const { return root_input_dtype_; }
 
  private:
-  void build_units();
+  void build_units(const detail::ResolvedOptions& resolved);
 
   std::shared_ptr<torch::nn::Module> model_;
   dist::ProcessGroup pg_;
