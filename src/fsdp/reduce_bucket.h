@@ -41,11 +41,13 @@
 // more in flight costs a unit's memory. NO_SHARD uses two: its flat gradient
 // *is* the gradient kept after the step, so a second all-reduce in flight costs
 // nothing, and the main thread no longer waits for one unit's all-reduce
-// before it can flatten and issue the next (bench_strategies, mlp NO_SHARD:
-// 26.7 -> see docs/benchmarks.md). Collectives complete in the order issued. The completed one then starts its replica all-reduce, which
-// runs while backward computes the next units, and is completed when the next
-// reduction leaves SCATTERING (at most one REPLICATING, holding a shard-sized
-// buffer) or at the end of backward, before any gradient piece is assigned.
+// before it can flatten and issue the next (measured in docs/benchmarks.md,
+// bench_strategies). Collectives complete in the order issued. Under
+// HYBRID_SHARD a reduction that leaves SCATTERING starts its replica
+// all-reduce, which runs while backward computes the next units; it is
+// completed when the next reduction leaves SCATTERING (at most one
+// REPLICATING, holding a shard-sized buffer) or at the end of backward, before
+// any gradient piece is assigned.
 
 #include <deque>
 #include <memory>
