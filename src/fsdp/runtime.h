@@ -3,8 +3,9 @@
 // units, the process groups, and the per-iteration schedule. Control flows one
 // way: every hook (the call sites' UnitHooks, the output-gradient hooks, the
 // AccumulateGrad post hooks, the end-of-backward callback) enters the Runtime,
-// and only the Runtime drives units, through the primitives of unit.h ([Note:
-// unit lifecycle]). Units never call back.
+// and only the Runtime (with its GradReducer, reduce_bucket.h) drives units,
+// through the primitives of unit.h ([Note: unit lifecycle]). Units never call
+// back; what they need from here is in their UnitContext.
 //
 // [Note: collective order]
 // Gloo matches collectives by their sequence number per group, so every rank must
