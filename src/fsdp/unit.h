@@ -10,21 +10,27 @@
 // A unit moves only along these arrows, each checked by transition(); any other
 // move fails naming the unit, its rank and both states.
 //
-//   IDLE ---begin_forward---> FORWARD ---end_forward (grad)---> AWAIT_BACKWARD
-//    ^ ^                       |  ^  \                          |  |  |
-//    | +--end_forward (no grad)+  |   +--begin_forward (again)--+  |  | gather_ahead_of_backward
-//    | +--abandon_forward---------+-------------------------------+  |  v
-//    |                                                             |  GATHERED_FOR_BACKWARD
-//    |                          begin_backward (first output hook)  |  |
-//    |                                                             v  v
-//    |                                                            BACKWARD
-//    |     AWAIT_BACKWARD, GATHERED_FOR_BACKWARD, BACKWARD --flatten_grads--> REDUCING --adopt--> REDUCED
-//    |                                             \--flatten_grads, no_sync--> ACCUMULATED
-//    +--finish_iteration-- REDUCED, ACCUMULATED, AWAIT_BACKWARD, GATHERED_FOR_BACKWARD,
-//                          BACKWARD (no gradient parameters), IDLE (ran again without grad)
+//              begin_forward                   end_forward (grad)
+//   IDLE ---------------------------> FORWARD ---------------------> AWAIT_BACKWARD
+//    ^ ^                               |  ^                             |  |  |
+//    | +-- end_forward (no grad) ------+  +-- begin_forward (again) ----+  |  | gather_ahead_
+//    | +-- abandon_forward (from FORWARD or AWAIT_BACKWARD) ---------------+  | of_backward
+//    |                                                                        v
+//    |                                         BACKWARD <---------- GATHERED_FOR_BACKWARD
+//    |                                          ^       begin_backward
+//    |                                          +------ begin_backward (first output hook)
+//    |                                                  from AWAIT_BACKWARD
+//    |
+//    |   AWAIT_BACKWARD, GATHERED_FOR_BACKWARD, BACKWARD
+//    |      --flatten_grads--> REDUCING --adopt_reduced_shard--> REDUCED
+//    |      --flatten_grads (no_sync)--> ACCUMULATED
+//    |
+//    +-- finish_iteration -- REDUCED, ACCUMULATED; AWAIT_BACKWARD, GATHERED_FOR_BACKWARD,
+//                            BACKWARD (no gradient parameters); IDLE (ran again without grad)
+//   Also FORWARD -> FORWARD: begin_forward inside the unit's own forward.
 //
 //   IDLE                   sharded; parameters point at their pieces; gradients are pieces
-//   FORWARD                unsharded, inside forward (re-entered when a module is called twice)
+//   FORWARD                unsharded, inside forward
 //   AWAIT_BACKWARD         forward done with grad enabled; unsharded views kept (storage
 //                          freed when resharding after forward)
 //   GATHERED_FOR_BACKWARD  re-gathered (gather issued) ahead of its backward by the
