@@ -28,6 +28,7 @@
 #include "fsdp/dist/collectives.h"
 #include "fsdp/fsdp/fully_sharded.h"
 #include "fsdp/state/checkpoint.h"
+#include "fsdp/state/checkpoint_testing.h"
 #include "harness/counting_allocator.h"  // header-only; the benchmark does not link the harness
 
 using namespace fsdp;
@@ -174,6 +175,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_checkpoint: cannot execute %s (build target fsdp-run)\n", launcher.c_str());
     return 1;
   }
+  // Compare the CRC-32 implementations (docs/benchmarks.md).
+  if (std::getenv("FSDP_CKPT_ZLIB_CRC")) fsdp::detail::set_checkpoint_crc_zlib(true);
   try {
     return rank_main(argc, argv);
   } catch (const std::exception& e) {

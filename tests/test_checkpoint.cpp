@@ -5,6 +5,8 @@
 #include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +17,7 @@
 #include "fsdp/dist/collectives.h"
 #include "fsdp/optim/cpu_adam.h"
 #include "fsdp/state/checkpoint.h"
+#include "fsdp/state/checkpoint_testing.h"
 #include "fsdp/state/checkpoint_tools.h"
 #include "fsdp/state/optim_state_dict.h"
 #include "fsdp/state/state_dict.h"
@@ -277,11 +280,14 @@ namespace {
 // The save at step 5 dies on every rank after its third record.
 void crashing_save() {
   run_ranks(2, [](dist::ProcessGroup& pg) {
+    fsdp::detail::set_checkpoint_record_hook([](int64_t written) {
+      if (written == 3) ::_exit(86);
+    });
     auto m = wrap(0, pg, ShardingStrategy::FULL_SHARD, true);
     auto opt = make_optimizer("adam", m);
     train(m, *opt, 0, 5, pg);
     save_checkpoint(test_dir() + "/k", *m, opt.get());
-  }, rank_options({"FSDP_CKPT_TEST_EXIT_AFTER_RECORDS=3"}));
+  }, rank_options());
 }
 }  // namespace
 
@@ -426,6 +432,22 @@ TEST(StateDict, FullRank0OnlyLoadAndSummon) {
       auto after2 = full_params(m);
       EXPECT_TRUE(torch::equal(after2.at("head.weight"), ref.at("head.weight") * 2));
       EXPECT_NE(error_of([&] { SummonFullParams bad(*m, SummonFullParamsOptions().rank0_only(true)); }), "");
+    });
+    run_case("inside summon_full_params the other full-parameter users refuse", [&] {
+      SummonFullParams full(*m, SummonFullParamsOptions().writeback(false));
+      const auto shape = ref.at("head.weight").sizes().vec();
+      // apply_with_full_params would otherwise gather again and, at its end,
+      // point the parameters back at their shards under this open guard.
+      const auto err = error_of([&] { m->apply_with_full_params([](torch::nn::Module&) {}); });
+      EXPECT_NE(err.find("apply_with_full_params"), std::string::npos) << err;
+      EXPECT_NE(err.find("rank " + std::to_string(pg.rank())), std::string::npos) << err;
+      EXPECT_NE(err.find("summon_full_params"), std::string::npos) << err;
+      EXPECT_EQ(m->module()->head->weight.sizes().vec(), shape);
+      EXPECT_NE(error_of([&] { SummonFullParams nested(*m); }), "");
+      EXPECT_NE(error_of([&] { state_dict(*m); }), "");
+      EXPECT_NE(error_of([&] { sharded_state_dict(*m); }), "");
+      EXPECT_NE(error_of([&] { save_checkpoint(test_dir() + "/refused", *m, nullptr); }), "");
+      EXPECT_EQ(m->module()->head->weight.sizes().vec(), shape);
     });
   }, rank_options());
 }

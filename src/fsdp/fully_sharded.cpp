@@ -8,6 +8,7 @@
 
 #include <torch/torch.h>
 
+#include "../dist/object_collectives.h"
 #include "fsdp/dist/collectives.h"
 #include "fsdp/fsdp/host_memory.h"
 #include "resolved_options.h"
@@ -52,12 +53,7 @@ void check_same_model_on_all_ranks(const dist::ProcessGroup& pg, torch::nn::Modu
     desc += lines.back() + "\n";
   }
   if (pg.size() == 1) return;
-  auto len = torch::tensor({static_cast<int64_t>(desc.size())}, torch::kLong);
-  dist::broadcast(pg, len, 0).wait();
-  auto buf = torch::zeros({len.item<int64_t>()}, torch::kUInt8);
-  if (pg.rank() == 0) std::memcpy(buf.data_ptr(), desc.data(), desc.size());
-  dist::broadcast(pg, buf, 0).wait();
-  std::string root_desc(reinterpret_cast<const char*>(buf.data_ptr()), buf.numel());
+  const std::string root_desc = dist::broadcast_object(pg, desc, 0);
   std::vector<std::string> root_lines;
   std::istringstream is(root_desc);
   for (std::string l; std::getline(is, l);) root_lines.push_back(l);
@@ -459,37 +455,6 @@ at::Tensor FullyShardedBase::clip_grad_norm_(double max_norm, double norm_type) 
     for (auto& g : replicated_grads) g.mul_(coef);
   }
   return torch::tensor(t, torch::kFloat);
-}
-
-void FullyShardedBase::apply_with_full_params(const std::function<void(torch::nn::Module&)>& fn) {
-  TORCH_CHECK(!runtime_->in_backward(), "fsdp: apply_with_full_params cannot run during backward");
-  for (auto& u : runtime_->units()) {
-    TORCH_CHECK(u->state() == detail::UnitState::IDLE, "fsdp: apply_with_full_params called while unit '",
-                u->path(), "' is in state ", detail::to_string(u->state()),
-                "; call it outside forward/backward");
-  }
-  // Full parameters in the model's own dtype, also under mixed precision: a
-  // full-precision gather into a temporary buffer (the shard itself when not sharded).
-  std::vector<at::Tensor> full(runtime_->units().size());
-  for (size_t i = 0; i < full.size(); ++i) {
-    auto& flat = runtime_->units()[i]->flat();
-    if (!flat.sharded()) {
-      full[i] = flat.shard();
-    } else {
-      full[i] = at::empty({flat.padded_numel()}, flat.options());
-      dist::all_gather_into(runtime_->gather_group(), full[i], flat.shard()).wait();
-    }
-    flat.use_views_of(full[i]);
-  }
-  {
-    torch::NoGradGuard no_grad;
-    fn(*model_);
-  }
-  for (size_t i = 0; i < full.size(); ++i) {
-    auto& flat = runtime_->units()[i]->flat();
-    flat.copy_chunk_to_shard(full[i]);
-    flat.use_shard_views();
-  }
 }
 
 FullyShardedBase::NoSyncGuard::NoSyncGuard(FullyShardedBase* m) : m_(m), previous_(m->runtime_->no_sync()) {

@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "kernels/adam_kernel.h"
+#include "param_state_key.h"
 
 namespace fsdp {
 namespace optim {
@@ -32,11 +33,7 @@ constexpr int64_t kChunkAlign = 64;
 // waking a thread costs more than streaming 32K elements (~1 MB of traffic).
 constexpr int64_t kGrainElements = 32768;
 
-// The key under which torch::optim::Adam (and every libtorch optimizer) keeps a
-// parameter's state.
-std::string state_key(const torch::Tensor& param) {
-  return c10::guts::to_string(param.unsafeGetTensorImpl());
-}
+using optim::detail::param_state_key;
 
 void check_options(const CPUAdamOptions& o, const std::string& where) {
   TORCH_CHECK(o.lr() >= 0, "CPUAdam: invalid learning rate: ", o.lr(), where,
@@ -188,7 +185,7 @@ torch::Tensor CPUAdam::step(LossClosure closure) {
       TORCH_CHECK(!grad.is_sparse(), "CPUAdam does not support sparse gradients",
                   describe(g, i, p), "; densify them first (grad.to_dense())");
 
-      const std::string key = state_key(p);
+      const std::string key = param_state_key(p);
       auto it = state_.find(key);
       if (it == state_.end()) {
         auto fresh = std::make_unique<AdamParamState>();
@@ -425,9 +422,9 @@ void copy_adam_state(const torch::optim::Optimizer& from, torch::optim::Optimize
       TORCH_CHECK(src[i].sizes() == dst[i].sizes(), "copy_adam_state: parameter ", i,
                   " of param group ", g, " has sizes ", src[i].sizes(),
                   " in the source and ", dst[i].sizes(), " in the destination");
-      auto it = from.state().find(state_key(src[i]));
+      auto it = from.state().find(param_state_key(src[i]));
       if (it == from.state().end()) {
-        to.state().erase(state_key(dst[i]));
+        to.state().erase(param_state_key(dst[i]));
         continue;
       }
       AdamFields f;
@@ -454,7 +451,7 @@ void copy_adam_state(const torch::optim::Optimizer& from, torch::optim::Optimize
         s->max_exp_avg_sq(clone_if_defined(f.max_exp_avg_sq));
         copy = std::move(s);
       }
-      to.state()[state_key(dst[i])] = std::move(copy);
+      to.state()[param_state_key(dst[i])] = std::move(copy);
     }
   }
 }

@@ -1,50 +1,26 @@
 #include "fsdp/state/checkpoint.h"
+#include "fsdp/state/checkpoint_testing.h"
 
-#include <unistd.h>
-
-#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <set>
 
 #include <torch/torch.h>
 
+#include "../dist/object_collectives.h"
+#include "../fsdp/state_view.h"
 #include "checkpoint_format.h"
 #include "fsdp/dist/collectives.h"
-#include "local_pieces.h"
 #include "optim_state.h"
 
 namespace fsdp {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-using state::LocalPiece;
+using detail::LocalPiece;
 using state::format::Record;
 
 namespace {
-
-// Every rank's string, on every rank (two collectives: lengths, then bytes).
-std::vector<std::string> all_gather_strings(const dist::ProcessGroup& pg, const std::string& s) {
-  if (pg.size() == 1) return {s};
-  auto len = torch::tensor({static_cast<int64_t>(s.size())}, torch::kLong);
-  dist::all_reduce(pg, len, dist::ReduceOp::Max).wait();
-  const int64_t chunk = std::max<int64_t>(len.item<int64_t>(), 1) + 8;
-  auto mine = torch::zeros({chunk}, torch::kUInt8);
-  auto* m = mine.data_ptr<uint8_t>();
-  const uint64_t n = s.size();
-  std::memcpy(m, &n, 8);
-  std::memcpy(m + 8, s.data(), s.size());
-  auto all = torch::empty({chunk * pg.size()}, torch::kUInt8);
-  dist::all_gather_into(pg, all, mine).wait();
-  std::vector<std::string> out;
-  const auto* a = all.data_ptr<uint8_t>();
-  for (int r = 0; r < pg.size(); ++r) {
-    uint64_t k;
-    std::memcpy(&k, a + r * chunk, 8);
-    out.emplace_back(reinterpret_cast<const char*>(a + r * chunk + 8), k);
-  }
-  return out;
-}
 
 // Every rank learns whether any rank failed, so no rank waits for a peer that
 // gave up; the failing rank's own error is rethrown by that rank.
@@ -58,11 +34,10 @@ void agree_or_throw(const dist::ProcessGroup& pg, const std::string& my_error, c
                 " (see its error); nothing was renamed into place");
 }
 
-// Test-only: FSDP_CKPT_TEST_EXIT_AFTER_RECORDS=k makes every rank exit (code 86)
-// right after writing its k-th record, as a crash mid-save would.
-int64_t test_exit_after_records() {
-  const char* v = std::getenv("FSDP_CKPT_TEST_EXIT_AFTER_RECORDS");
-  return v ? std::atoll(v) : -1;
+// Fault injection (checkpoint_testing.h); empty unless a test installed one.
+detail::CheckpointRecordHook& record_hook() {
+  static detail::CheckpointRecordHook hook;
+  return hook;
 }
 
 std::string strategy_name(const FullyShardedBase& m) {
@@ -71,12 +46,14 @@ std::string strategy_name(const FullyShardedBase& m) {
 
 }  // namespace
 
+void detail::set_checkpoint_record_hook(CheckpointRecordHook hook) { record_hook() = std::move(hook); }
+
 void save_checkpoint(const std::string& dir, FullyShardedBase& model, const torch::optim::Optimizer* optimizer,
                      const CheckpointExtra& extra) {
   TORCH_CHECK(!dir.empty(), "fsdp: save_checkpoint needs a directory");
   const auto& pg = model.process_group();
   const int rank = pg.rank();
-  auto pieces = state::local_pieces(model, "save_checkpoint");
+  auto pieces = detail::StateView(model).local_pieces("save_checkpoint");
   const std::string opt_kind = optimizer ? state::optimizer_kind(*optimizer) : "";
   const std::string tmp = dir + ".tmp";
 
@@ -95,13 +72,14 @@ void save_checkpoint(const std::string& dir, FullyShardedBase& model, const torc
   // 1. Every rank writes its own pieces (replicated values: rank 0 only).
   json mine = {{"records", json::array()}, {"steps", json::object()}, {"file", nullptr}};
   try {
-    const int64_t exit_after = test_exit_after_records();
+    const detail::CheckpointRecordHook& after_record = record_hook();
     int64_t written = 0;
     std::unique_ptr<state::format::RankFileWriter> writer;
     auto put = [&](const std::string& item, const std::string& kind, const at::Tensor& t, int64_t b, int64_t e) {
       if (!writer) writer = std::make_unique<state::format::RankFileWriter>(tmp, state::format::rank_file_name(rank));
       writer->write(item, kind, t, b, e);
-      if (++written == exit_after) ::_exit(86);
+      ++written;
+      if (after_record) after_record(written);
     };
     for (const auto& p : pieces) {
       if (!p.writer) continue;
@@ -136,7 +114,7 @@ void save_checkpoint(const std::string& dir, FullyShardedBase& model, const torc
   agree_or_throw(pg, error, "save_checkpoint");
 
   // 2. Rank 0 writes the metadata and renames the directory into place.
-  const auto parts = all_gather_strings(pg, mine.dump());
+  const auto parts = dist::all_gather_object(pg, mine.dump());
   if (rank == 0) {
     try {
       json meta;
@@ -287,7 +265,7 @@ void fill(Loaded& l, state::format::RankFileReader& reader, const std::string& i
 
 CheckpointExtra load_checkpoint(const std::string& dir, FullyShardedBase& model, torch::optim::Optimizer* optimizer) {
   const int rank = model.process_group().rank();
-  auto pieces = state::local_pieces(model, "load_checkpoint");
+  auto pieces = detail::StateView(model).local_pieces("load_checkpoint");
   Loaded l = open_checkpoint(dir);
   state::format::RankFileReader reader(l.dir);
   const auto& items = l.meta["items"];
@@ -355,7 +333,7 @@ CheckpointExtra load_checkpoint(const std::string& dir, FullyShardedBase& model,
         const std::string& name = saved_name_of.at(param.unsafeGetTensorImpl());
         auto kit = kinds_of.find(name);
         if (kit == kinds_of.end() && !steps.contains(name)) {
-          optimizer->state().erase(c10::guts::to_string(param.unsafeGetTensorImpl()));
+          state::erase_param_state(*optimizer, param);
           continue;
         }
         state::ParamOptimState s;

@@ -1,4 +1,5 @@
 #include "checkpoint_format.h"
+#include "fsdp/state/checkpoint_testing.h"
 
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -6,6 +7,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -64,9 +66,10 @@ namespace {
 // load on a busy machine. Taken at run time when the shared library is present
 // (Debian ships it without a -dev package in this image); zlib otherwise.
 using Crc32Fn = uint32_t (*)(uint32_t, const void*, size_t);
+std::atomic<bool> force_zlib{false};  // set_checkpoint_crc_zlib (checkpoint_testing.h)
 Crc32Fn fast_crc32() {
+  if (force_zlib.load(std::memory_order_relaxed)) return nullptr;
   static const Crc32Fn fn = [] {
-    if (std::getenv("FSDP_CKPT_ZLIB_CRC")) return Crc32Fn{nullptr};
     void* lib = ::dlopen("libdeflate.so.0", RTLD_NOW | RTLD_LOCAL);
     return lib ? reinterpret_cast<Crc32Fn>(::dlsym(lib, "libdeflate_crc32")) : nullptr;
   }();
@@ -241,3 +244,7 @@ std::string read_text_file(const std::string& path) {
 }
 
 }  // namespace fsdp::state::format
+
+namespace fsdp::detail {
+void set_checkpoint_crc_zlib(bool on) { state::format::force_zlib.store(on, std::memory_order_relaxed); }
+}  // namespace fsdp::detail

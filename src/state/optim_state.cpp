@@ -4,12 +4,13 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
+#include "../optim/param_state_key.h"
 #include "fsdp/optim/cpu_adam.h"
 
 namespace fsdp::state {
 
 namespace {
-std::string key_of(const at::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
+using optim::detail::param_state_key;
 
 template <typename S>
 ParamOptimState adam_like(const S& s) {
@@ -46,7 +47,7 @@ std::string optimizer_family(const std::string& kind) {
 }
 
 std::optional<ParamOptimState> get_param_state(const torch::optim::Optimizer& opt, const at::Tensor& param) {
-  auto it = opt.state().find(key_of(param));
+  auto it = opt.state().find(param_state_key(param));
   if (it == opt.state().end() || !it->second) return std::nullopt;
   const auto* base = it->second.get();
   if (auto* s = dynamic_cast<const torch::optim::AdamParamState*>(base)) return adam_like(*s);
@@ -69,7 +70,11 @@ void set_param_state(torch::optim::Optimizer& opt, const at::Tensor& param, Para
     if (s.tensors.count("momentum_buffer")) sgd->momentum_buffer(s.tensors["momentum_buffer"]);
     st = std::move(sgd);
   }
-  opt.state()[key_of(param)] = std::move(st);
+  opt.state()[param_state_key(param)] = std::move(st);
+}
+
+void erase_param_state(torch::optim::Optimizer& opt, const at::Tensor& param) {
+  opt.state().erase(param_state_key(param));
 }
 
 }  // namespace fsdp::state

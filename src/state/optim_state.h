@@ -1,8 +1,9 @@
 #pragma once
 // Per-parameter optimizer state as named tensors, for the optimizers the
 // checkpoint layer knows (torch::optim::Adam, AdamW, SGD; fsdp::optim::CPUAdam).
-// libtorch keys state by the parameter's TensorImpl address (as a string); this
-// file is the one place that knows it.
+// libtorch keys state by the parameter's TensorImpl address (as a string,
+// src/optim/param_state_key.h); the state layer reaches optimizer state only
+// through these functions.
 
 #include <map>
 #include <optional>
@@ -27,5 +28,7 @@ struct ParamOptimState {
 std::optional<ParamOptimState> get_param_state(const torch::optim::Optimizer& opt, const at::Tensor& param);
 /// Replaces the state of `param` (keyed by its TensorImpl).
 void set_param_state(torch::optim::Optimizer& opt, const at::Tensor& param, ParamOptimState s);
+/// Drops the state of `param`, if any (the optimizer starts it afresh).
+void erase_param_state(torch::optim::Optimizer& opt, const at::Tensor& param);
 
 }  // namespace fsdp::state

@@ -7,15 +7,15 @@
 #include <torch/serialize.h>
 #include <torch/torch.h>
 
-#include "../fsdp/runtime.h"
+#include "../dist/object_collectives.h"
+#include "../fsdp/state_view.h"
 #include "fsdp/dist/collectives.h"
-#include "local_pieces.h"
 #include "optim_state.h"
 
 namespace fsdp {
 
 using json = nlohmann::json;
-using state::LocalPiece;
+using detail::LocalPiece;
 
 namespace {
 
@@ -47,69 +47,58 @@ std::map<const c10::TensorImpl*, std::string> names_of(const std::vector<LocalPi
   return m;
 }
 
-std::string broadcast_string(const dist::ProcessGroup& pg, const std::string& s) {
-  if (pg.size() == 1) return s;
-  auto len = torch::tensor({static_cast<int64_t>(s.size())}, torch::kLong);
-  dist::broadcast(pg, len, 0).wait();
-  auto buf = torch::zeros({std::max<int64_t>(len.item<int64_t>(), 1)}, torch::kUInt8);
-  if (pg.rank() == 0) std::memcpy(buf.data_ptr(), s.data(), s.size());
-  dist::broadcast(pg, buf, 0).wait();
-  return std::string(reinterpret_cast<const char*>(buf.data_ptr()), len.item<int64_t>());
-}
-
 }  // namespace
 
 OptimStateDict full_optim_state_dict(FullyShardedBase& model, const torch::optim::Optimizer& opt, bool rank0_only) {
   const auto& pg = model.process_group();
   const bool keep = !rank0_only || pg.rank() == 0;
-  auto pieces = state::local_pieces(model, "full_optim_state_dict");
+  detail::StateView view(model);
+  auto pieces = view.local_pieces("full_optim_state_dict");
   state::optimizer_kind(opt);  // supported?
   torch::NoGradGuard no_grad;
   OptimStateDict out;
-  auto& units = model.runtime().units();
   size_t next = 0;  // pieces are in unit order
-  for (auto& u : units) {
-    auto& flat = u->flat();
-    const size_t n = flat.entries().size();
+  for (size_t u = 0; u < view.num_units(); ++u) {
+    const auto& entries = view.entries(u);
+    const bool sharded = view.sharded(u);
+    const size_t n = entries.size();
     std::vector<std::optional<state::ParamOptimState>> st(n);
     auto agreed = torch::zeros({kNumKinds + 2 * static_cast<int64_t>(n)}, torch::kLong);  // kinds | has | step
     auto* a = agreed.data_ptr<int64_t>();
     for (size_t i = 0; i < n; ++i) {
-      st[i] = state::get_param_state(opt, flat.entries()[i].param);
+      st[i] = state::get_param_state(opt, entries[i].param);
       if (!st[i]) continue;
       for (int k = 0; k < kNumKinds; ++k)
         if (st[i]->tensors.count(kKinds[k])) a[k] = 1;
       a[kNumKinds + i] = 1;
       a[kNumKinds + n + i] = st[i]->step;
     }
-    if (flat.sharded() && pg.size() > 1) dist::all_reduce(pg, agreed, dist::ReduceOp::Max).wait();
+    if (sharded && pg.size() > 1) dist::all_reduce(pg, agreed, dist::ReduceOp::Max).wait();
     for (int k = 0; k < kNumKinds; ++k) {
       if (!a[k]) continue;
       at::Tensor full;
-      if (flat.sharded()) {
+      if (sharded) {
         // This rank's chunk of the unit's flat state, then one all-gather.
-        const auto& gg = model.runtime().gather_group();  // the shard group (HYBRID_SHARD)
-        const int64_t lo = gg.rank() * flat.chunk_numel();
-        auto chunk = torch::zeros({flat.chunk_numel()}, flat.options());
+        const int64_t lo = view.gather_group().rank() * view.chunk_numel(u);  // the shard group (HYBRID_SHARD)
+        auto chunk = torch::zeros({view.chunk_numel(u)}, view.flat_options(u));
         for (size_t i = 0; i < n; ++i) {
-          const auto& e = flat.entries()[i];
+          const auto& e = entries[i];
           if (!st[i] || e.piece_end <= e.piece_begin || !st[i]->tensors.count(kKinds[k])) continue;
           chunk.slice(0, e.piece_begin - lo, e.piece_end - lo).copy_(st[i]->tensors[kKinds[k]].reshape({-1}));
         }
-        full = torch::empty({flat.padded_numel()}, flat.options());
-        dist::all_gather_into(gg, full, chunk).wait();
+        full = view.gather_full(u, chunk);
       }
       if (!keep) continue;
       for (size_t i = 0; i < n; ++i) {
         if (!a[kNumKinds + i]) continue;
-        const auto& e = flat.entries()[i];
-        if (flat.sharded()) out.state[e.fqn][kKinds[k]] = flat.view_of(full, i).clone();
+        const auto& e = entries[i];
+        if (sharded) out.state[e.fqn][kKinds[k]] = view.view_of(u, full, i).clone();
         else if (st[i]->tensors.count(kKinds[k])) out.state[e.fqn][kKinds[k]] = st[i]->tensors[kKinds[k]].clone();
       }
     }
     if (keep)
       for (size_t i = 0; i < n; ++i)
-        if (a[kNumKinds + i]) out.state[flat.entries()[i].fqn]["step"] = torch::tensor(a[kNumKinds + n + i]);
+        if (a[kNumKinds + i]) out.state[entries[i].fqn]["step"] = torch::tensor(a[kNumKinds + n + i]);
     next += n;
   }
   // Ignored parameters: replicated, full already.
@@ -126,7 +115,7 @@ OptimStateDict full_optim_state_dict(FullyShardedBase& model, const torch::optim
 }
 
 OptimStateDict shard_full_optim_state_dict(const OptimStateDict& full, FullyShardedBase& model) {
-  auto pieces = state::local_pieces(model, "shard_full_optim_state_dict");
+  auto pieces = detail::StateView(model).local_pieces("shard_full_optim_state_dict");
   OptimStateDict out;
   out.param_groups = full.param_groups;
   for (const auto& p : pieces) {
@@ -147,7 +136,7 @@ OptimStateDict shard_full_optim_state_dict(const OptimStateDict& full, FullyShar
 }
 
 void load_optim_state_dict(FullyShardedBase& model, torch::optim::Optimizer& opt, const OptimStateDict& sharded) {
-  auto pieces = state::local_pieces(model, "load_optim_state_dict");
+  auto pieces = detail::StateView(model).local_pieces("load_optim_state_dict");
   std::map<const c10::TensorImpl*, const LocalPiece*> piece_of;
   for (const auto& p : pieces) piece_of[p.param.unsafeGetTensorImpl()] = &p;
   auto& groups = opt.param_groups();
@@ -160,7 +149,7 @@ void load_optim_state_dict(FullyShardedBase& model, torch::optim::Optimizer& opt
       const LocalPiece& p = *pit->second;
       auto it = sharded.state.find(p.name);
       if (it == sharded.state.end()) {
-        opt.state().erase(c10::guts::to_string(param.unsafeGetTensorImpl()));
+        state::erase_param_state(opt, param);
         continue;
       }
       state::ParamOptimState s;
@@ -183,7 +172,7 @@ void load_optim_state_dict(FullyShardedBase& model, torch::optim::Optimizer& opt
 void scatter_full_optim_state_dict(const OptimStateDict& full_on_rank0, FullyShardedBase& model,
                                    torch::optim::Optimizer& opt) {
   const auto& pg = model.process_group();
-  auto pieces = state::local_pieces(model, "scatter_full_optim_state_dict");
+  auto pieces = detail::StateView(model).local_pieces("scatter_full_optim_state_dict");
   // What exists (kinds, steps, groups) travels as one JSON string from rank 0.
   json desc;
   if (pg.rank() == 0) {
@@ -200,7 +189,7 @@ void scatter_full_optim_state_dict(const OptimStateDict& full_on_rank0, FullySha
     desc["groups"] = json::array();
     for (const auto& g : full_on_rank0.param_groups) desc["groups"].push_back({{"lr", g.lr}, {"params", g.params}});
   }
-  desc = json::parse(broadcast_string(pg, pg.rank() == 0 ? desc.dump() : std::string()));
+  desc = json::parse(dist::broadcast_object(pg, pg.rank() == 0 ? desc.dump() : std::string()));
   OptimStateDict mine;
   for (const auto& g : desc["groups"])
     mine.param_groups.push_back({g["lr"].get<double>(), g["params"].get<std::vector<std::string>>()});
@@ -230,7 +219,7 @@ void scatter_full_optim_state_dict(const OptimStateDict& full_on_rank0, FullySha
 
 OptimStateDict rekey_optim_state_dict(const OptimStateDict& osd, OptimKey to, FullyShardedBase& model,
                                       const torch::optim::Optimizer& opt) {
-  auto pieces = state::local_pieces(model, "rekey_optim_state_dict");
+  auto pieces = detail::StateView(model).local_pieces("rekey_optim_state_dict");
   const auto name_of = names_of(pieces);
   std::vector<std::string> names;  // position -> name
   for (const auto& g : opt.param_groups())

@@ -7,22 +7,15 @@
 #include <torch/serialize.h>
 #include <torch/torch.h>
 
-#include "../fsdp/runtime.h"
-#include "fsdp/dist/collectives.h"
-#include "local_pieces.h"
+#include "../fsdp/state_view.h"
 
 namespace fsdp {
 
 namespace {
 
-struct Selected {
-  StateDictType type = StateDictType::FULL;
-  FullStateDictConfig config;
-};
-// The selection lives here, keyed by the model, not on the model or its tensors.
-std::map<const FullyShardedBase*, Selected>& selections() {
-  static std::map<const FullyShardedBase*, Selected> m;
-  return m;
+// LOCAL state dicts: one padded flat shard per unit.
+std::string flat_param_key(const std::string& unit_path) {
+  return unit_path.empty() ? "flat_param" : unit_path + ".flat_param";
 }
 
 const char* name_of(StateDictType t) {
@@ -35,28 +28,20 @@ const char* name_of(StateDictType t) {
 }
 
 StateDict full_state_dict(FullyShardedBase& model, const FullStateDictConfig& cfg) {
-  auto& rt = model.runtime();
-  const bool keep = !cfg.rank0_only() || model.process_group().rank() == 0;
-  for (auto& u : rt.units())
-    TORCH_CHECK(u->state() == detail::UnitState::IDLE && u->flat().state() == detail::FlatState::Sharded,
-                "fsdp: state_dict on rank ", model.process_group().rank(), " while unit '", u->path(),
-                "' is in state ", detail::to_string(u->state()), "; call it between training steps");
+  detail::StateView view(model);
+  view.require_idle("state_dict");
+  const bool keep = !cfg.rank0_only() || view.rank() == 0;
   torch::NoGradGuard no_grad;
   // Unit by unit: gather the shards (in their own dtype: the full-precision
   // master values under mixed precision, not the low-precision compute copy),
   // copy out (rank 0 only under rank0_only), free.
   std::unordered_map<const c10::TensorImpl*, at::Tensor> value_of;
-  for (auto& u : rt.units()) {
-    auto& flat = u->flat();
-    at::Tensor full = flat.shard();
-    if (flat.sharded()) {
-      full = torch::empty({flat.padded_numel()}, flat.options());
-      dist::all_gather_into(rt.gather_group(), full, flat.shard()).wait();  // the shard group
-    }
-    if (keep) {
-      for (size_t i = 0; i < flat.entries().size(); ++i)
-        value_of[flat.entries()[i].param.unsafeGetTensorImpl()] = flat.view_of(full, i).clone();
-    }
+  for (size_t u = 0; u < view.num_units(); ++u) {
+    const at::Tensor full = view.gather_full(u);
+    if (!keep) continue;
+    const auto& entries = view.entries(u);
+    for (size_t i = 0; i < entries.size(); ++i)
+      value_of[entries[i].param.unsafeGetTensorImpl()] = view.view_of(u, full, i).clone();
   }
   StateDict out;
   if (!keep) return out;
@@ -73,31 +58,22 @@ StateDict full_state_dict(FullyShardedBase& model, const FullStateDictConfig& cf
 
 StateDictTypeGuard::StateDictTypeGuard(FullyShardedBase& model, StateDictType type, FullStateDictConfig config)
     : model_(&model) {
-  auto& sel = selections();
-  auto it = sel.find(&model);
-  had_previous_ = it != sel.end();
-  if (had_previous_) {
-    previous_type_ = it->second.type;
-    previous_config_ = it->second.config;
-  }
-  sel[&model] = Selected{type, config};
+  auto& selected = detail::StateView(model).state_dict_selection();
+  previous_ = selected;
+  selected = detail::StateDictSelection{type, config};
 }
 
-StateDictTypeGuard::~StateDictTypeGuard() {
-  auto& sel = selections();
-  if (had_previous_) sel[model_] = Selected{previous_type_, previous_config_};
-  else sel.erase(model_);
-}
+StateDictTypeGuard::~StateDictTypeGuard() { detail::StateView(*model_).state_dict_selection() = previous_; }
 
 StateDict state_dict(FullyShardedBase& model) {
-  auto it = selections().find(&model);
-  const Selected s = it == selections().end() ? Selected{} : it->second;
+  detail::StateView view(model);
+  const detail::StateDictSelection s = view.state_dict_selection();
   if (s.type == StateDictType::FULL) return full_state_dict(model, s.config);
   StateDict out;
   if (s.type == StateDictType::LOCAL) {
-    auto pieces = state::local_pieces(model, "state_dict(LOCAL)");
-    for (auto& u : model.runtime().units())
-      out.insert(u->path().empty() ? "flat_param" : u->path() + ".flat_param", u->flat().shard().clone());
+    view.require_idle("state_dict(LOCAL)");
+    for (size_t u = 0; u < view.num_units(); ++u)
+      out.insert(flat_param_key(view.unit_path(u)), view.shard(u).clone());
   } else {
     for (const auto& kv : sharded_state_dict(model)) out.insert(kv.key(), kv.value().local);
   }
@@ -107,7 +83,7 @@ StateDict state_dict(FullyShardedBase& model) {
 
 ShardedStateDict sharded_state_dict(FullyShardedBase& model) {
   ShardedStateDict out;
-  for (const auto& p : state::local_pieces(model, "sharded_state_dict"))
+  for (const auto& p : detail::StateView(model).local_pieces("sharded_state_dict"))
     out.insert(p.name, ShardedEntry{p.flat().clone(), p.shape, p.begin, p.end});
   return out;
 }
@@ -115,7 +91,7 @@ ShardedStateDict sharded_state_dict(FullyShardedBase& model) {
 void load_sharded_state_dict(FullyShardedBase& model, const ShardedStateDict& dict) {
   const int rank = model.process_group().rank();
   torch::NoGradGuard no_grad;
-  for (const auto& p : state::local_pieces(model, "load_sharded_state_dict")) {
+  for (const auto& p : detail::StateView(model).local_pieces("load_sharded_state_dict")) {
     const ShardedEntry* e = dict.find(p.name);
     TORCH_CHECK(e != nullptr, "fsdp: load_sharded_state_dict on rank ", rank, ": missing '", p.name, "'");
     TORCH_CHECK(e->shape == p.shape, "fsdp: load_sharded_state_dict: '", p.name, "' has full shape ",
@@ -131,8 +107,8 @@ void load_sharded_state_dict(FullyShardedBase& model, const ShardedStateDict& di
 
 void load_state_dict(FullyShardedBase& model, const StateDict& dict) {
   const int rank = model.process_group().rank();
-  auto sel = selections().find(&model);
-  const StateDictType type = sel == selections().end() ? StateDictType::FULL : sel->second.type;
+  detail::StateView view(model);
+  const StateDictType type = view.state_dict_selection().type;
   if (type != StateDictType::FULL) {
     torch::NoGradGuard no_grad;
     auto lookup = [&](const std::string& key, int64_t numel) -> const at::Tensor& {
@@ -145,19 +121,19 @@ void load_state_dict(FullyShardedBase& model, const StateDict& dict) {
       return *t;
     };
     if (type == StateDictType::LOCAL) {
-      state::local_pieces(model, "load_state_dict(LOCAL)");  // checks idle
-      for (auto& u : model.runtime().units()) {
-        const auto& shard = u->flat().shard();
-        shard.copy_(lookup(u->path().empty() ? "flat_param" : u->path() + ".flat_param", shard.numel()));
+      view.require_idle("load_state_dict(LOCAL)");
+      for (size_t u = 0; u < view.num_units(); ++u) {
+        const auto& shard = view.shard(u);
+        shard.copy_(lookup(flat_param_key(view.unit_path(u)), shard.numel()));
       }
     } else {
-      for (const auto& p : state::local_pieces(model, "load_state_dict(SHARDED)"))
+      for (const auto& p : view.local_pieces("load_state_dict(SHARDED)"))
         p.flat().copy_(lookup(p.name, p.end - p.begin).reshape({-1}));
     }
     for (const auto& b : model.module_ptr()->named_buffers()) b.value().copy_(lookup(b.key(), b.value().numel()));
     return;
   }
-  auto pieces = state::local_pieces(model, "load_state_dict");
+  auto pieces = view.local_pieces("load_state_dict");
   torch::NoGradGuard no_grad;
   auto lookup = [&](const std::string& key, c10::IntArrayRef shape, at::ScalarType dtype) -> const at::Tensor& {
     const at::Tensor* t = dict.find(key);

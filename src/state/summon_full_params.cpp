@@ -2,50 +2,47 @@
 
 #include <torch/torch.h>
 
-#include "../fsdp/runtime.h"
-#include "fsdp/dist/collectives.h"
+#include "../fsdp/state_view.h"
 
 namespace fsdp {
 
 SummonFullParams::SummonFullParams(FullyShardedBase& model, SummonFullParamsOptions options)
+    : SummonFullParams(model, options, "summon_full_params") {}
+
+SummonFullParams::SummonFullParams(FullyShardedBase& model, SummonFullParamsOptions options, const char* what)
     : model_(&model), options_(options) {
-  TORCH_CHECK(!(options.rank0_only() && options.writeback()), "fsdp: summon_full_params with rank0_only=true "
+  TORCH_CHECK(!(options.rank0_only() && options.writeback()), "fsdp: ", what, " with rank0_only=true "
               "cannot write back (the other ranks never see the full values); pass writeback(false)");
-  auto& rt = model.runtime();
-  TORCH_CHECK(!rt.in_backward(), "fsdp: summon_full_params cannot run during backward");
-  for (auto& u : rt.units()) {
-    TORCH_CHECK(u->state() == detail::UnitState::IDLE && u->flat().state() == detail::FlatState::Sharded,
-                "fsdp: summon_full_params on rank ", model.process_group().rank(), " while unit '", u->path(),
-                "' is in state ", detail::to_string(u->state()),
-                " (nested summon_full_params, or inside forward/backward); use it between steps");
-  }
+  detail::StateView view(model);
+  view.require_idle(what);
   // Own full buffers in the shards' dtype (not the units' unsharded buffers,
   // which hold the low-precision compute copy under mixed precision), so what
   // the user sees and writes back is the full-precision value.
-  const bool show = !options.rank0_only() || model.process_group().rank() == 0;
-  for (auto& u : rt.units()) {
-    if (!options.recurse() && !u->is_root()) continue;
-    auto& flat = u->flat();
-    at::Tensor full = flat.shard();
-    if (flat.sharded()) {
-      full = torch::empty({flat.padded_numel()}, flat.options());
-      dist::all_gather_into(rt.gather_group(), full, flat.shard()).wait();  // the shard group
-    }
+  const bool show = !options.rank0_only() || view.rank() == 0;
+  for (size_t u = 0; u < view.num_units(); ++u) {
+    if (!options.recurse() && !view.is_root(u)) continue;
+    at::Tensor full = view.gather_full(u);
     if (!show) continue;  // took part in the gather only
-    flat.use_views_of(full);
-    units_.push_back(u->index());
+    view.use_full_views(u, full);
+    units_.push_back(static_cast<int>(u));
     buffers_.push_back(full);
   }
 }
 
 SummonFullParams::~SummonFullParams() noexcept(false) {
-  auto& units = model_->runtime().units();
-  for (size_t k = 0; k < units_.size(); ++k) {
-    auto& flat = units[units_[k]]->flat();
-    if (options_.writeback()) flat.copy_chunk_to_shard(buffers_[k]);
-    flat.use_shard_views();
-  }
+  detail::StateView view(*model_);
+  for (size_t k = 0; k < units_.size(); ++k)
+    view.use_shard_views(units_[k], options_.writeback() ? &buffers_[k] : nullptr);
   buffers_.clear();
+}
+
+// Defined here rather than with the rest of FullyShardedBase: it is
+// SummonFullParams with write-back around a call, and the FSDP core does not
+// depend on the state layer.
+void FullyShardedBase::apply_with_full_params(const std::function<void(torch::nn::Module&)>& fn) {
+  SummonFullParams full(*this, SummonFullParamsOptions().writeback(true), "apply_with_full_params");
+  torch::NoGradGuard no_grad;
+  fn(*model_);
 }
 
 }  // namespace fsdp

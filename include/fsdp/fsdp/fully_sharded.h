@@ -26,11 +26,13 @@
 #include "fsdp/fsdp/options.h"
 #include "fsdp/fsdp/trace.h"
 #include "fsdp/fsdp/wrappable.h"
+#include "fsdp/state/state_dict_type.h"
 
 namespace fsdp {
 
 namespace detail {
 class Runtime;
+class StateView;
 class Unit;
 struct ResolvedOptions;
 struct SequentialSlot;
@@ -73,7 +75,9 @@ class FullyShardedBase : public torch::nn::Module {
   at::Tensor clip_grad_norm_(double max_norm, double norm_type = 2.0);
 
   /// Runs fn on the unwrapped model with full parameters, on every rank, then
-  /// writes parameter changes back into the shards. Collective.
+  /// writes parameter changes back into the shards: SummonFullParams with
+  /// write-back around fn (fsdp/state/summon_full_params.h). Collective; between
+  /// training steps only.
   void apply_with_full_params(const std::function<void(torch::nn::Module&)>& fn);
 
   /// Within its scope, backward accumulates unreduced gradients locally (under
@@ -103,15 +107,16 @@ class FullyShardedBase : public torch::nn::Module {
   void load(torch::serialize::InputArchive& archive) override;
   void pretty_print(std::ostream& stream) const override;
 
-  /// For the library's own layers (state dicts, checkpoints).
-  detail::Runtime& runtime() { return *runtime_; }
-
  protected:
   void root_pre_forward();
   void root_post_forward(const std::vector<at::Tensor>& outputs);
   std::optional<at::ScalarType> root_input_dtype() const { return root_input_dtype_; }
 
  private:
+  // The state layer (state dicts, SummonFullParams, checkpoints) sees the units
+  // only through this view (src/fsdp/state_view.h).
+  friend class detail::StateView;
+
   void build_units(const detail::ResolvedOptions& resolved);
 
   std::shared_ptr<torch::nn::Module> model_;
@@ -122,6 +127,7 @@ class FullyShardedBase : public torch::nn::Module {
   std::vector<std::unique_ptr<detail::SequentialSlot>> sequential_slots_;
   std::vector<WrappableBase*> wrappables_;
   std::optional<at::ScalarType> root_input_dtype_;
+  detail::StateDictSelection state_dict_selection_;  // set by StateDictTypeGuard
 };
 
 template <typename Impl>

@@ -31,17 +31,9 @@
 #include <torch/ordered_dict.h>
 
 #include "fsdp/fsdp/fully_sharded.h"
+#include "fsdp/state/state_dict_type.h"
 
 namespace fsdp {
-
-enum class StateDictType { FULL, LOCAL, SHARDED };
-
-struct FullStateDictConfig {
-  /// Copy each gathered value to CPU (a no-op on this CPU-only build, kept for API parity).
-  TORCH_ARG(bool, offload_to_cpu) = false;
-  /// Only rank 0 keeps the values; other ranks return an empty dict.
-  TORCH_ARG(bool, rank0_only) = false;
-};
 
 /// Selects the state dict type of `model` for its scope, then restores the
 /// previous one (the C++ form of FSDP.state_dict_type). Not thread-safe.
@@ -54,9 +46,7 @@ class StateDictTypeGuard {
 
  private:
   FullyShardedBase* model_;
-  bool had_previous_;
-  StateDictType previous_type_;
-  FullStateDictConfig previous_config_;
+  detail::StateDictSelection previous_;
 };
 
 using StateDict = torch::OrderedDict<std::string, at::Tensor>;

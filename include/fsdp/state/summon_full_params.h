@@ -42,6 +42,10 @@ class SummonFullParams {
   SummonFullParams& operator=(const SummonFullParams&) = delete;
 
  private:
+  // apply_with_full_params is this guard around a call; `what` names the caller in errors.
+  friend class FullyShardedBase;
+  SummonFullParams(FullyShardedBase& model, SummonFullParamsOptions options, const char* what);
+
   FullyShardedBase* model_;
   SummonFullParamsOptions options_;
   std::vector<int> units_;  // indices of the units this guard unsharded

@@ -1,0 +1,27 @@
+#pragma once
+/// Test and benchmark switches of the checkpoint layer (checkpoint.h): fault
+/// injection for crash-safety tests, and the CRC-32 implementation; not for
+/// training code. The library reads no environment variable for them: a test
+/// binary (or a tool's main) sets them itself.
+///
+///     fsdp::detail::set_checkpoint_record_hook([](int64_t n) { if (n == 3) ::_exit(86); });
+
+#include <cstdint>
+#include <functional>
+
+namespace fsdp::detail {
+
+/// Called by save_checkpoint on this rank right after it writes a record, with
+/// the number of records this rank has written in this save so far (1, 2, ...).
+using CheckpointRecordHook = std::function<void(int64_t records_written)>;
+
+/// Installs `hook` for every later save in this process (an empty function
+/// removes it). Not thread-safe: set it before save_checkpoint runs.
+void set_checkpoint_record_hook(CheckpointRecordHook hook);
+
+/// Checksums with zlib's CRC-32 even when libdeflate's faster one is available
+/// (same values; for comparing the two, e.g. bench_checkpoint under
+/// FSDP_CKPT_ZLIB_CRC=1). Process-wide; set it before saving or loading.
+void set_checkpoint_crc_zlib(bool on);
+
+}  // namespace fsdp::detail

@@ -1,0 +1,26 @@
+#pragma once
+/// The state dict type a model is set to (see state_dict.h): kept on the model
+/// itself (FullyShardedBase), selected by StateDictTypeGuard.
+
+#include <torch/arg.h>
+
+namespace fsdp {
+
+enum class StateDictType { FULL, LOCAL, SHARDED };
+
+struct FullStateDictConfig {
+  /// Copy each gathered value to CPU (a no-op on this CPU-only build, kept for API parity).
+  TORCH_ARG(bool, offload_to_cpu) = false;
+  /// Only rank 0 keeps the values; other ranks return an empty dict.
+  TORCH_ARG(bool, rank0_only) = false;
+};
+
+namespace detail {
+/// What StateDictTypeGuard selects; FULL with the default config when no guard is open.
+struct StateDictSelection {
+  StateDictType type = StateDictType::FULL;
+  FullStateDictConfig config;
+};
+}  // namespace detail
+
+}  // namespace fsdp
