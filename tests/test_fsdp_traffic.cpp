@@ -131,8 +131,45 @@ void traffic_cases(dist::ProcessGroup& pg) {
   });
 }
 
+// HYBRID_SHARD at N=4, shard groups of g=2, R=2 replicas: FULL_SHARD inside the
+// shard group (3Ψ(g-1)/g) plus the all-reduce of the reduced shard across replicas
+// (2(Ψ/g)(R-1)/R). At R=2 every all-reduce slot is read by the one other replica,
+// so the bytes written are the bytes delivered.
+void hybrid_traffic_case(dist::ProcessGroup& pg) {
+  ASSERT_EQ(pg.size(), 4);
+  const int64_t g = 2, replicas = 2;
+  int64_t psi = 0, psi_padded = 0;
+  for (int64_t numel : kUnitNumel) {
+    psi += kElem * numel;
+    psi_padded += kElem * dist::padded_numel(numel, g);
+  }
+  const int64_t last_chunk = kElem * dist::padded_numel(kUnitNumel.back(), g) / g;
+  run_case("HYBRID_SHARD g=2: 3Ψ(g-1)/g in the shard group + 2(Ψ/g)(R-1)/R across replicas", [&] {
+    auto model = FullyShardedDataParallel(make_mlp(), pg, Options().sharding_strategy(ShardingStrategy::HYBRID_SHARD)
+                                                              .shard_group_size(g)
+                                                              .auto_wrap_policy(always_wrap_policy()));
+    torch::optim::SGD opt(model->parameters(), 0.05);
+    for (int step = 0; step < 2; ++step) {
+      const Written w = slot_bytes_of_step(model, opt, pg, step);
+      const int64_t kept = step == 0 ? 0 : last_chunk;  // [Note: last unit stays gathered]
+      EXPECT_EQ(w.all_gather, 2 * psi_padded / g - kept) << "step " << step;
+      EXPECT_EQ(w.reduce_scatter, psi_padded * (g - 1) / g) << "step " << step;
+      EXPECT_EQ(w.all_reduce, psi_padded / g) << "step " << step;
+      const int64_t delivered = w.all_gather * (g - 1) + w.reduce_scatter + w.all_reduce;
+      EXPECT_EQ(delivered, 3 * psi_padded * (g - 1) / g + 2 * (psi_padded / g) * (replicas - 1) / replicas -
+                               kept * (g - 1));
+      // Padding (at most g-1 elements per unit) is the only excess over the unpadded volume.
+      const int64_t max_padding = kElem * (g - 1) * static_cast<int64_t>(kUnitNumel.size());
+      EXPECT_LE(delivered - (3 * psi * (g - 1) / g + 2 * (psi / g) * (replicas - 1) / replicas),
+                3 * max_padding * (g - 1) / g + max_padding / g);
+    }
+  });
+}
+
 }  // namespace
 
 TEST(FsdpTraffic, SlotBytesOfOneStepMatchTheRingOptimum) {
   for (int n = 2; n <= 3; ++n) run_ranks(n, traffic_cases);
 }
+
+TEST(FsdpTraffic, HybridShardSlotBytes) { run_ranks(4, hybrid_traffic_case); }
