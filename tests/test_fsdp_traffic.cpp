@@ -10,11 +10,14 @@
 // and is read by each of the N-1 peers; a reduce-scatter slot holds the chunk of
 // one peer and is read by that peer. So a rank delivers
 //   all_gather * (N-1) + reduce_scatter
-// bytes to its peers, which the ring optimum bounds from below: per rank and step,
-// 3Ψ(N-1)/N for FULL_SHARD (gather in forward, again in backward, reduce-scatter)
-// and 2Ψ(N-1)/N for SHARD_GRAD_OP; NO_SHARD's all-reduce writes every element once
+// bytes to its peers, to compare with the ring optimum of what the strategy moves per
+// rank and step: 3Ψ(N-1)/N for FULL_SHARD (gather in forward, again in backward,
+// reduce-scatter; from the second step the unit that finished forward last is not
+// re-gathered, one unit's gather less) and 2Ψ(N-1)/N for SHARD_GRAD_OP; NO_SHARD's all-reduce writes every element once
 // (its reduce-scatter stage the peers' chunks, its all-gather stage its own
-// reduced chunk, which N-1 peers read), 2Ψ(N-1)/N delivered over all ranks.
+// reduced chunk, which N-1 peers read): 2Ψ(N-1)/N delivered per rank on average over
+// the ranks (derived; asserted is the Ψ each rank writes, since which chunk a rank
+// reduces is the transport's split).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
