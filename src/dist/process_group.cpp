@@ -24,6 +24,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "gloo_transport.h"
+#include "route.h"
 #include "shm_engine.h"
 #include "shm_transport.h"
 #include "transport.h"
@@ -64,7 +65,10 @@ std::shared_ptr<::gloo::transport::Device> make_gloo_device(const LaunchEnv& env
   if (is_loopback(env.master_addr)) {
     return ::c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
   }
-  return ::c10d::ProcessGroupGloo::createDefaultDevice();
+  // Otherwise bind to the address this host uses to reach the master (see route.h), not to
+  // what the hostname resolves to: that is loopback on hosts missing from DNS.
+  const detail::LocalRoute route = detail::local_route_to(env.master_addr, env.master_port, env.rank);
+  return ::c10d::ProcessGroupGloo::createDeviceForHostname(route.address);
 }
 
 // The transport settings of a world: InitOptions and two documented user switches from

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <exception>
 
+#include "node_link.h"
 #include "options.h"
 #include "rank_env.h"
 #include "supervisor.h"
@@ -26,12 +27,19 @@ int main(int argc, char** argv) {
   try {
     JobSpec spec;
     spec.command = options.command;
-    spec.topology.world_size = options.nproc;
+    spec.topology.nproc_per_node = options.nproc;
+    spec.topology.nnodes = options.nnodes;
+    spec.topology.node_rank = options.node_rank;
     spec.topology.master_addr = options.master_addr;
     spec.topology.master_port =
         options.master_port != 0 ? options.master_port : pick_free_port();
     spec.grace_seconds = options.grace_seconds;
-    Supervisor supervisor(std::move(spec));
+    std::unique_ptr<NodeLink> link;
+    if (options.nnodes > 1) {
+      link = NodeLink::establish(spec.topology, options.master_addr, options.master_port + 1,
+                                 options.rdzv_timeout_seconds);
+    }
+    Supervisor supervisor(std::move(spec), std::move(link));
     return supervisor.run();
   } catch (const LauncherError& e) {
     std::fprintf(stderr, "fsdp-run: %s\n", e.what());

@@ -51,6 +51,9 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
   bool no_shuffle = false;
 
   app.add_option("--nproc", o.nproc, "ranks to start when not under a launcher")->capture_default_str();
+  app.add_option("--timeout", o.timeout_seconds,
+                 "seconds the rendezvous and each collective wait for a peer before failing")
+      ->capture_default_str();
   app.add_option("--threads", o.threads, "intra-op threads per rank")->capture_default_str();
   app.add_option("--model", o.model,
                  "mlp | cnn (both on Fashion-MNIST) | gpt (decoder-only transformer on the bytes of --text)")
@@ -148,6 +151,10 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
   o.backward_prefetch = lower(o.backward_prefetch);
 
   if (o.nproc < 1) return usage_error("--nproc must be >= 1, got " + std::to_string(o.nproc));
+  if (!(o.timeout_seconds > 0 && o.timeout_seconds <= 1e6)) {
+    return usage_error("--timeout must be a number of seconds in (0, 1000000], got " +
+                       std::to_string(o.timeout_seconds));
+  }
   if (o.threads < 1) return usage_error("--threads must be >= 1, got " + std::to_string(o.threads));
   if (o.model != "mlp" && o.model != "cnn" && o.model != "gpt")
     return usage_error("unknown --model '" + o.model + "'; expected mlp, cnn or gpt");

@@ -32,6 +32,8 @@ inline constexpr const char* kDefaultTextFile = "/usr/share/common-licenses/GPL-
 
 struct TrainOptions {
   int nproc = 2;                   ///< ranks started when not already under a launcher
+  /// Rendezvous and collective timeout; a peer silent this long fails the collective.
+  double timeout_seconds = 300;
   int threads = 1;                 ///< at::set_num_threads per rank (2 cores, 2 ranks)
   std::string model = "mlp";       ///< mlp | cnn (Fashion-MNIST) | gpt (bytes of a text file)
   int64_t hidden = 512;            ///< mlp only

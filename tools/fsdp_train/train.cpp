@@ -282,7 +282,8 @@ int train(const TrainOptions& o, const dist::ProcessGroup& pg, FullyShardedBase&
 
 int run_rank(const TrainOptions& o) {
   at::set_num_threads(o.threads);
-  auto pg = dist::init_process_group();
+  auto pg = dist::init_process_group(dist::InitOptions().timeout(std::chrono::milliseconds(
+      static_cast<int64_t>(o.timeout_seconds * 1000.0))));
   const int rank = pg.rank(), world = pg.size();
 
   // Checked on every rank, so each exits non-zero on its own instead of waiting for peers.
