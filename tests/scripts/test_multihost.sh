@@ -59,6 +59,87 @@ wait_all() {
   RCS="$rc0 $rc1"
 }
 
+# The pid of the process named $2 on host $1 whose environment has RANK=$3 (any if $3 is empty).
+host_pid() {
+  local pid
+  for pid in $(ip netns pids "$(sim_ns "$1")"); do
+    [[ "$(cat "/proc/$pid/comm" 2>/dev/null)" == "$2" ]] || continue
+    [[ -z "${3:-}" ]] || tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "RANK=$3" || continue
+    echo "$pid"
+    return 0
+  done
+  return 1
+}
+
+# --- 0. multi-node fsdp-run: environment, agreement, lost launcher ---------------------------
+# run_node NAME HOST NODE_RANK FSDP_RUN_ARGS... -- CMD: one launcher in the background (PIDS+=).
+run_node() {
+  local name="$1" host="$2" node="$3"
+  shift 3
+  sim_host_run "$host" "$BIN/fsdp-run" --master-addr "${SIM_ADDR[0]}" --master-port "$PORT" \
+    --node-rank "$node" "$@" >"$WORK/$name.h$host.n$node.out" 2>&1 &
+  PIDS+=($!)
+}
+PIDS=()
+for i in 0 1; do
+  run_node env "$i" "$i" --nnodes 2 --nproc 2 -- sh -c \
+    'echo "$RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $GROUP_RANK $GROUP_WORLD_SIZE $ROLE_RANK $MASTER_ADDR $(hostname)"'
+done
+wait_all
+[[ "$RCS" == "0 0" ]] || fail "env: launcher exit codes $RCS"
+got="$(cat "$WORK"/env.*.out | sort)"
+want="$(printf '%s\n' "[rank0]: 0 0 4 2 0 2 0 ${SIM_ADDR[0]} simhost0" "[rank1]: 1 1 4 2 0 2 1 ${SIM_ADDR[0]} simhost0" \
+  "[rank2]: 2 0 4 2 1 2 2 ${SIM_ADDR[0]} simhost1" "[rank3]: 3 1 4 2 1 2 3 ${SIM_ADDR[0]} simhost1")"
+[[ "$got" == "$want" ]] || fail "env: ranks saw
+$got
+expected
+$want"
+pass "2 nodes x 2: RANK = node_rank * 2 + LOCAL_RANK and every torchrun variable set"
+
+PIDS=()
+run_node disagree 0 0 --nnodes 2 --nproc 2 -- true
+run_node disagree 1 1 --nnodes 2 --nproc 3 -- true
+wait_all
+[[ "$RCS" == "1 1" ]] || fail "disagree: launcher exit codes $RCS, expected 1 1"
+for f in "$WORK"/disagree.*.out; do
+  grep -q "nodes disagree: the launcher on simhost1 (--node-rank 1) has --nnodes 2 --nproc 3, node 0 (simhost0) has --nnodes 2 --nproc 2" "$f" ||
+    fail "disagree: $(basename "$f") lacks the disagreement message: $(cat "$f")"
+done
+PIDS=()
+run_node dup 0 0 --nnodes 3 -- true
+run_node dup 1 1 --nnodes 3 -- true
+run_node dup 0 1 --nnodes 3 -- true
+wait "${PIDS[0]}" && fail "dup: node 0 exited 0 with node rank 1 given twice"
+grep -q "node rank 1 claimed twice: by simhost[01] and by simhost[01]; give each node its own --node-rank 0..2" "$WORK/dup.h0.n0.out" ||
+  fail "dup: node 0 does not name both hosts: $(cat "$WORK/dup.h0.n0.out")"
+wait "${PIDS[1]}" || true
+wait "${PIDS[2]}" || true
+RC=0
+sim_host_run 1 "$BIN/fsdp-run" --nnodes 2 --node-rank 1 --master-addr "${SIM_ADDR[0]}" --master-port "$PORT" \
+  --rdzv-timeout 1 -- true >"$WORK/alone.out" 2>&1 || RC=$?
+[[ $RC == 1 ]] && grep -q "cannot reach node 0's launcher at ${SIM_ADDR[0]}:$((PORT + 1)) (MASTER_PORT+1) within 1 s" "$WORK/alone.out" ||
+  fail "node 1 without node 0: exit $RC, $(cat "$WORK/alone.out")"
+pass "launchers refuse different --nproc, a node rank given twice (naming both hosts), and name an unreachable node 0"
+
+# Host 1's launcher killed: its ranks die with it (orphan guard), host 0 stops and says why.
+PIDS=()
+run_node lost 0 0 --nnodes 2 -- sleep 60
+run_node lost 1 1 --nnodes 2 -- sleep 60
+for _ in $(seq 1 100); do
+  host_pid 1 sleep >/dev/null && break
+  sleep 0.1
+done
+lost_pid="$(host_pid 1 fsdp-run)" || fail "lost: host 1's launcher not found"
+kill -KILL $lost_pid
+t0="$(now)"
+wait_all
+elapsed="$(awk -v a="$t0" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }')"
+[[ "${RCS%% *}" == 1 ]] || fail "lost: host 0's launcher exit code ${RCS%% *}, expected 1"
+awk -v e="$elapsed" 'BEGIN { exit !(e < 10) }' || fail "lost: host 0 took $elapsed s to stop (limit 10 s)"
+grep -q "fsdp-run: node 1 (simhost1): its launcher is gone (connection closed); stopping 1 local rank" "$WORK/lost.h0.n0.out" ||
+  fail "lost: host 0 does not name node 1: $(cat "$WORK/lost.h0.n0.out")"
+pass "host 1's launcher killed: host 0 stopped in $elapsed s naming node 1"
+
 # --- 1. training across hosts matches single-process PyTorch --------------------------------
 STEPS=10
 /usr/bin/python3 "$HERE/lib/mlp_reference.py" "$DATA" $STEPS 64 0.001 >"$WORK/mlp.ref" ||
@@ -84,15 +165,6 @@ assert max(rel) < 1e-4, "\n".join(f"step {i + 1}: {x!r} vs {y!r}" for i, (x, y) 
 done
 
 # --- 2. a rank killed on host 1 stops host 0 within seconds ----------------------------------
-# The pid of the fsdp-train process with RANK=$2 running on host $1.
-rank_pid() {
-  local pid
-  for pid in $(ip netns pids "$(sim_ns "$1")"); do
-    [[ "$(cat "/proc/$pid/comm" 2>/dev/null)" == fsdp-train ]] || continue
-    tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "RANK=$2" && { echo "$pid"; return 0; }
-  done
-  return 1
-}
 launch kill --strategy hybrid_shard --steps 100000 --no-shuffle --timeout 60 --log-every 1 \
   --metrics "$WORK/kill.jsonl"
 for _ in $(seq 1 600); do
@@ -100,7 +172,7 @@ for _ in $(seq 1 600); do
   sleep 0.1
 done
 [[ -f "$WORK/kill.jsonl" && "$(wc -l <"$WORK/kill.jsonl")" -ge 3 ]] || fail "kill: training did not start within 60 s"
-victim="$(rank_pid 1 3)" || fail "kill: no fsdp-train with RANK=3 on host 1"
+victim="$(host_pid 1 fsdp-train 3)" || fail "kill: no fsdp-train with RANK=3 on host 1"
 kill -KILL "$victim"
 t0="$(now)"
 rc0=0
