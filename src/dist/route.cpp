@@ -88,4 +88,26 @@ LocalRoute local_route_to(const std::string& master_addr, int port, int rank) {
   return route;
 }
 
+std::string interface_address(const std::string& ifname) {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return "";
+  std::string v4, v6;
+  for (ifaddrs* it = list; it != nullptr; it = it->ifa_next) {
+    if (it->ifa_addr == nullptr || ifname != it->ifa_name) continue;
+    const int family = it->ifa_addr->sa_family;
+    if (family != AF_INET && family != AF_INET6) continue;
+    char host[NI_MAXHOST] = {0};
+    const socklen_t len = family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+    if (::getnameinfo(it->ifa_addr, len, host, sizeof(host), nullptr, 0, NI_NUMERICHOST) != 0) continue;
+    std::string& slot = family == AF_INET ? v4 : v6;
+    if (slot.empty()) slot = host;
+  }
+  ::freeifaddrs(list);
+  return v4.empty() ? v6 : v4;
+}
+
+bool is_loopback_address(const std::string& addr) {
+  return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
+}
+
 }  // namespace fsdp::dist::detail

@@ -20,4 +20,11 @@ struct LocalRoute {
 /// port and the fix when master_addr does not resolve or no route leads there.
 LocalRoute local_route_to(const std::string& master_addr, int port, int rank);
 
+/// The first IPv4 (else IPv6) address of interface `ifname` (GLOO_SOCKET_IFNAME), numeric;
+/// "" if it has none. Only used to tell peers what this rank advertises.
+std::string interface_address(const std::string& ifname);
+
+/// True for 127.0.0.0/8, ::1 and "localhost": an address only this host can reach.
+bool is_loopback_address(const std::string& addr);
+
 }  // namespace fsdp::dist::detail
