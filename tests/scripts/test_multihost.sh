@@ -201,4 +201,24 @@ awk -v e="$elapsed" 'BEGIN { exit !(e < 10) }' || fail "kill: host 0 took $elaps
 grep -q "node 1 (simhost1): rank 3 (pid $victim) was killed by signal 9" "$WORK/kill.h0.out" ||
   fail "kill: host 0's launcher does not name node 1 and rank 3: $(grep 'fsdp-run:' "$WORK/kill.h0.out" | head -n 3)"
 pass "rank 3 killed on host 1: host 0 stopped in $elapsed s (exit $rc0), naming node 1 and rank 3"
+
+# --- 3. the link cut mid-training: --timeout bounds the wait ---------------------------------
+launch cut --strategy full_shard --steps 100000 --no-shuffle --timeout 5 --metrics "$WORK/cut.jsonl"
+for _ in $(seq 1 600); do
+  [[ -f "$WORK/cut.jsonl" && "$(wc -l <"$WORK/cut.jsonl")" -ge 3 ]] && break
+  sleep 0.1
+done
+[[ -f "$WORK/cut.jsonl" && "$(wc -l <"$WORK/cut.jsonl")" -ge 3 ]] || fail "cut: training did not start within 60 s"
+sim_host_link 1 down
+t0="$(now)"
+wait_all
+elapsed="$(awk -v a="$t0" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }')"
+sim_host_link 1 up
+[[ "${RCS%% *}" != 0 && "${RCS##* }" != 0 ]] || fail "cut: launcher exit codes $RCS, expected both non-zero"
+awk -v e="$elapsed" 'BEGIN { exit !(e < 5 + 5 + 3) }' || fail "cut: the hosts took $elapsed s to stop (--timeout 5)"
+for h in 0 1; do
+  grep -q "failed on rank [0-3] of 4 (world rank [0-3], timeout 5000 ms)" "$WORK/cut.h$h.out" ||
+    fail "cut: host $h's ranks do not report the collective timeout of 5000 ms"
+done
+pass "link cut mid-training with --timeout 5: both hosts stopped within $elapsed s (exit codes $RCS), ranks report the 5000 ms timeout"
 echo "all multihost checks passed"

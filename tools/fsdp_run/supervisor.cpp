@@ -46,7 +46,10 @@ std::string format_seconds(double seconds) {
 Supervisor::Supervisor(JobSpec spec, std::unique_ptr<NodeLink> link)
     : spec_(std::move(spec)), link_(std::move(link)) {}
 
-bool Supervisor::nodes_settled() const { return link_ == nullptr || link_->peers_done(); }
+bool Supervisor::nodes_settled() const {
+  // A failed node need not wait: the others were told (or will see it gone) and stop anyway.
+  return link_ == nullptr || exit_code_ != 0 || link_->peers_done();
+}
 
 void Supervisor::on_link_event(int fd) {
   std::optional<std::string> failure = link_->on_readable(fd);
