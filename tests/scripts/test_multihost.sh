@@ -5,8 +5,12 @@
 # that reaches MASTER_ADDR itself), shared memory only inside a host.
 #   1. HYBRID_SHARD (shard group = a host) and FULL_SHARD (groups span hosts) train the mlp
 #      and match unsharded single-process PyTorch.
-#   2. A rank killed on host 1: host 0's launcher and ranks exit non-zero within seconds,
+#      A rank on another host advertising loopback (GLOO_SOCKET_IFNAME=lo) is refused at once.
+#   2. --keep-checkpoints and --resume auto (a corrupted newest checkpoint is passed over).
+#   3. A rank killed on host 1: host 0's launcher and ranks exit non-zero within seconds,
 #      naming the dead rank.
+#   4. The link cut mid-training: --timeout 5 bounds how long every rank waits.
+# (Section 0 checks multi-node fsdp-run itself: environment, agreement, a lost launcher.)
 # Needs root (namespaces): as another user it prints SKIP; under CI=true it fails instead.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -146,9 +150,14 @@ pass "host 1's launcher killed: host 0 stopped in $elapsed s naming node 1"
 STEPS=10
 /usr/bin/python3 "$HERE/lib/mlp_reference.py" "$DATA" $STEPS 64 0.001 >"$WORK/mlp.ref" ||
   fail "the PyTorch reference failed"
+# The hybrid run also checkpoints (see section 2): 20 steps, the first 10 compared here.
+CK="$WORK/ckpt"
+CKFLAGS=(--checkpoint-dir "$CK" --checkpoint-every 5 --keep-checkpoints 2 --resume auto)
 for strategy in hybrid_shard full_shard; do
-  launch "$strategy" --strategy "$strategy" --steps $STEPS --no-shuffle --timeout 60 \
-    --metrics "$WORK/$strategy.jsonl"
+  extra=(--steps $STEPS)
+  [[ $strategy == hybrid_shard ]] && extra=(--steps $((2 * STEPS)) "${CKFLAGS[@]}")
+  launch "$strategy" --strategy "$strategy" --no-shuffle --timeout 60 \
+    --metrics "$WORK/$strategy.jsonl" "${extra[@]}"
   wait_all
   [[ "$RCS" == "0 0" ]] || fail "$strategy: launcher exit codes (host 0, host 1) = $RCS"
   # Every rank names its host's hostname: proof the ranks really ran on two hosts.
@@ -179,7 +188,34 @@ grep -q "rank [23] on host simhost1 advertises the loopback address 127.0.0.1 to
   fail "GLOO_SOCKET_IFNAME=lo on host 1: host 0 does not report the loopback address: $(grep -v '^\[rank.\]: fsdp-train: mlp' "$WORK/lo.h0.out" | head -n 5)"
 pass "GLOO_SOCKET_IFNAME=lo on host 1: refused in $elapsed s naming the host and the fix"
 
-# --- 2. a rank killed on host 1 stops host 0 within seconds ----------------------------------
+# --- 2. --keep-checkpoints and --resume auto across hosts --------------------------------------
+# The hybrid run of section 1 started with --resume auto on an empty directory, saved steps 0, 5,
+# 10, 15, 20 and kept the newest 2. With step-20's metadata corrupted, the same command reports
+# it, continues from step-15, and its steps 16..20 equal the first run's bit for bit.
+grep -q "no usable checkpoint under $CK; starting fresh" "$WORK/hybrid_shard.h0.out" ||
+  fail "resume auto: the first run does not say it starts fresh"
+[[ "$(ls "$CK" | tr '\n' ' ')" == "step-15 step-20 " ]] || fail "keep-checkpoints 2: $CK holds $(ls "$CK" | tr '\n' ' ')"
+echo '{"truncated' >"$CK/step-20/metadata.json"
+launch resumed --strategy hybrid_shard --steps $((2 * STEPS)) --no-shuffle --timeout 60 \
+  --metrics "$WORK/resumed.jsonl" "${CKFLAGS[@]}"
+wait_all
+[[ "$RCS" == "0 0" ]] || fail "resume auto: launcher exit codes $RCS"
+grep -q "resumed from $CK/step-15 at step 15" "$WORK/resumed.h0.out" || fail "resume auto: no 'resumed from $CK/step-15' line"
+grep -q "resume auto: skipped: --resume $CK/step-20: unreadable metadata.json" "$WORK/resumed.h0.out" ||
+  fail "resume auto: the corrupted step-20 is not reported"
+d="$(/usr/bin/python3 -c '
+import json, sys
+def steps(p):
+    return {j["step"]: j["loss"] for j in map(json.loads, open(p)) if "eval" not in j}
+a, b = steps(sys.argv[1]), steps(sys.argv[2])
+assert sorted(b) == list(range(16, 21)), f"resumed steps {sorted(b)}"
+bad = [f"step {k}: {b[k]!r} vs {a[k]!r}" for k in b if b[k] != a[k]]
+assert not bad, "; ".join(bad)
+' "$WORK/hybrid_shard.jsonl" "$WORK/resumed.jsonl" 2>&1)" || fail "resume auto: $d"
+[[ "$(ls "$CK" | tr '\n' ' ')" == "step-15 step-20 " ]] || fail "keep-checkpoints 2 after resuming: $CK holds $(ls "$CK" | tr '\n' ' ')"
+pass "--resume auto skipped a corrupted step-20, continued from step-15 (steps 16-20 bitwise equal), --keep-checkpoints 2 kept step-15 and step-20"
+
+# --- 3. a rank killed on host 1 stops host 0 within seconds ----------------------------------
 launch kill --strategy hybrid_shard --steps 100000 --no-shuffle --timeout 60 --log-every 1 \
   --metrics "$WORK/kill.jsonl"
 for _ in $(seq 1 600); do
@@ -202,7 +238,7 @@ grep -q "node 1 (simhost1): rank 3 (pid $victim) was killed by signal 9" "$WORK/
   fail "kill: host 0's launcher does not name node 1 and rank 3: $(grep 'fsdp-run:' "$WORK/kill.h0.out" | head -n 3)"
 pass "rank 3 killed on host 1: host 0 stopped in $elapsed s (exit $rc0), naming node 1 and rank 3"
 
-# --- 3. the link cut mid-training: --timeout bounds the wait ---------------------------------
+# --- 4. the link cut mid-training: --timeout bounds the wait ---------------------------------
 launch cut --strategy full_shard --steps 100000 --no-shuffle --timeout 5 --metrics "$WORK/cut.jsonl"
 for _ in $(seq 1 600); do
   [[ -f "$WORK/cut.jsonl" && "$(wc -l <"$WORK/cut.jsonl")" -ge 3 ]] && break
