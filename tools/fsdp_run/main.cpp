@@ -39,8 +39,17 @@ int main(int argc, char** argv) {
       link = NodeLink::establish(spec.topology, options.master_addr, options.master_port + 1,
                                  options.rdzv_timeout_seconds);
     }
-    Supervisor supervisor(std::move(spec), std::move(link));
-    return supervisor.run();
+    spec.topology.max_restarts = options.max_restarts;
+    // --max-restarts: a failed attempt is followed by a fresh one with the next restart count;
+    // fsdp-run's own stop signal ends the job at once.
+    for (int attempt = 0;; ++attempt) {
+      spec.topology.restart_count = attempt;
+      Supervisor supervisor(spec, attempt == 0 ? std::move(link) : nullptr);
+      const int code = supervisor.run();
+      if (code == 0 || supervisor.stopped_by_signal() || attempt >= options.max_restarts) return code;
+      std::fprintf(stderr, "fsdp-run: restarting all %d ranks (restart %d of %d)\n",
+                   spec.topology.nproc_per_node, attempt + 1, options.max_restarts);
+    }
   } catch (const LauncherError& e) {
     std::fprintf(stderr, "fsdp-run: %s\n", e.what());
     return 1;

@@ -37,6 +37,9 @@ options:
                        required with --nnodes > 1)
   --rdzv-timeout S     multi-node: seconds the launchers wait for each other (default 300)
   --grace-seconds S    seconds between the stop signal and SIGKILL (default 3)
+  --max-restarts N     when a rank fails, stop the others and start all N ranks again, up to
+                       N times, with TORCHELASTIC_RESTART_COUNT = 1, 2, ... (default 0; one
+                       node only). The program resumes itself, e.g. fsdp-train --resume auto
   -h, --help           show this text
 Underscore spellings (--nproc_per_node, --node_rank, --master_addr, ...) are accepted.
 
@@ -107,7 +110,7 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
     const bool known = name == "--nproc" || name == "--nproc-per-node" || name == "--nnodes" ||
                        name == "--node-rank" || name == "--master-addr" ||
                        name == "--master-port" || name == "--grace-seconds" ||
-                       name == "--rdzv-timeout";
+                       name == "--rdzv-timeout" || name == "--max-restarts";
     if (!known) {
       if (arg.rfind("-", 0) == 0) {
         return usage_error("unknown option '" + arg + "' (see fsdp-run --help)");
@@ -135,6 +138,12 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
         return usage_error("--node-rank expects a node index >= 0, got '" + *value + "'");
       }
       options.node_rank = static_cast<int>(*n);
+    } else if (name == "--max-restarts") {
+      auto n = parse_long(*value);
+      if (!n || *n < 0 || *n > 1000) {
+        return usage_error("--max-restarts expects a count in 0..1000, got '" + *value + "'");
+      }
+      options.max_restarts = static_cast<int>(*n);
     } else if (name == "--rdzv-timeout") {
       auto seconds = parse_double(*value);
       if (!seconds || *seconds <= 0 || *seconds > 1e6) {
@@ -176,6 +185,10 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
     return usage_error("--node-rank " + std::to_string(options.node_rank) +
                        " is outside 0.." + std::to_string(options.nnodes - 1) + " (--nnodes " +
                        std::to_string(options.nnodes) + ")");
+  }
+  if (options.nnodes > 1 && options.max_restarts > 0) {
+    return usage_error("--max-restarts with --nnodes > 1 is not supported yet: restart the job on "
+                       "every node (or use torchrun's --max-restarts)");
   }
   if (options.nnodes > 1 && options.master_port == 0) {
     return usage_error("--nnodes " + std::to_string(options.nnodes) +

@@ -30,8 +30,8 @@ std::vector<std::string> rank_environment(const char* const* base, const JobTopo
       {"ROLE_NAME", "default"},
       {"MASTER_ADDR", job.master_addr},
       {"MASTER_PORT", std::to_string(job.master_port)},
-      {"TORCHELASTIC_RESTART_COUNT", "0"},
-      {"TORCHELASTIC_MAX_RESTARTS", "0"},
+      {"TORCHELASTIC_RESTART_COUNT", std::to_string(job.restart_count)},
+      {"TORCHELASTIC_MAX_RESTARTS", std::to_string(job.max_restarts)},
       {"TORCHELASTIC_RUN_ID", "none"},
       // False: fsdp-run serves no store, so rank 0 must serve the TCPStore itself.
       {"TORCHELASTIC_USE_AGENT_STORE", "False"},

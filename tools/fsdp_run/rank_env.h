@@ -20,6 +20,9 @@ struct JobTopology {
   int nproc_per_node = 1;
   int nnodes = 1;
   int node_rank = 0;
+  /// --max-restarts, and how many times the ranks were restarted so far.
+  int max_restarts = 0;
+  int restart_count = 0;
   int world_size() const { return nnodes * nproc_per_node; }
   /// The global rank of this node's local rank `local_rank`.
   int global_rank(int local_rank) const { return node_rank * nproc_per_node + local_rank; }

@@ -231,6 +231,7 @@ void Supervisor::on_signal(int sig) {
       say("received " + signal_name(sig) + "; forwarding it to " +
           plural_ranks(live_ranks(), "running") + " (SIGKILL after " +
           format_seconds(spec_.grace_seconds) + " s or on a second signal)");
+      stopped_by_signal_ = true;
       begin_stopping(128 + sig, sig);
       break;
     }

@@ -55,6 +55,8 @@ class Supervisor {
   explicit Supervisor(JobSpec spec, std::unique_ptr<NodeLink> link = nullptr);
   /// Runs the job to the end; returns fsdp-run's exit code.
   int run();
+  /// After run(): the job ended because fsdp-run itself got a stop signal (no restart then).
+  bool stopped_by_signal() const { return stopped_by_signal_; }
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -87,6 +89,7 @@ class Supervisor {
   JobSpec spec_;
   std::unique_ptr<NodeLink> link_;
   bool reported_done_ = false;
+  bool stopped_by_signal_ = false;
   SignalInbox signals_;
   OrphanGuard orphan_guard_;  // kills the ranks' groups if fsdp-run dies before finish()
   OutputStream stdout_{1};
