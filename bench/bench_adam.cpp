@@ -115,8 +115,11 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) {
       quick = true;
+    } else if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
+      std::printf("usage: bench_adam [--quick]\n  --quick  one 1M-element size, one warm-up (a smoke run)\n");
+      return 0;
     } else {
-      std::fprintf(stderr, "usage: %s [--quick]\n", argv[0]);
+      std::fprintf(stderr, "bench_adam: unknown argument '%s'\nusage: bench_adam [--quick]\n", argv[i]);
       return 2;
     }
   }

@@ -19,12 +19,14 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <vector>
 
 #include <torch/torch.h>
 
+#include "common/tool_error.h"
 #include "fsdp/dist/collectives.h"
 #include "fsdp/fsdp/fully_sharded.h"
 #include "fsdp/state/checkpoint.h"
@@ -50,6 +52,39 @@ void evict(const std::string& path) {
 
 void evict_dir(const std::string& dir) {
   for (const auto& e : fs::directory_iterator(dir)) evict(e.path().string());
+}
+
+const char* kUsage =
+    "usage: bench_checkpoint [--params N] [--dir DIR] [--nproc P]\n"
+    "  --params N   model size in parameters (default 100000000)\n"
+    "  --dir DIR    where the checkpoint and the plain files go (default /tmp)\n"
+    "  --nproc P    ranks started under fsdp-run (default 4)\n";
+
+// --help prints the usage and exits 0; an unknown flag, a flag without its value or a
+// value that is not a positive number exits 2. Checked before any rank starts.
+void check_args(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "-h" || a == "--help") {
+      std::fputs(kUsage, stdout);
+      std::exit(0);
+    }
+    std::string why;
+    if (a != "--params" && a != "--dir" && a != "--nproc") why = "unknown argument '" + a + "'";
+    else if (i + 1 >= argc) why = a + " needs a value";
+    else if (a != "--dir") {
+      const std::string v = argv[++i];
+      char* end = nullptr;
+      const long long n = std::strtoll(v.c_str(), &end, 10);
+      if (v.empty() || *end != '\0' || n < 1) why = a + " expects a positive integer, got '" + v + "'";
+    } else {
+      ++i;
+    }
+    if (!why.empty()) {
+      fsdp::tools::print_error("bench_checkpoint", why + "\n" + kUsage);
+      std::exit(2);
+    }
+  }
 }
 
 std::string arg(int argc, char** argv, const std::string& name, const std::string& def) {
@@ -161,6 +196,7 @@ int rank_main(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  check_args(argc, argv);
   if (std::getenv("RANK") == nullptr) {
     // Re-execute under fsdp-run from the same bin directory.
     const std::string self = fs::read_symlink("/proc/self/exe").string();
@@ -179,8 +215,11 @@ int main(int argc, char** argv) {
   if (std::getenv("FSDP_CKPT_ZLIB_CRC")) fsdp::detail::set_checkpoint_crc_zlib(true);
   try {
     return rank_main(argc, argv);
+  } catch (const c10::Error& e) {
+    fsdp::tools::print_exception("bench_checkpoint", e, "FAILED: ");
+    return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_checkpoint: FAILED: %s\n", e.what());
+    fsdp::tools::print_exception("bench_checkpoint", e, "FAILED: ");
     return 1;
   }
 }

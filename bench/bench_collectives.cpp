@@ -90,12 +90,14 @@ struct Args {
   std::vector<std::string> passthrough;  // argv[1..] for the re-executed ranks
 };
 
+const char* kUsage =
+    "usage: bench_collectives [--world-sizes 2,4] [--sizes-mb 1,16,64] [--reps 10] [--reps-small 50]\n"
+    "                         [--reps-large 5] [--warmup 3] [--timeout-ms 300000] [--segment-kb 4096]\n"
+    "                         [--alltoall-kb 2048]\n"
+    "(what each measures: the comment at the top of bench/bench_collectives.cpp)\n";
+
 [[noreturn]] void usage_error(const std::string& what) {
-  std::fprintf(stderr,
-               "bench_collectives: %s\nusage: bench_collectives [--world-sizes 2,4] "
-               "[--sizes-mb 1,16,64] [--reps 10] [--reps-small 50] [--reps-large 5] [--warmup 3] "
-               "[--timeout-ms 300000] [--segment-kb 4096] [--alltoall-kb 2048]\n",
-               what.c_str());
+  fsdp::tools::print_error("bench_collectives", what + "\n" + kUsage);
   std::exit(2);
 }
 
@@ -127,7 +129,7 @@ Args parse_args(int argc, char** argv) {
     std::string a = argv[i];
     args.passthrough.push_back(a);
     if (a == "-h" || a == "--help") {
-      std::printf("see the comment at the top of bench/bench_collectives.cpp\n");
+      std::fputs(kUsage, stdout);
       std::exit(0);
     }
     if (i + 1 >= argc) usage_error("unknown argument or missing value: '" + a + "'");

@@ -15,6 +15,8 @@
 
 #include <c10/util/Exception.h>
 
+#include "common/tool_error.h"
+
 namespace fsdp {
 namespace bench {
 
@@ -74,7 +76,8 @@ inline std::vector<std::string> json_lines(const std::string& cmd, const char* w
 
 /// main() of a benchmark that starts its own ranks: without RANK in the environment it
 /// runs `launcher` (which re-executes the binary under fsdp-run), under a launcher it
-/// runs `rank`; a c10::Error there is reported as "<name>: FAILED: ..." with status 1.
+/// runs `rank`; an exception there is reported as "<name>: FAILED: ..." (no C++
+/// backtrace, tools/common/tool_error.h) with status 1.
 template <typename Args>
 int launcher_or_rank_main(const char* name, const Args& args, int (*launcher)(const Args&),
                           int (*rank)(const Args&)) {
@@ -82,7 +85,10 @@ int launcher_or_rank_main(const char* name, const Args& args, int (*launcher)(co
   try {
     return rank(args);
   } catch (const c10::Error& e) {
-    std::fprintf(stderr, "%s: FAILED: %s\n", name, e.what_without_backtrace());
+    fsdp::tools::print_exception(name, e, "FAILED: ");
+    return 1;
+  } catch (const std::exception& e) {
+    fsdp::tools::print_exception(name, e, "FAILED: ");
     return 1;
   }
 }

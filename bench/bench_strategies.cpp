@@ -78,19 +78,43 @@ std::vector<std::string> split(const std::string& s) {
   return out;
 }
 
+const char* kUsage =
+    "usage: bench_strategies [--steps 30] [--warmup 5] [--models mlp,transformer] [--no-python]\n"
+    "                        [--cpu-adam] [--repeat 2]\n"
+    "  rank mode (set by the launcher): --model M --strategy S --optim O --prefetch none|default|fwd\n"
+    "                                   --shard-group G --bucket-mb MB\n";
+
+[[noreturn]] void usage_error(const std::string& why) {
+  fsdp::tools::print_error("bench_strategies", why + "\n" + kUsage);
+  std::exit(2);
+}
+
+// A number for `flag`, or a usage error naming it.
+template <typename T>
+T number(const std::string& flag, const std::string& v) {
+  try {
+    size_t used = 0;
+    const double x = std::stod(v, &used);
+    if (used == v.size() && x >= 0) return static_cast<T>(x);
+  } catch (const std::exception&) {
+  }
+  usage_error(flag + " expects a non-negative number, got '" + v + "'");
+}
+
 Args parse_args(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
     std::string k = argv[i];
+    if (k == "-h" || k == "--help") {
+      std::fputs(kUsage, stdout);
+      std::exit(0);
+    }
     auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "bench_strategies: %s needs a value\n", k.c_str());
-        std::exit(2);
-      }
+      if (i + 1 >= argc) usage_error(k + " needs a value");
       return argv[++i];
     };
-    if (k == "--steps") a.steps = std::stoi(next());
-    else if (k == "--warmup") a.warmup = std::stoi(next());
+    if (k == "--steps") a.steps = number<int>(k, next());
+    else if (k == "--warmup") a.warmup = number<int>(k, next());
     else if (k == "--models") a.models = split(next());
     else if (k == "--no-python") a.python = false;
     else if (k == "--cpu-adam") a.cpu_adam = true;
@@ -98,13 +122,10 @@ Args parse_args(int argc, char** argv) {
     else if (k == "--strategy") a.strategy = next();
     else if (k == "--optim") a.optim = next();
     else if (k == "--prefetch") a.prefetch = next();
-    else if (k == "--repeat") a.repeat = std::stoi(next());
-    else if (k == "--shard-group") a.shard_group = std::stoi(next());
-    else if (k == "--bucket-mb") a.bucket_mb = std::stod(next());
-    else {
-      std::fprintf(stderr, "bench_strategies: unknown argument %s\n", k.c_str());
-      std::exit(2);
-    }
+    else if (k == "--repeat") a.repeat = number<int>(k, next());
+    else if (k == "--shard-group") a.shard_group = number<int>(k, next());
+    else if (k == "--bucket-mb") a.bucket_mb = number<double>(k, next());
+    else usage_error("unknown argument '" + k + "'");
   }
   return a;
 }

@@ -3,7 +3,11 @@
 // Adam steps; the gathered parameters are bf16 inside forward while the
 // optimizer's stay fp32; a bf16 all-gather moves half the bytes of an fp32 one;
 // BatchNorm layers (also inside the user's own block) stay fp32 with fp32
-// running statistics; fp16 compute on CPU fails at construction.
+// running statistics; fp16 compute on CPU fails at construction. SGD (which,
+// unlike Adam, sees the gradient's scale) equals to the bit an unsharded
+// reference that applies the reduction's casts and divisions by hand;
+// buffer_dtype and cast_forward_inputs(false) give the forward of a by-hand cast
+// model, bit for bit.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -124,17 +128,113 @@ Options mp_options(ShardingStrategy s, MixedPrecision mp) {
   return Options().sharding_strategy(s).auto_wrap_policy(always_wrap_policy()).mixed_precision(mp);
 }
 
+// PyTorch's split of the 1/world average into a division before the reduction
+// and one after it (written out here, not taken from the library, so that a
+// wrong factor there fails the SGD test).
+double predivide_factor(int world) {
+  int factor = 1;
+  while (world % factor == 0 && world / factor > factor) factor *= 2;
+  return factor;
+}
+
+// SGD without momentum on the global batch, with each rank's gradient reduced
+// the way the low-precision reduction does it: cast to `reduce`, divided by the
+// predivide factor, summed in rank order (each addition rounded in `reduce`),
+// divided by the rest of the world size, cast back to fp32.
+std::map<std::string, torch::Tensor> sgd_reference(int world, at::ScalarType reduce, int steps, double lr) {
+  auto ref = make_mlp(7);
+  torch::optim::SGD opt(ref->parameters(), torch::optim::SGDOptions(lr));
+  const double pre = predivide_factor(world);
+  const double post = world / pre;
+  const auto params = ref->parameters();
+  for (int s = 0; s < steps; ++s) {
+    auto [x, y] = batch_of(s);
+    std::vector<torch::Tensor> sum(params.size());
+    for (int r = 0; r < world; ++r) {
+      opt.zero_grad();
+      torch::mse_loss(ref->forward(rank_slice(x, r, world)), rank_slice(y, r, world)).backward();
+      for (size_t i = 0; i < params.size(); ++i) {
+        auto g = params[i].grad().to(reduce);
+        if (pre != 1) g.div_(pre);
+        if (r == 0) sum[i] = g;
+        else if (r == 1) sum[i] = at::add(sum[i], g);
+        else sum[i].add_(g);
+      }
+    }
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (post != 1) sum[i].div_(post);
+      params[i].mutable_grad() = sum[i].to(torch::kFloat);
+    }
+    opt.step();
+  }
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& p : ref->named_parameters()) out[p.key()] = p.value().detach().clone();
+  return out;
+}
+
+// y = lin(x in the weight's dtype) * scale, with `scale` a floating buffer that
+// is not BatchNorm's; records the dtype of the input it was called with.
+struct ScaledImpl : torch::nn::Module {
+  ScaledImpl(int64_t in, int64_t out) {
+    lin = register_module("lin", torch::nn::Linear(in, out));
+    scale = register_buffer("scale", torch::linspace(0.3, 1.7, out));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    input_dtype = x.scalar_type();
+    return lin->forward(x.to(lin->weight.scalar_type())) * scale;
+  }
+  torch::nn::Linear lin{nullptr};
+  torch::Tensor scale;
+  c10::ScalarType input_dtype{};
+};
+TORCH_MODULE(Scaled);
+
+torch::nn::Sequential make_scaled_net() {
+  torch::manual_seed(5);
+  return torch::nn::Sequential(Scaled(13, 8), Scaled(8, 5));
+}
+
+struct ScaledForward {
+  torch::Tensor out;
+  std::vector<c10::ScalarType> input_dtypes;
+};
+
+// The forward mixed precision promises, cast by hand on an unsharded model:
+// parameters in bf16, buffers in `buffer` (if given), each layer's floating
+// input cast to bf16 when `cast_inputs`.
+ScaledForward scaled_reference(const torch::Tensor& x, std::optional<at::ScalarType> buffer, bool cast_inputs) {
+  auto net = make_scaled_net();
+  torch::NoGradGuard no_grad;
+  ScaledForward r;
+  torch::Tensor h = x;
+  for (size_t i = 0; i < net->size(); ++i) {
+    auto* layer = net->ptr(i)->as<ScaledImpl>();
+    layer->lin->to(torch::kBFloat16);
+    if (buffer) layer->scale.set_data(layer->scale.to(*buffer));
+    if (cast_inputs) h = h.to(torch::kBFloat16);
+    h = layer->forward(h);
+    r.input_dtypes.push_back(layer->input_dtype);
+  }
+  r.out = h;
+  return r;
+}
+
 void run_all(dist::ProcessGroup& pg) {
   const auto reference = train_reference([] { return make_mlp(7); }, kSteps);
   struct Config {
     const char* name;
     MixedPrecision mp;
+    double bound;  ///< on the parameters' relative L2 difference to fp32 after kSteps
   };
+  // Bounds: about 1.5x the largest value measured at N=2,3 (1.06e-2 with bf16
+  // compute, 1.7e-3 with only a bf16 reduction, 7.7e-4 with an fp16 one: fp16
+  // keeps 3 more mantissa bits than bf16). The runs are deterministic, so the
+  // margin covers changes of summation order, not run-to-run noise.
   const std::vector<Config> configs = {
-      {"bf16_params", MixedPrecision().param_dtype(torch::kBFloat16)},
-      {"bf16_params_fp32_reduce", MixedPrecision().param_dtype(torch::kBFloat16).fp32_reduce_scatter(true)},
-      {"fp32_compute_bf16_reduce", MixedPrecision().reduce_dtype(torch::kBFloat16)},
-      {"fp32_compute_fp16_reduce", MixedPrecision().reduce_dtype(torch::kHalf)},
+      {"bf16_params", MixedPrecision().param_dtype(torch::kBFloat16), 1.5e-2},
+      {"bf16_params_fp32_reduce", MixedPrecision().param_dtype(torch::kBFloat16).fp32_reduce_scatter(true), 1.5e-2},
+      {"fp32_compute_bf16_reduce", MixedPrecision().reduce_dtype(torch::kBFloat16), 3e-3},
+      {"fp32_compute_fp16_reduce", MixedPrecision().reduce_dtype(torch::kHalf), 1.2e-3},
   };
   for (auto strategy : {ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP}) {
     for (const auto& c : configs) {
@@ -146,8 +246,8 @@ void run_all(dist::ProcessGroup& pg) {
           std::cout << "[mp] world " << pg.size() << " " << to_string(strategy) << " " << c.name
                     << ": final loss " << r.final_loss << " (fp32 ref " << reference.final_loss
                     << ", rel " << dl << "), params rel L2 " << dp << "\n";
-        EXPECT_LT(dl, 0.02);
-        EXPECT_LT(dp, 2e-2);
+        EXPECT_LT(dl, 1.5e-2);  // measured <= 8.5e-3
+        EXPECT_LT(dp, c.bound);
         EXPECT_GT(dp, 0) << "bit-identical to fp32: was the policy applied at all?";
       });
     }
@@ -157,8 +257,102 @@ void run_all(dist::ProcessGroup& pg) {
     auto r = train_fsdp(pg, [] { return make_mlp(7); },
                         mp_options(ShardingStrategy::NO_SHARD, MixedPrecision().param_dtype(torch::kBFloat16)),
                         kSteps);
-    EXPECT_LT(std::abs(r.final_loss - reference.final_loss) / reference.final_loss, 0.02);
-    EXPECT_LT(params_rel_diff(r.params, reference.params), 2e-2);
+    EXPECT_LT(std::abs(r.final_loss - reference.final_loss) / reference.final_loss, 1.5e-2);
+    EXPECT_LT(params_rel_diff(r.params, reference.params), 1.5e-2);
+  });
+
+  for (auto reduce : {torch::kBFloat16, torch::kHalf}) {
+    for (auto strategy : {ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP}) {
+      const std::string name = std::string("sgd_") + to_string(strategy) + "_" + c10::toString(reduce) + "_reduce";
+      run_case(name, [&] {
+        // SGD, unlike Adam, is not invariant to a constant gradient scale: a
+        // wrong averaging factor changes every step. Same ops in the same order
+        // on both sides, so the parameters agree to the bit.
+        const int steps = 20;
+        const double lr = 0.05;
+        auto model = FullyShardedDataParallel(make_mlp(7), pg,
+                                              mp_options(strategy, MixedPrecision().reduce_dtype(reduce)));
+        torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(lr));
+        for (int s = 0; s < steps; ++s) {
+          auto [x, y] = batch_of(s);
+          opt.zero_grad();
+          torch::mse_loss(model->forward(rank_slice(x, pg.rank(), pg.size())), rank_slice(y, pg.rank(), pg.size()))
+              .backward();
+          opt.step();
+        }
+        const auto ref = sgd_reference(pg.size(), reduce, steps, lr);
+        const auto got = full_params(model);
+        const double dp = params_rel_diff(got, ref);
+        if (pg.rank() == 0)
+          std::cout << "[mp] world " << pg.size() << " " << name << ": params rel L2 vs by-hand casts " << dp << "\n";
+        for (const auto& [k, v] : ref) EXPECT_TRUE(torch::equal(got.at(k), v)) << k;
+        // The same run reduced in fp32 differs: the casts were applied.
+        const auto fp32 = sgd_reference(pg.size(), torch::kFloat, steps, lr);
+        EXPECT_GT(params_rel_diff(fp32, ref), 0);
+      });
+    }
+  }
+
+  run_case("buffer_dtype_and_cast_forward_inputs", [&] {
+    struct Config {
+      const char* name;
+      std::optional<at::ScalarType> buffer;
+      bool cast_inputs;
+      std::vector<c10::ScalarType> expected_inputs;
+    };
+    // With fp32 buffers the first layer's output is promoted to fp32; only the
+    // second unit's own input cast brings it back to bf16.
+    const std::vector<Config> configs = {
+        {"bf16_buffers", torch::kBFloat16, true, {torch::kBFloat16, torch::kBFloat16}},
+        {"fp32_buffers", std::nullopt, true, {torch::kBFloat16, torch::kBFloat16}},
+        {"bf16_buffers_no_input_cast", torch::kBFloat16, false, {torch::kFloat, torch::kBFloat16}},
+        {"fp32_buffers_no_input_cast", std::nullopt, false, {torch::kFloat, torch::kFloat}},
+    };
+    auto [x, y] = batch_of(0);
+    const auto xs = rank_slice(x, pg.rank(), pg.size());
+    for (const auto& c : configs) {
+      SCOPED_TRACE(c.name);
+      auto mp = MixedPrecision().param_dtype(torch::kBFloat16).cast_forward_inputs(c.cast_inputs);
+      if (c.buffer) mp.buffer_dtype(*c.buffer);
+      // The layers, held before wrapping: FSDP puts adapters in the Sequential's entries.
+      auto net = make_scaled_net();
+      std::vector<std::shared_ptr<ScaledImpl>> layers;
+      for (size_t i = 0; i < net->size(); ++i) layers.push_back(net->ptr<ScaledImpl>(i));
+      auto model = FullyShardedDataParallel(net, pg, mp_options(ShardingStrategy::FULL_SHARD, mp));
+      std::vector<c10::ScalarType> seen;
+      torch::Tensor out = model->forward(xs);
+      for (const auto& layer : layers) {
+        seen.push_back(layer->input_dtype);
+        EXPECT_EQ(layer->scale.scalar_type(), c.buffer.value_or(torch::kFloat));
+      }
+      EXPECT_EQ(seen, c.expected_inputs);
+      const auto ref = scaled_reference(xs, c.buffer, c.cast_inputs);
+      EXPECT_EQ(ref.input_dtypes, c.expected_inputs);
+      ASSERT_EQ(out.scalar_type(), ref.out.scalar_type());
+      EXPECT_TRUE(torch::equal(out.detach(), ref.out));
+      // Backward through the uncast path reaches the fp32 shards.
+      out.to(torch::kFloat).square().mean().backward();
+      for (auto& p : model->parameters()) {
+        ASSERT_TRUE(p.grad().defined());
+        EXPECT_EQ(p.grad().scalar_type(), torch::kFloat);
+        EXPECT_TRUE(torch::isfinite(p.grad()).all().item<bool>());
+      }
+    }
+    // BatchNorm statistics stay fp32 under buffer_dtype while BatchNorm layers
+    // keep full precision, and follow buffer_dtype when they do not.
+    for (bool full_bn : {true, false}) {
+      auto net = make_bn_mlp();
+      auto bn = std::dynamic_pointer_cast<torch::nn::BatchNorm1dImpl>(net->ptr(1));
+      ASSERT_NE(bn, nullptr);
+      auto model = FullyShardedDataParallel(
+          net, pg,
+          mp_options(ShardingStrategy::FULL_SHARD, MixedPrecision()
+                                                       .param_dtype(torch::kBFloat16)
+                                                       .buffer_dtype(torch::kBFloat16)
+                                                       .full_precision_batch_norm(full_bn)));
+      EXPECT_EQ(bn->running_mean.scalar_type(), full_bn ? torch::kFloat : torch::kBFloat16);
+      EXPECT_EQ(bn->running_var.scalar_type(), full_bn ? torch::kFloat : torch::kBFloat16);
+    }
   });
 
   run_case("bf16_gather_moves_half_the_bytes", [&] {
@@ -262,8 +456,8 @@ void run_all(dist::ProcessGroup& pg) {
     if (pg.rank() == 0)
       std::cout << "[mp] world " << pg.size() << " batchnorm: loss " << loss_fsdp << " (ref " << loss_ref
                 << "), params rel L2 " << dp << "\n";
-    EXPECT_LT(std::abs(loss_fsdp - loss_ref) / loss_ref, 0.02);
-    EXPECT_LT(dp, 2e-2);
+    EXPECT_LT(std::abs(loss_fsdp - loss_ref) / loss_ref, 1.5e-2);
+    EXPECT_LT(dp, 1.5e-2);  // measured <= 8.8e-3
   });
 
   run_case("memory_stats_count_low_precision_units", [&] {

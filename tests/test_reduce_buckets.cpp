@@ -2,7 +2,7 @@
 // src/fsdp/reduce_bucket.h). At N=2 and N=3 (padded chunks), for FULL_SHARD,
 // SHARD_GRAD_OP and NO_SHARD, MLP and nested transformer:
 //  - bucketed training equals single-process training on the global batch
-//    (relative L2 < 1e-5) and is bit-identical to training without buckets over
+//    (relative L2 < 2e-6) and is bit-identical to training without buckets over
 //    several AdamW steps (NO_SHARD at N=3: Gloo's ring all-reduce adds in an
 //    order that depends on the element's position, so equal to 1e-6 there);
 //  - the number of reduce collectives, read from the trace, drops to the
@@ -89,12 +89,19 @@ Params reference(ModelFactory make, int steps = 4, int micro = 1) {
   return out;
 }
 
+// fp32 parity bound: 10x the largest difference measured (1.9e-7; float sums in
+// another order than the single-process reference).
+constexpr double kParityTol = 2e-6;
+
 void expect_close(const Params& got, const Params& want, double tol, const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
+  double worst = 0;
   for (const auto& [k, v] : want) {
     ASSERT_TRUE(got.count(k)) << what << ": " << k;
+    worst = std::max(worst, rel_diff(got.at(k), v));
     EXPECT_LT(rel_diff(got.at(k), v), tol) << what << ": " << k;
   }
+  std::cout << "[close] " << what << ": worst rel. L2 " << worst << " (bound " << tol << ")\n";
 }
 
 void expect_identical(const Params& got, const Params& want, const std::string& what) {
@@ -140,9 +147,9 @@ void parity_cases(dist::ProcessGroup& pg) {
       EXPECT_EQ(mid.reduce_spans, (std::vector<std::string>{"reduce 4+2", "reduce 0"})) << join(mid.reduce_spans);
       EXPECT_EQ(tiny.reduce_spans, off.reduce_spans) << join(tiny.reduce_spans);
       EXPECT_EQ(negative.reduce_spans, off.reduce_spans) << join(negative.reduce_spans);
-      expect_close(off.full, mlp_ref, 1e-5, "no buckets vs reference");
-      expect_close(all.full, mlp_ref, 1e-5, "one bucket vs reference");
-      expect_close(mid.full, mlp_ref, 1e-5, "two buckets vs reference");
+      expect_close(off.full, mlp_ref, kParityTol, "no buckets vs reference");
+      expect_close(all.full, mlp_ref, kParityTol, "one bucket vs reference");
+      expect_close(mid.full, mlp_ref, kParityTol, "two buckets vs reference");
       check_same(all.full, off.full, "one bucket vs no buckets");
       check_same(mid.full, off.full, "two buckets vs no buckets");
       expect_identical(tiny.full, off.full, "cap below every unit vs no buckets");
@@ -157,7 +164,7 @@ void parity_cases(dist::ProcessGroup& pg) {
       std::string names;
       for (const auto& sp : off.reduce_spans) names += (names.empty() ? "" : "+") + sp.substr(7);
       EXPECT_EQ(all.reduce_spans[0], "reduce " + names);
-      expect_close(all.full, tf_ref, 1e-5, "one bucket vs reference");
+      expect_close(all.full, tf_ref, kParityTol, "one bucket vs reference");
       check_same(all.full, off.full, "one bucket vs no buckets");
     });
   }
@@ -172,8 +179,8 @@ void parity_cases(dist::ProcessGroup& pg) {
       EXPECT_EQ(on.reduce_spans.size(), 1u) << join(on.reduce_spans);  // the synchronised micro-batch only
       EXPECT_EQ(acc.reduce_spans.size(), 3u) << join(acc.reduce_spans);
       const Params ref = reference(tf, 3, 3);
-      expect_close(on.full, ref, 1e-5, "no_sync + buckets vs reference");
-      expect_close(acc.full, ref, 1e-5, "accumulation + buckets vs reference");
+      expect_close(on.full, ref, kParityTol, "no_sync + buckets vs reference");
+      expect_close(acc.full, ref, kParityTol, "accumulation + buckets vs reference");
       if (strategy != ShardingStrategy::NO_SHARD || n == 2) expect_identical(on.full, off.full, "no_sync: buckets vs none");
     }
   });
@@ -187,7 +194,7 @@ void parity_cases(dist::ProcessGroup& pg) {
     auto on = train(pg, mlp, Options(opts).bucket_cap_mb(1));
     EXPECT_EQ(on.reduce_spans.size(), 1u) << join(on.reduce_spans);
     expect_identical(on.full, off.full, "bf16: buckets vs none");
-    expect_close(on.full, mlp_ref, 2e-2, "bf16 vs fp32 reference");
+    expect_close(on.full, mlp_ref, 1.5e-2, "bf16 vs fp32 reference");  // measured <= 8.2e-3
   });
   run_case("mixed-kinds", [&] {
     // Under mixed precision a BatchNorm layer is an unsharded fp32 unit of its
@@ -273,7 +280,7 @@ void unused_branch_cases(dist::ProcessGroup& pg) {
         EXPECT_EQ(spans, want) << join(spans);
         Params want_params;
         for (const auto& p : ref->named_parameters()) want_params[p.key()] = p.value().detach();
-        expect_close(full_params(model), want_params, 1e-5, "vs reference");
+        expect_close(full_params(model), want_params, kParityTol, "vs reference");
       });
     }
   }

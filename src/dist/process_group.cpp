@@ -24,6 +24,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "gloo_transport.h"
+#include "process_gone.h"
 #include "route.h"
 #include "shm_engine.h"
 #include "shm_transport.h"
@@ -191,7 +192,7 @@ std::string ProcessGroup::dead_peers_hint() const {
     if (g >= static_cast<int>(state_->world_peers.size())) continue;
     const Peer& p = state_->world_peers[g];
     if (p.host != me || p.pid <= 0) continue;
-    if (::kill(p.pid, 0) != 0 && errno == ESRCH) {
+    if (detail::process_gone(p.pid)) {
       os << (dead++ ? ", " : "") << describe_peer(r);
     }
   }

@@ -83,6 +83,7 @@
 #include <ATen/Parallel.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "process_gone.h"
 #include "row_sum.h"
 #include "shm_engine.h"
 #include "tensor_bytes.h"
@@ -577,8 +578,8 @@ std::string ShmChannel::peer_problem() const {
   // Failures of other peers may only be the echo of it.
   for (int p = 0; p < size_; ++p) {
     const SegHeader* h = segs_[p]->hdr();
-    if (p != rank_ && h->failed.load(std::memory_order_acquire) == 0 && ::kill(h->pid, 0) != 0 &&
-        errno == ESRCH) {
+    if (p != rank_ && h->failed.load(std::memory_order_acquire) == 0 &&
+        process_gone(h->pid)) {
       return "gone: " + peer_names_[p] + " (exited while this rank waited on it)";
     }
   }

@@ -11,6 +11,7 @@
 #include "../dist/object_collectives.h"
 #include "fsdp/dist/collectives.h"
 #include "fsdp/fsdp/host_memory.h"
+#include "resolved_options.h"
 #include "runtime.h"
 #include "sequential_entry.h"
 
@@ -108,6 +109,192 @@ void check_mixed_precision(const MixedPrecision& mp, torch::nn::Module& model, i
   }
 }
 
+// ---- build_units, step by step ----
+
+// Step 1: subtrees the user asked FSDP to leave alone, by module path.
+class IgnoredModules {
+ public:
+  IgnoredModules(torch::nn::Module& model, const std::vector<std::shared_ptr<torch::nn::Module>>& modules) {
+    std::map<const torch::nn::Module*, std::string> path_of;
+    for (const auto& item : model.named_modules()) path_of[item.value().get()] = item.key();
+    for (const auto& m : modules) {
+      auto it = path_of.find(m.get());
+      TORCH_CHECK(it != path_of.end(), "fsdp: an ignored module (", m->name(), ") is not part of the wrapped model");
+      paths_.push_back(it->second);
+    }
+  }
+  bool contains(const std::string& path) const {
+    for (const auto& ip : paths_)
+      if (within(path, ip)) return true;
+    return false;
+  }
+
+ private:
+  std::vector<std::string> paths_;
+};
+
+// A unit as planned before anything is created.
+struct PlannedUnit {
+  enum class Kind {
+    Root,       // the wrapper's own call site
+    CallSite,   // a wrap candidate the policy chose ([Note: wrap candidates])
+    BatchNorm,  // mixed precision's full-precision BatchNorm unit: no call site
+  };
+  Kind kind = Kind::CallSite;
+  std::string path;
+  // CallSite: the candidate's module, and for a Sequential entry its Sequential and index.
+  std::shared_ptr<torch::nn::Module> module;
+  std::shared_ptr<torch::nn::SequentialImpl> sequential;
+  size_t index = 0;
+  std::vector<FlatParamEntry> entries;  // step 4
+};
+
+// Step 2: the wrap policy, called bottom-up over the wrap candidates. Returns
+// the root, then the chosen candidates in pre-order.
+std::vector<PlannedUnit> walk_wrap_policy(torch::nn::Module& model, const WrapPolicy& policy,
+                                          const IgnoredModules& ignored) {
+  struct Candidate {
+    PlannedUnit unit;
+    bool wrap = false;
+  };
+  std::vector<Candidate> candidates;  // every child, in pre-order
+  std::function<int64_t(torch::nn::Module&, const std::string&)> visit =
+      [&](torch::nn::Module& m, const std::string& path) -> int64_t {
+    int64_t n = 0;
+    for (const auto& p : m.named_parameters(false)) n += p.value().numel();
+    auto* seq = dynamic_cast<torch::nn::SequentialImpl*>(&m);
+    size_t i = 0;
+    for (const auto& c : m.named_children()) {
+      const size_t index = i++;
+      const std::string cp = join(path, c.key());
+      if (ignored.contains(cp)) continue;
+      const size_t slot = candidates.size();
+      Candidate cand;
+      cand.unit.path = cp;
+      cand.unit.module = c.value();
+      if (seq) cand.unit.sequential = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(m.shared_from_this());
+      cand.unit.index = index;
+      candidates.push_back(std::move(cand));
+      int64_t cn = visit(*c.value(), cp);
+      const bool candidate = seq != nullptr || dynamic_cast<WrappableBase*>(c.value().get()) != nullptr;
+      if (candidate && policy && policy(cp, *c.value(), cn)) {
+        candidates[slot].wrap = true;
+        cn = 0;
+      }
+      n += cn;
+    }
+    return n;
+  };
+  visit(model, "");
+  std::vector<PlannedUnit> units(1);
+  units[0].kind = PlannedUnit::Kind::Root;
+  for (auto& c : candidates)
+    if (c.wrap) units.push_back(std::move(c.unit));
+  return units;
+}
+
+// Step 3, mixed precision: each BatchNorm layer's parameters form a unit of
+// their own in full precision (MixedPrecision::full_precision_batch_norm). These
+// units have no call site (the layer may sit inside the user's own block), so
+// they are never sharded and the runtime takes them through forward with the
+// root (Runtime::add_implicit_unit).
+void add_batch_norm_units(torch::nn::Module& model, const IgnoredModules& ignored, std::vector<PlannedUnit>& units) {
+  for (const auto& item : model.named_modules()) {
+    if (!is_batch_norm(*item.value()) || ignored.contains(item.key())) continue;
+    if (item.value()->parameters(false).empty()) continue;
+    PlannedUnit u;
+    u.kind = PlannedUnit::Kind::BatchNorm;
+    u.path = item.key();
+    units.push_back(std::move(u));
+  }
+}
+
+// Step 4: every parameter goes to the deepest unit whose path contains its
+// module (a BatchNorm unit takes its layer's own parameters); a tied parameter
+// is flattened once and must not span two units.
+void assign_parameters(torch::nn::Module& model, const IgnoredModules& ignored, std::vector<PlannedUnit>& units) {
+  std::map<std::string, size_t> bn_unit_of;
+  for (size_t u = 0; u < units.size(); ++u)
+    if (units[u].kind == PlannedUnit::Kind::BatchNorm) bn_unit_of[units[u].path] = u;
+  std::map<const c10::TensorImpl*, std::pair<size_t, std::string>> seen;
+  for (const auto& p : model.named_parameters()) {
+    const std::string mpath = module_path_of(p.key());
+    if (ignored.contains(mpath)) continue;
+    size_t owner = 0;
+    for (size_t u = 1; u < units.size(); ++u)
+      if (units[u].kind == PlannedUnit::Kind::CallSite && within(mpath, units[u].path) &&
+          units[u].path.size() >= units[owner].path.size())
+        owner = u;
+    if (auto bn = bn_unit_of.find(mpath); bn != bn_unit_of.end()) owner = bn->second;
+    auto it = seen.find(p.value().unsafeGetTensorImpl());
+    if (it != seen.end()) {
+      TORCH_CHECK(it->second.first == owner, "fsdp: parameter '", p.key(), "' (module '", mpath,
+                  "') is tied to '", it->second.second, "' (module '", module_path_of(it->second.second),
+                  "'), but they fall in different units ('", units[owner].path, "' and '",
+                  units[it->second.first].path,
+                  "'). Tied parameters must share a unit: wrap their common parent instead");
+      continue;  // tied inside one unit: flattened once
+    }
+    seen[p.value().unsafeGetTensorImpl()] = {owner, p.key()};
+    FlatParamEntry e;
+    e.fqn = p.key();
+    e.module_path = mpath;
+    e.param = p.value();
+    e.shape = p.value().sizes().vec();
+    e.numel = p.value().numel();
+    units[owner].entries.push_back(std::move(e));
+  }
+}
+
+// Step 5: the unit's flat buffer over the shard group ([Note: hybrid groups];
+// a HYBRID_SHARD group of one rank shards nothing and behaves as NO_SHARD).
+Unit* create_unit(Runtime& runtime, const detail::ResolvedOptions& resolved, PlannedUnit& p) {
+  const auto& first = p.entries.front();
+  for (const auto& e : p.entries) {
+    TORCH_CHECK(e.param.scalar_type() == first.param.scalar_type() && e.param.device() == first.param.device(),
+                "fsdp: unit '", p.path, "' mixes ", first.param.scalar_type(), " on ", first.param.device(), " ('",
+                first.fqn, "') with ", e.param.scalar_type(), " on ", e.param.device(), " ('", e.fqn,
+                "'); one unit holds one dtype and device: wrap "
+                "these modules as separate units or convert the model first");
+  }
+  const auto strategy = resolved.options.sharding_strategy();
+  const dist::ProcessGroup& shard_group = runtime.shard_group();
+  const bool sharded = strategy != ShardingStrategy::NO_SHARD &&
+                       !(strategy == ShardingStrategy::HYBRID_SHARD && shard_group.size() == 1);
+  const bool full_precision_unit = p.kind == PlannedUnit::Kind::BatchNorm;
+  detail::FlatPrecision precision;
+  if (!full_precision_unit) {
+    const auto& mp = resolved.options.mixed_precision();
+    precision.param_dtype = mp.param_dtype();
+    precision.reduce_dtype = mp.effective_reduce_dtype(first.param.scalar_type());
+    precision.keep_low_precision_grads = mp.keep_low_precision_grads();
+  }
+  auto flat = std::make_unique<FlatParameter>(std::move(p.entries), shard_group.rank(), shard_group.size(),
+                                              sharded && !full_precision_unit, precision);
+  return runtime.add_unit(p.path, std::move(flat), p.kind == PlannedUnit::Kind::Root,
+                          resolved.reshard_after_forward && !full_precision_unit);
+}
+
+// Step 6: the candidate's call site invokes the unit's hooks ([Note: wrap
+// candidates]); both patches are undone by ~FullyShardedBase.
+void patch_call_site(const PlannedUnit& p, UnitHooks* hooks, std::vector<std::unique_ptr<SequentialSlot>>& slots,
+                     std::vector<WrappableBase*>& wrappables) {
+  if (p.sequential) {
+    auto slot = std::make_unique<SequentialSlot>();
+    slot->sequential = p.sequential;
+    slot->index = p.index;
+    auto it = p.sequential->begin() + p.index;
+    slot->original = *it;
+    *it = torch::nn::AnyModule(std::make_shared<SequentialEntryImpl>(slot->original, hooks));
+    slots.push_back(std::move(slot));
+  } else {
+    auto* w = dynamic_cast<WrappableBase*>(p.module.get());
+    TORCH_INTERNAL_ASSERT(w != nullptr);
+    w->set_fsdp_unit_hooks(hooks);
+    wrappables.push_back(w);
+  }
+}
+
 }  // namespace
 
 FullyShardedBase::FullyShardedBase(std::shared_ptr<torch::nn::Module> model, dist::ProcessGroup pg,
@@ -119,24 +306,7 @@ FullyShardedBase::FullyShardedBase(std::shared_ptr<torch::nn::Module> model, dis
               "fsdp::dist::init_process_group() first");
   // Options are checked here, before the first collective: a rank with a bad
   // option must fail alone and at once, not leave its peers waiting in one.
-  const int n = pg_.size();
-  // HYBRID_SHARD: gathers and reductions run over the shard group.
-  const bool hybrid = options_.sharding_strategy() == ShardingStrategy::HYBRID_SHARD;
-  const int shard_n = hybrid ? (options_.shard_group_size() > 0 ? options_.shard_group_size()
-                                                                 : pg_.local_world_size())
-                             : n;
-  TORCH_CHECK(options_.shard_group_size() >= 0, "fsdp: shard_group_size must be >= 0 (0: ranks per machine), got ",
-              options_.shard_group_size());
-  TORCH_CHECK(!hybrid || (shard_n >= 1 && n % shard_n == 0), "fsdp: HYBRID_SHARD on rank ", pg_.rank(),
-              ": shard_group_size ", shard_n, " must divide the world size ", n,
-              "; set Options::shard_group_size (0 means ranks per machine, here ", pg_.local_world_size(), ")");
-  TORCH_CHECK(!options_.reduce_group().defined() || options_.reduce_group().size() == shard_n,
-              "fsdp: reduce_group has ", options_.reduce_group().defined() ? options_.reduce_group().size() : 0,
-              " ranks but the sharding group has ", shard_n, "; they must cover the same ranks");
-  const double pre = options_.gradient_predivide_factor();
-  TORCH_CHECK(pre == 0 || (pre >= 1 && pre <= n), "fsdp: gradient_predivide_factor must lie in [1, world size ",
-              n, "] (or be 0 for PyTorch's default), got ", pre);
-  bucket_cap_bytes(options_);  // throws for a NaN, infinite or huge bucket_cap_mb
+  const detail::ResolvedOptions resolved = detail::resolve_options(options_, pg_);
   // Wrapping twice would stack hooks on the same call sites.
   for (const auto& m : model_->modules()) {
     auto* w = dynamic_cast<WrappableBase*>(m.get());
@@ -179,7 +349,7 @@ FullyShardedBase::FullyShardedBase(std::shared_ptr<torch::nn::Module> model, dis
     register_parameter(p.key(), p.value(), p.value().requires_grad());
   for (const auto& b : model_->named_buffers(false)) register_buffer(b.key(), b.value());
 
-  build_units();
+  build_units(resolved);
 }
 
 FullyShardedBase::~FullyShardedBase() {
@@ -188,178 +358,28 @@ FullyShardedBase::~FullyShardedBase() {
   for (auto* w : wrappables_) w->set_fsdp_unit_hooks(nullptr);
 }
 
-void FullyShardedBase::build_units() {
-  const auto strategy = options_.sharding_strategy();
-  const bool reshard_after_forward = options_.reshard_after_forward().value_or(
-      strategy == ShardingStrategy::FULL_SHARD || strategy == ShardingStrategy::HYBRID_SHARD);
-
-  // Ignored subtrees, by path.
-  std::map<const torch::nn::Module*, std::string> path_of;
-  for (const auto& item : model_->named_modules()) path_of[item.value().get()] = item.key();
-  std::vector<std::string> ignored_paths;
-  for (const auto& m : options_.ignored_modules()) {
-    auto it = path_of.find(m.get());
-    TORCH_CHECK(it != path_of.end(), "fsdp: an ignored module (", m->name(),
-                ") is not part of the wrapped model");
-    ignored_paths.push_back(it->second);
-  }
-  auto is_ignored = [&](const std::string& path) {
-    for (const auto& ip : ignored_paths)
-      if (within(path, ip)) return true;
-    return false;
-  };
-
-  // 1. Which wrap candidates become units (bottom-up, pre-order list).
-  struct Decision {
-    std::string path;
-    std::shared_ptr<torch::nn::Module> module;
-    std::shared_ptr<torch::nn::SequentialImpl> sequential;  // set for Sequential entries
-    size_t index = 0;
-    bool wrap = false;
-  };
-  std::vector<Decision> decisions;
-  const WrapPolicy& policy = options_.auto_wrap_policy();
-  std::function<int64_t(torch::nn::Module&, const std::string&)> visit =
-      [&](torch::nn::Module& m, const std::string& path) -> int64_t {
-    int64_t n = 0;
-    for (const auto& p : m.named_parameters(false)) n += p.value().numel();
-    auto* seq = dynamic_cast<torch::nn::SequentialImpl*>(&m);
-    size_t i = 0;
-    for (const auto& c : m.named_children()) {
-      const size_t index = i++;
-      const std::string cp = join(path, c.key());
-      if (is_ignored(cp)) continue;
-      const size_t slot = decisions.size();
-      Decision d;
-      d.path = cp;
-      d.module = c.value();
-      if (seq) d.sequential = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(m.shared_from_this());
-      d.index = index;
-      decisions.push_back(d);
-      int64_t cn = visit(*c.value(), cp);
-      const bool candidate = seq != nullptr || dynamic_cast<WrappableBase*>(c.value().get()) != nullptr;
-      if (candidate && policy && policy(cp, *c.value(), cn)) {
-        decisions[slot].wrap = true;
-        cn = 0;
-      }
-      n += cn;
-    }
-    return n;
-  };
-  visit(*model_, "");
-
-  std::vector<std::string> unit_paths{""};
-  std::vector<const Decision*> unit_decisions{nullptr};
-  for (const auto& d : decisions) {
-    if (!d.wrap) continue;
-    unit_paths.push_back(d.path);
-    unit_decisions.push_back(&d);
-  }
-
-  // 1b. Mixed precision: each BatchNorm layer's parameters form a unit of their
-  // own in full precision (see MixedPrecision::full_precision_batch_norm). These
-  // units have no call site (the layer may sit inside the user's own block), so
-  // they are never sharded and the runtime arms them (Runtime::arm_implicit_units).
+void FullyShardedBase::build_units(const detail::ResolvedOptions& resolved) {
+  const IgnoredModules ignored(*model_, options_.ignored_modules());
+  std::vector<PlannedUnit> planned = walk_wrap_policy(*model_, options_.auto_wrap_policy(), ignored);
   const auto& mp = options_.mixed_precision();
-  const size_t first_bn_unit = unit_paths.size();
-  std::map<std::string, size_t> bn_unit_of;
-  if (mp.param_dtype() && mp.full_precision_batch_norm()) {
-    for (const auto& item : model_->named_modules()) {
-      if (!is_batch_norm(*item.value()) || is_ignored(item.key())) continue;
-      if (item.value()->parameters(false).empty()) continue;
-      bn_unit_of[item.key()] = unit_paths.size();
-      unit_paths.push_back(item.key());
-      unit_decisions.push_back(nullptr);
-    }
-  }
+  if (mp.param_dtype() && mp.full_precision_batch_norm()) add_batch_norm_units(*model_, ignored, planned);
+  assign_parameters(*model_, ignored, planned);
 
-  // 2. Parameters to units: the deepest unit whose path contains the module.
-  std::vector<std::vector<FlatParamEntry>> entries(unit_paths.size());
-  std::map<const c10::TensorImpl*, std::pair<size_t, std::string>> seen;
-  for (const auto& p : model_->named_parameters()) {
-    const std::string mpath = module_path_of(p.key());
-    if (is_ignored(mpath)) continue;
-    size_t owner = 0;
-    for (size_t u = 1; u < first_bn_unit; ++u)
-      if (within(mpath, unit_paths[u]) && unit_paths[u].size() >= unit_paths[owner].size()) owner = u;
-    if (auto bn = bn_unit_of.find(mpath); bn != bn_unit_of.end()) owner = bn->second;
-    auto it = seen.find(p.value().unsafeGetTensorImpl());
-    if (it != seen.end()) {
-      TORCH_CHECK(it->second.first == owner, "fsdp: parameter '", p.key(), "' (module '", mpath,
-                  "') is tied to '", it->second.second, "' (module '", module_path_of(it->second.second),
-                  "'), but they fall in different units ('", unit_paths[owner], "' and '",
-                  unit_paths[it->second.first],
-                  "'). Tied parameters must share a unit: wrap their common parent instead");
-      continue;  // tied inside one unit: flattened once
-    }
-    seen[p.value().unsafeGetTensorImpl()] = {owner, p.key()};
-    FlatParamEntry e;
-    e.fqn = p.key();
-    e.module_path = mpath;
-    e.param = p.value();
-    e.shape = p.value().sizes().vec();
-    e.numel = p.value().numel();
-    entries[owner].push_back(std::move(e));
-  }
-
-  // 3. Units. The runtime (and its dedicated process groups) is created only
-  // now, after every local check above: a user error that every rank raises
-  // (tied parameters across units) must not leave freshly created groups that
-  // the ranks tear down while peers are still connecting.
-  runtime_ = std::make_unique<Runtime>(pg_, options_);
+  // The runtime (and its dedicated process groups) is created only now, after
+  // every local check above: a user error that every rank raises (tied
+  // parameters across units) must not leave freshly created groups that the
+  // ranks tear down while peers are still connecting.
+  runtime_ = std::make_unique<Runtime>(pg_, resolved);
   if (options_.keep_freed_host_memory()) keep_freed_host_memory();
-  // Parameters are sharded over the shard group ([Note: hybrid groups]); a
-  // HYBRID_SHARD group of one rank shards nothing and behaves as NO_SHARD.
-  const dist::ProcessGroup& shard_group = runtime_->shard_group();
-  const bool sharded = strategy != ShardingStrategy::NO_SHARD &&
-                       !(strategy == ShardingStrategy::HYBRID_SHARD && shard_group.size() == 1);
-  for (size_t u = 0; u < unit_paths.size(); ++u) {
-    if (entries[u].empty()) continue;  // nothing to shard: no unit, no hooks
-    const auto& first = entries[u].front();
-    for (const auto& e : entries[u]) {
-      TORCH_CHECK(e.param.scalar_type() == first.param.scalar_type() &&
-                      e.param.device() == first.param.device(),
-                  "fsdp: unit '", unit_paths[u], "' mixes ", first.param.scalar_type(), " on ",
-                  first.param.device(), " ('", first.fqn, "') with ", e.param.scalar_type(), " on ",
-                  e.param.device(), " ('", e.fqn, "'); one unit holds one dtype and device: wrap "
-                  "these modules as separate units or convert the model first");
-    }
-    const bool full_precision_unit = u >= first_bn_unit;
-    detail::FlatPrecision precision;
-    if (!full_precision_unit) {
-      precision.param_dtype = mp.param_dtype();
-      precision.reduce_dtype = mp.effective_reduce_dtype(first.param.scalar_type());
-      precision.keep_low_precision_grads = mp.keep_low_precision_grads();
-    }
-    auto flat = std::make_unique<FlatParameter>(std::move(entries[u]), shard_group.rank(), shard_group.size(),
-                                                sharded && !full_precision_unit, precision);
-    auto unit = std::make_unique<Unit>(runtime_.get(), static_cast<int>(runtime_->units().size()),
-                                       unit_paths[u], std::move(flat), u == 0,
-                                       reshard_after_forward && !full_precision_unit);
-    Unit* raw = unit.get();
-    runtime_->add_unit(std::move(unit));
-    if (full_precision_unit) {
-      runtime_->add_implicit_unit(raw);
-      continue;
-    }
-    if (u == 0) {
-      root_unit_ = raw;
-      continue;
-    }
-    const Decision& d = *unit_decisions[u];
-    if (d.sequential) {
-      auto slot = std::make_unique<SequentialSlot>();
-      slot->sequential = d.sequential;
-      slot->index = d.index;
-      auto it = d.sequential->begin() + d.index;
-      slot->original = *it;
-      *it = torch::nn::AnyModule(std::make_shared<SequentialEntryImpl>(slot->original, raw));
-      sequential_slots_.push_back(std::move(slot));
-    } else {
-      auto* w = dynamic_cast<WrappableBase*>(d.module.get());
-      TORCH_INTERNAL_ASSERT(w != nullptr);
-      w->set_fsdp_unit_hooks(raw);
-      wrappables_.push_back(w);
+  for (auto& p : planned) {
+    if (p.entries.empty()) continue;  // nothing to shard: no unit, no hooks
+    Unit* unit = create_unit(*runtime_, resolved, p);
+    switch (p.kind) {
+      case PlannedUnit::Kind::Root: root_unit_ = unit; break;
+      case PlannedUnit::Kind::BatchNorm: runtime_->add_implicit_unit(unit); break;
+      case PlannedUnit::Kind::CallSite:
+        patch_call_site(p, runtime_->call_site(unit), sequential_slots_, wrappables_);
+        break;
     }
   }
 }
@@ -385,28 +405,10 @@ std::vector<TraceSpan> FullyShardedBase::trace_spans() const { return runtime_->
 std::string FullyShardedBase::flush_trace() { return runtime_->tracer().flush(); }
 void FullyShardedBase::clear_trace() { runtime_->tracer().clear(); }
 
-void FullyShardedBase::root_pre_forward() {
-  runtime_->root_pre_forward();
-  if (root_unit_) root_unit_->pre_forward();
-  runtime_->arm_implicit_units();
-}
+void FullyShardedBase::root_pre_forward() { runtime_->root_pre_forward(root_unit_); }
 
 void FullyShardedBase::root_post_forward(const std::vector<at::Tensor>& outputs) {
-  if (root_unit_) root_unit_->post_forward(outputs);
-  runtime_->root_post_forward();
-  if (!at::GradMode::is_enabled()) return;
-  // The gradients of the model's outputs are the first thing backward computes:
-  // that is where units set their earlier gradient pieces aside (also when the
-  // root holds no parameters and so has no unit of its own).
-  Runtime* runtime = runtime_.get();
-  for (const auto& out : outputs) {
-    if (!out.defined() || !out.requires_grad()) continue;
-    at::Tensor t = out;
-    t.register_hook([runtime](const at::Tensor& grad) {
-      runtime->on_root_output_grad();
-      return grad;
-    });
-  }
+  runtime_->root_post_forward(root_unit_, outputs);
 }
 
 at::Tensor FullyShardedBase::clip_grad_norm_(double max_norm, double norm_type) {

@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdlib>
+
+#include "resolved_options.h"
 
 namespace fsdp {
 
@@ -44,6 +47,53 @@ int64_t bucket_cap_bytes(const Options& options) {
   if (mb <= 0) return 0;
   return static_cast<int64_t>(mb * 1024 * 1024);
 }
+
+namespace detail {
+
+GradientDivision gradient_division(double predivide_factor, int world) {
+  double pre = predivide_factor;
+  if (pre == 0) {
+    // PyTorch's default: keeps low-precision sums in range.
+    int factor = 1;
+    while (world % factor == 0 && world / factor > factor) factor *= 2;
+    pre = factor;
+  }
+  return GradientDivision{pre, world / pre};
+}
+
+ResolvedOptions resolve_options(const Options& options, const dist::ProcessGroup& pg) {
+  ResolvedOptions r;
+  r.options = options;
+  const int n = pg.size();
+  const auto strategy = options.sharding_strategy();
+  const bool hybrid = strategy == ShardingStrategy::HYBRID_SHARD;
+  TORCH_CHECK(options.shard_group_size() >= 0, "fsdp: shard_group_size must be >= 0 (0: ranks per machine), got ",
+              options.shard_group_size());
+  // HYBRID_SHARD: gathers and reductions run over the shard group.
+  const int shard_n = hybrid ? (options.shard_group_size() > 0 ? options.shard_group_size() : pg.local_world_size())
+                             : n;
+  TORCH_CHECK(!hybrid || (shard_n >= 1 && n % shard_n == 0), "fsdp: HYBRID_SHARD on rank ", pg.rank(),
+              ": shard_group_size ", shard_n, " must divide the world size ", n,
+              "; set Options::shard_group_size (0 means ranks per machine, here ", pg.local_world_size(), ")");
+  r.shard_group_size = shard_n;
+  TORCH_CHECK(!options.reduce_group().defined() || options.reduce_group().size() == shard_n,
+              "fsdp: reduce_group has ", options.reduce_group().defined() ? options.reduce_group().size() : 0,
+              " ranks but the sharding group has ", shard_n, "; they must cover the same ranks");
+  // The gradient average is over the whole world (shard group x replica group).
+  const double pre = options.gradient_predivide_factor();
+  TORCH_CHECK(pre == 0 || (pre >= 1 && pre <= n), "fsdp: gradient_predivide_factor must lie in [1, world size ",
+              n, "] (or be 0 for PyTorch's default), got ", pre);
+  r.divide = gradient_division(pre, n);
+  r.bucket_cap_bytes = bucket_cap_bytes(options);  // throws for a NaN, infinite or huge bucket_cap_mb
+  r.reshard_after_forward = options.reshard_after_forward().value_or(
+      strategy == ShardingStrategy::FULL_SHARD || strategy == ShardingStrategy::HYBRID_SHARD);
+  r.trace_dir = options.trace_dir();
+  if (r.trace_dir.empty())
+    if (const char* env = std::getenv("FSDP_TRACE")) r.trace_dir = env;
+  return r;
+}
+
+}  // namespace detail
 
 WrapPolicy size_based_policy(int64_t min_num_params) {
   TORCH_CHECK(min_num_params >= 0, "fsdp: size_based_policy min_num_params must be >= 0, got ",

@@ -21,44 +21,63 @@ struct GradReducer::Reduction {
   Tracer::Mark mark;
 };
 
+bool BucketFormer::fits(const BucketCandidate& c) const {
+  if (!first_) return true;
+  return c.sharded == first_->sharded && c.dtype == first_->dtype && c.device == first_->device &&
+         open_bytes_ + c.bytes <= cap_bytes_;
+}
+
+BucketFormer::Join BucketFormer::join(const BucketCandidate& c) {
+  Join j;
+  if (!fits(c)) {
+    j.close_before = true;
+    clear();
+  }
+  if (!first_) first_ = c;
+  open_bytes_ += c.bytes;
+  if (alone(c)) {  // too big to share
+    j.close_after = true;
+    clear();
+  }
+  return j;
+}
+
+void BucketFormer::clear() {
+  first_.reset();
+  open_bytes_ = 0;
+}
+
 GradReducer::GradReducer(dist::ProcessGroup reduce_group, dist::ProcessGroup replica_group,
                          int64_t cap_bytes, Tracer* tracer, BufferPool* pool, int max_scattering)
-    : reduce_pg_(std::move(reduce_group)), replica_pg_(std::move(replica_group)),
-      cap_bytes_(cap_bytes), tracer_(tracer), pool_(pool), max_scattering_(max_scattering) {
+    : reduce_pg_(std::move(reduce_group)), replica_pg_(std::move(replica_group)), tracer_(tracer), pool_(pool),
+      former_(cap_bytes), max_scattering_(max_scattering) {
   TORCH_INTERNAL_ASSERT(max_scattering_ >= 1);
 }
 
 GradReducer::~GradReducer() = default;
 
 // What a unit's flat gradient will be (known before it is flattened).
-int64_t GradReducer::flat_grad_bytes(const Unit& unit) {
-  return unit.flat().padded_numel() * int64_t(c10::elementSize(unit.flat().reduce_dtype()));
-}
-
-bool GradReducer::alone(const Unit& unit) const { return cap_bytes_ <= 0 || flat_grad_bytes(unit) >= cap_bytes_; }
-
-bool GradReducer::fits_open_bucket(const Unit& unit) const {
-  if (open_.empty()) return true;
-  const FlatParameter& a = unit.flat();
-  const FlatParameter& b = open_.front()->flat();
-  return a.sharded() == b.sharded() && a.reduce_dtype() == b.reduce_dtype() &&
-         a.options().device() == b.options().device() && open_bytes_ + flat_grad_bytes(unit) <= cap_bytes_;
+BucketCandidate GradReducer::candidate(const Unit& unit) {
+  const FlatParameter& f = unit.flat();
+  return BucketCandidate{f.padded_numel() * int64_t(c10::elementSize(f.reduce_dtype())), f.sharded(),
+                         f.reduce_dtype(), f.options().device()};
 }
 
 void GradReducer::make_room(const Unit& unit) {
   // Adding `unit` will issue a collective: complete the one in flight before the
   // unit's flat gradient is allocated, so that the two never coexist with the
   // unit's autograd gradients (the peak of unbucketed reduction stays as it was).
-  if (alone(unit) || !fits_open_bucket(unit)) complete_in_flight();
+  if (former_.issues_on_join(candidate(unit))) complete_in_flight();
 }
 
 void GradReducer::add(Unit* unit) {
-  TORCH_INTERNAL_ASSERT(unit->flat_grad().defined() && nbytes(unit->flat_grad()) == flat_grad_bytes(*unit),
-                        "unit '", unit->label(), "' has no flat gradient of the expected size to reduce");
-  if (!fits_open_bucket(*unit)) issue_open_bucket();
+  const BucketCandidate c = candidate(*unit);
+  TORCH_INTERNAL_ASSERT(unit->flat_grad().defined() && nbytes(unit->flat_grad()) == c.bytes, "unit '",
+                        unit->label(), "' has no flat gradient of the expected size to reduce");
+  const BucketFormer::Join j = former_.join(c);
+  if (j.close_before) issue_open_bucket();
   open_.push_back(unit);
-  open_bytes_ += flat_grad_bytes(*unit);
-  if (alone(*unit)) issue_open_bucket();  // too big to share
+  if (j.close_after) issue_open_bucket();
 }
 
 void GradReducer::complete_in_flight() {
@@ -78,7 +97,6 @@ void GradReducer::issue_open_bucket() {
   if (open_.empty()) return;
   std::vector<Unit*> members = std::move(open_);
   open_.clear();
-  open_bytes_ = 0;
   complete_in_flight();
   scattering_.push_back(issue(std::move(members)));
 }
@@ -162,6 +180,7 @@ void GradReducer::deliver(Reduction& r) {
 }
 
 void GradReducer::finish() {
+  former_.clear();
   issue_open_bucket();
   // The older reduction first: collectives complete in the order issued.
   if (replicating_) {

@@ -41,14 +41,17 @@
 // more in flight costs a unit's memory. NO_SHARD uses two: its flat gradient
 // *is* the gradient kept after the step, so a second all-reduce in flight costs
 // nothing, and the main thread no longer waits for one unit's all-reduce
-// before it can flatten and issue the next (bench_strategies, mlp NO_SHARD:
-// 26.7 -> see docs/benchmarks.md). Collectives complete in the order issued. The completed one then starts its replica all-reduce, which
-// runs while backward computes the next units, and is completed when the next
-// reduction leaves SCATTERING (at most one REPLICATING, holding a shard-sized
-// buffer) or at the end of backward, before any gradient piece is assigned.
+// before it can flatten and issue the next (measured in docs/benchmarks.md,
+// bench_strategies). Collectives complete in the order issued. Under
+// HYBRID_SHARD a reduction that leaves SCATTERING starts its replica
+// all-reduce, which runs while backward computes the next units; it is
+// completed when the next reduction leaves SCATTERING (at most one
+// REPLICATING, holding a shard-sized buffer) or at the end of backward, before
+// any gradient piece is assigned.
 
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -61,6 +64,43 @@
 namespace fsdp::detail {
 
 class Unit;
+
+/// A unit's flat gradient as bucket formation sees it.
+struct BucketCandidate {
+  int64_t bytes = 0;     // padded flat gradient, in reduce dtype
+  bool sharded = true;   // reduce-scatter (N rows) or all-reduce (one row)
+  at::ScalarType dtype = at::kFloat;
+  at::Device device = at::kCPU;
+};
+
+/// Who joins the open bucket ([Note: reduce buckets], "Who joins"): sizes,
+/// kinds and the cap only; knows nothing of units or collectives.
+class BucketFormer {
+ public:
+  explicit BucketFormer(int64_t cap_bytes) : cap_bytes_(cap_bytes) {}
+  /// Never shares a bucket (every candidate when the cap is <= 0).
+  bool alone(const BucketCandidate& c) const { return cap_bytes_ <= 0 || c.bytes >= cap_bytes_; }
+  /// May join the open bucket without issuing it first.
+  bool fits(const BucketCandidate& c) const;
+  /// Adding c will issue a collective.
+  bool issues_on_join(const BucketCandidate& c) const { return alone(c) || !fits(c); }
+  /// c joins: close_before: the open bucket (without c) is issued before c
+  /// joins; close_after: the bucket holding c is issued at once.
+  struct Join {
+    bool close_before = false;
+    bool close_after = false;
+  };
+  Join join(const BucketCandidate& c);
+  /// The open bucket was issued (end of backward).
+  void clear();
+  bool empty() const { return !first_; }
+  int64_t open_bytes() const { return open_bytes_; }
+
+ private:
+  int64_t cap_bytes_;
+  std::optional<BucketCandidate> first_;  // the open bucket's first member
+  int64_t open_bytes_ = 0;
+};
 
 class GradReducer {
  public:
@@ -88,9 +128,7 @@ class GradReducer {
 
  private:
   struct Reduction;
-  static int64_t flat_grad_bytes(const Unit& unit);
-  bool alone(const Unit& unit) const;  // never shares a bucket
-  bool fits_open_bucket(const Unit& unit) const;
+  static BucketCandidate candidate(const Unit& unit);
   void complete_in_flight();           // the oldest SCATTERING reduction when the window is full
   void complete_oldest_scatter();
   void issue_open_bucket();
@@ -100,11 +138,10 @@ class GradReducer {
   void deliver(Reduction& r);               // members adopt their shards
 
   dist::ProcessGroup reduce_pg_, replica_pg_;
-  int64_t cap_bytes_;
   Tracer* tracer_;
   BufferPool* pool_;
+  BucketFormer former_;
   std::vector<Unit*> open_;      // the open bucket, in reduction order
-  int64_t open_bytes_ = 0;
   int max_scattering_;
   std::deque<std::unique_ptr<Reduction>> scattering_;  // oldest first
   std::unique_ptr<Reduction> replicating_;

@@ -1,6 +1,11 @@
 #pragma once
 // The runtime of one FullyShardedDataParallel root (FSDP2's FSDPState): the
-// units, the process groups, and the per-iteration schedule.
+// units, the process groups, and the per-iteration schedule. Control flows one
+// way: every hook (the call sites' UnitHooks, the output-gradient hooks, the
+// AccumulateGrad post hooks, the end-of-backward callback) enters the Runtime,
+// and only the Runtime (with its GradReducer, reduce_bucket.h) drives units,
+// through the primitives of unit.h ([Note: unit lifecycle]). Units never call
+// back; what they need from here is in their UnitContext.
 //
 // [Note: collective order]
 // Gloo matches collectives by their sequence number per group, so every rank must
@@ -55,22 +60,36 @@
 #include <string>
 #include <vector>
 
+#include "buffer_pool.h"
 #include "fsdp/dist/process_group.h"
 #include "fsdp/fsdp/options.h"
-#include "buffer_pool.h"
 #include "fsdp/fsdp/trace.h"
+#include "fsdp/fsdp/wrappable.h"
 #include "reduce_bucket.h"
+#include "resolved_options.h"
 #include "unit.h"
 
 namespace fsdp::detail {
 
 class Runtime {
  public:
-  Runtime(dist::ProcessGroup pg, Options options);
+  Runtime(dist::ProcessGroup pg, ResolvedOptions options);
   ~Runtime();
 
-  void add_unit(std::unique_ptr<Unit> unit);
+  /// Creates unit number units().size() over the shard group.
+  Unit* add_unit(std::string path, std::unique_ptr<FlatParameter> flat, bool is_root, bool reshard_after_forward);
+  /// The hooks a call site (Wrappable, Sequential entry) invokes for `unit`;
+  /// owned by the runtime.
+  UnitHooks* call_site(Unit* unit);
+  // Units without a call site of their own (full-precision BatchNorm units of
+  // mixed precision): never sharded, so nothing needs gathering. Their forward
+  // runs inside the root's, so the root's pre-forward takes them through their
+  // forward right after its own unit, which puts them in the iteration's
+  // schedule (reduced after every other unit, in unit order).
+  void add_implicit_unit(Unit* unit) { implicit_units_.push_back(unit); }
+
   std::vector<std::unique_ptr<Unit>>& units() { return units_; }
+  const std::vector<std::unique_ptr<Unit>>& units() const { return units_; }
 
   const dist::ProcessGroup& group() const { return pg_; }
   const dist::ProcessGroup& gather_group() const { return gather_pg_; }
@@ -82,53 +101,62 @@ class Runtime {
   Tracer& tracer() const { return *tracer_; }
   /// Large per-iteration buffers ([Note: buffer pool]).
   BufferPool& pool() { return pool_; }
-  const Options& options() const { return options_; }
-  double predivide() const { return predivide_; }
-  double postdivide() const { return postdivide_; }
+  const Options& options() const { return options_.options; }
 
-  // Root forward boundaries.
-  void root_pre_forward();
-  void root_post_forward();
+  // Root forward boundaries (root: the root's unit, null when the root holds no
+  // parameters of its own).
+  void root_pre_forward(Unit* root);
+  void root_post_forward(Unit* root, const std::vector<at::Tensor>& outputs);
 
-  // Called by units.
-  void on_unit_pre_forward(Unit* unit);
-  void prefetch_forward(Unit* current);  // after `current` is unsharded ([Note: prefetch])
-  void on_unit_post_forward(Unit* unit);
-  void on_unit_output_grad(Unit* unit);
-  void on_unit_grads_complete(Unit* unit);
-  void ensure_final_callback();
-  // Hook on the root's outputs: the first event of a backward pass.
-  void on_root_output_grad();
-
-  // Units without a call site of their own (full-precision BatchNorm units of
-  // mixed precision): never sharded, so nothing needs gathering; the root runs
-  // their forward hooks right after its own, which puts them in the iteration's
-  // schedule (reduced after every other unit, in unit order).
-  void add_implicit_unit(Unit* unit) { implicit_units_.push_back(unit); }
-  void arm_implicit_units();
+  // Entry points of the hooks the runtime installs.
+  void pre_forward(Unit& unit);                                             // call site
+  void post_forward(Unit& unit, const std::vector<at::Tensor>& outputs);    // call site
+  void on_output_grad(Unit& unit);         // hook on a unit's outputs: its backward is next
+  void on_param_grad(Unit& unit, size_t entry);  // AccumulateGrad post hook
+  void on_root_output_grad();              // hook on the root's outputs: backward starts
 
   // no_sync
   void set_no_sync(bool v) { no_sync_ = v; }
   bool no_sync() const { return no_sync_; }
 
   bool in_backward() const { return callback_queued_; }
-  /// Whether `unit` keeps its parameters gathered after forward ([Note: last unit stays gathered]).
-  bool keeps_gathered_after_forward(const Unit* unit) const { return unit == kept_after_forward_; }
-  void note_transient_bytes();
   MemoryStats memory_stats() const;
   void reset_peak();
 
  private:
+  class CallSite;
+
+  void arm_implicit_units();
+  void ensure_final_callback();
   void final_callback();
+  void plan_backward();
   void gather_until(int position);   // backward gathers up to this position
-  void reduce(Unit* unit);           // flatten, hand to the reducer (in reduce_order_)
+  void on_grads_complete(Unit& unit);
+  void reduce(Unit& unit);           // flatten, hand to the reducer (in reduce_order_)
+  void note_transient_bytes();
+  /// Whether `unit` keeps its parameters gathered after forward ([Note: last unit stays gathered]).
+  bool keeps_gathered_after_forward(const Unit& unit) const { return &unit == kept_after_forward_; }
+  void build_hybrid_groups();
 
-  dist::ProcessGroup pg_, gather_pg_, reduce_pg_;
-  Options options_;
-  double predivide_ = 1, postdivide_ = 1;
+  // [Note: prefetch]
+  bool may_prefetch(const Unit& current) const;
+  void prefetch_forward(const Unit& current);  // after `current` is unsharded
+  void prefetch_backward(const Unit& current);
+  void release_stray_prefetches();
+
+  // Process groups ([Note: collective order], [Note: hybrid groups]).
+  dist::ProcessGroup pg_, gather_pg_, reduce_pg_, shard_pg_, replica_pg_;
+  ResolvedOptions options_;
+  std::unique_ptr<Tracer> tracer_;
+  // Up to four idle blocks: in backward a unit's gathered parameters, the next
+  // unit's prefetch, the flat gradient being built and the one in flight.
+  BufferPool pool_{4, int64_t(256) << 10};
+
   std::vector<std::unique_ptr<Unit>> units_;
+  std::vector<std::unique_ptr<CallSite>> call_sites_;
+  std::vector<Unit*> implicit_units_;
 
-  // Per-iteration schedule.
+  // Per-iteration schedule ([Note: collective order]).
   std::vector<Unit*> pre_forward_order_;
   std::vector<Unit*> post_forward_order_;
   std::vector<Unit*> backward_gather_order_;  // reverse post-forward
@@ -138,23 +166,10 @@ class Runtime {
   bool backward_planned_ = false;
   bool callback_queued_ = false;
   bool no_sync_ = false;
-  int64_t peak_transient_ = 0;
-  std::vector<Unit*> implicit_units_;
-  const Unit* kept_after_forward_ = nullptr;  // from the previous iteration's forward
-
-  void plan_backward();
-
-  // Prefetch ([Note: prefetch]).
-  dist::ProcessGroup shard_pg_, replica_pg_;
-  std::unique_ptr<Tracer> tracer_;
-  // Up to four idle blocks: in backward a unit's gathered parameters, the next
-  // unit's prefetch, the flat gradient being built and the one in flight.
-  BufferPool pool_{4, int64_t(256) << 10};
+  const Unit* kept_after_forward_ = nullptr;   // from the previous iteration's forward
   std::vector<Unit*> recorded_forward_order_;  // pre-forward order of the last training forward
-  bool may_prefetch(const Unit* current) const;
-  void prefetch_backward(Unit* current);
-  void release_stray_prefetches();
-  void build_hybrid_groups();
+
+  int64_t peak_transient_ = 0;
 };
 
 }  // namespace fsdp::detail

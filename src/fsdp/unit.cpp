@@ -1,12 +1,8 @@
 #include "unit.h"
 
-#include <sstream>
-
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
-
-#include "runtime.h"
 
 namespace fsdp::detail {
 
@@ -15,28 +11,41 @@ const char* to_string(UnitState s) {
     case UnitState::IDLE: return "IDLE";
     case UnitState::FORWARD: return "FORWARD";
     case UnitState::AWAIT_BACKWARD: return "AWAIT_BACKWARD";
+    case UnitState::GATHERED_FOR_BACKWARD: return "GATHERED_FOR_BACKWARD";
     case UnitState::BACKWARD: return "BACKWARD";
     case UnitState::REDUCING: return "REDUCING";
+    case UnitState::ACCUMULATED: return "ACCUMULATED";
+    case UnitState::REDUCED: return "REDUCED";
   }
   return "?";
 }
 
-namespace {
-
-// Runs after AccumulateGrad has written a parameter's (full-shape) gradient.
-class ParamGradHook : public torch::autograd::FunctionPostHook {
- public:
-  ParamGradHook(Unit* unit, size_t entry) : unit_(unit), entry_(entry) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list&) override {
-    unit_->on_param_grad(entry_);
-    return outputs;
+bool unit_transition_allowed(UnitState from, UnitState to) {
+  using S = UnitState;
+  switch (to) {
+    case S::FORWARD:  // begin_forward; a unit may run forward more than once per iteration
+      return from == S::IDLE || from == S::FORWARD || from == S::AWAIT_BACKWARD;
+    case S::AWAIT_BACKWARD:  // end_forward with grad
+      return from == S::FORWARD;
+    case S::GATHERED_FOR_BACKWARD:  // gather_ahead_of_backward
+      return from == S::AWAIT_BACKWARD;
+    case S::BACKWARD:  // begin_backward
+      return from == S::AWAIT_BACKWARD || from == S::GATHERED_FOR_BACKWARD;
+    case S::REDUCING:  // flatten_grads
+    case S::ACCUMULATED:  // flatten_grads under no_sync
+      return from == S::AWAIT_BACKWARD || from == S::GATHERED_FOR_BACKWARD || from == S::BACKWARD;
+    case S::REDUCED:  // adopt_reduced_shard
+      return from == S::REDUCING;
+    case S::IDLE:
+      // end_forward without grad and abandon_forward (FORWARD, AWAIT_BACKWARD);
+      // finish_iteration (everything that ran forward in this iteration, except a
+      // flat gradient still with the reducer).
+      return from != S::REDUCING;
   }
+  return false;
+}
 
- private:
-  Unit* unit_;
-  size_t entry_;
-};
+namespace {
 
 // A tensor on the same memory as `view` that autograd does not know as a view:
 // optimizers call grad.detach_() in zero_grad, which views refuse. Gradient
@@ -48,13 +57,13 @@ at::Tensor storage_alias(const at::Tensor& view) {
 
 }  // namespace
 
-Unit::Unit(Runtime* runtime, int index, std::string path, std::unique_ptr<FlatParameter> flat,
-           bool is_root, bool reshard_after_forward)
-    : runtime_(runtime), index_(index), path_(std::move(path)), flat_(std::move(flat)),
+Unit::Unit(UnitContext context, int index, std::string path, std::unique_ptr<FlatParameter> flat, bool is_root,
+           bool reshard_after_forward)
+    : ctx_(std::move(context)), index_(index), path_(std::move(path)), flat_(std::move(flat)),
       is_root_(is_root), reshard_after_forward_(reshard_after_forward && flat_->sharded()) {
+  TORCH_INTERNAL_ASSERT(ctx_.pool && ctx_.tracer, "unit '", label(), "' without a buffer pool or tracer");
   const auto& entries = flat_->entries();
   fired_flags_.assign(entries.size(), false);
-  stashed_grads_.resize(entries.size());
   accumulators_.resize(entries.size());
   for (const auto& e : entries) {
     if (e.param.requires_grad()) ++num_grad_params_;
@@ -62,55 +71,45 @@ Unit::Unit(Runtime* runtime, int index, std::string path, std::unique_ptr<FlatPa
   }
 }
 
-void Unit::expect_state(std::initializer_list<UnitState> allowed, const char* where) const {
-  for (auto s : allowed)
-    if (s == state_) return;
-  std::ostringstream os;
-  for (auto s : allowed) os << (os.tellp() ? "|" : "") << to_string(s);
-  TORCH_CHECK(false, "fsdp: unit '", path_.empty() ? "<root>" : path_, "' on rank ",
-              runtime_->group().rank(), ": ", where, " in state ", to_string(state_),
-              ", expected ", os.str(),
-              ". Was forward called twice without backward inside one unit, or a module "
-              "called from another thread?");
+void Unit::transition(UnitState to, const char* event) {
+  TORCH_CHECK(unit_transition_allowed(state_, to), "fsdp: unit '", label(), "' on rank ", ctx_.rank, ": ",
+              event, " would move it from ", to_string(state_), " to ", to_string(to),
+              ", which its lifecycle does not allow ([Note: unit lifecycle] in src/fsdp/unit.h). Was "
+              "forward called twice without backward inside one unit, or a module called from another thread?");
+  state_ = to;
 }
 
-bool Unit::needs_backward_gather() const {
-  return flat_->separate_unsharded() && !flat_->unsharded_allocated();
-}
-
-void Unit::gather() {
-  issue_gather();
-  wait_gather();
-}
+bool Unit::needs_gather() const { return flat_->separate_unsharded() && !flat_->unsharded_allocated(); }
 
 // ---- asynchronous gathers and their trace spans ([Note: prefetch] in runtime.h) ----
 
 std::string Unit::trace_name(const char* what) const { return std::string(what) + " " + label(); }
 
-void Unit::issue_gather() {
-  if (!flat_->separate_unsharded() || flat_->unsharded_allocated()) return;
-  flat_->alloc_unsharded(runtime_->pool());
+bool Unit::issue_gather() {
+  if (!needs_gather()) return false;
+  flat_->alloc_unsharded(*ctx_.pool);
   if (flat_->sharded()) {
     // Cast before the gather: param_dtype bytes move ([Note: mixed precision]).
     // The cast copy must live until the gather completes (wait_gather).
-    gather_source_ = flat_->shard_for_gather();
-    gather_mark_ = runtime_->tracer().begin();
-    gather_handle_ = dist::all_gather_into(runtime_->gather_group(), flat_->unsharded(), gather_source_);
-    gather_pending_ = true;
+    PendingGather g;
+    g.source = flat_->shard_for_gather();
+    gather_mark_ = ctx_.tracer->begin();
+    g.handle = dist::all_gather_into(ctx_.gather_group, flat_->unsharded(), g.source);
+    pending_gather_ = std::move(g);
   } else {
     at::NoGradGuard no_grad;  // NO_SHARD with param_dtype: a local low-precision copy
     flat_->unsharded().copy_(flat_->shard());
   }
-  runtime_->note_transient_bytes();
+  return true;
 }
 
 void Unit::wait_gather() {
-  if (!gather_pending_) return;
-  gather_pending_ = false;
-  gather_handle_.wait();
-  gather_handle_ = dist::CommHandle();
-  gather_source_ = at::Tensor();
-  runtime_->tracer().end(trace_name("all_gather"), Tracer::kGather, gather_mark_);
+  if (!pending_gather_) return;
+  // Cleared before waiting, so that a failed wait does not leave a stale handle.
+  PendingGather g = std::move(*pending_gather_);
+  pending_gather_.reset();
+  g.handle.wait();
+  ctx_.tracer->end(trace_name("all_gather"), Tracer::kGather, gather_mark_);
 }
 
 void Unit::free_unsharded() {
@@ -118,16 +117,13 @@ void Unit::free_unsharded() {
   flat_->free_unsharded();
 }
 
-void Unit::enter_backward() {
-  if (state_ == UnitState::AWAIT_BACKWARD) state_ = UnitState::BACKWARD;
+void Unit::reshard() {
+  wait_gather();
+  if (flat_->separate_unsharded() && flat_->unsharded_allocated()) free_unsharded();
+  flat_->use_shard_views();
 }
 
-void Unit::unshard() {
-  gather();
-  if (flat_->state() != FlatState::Unsharded) flat_->use_unsharded_views();
-}
-
-void Unit::ensure_grad_accumulators() {
+void Unit::ensure_grad_accumulators(const GradHookFactory& make_hook) {
   // The AccumulateGrad node records the parameter's shape when it is created, so
   // it must be created while the parameter has its full shape (here), and kept
   // alive by us so the same node, with our hook, is used in every iteration.
@@ -142,55 +138,80 @@ void Unit::ensure_grad_accumulators() {
       continue;
     auto acc = torch::autograd::impl::grad_accumulator(entries[i].param);
     TORCH_INTERNAL_ASSERT(acc, "no grad accumulator for ", entries[i].fqn);
-    acc->add_post_hook(std::make_unique<ParamGradHook>(this, i));
+    acc->add_post_hook(make_hook(i));
     accumulators_[i] = std::move(acc);
   }
 }
 
-void Unit::pre_forward() {
-  runtime_->on_unit_pre_forward(this);
-  const bool training = at::GradMode::is_enabled();
-  // A unit can run forward more than once per iteration (a module called twice).
-  expect_state({UnitState::IDLE, UnitState::AWAIT_BACKWARD, UnitState::FORWARD}, "pre_forward");
+// ---- forward ----
+
+bool Unit::begin_forward(bool training, const GradHookFactory& make_hook) {
+  transition(UnitState::FORWARD, "pre_forward");
   // Gradient pieces from earlier backward passes stay on the parameters until
   // backward starts (stash_grads), so that the user can still zero or read them.
-  unshard();
-  if (training) ensure_grad_accumulators();
-  state_ = UnitState::FORWARD;
-  runtime_->prefetch_forward(this);
-  if (!forward_mark_.open()) forward_mark_ = runtime_->tracer().begin();
+  const bool allocated = issue_gather();
+  wait_gather();
+  if (flat_->state() != FlatState::Unsharded) flat_->use_unsharded_views();
+  if (training) ensure_grad_accumulators(make_hook);
+  return allocated;
 }
 
-void Unit::post_forward(const std::vector<at::Tensor>& outputs) {
-  expect_state({UnitState::FORWARD}, "post_forward");
-  runtime_->tracer().end(trace_name("forward"), Tracer::kCompute, forward_mark_);
-  runtime_->on_unit_post_forward(this);
-  if (!at::GradMode::is_enabled()) {
-    // Evaluation: no backward follows, so return to the sharded state now.
-    // The root stays unsharded until the whole forward is done (root_post_forward).
-    if (!is_root_) reset_after_abandoned_forward();
+void Unit::open_forward_span() {
+  if (!forward_mark_.open()) forward_mark_ = ctx_.tracer->begin();
+}
+
+void Unit::end_forward(bool training, bool keep_gathered) {
+  TORCH_CHECK(state_ == UnitState::FORWARD, "fsdp: unit '", label(), "' on rank ", ctx_.rank,
+              ": post_forward in state ", to_string(state_), ", expected FORWARD. Was forward called twice "
+              "without backward inside one unit, or a module called from another thread?");
+  ctx_.tracer->end(trace_name("forward"), Tracer::kCompute, forward_mark_);
+  if (!training) {
+    // Evaluation: no backward follows, so return to the sharded state now. The
+    // root's post_forward runs once the whole forward is done.
+    abandon_forward();
     return;
   }
-  state_ = UnitState::AWAIT_BACKWARD;
-  if (reshard_after_forward_ && !is_root_ && !runtime_->keeps_gathered_after_forward(this)) {
+  transition(UnitState::AWAIT_BACKWARD, "post_forward");
+  if (reshard_after_forward_ && !is_root_ && !keep_gathered) {
     free_unsharded();  // views stay; backward re-gathers into the same storage
   }
-  for (const auto& out : outputs) {
-    if (!out.defined() || !out.requires_grad()) continue;
-    Unit* self = this;
-    // register_hook on a copy registers on the same TensorImpl.
-    at::Tensor t = out;
-    t.register_hook([self](const at::Tensor& grad) {
-      self->on_output_grad();
-      return grad;
-    });
+}
+
+void Unit::clear_iteration() {
+  stashed_grads_.reset();
+  std::fill(fired_flags_.begin(), fired_flags_.end(), false);
+  fired_ = 0;
+}
+
+void Unit::abandon_forward() {
+  // Forward without backward (evaluation, or a training forward whose loss was
+  // dropped): put parameters and set-aside gradients back as they were.
+  transition(UnitState::IDLE, "abandoned forward");
+  if (stashed_grads_) {
+    auto& entries = flat_->entries();
+    for (size_t i = 0; i < entries.size(); ++i) entries[i].param.mutable_grad() = (*stashed_grads_)[i];
   }
+  clear_iteration();
+  forward_mark_ = backward_mark_ = Tracer::Mark{};
+  reshard();
+}
+
+void Unit::release_prefetch() {
+  TORCH_INTERNAL_ASSERT(state_ == UnitState::IDLE, "unit '", label(), "' releases a prefetch in state ",
+                        to_string(state_));
+  reshard();
 }
 
 std::optional<at::ScalarType> Unit::forward_input_dtype() const {
-  if (!flat_->low_precision() || !runtime_->options().mixed_precision().cast_forward_inputs())
-    return std::nullopt;
+  if (!flat_->low_precision() || !ctx_.cast_forward_inputs) return std::nullopt;
   return flat_->compute_dtype();
+}
+
+// ---- backward ----
+
+bool Unit::awaits_reduction() const {
+  return state_ == UnitState::AWAIT_BACKWARD || state_ == UnitState::GATHERED_FOR_BACKWARD ||
+         state_ == UnitState::BACKWARD;
 }
 
 void Unit::stash_grads() {
@@ -201,50 +222,46 @@ void Unit::stash_grads() {
   // Not at forward: between forward and backward the pieces are the user's
   // (forward -> zero_grad -> backward is a common order; stashing at forward
   // hid them from zero_grad and added the old gradients back after backward).
-  if (stashed_) return;
-  if (state_ != UnitState::AWAIT_BACKWARD && state_ != UnitState::BACKWARD) return;
+  if (stashed_grads_ || !awaits_reduction()) return;
   auto& entries = flat_->entries();
+  std::vector<at::Tensor> stashed(entries.size());
   for (size_t i = 0; i < entries.size(); ++i) {
     auto& g = entries[i].param.mutable_grad();
-    stashed_grads_[i] = g;
+    stashed[i] = g;
     g = at::Tensor();
   }
-  stashed_ = true;
+  stashed_grads_ = std::move(stashed);
 }
 
-void Unit::on_output_grad() {
-  runtime_->ensure_final_callback();
-  stash_grads();
-  // The first output hook of this iteration; a unit gathered ahead (by the
-  // backward order or a prefetch) is already in BACKWARD and still comes here,
-  // so that it waits for its gather and prefetches the next one.
-  if (output_grad_seen_) return;
-  if (state_ != UnitState::AWAIT_BACKWARD && state_ != UnitState::BACKWARD) return;
-  output_grad_seen_ = true;
-  runtime_->on_unit_output_grad(this);
-  backward_mark_ = runtime_->tracer().begin();
+bool Unit::gather_ahead_of_backward() {
+  transition(UnitState::GATHERED_FOR_BACKWARD, "backward gather");
+  return issue_gather();  // waited for in begin_backward or before any free
 }
 
-void Unit::on_param_grad(size_t entry) {
-  runtime_->ensure_final_callback();
-  if (fired_flags_[entry]) return;
+bool Unit::begin_backward() {
+  // Out of the planned order (the graph differs from the forward order) the
+  // gather is issued here: still correct on this rank, but only safe if every
+  // rank does the same.
+  const bool allocated = issue_gather();
+  transition(UnitState::BACKWARD, "output gradient hook");
+  wait_gather();
+  return allocated;
+}
+
+void Unit::open_backward_span() { backward_mark_ = ctx_.tracer->begin(); }
+
+bool Unit::note_param_grad(size_t entry) {
+  if (fired_flags_[entry]) return false;
   fired_flags_[entry] = true;
   ++fired_;
-  if (grads_complete()) {
-    runtime_->tracer().end(trace_name("backward"), Tracer::kCompute, backward_mark_);
-    runtime_->on_unit_grads_complete(this);
-  }
+  if (!grads_complete()) return false;
+  ctx_.tracer->end(trace_name("backward"), Tracer::kCompute, backward_mark_);
+  return true;
 }
 
-bool Unit::flatten_grads(bool no_sync) {
-  expect_state({UnitState::AWAIT_BACKWARD, UnitState::BACKWARD}, "flatten_grads");
-  // A unit whose parameters are all frozen has nothing to reduce, but its
-  // backward may not have run yet (its parameters still feed the input
-  // gradient). It stays in AWAIT_BACKWARD/BACKWARD so that its output hook still
-  // re-gathers it; finish_iteration reshards it. (Moving it to REDUCING here made
-  // its backward read freed storage under FULL_SHARD.)
-  if (!has_grad_params()) return false;
-  state_ = UnitState::REDUCING;
+void Unit::flatten_grads(bool no_sync) {
+  TORCH_INTERNAL_ASSERT(has_grad_params(), "unit '", label(), "' has no gradient parameters to flatten");
+  transition(no_sync ? UnitState::ACCUMULATED : UnitState::REDUCING, "flatten_grads");
   auto& entries = flat_->entries();
   // Parameters are no longer needed by this unit's backward: every node that
   // reads them also produced their gradients. Frozen parameters may still be read
@@ -255,7 +272,7 @@ bool Unit::flatten_grads(bool no_sync) {
   // Reduced in reduce_dtype ([Note: mixed precision]); copy_ casts. Every element
   // is written once: gradients are copied in, gradients that were never produced
   // (unused or frozen parameters) and the padding are zeros.
-  flat_grad_ = runtime_->pool().empty(flat_->padded_numel(), flat_->options().dtype(flat_->reduce_dtype()));
+  flat_grad_ = ctx_.pool->empty(flat_->padded_numel(), flat_->options().dtype(flat_->reduce_dtype()));
   for (size_t i = 0; i < entries.size(); ++i) {
     auto& g = entries[i].param.mutable_grad();
     auto dst = flat_->view_of(flat_grad_, i);
@@ -272,14 +289,12 @@ bool Unit::flatten_grads(bool no_sync) {
     flat_grad_.add_(no_sync_grad_);
     no_sync_grad_ = at::Tensor();
   }
-  runtime_->note_transient_bytes();
   if (no_sync) {
     no_sync_grad_ = std::move(flat_grad_);
     flat_grad_ = at::Tensor();
-    return false;
+    return;
   }
-  if (runtime_->predivide() != 1) flat_grad_.div_(runtime_->predivide());
-  return true;
+  if (ctx_.divide.pre != 1) flat_grad_.div_(ctx_.divide.pre);
 }
 
 at::Tensor Unit::take_flat_grad() {
@@ -289,65 +304,36 @@ at::Tensor Unit::take_flat_grad() {
 }
 
 void Unit::adopt_reduced_shard(at::Tensor shard) {
-  TORCH_INTERNAL_ASSERT(state_ == UnitState::REDUCING && !reduced_ready_, "unit '", label(),
-                        "' got a reduced shard in state ", to_string(state_));
+  transition(UnitState::REDUCED, "adopt_reduced_shard");
   reduced_shard_ = std::move(shard);
-  if (runtime_->postdivide() != 1) reduced_shard_.div_(runtime_->postdivide());
+  if (ctx_.divide.post != 1) reduced_shard_.div_(ctx_.divide.post);
   // Gradient pieces in the optimizer's dtype (fp32 master) unless asked otherwise.
   if (reduced_shard_.scalar_type() != flat_->grad_dtype()) reduced_shard_ = reduced_shard_.to(flat_->grad_dtype());
-  reduced_ready_ = true;
 }
 
 void Unit::finish_iteration() {
   auto& entries = flat_->entries();
   TORCH_INTERNAL_ASSERT(!flat_grad_.defined(), "unit '", label(), "' finishes with an unreduced flat gradient");
-  if (reduced_ready_) {
-    reduced_ready_ = false;
+  auto stashed = [&](size_t i) { return stashed_grads_ ? (*stashed_grads_)[i] : at::Tensor(); };
+  const bool reduced = state_ == UnitState::REDUCED;
+  transition(UnitState::IDLE, "finish_iteration");
+  if (reduced) {
     for (size_t i = 0; i < entries.size(); ++i) {
       if (!entries[i].param.requires_grad()) continue;
       at::Tensor piece = storage_alias(flat_->piece_of(reduced_shard_, i));
-      if (stashed_grads_[i].defined()) piece.add_(stashed_grads_[i].view(piece.sizes()));
+      if (stashed(i).defined()) piece.add_(stashed(i).view(piece.sizes()));
       entries[i].param.mutable_grad() = piece;
     }
   } else {
     // No reduction this iteration (no_sync, or no gradient parameters):
     // previous gradient pieces come back unchanged.
     for (size_t i = 0; i < entries.size(); ++i)
-      if (stashed_grads_[i].defined()) entries[i].param.mutable_grad() = stashed_grads_[i];
+      if (stashed(i).defined()) entries[i].param.mutable_grad() = stashed(i);
   }
   reduced_shard_ = at::Tensor();
-  for (auto& g : stashed_grads_) g = at::Tensor();
-  stashed_ = false;
-  std::fill(fired_flags_.begin(), fired_flags_.end(), false);
-  fired_ = 0;
-  runtime_->tracer().end(trace_name("backward"), Tracer::kCompute, backward_mark_);
-  output_grad_seen_ = false;
-  wait_gather();
-  if (flat_->separate_unsharded()) {
-    if (flat_->unsharded_allocated()) free_unsharded();
-  }
-  flat_->use_shard_views();
-  state_ = UnitState::IDLE;
-}
-
-void Unit::reset_after_abandoned_forward() {
-  // Forward without backward (evaluation, or a training forward whose loss was
-  // dropped): put parameters and stashed gradients back as they were.
-  auto& entries = flat_->entries();
-  if (stashed_) {
-    for (size_t i = 0; i < entries.size(); ++i) {
-      entries[i].param.mutable_grad() = stashed_grads_[i];
-      stashed_grads_[i] = at::Tensor();
-    }
-  }
-  stashed_ = false;
-  std::fill(fired_flags_.begin(), fired_flags_.end(), false);
-  fired_ = 0;
-  output_grad_seen_ = false;
-  forward_mark_ = backward_mark_ = Tracer::Mark{};
-  if (flat_->separate_unsharded() && flat_->unsharded_allocated()) free_unsharded();
-  flat_->use_shard_views();
-  state_ = UnitState::IDLE;
+  clear_iteration();
+  ctx_.tracer->end(trace_name("backward"), Tracer::kCompute, backward_mark_);
+  reshard();
 }
 
 int64_t Unit::transient_bytes() const {

@@ -56,6 +56,11 @@ std::string current_test_filter() {
   return std::string(info->test_suite_name()) + "." + info->name();
 }
 
+// The file a worker writes once its body has returned, so that the launcher can
+// tell a rank that ran its body from one that exited 0 without running it (a
+// gtest filter that matched no test, a call index that matched no call).
+std::string ran_marker(const std::string& dir, int rank) { return dir + "/rank" + std::to_string(rank) + ".ran"; }
+
 std::string read_file(const std::string& path) {
   std::ifstream in(path);
   std::stringstream ss;
@@ -97,6 +102,13 @@ std::string worker_scratch_dir() {
   return path.substr(0, path.rfind('/'));
 }
 
+void exit_worker_now() {
+  TORCH_CHECK(is_worker(), "exit_worker_now() is for the body of run_ranks");
+  std::ofstream(ran_marker(worker_scratch_dir(), env_int(kRankVar, 0))) << "ran\n";
+  std::fflush(nullptr);
+  ::_exit(0);
+}
+
 void configure_worker_process() {
   if (!is_worker()) return;
   at::set_num_threads(env_int(kThreadsVar, 1));
@@ -127,6 +139,7 @@ void run_ranks(int world_size, const std::function<void(dist::ProcessGroup&)>& b
     try {
       auto pg = dist::init_process_group(opts);
       body(pg);
+      std::ofstream(ran_marker(worker_scratch_dir(), env_int(kRankVar, 0))) << "ran\n";
     } catch (const std::exception& e) {
       ADD_FAILURE() << "rank " << env_int(kRankVar, 0) << " threw: " << e.what();
     }
@@ -217,6 +230,17 @@ void run_ranks(int world_size, const std::function<void(dist::ProcessGroup&)>& b
       break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+
+  // Every rank exited 0: each must also have run the body.
+  if (!any_failed) {
+    for (int r = 0; r < world_size; ++r) {
+      if (std::ifstream(ran_marker(dir, r)).good()) continue;
+      any_failed = true;
+      why = "rank " + std::to_string(r) +
+            " exited 0 without running the test body (its gtest filter or run_ranks call matched nothing)";
+      break;
+    }
   }
 
   if (any_failed) {

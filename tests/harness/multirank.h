@@ -35,6 +35,10 @@ bool is_worker();
 /// store and the ranks' logs), shared by its ranks, for files a test does not keep
 /// (trace files). The launcher removes it after every rank has exited.
 std::string worker_scratch_dir();
+/// Inside a rank worker: ends this process at once with status 0, as a rank that
+/// dies would (no destructors, no goodbye to its peers), and counts as having run
+/// the body. For tests of how the other ranks notice a dead peer.
+[[noreturn]] void exit_worker_now();
 /// Called from main(): in workers, pins threads and narrows the gtest filter.
 void configure_worker_process();
 

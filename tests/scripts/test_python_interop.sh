@@ -6,6 +6,9 @@
 set -euo pipefail
 BIN=${FSDP_BIN_DIR:?FSDP_BIN_DIR must point at the build bin directory}
 PY=/usr/bin/python3
+# One BLAS thread, set before torch loads (torch.set_num_threads does not reach
+# OpenBLAS): the outputs compared here then round as the C++ side's do.
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 if ! "$PY" -c 'import torch' 2>/dev/null; then
   if [ "${CI:-}" = "true" ]; then echo "FAIL: $PY has no torch (install python3-torch)"; exit 1; fi
   echo "SKIP: $PY has no torch (install Debian's python3-torch)"; exit 0

@@ -33,6 +33,7 @@
 
 #include <torch/torch.h>
 
+#include "common/tool_error.h"
 #include "fsdp/dist/collectives.h"
 #include "fsdp/dist/process_group.h"
 
@@ -178,7 +179,7 @@ int main(int argc, char** argv) {
     dist::barrier(pg);  // nobody tears down its Gloo pairs while a peer still uses them
   } catch (const c10::Error& e) {
     std::fprintf(stderr, "dist_smoke rank=%s: FAILED: %s\n", rank_label(rank).c_str(),
-                 e.what_without_backtrace());
+                 fsdp::tools::error_text(e).c_str());
     std::fflush(nullptr);
     return 1;
   } catch (const std::exception& e) {

@@ -22,6 +22,7 @@
 
 #include <torch/torch.h>
 
+#include "common/tool_error.h"
 #include "fsdp/dist/process_group.h"
 #include "fsdp/fsdp/fully_sharded.h"
 #include "fsdp/state/checkpoint.h"
@@ -150,8 +151,11 @@ static int run(int argc, char** argv) {
 int main(int argc, char** argv) {
   try {
     return run(argc, argv);
+  } catch (const c10::Error& e) {
+    fsdp::tools::print_exception("state_dict_interop", e);
+    return 1;
   } catch (const std::exception& e) {
-    std::cerr << "state_dict_interop: " << e.what() << "\n";
+    fsdp::tools::print_exception("state_dict_interop", e);
     return 1;
   }
 }

@@ -4,6 +4,7 @@
 #include <iostream>
 #include <string>
 
+#include "common/tool_error.h"
 #include "fsdp/state/checkpoint_tools.h"
 
 int main(int argc, char** argv) {
@@ -26,8 +27,11 @@ int main(int argc, char** argv) {
       std::cout << "wrote " << argv[3] << "\n";
       return 0;
     }
+  } catch (const c10::Error& e) {
+    fsdp::tools::print_exception("fsdp-ckpt", e);
+    return 1;
   } catch (const std::exception& e) {
-    std::cerr << "fsdp-ckpt: " << e.what() << "\n";
+    fsdp::tools::print_exception("fsdp-ckpt", e);
     return 1;
   }
   std::cerr << usage;

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <exception>
 
+#include "common/tool_error.h"
 #include "node_link.h"
 #include "options.h"
 #include "rank_env.h"
@@ -51,7 +52,7 @@ int main(int argc, char** argv) {
                    spec.topology.nproc_per_node, attempt + 1, options.max_restarts);
     }
   } catch (const LauncherError& e) {
-    std::fprintf(stderr, "fsdp-run: %s\n", e.what());
+    fsdp::tools::print_exception("fsdp-run", e);
     return 1;
   }
 }

@@ -16,6 +16,9 @@
 #include <exception>
 #include <string>
 
+#include <c10/util/Exception.h>
+
+#include "common/tool_error.h"
 #include "estimate.h"
 #include "options.h"
 #include "relaunch.h"
@@ -25,7 +28,7 @@
 namespace {
 
 int fail(const std::string& message, int status = 2) {
-  std::fprintf(stderr, "fsdp-train: error: %s\n", message.c_str());
+  fsdp::tools::print_error("fsdp-train", message, "error: ");
   return status;
 }
 
@@ -64,10 +67,11 @@ int main(int argc, char** argv) {
 
   try {
     return run_rank(o);
+  } catch (const c10::Error& e) {
+    fsdp::tools::print_exception("fsdp-train", e, "error: ");
+    return 1;
   } catch (const std::exception& e) {
-    // c10::Error's what() carries a C++ backtrace; its first line says what happened.
-    std::string what = e.what();
-    std::fprintf(stderr, "fsdp-train: error: %s\n", what.c_str());
+    fsdp::tools::print_exception("fsdp-train", e, "error: ");
     return 1;
   }
 }

@@ -34,6 +34,7 @@ namespace detail {
 class Runtime;
 class StateView;
 class Unit;
+struct ResolvedOptions;
 struct SequentialSlot;
 }  // namespace detail
 
@@ -116,7 +117,7 @@ class FullyShardedBase : public torch::nn::Module {
   // only through this view (src/fsdp/state_view.h).
   friend class detail::StateView;
 
-  void build_units();
+  void build_units(const detail::ResolvedOptions& resolved);
 
   std::shared_ptr<torch::nn::Module> model_;
   dist::ProcessGroup pg_;

@@ -71,8 +71,9 @@ struct Options {
   /// freeing it would only add a gather of the same bytes.
   TORCH_ARG(std::optional<bool>, reshard_after_forward) = std::nullopt;
   /// Gradients are divided by this before the reduction and by world/factor after.
-  /// Default (0): PyTorch's choice, the largest power of two f with world % f == 0
-  /// and world / f > f... rounded as torch.distributed.fsdp does.
+  /// Must lie in [1, world size]. Default (0): torch.distributed.fsdp's choice, the
+  /// first power of two f (from 1, doubling) with world % f != 0 or world / f <= f
+  /// (2 ranks: 2, 3: 2, 4: 2, 8: 4, 16: 4).
   TORCH_ARG(double, gradient_predivide_factor) = 0;
   /// Modules (and their subtrees) whose parameters FSDP leaves alone: replicated,
   /// never synchronised, counted once by clip_grad_norm_.
@@ -88,7 +89,7 @@ struct Options {
   TORCH_ARG(int, shard_group_size) = 0;
   /// Backward prefetch of the next unit's parameters (FULL_SHARD/HYBRID_SHARD).
   /// Default BACKWARD_PRE, as in PyTorch: the next unit's gather overlaps this
-  /// unit's gradient computation (bench_strategies: faster than NONE here too).
+  /// unit's gradient computation.
   TORCH_ARG(BackwardPrefetch, backward_prefetch) = BackwardPrefetch::BACKWARD_PRE;
   /// Gather the next unit during the current unit's forward, in the forward
   /// order recorded in the previous iteration.
@@ -98,7 +99,8 @@ struct Options {
   TORCH_ARG(bool, limit_all_gathers) = true;
   /// Directory for a Chrome trace (one JSON file per rank, trace_rank<r>.json,
   /// written by FullyShardedBase::flush_trace and at destruction). Empty: the
-  /// environment variable FSDP_TRACE, if set; otherwise no trace.
+  /// environment variable FSDP_TRACE, if set when the model is wrapped (read
+  /// once, there); otherwise no trace.
   TORCH_ARG(std::string, trace_dir) = "";
   /// Keep freed tensor memory in the C library's heap for the next step
   /// (keep_freed_host_memory() in host_memory.h: process-wide glibc settings,
@@ -119,13 +121,9 @@ struct Options {
   /// backward peak grows by up to the cap, and the first member's reduction waits
   /// for the last, so less of it overlaps backward. Units are sized by the wrap
   /// policy, which is the first knob (PyTorch FSDP has no buckets at all).
-  /// Measured here (docs/benchmarks.md, bench_strategies, 2 cores, Gloo over
-  /// loopback): with units of 10 KB-4 MB, caps of 4 and 25 MB changed step times
-  /// by less than the run-to-run noise, so nothing justifies the extra memory by
-  /// default. Buckets are for models whose wrap policy leaves many tiny units
-  /// (norms, biases, small heads), whose collectives move little and each pay
-  /// the fixed per-message cost (not measured here); 1-4 MB then suffices.
-  /// FairScale's 25 would hold the whole of these CPU-sized models in one bucket.
+  /// Buckets are for models whose wrap policy leaves many tiny units (norms,
+  /// biases, small heads), whose collectives each pay a fixed per-message cost;
+  /// 1-4 MB then suffices. Measurements: docs/benchmarks.md, "Gradient buckets".
   TORCH_ARG(double, bucket_cap_mb) = 0;
 };
 

@@ -3,7 +3,8 @@
 /// reduction, forward and backward span per unit, written as Chrome trace JSON
 /// ("ph":"X" complete events; open in https://ui.perfetto.dev or chrome://tracing).
 ///
-/// Enabled by Options::trace_dir or the environment variable FSDP_TRACE=<dir>.
+/// Enabled by Options::trace_dir or the environment variable FSDP_TRACE=<dir>
+/// (read once, when the model is wrapped).
 /// pid is the global rank; tid separates the streams: 0 compute (forward,
 /// backward), 1 all-gather, 2 reduction. Timestamps are wall-clock microseconds,
 /// so the files of all ranks line up when loaded together.

@@ -1,0 +1,422 @@
+// The core's arithmetic and state machines in one process, no ranks: the pieces
+// of a padded flat buffer (src/fsdp/flat_param.h) for N ranks against values
+// worked out by hand, bucket formation (src/fsdp/reduce_bucket.h) against
+// hand-made buckets, the gradient division against torch.distributed.fsdp's
+// rule, and the unit lifecycle (src/fsdp/unit.h): its transition table against
+// the drawing in the header, and one NO_SHARD unit driven through a whole
+// iteration with a real backward.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <functional>
+#include <string>
+#include <vector>
+
+// White-box: internal headers of the core.
+#include "../src/fsdp/flat_param.h"
+#include "../src/fsdp/reduce_bucket.h"
+#include "../src/fsdp/resolved_options.h"
+#include "../src/fsdp/unit.h"
+#include "fsdp/dist/collectives.h"
+
+namespace {
+
+using fsdp::detail::BucketCandidate;
+using fsdp::detail::BucketFormer;
+using fsdp::detail::FlatParameter;
+using fsdp::detail::FlatParamEntry;
+using fsdp::detail::FlatState;
+using fsdp::detail::Unit;
+using fsdp::detail::UnitState;
+
+// Parameters of the given sizes holding 1, 2, 3, ... across all of them (so the
+// value of flat element i is i + 1).
+std::vector<FlatParamEntry> entries_of(const std::vector<std::vector<int64_t>>& shapes) {
+  std::vector<FlatParamEntry> out;
+  float next = 1;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    FlatParamEntry e;
+    e.fqn = "p" + std::to_string(i);
+    e.shape = shapes[i];
+    e.numel = 1;
+    for (auto d : shapes[i]) e.numel *= d;
+    e.param = (torch::arange(e.numel, torch::kFloat) + next).view(shapes[i]).clone().set_requires_grad(true);
+    next += e.numel;
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+struct Piece {
+  int64_t begin, end;
+};
+
+// ---- pieces of the padded flat buffer ----
+
+TEST(FlatPieces, PaddedNumel) {
+  EXPECT_EQ(fsdp::dist::padded_numel(15, 4), 16);
+  EXPECT_EQ(fsdp::dist::padded_numel(16, 4), 16);
+  EXPECT_EQ(fsdp::dist::padded_numel(15, 1), 15);
+  EXPECT_EQ(fsdp::dist::padded_numel(1, 3), 3);
+  EXPECT_EQ(fsdp::dist::padded_numel(0, 3), 0);
+}
+
+// Sizes 5, 3 (as 3x1) and 7 over 4 ranks: 15 elements, padded to 16, chunks of
+// 4. p0 = [0,5) spans ranks 0-1, p1 = [5,8) lies in rank 1, p2 = [8,15) spans
+// ranks 2-3, and rank 3 holds one element of padding. An empty piece sits at
+// the nearest chunk boundary: max(lo, min(offset, hi)).
+TEST(FlatPieces, FourRanksByHand) {
+  const std::vector<std::vector<Piece>> want = {
+      /*rank 0 [0,4)  */ {{0, 4}, {4, 4}, {4, 4}},
+      /*rank 1 [4,8)  */ {{4, 5}, {5, 8}, {8, 8}},
+      /*rank 2 [8,12) */ {{8, 8}, {8, 8}, {8, 12}},
+      /*rank 3 [12,16)*/ {{12, 12}, {12, 12}, {12, 15}},
+  };
+  for (int rank = 0; rank < 4; ++rank) {
+    FlatParameter flat(entries_of({{5}, {3, 1}, {7}}), rank, 4, /*sharded=*/true);
+    EXPECT_EQ(flat.total_numel(), 15);
+    EXPECT_EQ(flat.padded_numel(), 16);
+    EXPECT_EQ(flat.chunk_numel(), 4);
+    const auto& e = flat.entries();
+    ASSERT_EQ(e.size(), 3u);
+    EXPECT_EQ(e[0].offset, 0);
+    EXPECT_EQ(e[1].offset, 5);
+    EXPECT_EQ(e[2].offset, 8);
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(e[i].piece_begin, want[rank][i].begin) << "rank " << rank << " p" << i;
+      EXPECT_EQ(e[i].piece_end, want[rank][i].end) << "rank " << rank << " p" << i;
+    }
+    // The shard holds flat elements [4 rank, 4 rank + 4): values 4 rank + 1 ...,
+    // and zero for the padding element 15.
+    std::vector<float> shard_want;
+    for (int64_t k = 4 * rank; k < 4 * rank + 4; ++k) shard_want.push_back(k < 15 ? float(k + 1) : 0.f);
+    EXPECT_TRUE(torch::equal(flat.shard(), torch::tensor(shard_want))) << "rank " << rank << ": " << flat.shard();
+    // Outside forward every parameter is its 1-D piece, holding its own values.
+    EXPECT_EQ(flat.state(), FlatState::Sharded);
+    for (size_t i = 0; i < 3; ++i) {
+      const auto& p = e[i].param;
+      ASSERT_EQ(p.dim(), 1);
+      EXPECT_EQ(p.numel(), want[rank][i].end - want[rank][i].begin);
+      if (p.numel() > 0) {
+        EXPECT_TRUE(torch::equal(p, torch::arange(want[rank][i].begin, want[rank][i].end, torch::kFloat) + 1))
+            << "rank " << rank << " p" << i;
+      }
+    }
+  }
+}
+
+// For any N the pieces of one parameter over all ranks tile its span exactly,
+// each inside its rank's chunk, and the shards concatenate to the flat buffer.
+TEST(FlatPieces, PiecesTileEveryParameter) {
+  const std::vector<std::vector<int64_t>> shapes = {{2, 3}, {1}, {11}, {4, 4}, {3}};
+  const int64_t total = 6 + 1 + 11 + 16 + 3;
+  for (int n : {1, 2, 3, 5, 7, 8, 37, 40}) {
+    const int64_t padded = (total + n - 1) / n * n, chunk = padded / n;
+    std::vector<at::Tensor> shards;
+    std::vector<int64_t> covered(shapes.size(), 0);
+    for (int rank = 0; rank < n; ++rank) {
+      FlatParameter flat(entries_of(shapes), rank, n, true);
+      ASSERT_EQ(flat.padded_numel(), padded) << n;
+      ASSERT_EQ(flat.chunk_numel(), chunk) << n;
+      int64_t prev_end = rank * chunk;
+      for (const auto& e : flat.entries()) {
+        EXPECT_LE(rank * chunk, e.piece_begin) << "N=" << n << " rank " << rank << " " << e.fqn;
+        EXPECT_LE(e.piece_end, (rank + 1) * chunk);
+        EXPECT_LE(e.piece_begin, e.piece_end);
+        EXPECT_GE(e.piece_begin, prev_end);  // pieces in order, disjoint
+        prev_end = e.piece_end;
+        if (e.piece_end > e.piece_begin) {
+          EXPECT_GE(e.piece_begin, e.offset);
+          EXPECT_LE(e.piece_end, e.offset + e.numel);
+        }
+      }
+      for (size_t i = 0; i < shapes.size(); ++i)
+        covered[i] += flat.entries()[i].piece_end - flat.entries()[i].piece_begin;
+      shards.push_back(flat.shard());
+    }
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      int64_t numel = 1;
+      for (auto d : shapes[i]) numel *= d;
+      EXPECT_EQ(covered[i], numel) << "N=" << n << " p" << i;
+    }
+    auto want = torch::zeros({padded});
+    want.narrow(0, 0, total).copy_(torch::arange(total, torch::kFloat) + 1);
+    EXPECT_TRUE(torch::equal(torch::cat(shards), want)) << "N=" << n;
+  }
+}
+
+TEST(FlatPieces, NoShardPiecesAreFullShape) {
+  FlatParameter flat(entries_of({{2, 3}, {4}}), /*rank=*/1, /*world=*/4, /*sharded=*/false);
+  EXPECT_EQ(flat.padded_numel(), 10);  // world 1: no padding
+  EXPECT_EQ(flat.chunk_numel(), 10);
+  EXPECT_FALSE(flat.separate_unsharded());
+  const auto& e = flat.entries();
+  EXPECT_EQ(e[0].param.sizes().vec(), (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(e[1].param.sizes().vec(), (std::vector<int64_t>{4}));
+  EXPECT_TRUE(torch::equal(e[1].param, torch::tensor({7.f, 8.f, 9.f, 10.f})));
+}
+
+// ---- bucket formation ----
+
+// Feeds candidates in reduction order, applying BucketFormer::join as
+// GradReducer::add does; returns the buckets as lists of positions.
+std::vector<std::vector<int>> buckets_of(int64_t cap, const std::vector<BucketCandidate>& units) {
+  BucketFormer former(cap);
+  std::vector<std::vector<int>> out;
+  std::vector<int> open;
+  for (int i = 0; i < static_cast<int>(units.size()); ++i) {
+    const bool issues = former.issues_on_join(units[i]);
+    const auto j = former.join(units[i]);
+    EXPECT_EQ(issues, j.close_before || j.close_after) << "unit " << i;
+    if (j.close_before) {
+      EXPECT_FALSE(open.empty());
+      out.push_back(std::move(open));
+      open.clear();
+    }
+    open.push_back(i);
+    if (j.close_after) {
+      out.push_back(std::move(open));
+      open.clear();
+    }
+  }
+  if (!open.empty()) out.push_back(open);  // the end-of-backward callback
+  return out;
+}
+
+BucketCandidate bytes(int64_t b, bool sharded = true, at::ScalarType dtype = at::kFloat) {
+  return BucketCandidate{b, sharded, dtype, at::kCPU};
+}
+
+using Buckets = std::vector<std::vector<int>>;
+
+TEST(BucketFormation, CapOffEveryUnitAlone) {
+  for (int64_t cap : {0, -1}) {
+    EXPECT_EQ(buckets_of(cap, {bytes(10), bytes(1), bytes(1)}), (Buckets{{0}, {1}, {2}})) << cap;
+  }
+}
+
+TEST(BucketFormation, ConsecutiveUnitsUpToTheCap) {
+  // cap 100: 30+30+40 = 100 fits exactly; 50 opens the next; 60 does not fit 50
+  // (110 > 100) and opens the next; 20 joins it (80); the rest is left for the end.
+  EXPECT_EQ(buckets_of(100, {bytes(30), bytes(30), bytes(40), bytes(50), bytes(60), bytes(20)}),
+            (Buckets{{0, 1, 2}, {3}, {4, 5}}));
+}
+
+TEST(BucketFormation, UnitAtOrAboveTheCapIsAlone) {
+  // 100 >= cap: the open bucket {0} goes first, then 100 alone at once; 150 too.
+  EXPECT_EQ(buckets_of(100, {bytes(10), bytes(100), bytes(150), bytes(5), bytes(5)}),
+            (Buckets{{0}, {1}, {2}, {3, 4}}));
+}
+
+TEST(BucketFormation, KindAndDtypeSplitBuckets) {
+  // A NO_SHARD-like (one-row) member never shares with a sharded one, nor a
+  // bf16 reduction with an fp32 one, whatever the sizes.
+  EXPECT_EQ(buckets_of(1000, {bytes(10), bytes(10, false), bytes(10, false), bytes(10, true, at::kBFloat16),
+                              bytes(10, true, at::kBFloat16), bytes(10)}),
+            (Buckets{{0}, {1, 2}, {3, 4}, {5}}));
+}
+
+// ---- gradient division ----
+
+TEST(GradientDivision, TorchDefaultAndExplicit) {
+  // torch.distributed.fsdp: factor = 1; while world % factor == 0 and world / factor > factor: factor *= 2.
+  struct Case {
+    int world;
+    double pre, post;
+  };
+  for (const Case& c : {Case{1, 1, 1}, Case{2, 2, 1}, Case{3, 2, 1.5}, Case{4, 2, 2}, Case{6, 4, 1.5},
+                        Case{8, 4, 2}, Case{16, 4, 4}, Case{32, 8, 4}}) {
+    const auto d = fsdp::detail::gradient_division(0, c.world);
+    EXPECT_DOUBLE_EQ(d.pre, c.pre) << "world " << c.world;
+    EXPECT_DOUBLE_EQ(d.post, c.post) << "world " << c.world;
+  }
+  const auto d = fsdp::detail::gradient_division(4, 8);
+  EXPECT_DOUBLE_EQ(d.pre, 4);
+  EXPECT_DOUBLE_EQ(d.post, 2);
+}
+
+// ---- unit lifecycle ----
+
+const std::vector<UnitState> kAllStates = {UnitState::IDLE,     UnitState::FORWARD,     UnitState::AWAIT_BACKWARD,
+                                           UnitState::GATHERED_FOR_BACKWARD, UnitState::BACKWARD,
+                                           UnitState::REDUCING, UnitState::ACCUMULATED, UnitState::REDUCED};
+
+TEST(UnitLifecycle, TransitionTableMatchesTheDrawing) {
+  using S = UnitState;
+  // The arrows of [Note: unit lifecycle], written out independently.
+  const std::vector<std::pair<S, S>> arrows = {
+      {S::IDLE, S::FORWARD},
+      {S::FORWARD, S::FORWARD},
+      {S::AWAIT_BACKWARD, S::FORWARD},
+      {S::FORWARD, S::AWAIT_BACKWARD},
+      {S::FORWARD, S::IDLE},
+      {S::AWAIT_BACKWARD, S::IDLE},
+      {S::AWAIT_BACKWARD, S::GATHERED_FOR_BACKWARD},
+      {S::AWAIT_BACKWARD, S::BACKWARD},
+      {S::GATHERED_FOR_BACKWARD, S::BACKWARD},
+      {S::AWAIT_BACKWARD, S::REDUCING},
+      {S::GATHERED_FOR_BACKWARD, S::REDUCING},
+      {S::BACKWARD, S::REDUCING},
+      {S::AWAIT_BACKWARD, S::ACCUMULATED},
+      {S::GATHERED_FOR_BACKWARD, S::ACCUMULATED},
+      {S::BACKWARD, S::ACCUMULATED},
+      {S::REDUCING, S::REDUCED},
+      {S::REDUCED, S::IDLE},
+      {S::ACCUMULATED, S::IDLE},
+      {S::GATHERED_FOR_BACKWARD, S::IDLE},
+      {S::BACKWARD, S::IDLE},
+      {S::IDLE, S::IDLE},
+  };
+  int allowed = 0;
+  for (S from : kAllStates) {
+    for (S to : kAllStates) {
+      bool want = false;
+      for (const auto& a : arrows) want = want || (a.first == from && a.second == to);
+      EXPECT_EQ(fsdp::detail::unit_transition_allowed(from, to), want)
+          << fsdp::detail::to_string(from) << " -> " << fsdp::detail::to_string(to);
+      allowed += want;
+    }
+  }
+  EXPECT_EQ(allowed, static_cast<int>(arrows.size()));
+}
+
+class NoOpGradHook : public torch::autograd::FunctionPostHook {
+ public:
+  explicit NoOpGradHook(std::vector<size_t>* fired, size_t entry) : fired_(fired), entry_(entry) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    fired_->push_back(entry_);
+    return outputs;
+  }
+
+ private:
+  std::vector<size_t>* fired_;
+  size_t entry_;
+};
+
+struct UnitFixture {
+  fsdp::detail::BufferPool pool{4, 1024};
+  fsdp::Tracer tracer{"", 0};  // disabled
+  std::unique_ptr<Unit> unit;
+  explicit UnitFixture(fsdp::detail::GradientDivision divide = {}) {
+    fsdp::detail::UnitContext ctx;
+    ctx.rank = 3;
+    ctx.pool = &pool;
+    ctx.tracer = &tracer;
+    ctx.divide = divide;
+    // NO_SHARD, full precision: nothing is ever gathered, so no process group is needed.
+    auto flat = std::make_unique<FlatParameter>(entries_of({{2, 2}, {3}}), 0, 1, /*sharded=*/false);
+    unit = std::make_unique<Unit>(std::move(ctx), 1, "blocks.1", std::move(flat), /*is_root=*/false, false);
+  }
+};
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const c10::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(UnitLifecycle, RefusedTransitionsNameUnitAndBothStates) {
+  UnitFixture fx;
+  Unit& u = *fx.unit;
+  ASSERT_EQ(u.state(), UnitState::IDLE);
+  std::string msg = error_of([&] { u.begin_backward(); });
+  EXPECT_NE(msg.find("unit 'blocks.1' on rank 3"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("from IDLE to BACKWARD"), std::string::npos) << msg;
+  EXPECT_EQ(u.state(), UnitState::IDLE);  // refused: nothing changed
+
+  msg = error_of([&] { u.adopt_reduced_shard(torch::zeros({7})); });
+  EXPECT_NE(msg.find("from IDLE to REDUCED"), std::string::npos) << msg;
+  msg = error_of([&] { u.end_forward(true, false); });
+  EXPECT_NE(msg.find("post_forward in state IDLE, expected FORWARD"), std::string::npos) << msg;
+
+  std::vector<size_t> fired;
+  auto hook = [&](size_t i) { return std::make_unique<NoOpGradHook>(&fired, i); };
+  u.begin_forward(true, hook);
+  u.end_forward(true, false);
+  ASSERT_EQ(u.state(), UnitState::AWAIT_BACKWARD);
+  msg = error_of([&] { u.adopt_reduced_shard(torch::zeros({7})); });
+  EXPECT_NE(msg.find("from AWAIT_BACKWARD to REDUCED"), std::string::npos) << msg;
+  u.abandon_forward();
+  EXPECT_EQ(u.state(), UnitState::IDLE);
+}
+
+// One iteration of a NO_SHARD unit with a real backward: loss = sum(p0 * x0) +
+// sum(p1 * x1), so each gradient is its x, divided by pre * post = 2 * 1.5.
+TEST(UnitLifecycle, WholeIterationWithRealGradients) {
+  UnitFixture fx(fsdp::detail::GradientDivision{2, 1.5});
+  Unit& u = *fx.unit;
+  auto& e = u.flat().entries();
+  std::vector<size_t> fired;
+  auto hook = [&](size_t i) { return std::make_unique<NoOpGradHook>(&fired, i); };
+
+  u.begin_forward(/*training=*/true, hook);
+  EXPECT_EQ(u.state(), UnitState::FORWARD);
+  EXPECT_EQ(u.flat().state(), FlatState::Unsharded);
+  const auto x0 = torch::arange(4, torch::kFloat).view({2, 2}) + 1, x1 = torch::tensor({-3.f, 6.f, 9.f});
+  auto loss = (e[0].param * x0).sum() + (e[1].param * x1).sum();
+  u.end_forward(true, false);
+  EXPECT_EQ(u.state(), UnitState::AWAIT_BACKWARD);
+
+  u.stash_grads();
+  u.begin_backward();
+  EXPECT_EQ(u.state(), UnitState::BACKWARD);
+  loss.backward();
+  std::sort(fired.begin(), fired.end());
+  EXPECT_EQ(fired, (std::vector<size_t>{0, 1}));  // the installed AccumulateGrad hooks ran
+  EXPECT_FALSE(u.note_param_grad(0));
+  EXPECT_TRUE(u.note_param_grad(1));  // the unit's gradients are complete
+  EXPECT_FALSE(u.note_param_grad(1));  // counted once
+
+  u.flatten_grads(/*no_sync=*/false);
+  EXPECT_EQ(u.state(), UnitState::REDUCING);
+  at::Tensor flat = u.take_flat_grad();
+  ASSERT_EQ(flat.numel(), 7);
+  EXPECT_TRUE(torch::allclose(flat, torch::cat({x0.flatten(), x1}) / 2));  // pre-divided
+  u.adopt_reduced_shard(flat);  // a world of one: the reduction is the identity
+  EXPECT_EQ(u.state(), UnitState::REDUCED);
+  u.finish_iteration();
+  EXPECT_EQ(u.state(), UnitState::IDLE);
+  EXPECT_TRUE(torch::allclose(e[0].param.grad(), x0 / 3));
+  EXPECT_TRUE(torch::allclose(e[1].param.grad(), x1 / 3));
+
+  // A second iteration accumulates onto the first's gradient pieces.
+  u.begin_forward(true, hook);
+  auto loss2 = (e[0].param * x0).sum() + (e[1].param * x1).sum();
+  u.end_forward(true, false);
+  u.stash_grads();
+  u.begin_backward();
+  loss2.backward();
+  u.flatten_grads(false);
+  u.adopt_reduced_shard(u.take_flat_grad());
+  u.finish_iteration();
+  EXPECT_TRUE(torch::allclose(e[0].param.grad(), 2 * x0 / 3));
+  EXPECT_TRUE(torch::allclose(e[1].param.grad(), 2 * x1 / 3));
+}
+
+TEST(UnitLifecycle, NoSyncAccumulatesWithoutReduction) {
+  UnitFixture fx;
+  Unit& u = *fx.unit;
+  auto& e = u.flat().entries();
+  std::vector<size_t> fired;
+  auto hook = [&](size_t i) { return std::make_unique<NoOpGradHook>(&fired, i); };
+  u.begin_forward(true, hook);
+  auto loss = (e[0].param * 2).sum() + e[1].param.sum();
+  u.end_forward(true, false);
+  u.stash_grads();
+  u.begin_backward();
+  loss.backward();
+  u.flatten_grads(/*no_sync=*/true);
+  EXPECT_EQ(u.state(), UnitState::ACCUMULATED);
+  EXPECT_FALSE(u.flat_grad().defined());
+  EXPECT_EQ(u.transient_bytes(), 7 * 4);  // the accumulated unsharded gradient
+  u.finish_iteration();
+  EXPECT_EQ(u.state(), UnitState::IDLE);
+  EXPECT_FALSE(e[0].param.grad().defined());  // nothing reduced yet, nothing assigned
+}
+
+}  // namespace
