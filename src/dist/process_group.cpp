@@ -25,6 +25,7 @@
 
 #include "gloo_transport.h"
 #include "process_gone.h"
+#include "route.h"
 #include "shm_engine.h"
 #include "shm_transport.h"
 #include "transport.h"
@@ -47,8 +48,28 @@ std::string this_host() {
 std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
 std::string str(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
 
-bool is_loopback(const std::string& addr) {
-  return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
+bool is_loopback(const std::string& addr) { return detail::is_loopback_address(addr); }
+
+/// The address this rank's Gloo device listens on, chosen as make_gloo_device chooses it
+/// ("" when Gloo picks it: a GLOO_SOCKET_IFNAME without an address).
+std::string gloo_address(const LaunchEnv& env) {
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME")) return detail::interface_address(ifname);
+  if (is_loopback(env.master_addr)) return "127.0.0.1";
+  return detail::local_route_to(env.master_addr, env.master_port, env.rank).address;
+}
+
+/// Fails at once, with the fix, when a rank on another host advertises a loopback address:
+/// every connection to it would reach this host instead, and Gloo would wait out the whole
+/// timeout. Reads the peer table of step 2 of init_process_group.
+void check_no_remote_loopback(const std::vector<std::string>& hosts, const std::vector<std::string>& addrs,
+                              int rank) {
+  for (std::size_t r = 0; r < hosts.size(); ++r) {
+    if (hosts[r] == hosts[rank] || !is_loopback(addrs[r])) continue;
+    TORCH_CHECK(false, "fsdp: rank ", rank, " (on ", hosts[rank], "): rank ", r, " on host ", hosts[r],
+                " advertises the loopback address ", addrs[r], " to Gloo, which no other host can reach; "
+                "on ", hosts[r], " unset GLOO_SOCKET_IFNAME or set it to the interface that reaches "
+                "MASTER_ADDR, and give MASTER_ADDR as that host's routable address, not localhost");
+  }
 }
 
 std::shared_ptr<::gloo::transport::Device> make_gloo_device(const LaunchEnv& env) {
@@ -65,7 +86,10 @@ std::shared_ptr<::gloo::transport::Device> make_gloo_device(const LaunchEnv& env
   if (is_loopback(env.master_addr)) {
     return ::c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
   }
-  return ::c10d::ProcessGroupGloo::createDefaultDevice();
+  // Otherwise bind to the address this host uses to reach the master (see route.h), not to
+  // what the hostname resolves to: that is loopback on hosts missing from DNS.
+  const detail::LocalRoute route = detail::local_route_to(env.master_addr, env.master_port, env.rank);
+  return ::c10d::ProcessGroupGloo::createDeviceForHostname(route.address);
 }
 
 // The transport settings of a world: InitOptions and two documented user switches from
@@ -322,8 +346,30 @@ ProcessGroup init_process_group(const InitOptions& options) {
               " was claimed by two processes; each process needs a distinct RANK, or the store at ",
               env.master_addr, ":", env.master_port, " is shared with another job (pick another "
               "MASTER_PORT)");
-  const std::string me = this_host() + " " + std::to_string(::getpid());
+  const std::string address = gloo_address(env);
+  const std::string me = this_host() + " " + std::to_string(::getpid()) + " " +
+                         (address.empty() ? "-" : address);
   store->set("fsdp/init/peer/" + std::to_string(env.rank), bytes(me));
+  // The peer table: for error messages, and to refuse a cross-host loopback address before
+  // Gloo waits for it (every rank registers before connecting, so this waits for no one extra).
+  std::vector<Peer> peers(env.world_size);
+  {
+    std::vector<std::string> hosts(env.world_size), addrs(env.world_size);
+    for (int r = 0; r < env.world_size; ++r) {
+      std::string entry;
+      try {
+        entry = str(store->get("fsdp/init/peer/" + std::to_string(r)));
+      } catch (const std::exception& e) {
+        TORCH_CHECK(false, "fsdp: rank ", env.rank, " of ", env.world_size, ": rank ", r,
+                    " did not register within ", timeout.count(), " ms: ", e.what(),
+                    "; are all ", env.world_size, " ranks running?");
+      }
+      std::istringstream is(entry);
+      is >> peers[r].host >> peers[r].pid >> addrs[r];
+      hosts[r] = peers[r].host;
+    }
+    check_no_remote_loopback(hosts, addrs, env.rank);
+  }
 
   // 3. The world group.
   auto pg_store = c10::make_intrusive<::c10d::PrefixStore>("fsdp/pg/world", store);
@@ -341,12 +387,8 @@ ProcessGroup init_process_group(const InitOptions& options) {
   ProcessGroup out(pg, store, "world", std::move(global), env, timeout);
   out.state_->device = device;
 
-  // 4. Peer table for error messages (every rank is past its own registration).
-  out.state_->world_peers.resize(env.world_size);
-  for (int r = 0; r < env.world_size; ++r) {
-    std::istringstream is(str(store->get("fsdp/init/peer/" + std::to_string(r))));
-    is >> out.state_->world_peers[r].host >> out.state_->world_peers[r].pid;
-  }
+  // 4. Peer table for error messages.
+  out.state_->world_peers = std::move(peers);
 
   // 5. The transports: same-host ranks talk through shared memory ([Note: transports]).
   out.state_->transport_config = config;

@@ -161,6 +161,15 @@ expect_usage_error "unknown option" "unknown option '--nprocs'" --nprocs 2 -- tr
 expect_usage_error "missing value" "option '--master-port' needs a value" --master-port
 expect_usage_error "bad port" "--master-port expects a port in 0..65535" --master-port 70000 -- true
 expect_usage_error "bad grace" "--grace-seconds expects a number of seconds in 0..1000000" --grace-seconds -1 -- true
+expect_usage_error "elastic nnodes" "--nnodes 1:2: elastic node counts (MIN:MAX) are not supported; give the exact number of nodes" --nnodes 1:2 --master-port 29500 -- true
+expect_usage_error "node rank out of range" "--node-rank 2 is outside 0..1 (--nnodes 2)" --nnodes 2 --node_rank 2 --master-port 29500 -- true
+expect_usage_error "multi-node restarts" "--max-restarts with --nnodes > 1 is not supported yet" --nnodes 2 --master-port 29500 --max-restarts 1 -- true
+expect_usage_error "bad restarts" "--max-restarts expects a count in 0..1000, got 'x'" --max-restarts x -- true
+expect_usage_error "multi-node without a port" "--nnodes 2 needs --master-port PORT (the same on every node)" --nnodes 2 --node-rank 1 -- true
+# torchrun's underscore spellings; one node of a one-node "multi-node" job.
+run --nnodes=1 --node_rank 0 --nproc_per_node 2 --master_addr 127.0.0.1 --master_port 29511 -- sh -c 'echo "$RANK $GROUP_RANK $MASTER_PORT"'
+expect_eq "$RC" 0 "exit code with underscore spellings"
+expect_eq "$(grep '^\[rank1\]: ' "$OUT")" "[rank1]: 1 0 29511" "rank 1 with underscore spellings"
 
 run --nproc 2 -- "fsdp-run-no-such-command-$MARK" arg
 expect_eq "$RC" 127 "exit code for a command that does not exist"

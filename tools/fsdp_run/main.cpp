@@ -6,6 +6,7 @@
 #include <exception>
 
 #include "common/tool_error.h"
+#include "node_link.h"
 #include "options.h"
 #include "rank_env.h"
 #include "supervisor.h"
@@ -27,13 +28,29 @@ int main(int argc, char** argv) {
   try {
     JobSpec spec;
     spec.command = options.command;
-    spec.topology.world_size = options.nproc;
+    spec.topology.nproc_per_node = options.nproc;
+    spec.topology.nnodes = options.nnodes;
+    spec.topology.node_rank = options.node_rank;
     spec.topology.master_addr = options.master_addr;
     spec.topology.master_port =
         options.master_port != 0 ? options.master_port : pick_free_port();
     spec.grace_seconds = options.grace_seconds;
-    Supervisor supervisor(std::move(spec));
-    return supervisor.run();
+    std::unique_ptr<NodeLink> link;
+    if (options.nnodes > 1) {
+      link = NodeLink::establish(spec.topology, options.master_addr, options.master_port + 1,
+                                 options.rdzv_timeout_seconds);
+    }
+    spec.topology.max_restarts = options.max_restarts;
+    // --max-restarts: a failed attempt is followed by a fresh one with the next restart count;
+    // fsdp-run's own stop signal ends the job at once.
+    for (int attempt = 0;; ++attempt) {
+      spec.topology.restart_count = attempt;
+      Supervisor supervisor(spec, attempt == 0 ? std::move(link) : nullptr);
+      const int code = supervisor.run();
+      if (code == 0 || supervisor.stopped_by_signal() || attempt >= options.max_restarts) return code;
+      std::fprintf(stderr, "fsdp-run: restarting all %d ranks (restart %d of %d)\n",
+                   spec.topology.nproc_per_node, attempt + 1, options.max_restarts);
+    }
   } catch (const LauncherError& e) {
     fsdp::tools::print_exception("fsdp-run", e);
     return 1;

@@ -1,5 +1,6 @@
 #include "options.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -9,11 +10,17 @@ namespace fsdp::launcher {
 
 const char* usage_text() {
   return R"(usage: fsdp-run [--nproc N] [--master-addr ADDR] [--master-port PORT]
-                [--grace-seconds S] -- COMMAND [ARGS...]
+                [--nnodes M --node-rank R] [--grace-seconds S] -- COMMAND [ARGS...]
 
-Starts N local ranks of COMMAND with the environment torchrun gives in standalone mode
-(RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
+Starts N local ranks of COMMAND with the environment torchrun gives (RANK, WORLD_SIZE,
+LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT,
 TORCHELASTIC_USE_AGENT_STORE=False, ...). fsdp-run serves no store: rank 0 does.
+
+Multi-node: run fsdp-run once per machine with the same --nnodes, --nproc, --master-addr
+and --master-port, and --node-rank 0..M-1. Global ranks are node_rank * N + local_rank.
+The launchers meet on MASTER_PORT+1 of node 0 (which must be free), check that they agree
+on M and N and that no node rank is taken twice, and stay connected: when a rank fails or
+a launcher dies on one node, every node stops its ranks and exits non-zero.
 
 Each output line of rank N is prefixed with "[rankN]: " on the stream it was written to.
 If a rank exits non-zero or dies by a signal, the other ranks are stopped (SIGTERM, then
@@ -22,17 +29,27 @@ for a signal). SIGINT, SIGTERM and SIGHUP are forwarded to all ranks; a second o
 end of the grace period, sends SIGKILL.
 
 options:
-  --nproc N            number of ranks to start (default 1; alias --nproc-per-node)
-  --master-addr ADDR   MASTER_ADDR given to the ranks (default 127.0.0.1)
-  --master-port PORT   MASTER_PORT given to the ranks (default or 0: a free ephemeral port)
+  --nproc N            ranks to start on this node (default 1; alias --nproc-per-node)
+  --nnodes M           number of nodes (default 1; a range MIN:MAX is not supported)
+  --node-rank R        this node's index in 0..M-1 (default 0)
+  --master-addr ADDR   MASTER_ADDR given to the ranks: node 0's address (default 127.0.0.1)
+  --master-port PORT   MASTER_PORT given to the ranks (default or 0: a free ephemeral port;
+                       required with --nnodes > 1)
+  --rdzv-timeout S     multi-node: seconds the launchers wait for each other (default 300)
   --grace-seconds S    seconds between the stop signal and SIGKILL (default 3)
+  --max-restarts N     when a rank fails, stop the others and start all N ranks again, up to
+                       N times, with TORCHELASTIC_RESTART_COUNT = 1, 2, ... (default 0; one
+                       node only). The program resumes itself, e.g. fsdp-train --resume auto
   -h, --help           show this text
+Underscore spellings (--nproc_per_node, --node_rank, --master_addr, ...) are accepted.
 
 exit codes: the first failing rank's code (128+signal if killed), 2 for a usage error,
-126/127 if COMMAND cannot be executed, 128+signal if fsdp-run itself was signalled.
+126/127 if COMMAND cannot be executed, 128+signal if fsdp-run itself was signalled, 1 if
+another node failed or the launchers could not meet.
 
 example:
   fsdp-run --nproc 2 -- ./build/bin/fsdp-train --config cfg.toml
+  fsdp-run --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --master-port 29500 --nproc 2 -- ./train
 )";
 }
 
@@ -88,9 +105,12 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
       name = arg.substr(0, eq);
       value = arg.substr(eq + 1);
     }
-    const bool known = name == "--nproc" || name == "--nproc-per-node" ||
-                       name == "--nproc_per_node" || name == "--master-addr" ||
-                       name == "--master-port" || name == "--grace-seconds";
+    // torchrun spells its options with underscores; both spellings mean the same.
+    if (name.rfind("--", 0) == 0) std::replace(name.begin() + 2, name.end(), '_', '-');
+    const bool known = name == "--nproc" || name == "--nproc-per-node" || name == "--nnodes" ||
+                       name == "--node-rank" || name == "--master-addr" ||
+                       name == "--master-port" || name == "--grace-seconds" ||
+                       name == "--rdzv-timeout" || name == "--max-restarts";
     if (!known) {
       if (arg.rfind("-", 0) == 0) {
         return usage_error("unknown option '" + arg + "' (see fsdp-run --help)");
@@ -102,7 +122,35 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
       if (i + 1 >= argc) return usage_error("option '" + name + "' needs a value");
       value = argv[++i];
     }
-    if (name == "--nproc" || name == "--nproc-per-node" || name == "--nproc_per_node") {
+    if (name == "--nnodes") {
+      if (value->find(':') != std::string::npos) {
+        return usage_error("--nnodes " + *value + ": elastic node counts (MIN:MAX) are not "
+                           "supported; give the exact number of nodes, e.g. --nnodes 2");
+      }
+      auto n = parse_long(*value);
+      if (!n || *n < 1 || *n > 4096) {
+        return usage_error("--nnodes expects a number of nodes in 1..4096, got '" + *value + "'");
+      }
+      options.nnodes = static_cast<int>(*n);
+    } else if (name == "--node-rank") {
+      auto n = parse_long(*value);
+      if (!n || *n < 0) {
+        return usage_error("--node-rank expects a node index >= 0, got '" + *value + "'");
+      }
+      options.node_rank = static_cast<int>(*n);
+    } else if (name == "--max-restarts") {
+      auto n = parse_long(*value);
+      if (!n || *n < 0 || *n > 1000) {
+        return usage_error("--max-restarts expects a count in 0..1000, got '" + *value + "'");
+      }
+      options.max_restarts = static_cast<int>(*n);
+    } else if (name == "--rdzv-timeout") {
+      auto seconds = parse_double(*value);
+      if (!seconds || *seconds <= 0 || *seconds > 1e6) {
+        return usage_error("--rdzv-timeout expects seconds in (0, 1000000], got '" + *value + "'");
+      }
+      options.rdzv_timeout_seconds = *seconds;
+    } else if (name == "--nproc" || name == "--nproc-per-node") {
       auto n = parse_long(*value);
       if (!n) return usage_error(name + " expects a whole number of ranks, got '" + *value + "'");
       if (*n < 1) {
@@ -132,6 +180,22 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
       }
       options.grace_seconds = *seconds;
     }
+  }
+  if (options.node_rank >= options.nnodes) {
+    return usage_error("--node-rank " + std::to_string(options.node_rank) +
+                       " is outside 0.." + std::to_string(options.nnodes - 1) + " (--nnodes " +
+                       std::to_string(options.nnodes) + ")");
+  }
+  if (options.nnodes > 1 && options.max_restarts > 0) {
+    return usage_error("--max-restarts with --nnodes > 1 is not supported yet: restart the job on "
+                       "every node (or use torchrun's --max-restarts)");
+  }
+  if (options.nnodes > 1 && options.master_port == 0) {
+    return usage_error("--nnodes " + std::to_string(options.nnodes) +
+                       " needs --master-port PORT (the same on every node)");
+  }
+  if (options.nnodes > 1 && options.master_port == 65535) {
+    return usage_error("--master-port 65535 leaves no port for the launchers (they use PORT+1)");
   }
   if (!saw_separator) {
     return usage_error("missing '--' before the command, e.g. fsdp-run --nproc 2 -- ./train");

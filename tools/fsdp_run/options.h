@@ -8,14 +8,21 @@
 namespace fsdp::launcher {
 
 struct LaunchOptions {
-  /// Ranks started on this machine (torchrun's --nproc-per-node); this is also WORLD_SIZE,
-  /// since fsdp-run only runs single-node jobs.
+  /// Ranks started on this machine (torchrun's --nproc-per-node); the same on every node.
   int nproc = 1;
+  /// Machines in the job and this one's index; WORLD_SIZE = nnodes * nproc.
+  int nnodes = 1;
+  int node_rank = 0;
   std::string master_addr = "127.0.0.1";
-  /// 0 means "pick a free ephemeral port" (resolved in main, before the ranks start).
+  /// 0 means "pick a free ephemeral port" (resolved in main, before the ranks start); only
+  /// for one node, since every node must be told the same port.
   int master_port = 0;
   /// How long ranks get between the stop signal (SIGTERM, or the forwarded signal) and SIGKILL.
   double grace_seconds = 3.0;
+  /// After a rank fails, stop all and start them again, up to this many times (one node only).
+  int max_restarts = 0;
+  /// Multi-node: how long the launchers wait for each other at the start.
+  double rdzv_timeout_seconds = 300.0;
   /// argv of every rank: everything after "--".
   std::vector<std::string> command;
 };

@@ -13,24 +13,25 @@
 namespace fsdp::launcher {
 
 std::vector<std::string> rank_environment(const char* const* base, const JobTopology& job,
-                                          int rank) {
-  // fsdp-run runs one node with one role: local == global, group rank 0 of 1.
-  const std::string world = std::to_string(job.world_size);
-  const std::string r = std::to_string(rank);
+                                          int local_rank) {
+  // One role ("default") per job, one agent per node: ROLE_RANK is the global rank and
+  // GROUP_RANK the node rank, as torchrun's static rendezvous assigns them.
+  const std::string world = std::to_string(job.world_size());
+  const std::string r = std::to_string(job.global_rank(local_rank));
   const std::vector<std::pair<std::string, std::string>> launcher_vars = {
       {"RANK", r},
       {"WORLD_SIZE", world},
-      {"LOCAL_RANK", r},
-      {"LOCAL_WORLD_SIZE", world},
-      {"GROUP_RANK", "0"},
-      {"GROUP_WORLD_SIZE", "1"},
+      {"LOCAL_RANK", std::to_string(local_rank)},
+      {"LOCAL_WORLD_SIZE", std::to_string(job.nproc_per_node)},
+      {"GROUP_RANK", std::to_string(job.node_rank)},
+      {"GROUP_WORLD_SIZE", std::to_string(job.nnodes)},
       {"ROLE_RANK", r},
       {"ROLE_WORLD_SIZE", world},
       {"ROLE_NAME", "default"},
       {"MASTER_ADDR", job.master_addr},
       {"MASTER_PORT", std::to_string(job.master_port)},
-      {"TORCHELASTIC_RESTART_COUNT", "0"},
-      {"TORCHELASTIC_MAX_RESTARTS", "0"},
+      {"TORCHELASTIC_RESTART_COUNT", std::to_string(job.restart_count)},
+      {"TORCHELASTIC_MAX_RESTARTS", std::to_string(job.max_restarts)},
       {"TORCHELASTIC_RUN_ID", "none"},
       // False: fsdp-run serves no store, so rank 0 must serve the TCPStore itself.
       {"TORCHELASTIC_USE_AGENT_STORE", "False"},

@@ -1,6 +1,6 @@
 #pragma once
 /// The environment a rank starts with: fsdp-run's own, plus exactly the variables torchrun
-/// sets in standalone mode, so a program (and fsdp::dist::parse_launch_env) cannot tell the
+/// sets (standalone, or static multi-node rendezvous), so a program (and fsdp::dist::parse_launch_env) cannot tell the
 /// two launchers apart.
 
 #include <stdexcept>
@@ -16,7 +16,16 @@ struct LauncherError : std::runtime_error {
 
 /// What every rank of one job shares.
 struct JobTopology {
-  int world_size = 1;
+  /// Ranks per node (every node runs the same number).
+  int nproc_per_node = 1;
+  int nnodes = 1;
+  int node_rank = 0;
+  /// --max-restarts, and how many times the ranks were restarted so far.
+  int max_restarts = 0;
+  int restart_count = 0;
+  int world_size() const { return nnodes * nproc_per_node; }
+  /// The global rank of this node's local rank `local_rank`.
+  int global_rank(int local_rank) const { return node_rank * nproc_per_node + local_rank; }
   std::string master_addr = "127.0.0.1";
   int master_port = 0;
 };
@@ -25,7 +34,7 @@ struct JobTopology {
 /// inherited value, except OMP_NUM_THREADS, which is only defaulted to 1 (as torchrun does):
 /// N ranks each using every core would oversubscribe the machine N times.
 std::vector<std::string> rank_environment(const char* const* base, const JobTopology& job,
-                                          int rank);
+                                          int local_rank);
 
 /// A port that was free a moment ago: bind port 0 on loopback, read the port the kernel chose,
 /// close. Rank 0 binds it again shortly after; another process could take it in between, which

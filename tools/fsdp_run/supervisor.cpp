@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 
 extern char** environ;
 
@@ -42,7 +43,27 @@ std::string format_seconds(double seconds) {
 
 }  // namespace
 
-Supervisor::Supervisor(JobSpec spec) : spec_(std::move(spec)) {}
+Supervisor::Supervisor(JobSpec spec, std::unique_ptr<NodeLink> link)
+    : spec_(std::move(spec)), link_(std::move(link)) {}
+
+bool Supervisor::nodes_settled() const {
+  // A failed node need not wait: the others were told (or will see it gone) and stop anyway.
+  return link_ == nullptr || exit_code_ != 0 || link_->peers_done();
+}
+
+void Supervisor::on_link_event(int fd) {
+  std::optional<std::string> failure = link_->on_readable(fd);
+  if (!failure) return;
+  if (state_ == LauncherState::Running) {
+    const int running = live_ranks();
+    say(*failure + (running > 0 ? "; stopping " + plural_ranks(running, "local") : ""));
+    begin_stopping(1, SIGTERM);
+  } else if (exit_code_ == 0) {
+    // Our ranks finished, but the job did not: say so and fail.
+    say(*failure);
+    exit_code_ = 1;
+  }
+}
 
 void Supervisor::say(const std::string& line) { stderr_.write_all("fsdp-run: " + line + "\n"); }
 
@@ -87,9 +108,10 @@ int Supervisor::run() {
 }
 
 void Supervisor::start_ranks() {
-  const int n = spec_.topology.world_size;
+  const int n = spec_.topology.nproc_per_node;
   slots_.reserve(static_cast<std::size_t>(n));
-  for (int rank = 0; rank < n; ++rank) {
+  for (int local_rank = 0; local_rank < n; ++local_rank) {
+    const int rank = spec_.topology.global_rank(local_rank);
     const std::string prefix = "[rank" + std::to_string(rank) + "]: ";
     slots_.push_back(std::unique_ptr<RankSlot>(
         new RankSlot{RankProcess(rank), LinePrefixer(prefix, stdout_), LinePrefixer(prefix, stderr_)}));
@@ -97,7 +119,7 @@ void Supervisor::start_ranks() {
     std::string failure;
     int code = 0;
     try {
-      process.start(spec_.command, rank_environment(environ, spec_.topology, rank), signals_);
+      process.start(spec_.command, rank_environment(environ, spec_.topology, local_rank), signals_);
       if (process.state() == RankState::FailedToStart) {
         failure = "cannot execute '" + spec_.command[0] + "': " + std::strerror(process.exec_errno());
         code = process.launcher_exit_code();
@@ -127,6 +149,14 @@ void Supervisor::wait_for_events() {
   std::vector<Source> sources;
   fds.push_back({signals_.fd(), POLLIN, 0});
   sources.push_back({0, false});
+  // The other nodes' connections, marked by an out-of-range slot index.
+  constexpr std::size_t kLinkSource = static_cast<std::size_t>(-1);
+  if (link_) {
+    for (int fd : link_->fds()) {
+      fds.push_back({fd, POLLIN, 0});
+      sources.push_back({kLinkSource, false});
+    }
+  }
   for (std::size_t i = 0; i < slots_.size(); ++i) {
     for (bool is_stderr : {false, true}) {
       int fd = is_stderr ? slots_[i]->process.stderr_fd() : slots_[i]->process.stdout_fd();
@@ -144,7 +174,8 @@ void Supervisor::wait_for_events() {
     timeout_ms = static_cast<int>(std::max<long long>(0, left.count() + 1));
   };
   if (state_ == LauncherState::Stopping && !killed_) until(kill_deadline_);
-  if (state_ == LauncherState::Draining) until(drain_deadline_);
+  // Past the drain deadline, node 0 only waits for the other nodes: no deadline to wake for.
+  if (state_ == LauncherState::Draining && Clock::now() < drain_deadline_) until(drain_deadline_);
 
   int ready = ::poll(fds.data(), fds.size(), timeout_ms);
   if (ready <= 0) return;  // timeout, or EINTR (cannot happen: our signals are blocked)
@@ -159,7 +190,10 @@ void Supervisor::wait_for_events() {
     }
   }
   for (std::size_t k = 1; k < fds.size(); ++k) {
-    if (fds[k].revents & (POLLIN | POLLHUP | POLLERR)) {
+    if (!(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+    if (sources[k].slot == kLinkSource) {
+      if (link_) on_link_event(fds[k].fd);
+    } else {
       relay_output(*slots_[sources[k].slot], sources[k].is_stderr);
     }
   }
@@ -197,6 +231,7 @@ void Supervisor::on_signal(int sig) {
       say("received " + signal_name(sig) + "; forwarding it to " +
           plural_ranks(live_ranks(), "running") + " (SIGKILL after " +
           format_seconds(spec_.grace_seconds) + " s or on a second signal)");
+      stopped_by_signal_ = true;
       begin_stopping(128 + sig, sig);
       break;
     }
@@ -208,8 +243,13 @@ void Supervisor::on_signal(int sig) {
       }
       break;
     case LauncherState::Draining:
-      // The user wants out now: stop waiting for leftover writers.
+      // The user wants out now: stop waiting for leftover writers and for the other nodes
+      // (which then see this launcher gone, unless they already finished).
       drain_deadline_ = Clock::now();
+      if (link_ && !link_->peers_done()) {
+        link_.reset();
+        if (exit_code_ == 0) exit_code_ = 128 + sig;
+      }
       break;
     case LauncherState::Done: break;
   }
@@ -227,9 +267,10 @@ void Supervisor::on_rank_end(RankSlot& slot) {
   // (most likely) ended by us.
   if (state_ != LauncherState::Running || !process.failed()) return;
   const int others = live_ranks();
-  say("rank " + std::to_string(process.rank()) + " (pid " + std::to_string(process.pid()) + ") " +
-      process.describe_end() +
-      (others > 0 ? "; stopping " + plural_ranks(others, "other") : ""));
+  const std::string what = "rank " + std::to_string(process.rank()) + " (pid " +
+                           std::to_string(process.pid()) + ") " + process.describe_end();
+  say(what + (others > 0 ? "; stopping " + plural_ranks(others, "other") : ""));
+  if (link_) link_->report_failure(what);
   begin_stopping(process.launcher_exit_code(), SIGTERM);
 }
 
@@ -269,6 +310,10 @@ void Supervisor::advance() {
   // Checked in order, so one call can go Running -> Draining -> Done without sleeping.
   if (state_ == LauncherState::Running && live_ranks() == 0) {
     enter(LauncherState::Draining);  // every rank exited 0, or a failure moved us to Stopping
+    if (link_ && !reported_done_) {
+      link_->report_done();
+      reported_done_ = true;
+    }
   }
   if (state_ == LauncherState::Stopping) {
     if (live_ranks() == 0) {
@@ -280,7 +325,9 @@ void Supervisor::advance() {
     }
   }
   if (state_ == LauncherState::Draining) {
-    if (!pipes_open() || Clock::now() >= drain_deadline_) enter(LauncherState::Done);
+    if ((!pipes_open() || Clock::now() >= drain_deadline_) && nodes_settled()) {
+      enter(LauncherState::Done);
+    }
   }
 }
 

@@ -7,7 +7,8 @@
 ///   Running --rank failed / rank could not start / stop signal--> Stopping
 ///   Running --every rank exited 0-------------------------------> Draining
 ///   Stopping --every rank ended---------------------------------> Draining
-///   Draining --every pipe at EOF, or drain deadline-------------> Done
+///   Draining --every pipe at EOF, or drain deadline, and every--> Done
+///              other node done (node 0 of a multi-node job)
 ///
 ///   Running   all ranks run; nothing has gone wrong yet.
 ///   Stopping  the stop signal went to every live rank's process group; SIGKILL follows at
@@ -18,6 +19,11 @@
 ///             pipes) is killed, since nothing of the job may outlive fsdp-run. A short
 ///             deadline bounds the wait for a leftover that escaped its group (setsid).
 ///   Done      every partial line flushed, every rank reaped.
+///
+/// Multi-node (NodeLink): a failure reported by another node, or the loss of its launcher,
+/// acts like a failed local rank (Running -> Stopping, exit code 1); this node's own first
+/// failure is reported to the others; node 0 leaves Draining only once every other node
+/// finished, so that no node takes node 0's normal exit for a loss.
 
 #include <chrono>
 #include <memory>
@@ -25,6 +31,7 @@
 #include <vector>
 
 #include "line_prefixer.h"
+#include "node_link.h"
 #include "orphan_guard.h"
 #include "rank_env.h"
 #include "rank_process.h"
@@ -44,9 +51,12 @@ const char* to_string(LauncherState state);
 
 class Supervisor {
  public:
-  explicit Supervisor(JobSpec spec);
+  /// `link` is null for a single-node job.
+  explicit Supervisor(JobSpec spec, std::unique_ptr<NodeLink> link = nullptr);
   /// Runs the job to the end; returns fsdp-run's exit code.
   int run();
+  /// After run(): the job ended because fsdp-run itself got a stop signal (no restart then).
+  bool stopped_by_signal() const { return stopped_by_signal_; }
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -64,6 +74,9 @@ class Supervisor {
   bool relay_output(RankSlot& slot, bool from_stderr);
   void on_signal(int sig);
   void on_rank_end(RankSlot& slot);
+  void on_link_event(int fd);
+  /// Draining may end: node 0 of a multi-node job also waits for the other nodes.
+  bool nodes_settled() const;
   void begin_stopping(int exit_code, int stop_signal);
   void kill_all_live(const char* why);
   void advance();
@@ -74,6 +87,9 @@ class Supervisor {
   void say(const std::string& line);
 
   JobSpec spec_;
+  std::unique_ptr<NodeLink> link_;
+  bool reported_done_ = false;
+  bool stopped_by_signal_ = false;
   SignalInbox signals_;
   OrphanGuard orphan_guard_;  // kills the ranks' groups if fsdp-run dies before finish()
   OutputStream stdout_{1};

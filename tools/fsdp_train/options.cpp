@@ -51,6 +51,9 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
   bool no_shuffle = false;
 
   app.add_option("--nproc", o.nproc, "ranks to start when not under a launcher")->capture_default_str();
+  app.add_option("--timeout", o.timeout_seconds,
+                 "seconds the rendezvous and each collective wait for a peer before failing")
+      ->capture_default_str();
   app.add_option("--threads", o.threads, "intra-op threads per rank")->capture_default_str();
   app.add_option("--model", o.model,
                  "mlp | cnn (both on Fashion-MNIST) | gpt (decoder-only transformer on the bytes of --text)")
@@ -118,8 +121,12 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
       app.add_option("--checkpoint-every", o.checkpoint_every,
                      "with --checkpoint-dir: also checkpoint every K steps (0: only step-0 and the last step)")
           ->capture_default_str();
+  app.add_option("--keep-checkpoints", o.keep_checkpoints,
+                 "with --checkpoint-dir: after each save, delete all but the K newest DIR/step-S (0: keep all)")
+      ->capture_default_str();
   app.add_option("--resume", o.resume,
-                 "continue from a checkpoint DIR/step-S written by --checkpoint-dir: weights, optimizer state, "
+                 "continue from a checkpoint DIR/step-S written by --checkpoint-dir (or 'auto': the newest usable "
+                 "one under --checkpoint-dir, none: start fresh): weights, optimizer state, "
                  "data position (step S) and torch's CPU RNG, so later losses equal an uninterrupted run's; "
                  "any world size and strategy. --steps/--epochs still count from the run's start. The flags "
                  "that decide the model and the data (--model and its shape flags, --seed, --batch-size, "
@@ -148,6 +155,10 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
   o.backward_prefetch = lower(o.backward_prefetch);
 
   if (o.nproc < 1) return usage_error("--nproc must be >= 1, got " + std::to_string(o.nproc));
+  if (!(o.timeout_seconds > 0 && o.timeout_seconds <= 1e6)) {
+    return usage_error("--timeout must be a number of seconds in (0, 1000000], got " +
+                       std::to_string(o.timeout_seconds));
+  }
   if (o.threads < 1) return usage_error("--threads must be >= 1, got " + std::to_string(o.threads));
   if (o.model != "mlp" && o.model != "cnn" && o.model != "gpt")
     return usage_error("unknown --model '" + o.model + "'; expected mlp, cnn or gpt");
@@ -199,6 +210,12 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
   if (o.backward_prefetch != "pre" && o.backward_prefetch != "post" && o.backward_prefetch != "none")
     return usage_error("unknown --backward-prefetch '" + o.backward_prefetch + "'; expected pre, post or none");
   if (!(o.bucket_cap_mb < 1e12)) return usage_error("--bucket-cap-mb must be a finite number of MiB (<= 0: off)");
+  if (o.keep_checkpoints < 0)
+    return usage_error("--keep-checkpoints must be >= 0 (0: keep all), got " + std::to_string(o.keep_checkpoints));
+  if (o.keep_checkpoints > 0 && o.checkpoint_dir.empty())
+    return usage_error("--keep-checkpoints needs --checkpoint-dir");
+  if (o.resume == "auto" && o.checkpoint_dir.empty())
+    return usage_error("--resume auto needs --checkpoint-dir DIR (it continues from the newest DIR/step-S)");
   if (o.checkpoint_every < 0)
     return usage_error("--checkpoint-every must be >= 0, got " + std::to_string(o.checkpoint_every));
   if (every_opt->count() > 0 && o.checkpoint_dir.empty())

@@ -32,6 +32,8 @@ inline constexpr const char* kDefaultTextFile = "/usr/share/common-licenses/GPL-
 
 struct TrainOptions {
   int nproc = 2;                   ///< ranks started when not already under a launcher
+  /// Rendezvous and collective timeout; a peer silent this long fails the collective.
+  double timeout_seconds = 300;
   int threads = 1;                 ///< at::set_num_threads per rank (2 cores, 2 ranks)
   std::string model = "mlp";       ///< mlp | cnn (Fashion-MNIST) | gpt (bytes of a text file)
   int64_t hidden = 512;            ///< mlp only
@@ -63,7 +65,8 @@ struct TrainOptions {
   double bucket_cap_mb = 0;               ///< fsdp::Options::bucket_cap_mb (<= 0: off)
   std::string checkpoint_dir;      ///< checkpoints go to <dir>/step-S; empty: none
   int64_t checkpoint_every = 0;    ///< also every K steps (0: only step-0 and the last step)
-  std::string resume;              ///< a checkpoint directory (<dir>/step-S) to continue from; empty: none
+  std::string resume;              ///< a checkpoint directory (<dir>/step-S) to continue from, or "auto"; empty: none
+  int64_t keep_checkpoints = 0;    ///< keep only the K newest <dir>/step-S (0: keep all)
 
   /// 1e-3 for the Adam family, 0.05 for SGD.
   double effective_lr() const;

@@ -76,7 +76,8 @@ std::string check_compatible(const TrainOptions& o, const std::map<std::string, 
 }
 
 std::string check_resume(const TrainOptions& o) {
-  if (o.resume.empty()) return "";
+  // "auto" is resolved by rank 0 once the job runs (checkpoint_dir.h).
+  if (o.resume.empty() || o.resume == "auto") return "";
   std::string dir = o.resume;
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   std::ifstream in(dir + "/metadata.json");

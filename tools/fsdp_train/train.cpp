@@ -8,6 +8,7 @@
 
 #include <torch/torch.h>
 
+#include "checkpoint_dir.h"
 #include "estimate.h"
 #include "fsdp/dist/collectives.h"
 #include "fsdp/dist/process_group.h"
@@ -163,12 +164,29 @@ int train(const TrainOptions& o, const dist::ProcessGroup& pg, FullyShardedBase&
   // --resume: weights, optimizer state (Adam moments and step counts), then the training
   // state (see [Note: training state] in resume.h). Any world size and strategy.
   int64_t first_step = 0;
-  if (!o.resume.empty()) {
-    fsdp::CheckpointExtra extra = fsdp::load_checkpoint(o.resume, model, opt.get());
+  std::string resume = o.resume;
+  if (resume == "auto") {
+    // Rank 0 chooses and tells the others, so that all load the same checkpoint even while
+    // the directory changes or where it differs between machines.
+    auto chosen = torch::full({1}, int64_t(-1), torch::kLong);
+    if (lead) {
+      std::vector<std::string> skipped;
+      if (auto step = newest_usable_checkpoint(o, skipped)) chosen.fill_(*step);
+      for (const auto& why : skipped) std::fprintf(stderr, "fsdp-train: --resume auto: skipped: %s\n", why.c_str());
+      if (chosen.item<int64_t>() < 0)
+        std::fprintf(stderr, "fsdp-train: --resume auto: no usable checkpoint under %s; starting fresh\n",
+                     o.checkpoint_dir.c_str());
+    }
+    dist::broadcast(pg, chosen, 0).wait();
+    const int64_t step = chosen.item<int64_t>();
+    resume = step < 0 ? "" : checkpoint_path(o.checkpoint_dir, step);
+  }
+  if (!resume.empty()) {
+    fsdp::CheckpointExtra extra = fsdp::load_checkpoint(resume, model, opt.get());
     std::string err = check_compatible(o, extra.values);
     TORCH_CHECK(err.empty(), err);
     first_step = restore_training_state(extra);
-    TORCH_CHECK(first_step <= total_steps, "--resume ", o.resume, ": the checkpoint is at step ", first_step,
+    TORCH_CHECK(first_step <= total_steps, "--resume ", resume, ": the checkpoint is at step ", first_step,
                 " but this run has only ", total_steps, " steps in all (--steps and --epochs count from the run's "
                 "start); ask for more than ", first_step);
   }
@@ -178,6 +196,11 @@ int train(const TrainOptions& o, const dist::ProcessGroup& pg, FullyShardedBase&
     const auto t0 = Clock::now();
     // save_checkpoint creates <dir>/step-S.tmp's parents; atomic rename at the end.
     fsdp::save_checkpoint(checkpoint_path(o.checkpoint_dir, step), model, opt.get(), training_state(o, step));
+    if (lead && o.keep_checkpoints > 0) {
+      // After the save returned on rank 0, the new checkpoint is complete: the oldest can go.
+      std::string failed = prune_checkpoints(o.checkpoint_dir, o.keep_checkpoints);
+      if (!failed.empty()) std::fprintf(stderr, "fsdp-train: warning: --keep-checkpoints could not delete %s\n", failed.c_str());
+    }
     paused_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
   };
   const int64_t local_batch = o.batch_size / world;
@@ -191,8 +214,8 @@ int train(const TrainOptions& o, const dist::ProcessGroup& pg, FullyShardedBase&
                  "fsdp-train: %s (%lld params, %zu units), %s, %d ranks, %s lr %g, global batch %lld, %lld steps\n",
                  o.model.c_str(), (long long)num_params, model.unit_paths().size(), o.strategy.c_str(), world,
                  o.optimizer.c_str(), o.effective_lr(), (long long)o.batch_size, (long long)total_steps);
-    if (!o.resume.empty())
-      std::fprintf(stderr, "fsdp-train: resumed from %s at step %lld\n", o.resume.c_str(), (long long)first_step);
+    if (!resume.empty())
+      std::fprintf(stderr, "fsdp-train: resumed from %s at step %lld\n", resume.c_str(), (long long)first_step);
   }
 
   auto eval_and_report = [&](int64_t step) {
@@ -282,7 +305,8 @@ int train(const TrainOptions& o, const dist::ProcessGroup& pg, FullyShardedBase&
 
 int run_rank(const TrainOptions& o) {
   at::set_num_threads(o.threads);
-  auto pg = dist::init_process_group();
+  auto pg = dist::init_process_group(dist::InitOptions().timeout(std::chrono::milliseconds(
+      static_cast<int64_t>(o.timeout_seconds * 1000.0))));
   const int rank = pg.rank(), world = pg.size();
 
   // Checked on every rank, so each exits non-zero on its own instead of waiting for peers.

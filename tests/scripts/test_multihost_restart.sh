@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# Elastic restart on one host: `fsdp-run --max-restarts 1` around `fsdp-train --resume auto`.
+# A rank SIGKILLed mid-run: fsdp-run stops the other rank, starts both again with
+# TORCHELASTIC_RESTART_COUNT=1, fsdp-train continues from its newest checkpoint, and the run's
+# losses after that step and its final evaluation equal an uninterrupted run's bit for bit.
+# The same under real torchrun --standalone --max_restarts 1 --no_python.
+# (Multi-node --max-restarts is refused for now: test_fsdp_run.sh.) ~30 s.
+set -euo pipefail
+BIN="${FSDP_BIN_DIR:?set FSDP_BIN_DIR to the bin directory of a build}"
+for t in fsdp-run fsdp-train; do
+  [[ -x "$BIN/$t" ]] || { echo "FAIL: $BIN/$t is not an executable (build targets fsdp-train fsdp-run)"; exit 1; }
+done
+DATA=/usr/share/datasets/fashion-mnist
+[[ -f "$DATA/train-images-idx3-ubyte.gz" ]] || { echo "FAIL: $DATA missing (apt-get install dataset-fashion-mnist)"; exit 1; }
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+fail() {
+  echo "FAIL: $*" >&2
+  for f in "$WORK"/*.out; do [[ -f "$f" ]] && { echo "--- $(basename "$f"):" >&2; grep -v ' step ' "$f" | tail -n 20 >&2; }; done
+  exit 1
+}
+STEPS=150
+FLAGS=(--steps $STEPS --no-shuffle --log-every 1000)
+
+RC=0
+"$BIN/fsdp-run" --nproc 2 -- "$BIN/fsdp-train" "${FLAGS[@]}" --metrics "$WORK/full.jsonl" >"$WORK/full.out" 2>&1 || RC=$?
+[[ $RC == 0 ]] || fail "uninterrupted run: exit $RC"
+
+CK="$WORK/ckpt"
+"$BIN/fsdp-run" --nproc 2 --max-restarts 1 -- "$BIN/fsdp-train" "${FLAGS[@]}" --metrics "$WORK/restarted.jsonl" \
+  --checkpoint-dir "$CK" --checkpoint-every 5 --keep-checkpoints 2 --resume auto >"$WORK/restarted.out" 2>&1 &
+launcher=$!
+for _ in $(seq 1 600); do
+  [[ -d "$CK/step-10" ]] && break
+  sleep 0.05
+done
+[[ -d "$CK/step-10" ]] || fail "no checkpoint step-10 within 30 s"
+victim=""
+for pid in $(pgrep -P "$launcher" -x fsdp-train); do
+  tr '\0' '\n' <"/proc/$pid/environ" | grep -qx "RANK=1" && victim="$pid"
+done
+[[ -n "$victim" ]] || fail "rank 1 of the first attempt not found"
+kill -KILL "$victim"
+RC=0
+wait "$launcher" || RC=$?
+[[ $RC == 0 ]] || fail "--max-restarts 1: exit $RC after one killed rank"
+grep -q "fsdp-run: rank 1 (pid $victim) was killed by signal 9" "$WORK/restarted.out" || fail "the kill is not reported"
+grep -q "fsdp-run: restarting all 2 ranks (restart 1 of 1)" "$WORK/restarted.out" || fail "no restart line"
+from="$(grep -o "resumed from $CK/step-[0-9]* at step [0-9]*" "$WORK/restarted.out" | awk '{ print $NF }')"
+[[ "$from" =~ ^[0-9]+$ && "$from" -ge 10 ]] || fail "the restarted attempt did not resume from a checkpoint >= step-10 ('$from')"
+d="$(/usr/bin/python3 -c '
+import json, sys
+def read(p):
+    steps, ev = {}, None
+    for j in map(json.loads, open(p)):
+        if "eval" in j: ev = j["eval"]
+        else: steps[j["step"]] = j["loss"]
+    return steps, ev
+(a, ea), (b, eb) = read(sys.argv[1]), read(sys.argv[2])
+first = int(sys.argv[3]) + 1
+assert sorted(b) == list(range(first, int(sys.argv[4]) + 1)), f"restarted attempt wrote steps {min(b)}..{max(b)}"
+bad = [f"step {k}: {b[k]!r} vs {a[k]!r}" for k in sorted(b) if b[k] != a[k]]
+assert not bad, "; ".join(bad[:3])
+assert ea == eb, f"final eval {eb} vs {ea}"
+' "$WORK/full.jsonl" "$WORK/restarted.jsonl" "$from" $STEPS 2>&1)" || fail "restarted run differs from the uninterrupted one: $d"
+echo "ok: rank 1 killed, --max-restarts 1 resumed from step-$from; steps $((from + 1))-$STEPS and the final eval bitwise equal to an uninterrupted run"
+
+# The same under real torchrun (agent store, keys under /worker/attempt_<n>): it restarts the
+# group itself and fsdp-train recovers the same way.
+TORCHRUN=/usr/bin/torchrun
+if [[ ! -x "$TORCHRUN" ]]; then
+  [[ "${CI:-}" == true ]] && fail "$TORCHRUN is missing and CI=true (install python3-torch)"
+  echo "SKIP: $TORCHRUN not found (install python3-torch); torchrun restart not checked"
+else
+  rm -rf "$CK"
+  # Debian's torchrun (Python 3.11) needs --redirects/--tee to start --no_python binaries.
+  timeout -k 5 300 "$TORCHRUN" --standalone --nproc_per_node 2 --max_restarts 1 --no_python --redirects 9:0 --tee 9:0 \
+    "$BIN/fsdp-train" "${FLAGS[@]}" --metrics "$WORK/torchrun.jsonl" --checkpoint-dir "$CK" --checkpoint-every 5 \
+    --keep-checkpoints 2 --resume auto >"$WORK/torchrun.out" 2>&1 &
+  launcher=$!
+  for _ in $(seq 1 600); do
+    [[ -d "$CK/step-10" ]] && break
+    sleep 0.05
+  done
+  [[ -d "$CK/step-10" ]] || fail "torchrun: no checkpoint step-10 within 30 s"
+  victim=""
+  for pid in $(pgrep -x fsdp-train); do
+    env_of="$(tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null || true)"
+    # Ours: its command line names this run's checkpoint directory.
+    grep -qx "RANK=1" <<<"$env_of" && grep -qx "TORCHELASTIC_RESTART_COUNT=0" <<<"$env_of" &&
+      [[ "$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null)" == *"$CK"* ]] && victim="$pid"
+  done
+  [[ -n "$victim" ]] || fail "torchrun: rank 1 of the first attempt not found"
+  kill -KILL "$victim"
+  RC=0
+  wait "$launcher" || RC=$?
+  [[ $RC == 0 ]] || fail "torchrun --max_restarts 1: exit $RC after one killed rank"
+  from="$(grep -o "resumed from $CK/step-[0-9]* at step [0-9]*" "$WORK/torchrun.out" | awk '{ print $NF }')"
+  [[ "$from" =~ ^[0-9]+$ && "$from" -ge 10 ]] || fail "torchrun: the restarted attempt did not resume from a checkpoint >= step-10 ('$from')"
+  d="$(/usr/bin/python3 -c '
+import json, sys
+def read(p):
+    steps, ev = {}, None
+    for j in map(json.loads, open(p)):
+        if "eval" in j: ev = j["eval"]
+        else: steps[j["step"]] = j["loss"]
+    return steps, ev
+(a, ea), (b, eb) = read(sys.argv[1]), read(sys.argv[2])
+bad = [f"step {k}: {b[k]!r} vs {a[k]!r}" for k in sorted(b) if b[k] != a[k]]
+assert not bad and min(b) == int(sys.argv[3]) + 1 and ea == eb, "; ".join(bad[:3]) or f"steps {min(b)}.., eval {eb} vs {ea}"
+' "$WORK/full.jsonl" "$WORK/torchrun.jsonl" "$from" 2>&1)" || fail "torchrun: restarted run differs from the uninterrupted one: $d"
+  echo "ok: torchrun --max_restarts 1: rank 1 killed, resumed from step-$from, later steps and final eval bitwise equal"
+fi
+echo "all restart checks passed"
