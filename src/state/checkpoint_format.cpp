@@ -174,6 +174,17 @@ at::Tensor RankFileReader::read(const Record& r) {
 }
 
 void RankFileReader::read_into(const Record& r, void* dst) {
+  read_checked(r, static_cast<char*>(dst), 0, nullptr);
+}
+
+void RankFileReader::stream(const Record& r, char* buf, size_t buf_bytes,
+                            const std::function<void(const char*, size_t)>& sink) {
+  TORCH_INTERNAL_ASSERT(buf_bytes > 0);
+  read_checked(r, buf, buf_bytes, &sink);
+}
+
+void RankFileReader::read_checked(const Record& r, char* dst, size_t window,
+                                  const std::function<void(const char*, size_t)>* sink) {
   const int fd = fd_of(r.file);
   const size_t nbytes = (r.end - r.begin) * c10::elementSize(parse_dtype(r.dtype));
   // Ask the kernel to read ahead past this record (records are mostly read in
@@ -188,22 +199,24 @@ void RankFileReader::read_into(const Record& r, void* dst) {
   }
   // Chunk by chunk: each chunk is checksummed right after it is read, while it
   // is still in the CPU cache.
-  constexpr size_t kChunk = 1 << 20;
-  char* p = static_cast<char*>(dst);
+  const size_t chunk = sink ? window : (1 << 20);
   uint32_t crc = 0;
   size_t done = 0;
   while (done < nbytes) {
-    const size_t chunk_end = std::min(nbytes, done + kChunk);
-    const size_t chunk_begin = done;
+    const size_t chunk_end = std::min(nbytes, done + chunk);
+    char* const base = sink ? dst : dst + done;  // where this chunk lands
+    size_t got_in_chunk = 0;
     while (done < chunk_end) {
-      const ssize_t got = ::pread(fd, p + done, chunk_end - done, r.offset + static_cast<off_t>(done));
+      const ssize_t got = ::pread(fd, base + got_in_chunk, chunk_end - done, r.offset + static_cast<off_t>(done));
       if (got < 0 && errno == EINTR) continue;
       TORCH_CHECK(got > 0, "fsdp checkpoint: file '", dir_, "/", r.file, "' is truncated or unreadable: record ",
                   r.item, " (", r.kind, ") needs bytes [", r.offset, ", ", r.offset + static_cast<int64_t>(nbytes),
                   ")", got < 0 ? std::string(": ") + std::strerror(errno) : std::string(""));
       done += static_cast<size_t>(got);
+      got_in_chunk += static_cast<size_t>(got);
     }
-    crc = crc32_of(p + chunk_begin, chunk_end - chunk_begin, crc);
+    crc = crc32_of(base, got_in_chunk, crc);
+    if (sink) (*sink)(base, got_in_chunk);
   }
   TORCH_CHECK(crc == r.crc32, "fsdp checkpoint: checksum mismatch in file '", dir_, "/", r.file, "' for ", r.item,
               " (", r.kind, ", elements [", r.begin, ", ", r.end, ")): the file is corrupted; restore it or load an "
