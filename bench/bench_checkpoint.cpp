@@ -7,6 +7,8 @@
 //                 page cache first (fdatasync + posix_fadvise(DONTNEED), which
 //                 works on clean pages without root)
 //   load (cached) vs plain read + CRC-32 of the same bytes, both in the page cache
+//   consolidate   (fsdp-ckpt consolidate, one process) vs copying as many bytes
+//                 out of the rank files into one file + fsync
 //
 // The plain reads land in a buffer the size of the rank's bytes, touched
 // beforehand, as a load lands in the model's (already touched) parameter and
@@ -41,6 +43,7 @@
 #include "fsdp/fsdp/fully_sharded.h"
 #include "fsdp/state/checkpoint.h"
 #include "fsdp/state/checkpoint_testing.h"
+#include "fsdp/state/checkpoint_tools.h"
 #include "harness/counting_allocator.h"  // header-only; the benchmark does not link the harness
 
 using namespace fsdp;
@@ -185,6 +188,40 @@ int rank_main(int argc, char** argv) {
   const double read_crc_s = timed([&] { plain_read(plain, buf, my_bytes, true); });
   data = at::Tensor();
 
+  // 4. fsdp-ckpt consolidate (rank 0, one process) against copying the same
+  // number of bytes out of the rank files into one file + fsync, through a 1 MiB
+  // buffer; both read the checkpoint from the page cache (the loads left it there).
+  double consolidate_s = 0, copy_s = 0, consolidate_cpu = 0, copy_cpu = 0;
+  int64_t consolidated = 0;
+  if (rank == 0) {
+    const std::string out = dir + "/full.pt";
+    double t0 = now(), c0 = cpu_now();
+    consolidate_checkpoint(dir + "/ckpt", out);
+    consolidate_s = now() - t0;
+    consolidate_cpu = cpu_now() - c0;
+    consolidated = static_cast<int64_t>(fs::file_size(out));
+    std::vector<char> chunk(1 << 20);
+    t0 = now();
+    c0 = cpu_now();
+    const int ofd = ::open((dir + "/copy.bin").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int64_t left = consolidated;
+    for (int r = 0; r < world && left > 0; ++r) {
+      char f[64];
+      std::snprintf(f, sizeof(f), "/ckpt/shard_rank%05d.bin", r);
+      const int ifd = ::open((dir + f).c_str(), O_RDONLY);
+      ssize_t n = 0;
+      while (left > 0 && (n = ::read(ifd, chunk.data(), std::min<int64_t>(left, chunk.size()))) > 0) {
+        TORCH_CHECK(::write(ofd, chunk.data(), n) == n, "bench_checkpoint: writing copy.bin failed");
+        left -= n;
+      }
+      ::close(ifd);
+    }
+    ::fsync(ofd);
+    ::close(ofd);
+    copy_s = now() - t0;
+    copy_cpu = cpu_now() - c0;
+  }
+
   auto extra = torch::tensor({save_extra, load_extra}, torch::kLong);
   dist::all_reduce(pg, extra, dist::ReduceOp::Max).wait();
   auto cpu_all = torch::tensor(cpu, torch::kDouble);  // summed over ranks
@@ -210,6 +247,9 @@ int rank_main(int argc, char** argv) {
     for (const auto& r : rows)
       std::printf("%-12s %9.3f %8.3f %8.3f   %-12s %9.3f %8.3f %8.3f %7.2f %9.2f\n", r.op, r.s, gb / r.s, r.cpu,
                   r.base, r.bs, gb / r.bs, r.bcpu, r.bs / r.s, r.bcpu / r.cpu);
+    std::printf("%-12s %9.3f %8.3f %8.3f   %-12s %9.3f %8.3f %8.3f %7.2f %9.2f\n", "consolidate", consolidate_s,
+                consolidated / 1e9 / consolidate_s, consolidate_cpu, "read+write", copy_s, consolidated / 1e9 / copy_s,
+                copy_cpu, copy_s / consolidate_s, copy_cpu / consolidate_cpu);
     std::printf("peak bytes allocated beyond what a rank held: save %ld (target <= shard %ld + largest unit %ld), "
                 "load %ld\n", (long)extra[0].item<int64_t>(), (long)shard_bytes, (long)unit_bytes,
                 (long)extra[1].item<int64_t>());
@@ -219,6 +259,11 @@ int rank_main(int argc, char** argv) {
                   "\"baseline_gb_s\": %.4f, \"baseline_cpu_seconds\": %.4f, \"ratio\": %.3f, \"cpu_ratio\": %.3f}\n",
                   r.op, world, (long)bytes, r.s, gb / r.s, r.cpu, r.base, r.bs, gb / r.bs, r.bcpu, r.bs / r.s,
                   r.bcpu / r.cpu);
+    std::printf("{\"op\": \"consolidate\", \"ranks\": 1, \"bytes\": %ld, \"seconds\": %.4f, \"gb_s\": %.4f, "
+                "\"cpu_seconds\": %.4f, \"baseline\": \"read+write+fsync\", \"baseline_seconds\": %.4f, "
+                "\"baseline_gb_s\": %.4f, \"baseline_cpu_seconds\": %.4f, \"ratio\": %.3f, \"cpu_ratio\": %.3f}\n",
+                (long)consolidated, consolidate_s, consolidated / 1e9 / consolidate_s, consolidate_cpu, copy_s,
+                consolidated / 1e9 / copy_s, copy_cpu, copy_s / consolidate_s, copy_cpu / consolidate_cpu);
   }
   dist::barrier(pg);
   if (rank == 0) fs::remove_all(dir);
