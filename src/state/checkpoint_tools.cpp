@@ -6,6 +6,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <sstream>
 
@@ -14,6 +15,7 @@
 
 #include "checkpoint_format.h"
 #include "checkpoint_zip.h"
+#include "fsdp/state/checkpoint_testing.h"
 
 namespace fsdp {
 
@@ -22,6 +24,8 @@ using json = nlohmann::json;
 namespace fmt = state::format;
 
 namespace {
+
+std::atomic<bool> zip64_always{false};  // set_consolidate_zip64_always (checkpoint_testing.h)
 
 json read_metadata(const std::string& dir) {
   const std::string path = dir + "/" + fmt::kMetadataFile;
@@ -165,7 +169,7 @@ void consolidate_checkpoint(const std::string& dir, const std::string& out) {
   const std::string tmp = out + ".tmp";
   try {
     fmt::StoredZipWriter writer(tmp, "archive");  // torch.save's directory name
-    writer.force_zip64(std::getenv("FSDP_CKPT_TEST_ZIP64") != nullptr);
+    writer.force_zip64(zip64_always.load(std::memory_order_relaxed));
     writer.write_record("data.pkl", pickle.data(), pickle.size());
     fmt::RankFileReader reader(dir);
     // 1 MiB, or the largest item if smaller; through the CPU allocator, so
@@ -218,3 +222,7 @@ void consolidate_checkpoint(const std::string& dir, const std::string& out) {
 }
 
 }  // namespace fsdp
+
+namespace fsdp::detail {
+void set_consolidate_zip64_always(bool on) { zip64_always.store(on, std::memory_order_relaxed); }
+}  // namespace fsdp::detail
