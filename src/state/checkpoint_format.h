@@ -108,14 +108,6 @@ class RankFileReader {
   void read_checked(const Record& r, char* dst, size_t window, const std::function<void(const char*, size_t)>* sink);
   std::string dir_;
   std::map<std::string, int> fds_;
-  // Per file: whether a read found pages missing from the page cache (then the
-  // reader asks for read-ahead; see [Note: read-ahead only from disk]), and the
-  // end of the read-ahead requested so far.
-  struct FileState {
-    bool cold = false;
-    int64_t ahead = 0;
-  };
-  std::map<std::string, FileState> files_;
 };
 
 void write_file_synced(const std::string& path, const std::string& contents);
