@@ -1,16 +1,29 @@
-// bench_checkpoint: 4 ranks save and load a sharded checkpoint of a ~100M-parameter
-// model with Adam state, against a plain sequential write + read of the same bytes
-// per rank (both fsync'd, both evicted from the page cache before reading with
-// posix_fadvise(DONTNEED), which works on clean pages without root).
+// bench_checkpoint: P ranks save and load a sharded checkpoint of a ~100M-parameter
+// model with Adam state, each against a baseline of the same bytes with the same
+// number of processes and files (one per rank), measured in the same run:
+//
+//   save (cold)   vs plain write + fsync of the same bytes per rank
+//   load (cold)   vs plain read of the same bytes per rank; both evicted from the
+//                 page cache first (fdatasync + posix_fadvise(DONTNEED), which
+//                 works on clean pages without root)
+//   load (cached) vs plain read + CRC-32 of the same bytes, both in the page cache
+//   consolidate   (fsdp-ckpt consolidate, one process) vs copying as many bytes
+//                 out of the rank files into one file + fsync
+//
+// The plain reads land in a buffer the size of the rank's bytes, touched
+// beforehand, as a load lands in the model's (already touched) parameter and
+// optimizer storage. Ratio = baseline seconds / checkpoint seconds (target >= 0.8).
 //
 //   bench_checkpoint [--params N] [--dir DIR] [--nproc P]
 //
 // Without RANK in the environment it re-executes itself under fsdp-run (same bin
-// directory). Prints a table and JSON lines {op, bytes, seconds, gb_s, disk_gb_s}
-// (bytes: all ranks together; disk_gb_s: the plain write/read of the same bytes).
-// Also reports the bytes allocated on each rank during save beyond what it held
-// (target: <= its shard + the largest unit; the save makes no copies).
+// directory). Prints a table and JSON lines {op, ranks, bytes, seconds, gb_s,
+// baseline, baseline_seconds, baseline_gb_s, ratio} (bytes: all ranks together).
+// Also reports the bytes allocated on each rank during save and load beyond what
+// it held (save target: <= its shard + the largest unit; the save makes no copies).
+#include <dlfcn.h>
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -21,6 +34,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -31,12 +45,21 @@
 #include "fsdp/fsdp/fully_sharded.h"
 #include "fsdp/state/checkpoint.h"
 #include "fsdp/state/checkpoint_testing.h"
+#include "fsdp/state/checkpoint_tools.h"
 #include "harness/counting_allocator.h"  // header-only; the benchmark does not link the harness
 
 using namespace fsdp;
 namespace fs = std::filesystem;
 
 namespace {
+
+// CPU seconds (user + system, all threads) this process has used: the cost per
+// byte, which a loaded machine disturbs far less than the wall clock.
+double cpu_now() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
 
 double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -50,8 +73,45 @@ void evict(const std::string& path) {
   ::close(fd);
 }
 
-void evict_dir(const std::string& dir) {
-  for (const auto& e : fs::directory_iterator(dir)) evict(e.path().string());
+// The CRC-32 the library uses (libdeflate when present, zlib otherwise or with
+// FSDP_CKPT_ZLIB_CRC), so the cached-load baseline checksums as a load must.
+using Crc32Fn = unsigned long (*)(unsigned long, const void*, size_t);
+Crc32Fn crc32_fn() {
+  static const Crc32Fn fn = [] {
+    void* lib = std::getenv("FSDP_CKPT_ZLIB_CRC") ? nullptr : ::dlopen("libdeflate.so.0", RTLD_NOW | RTLD_LOCAL);
+    if (lib) return reinterpret_cast<Crc32Fn>(::dlsym(lib, "libdeflate_crc32"));
+    return reinterpret_cast<Crc32Fn>(::dlsym(::dlopen("libz.so.1", RTLD_NOW | RTLD_LOCAL), "crc32"));
+  }();
+  return fn;
+}
+
+// Plain I/O of one file, in 8 MiB calls: the baseline a checkpoint is held to.
+void plain_write(const std::string& path, const char* data, int64_t n) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  TORCH_CHECK(fd >= 0, "bench_checkpoint: cannot create ", path);
+  for (int64_t done = 0; done < n;) {
+    const ssize_t w = ::write(fd, data + done, std::min<int64_t>(n - done, 8 << 20));
+    TORCH_CHECK(w > 0, "bench_checkpoint: writing ", path, " failed");
+    done += w;
+  }
+  TORCH_CHECK(::fsync(fd) == 0, "bench_checkpoint: fsync of ", path, " failed");
+  ::close(fd);
+}
+
+// Reads the file into `dst`; with `crc`, checksums each 1 MiB chunk after reading it.
+void plain_read(const std::string& path, char* dst, int64_t n, bool crc) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  TORCH_CHECK(fd >= 0, "bench_checkpoint: cannot open ", path);
+  unsigned long c = 0;
+  for (int64_t done = 0; done < n;) {
+    const ssize_t r = ::read(fd, dst + done, std::min<int64_t>(n - done, crc ? (1 << 20) : (8 << 20)));
+    TORCH_CHECK(r > 0, "bench_checkpoint: reading ", path, " failed");
+    if (crc) c = crc32_fn()(c, dst + done, static_cast<size_t>(r));
+    done += r;
+  }
+  ::close(fd);
+  volatile unsigned long sink = c;
+  (void)sink;
 }
 
 const char* kUsage =
@@ -115,16 +175,28 @@ int rank_main(int argc, char** argv) {
   const int64_t shard_bytes = (numel / world) * 4 * 3;  // params + exp_avg + exp_avg_sq
 
   if (rank == 0) fs::remove_all(dir);
+  if (rank == 0) fs::create_directories(dir);
   dist::barrier(pg);
+  // Every timed region runs between barriers, so it ends when the slowest rank is done.
+  std::vector<double> cpu;  // this rank's CPU seconds of each timed region, in order
+  auto timed = [&](const std::function<void()>& f) {
+    dist::barrier(pg);
+    const double t0 = now(), c0 = cpu_now();
+    f();
+    cpu.push_back(cpu_now() - c0);
+    dist::barrier(pg);
+    return now() - t0;
+  };
+  auto peak_since = [&](const std::function<void()>& f, double* seconds) {
+    const int64_t live_before = counter->live();
+    counter->reset_peak();
+    *seconds = timed(f);
+    return counter->peak() - live_before;
+  };
+
   // 1. Checkpoint save (the timed region includes every rank's fsync and the rename).
-  const int64_t live_before = counter->live();
-  counter->reset_peak();
-  dist::barrier(pg);
-  double t0 = now();
-  save_checkpoint(dir + "/ckpt", *model, &opt);
-  dist::barrier(pg);
-  const double save_s = now() - t0;
-  const int64_t save_extra = counter->peak() - live_before;
+  double save_s = 0, load_cold_s = 0, load_cached_s = 0;
+  const int64_t save_extra = peak_since([&] { save_checkpoint(dir + "/ckpt", *model, &opt); }, &save_s);
   int64_t bytes = 0;
   for (const auto& e : fs::directory_iterator(dir + "/ckpt"))
     if (e.path().extension() == ".bin") bytes += static_cast<int64_t>(e.file_size());
@@ -133,60 +205,101 @@ int rank_main(int argc, char** argv) {
   const std::string my_file = dir + name;
   const int64_t my_bytes = fs::exists(my_file) ? static_cast<int64_t>(fs::file_size(my_file)) : 0;
 
-  // 2. Load (same world size), from disk.
-  if (rank == 0) evict_dir(dir + "/ckpt");
-  dist::barrier(pg);
-  t0 = now();
-  load_checkpoint(dir + "/ckpt", *model, &opt);
-  dist::barrier(pg);
-  const double load_s = now() - t0;
+  // 2. Load (same world size) from disk, then again from the page cache.
+  evict(my_file);
+  if (rank == 0) evict(dir + "/ckpt/metadata.json");
+  const int64_t load_extra = peak_since([&] { load_checkpoint(dir + "/ckpt", *model, &opt); }, &load_cold_s);
+  load_cached_s = timed([&] { load_checkpoint(dir + "/ckpt", *model, &opt); });
 
-  // 3. Plain sequential write + read of the same bytes per rank, in parallel.
+  // 3. The baselines: the same bytes per rank, one file per rank, same processes.
   const std::string plain = dir + "/plain_rank" + std::to_string(rank) + ".bin";
-  std::vector<char> buf(8 << 20, 1);
-  dist::barrier(pg);
-  t0 = now();
-  {
-    const int fd = ::open(plain.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    for (int64_t left = my_bytes; left > 0;) {
-      const ssize_t w = ::write(fd, buf.data(), std::min<int64_t>(left, buf.size()));
-      if (w <= 0) break;
-      left -= w;
-    }
-    ::fsync(fd);
-    ::close(fd);
-  }
-  dist::barrier(pg);
-  const double disk_write_s = now() - t0;
+  auto data = at::empty({std::max<int64_t>(my_bytes, 1)}, at::kByte);
+  char* buf = reinterpret_cast<char*>(data.data_ptr<uint8_t>());
+  for (int64_t i = 0; i < my_bytes; ++i) buf[i] = static_cast<char>(i * 131 + (i >> 12));  // touched, not zero
+  const double write_s = timed([&] { plain_write(plain, buf, my_bytes); });
   evict(plain);
-  dist::barrier(pg);
-  t0 = now();
-  {
-    const int fd = ::open(plain.c_str(), O_RDONLY);
-    while (::read(fd, buf.data(), buf.size()) > 0) {
-    }
-    ::close(fd);
-  }
-  dist::barrier(pg);
-  const double disk_read_s = now() - t0;
+  const double read_cold_s = timed([&] { plain_read(plain, buf, my_bytes, false); });
+  // Straight after the cold read, as the cached load follows the cold load: the
+  // same page-cache history (pages read once, not yet promoted to the active list).
+  const double read_crc_s = timed([&] { plain_read(plain, buf, my_bytes, true); });
+  data = at::Tensor();
 
-  auto extra = torch::tensor({save_extra}, torch::kLong);
+  // 4. fsdp-ckpt consolidate (rank 0, one process) against copying the same
+  // number of bytes out of the rank files into one file + fsync, through a 1 MiB
+  // buffer; both read the checkpoint from the page cache (the loads left it there).
+  double consolidate_s = 0, copy_s = 0, consolidate_cpu = 0, copy_cpu = 0;
+  int64_t consolidated = 0;
+  if (rank == 0) {
+    const std::string out = dir + "/full.pt";
+    double t0 = now(), c0 = cpu_now();
+    consolidate_checkpoint(dir + "/ckpt", out);
+    consolidate_s = now() - t0;
+    consolidate_cpu = cpu_now() - c0;
+    consolidated = static_cast<int64_t>(fs::file_size(out));
+    std::vector<char> chunk(1 << 20);
+    t0 = now();
+    c0 = cpu_now();
+    const int ofd = ::open((dir + "/copy.bin").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int64_t left = consolidated;
+    for (int r = 0; r < world && left > 0; ++r) {
+      char f[64];
+      std::snprintf(f, sizeof(f), "/ckpt/shard_rank%05d.bin", r);
+      const int ifd = ::open((dir + f).c_str(), O_RDONLY);
+      ssize_t n = 0;
+      while (left > 0 && (n = ::read(ifd, chunk.data(), std::min<int64_t>(left, chunk.size()))) > 0) {
+        TORCH_CHECK(::write(ofd, chunk.data(), n) == n, "bench_checkpoint: writing copy.bin failed");
+        left -= n;
+      }
+      ::close(ifd);
+    }
+    ::fsync(ofd);
+    ::close(ofd);
+    copy_s = now() - t0;
+    copy_cpu = cpu_now() - c0;
+  }
+
+  auto extra = torch::tensor({save_extra, load_extra}, torch::kLong);
   dist::all_reduce(pg, extra, dist::ReduceOp::Max).wait();
+  auto cpu_all = torch::tensor(cpu, torch::kDouble);  // summed over ranks
+  dist::all_reduce(pg, cpu_all).wait();
+  const auto c = cpu_all.accessor<double, 1>();
   if (rank == 0) {
     const double gb = bytes / 1e9;
-    std::printf("bench_checkpoint: %d ranks, %d layers of %ldx%ld, %.1fM parameters, Adam state; %.2f GB on disk "
-                "in %s\n", world, layers, (long)d, (long)d, numel / 1e6, gb, dir.c_str());
-    std::printf("%-10s %10s %10s %12s %10s\n", "op", "seconds", "GB/s", "disk GB/s", "ratio");
-    std::printf("%-10s %10.3f %10.3f %12.3f %10.2f\n", "save", save_s, gb / save_s, gb / disk_write_s,
-                disk_write_s / save_s);
-    std::printf("%-10s %10.3f %10.3f %12.3f %10.2f\n", "load", load_s, gb / load_s, gb / disk_read_s,
-                disk_read_s / load_s);
-    std::printf("peak bytes allocated during save beyond what a rank held: %ld (target <= shard %ld + largest "
-                "unit %ld)\n", (long)extra.item<int64_t>(), (long)shard_bytes, (long)unit_bytes);
-    std::printf("{\"op\": \"save\", \"bytes\": %ld, \"seconds\": %.4f, \"gb_s\": %.4f, \"disk_gb_s\": %.4f}\n",
-                (long)bytes, save_s, gb / save_s, gb / disk_write_s);
-    std::printf("{\"op\": \"load\", \"bytes\": %ld, \"seconds\": %.4f, \"gb_s\": %.4f, \"disk_gb_s\": %.4f}\n",
-                (long)bytes, load_s, gb / load_s, gb / disk_read_s);
+    std::printf("bench_checkpoint: %d ranks, %d layers of %ldx%ld, %.1fM parameters, Adam state; %.3f GB on disk "
+                "in %s; CRC-32 %s\n", world, layers, (long)d, (long)d, numel / 1e6, gb, dir.c_str(),
+                std::getenv("FSDP_CKPT_ZLIB_CRC") ? "zlib" : "libdeflate if present");
+    struct Row {
+      const char* op;
+      double s, cpu;
+      const char* base;
+      double bs, bcpu;
+    };
+    // Timed regions in order: save, load cold, load cached, write, read cold, read + CRC.
+    const Row rows[] = {{"save_cold", save_s, c[0], "write+fsync", write_s, c[3]},
+                        {"load_cold", load_cold_s, c[1], "read", read_cold_s, c[4]},
+                        {"load_cached", load_cached_s, c[2], "read+crc", read_crc_s, c[5]}};
+    std::printf("%-12s %9s %8s %8s   %-12s %9s %8s %8s %7s %9s\n", "op", "seconds", "GB/s", "cpu s", "baseline",
+                "seconds", "GB/s", "cpu s", "ratio", "cpu ratio");
+    for (const auto& r : rows)
+      std::printf("%-12s %9.3f %8.3f %8.3f   %-12s %9.3f %8.3f %8.3f %7.2f %9.2f\n", r.op, r.s, gb / r.s, r.cpu,
+                  r.base, r.bs, gb / r.bs, r.bcpu, r.bs / r.s, r.bcpu / r.cpu);
+    std::printf("%-12s %9.3f %8.3f %8.3f   %-12s %9.3f %8.3f %8.3f %7.2f %9.2f\n", "consolidate", consolidate_s,
+                consolidated / 1e9 / consolidate_s, consolidate_cpu, "read+write", copy_s, consolidated / 1e9 / copy_s,
+                copy_cpu, copy_s / consolidate_s, copy_cpu / consolidate_cpu);
+    std::printf("peak bytes allocated beyond what a rank held: save %ld (target <= shard %ld + largest unit %ld), "
+                "load %ld\n", (long)extra[0].item<int64_t>(), (long)shard_bytes, (long)unit_bytes,
+                (long)extra[1].item<int64_t>());
+    for (const auto& r : rows)
+      std::printf("{\"op\": \"%s\", \"ranks\": %d, \"bytes\": %ld, \"seconds\": %.4f, \"gb_s\": %.4f, "
+                  "\"cpu_seconds\": %.4f, \"baseline\": \"%s\", \"baseline_seconds\": %.4f, "
+                  "\"baseline_gb_s\": %.4f, \"baseline_cpu_seconds\": %.4f, \"ratio\": %.3f, \"cpu_ratio\": %.3f}\n",
+                  r.op, world, (long)bytes, r.s, gb / r.s, r.cpu, r.base, r.bs, gb / r.bs, r.bcpu, r.bs / r.s,
+                  r.bcpu / r.cpu);
+    std::printf("{\"op\": \"consolidate\", \"ranks\": 1, \"bytes\": %ld, \"seconds\": %.4f, \"gb_s\": %.4f, "
+                "\"cpu_seconds\": %.4f, \"baseline\": \"read+write+fsync\", \"baseline_seconds\": %.4f, "
+                "\"baseline_gb_s\": %.4f, \"baseline_cpu_seconds\": %.4f, \"ratio\": %.3f, \"cpu_ratio\": %.3f}\n",
+                (long)consolidated, consolidate_s, consolidated / 1e9 / consolidate_s, consolidate_cpu, copy_s,
+                consolidated / 1e9 / copy_s, copy_cpu, copy_s / consolidate_s, copy_cpu / consolidate_cpu);
   }
   dist::barrier(pg);
   if (rank == 0) fs::remove_all(dir);

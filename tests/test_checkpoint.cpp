@@ -268,6 +268,32 @@ TEST(Checkpoint, CorruptionAndTruncationNameTheFile) {
       EXPECT_NE(err.find("shard_rank00000.bin"), std::string::npos) << err;
       EXPECT_NE(err.find("truncated"), std::string::npos) << err;
     });
+    run_case("consolidate of a flipped byte fails naming the file and leaves no output", [&] {
+      if (pg.rank() != 0) return;
+      const std::string out = dir + "_flip.pt";
+      const auto err = error_of([&] { consolidate_checkpoint(dir + "_flip", out); });
+      EXPECT_NE(err.find("shard_rank00001.bin"), std::string::npos) << err;
+      EXPECT_NE(err.find("checksum"), std::string::npos) << err;
+      EXPECT_FALSE(fs::exists(out));
+      EXPECT_FALSE(fs::exists(out + ".tmp"));
+    });
+    const StateDict full = state_dict(*m);  // collective: every rank
+    run_case("consolidate with ZIP64 fields reads back as without them", [&] {
+      if (pg.rank() != 0) return;
+      consolidate_checkpoint(dir, dir + ".pt");
+      fsdp::detail::set_consolidate_zip64_always(true);
+      consolidate_checkpoint(dir, dir + "_zip64.pt");
+      fsdp::detail::set_consolidate_zip64_always(false);
+      EXPECT_GT(fs::file_size(dir + "_zip64.pt"), fs::file_size(dir + ".pt")) << "no ZIP64 fields were written";
+      auto plain = load_full_state_dict(dir + ".pt"), z64 = load_full_state_dict(dir + "_zip64.pt");
+      ASSERT_EQ(plain.size(), full.size());
+      ASSERT_EQ(z64.size(), full.size());
+      for (const auto& kv : full) {
+        ASSERT_NE(z64.find(kv.key()), nullptr) << kv.key();
+        EXPECT_TRUE(torch::equal(plain[kv.key()], kv.value())) << kv.key();
+        EXPECT_TRUE(torch::equal(z64[kv.key()], kv.value())) << kv.key();
+      }
+    });
     run_case("missing checkpoint", [&] {
       auto m2 = wrap(1, pg, ShardingStrategy::FULL_SHARD, true);
       const auto err = error_of([&] { load_checkpoint(dir + "_none", *m2, nullptr); });

@@ -339,8 +339,20 @@ CheckpointExtra load_checkpoint(const std::string& dir, FullyShardedBase& model,
         state::ParamOptimState s;
         s.step = steps.value(name, int64_t{0});
         if (kit != kinds_of.end()) {
+          // Read into the optimizer's own state tensors when they have the
+          // parameter's shape and dtype (a resume into a model that has already
+          // stepped, or a second load): no allocation, and no page faults and
+          // kernel zero-fill of fresh memory, which cost as much as the read.
+          const auto current = state::get_param_state(*optimizer, param);
           for (const auto& k : kit->second) {
-            auto t = at::empty(param.sizes(), param.options().requires_grad(false));
+            at::Tensor t;
+            if (current && current->tensors.count(k)) {
+              const at::Tensor& c = current->tensors.at(k);
+              if (c.sizes() == param.sizes() && c.scalar_type() == param.scalar_type() && c.is_contiguous() &&
+                  c.device().is_cpu() && !c.requires_grad())
+                t = c;
+            }
+            if (!t.defined()) t = at::empty(param.sizes(), param.options().requires_grad(false));
             fill(l, reader, name, k, t.view({-1}), p.begin, p.end);
             s.tensors[k] = t;
           }

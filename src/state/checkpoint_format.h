@@ -10,6 +10,7 @@
 // (one per rank piece, some empty); together they cover [0, numel) exactly once.
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -94,12 +95,19 @@ class RankFileReader {
   at::Tensor read(const Record& r);
   // Same, into `dst` (the record's bytes), without an intermediate buffer.
   void read_into(const Record& r, void* dst);
+  // Same, through `buf` (`buf_bytes` at a time, so it stays in the CPU cache):
+  // each chunk goes to `sink` right after it is read and checksummed. The CRC is
+  // checked when the whole record has gone by, so on an error `sink` has seen
+  // bytes that are wrong: a caller writes them only to a file it then discards.
+  void stream(const Record& r, char* buf, size_t buf_bytes, const std::function<void(const char*, size_t)>& sink);
 
  private:
   int fd_of(const std::string& file);
+  // read_into (sink == nullptr: `dst` holds the record) and stream (`dst` is a
+  // `window`-byte buffer, reused per chunk).
+  void read_checked(const Record& r, char* dst, size_t window, const std::function<void(const char*, size_t)>* sink);
   std::string dir_;
   std::map<std::string, int> fds_;
-  std::map<std::string, int64_t> prefetched_;  // file -> end of the read-ahead requested so far
 };
 
 void write_file_synced(const std::string& path, const std::string& contents);

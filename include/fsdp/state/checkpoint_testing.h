@@ -24,4 +24,9 @@ void set_checkpoint_record_hook(CheckpointRecordHook hook);
 /// FSDP_CKPT_ZLIB_CRC=1). Process-wide; set it before saving or loading.
 void set_checkpoint_crc_zlib(bool on);
 
+/// consolidate_checkpoint writes ZIP64 size, offset and end-of-directory fields
+/// for every record even below 4 GiB, so tests can check that torch's readers
+/// accept them without writing 4 GiB. Process-wide.
+void set_consolidate_zip64_always(bool on);
+
 }  // namespace fsdp::detail

@@ -14,9 +14,12 @@ std::string inspect_checkpoint(const std::string& dir, bool verify, bool* ok = n
 
 /// Writes the full model state dict (parameters and buffers, full shapes, by
 /// their names in the unwrapped model) held in checkpoint `dir` to `out` as a
-/// plain dict of tensors that Python's torch.load reads. Streams: one item at a
-/// time is assembled from its records and written to the zip archive, so peak
-/// memory is the largest item plus a constant. Every record's CRC is checked.
+/// plain dict of tensors that Python's torch.load reads (torch.save's zip
+/// layout, stored, 64-byte aligned). Streams: every item goes from its records
+/// to the archive through one buffer of 1 MiB (or the largest item, if
+/// smaller), so peak memory is that buffer plus a constant. Every record's CRC
+/// is checked; the file is written as `out`.tmp, fsync'd and renamed to `out`,
+/// so a failed consolidate leaves no partial `out`.
 void consolidate_checkpoint(const std::string& dir, const std::string& out);
 
 }  // namespace fsdp
