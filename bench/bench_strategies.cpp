@@ -69,6 +69,7 @@ struct Args {
   std::string model = "mlp", strategy = "no_shard", optim = "adam", prefetch = "default";
   int repeat = 2;
   int rounds = 2;  // rank mode: alternations of ceiling and step
+  std::string only;  // rank mode, for profilers: "step" or "ceiling" runs just that loop
   int shard_group = 0;
   double bucket_mb = 0;  // Options::bucket_cap_mb
 };
@@ -84,7 +85,7 @@ const char* kUsage =
     "usage: bench_strategies [--steps 30] [--warmup 5] [--models mlp,transformer] [--no-python]\n"
     "                        [--cpu-adam] [--repeat 2]\n"
     "  rank mode (set by the launcher): --model M --strategy S --optim O --prefetch none|default|fwd\n"
-    "                                   --shard-group G --bucket-mb MB\n";
+    "                                   --shard-group G --bucket-mb MB [--rounds 2] [--only step|ceiling]\n";
 
 [[noreturn]] void usage_error(const std::string& why) {
   fsdp::tools::print_error("bench_strategies", why + "\n" + kUsage);
@@ -126,6 +127,7 @@ Args parse_args(int argc, char** argv) {
     else if (k == "--prefetch") a.prefetch = next();
     else if (k == "--repeat") a.repeat = number<int>(k, next());
     else if (k == "--rounds") a.rounds = number<int>(k, next());
+    else if (k == "--only") a.only = next();
     else if (k == "--shard-group") a.shard_group = number<int>(k, next());
     else if (k == "--bucket-mb") a.bucket_mb = number<double>(k, next());
     else usage_error("unknown argument '" + k + "'");
@@ -202,6 +204,13 @@ int rank_main(const Args& a) {
   for (int i = 0; i < a.warmup; ++i) {
     step();
     plain.step();
+  }
+  if (!a.only.empty()) {
+    // For a profiler attached to the rank (perf record, callgrind): one loop, no report.
+    if (a.only != "step" && a.only != "ceiling") usage_error("--only expects step or ceiling, got '" + a.only + "'");
+    const double ms = a.only == "step" ? fsdp::bench::timed_together_ms(pg, a.steps, step) : plain.ms(pg, a.steps);
+    if (pg.rank() == 0) std::printf("%s: %.3f ms per step\n", a.only.c_str(), ms);
+    return 0;
   }
   // Rounds alternate the ceiling and the step, each keeping its fastest round:
   // load that comes and goes on a shared machine hits both alike.
