@@ -70,6 +70,7 @@ struct Args {
   int repeat = 2;
   int rounds = 2;  // rank mode: alternations of ceiling and step
   std::string only;  // rank mode, for profilers: "step" or "ceiling" runs just that loop
+  bool breakdown = false;  // rank mode: also time the step's phases against the plain ones
   int shard_group = 0;
   double bucket_mb = 0;  // Options::bucket_cap_mb
 };
@@ -85,7 +86,8 @@ const char* kUsage =
     "usage: bench_strategies [--steps 30] [--warmup 5] [--models mlp,transformer] [--no-python]\n"
     "                        [--cpu-adam] [--repeat 2]\n"
     "  rank mode (set by the launcher): --model M --strategy S --optim O --prefetch none|default|fwd\n"
-    "                                   --shard-group G --bucket-mb MB [--rounds 2] [--only step|ceiling]\n";
+    "                                   --shard-group G --bucket-mb MB [--rounds 2] [--only step|ceiling]\n"
+    "                                   [--breakdown]\n";
 
 [[noreturn]] void usage_error(const std::string& why) {
   fsdp::tools::print_error("bench_strategies", why + "\n" + kUsage);
@@ -128,6 +130,7 @@ Args parse_args(int argc, char** argv) {
     else if (k == "--repeat") a.repeat = number<int>(k, next());
     else if (k == "--rounds") a.rounds = number<int>(k, next());
     else if (k == "--only") a.only = next();
+    else if (k == "--breakdown") a.breakdown = true;
     else if (k == "--shard-group") a.shard_group = number<int>(k, next());
     else if (k == "--bucket-mb") a.bucket_mb = number<double>(k, next());
     else usage_error("unknown argument '" + k + "'");
@@ -255,6 +258,52 @@ int rank_main(const Args& a) {
     case fsdp::ShardingStrategy::HYBRID_SHARD:
       optimum = 3 * psi * (g - 1) / g + 2 * (psi / g) * (r - 1) / r;
       break;
+  }
+  if (a.breakdown) {
+    // The step's phases beside the plain model's, every rank at once: what FSDP adds
+    // to forward (gathers, hooks, views) and to backward (gathers, flattening,
+    // reductions, hooks), and the optimizer. Rank 0's means, after the rounds above.
+    using clock = std::chrono::steady_clock;
+    auto ms_since = [](clock::time_point t) { return std::chrono::duration<double, std::milli>(clock::now() - t).count(); };
+    double zero = 0, fwd = 0, bwd = 0, optim = 0, plain_zero = 0, plain_fwd = 0, plain_bwd = 0;
+    fsdp::dist::barrier(pg);
+    for (int i = 0; i < a.steps; ++i) {
+      auto t = clock::now();
+      opt->zero_grad();
+      zero += ms_since(t);
+      t = clock::now();
+      auto loss = torch::nn::functional::cross_entropy(model->forward(x), y);
+      fwd += ms_since(t);
+      t = clock::now();
+      loss.backward();
+      bwd += ms_since(t);
+      t = clock::now();
+      opt->step();
+      optim += ms_since(t);
+    }
+    auto plain_model = make_model(a.model);
+    for (int i = 0; i < a.warmup + 1; ++i)
+      torch::nn::functional::cross_entropy(plain_model->forward(x), y).backward();
+    fsdp::dist::barrier(pg);
+    for (int i = 0; i < a.steps; ++i) {
+      auto t = clock::now();
+      for (auto& p : plain_model->parameters()) p.mutable_grad().zero_();
+      plain_zero += ms_since(t);
+      t = clock::now();
+      auto loss = torch::nn::functional::cross_entropy(plain_model->forward(x), y);
+      plain_fwd += ms_since(t);
+      t = clock::now();
+      loss.backward();
+      plain_bwd += ms_since(t);
+    }
+    fsdp::dist::barrier(pg);
+    const double k = 1.0 / a.steps;
+    if (pg.rank() == 0)
+      std::printf("{\"breakdown\": \"%s %s\", \"zero_grad_ms\": %.3f, \"forward_ms\": %.3f, \"backward_ms\": %.3f, "
+                  "\"optimizer_step_ms\": %.3f, \"plain_zero_ms\": %.3f, \"plain_forward_ms\": %.3f, "
+                  "\"plain_backward_ms\": %.3f}\n",
+                  a.model.c_str(), a.strategy.c_str(), zero * k, fwd * k, bwd * k, optim * k, plain_zero * k,
+                  plain_fwd * k, plain_bwd * k);
   }
   const char* shm_env = std::getenv("FSDP_SHARED_MEMORY");
   const bool shm = !(shm_env && std::string(shm_env) == "0");
