@@ -33,6 +33,15 @@
 // rank 0's ru_maxrss. ring_optimum_bytes is the per-rank ring optimum for the
 // strategy (2Psi(N-1)/N for NO_SHARD and SHARD_GRAD_OP, 3Psi(N-1)/N for FULL_SHARD;
 // HYBRID: 3Psi(g-1)/g in the shard group plus 2(Psi/g)(R-1)/R across the R replicas).
+//
+// Against the compute ceiling (bench/compute_ceiling.h), in the same rank processes:
+// ceiling_ms = the unwrapped model's forward + backward on this rank's slice with every
+// rank at once, alternated with the step in --rounds rounds (fastest of each kept);
+// attainable_ms = ceiling + the optimizer over the parameters this rank owns + one copy
+// of bytes_communicated at the memcpy bandwidth measured with every rank copying.
+// Rows with FSDP_SHARED_MEMORY=0 ("+gloo-tcp") show the cross-host transport.
+// --breakdown prints the step's phases beside the plain model's; --only step|ceiling
+// runs one loop for a profiler (docs/benchmarks.md).
 
 #include <sys/resource.h>
 #include <unistd.h>
