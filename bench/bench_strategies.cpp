@@ -33,6 +33,15 @@
 // rank 0's ru_maxrss. ring_optimum_bytes is the per-rank ring optimum for the
 // strategy (2Psi(N-1)/N for NO_SHARD and SHARD_GRAD_OP, 3Psi(N-1)/N for FULL_SHARD;
 // HYBRID: 3Psi(g-1)/g in the shard group plus 2(Psi/g)(R-1)/R across the R replicas).
+//
+// Against the compute ceiling (bench/compute_ceiling.h), in the same rank processes:
+// ceiling_ms = the unwrapped model's forward + backward on this rank's slice with every
+// rank at once, alternated with the step in --rounds rounds (fastest of each kept);
+// attainable_ms = ceiling + the optimizer over the parameters this rank owns + one copy
+// of bytes_communicated at the memcpy bandwidth measured with every rank copying.
+// Rows with FSDP_SHARED_MEMORY=0 ("+gloo-tcp") show the cross-host transport.
+// --breakdown prints the step's phases beside the plain model's; --only step|ceiling
+// runs one loop for a profiler (docs/benchmarks.md).
 
 #include <sys/resource.h>
 #include <unistd.h>
@@ -53,6 +62,7 @@
 #include "fsdp/fsdp/fully_sharded.h"
 #include "fsdp/optim/cpu_adam.h"
 #include "bench_launch.h"
+#include "compute_ceiling.h"
 
 #ifndef FSDP_SOURCE_DIR
 #define FSDP_SOURCE_DIR "."
@@ -67,6 +77,9 @@ struct Args {
   // rank mode
   std::string model = "mlp", strategy = "no_shard", optim = "adam", prefetch = "default";
   int repeat = 2;
+  int rounds = 2;  // rank mode: alternations of ceiling and step
+  std::string only;  // rank mode, for profilers: "step" or "ceiling" runs just that loop
+  bool breakdown = false;  // rank mode: also time the step's phases against the plain ones
   int shard_group = 0;
   double bucket_mb = 0;  // Options::bucket_cap_mb
 };
@@ -82,7 +95,8 @@ const char* kUsage =
     "usage: bench_strategies [--steps 30] [--warmup 5] [--models mlp,transformer] [--no-python]\n"
     "                        [--cpu-adam] [--repeat 2]\n"
     "  rank mode (set by the launcher): --model M --strategy S --optim O --prefetch none|default|fwd\n"
-    "                                   --shard-group G --bucket-mb MB\n";
+    "                                   --shard-group G --bucket-mb MB [--rounds 2] [--only step|ceiling]\n"
+    "                                   [--breakdown]\n";
 
 [[noreturn]] void usage_error(const std::string& why) {
   fsdp::tools::print_error("bench_strategies", why + "\n" + kUsage);
@@ -123,6 +137,9 @@ Args parse_args(int argc, char** argv) {
     else if (k == "--optim") a.optim = next();
     else if (k == "--prefetch") a.prefetch = next();
     else if (k == "--repeat") a.repeat = number<int>(k, next());
+    else if (k == "--rounds") a.rounds = number<int>(k, next());
+    else if (k == "--only") a.only = next();
+    else if (k == "--breakdown") a.breakdown = true;
     else if (k == "--shard-group") a.shard_group = number<int>(k, next());
     else if (k == "--bucket-mb") a.bucket_mb = number<double>(k, next());
     else usage_error("unknown argument '" + k + "'");
@@ -193,17 +210,34 @@ int rank_main(const Args& a) {
     torch::nn::functional::cross_entropy(model->forward(x), y).backward();
     opt->step();
   };
-  for (int i = 0; i < a.warmup; ++i) step();
-  fsdp::dist::barrier(pg);
-  fsdp::dist::comm_counters().reset();
-  auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < a.steps; ++i) step();
-  const int64_t bytes = fsdp::dist::comm_counters().total() / a.steps;
-  fsdp::dist::barrier(pg);
-  auto el = torch::tensor({std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()},
-                          torch::kDouble);
-  fsdp::dist::all_reduce(pg, el, fsdp::dist::ReduceOp::Max).wait();
-  const double step_s = el.item<double>() / a.steps;
+  // The compute ceiling: the same model unwrapped, forward + backward of this
+  // rank's slice, every rank at once (bench/compute_ceiling.h).
+  fsdp::bench::PlainComputeProbe plain(make_model(a.model), x, y);
+  for (int i = 0; i < a.warmup; ++i) {
+    step();
+    plain.step();
+  }
+  if (!a.only.empty()) {
+    // For a profiler attached to the rank (perf record, callgrind): one loop, no report.
+    if (a.only != "step" && a.only != "ceiling") usage_error("--only expects step or ceiling, got '" + a.only + "'");
+    const double ms = a.only == "step" ? fsdp::bench::timed_together_ms(pg, a.steps, step) : plain.ms(pg, a.steps);
+    if (pg.rank() == 0) std::printf("%s: %.3f ms per step\n", a.only.c_str(), ms);
+    return 0;
+  }
+  // Rounds alternate the ceiling and the step, each keeping its fastest round:
+  // load that comes and goes on a shared machine hits both alike.
+  double step_ms = 0, ceiling_ms = 0;
+  int64_t bytes = 0;
+  for (int round = 0; round < std::max(1, a.rounds); ++round) {
+    const double c = plain.ms(pg, a.steps);
+    fsdp::dist::barrier(pg);
+    fsdp::dist::comm_counters().reset();
+    const double s = fsdp::bench::timed_together_ms(pg, a.steps, step);
+    bytes = fsdp::dist::comm_counters().total() / a.steps;
+    ceiling_ms = round == 0 ? c : std::min(ceiling_ms, c);
+    step_ms = round == 0 ? s : std::min(step_ms, s);
+  }
+  const double step_s = step_ms * 1e-3;
   auto mem = model->memory_stats();
   int64_t optim_bytes = 0;
   for (const auto& kv : opt->state()) {
@@ -212,6 +246,14 @@ int rank_main(const Args& a) {
     for (const auto* t : {&s->exp_avg(), &s->exp_avg_sq()})
       if (t->defined()) optim_bytes += t->numel() * int64_t(t->element_size());
   }
+  // The attainable bound: ceiling + this rank's optimizer over the parameters it
+  // owns (the flat shard; all of them for NO_SHARD) + one copy of every byte
+  // its collectives moved, at the memcpy bandwidth of all ranks copying at once.
+  const int64_t owned_numel = mem.param_shard_bytes / int64_t(sizeof(float));
+  const double optimizer_ms = fsdp::bench::optimizer_step_ms(pg, a.optim, owned_numel, a.steps);
+  const double memcpy_bps = fsdp::bench::memcpy_bytes_per_s(pg, int64_t(4) << 20, int64_t(64) << 20);
+  const double copy_ms = bytes / memcpy_bps * 1e3;
+  const double attainable_ms = ceiling_ms + optimizer_ms + copy_ms;
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
   const double psi = 4.0 * numel;
@@ -226,6 +268,65 @@ int rank_main(const Args& a) {
       optimum = 3 * psi * (g - 1) / g + 2 * (psi / g) * (r - 1) / r;
       break;
   }
+  if (a.breakdown) {
+    // The step's phases beside the plain model's, every rank at once: what FSDP adds
+    // to forward (gathers, hooks, views) and to backward (gathers, flattening,
+    // reductions, hooks), and the optimizer. Rank 0's means, after the rounds above.
+    using clock = std::chrono::steady_clock;
+    auto ms_since = [](clock::time_point t) { return std::chrono::duration<double, std::milli>(clock::now() - t).count(); };
+    double zero = 0, fwd = 0, bwd = 0, optim = 0, plain_zero = 0, plain_fwd = 0, plain_bwd = 0;
+    model->clear_trace();  // with FSDP_TRACE set: the spans of these steps only
+    fsdp::dist::barrier(pg);
+    for (int i = 0; i < a.steps; ++i) {
+      auto t = clock::now();
+      opt->zero_grad();
+      zero += ms_since(t);
+      t = clock::now();
+      auto loss = torch::nn::functional::cross_entropy(model->forward(x), y);
+      fwd += ms_since(t);
+      t = clock::now();
+      loss.backward();
+      bwd += ms_since(t);
+      t = clock::now();
+      opt->step();
+      optim += ms_since(t);
+    }
+    // Trace spans of those steps (FSDP_TRACE=<dir>; empty otherwise), summed per kind:
+    // forward/backward spans are a unit's compute including its waits and hooks;
+    // all_gather spans run from issue to the end of the wait, reduce spans from issue to
+    // completion (both overlap compute where prefetch issued them early).
+    double span_ms[4] = {0, 0, 0, 0};  // forward, backward, all_gather, reduce
+    const char* kinds[4] = {"forward ", "backward ", "all_gather ", "reduce "};
+    for (const auto& sp : model->trace_spans())
+      for (int i = 0; i < 4; ++i)
+        if (sp.name.rfind(kinds[i], 0) == 0) span_ms[i] += (sp.end_us - sp.begin_us) * 1e-3;
+    auto plain_model = make_model(a.model);
+    for (int i = 0; i < a.warmup + 1; ++i)
+      torch::nn::functional::cross_entropy(plain_model->forward(x), y).backward();
+    fsdp::dist::barrier(pg);
+    for (int i = 0; i < a.steps; ++i) {
+      auto t = clock::now();
+      for (auto& p : plain_model->parameters()) p.mutable_grad().zero_();
+      plain_zero += ms_since(t);
+      t = clock::now();
+      auto loss = torch::nn::functional::cross_entropy(plain_model->forward(x), y);
+      plain_fwd += ms_since(t);
+      t = clock::now();
+      loss.backward();
+      plain_bwd += ms_since(t);
+    }
+    fsdp::dist::barrier(pg);
+    const double k = 1.0 / a.steps;
+    if (pg.rank() == 0)
+      std::printf("{\"breakdown\": \"%s %s\", \"zero_grad_ms\": %.3f, \"forward_ms\": %.3f, \"backward_ms\": %.3f, "
+                  "\"optimizer_step_ms\": %.3f, \"plain_zero_ms\": %.3f, \"plain_forward_ms\": %.3f, "
+                  "\"plain_backward_ms\": %.3f, \"trace_forward_ms\": %.3f, \"trace_backward_ms\": %.3f, "
+                  "\"trace_all_gather_ms\": %.3f, \"trace_reduce_ms\": %.3f}\n",
+                  a.model.c_str(), a.strategy.c_str(), zero * k, fwd * k, bwd * k, optim * k, plain_zero * k,
+                  plain_fwd * k, plain_bwd * k, span_ms[0] * k, span_ms[1] * k, span_ms[2] * k, span_ms[3] * k);
+  }
+  const char* shm_env = std::getenv("FSDP_SHARED_MEMORY");
+  const bool shm = !(shm_env && std::string(shm_env) == "0");
   if (pg.rank() == 0) {
     std::string name = fsdp::to_string(strategy);
     if (a.optim == "cpuadam") name += "+CPUAdam";
@@ -237,13 +338,17 @@ int rank_main(const Args& a) {
       name += b;
     }
     if (strategy == fsdp::ShardingStrategy::HYBRID_SHARD) name += "(g=" + std::to_string(g) + ")";
+    if (!shm) name += "+gloo-tcp";
     std::printf(
         "{\"model\": \"%s\", \"strategy\": \"%s\", \"world_size\": %d, \"step_ms\": %.3f, "
         "\"samples_per_s\": %.1f, \"bytes_communicated\": %lld, \"param_bytes\": %lld, \"grad_bytes\": %lld, "
-        "\"optim_bytes\": %lld, \"peak_rss_bytes\": %lld, \"ring_optimum_bytes\": %lld}\n",
+        "\"optim_bytes\": %lld, \"peak_rss_bytes\": %lld, \"ring_optimum_bytes\": %lld, "
+        "\"transport\": \"%s\", \"ceiling_ms\": %.3f, \"vs_ceiling\": %.3f, \"optimizer_ms\": %.3f, "
+        "\"memcpy_gb_per_s\": %.2f, \"copy_ms\": %.3f, \"attainable_ms\": %.3f, \"vs_attainable\": %.3f}\n",
         a.model.c_str(), name.c_str(), n, step_s * 1e3, global_batch / step_s, (long long)bytes,
         (long long)mem.param_shard_bytes, (long long)mem.grad_shard_bytes, (long long)optim_bytes,
-        (long long)ru.ru_maxrss * 1024, (long long)optimum);
+        (long long)ru.ru_maxrss * 1024, (long long)optimum, shm ? "shm" : "gloo-tcp", ceiling_ms,
+        ceiling_ms / step_ms, optimizer_ms, memcpy_bps * 1e-9, copy_ms, attainable_ms, attainable_ms / step_ms);
     std::fflush(stdout);
   }
   return 0;
@@ -274,7 +379,7 @@ int launcher_main(const Args& a) {
   const std::string self = self_exe();
   const std::string dir = self.substr(0, self.rfind('/'));
   const std::string run = dir + "/fsdp-run";
-  struct Config { int n; std::string strategy, optim, prefetch; int g; double bucket_mb = 0; };
+  struct Config { int n; std::string strategy, optim, prefetch; int g; double bucket_mb = 0; bool tcp = false; };
   std::vector<Config> configs{{2, "no_shard", "adam", "default", 0},
                               {2, "no_shard", "adam", "default", 0, 25},
                               {2, "shard_grad_op", "adam", "default", 0},
@@ -288,6 +393,10 @@ int launcher_main(const Args& a) {
     configs.push_back({2, "no_shard", "cpuadam", "default", 0});
     configs.push_back({2, "full_shard", "cpuadam", "default", 0});
   }
+  // The cross-host path: Gloo over TCP (shared-memory transport off), in the same
+  // run as Python DDP, whose Gloo also goes over TCP.
+  configs.push_back({2, "no_shard", "adam", "default", 0, 0, true});
+  configs.push_back({2, "full_shard", "adam", "default", 0, 0, true});
   // Rounds of every configuration in turn; each keeps its fastest run (see --repeat).
   std::vector<std::string> results;  // in configuration order, the fastest run of each
   auto keep_fastest = [&](const std::vector<std::string>& lines) {
@@ -304,7 +413,7 @@ int launcher_main(const Args& a) {
     for (const auto& m : a.models) {
       for (const auto& c : configs) {
         std::ostringstream cmd;
-        cmd << run << " --nproc " << c.n << " -- " << self << " --model " << m << " --strategy " << c.strategy
+        cmd << (c.tcp ? "FSDP_SHARED_MEMORY=0 " : "") << run << " --nproc " << c.n << " -- " << self << " --model " << m << " --strategy " << c.strategy
             << " --optim " << c.optim << " --prefetch " << c.prefetch << " --shard-group " << c.g
             << " --bucket-mb " << c.bucket_mb << " --steps " << a.steps << " --warmup " << a.warmup;
         keep_fastest(json_lines(cmd.str()));
@@ -317,9 +426,11 @@ int launcher_main(const Args& a) {
       }
     }
   }
-  std::printf("| model | strategy | N | step ms | samples/s | vs Python DDP | MB sent/step | vs ring optimum | "
-              "param MB | grad MB | optim MB | peak RSS MB |\n");
-  std::printf("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  std::printf("| model | strategy | N | step ms | samples/s | vs Python DDP | ceiling ms | vs ceiling | "
+              "attainable ms | vs attainable | MB sent/step | vs ring optimum | param MB | grad MB | optim MB | "
+              "peak RSS MB |\n");
+  std::printf("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | "
+              "---: | ---: |\n");
   for (const auto& r : results) {
     double ddp = 0;
     for (const auto& o : results)
@@ -332,9 +443,13 @@ int launcher_main(const Args& a) {
     if (ddp > 0) std::snprintf(ratio, sizeof ratio, "%.2fx", sps / ddp);
     if (!opt.empty() && std::stod(opt) > 0)
       std::snprintf(ring, sizeof ring, "%.3f", std::stod(field(r, "bytes_communicated")) / std::stod(opt));
-    std::printf("| %s | %s | %s | %.1f | %.0f | %s | %.2f | %s | %.2f | %.2f | %.2f | %.0f |\n",
+    // Python DDP rows carry no ceiling.
+    auto or_dash = [&](const char* key) { const std::string v = field(r, key); return v.empty() ? std::string("-") : v; };
+    std::printf("| %s | %s | %s | %.1f | %.0f | %s | %s | %s | %s | %s | %.2f | %s | %.2f | %.2f | %.2f | %.0f |\n",
                 field(r, "model").c_str(), field(r, "strategy").c_str(), field(r, "world_size").c_str(),
-                std::stod(field(r, "step_ms")), sps, ratio, std::stod(field(r, "bytes_communicated")) * mb, ring,
+                std::stod(field(r, "step_ms")), sps, ratio, or_dash("ceiling_ms").c_str(), or_dash("vs_ceiling").c_str(),
+                or_dash("attainable_ms").c_str(), or_dash("vs_attainable").c_str(),
+                std::stod(field(r, "bytes_communicated")) * mb, ring,
                 std::stod(field(r, "param_bytes")) * mb, std::stod(field(r, "grad_bytes")) * mb,
                 std::stod(field(r, "optim_bytes")) * mb, std::stod(field(r, "peak_rss_bytes")) * mb);
   }

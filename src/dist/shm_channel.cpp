@@ -26,7 +26,8 @@
 // before the current operation, and where each piece of it goes (layout(), computed the
 // same way by the writer and its readers).
 //   all-gather:     writer w's pieces are its shard, cut into slots, read by all peers,
-//                   copied straight into chunk w of each peer's flat buffer.
+//                   copied straight into chunk w of each peer's flat buffer; the writer
+//                   copies each piece from the slot it just wrote into its own chunk.
 //   reduce-scatter: writer w's pieces are chunk p of its flat buffer for each peer p,
 //                   segment by segment (segment j for every peer before segment j+1, so
 //                   all readers progress together); reader r sums segment j of every row
@@ -263,6 +264,10 @@ struct Write {
   int64_t bytes;
   uint64_t piece;
   int reader;  // group rank, or -1: every peer
+  // All-gather: where the piece goes in this rank's own chunk of the output, copied
+  // from the slot just written (still in cache) so that the shard is read once; null
+  // when the shard already is that chunk.
+  char* own_dst = nullptr;
 };
 
 // One step this rank takes from its peers' rings, in order.
@@ -373,6 +378,7 @@ bool ShmChannel::progress_locked() {
         SlotHeader* sh = mine.slot(s);
         if (sh->readers_left.load(std::memory_order_acquire) != 0) break;
         std::memcpy(mine.data(s), w.src, static_cast<size_t>(w.bytes));
+        if (w.own_dst) std::memcpy(w.own_dst, mine.data(s), static_cast<size_t>(w.bytes));
         *op.written += w.bytes;
         sh->readers_left.store(w.reader < 0 ? size_ - 1 : 1, std::memory_order_relaxed);
         sh->seq.store(w.piece, std::memory_order_release);
@@ -461,7 +467,8 @@ void build_stage(Stage& st, bool gather, int me, int n, const Geometry& geo, int
   for (size_t k = 0; k < lay[me].size(); ++k) {
     const auto& d = lay[me][k];
     const char* from = gather ? src + d.off : src + geo.off[d.chunk] + d.off;
-    st.writes.push_back({from, d.len, my_base + k + 1, d.reader});
+    char* own = gather ? dst + geo.off[me] + d.off : nullptr;
+    st.writes.push_back({from, d.len, my_base + k + 1, d.reader, own == from ? nullptr : own});
   }
   if (gather) {
     // Interleaved by offset so that every peer's stream drains evenly.

@@ -30,11 +30,8 @@ ShmTransport::ShmTransport(std::shared_ptr<ShmChannel> channel, std::shared_ptr<
 
 CommHandle ShmTransport::all_gather(const ProcessGroup& g, const at::Tensor& flat, const at::Tensor& shard) {
   if (!shm_on()) return gloo_->all_gather(g, flat, shard);
-  auto op = channel_->all_gather(flat, shard);
-  // The channel moves the peers' chunks; ours is copied while they are in flight.
-  auto mine = flat.view({g.size(), shard.numel()})[g.rank()];
-  if (mine.data_ptr() != shard.data_ptr()) mine.copy_(shard);
-  return handle(g, "all_gather", channel_, std::move(op));
+  // The channel moves the peers' chunks and fills ours as it writes our pieces.
+  return handle(g, "all_gather", channel_, channel_->all_gather(flat, shard));
 }
 
 CommHandle ShmTransport::reduce_scatter(const ProcessGroup& g, const at::Tensor& out, const at::Tensor& flat,

@@ -1,5 +1,6 @@
 #include "unit.h"
 
+#include <ATen/ScalarOps.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
@@ -273,14 +274,31 @@ void Unit::flatten_grads(bool no_sync) {
   // is written once: gradients are copied in, gradients that were never produced
   // (unused or frozen parameters) and the padding are zeros.
   flat_grad_ = ctx_.pool->empty(flat_->padded_numel(), flat_->options().dtype(flat_->reduce_dtype()));
+  // The pre-division is fused into the copy (one pass over the gradient instead of
+  // two) when that computes the same bits as copy-then-divide: the same division
+  // kernel on the same values, i.e. no cast on the way in and nothing added first.
+  const double pre = ctx_.divide.pre;
+  const bool divide_now = !no_sync && pre != 1 && !no_sync_grad_.defined();
+  // A wrapped number, as Tensor::div_(Scalar) makes of its argument: the same type
+  // promotion and kernel.
+  at::Tensor pre_divisor;
+  if (divide_now) {
+    pre_divisor = c10::scalar_to_tensor(pre);
+    pre_divisor.unsafeGetTensorImpl()->set_wrapped_number(true);
+  }
   for (size_t i = 0; i < entries.size(); ++i) {
     auto& g = entries[i].param.mutable_grad();
     auto dst = flat_->view_of(flat_grad_, i);
     if (g.defined()) {
-      dst.copy_(g);
+      if (divide_now && g.scalar_type() == dst.scalar_type()) {
+        at::div_out(dst, g, pre_divisor);
+      } else {
+        dst.copy_(g);
+        if (divide_now) dst.div_(pre);
+      }
       g = at::Tensor();  // the full gradient is freed here
     } else {
-      dst.zero_();
+      dst.zero_();  // zero divided is zero
     }
   }
   if (flat_->padded_numel() > flat_->total_numel())
@@ -294,7 +312,7 @@ void Unit::flatten_grads(bool no_sync) {
     flat_grad_ = at::Tensor();
     return;
   }
-  if (ctx_.divide.pre != 1) flat_grad_.div_(ctx_.divide.pre);
+  if (pre != 1 && !divide_now) flat_grad_.div_(pre);
 }
 
 at::Tensor Unit::take_flat_grad() {
