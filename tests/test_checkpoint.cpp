@@ -357,6 +357,31 @@ TEST(Checkpoint, KilledSaveLeavesPreviousLoadable) {
   }, rank_options());
 }
 
+// [Note: checkpoint directories are shared] in src/state/shared_directory.h: when the
+// ranks do not see one directory (here rank 1 names another path, as a node-local disk
+// would show it), the save fails at its start on every rank, naming the rank that does
+// not see rank 0's directory and the fix, and leaves nothing behind. With one path the
+// same ranks save.
+TEST(Checkpoint, SaveRefusesADirectoryNotSharedByAllRanks) {
+  run_ranks(2, [](dist::ProcessGroup& pg) {
+    const std::string base = test_dir() + "/unshared", elsewhere = base + "_node1";
+    auto m = wrap(0, pg, ShardingStrategy::FULL_SHARD, true);
+    auto opt = make_optimizer("adam", m);
+    train(m, *opt, 0, 1, pg);
+    const auto err = error_of([&] { save_checkpoint(pg.rank() == 1 ? elsewhere : base, *m, opt.get()); });
+    EXPECT_NE(err.find("is not one directory for all ranks"), std::string::npos) << err;
+    EXPECT_NE(err.find("rank 0 [pid"), std::string::npos) << err;  // the writer of the probe
+    EXPECT_NE(err.find("but rank 1 [pid"), std::string::npos) << err;  // the rank that does not see it
+    EXPECT_NE(err.find("must be on a file system shared by all nodes"), std::string::npos) << err;
+    dist::barrier(pg);
+    for (const auto& p : {base, base + ".tmp", elsewhere, elsewhere + ".tmp"}) EXPECT_FALSE(fs::exists(p)) << p;
+    save_checkpoint(base, *m, opt.get());
+    EXPECT_TRUE(fs::exists(base + "/metadata.json"));
+    EXPECT_EQ(std::distance(fs::directory_iterator(base), fs::directory_iterator()), 3)
+        << "expected metadata.json and one file per rank, no probe file";
+  }, rank_options());
+}
+
 // FULL state dicts and summon_full_params at N=3, against apply_with_full_params
 // and against the plain (unwrapped) model.
 TEST(StateDict, FullRank0OnlyLoadAndSummon) {

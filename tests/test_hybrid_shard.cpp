@@ -6,9 +6,12 @@
 // rank is half of NO_SHARD's; shard_group_size 4 gives FULL_SHARD's result and
 // traffic shape, 1 gives NO_SHARD's. With bucket_cap_mb the results are
 // bit-identical and the traffic the same; the replica all-reduce runs while
-// backward continues (checked through the trace).
+// backward continues (checked through the trace, whose collective spans also name
+// the transport: shared memory here, Gloo under FSDP_SHARED_MEMORY=0).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+
+#include <cstdlib>
 
 #include "fsdp/dist/collectives.h"
 #include "harness/models.h"
@@ -226,6 +229,21 @@ void hybrid_cases(dist::ProcessGroup& pg) {
       return TraceSpan{};
     };
     auto t = spans_of(0);
+    // Each collective span names the transport that moved it: the four ranks share this
+    // host, so the shard groups and the replica groups run on shared memory, unless
+    // FSDP_SHARED_MEMORY=0 (the ctest entry test_hybrid_shard_gloo) sends all through Gloo.
+    const char* shm_env = std::getenv("FSDP_SHARED_MEMORY");
+    const std::string want = shm_env && std::string(shm_env) == "0" ? "gloo" : "shm";
+    int collectives = 0;
+    for (const auto& s : t) {
+      if (s.tid == Tracer::kCompute) {
+        EXPECT_EQ(s.transport, "") << s.name;
+      } else {
+        EXPECT_EQ(s.transport, want) << s.name;
+        ++collectives;
+      }
+    }
+    EXPECT_GT(collectives, 0);
     const auto rep = find(t, "replica_all_reduce 4");
     const auto bwd = find(t, "backward 0");
     EXPECT_LT(rep.begin_seq, bwd.begin_seq);

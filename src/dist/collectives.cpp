@@ -31,10 +31,19 @@ int64_t padded_numel(int64_t numel, int64_t size) {
   return (numel + size - 1) / size * size;
 }
 
+const char* to_string(CommPath path) {
+  switch (path) {
+    case CommPath::Local: return "local";
+    case CommPath::SharedMemory: return "shm";
+    case CommPath::Gloo: return "gloo";
+  }
+  return "?";
+}
+
 CommHandle::CommHandle(c10::intrusive_ptr<c10d::Work> work, ProcessGroup group, std::string op,
-                       std::function<void()> finish)
+                       std::function<void()> finish, CommPath path)
     : work_(std::move(work)), group_(std::move(group)), op_(std::move(op)),
-      finish_(std::move(finish)) {}
+      finish_(std::move(finish)), path_(path) {}
 
 void CommHandle::wait() {
   if (done_) return;
@@ -109,7 +118,7 @@ CommHandle all_reduce(const ProcessGroup& g, const at::Tensor& t, ReduceOp op) {
     return CommHandle({}, g, "all_reduce", [inner, wide, t]() {
       inner->wait();
       t.copy_(wide);
-    });
+    }, inner->path());
   }
   comm_counters().all_reduce += 2 * nbytes(t) * (n - 1) / n;
   return g.transport()->all_reduce(g, t, op);

@@ -97,7 +97,7 @@ CommHandle alltoall_all_gather(GlooTransport& t, const ProcessGroup& g, const at
   return CommHandle({}, g, "all_gather", [lease]() {
     lease->wait("all_gather");
     lease->release();
-  });
+  }, CommPath::Gloo);
 }
 
 CommHandle alltoall_reduce_scatter(GlooTransport& t, const ProcessGroup& g, const at::Tensor& out,
@@ -117,7 +117,7 @@ CommHandle alltoall_reduce_scatter(GlooTransport& t, const ProcessGroup& g, cons
     if (op == ReduceOp::Avg) out.div_(n);
     rows = at::Tensor();
     lease->release();
-  });
+  }, CommPath::Gloo);
 }
 
 }  // namespace fsdp::dist::detail

@@ -157,14 +157,14 @@ CommHandle p2p_all_gather(GlooTransport& t, const ProcessGroup& g, const at::Ten
   if (mine.data_ptr() != shard.data_ptr()) mine.copy_(shard);
   return CommHandle({}, g, "all_gather", [self = t.shared_from_this(), works, g]() {
     for (const auto& w : works) self->wait(w, g, "all_gather");
-  });
+  }, CommPath::Gloo);
 }
 
 CommHandle p2p_reduce_scatter(GlooTransport& t, const ProcessGroup& g, const at::Tensor& out,
                               const at::Tensor& flat, ReduceOp op) {
   auto rs = std::make_shared<P2pReduceScatter>(t, g, out, flat, op);
   rs->post();
-  return CommHandle({}, g, "reduce_scatter", [rs]() { rs->finish(); });
+  return CommHandle({}, g, "reduce_scatter", [rs]() { rs->finish(); }, CommPath::Gloo);
 }
 
 }  // namespace fsdp::dist::detail

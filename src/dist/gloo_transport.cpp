@@ -55,7 +55,7 @@ CommHandle GlooTransport::all_reduce(const ProcessGroup& g, const at::Tensor& t,
   const int n = g.size();
   return CommHandle(work, g, "all_reduce", [t, n, op]() {
     if (op == ReduceOp::Avg) t.div_(n);
-  });
+  }, CommPath::Gloo);
 }
 
 CommHandle GlooTransport::broadcast(const ProcessGroup& g, const at::Tensor& t, int root) {
@@ -63,7 +63,7 @@ CommHandle GlooTransport::broadcast(const ProcessGroup& g, const at::Tensor& t, 
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
   auto work = g.c10d()->broadcast(tensors, opts);
-  return CommHandle(work, g, "broadcast", [tensors]() {});
+  return CommHandle(work, g, "broadcast", [tensors]() {}, CommPath::Gloo);
 }
 
 void GlooTransport::barrier(const ProcessGroup& g) {

@@ -18,7 +18,8 @@ bool shm_on() { return comm_tuning().shared_memory.load(); }
 
 CommHandle handle(const ProcessGroup& g, const char* op, std::shared_ptr<ShmChannel> ch,
                   std::shared_ptr<ShmOp> shm_op) {
-  return CommHandle({}, g, op, [ch = std::move(ch), shm_op = std::move(shm_op)]() { ch->wait(*shm_op); });
+  return CommHandle({}, g, op, [ch = std::move(ch), shm_op = std::move(shm_op)]() { ch->wait(*shm_op); },
+                    CommPath::SharedMemory);
 }
 
 }  // namespace
@@ -45,7 +46,7 @@ CommHandle ShmTransport::reduce_scatter(const ProcessGroup& g, const at::Tensor&
   return CommHandle({}, g, "reduce_scatter", [inner, out, acc]() {
     inner->wait();
     out.copy_(acc);
-  });
+  }, CommPath::SharedMemory);
 }
 
 CommHandle ShmTransport::all_reduce(const ProcessGroup& g, const at::Tensor& t, ReduceOp op) {

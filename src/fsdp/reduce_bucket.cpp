@@ -142,8 +142,8 @@ std::unique_ptr<GradReducer::Reduction> GradReducer::issue(std::vector<Unit*> me
 void GradReducer::complete_scatter(Reduction& r) {
   TORCH_INTERNAL_ASSERT(r.phase == Reduction::Phase::SCATTERING);
   r.handle.wait();
+  tracer_->end("reduce " + r.label, Tracer::kReduce, r.mark, dist::to_string(r.handle.path()));
   r.handle = dist::CommHandle();
-  tracer_->end("reduce " + r.label, Tracer::kReduce, r.mark);
   if (!r.output.is_same(r.input)) r.input = at::Tensor();  // the flat gradients are freed once reduced
   if (replica_pg_.defined() && replica_pg_.size() > 1) {
     // [Note: hybrid groups]: the shard group summed these shards over the shard
@@ -164,8 +164,8 @@ void GradReducer::complete_scatter(Reduction& r) {
 void GradReducer::complete_replication(Reduction& r) {
   TORCH_INTERNAL_ASSERT(r.phase == Reduction::Phase::REPLICATING);
   r.handle.wait();
+  tracer_->end("replica_all_reduce " + r.label, Tracer::kReduce, r.mark, dist::to_string(r.handle.path()));
   r.handle = dist::CommHandle();
-  tracer_->end("replica_all_reduce " + r.label, Tracer::kReduce, r.mark);
   deliver(r);
 }
 

@@ -32,10 +32,10 @@ Tracer::Mark Tracer::begin() {
   return Mark{wall_us(), seq_++};
 }
 
-void Tracer::end(const std::string& name, int tid, Mark& mark) {
+void Tracer::end(const std::string& name, int tid, Mark& mark, const char* transport) {
   if (!enabled() || !mark.open()) return;
   std::lock_guard<std::mutex> lock(mu_);
-  spans_.push_back(TraceSpan{name, tid, mark.us, wall_us(), mark.seq, seq_++});
+  spans_.push_back(TraceSpan{name, tid, mark.us, wall_us(), mark.seq, seq_++, transport});
   mark = Mark{};
 }
 
@@ -66,7 +66,9 @@ std::string Tracer::flush() const {
   for (const auto& s : spans_) {
     os << ",\n{\"name\":\"" << json_escape(s.name) << "\",\"ph\":\"X\",\"pid\":" << rank_
        << ",\"tid\":" << s.tid << ",\"ts\":" << s.begin_us << ",\"dur\":" << (s.end_us - s.begin_us)
-       << ",\"args\":{\"begin_seq\":" << s.begin_seq << ",\"end_seq\":" << s.end_seq << "}}";
+       << ",\"args\":{\"begin_seq\":" << s.begin_seq << ",\"end_seq\":" << s.end_seq;
+    if (!s.transport.empty()) os << ",\"transport\":\"" << json_escape(s.transport) << "\"";
+    os << "}}";
   }
   os << "\n],\"displayTimeUnit\":\"ms\"}\n";
   std::ofstream f(path);

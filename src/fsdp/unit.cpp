@@ -110,7 +110,7 @@ void Unit::wait_gather() {
   PendingGather g = std::move(*pending_gather_);
   pending_gather_.reset();
   g.handle.wait();
-  ctx_.tracer->end(trace_name("all_gather"), Tracer::kGather, gather_mark_);
+  ctx_.tracer->end(trace_name("all_gather"), Tracer::kGather, gather_mark_, dist::to_string(g.handle.path()));
 }
 
 void Unit::free_unsharded() {

@@ -12,6 +12,7 @@
 #include "checkpoint_format.h"
 #include "fsdp/dist/collectives.h"
 #include "optim_state.h"
+#include "shared_directory.h"
 
 namespace fsdp {
 
@@ -68,6 +69,14 @@ void save_checkpoint(const std::string& dir, FullyShardedBase& model, const torc
     }
   }
   agree_or_throw(pg, error, "save_checkpoint");
+  // Before anything is written: does every rank see the directory rank 0 created?
+  // ([Note: checkpoint directories are shared] in shared_directory.h)
+  const std::string unshared = state::check_shared_directory(pg, tmp, dir, "save_checkpoint");
+  if (!unshared.empty()) {
+    std::error_code ec;
+    if (rank == 0) fs::remove_all(tmp, ec);
+    TORCH_CHECK(false, unshared);
+  }
 
   // 1. Every rank writes its own pieces (replicated values: rank 0 only).
   json mine = {{"records", json::array()}, {"steps", json::object()}, {"file", nullptr}};

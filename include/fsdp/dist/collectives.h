@@ -54,14 +54,26 @@ namespace fsdp::dist {
 
 enum class ReduceOp { Sum, Avg, Max };  // Max: all_reduce only
 
+/// How a collective's bytes moved. Set by the transport that took the call, so it names
+/// the path really taken: a shared-memory group under set_comm_shared_memory(false), or its
+/// broadcast, reports Gloo.
+enum class CommPath {
+  Local,         ///< a group of one rank: nothing moved
+  SharedMemory,  ///< the group's rings in /dev/shm (every rank on this host)
+  Gloo,          ///< Gloo over TCP (loopback inside a host, the network across hosts)
+};
+/// "local", "shm", "gloo" (the words the FSDP trace uses).
+const char* to_string(CommPath path);
+
 class CommHandle {
  public:
   CommHandle() = default;
   CommHandle(c10::intrusive_ptr<c10d::Work> work, ProcessGroup group, std::string op,
-             std::function<void()> finish);
+             std::function<void()> finish, CommPath path = CommPath::Local);
   /// Blocks until done (or throws after the group's timeout). Idempotent.
   void wait();
   bool defined() const { return work_ != nullptr || finish_ != nullptr; }
+  CommPath path() const { return path_; }
 
  private:
   c10::intrusive_ptr<c10d::Work> work_;
@@ -69,6 +81,7 @@ class CommHandle {
   std::string op_;
   std::function<void()> finish_;
   bool done_ = false;
+  CommPath path_ = CommPath::Local;
 };
 
 /// Smallest multiple of `size` that is >= numel.

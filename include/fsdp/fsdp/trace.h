@@ -13,6 +13,12 @@
 /// (args.begin_seq / args.end_seq): one counter per rank, advanced at every begin
 /// and end. Two events on one rank are ordered by them even when their
 /// microsecond timestamps tie; tests check the schedule with them.
+///
+/// Collective spans (all-gather, reduce, replica all-reduce) also carry args.transport:
+/// how the collective's bytes moved, as reported by the transport that took it ("shm":
+/// shared-memory rings inside a host, "gloo": Gloo over TCP, "local": a group of one).
+/// Under HYBRID_SHARD across hosts the shard group's spans say "shm" and the replica
+/// all-reduce's "gloo".
 
 #include <cstdint>
 #include <mutex>
@@ -26,6 +32,7 @@ struct TraceSpan {
   int tid = 0;         ///< 0 compute, 1 all-gather, 2 reduction
   int64_t begin_us = 0, end_us = 0;
   int64_t begin_seq = 0, end_seq = 0;
+  std::string transport;  ///< collective spans: "shm", "gloo" or "local"; compute spans: ""
 };
 
 class Tracer {
@@ -41,7 +48,8 @@ class Tracer {
   Tracer(std::string dir, int rank);
   bool enabled() const { return !dir_.empty(); }
   Mark begin();
-  void end(const std::string& name, int tid, Mark& mark);  ///< closes mark (no-op if not open)
+  /// Closes mark (no-op if not open). `transport`: see TraceSpan::transport.
+  void end(const std::string& name, int tid, Mark& mark, const char* transport = "");
   std::vector<TraceSpan> spans() const;
   void clear();
   /// Writes <dir>/trace_rank<rank>.json (all spans so far). Returns the path, or "".

@@ -51,7 +51,11 @@ struct CheckpointExtra {
 
 /// Saves this rank's pieces of `model`'s parameters and buffers and of
 /// `optimizer`'s state (nullptr: parameters only) into `dir`. Collective over the
-/// model's process group; every rank must see the same file system path.
+/// model's process group. `dir` must be one directory for every rank: across machines,
+/// on a file system every node mounts at the same path (NFS, Lustre, ...). The save
+/// checks that first (rank 0 writes a probe file, every rank reads it) and, before
+/// writing anything, fails on every rank with an error naming the ranks and hosts that
+/// do not see it.
 /// Units must be idle (call it between steps). Under HYBRID_SHARD the first
 /// replica group writes; under NO_SHARD one replica
 /// (rank 0) writes. Replaces an existing checkpoint at `dir` atomically.
