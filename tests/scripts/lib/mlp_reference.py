@@ -2,8 +2,10 @@
 
 Builds the mlp in the same order from the same seed (libtorch and PyTorch share the CPU
 generator and the init functions, so the initial weights are identical), trains it with Adam
-on the whole global batch of each step and prints one loss per step.
-usage: python3 mlp_reference.py DATA_DIR STEPS BATCH LR
+on the whole global batch of each step and prints one loss per step. With SAVE_DIR it also
+writes the weights after every fifth step, SAVE_DIR/step-<S>.pt (torch.save of the state
+dict: the keys and layout of `fsdp-ckpt consolidate`).
+usage: python3 mlp_reference.py DATA_DIR STEPS BATCH LR [SAVE_DIR]
 """
 import gzip
 import sys
@@ -14,6 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 data_dir, steps, B, lr = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+save_dir = sys.argv[5] if len(sys.argv) > 5 else None
 torch.set_num_threads(1)
 torch.manual_seed(0)
 
@@ -33,3 +36,5 @@ for s in range(steps):
     loss.backward()
     opt.step()
     print(repr(loss.item()))
+    if save_dir and (s + 1) % 5 == 0:
+        torch.save(net.state_dict(), f"{save_dir}/step-{s + 1}.pt")
