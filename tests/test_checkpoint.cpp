@@ -375,6 +375,7 @@ TEST(Checkpoint, SaveRefusesADirectoryNotSharedByAllRanks) {
     EXPECT_NE(err.find("must be on a file system shared by all nodes"), std::string::npos) << err;
     dist::barrier(pg);
     for (const auto& p : {base, base + ".tmp", elsewhere, elsewhere + ".tmp"}) EXPECT_FALSE(fs::exists(p)) << p;
+    dist::barrier(pg);  // every rank has looked before rank 0 creates base.tmp again
     save_checkpoint(base, *m, opt.get());
     EXPECT_TRUE(fs::exists(base + "/metadata.json"));
     EXPECT_EQ(std::distance(fs::directory_iterator(base), fs::directory_iterator()), 3)
