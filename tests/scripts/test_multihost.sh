@@ -75,7 +75,7 @@ launch() {
       extra+=(sh -c 'mount --bind "$0" "$1" && shift && exec "$@"' "$WORK/$name.local.h$i" "$PRIVATE_DIR")
     fi
     sim_host_run "$i" "${extra[@]}" "$BIN/fsdp-run" --nnodes 2 --node-rank "$i" --master-addr "${SIM_ADDR[0]}" \
-      --master-port "$PORT" --nproc 2 -- "$BIN/fsdp-train" "$@" >"$WORK/$name.h$i.out" 2>&1 &
+      --master-port "$PORT" --nproc-per-node 2 -- "$BIN/fsdp-train" "$@" >"$WORK/$name.h$i.out" 2>&1 &
     PIDS+=($!)
   done
 }
