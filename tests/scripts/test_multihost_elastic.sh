@@ -81,7 +81,7 @@ wait_for() {
 }
 
 # --- 1. a rank killed mid-run: both nodes restart together, the result is bitwise the same --
-STEPS=100
+STEPS=50
 FLAGS=(--strategy hybrid_shard --steps $STEPS --no-shuffle --timeout 60 --log-every 1000
   --checkpoint-every 5 --keep-checkpoints 2 --resume auto)
 t0="$(now)"
@@ -123,11 +123,13 @@ bad = [f"step {k}: {b[k]!r} vs {a[k]!r}" for k in sorted(b) if b[k] != a[k]]
 assert not bad, "; ".join(bad[:3])
 assert ea == eb, f"final eval {eb} vs {ea}"
 ' "$WORK/full.jsonl" "$WORK/restarted.jsonl" "$from" $STEPS 2>&1)" || fail "restarted run differs from the uninterrupted one: $d"
-# The final checkpoints: every rank's file (its shard of the weights and of the Adam state, the
-# RNG state) byte for byte.
+# The final checkpoints: every shard file (with HYBRID_SHARD one per rank of the first replica:
+# its shard of the weights and of the Adam state; rank 0's also the RNG state) byte for byte.
 final_a="$WORK/ck_full/step-$STEPS" final_b="$CK/step-$STEPS"
 files="$(cd "$final_a" && ls | grep -v '^metadata.json$')" || true
-[[ "$(echo "$files" | wc -w)" -ge 4 ]] || fail "the final checkpoint $final_a holds only: $(ls "$final_a")"
+[[ "$(echo "$files" | wc -w)" -ge 2 ]] || fail "the final checkpoint $final_a holds only: $(ls "$final_a")"
+[[ "$(ls "$final_a" | tr '\n' ' ')" == "$(ls "$final_b" | tr '\n' ' ')" ]] ||
+  fail "final checkpoints hold different files: $(ls "$final_a" | tr '\n' ' ') vs $(ls "$final_b" | tr '\n' ' ')"
 for f in $files; do
   cmp -s "$final_a/$f" "$final_b/$f" || fail "final checkpoint file $f differs from the uninterrupted run's"
 done
