@@ -8,6 +8,9 @@
 #   2. Every process of host 1 SIGKILLed (launcher, orphan guard, ranks): host 0's launcher and
 #      ranks exit non-zero within 10 s, naming node 1's host and ranks, and no restart follows
 #      (the lost node's ranks could never rejoin).
+#   3. A rank that fails in every attempt: each attempt runs with the same
+#      TORCHELASTIC_RESTART_COUNT on both nodes and the agent store; once the restarts are used
+#      up, every launcher exits non-zero naming the failure.
 # Needs root (namespaces): as another user it prints SKIP; under CI=true it fails instead.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -163,4 +166,28 @@ left="$(ip netns pids "$(sim_ns 0)")"
 elapsed="$(awk -v a="$t0" -v b="$(now)" 'BEGIN { printf "%.0f", b - a }')"
 pass "every process of host 1 killed: host 0's launcher and ranks stopped in $stop_s s (exit $rc0) naming node 1 \
 (simhost1, ranks 2-3), no restart attempted (${elapsed} s)"
+
+# --- 3. restarts used up: every launcher exits non-zero naming the failure -------------------
+t0="$(now)"
+PIDS=()
+for i in 0 1; do
+  sim_host_run "$i" "$BIN/fsdp-run" --nnodes 2 --node-rank "$i" --master-addr "${SIM_ADDR[0]}" --master-port "$PORT" \
+    --nproc 2 --max-restarts 1 -- sh -c 'echo "attempt $TORCHELASTIC_RESTART_COUNT store $TORCHELASTIC_USE_AGENT_STORE"
+      if [ "$RANK" = 3 ]; then sleep 1; exit 5; fi; exec sleep 30' >"$WORK/used.h$i.out" 2>&1 &
+  PIDS+=($!)
+done
+wait_all
+[[ "$RCS" == "1 5" ]] || fail "used up: launcher exit codes $RCS, expected 1 (host 0) and 5 (rank 3's code, host 1)"
+for i in 0 1; do
+  got="$(grep -o '^\[rank[0-3]\]: attempt .*' "$WORK/used.h$i.out" | sort | tr '\n' ' ')"
+  want="$(for r in $((2 * i)) $((2 * i + 1)); do for a in 0 1; do echo "[rank$r]: attempt $a store True"; done; done | tr '\n' ' ')"
+  [[ "$got" == "$want" ]] || fail "used up: host $i's ranks printed '$got', expected '$want'"
+done
+grep -q "^fsdp-run: no restart left (--max-restarts 1 used up); the job failed: rank 3 (pid [0-9]*) exited with code 5$" \
+  "$WORK/used.h1.out" || fail "used up: host 1 does not name the failure"
+grep -q "^fsdp-run: no restart left (--max-restarts 1 used up); the job failed: node 1 (simhost1): rank 3 (pid [0-9]*) exited with code 5$" \
+  "$WORK/used.h0.out" || fail "used up: host 0 does not name the failure"
+elapsed="$(awk -v a="$t0" -v b="$(now)" 'BEGIN { printf "%.0f", b - a }')"
+pass "rank 3 failing in both attempts: every rank saw the same restart count and the agent store; once the restart was used, \
+both launchers exited non-zero (1, 5) naming rank 3's failure (${elapsed} s)"
 echo "all elastic multihost checks passed"

@@ -290,6 +290,8 @@ std::optional<std::string> NodeLink::take_lines(Peer& peer) {
       peer.done = true;
     } else if (line == "stopped") {
       peer.stopped = true;
+    } else if (line == "exit") {
+      peer.exited = true;
     } else if (line == "end" && !is_node0()) {
       verdict_ = Verdict::End;
     } else if (line.rfind("restart ", 0) == 0 && !is_node0()) {
@@ -323,8 +325,9 @@ std::optional<std::string> NodeLink::on_readable(int fd) {
     peer.closed = true;
     ::close(peer.fd);
     peer.fd = -1;
-    // Node 0 closes after "end" as a matter of course; any other close is a loss.
-    peer.lost = !peer.done && verdict_ != Verdict::End;
+    // A launcher that announced its exit ("exit", or node 0's "end") closes as a matter of
+    // course; any other close is a loss.
+    peer.lost = !peer.exited && verdict_ != Verdict::End;
     if (peer.lost && !failure) {
       failure = describe(peer) + ": its launcher is gone (connection closed" +
                 std::string(n < 0 ? ": " + std::string(std::strerror(errno)) : "") + ")";
@@ -360,22 +363,31 @@ void NodeLink::report_stopped() {
   for (auto& p : peers_) send_to(p, "stopped");
 }
 
+void NodeLink::report_exit() {
+  for (auto& p : peers_) send_to(p, "exit");
+}
+
 bool NodeLink::peers_ended() const {
   if (!is_node0()) return true;
   return std::all_of(peers_.begin(), peers_.end(),
-                     [](const Peer& p) { return p.done || p.stopped || p.closed; });
+                     [](const Peer& p) { return p.done || p.stopped || p.exited || p.closed; });
 }
 
 bool NodeLink::lost_any() const {
   return std::any_of(peers_.begin(), peers_.end(), [](const Peer& p) { return p.lost; });
 }
 
-std::string NodeLink::lost_nodes() const {
-  std::string out;
+bool NodeLink::departed_any() const {
+  return std::any_of(peers_.begin(), peers_.end(), [](const Peer& p) { return p.lost || p.exited; });
+}
+
+std::string NodeLink::departed_nodes() const {
+  std::string lost, exited;
   for (const auto& p : peers_) {
-    if (p.lost) out += (out.empty() ? "" : ", ") + describe(p);
+    if (p.lost) lost += (lost.empty() ? "" : ", ") + describe(p);
+    if (p.exited) exited += (exited.empty() ? "" : ", ") + describe(p);
   }
-  return out;
+  return lost.empty() ? exited : lost;
 }
 
 void NodeLink::announce_restart(int attempt) {

@@ -12,13 +12,15 @@
 ///   node r -> 0    "done"         every rank of node r exited 0 in this attempt
 ///                  "stopped"      every rank of node r has ended after a failure (its own or
 ///                                 one it was told of), so node r is ready to restart
+///                  "exit"         node r's launcher exits now without waiting for node 0's
+///                                 verdict (its own failure ended the job for it)
 ///   node 0 -> r    "restart <n>"  every node is done or stopped and restarts are left: start
 ///                                 attempt n (TORCHELASTIC_RESTART_COUNT=n) now
 ///                  "end"          no further attempt; each node exits with what it saw
-/// A connection that closes before "done" means that node's launcher died: its peers stop,
-/// and the job is not restarted (its ranks could never rejoin). Node 0 stays up until every
-/// node said "done" (or failed), so a node that finishes first never mistakes node 0's
-/// normal exit for a failure.
+/// A connection that closes without "exit" (from node r) or "end" (from node 0) means that
+/// node's launcher died: its peers stop, say so, and the job is not restarted (its ranks could
+/// never rejoin); neither is it after an "exit". Node 0 stays up until every node said "done"
+/// (or failed), so that no node finishes before the job's outcome is known.
 ///
 /// [Note: restart together] With --max-restarts N, an attempt ends on every node before the
 /// next one starts anywhere: each node that can still restart waits, its ranks ended, for
@@ -65,13 +67,19 @@ class NodeLink {
   void report_done();
   /// Every rank of this node ended after a failure; it can start the next attempt.
   void report_stopped();
+  /// This (non-zero) node's launcher exits without waiting for node 0's verdict.
+  void report_exit();
   /// Node 0: every other node said "done" or "stopped" this attempt, or is gone.
   /// Other nodes: always true.
   bool peers_ended() const;
-  /// Some node's launcher is gone (node 0: any other node; others: node 0).
+  /// Some node's launcher is gone without saying "exit"/"end" (node 0: any other node;
+  /// others: node 0).
   bool lost_any() const;
-  /// Those nodes: "node 1 (simhost1, ranks 2-3)", comma-separated.
-  std::string lost_nodes() const;
+  /// Some node can no longer take part in another attempt: lost, or it said "exit".
+  bool departed_any() const;
+  /// The lost nodes (or, if none, those that said "exit"): "node 1 (simhost1, ranks 2-3)",
+  /// comma-separated.
+  std::string departed_nodes() const;
   /// Node 0: tells every other node to start attempt `attempt` / that the job is over.
   void announce_restart(int attempt);
   void announce_end();
@@ -92,8 +100,9 @@ class NodeLink {
     std::string buffer;  // bytes received after the last complete line
     bool done = false;
     bool stopped = false;
+    bool exited = false;  // it said "exit"
     bool closed = false;  // no more reading: gone, or this launcher left
-    bool lost = false;    // its launcher went away unannounced (before "done" or "end")
+    bool lost = false;    // its launcher went away unannounced (no "exit" or "end")
   };
   NodeLink(JobTopology job, std::vector<Peer> peers);
   void send_to(Peer& peer, const std::string& line);

@@ -47,7 +47,7 @@ Supervisor::Supervisor(JobSpec spec, NodeLink* link) : spec_(std::move(spec)), l
 
 bool Supervisor::restart_possible() const {
   return spec_.topology.restart_count < spec_.topology.max_restarts && !stopped_by_signal_ &&
-         !(link_ != nullptr && link_->lost_any());
+         !(link_ != nullptr && link_->departed_any());
 }
 
 bool Supervisor::nodes_settled() const {
@@ -71,22 +71,31 @@ void Supervisor::conclude() {
         link_->announce_end();
       }
     }
-  } else if (link_->verdict() == Verdict::Restart) {
-    restart_ = link_->verdict_attempt() == job.restart_count + 1;
-    if (!restart_) {
-      say("node 0 asked for attempt " + std::to_string(link_->verdict_attempt()) +
-          " after attempt " + std::to_string(job.restart_count) +
-          "; the launchers disagree (are they the same fsdp-run version?)");
-      exit_code_ = 1;
+  } else {
+    if (link_->verdict() == Verdict::Restart) {
+      restart_ = link_->verdict_attempt() == job.restart_count + 1;
+      if (!restart_) {
+        say("node 0 asked for attempt " + std::to_string(link_->verdict_attempt()) +
+            " after attempt " + std::to_string(job.restart_count) +
+            "; the launchers disagree (are they the same fsdp-run version?)");
+        exit_code_ = 1;
+      }
     }
+    // Leaving without node 0's word: say so, or node 0 would take this for a lost node.
+    if (!restart_ && link_->verdict() == Verdict::None) link_->report_exit();
   }
   if (restart_ || exit_code_ == 0 || stopped_by_signal_ || job.max_restarts == 0) return;
-  if (link_ != nullptr && link_->lost_any()) {
-    no_restart_reason_ = "no restart: the launcher of " + link_->lost_nodes() +
-                         " is gone, and its ranks cannot rejoin the job";
-  } else if (job.restart_count >= job.max_restarts) {
+  if (job.restart_count >= job.max_restarts) {
     no_restart_reason_ = "no restart left (--max-restarts " + std::to_string(job.max_restarts) +
                          " used up)";
+  } else if (link_ != nullptr && link_->departed_any()) {
+    const std::string gone = link_->departed_nodes();
+    no_restart_reason_ = link_->lost_any()
+                             ? "no restart: the launcher of " + gone + " is gone, and its ranks "
+                               "cannot rejoin the job"
+                             : "no restart: " + gone + " left the job";
+    // The first failure may have been the loss itself, or what it did to the ranks here.
+    if (failure_.rfind(gone, 0) == 0) return;
   } else {
     no_restart_reason_ = "no restart: node 0 ended the job";
   }
