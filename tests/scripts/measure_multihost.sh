@@ -19,13 +19,14 @@
 #   compute-only step  four independent 1-rank fsdp-train processes (--batch-size 16: each rank's
 #            slice; --nproc 1, so no communication at all) at the same time on the same cores: the
 #            largest of their median step times. Every rank's forward, backward and optimizer
-#            (over the whole model: a sharded rank's optimizer does 1/4 of that).
+#            (over the whole model: a sharded rank's optimizer does 1/4 of that). 150 steps each, so
+#            that the four overlap for most of their steps even when their start-ups differ by seconds.
 #   target   step <= 1.25 x max(compute-only step, link bound) (issue 13)
 #   BENCH=1  bench_strategies' rank mode across the hosts (its mlp 784-1024-1024-10, batch 128,
 #            one unit per Linear) per strategy: compute-only = its ceiling (forward + backward of
 #            the plain model, every rank at once) + its optimizer over the owned parameters, both
-#            measured in the same rank processes; bytes per step ~= the run's counters / the
-#            FSDP steps it ran (start-up included); and bench_collectives at 1 MiB.
+#            measured in the same rank processes, every rank at once; bytes per step ~= the run's
+#            counters / the FSDP steps it ran (start-up included); and bench_collectives at 1 MiB.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 # shellcheck source=lib/sim_hosts.sh
@@ -44,7 +45,7 @@ trap 'rm -rf "$WORK"' EXIT
 sim_hosts_create 2
 unset GLOO_SOCKET_IFNAME
 PORT=29500
-[[ "$(ip netns exec "$(sim_ns 1)" sysctl -n net.ipv4.tcp_timestamps)" == 1 ]] && HEADER=66 || HEADER=54
+[[ "$(ip netns exec "$(sim_ns 1)" cat /proc/sys/net/ipv4/tcp_timestamps)" == 1 ]] && HEADER=66 || HEADER=54
 RECS="$WORK/records.jsonl"
 : >"$RECS"
 
@@ -95,7 +96,7 @@ wait "${pids[0]}" "${pids[1]}"
 # Compute-only: 4 independent 1-rank processes at once, no communication.
 pids=()
 for i in 0 1 2 3; do
-  "$BIN/fsdp-train" --nproc 1 --strategy no_shard --hidden $HIDDEN --batch-size 16 --steps "$LONG" --no-shuffle \
+  "$BIN/fsdp-train" --nproc 1 --strategy no_shard --hidden $HIDDEN --batch-size 16 --steps 150 --no-shuffle \
     --metrics "$WORK/compute.$i.jsonl" >"$WORK/compute.$i.out" 2>&1 &
   pids+=($!)
 done
@@ -107,13 +108,13 @@ for rate in "${RATES[@]}"; do
   sim_host_rate 1 "$rate"
   # Calibration: a stream each way at once, as the collectives use the link.
   for i in 0 1; do
-    sim_host_run "$i" python3 "$HERE/lib/tcp_stream.py" serve 29600 >"$WORK/cal.$rate.h$i.json" &
+    sim_host_run "$i" /usr/bin/python3 "$HERE/lib/tcp_stream.py" serve 29600 >"$WORK/cal.$rate.h$i.json" &
     pids[i]=$!
   done
   sleep 0.5
-  sim_host_run 0 python3 "$HERE/lib/tcp_stream.py" send "${SIM_ADDR[1]}" 29600 4 &
+  sim_host_run 0 /usr/bin/python3 "$HERE/lib/tcp_stream.py" send "${SIM_ADDR[1]}" 29600 4 &
   s0=$!
-  sim_host_run 1 python3 "$HERE/lib/tcp_stream.py" send "${SIM_ADDR[0]}" 29600 4
+  sim_host_run 1 /usr/bin/python3 "$HERE/lib/tcp_stream.py" send "${SIM_ADDR[0]}" 29600 4
   wait "$s0" "${pids[0]}" "${pids[1]}" || die "the calibration stream at $rate failed"
   # Host 1 receives what host 0 sends (host 1's rx direction) and the other way round.
   echo "{\"kind\": \"link\", \"rate\": \"$rate\", \"rx\": $(cat "$WORK/cal.$rate.h1.json"), \"tx\": $(cat "$WORK/cal.$rate.h0.json")}" >>"$RECS"
@@ -129,8 +130,12 @@ for rate in "${RATES[@]}"; do
     for strategy in "${STRATS[@]}"; do
       group=()
       [[ $strategy == hybrid_shard ]] && group=(--shard-group 2)
-      measured "bench.$rate.$strategy" bench "\"rate\": \"$rate\", \"strategy\": \"$strategy\", \"fsdp_steps\": 5," \
-        "$BIN/bench_strategies" --model mlp --strategy "$strategy" "${group[@]}" --optim adam --steps 4 --warmup 1 --rounds 1
+      # 1 warm-up step + steps x rounds timed (fewer on the slow link, where a step takes seconds).
+      bsteps=10 brounds=2
+      [[ $rate == 100mbit ]] && bsteps=4 brounds=1
+      measured "bench.$rate.$strategy" bench "\"rate\": \"$rate\", \"strategy\": \"$strategy\", \"fsdp_steps\": $((1 + bsteps * brounds))," \
+        "$BIN/bench_strategies" --model mlp --strategy "$strategy" "${group[@]}" --optim adam --steps $bsteps --warmup 1 \
+        --rounds $brounds
       line="$(sed -n 's/^\[rank0\]: \({.*}\)$/\1/p' "$WORK/bench.$rate.$strategy.h0.out" | tail -n 1)"
       [[ -n "$line" ]] || die "bench_strategies $strategy printed no JSON line"
       echo "{\"kind\": \"bench_result\", \"name\": \"bench.$rate.$strategy\", \"result\": $line}" >>"$RECS"
@@ -144,4 +149,4 @@ for rate in "${RATES[@]}"; do
 done
 
 echo "load average: $(cat /proc/loadavg) (the machine is shared: times are upper bounds)"
-python3 "$HERE/lib/link_traffic.py" report "$RECS" $HIDDEN $HEADER
+/usr/bin/python3 "$HERE/lib/link_traffic.py" report "$RECS" $HIDDEN $HEADER

@@ -30,11 +30,11 @@ for t in fsdp-run fsdp-train; do
 done
 DATA=/usr/share/datasets/fashion-mnist
 [[ -f "$DATA/train-images-idx3-ubyte.gz" ]] || { echo "FAIL: $DATA missing (apt-get install dataset-fashion-mnist)"; exit 1; }
-command -v python3 >/dev/null || { echo "FAIL: python3 is needed for the arithmetic (apt-get install python3)"; exit 1; }
+[[ -x /usr/bin/python3 ]] || { echo "FAIL: python3 is needed for the arithmetic (apt-get install python3)"; exit 1; }
 
 HIDDEN=512
 SHORT="${TRAFFIC_SHORT:-2}"
-LONG="${TRAFFIC_LONG:-6}"
+LONG="${TRAFFIC_LONG:-10}"
 # Gloo's framing per step and direction: a 48-byte preamble on every message and a 48-byte
 # send-ready and recv-ready notice each; fewer than 100 messages cross per step and direction
 # in these jobs (FULL_SHARD, the most: 8 unit collectives x 2 ranks x 2 remote peers = 32).
@@ -45,7 +45,7 @@ trap 'rm -rf "$WORK"' EXIT
 sim_hosts_create 2
 unset GLOO_SOCKET_IFNAME
 PORT=29500
-[[ "$(ip netns exec "$(sim_ns 1)" sysctl -n net.ipv4.tcp_timestamps)" == 1 ]] && HEADER=66 || HEADER=54
+[[ "$(ip netns exec "$(sim_ns 1)" cat /proc/sys/net/ipv4/tcp_timestamps)" == 1 ]] && HEADER=66 || HEADER=54
 RUNS="$WORK/runs.jsonl"
 
 fail() {
@@ -75,12 +75,12 @@ job() {
 # The idle job: launchers connected, ranks asleep; counters over a window inside it.
 for i in 0 1; do
   sim_host_run "$i" "$BIN/fsdp-run" --nnodes 2 --node-rank "$i" --master-addr "${SIM_ADDR[0]}" \
-    --master-port "$PORT" --nproc 2 -- sleep 6 >"$WORK/idle.h$i.out" 2>&1 &
+    --master-port "$PORT" --nproc 2 -- sleep 4 >"$WORK/idle.h$i.out" 2>&1 &
   idle_pids[i]=$!
 done
-sleep 1.5
+sleep 1
 c0="$(counters)" t0="$(now)"
-sleep 4
+sleep 2.5
 c1="$(counters)" t1="$(now)"
 for i in 0 1; do wait "${idle_pids[i]}" || fail "idle: the launcher on host $i failed"; done
 echo "{\"kind\": \"idle\", \"before\": [$c0], \"after\": [$c1], \"seconds\": $(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')}" >"$RUNS"
@@ -96,8 +96,8 @@ for strategy in full_shard hybrid_shard no_shard; do
   done
 done
 # The model the volumes are computed for is the one that trained.
-params="$(python3 -c "import sys; sys.path.insert(0, '$HERE/lib'); import link_traffic as t; print(sum(t.units($HIDDEN)))")"
+params="$(/usr/bin/python3 -c "import sys; sys.path.insert(0, '$HERE/lib'); import link_traffic as t; print(sum(t.units($HIDDEN)))")"
 grep -q "fsdp-train: mlp ($params params, " "$WORK/full_shard.$SHORT.h0.out" ||
   fail "fsdp-train's mlp does not have the $params parameters of link_traffic.units($HIDDEN)"
-python3 "$HERE/lib/link_traffic.py" check "$RUNS" $HIDDEN $HEADER $FRAMING || fail "traffic on the link differs from the volumes (raw runs: $(cat "$RUNS"))"
+/usr/bin/python3 "$HERE/lib/link_traffic.py" check "$RUNS" $HIDDEN $HEADER $FRAMING || fail "traffic on the link differs from the volumes (raw runs: $(cat "$RUNS"))"
 echo "all traffic checks passed"
