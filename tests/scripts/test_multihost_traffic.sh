@@ -56,7 +56,9 @@ fail() {
   exit 1
 }
 now() { date +%s.%N; }
-counters() { sim_host_counters 1 | tr ' ' ','; }
+# Host 1's link counters, then the retransmissions of both hosts (reported on failure: a
+# retransmitted segment crosses twice).
+counters() { echo "$(sim_host_counters 1 | tr ' ' ','),$(($(sim_host_retransmits 0) + $(sim_host_retransmits 1)))"; }
 
 # job NAME CMD...: one fsdp-run per host (host 0 first: host 1's launcher and ranks then find
 # their listeners up, with no refused connection attempts to vary between runs), waited for.

@@ -10,6 +10,7 @@
 #   sim_host_run 0 cmd args...  # runs cmd "on" host 0 (foreground; add & to background)
 #   sim_host_bytes 0            # bytes sent + received by host 0's link so far
 #   sim_host_counters 0         # "tx_bytes rx_bytes tx_packets rx_packets" of host 0's link
+#   sim_host_retransmits 0      # TCP segments host 0 has retransmitted so far
 #   sim_host_link 1 down        # cut host 1 off (up: reconnect)
 #   sim_host_rate 1 100mbit     # cap host 1's outgoing rate with tbf (none: remove the cap)
 #
@@ -129,6 +130,12 @@ sim_host_bytes() {
 sim_host_counters() {
   local d=/sys/class/net/eth0/statistics
   ip netns exec "$(sim_ns "$1")" sh -c "echo \$(cat $d/tx_bytes) \$(cat $d/rx_bytes) \$(cat $d/tx_packets) \$(cat $d/rx_packets)"
+}
+
+# TCP segments host I has retransmitted so far (RetransSegs of its namespace): a retransmitted
+# segment crosses the link twice, which byte counts must allow for.
+sim_host_retransmits() {
+  ip netns exec "$(sim_ns "$1")" awk '/^Tcp:/ { if (!h) { for (i = 1; i <= NF; i++) if ($i == "RetransSegs") c = i; h = 1 } else print $c }' /proc/net/snmp
 }
 
 sim_host_link() { ip -n "$(sim_ns "$1")" link set eth0 "$2"; }
