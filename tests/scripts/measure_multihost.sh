@@ -149,4 +149,4 @@ for rate in "${RATES[@]}"; do
 done
 
 echo "load average: $(cat /proc/loadavg) (the machine is shared: times are upper bounds)"
-/usr/bin/python3 "$HERE/lib/link_traffic.py" report "$RECS" $HIDDEN $HEADER
+/usr/bin/python3 "$HERE/lib/link_traffic.py" report "$RECS" $HIDDEN "$HEADER"

@@ -101,5 +101,5 @@ done
 params="$(/usr/bin/python3 -c "import sys; sys.path.insert(0, '$HERE/lib'); import link_traffic as t; print(sum(t.units($HIDDEN)))")"
 grep -q "fsdp-train: mlp ($params params, " "$WORK/full_shard.$SHORT.h0.out" ||
   fail "fsdp-train's mlp does not have the $params parameters of link_traffic.units($HIDDEN)"
-/usr/bin/python3 "$HERE/lib/link_traffic.py" check "$RUNS" $HIDDEN $HEADER $FRAMING || fail "traffic on the link differs from the volumes (raw runs: $(cat "$RUNS"))"
+/usr/bin/python3 "$HERE/lib/link_traffic.py" check "$RUNS" $HIDDEN "$HEADER" $FRAMING || fail "traffic on the link differs from the volumes (raw runs: $(cat "$RUNS"))"
 echo "all traffic checks passed"
