@@ -10,7 +10,8 @@ namespace fsdp::launcher {
 
 const char* usage_text() {
   return R"(usage: fsdp-run [--nproc N] [--master-addr ADDR] [--master-port PORT]
-                [--nnodes M --node-rank R] [--grace-seconds S] -- COMMAND [ARGS...]
+                [--nnodes M --node-rank R] [--max-restarts K] [--grace-seconds S]
+                -- COMMAND [ARGS...]
 
 Starts N local ranks of COMMAND with the environment torchrun gives (RANK, WORLD_SIZE,
 LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT,
@@ -22,8 +23,10 @@ keys under /worker/attempt_<TORCHELASTIC_RESTART_COUNT>), as under torchrun's ag
 Multi-node: run fsdp-run once per machine with the same --nnodes, --nproc, --master-addr
 and --master-port, and --node-rank 0..M-1. Global ranks are node_rank * N + local_rank.
 The launchers meet on MASTER_PORT+1 of node 0 (which must be free), check that they agree
-on M and N and that no node rank is taken twice, and stay connected: when a rank fails or
-a launcher dies on one node, every node stops its ranks and exits non-zero.
+on M, N and --max-restarts and that no node rank is taken twice, and stay connected: when
+a rank fails or a launcher dies on one node, every node stops its ranks and exits non-zero
+(or, with --max-restarts, all nodes start their ranks again together; a node whose
+launcher is gone ends the job).
 
 Each output line of rank N is prefixed with "[rankN]: " on the stream it was written to.
 If a rank exits non-zero or dies by a signal, the other ranks are stopped (SIGTERM, then
