@@ -1,0 +1,495 @@
+// ZeroRedundancyOptimizer (ZeRO-1 / ZeRO-2 on an unmodified module) against
+// single-process training on the global batch, compared after every step:
+//  * stage 1 (all-reduce and reduce-scatter variants) and stage 2 (with and without
+//    overlap), SGD with momentum, AdamW with a no-decay group, CPUAdam;
+//  * odd sizes (every bucket needs padding at N=2,3), small buckets so that buckets,
+//    chunks and parameters cut each other, and one bucket for everything;
+//  * an unused branch: used by one rank at some steps, by none at others (then its
+//    gradients are undefined everywhere and the optimizers must skip it: checked to be
+//    bit-identical across those steps);
+//  * a frozen layer (never changes, not partitioned), gradient accumulation over
+//    micro-batches (no implicit 1/k), global-norm clipping, an LR scheduler;
+//  * construction broadcasts rank 0's parameters; TensorImpls survive.
+// Tolerance: at N=1 without clipping the arithmetic is the reference's, so the
+// results must be bit-identical. At N>1 the gradient is averaged across ranks (sum in
+// rank order, then / N) where the reference sums per-rank terms already divided by N,
+// and with clipping the global norm is summed from per-piece norms: rounding-level
+// differences (~1e-7 relative) that Adam's normalised update does not amplify over four
+// steps. Asserted < 1e-5 relative L2, as the FSDP parity tests.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "fsdp/dist/collectives.h"
+#include "fsdp/optim/cpu_adam.h"
+#include "fsdp/optim/zero_redundancy_optimizer.h"
+#include "harness/models.h"
+#include "harness/multirank.h"
+
+// White-box: the layout's arithmetic.
+#include "../src/optim/zero_layout.h"
+
+using namespace fsdp;
+using namespace fsdp::testing;
+using fsdp::optim::Stage1Reduction;
+using fsdp::optim::ZeroOptions;
+using fsdp::optim::ZeroRedundancyOptimizer;
+
+namespace {
+
+// An unmodified module: no wrapper, no marks. 1,158 trainable elements in tensors of
+// 403, 31, 527, 17, 85, 5, 85, 5; a frozen 17x17 layer; a branch used on demand.
+struct NetImpl : torch::nn::Module {
+  NetImpl() {
+    fc1 = register_module("fc1", torch::nn::Linear(13, 31));
+    fc2 = register_module("fc2", torch::nn::Linear(31, 17));
+    frozen = register_module("frozen", torch::nn::Linear(17, 17));
+    head = register_module("head", torch::nn::Linear(17, 5));
+    branch = register_module("branch", torch::nn::Linear(17, 5));
+    for (auto& p : frozen->parameters()) p.set_requires_grad(false);
+  }
+  torch::Tensor forward(torch::Tensor x, bool use_branch) {
+    x = torch::relu(fc1->forward(x));
+    x = torch::tanh(fc2->forward(x));
+    x = x + torch::tanh(frozen->forward(x));
+    auto y = head->forward(x);
+    if (use_branch) y = y + branch->forward(x);
+    return y;
+  }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, frozen{nullptr}, head{nullptr}, branch{nullptr};
+};
+TORCH_MODULE(Net);
+
+Net make_net() {
+  torch::manual_seed(0);
+  return Net();
+}
+
+enum class Opt { SGD, AdamW, CPUAdam };
+
+// Weights decay, biases do not (AdamW / CPUAdam); SGD: one group, no options.
+std::vector<torch::optim::OptimizerParamGroup> make_groups(Opt opt, torch::nn::Module& m) {
+  if (opt == Opt::SGD) return {torch::optim::OptimizerParamGroup(m.parameters())};
+  std::vector<torch::Tensor> decay, no_decay;
+  for (const auto& p : m.named_parameters())
+    (p.key().find("bias") != std::string::npos ? no_decay : decay).push_back(p.value());
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  if (opt == Opt::AdamW) {
+    groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(
+                                   torch::optim::AdamWOptions(1e-2).weight_decay(0.1)));
+    groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(
+                                      torch::optim::AdamWOptions(1e-2).weight_decay(0.0)));
+  } else {
+    groups.emplace_back(decay, std::make_unique<fsdp::optim::CPUAdamOptions>(
+                                   fsdp::optim::CPUAdamOptions(1e-2).weight_decay(0.1).adamw_mode(true)));
+    groups.emplace_back(no_decay, std::make_unique<fsdp::optim::CPUAdamOptions>(
+                                      fsdp::optim::CPUAdamOptions(1e-2).weight_decay(0.0).adamw_mode(true)));
+  }
+  return groups;
+}
+
+const torch::optim::SGDOptions kSgd = torch::optim::SGDOptions(0.05).momentum(0.9);
+
+std::unique_ptr<torch::optim::Optimizer> make_reference_optimizer(Opt opt, torch::nn::Module& m) {
+  auto groups = make_groups(opt, m);
+  switch (opt) {
+    case Opt::SGD: return std::make_unique<torch::optim::SGD>(groups, kSgd);
+    case Opt::AdamW: return std::make_unique<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(1e-2));
+    case Opt::CPUAdam: return std::make_unique<fsdp::optim::CPUAdam>(groups, fsdp::optim::CPUAdamOptions(1e-2));
+  }
+  return nullptr;
+}
+
+fsdp::optim::InnerOptimizerFactory make_factory(Opt opt) {
+  switch (opt) {
+    case Opt::SGD: return fsdp::optim::inner_optimizer<torch::optim::SGD>(kSgd);
+    case Opt::AdamW: return fsdp::optim::inner_optimizer<torch::optim::AdamW>(torch::optim::AdamWOptions(1e-2));
+    case Opt::CPUAdam:
+      return fsdp::optim::inner_optimizer<fsdp::optim::CPUAdam>(fsdp::optim::CPUAdamOptions(1e-2));
+  }
+  return nullptr;
+}
+
+struct Case {
+  std::string name;
+  int stage = 1;
+  Stage1Reduction reduction = Stage1Reduction::kAllReduce;
+  Opt opt = Opt::AdamW;
+  int64_t bucket = 100;  // elements
+  int accum = 1;         // micro-batches per step
+  double clip = 0;
+  bool overlap = false;
+  bool scheduler = false;
+};
+
+// Rank s % (n + 1) uses the branch at step s; at s % (n + 1) == n no rank does.
+bool uses_branch(int step, int rank, int n) { return step % (n + 1) == rank; }
+bool branch_unused(int step, int n) { return step % (n + 1) == n; }
+
+constexpr int kSteps = 4;
+constexpr int64_t kPerRank = 4;  // samples per rank and micro-batch
+
+void set_grads_to_none(torch::nn::Module& m) {
+  for (auto& p : m.parameters()) p.mutable_grad().reset();
+}
+
+void check_case(dist::ProcessGroup& pg, const Case& c) {
+  run_case(c.name, [&] {
+    const int n = pg.size(), rank = pg.rank();
+    // Reference: one process, the global batch, each rank's term divided by n.
+    auto ref = make_net();
+    std::map<std::string, torch::Tensor> initial;
+    for (const auto& p : ref->named_parameters()) initial[p.key()] = p.value().detach().clone();
+    auto ref_opt = make_reference_optimizer(c.opt, *ref);
+    std::unique_ptr<torch::optim::StepLR> ref_sched;
+    if (c.scheduler) ref_sched = std::make_unique<torch::optim::StepLR>(*ref_opt, 1, 0.5);
+
+    // Ours: ranks other than 0 start from different values; construction must
+    // broadcast rank 0's (the reference's).
+    auto model = make_net();
+    if (rank != 0) {
+      torch::NoGradGuard g;
+      for (auto& p : model->parameters()) p.add_(1.0 + rank);
+    }
+    std::vector<const c10::TensorImpl*> identity;
+    for (auto& p : model->parameters()) identity.push_back(p.unsafeGetTensorImpl());
+    ZeroOptions options = ZeroOptions()
+                              .process_group(pg)
+                              .stage(c.stage)
+                              .stage1_reduction(c.reduction)
+                              .reduce_bucket_size(c.bucket)
+                              .overlap_communication(c.overlap)
+                              .clip_grad_norm(c.clip)
+                              .module(model.ptr());
+    ZeroRedundancyOptimizer opt(make_groups(c.opt, *model), make_factory(c.opt), options);
+    for (const auto& p : model->named_parameters())
+      ASSERT_TRUE(torch::equal(p.value(), initial[p.key()])) << "not broadcast from rank 0: " << p.key();
+    std::unique_ptr<torch::optim::StepLR> sched;
+    if (c.scheduler) sched = std::make_unique<torch::optim::StepLR>(opt, 1, 0.5);
+
+    // Bit-identical to the reference at N=1 without clipping ([Note] in the file header).
+    const bool exact = n == 1 && c.clip == 0;
+    const double tol = 1e-5;
+    for (int s = 0; s < kSteps; ++s) {
+      set_grads_to_none(*ref);
+      for (int mb = 0; mb < c.accum; ++mb) {
+        auto [x, y] = global_batch(10 * s + mb, kPerRank * n);
+        for (int r = 0; r < n; ++r) {
+          auto loss = torch::mse_loss(ref->forward(rank_slice(x, r, n), uses_branch(s, r, n)), rank_slice(y, r, n));
+          (loss / n).backward();
+        }
+      }
+      if (c.clip > 0) torch::nn::utils::clip_grad_norm_(ref->parameters(), c.clip);
+      auto branch_before = ref->branch->weight.detach().clone();
+      ref_opt->step();
+      if (ref_sched) ref_sched->step();
+      if (branch_unused(s, n)) ASSERT_TRUE(torch::equal(branch_before, ref->branch->weight));
+
+      opt.zero_grad();
+      auto ours_before = model->branch->weight.detach().clone();
+      for (int mb = 0; mb < c.accum; ++mb) {
+        auto [x, y] = global_batch(10 * s + mb, kPerRank * n);
+        torch::mse_loss(model->forward(rank_slice(x, rank, n), uses_branch(s, rank, n)), rank_slice(y, rank, n))
+            .backward();
+        if (c.stage == 2)
+          for (auto& p : model->parameters()) EXPECT_FALSE(p.grad().defined()) << "stage 2 keeps no full gradient";
+      }
+      opt.step();
+      if (sched) sched->step();
+      if (branch_unused(s, n))
+        EXPECT_TRUE(torch::equal(ours_before, model->branch->weight)) << "unused everywhere: must be skipped";
+      if (c.clip > 0) EXPECT_GT(opt.last_grad_norm(), c.clip) << "the case should clip";
+
+      for (const auto& p : ref->named_parameters()) {
+        const auto& ours = model->named_parameters()[p.key()];
+        if (exact) {
+          EXPECT_TRUE(torch::equal(ours, p.value())) << "step " << s << " " << p.key() << " rel "
+                                                     << rel_diff(ours, p.value());
+        } else {
+          EXPECT_LT(rel_diff(ours, p.value()), tol) << "step " << s << " " << p.key();
+        }
+      }
+    }
+    // Frozen parameters never move; identities survive.
+    EXPECT_TRUE(torch::equal(model->frozen->weight, initial["frozen.weight"]));
+    auto params = model->parameters();
+    ASSERT_EQ(params.size(), identity.size());
+    for (size_t i = 0; i < params.size(); ++i) EXPECT_EQ(params[i].unsafeGetTensorImpl(), identity[i]);
+    // Hyperparameters reached the inner optimizer.
+    if (c.scheduler)
+      EXPECT_DOUBLE_EQ(opt.inner().param_groups()[0].options().get_lr(),
+                       ref_opt->param_groups()[0].options().get_lr());
+  });
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  auto add = [&](Case c) { out.push_back(std::move(c)); };
+  {
+    Case c;
+    c.name = "stage1/all_reduce/sgd";
+    c.opt = Opt::SGD;
+    add(c);
+  }
+  {
+    Case c;
+    c.name = "stage1/all_reduce/adamw/accum2/clip/overlap/lr";
+    c.accum = 2;
+    c.clip = 0.05;
+    c.overlap = true;
+    c.scheduler = true;
+    add(c);
+  }
+  {
+    Case c;
+    c.name = "stage1/reduce_scatter/adamw/clip";
+    c.reduction = Stage1Reduction::kReduceScatter;
+    c.bucket = 64;
+    c.clip = 0.05;
+    add(c);
+  }
+  {
+    Case c;
+    c.name = "stage1/reduce_scatter/sgd/accum2";
+    c.reduction = Stage1Reduction::kReduceScatter;
+    c.opt = Opt::SGD;
+    c.accum = 2;
+    add(c);
+  }
+  {
+    Case c;
+    c.name = "stage2/sgd/accum2";
+    c.stage = 2;
+    c.opt = Opt::SGD;
+    c.accum = 2;
+    add(c);
+  }
+  {
+    Case c;
+    c.name = "stage2/adamw/accum2/clip/overlap";
+    c.stage = 2;
+    c.accum = 2;
+    c.clip = 0.05;
+    c.overlap = true;
+    add(c);
+  }
+  {
+    Case c;
+    c.name = "stage2/adamw/one-bucket";
+    c.stage = 2;
+    c.bucket = 1024 * 1024;
+    add(c);
+  }
+  {
+    Case c;
+    c.name = "stage2/cpu_adam/bucket7/lr";
+    c.stage = 2;
+    c.opt = Opt::CPUAdam;
+    c.bucket = 7;
+    c.scheduler = true;
+    add(c);
+  }
+  return out;
+}
+
+void parity_cases(dist::ProcessGroup& pg) {
+  for (const Case& c : cases()) check_case(pg, c);
+}
+
+// Options and misuse are refused before anything changes, with the fix in the message.
+void refusal_cases(dist::ProcessGroup& pg) {
+  auto expect_error = [](const std::function<void()>& f, const std::string& needle) {
+    try {
+      f();
+      ADD_FAILURE() << "no error; expected one containing '" << needle << "'";
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  run_case("refusals", [&] {
+    auto model = make_net();
+    auto adam = fsdp::optim::inner_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(1e-3));
+    expect_error([&] { ZeroRedundancyOptimizer(model->parameters(), adam, ZeroOptions()); }, "process_group");
+    expect_error([&] { ZeroRedundancyOptimizer(model->parameters(), adam, ZeroOptions().process_group(pg).stage(3)); },
+                 "stage must be 1");
+    expect_error(
+        [&] {
+          ZeroRedundancyOptimizer(model->parameters(), adam, ZeroOptions().process_group(pg).reduce_bucket_size(0));
+        },
+        "reduce_bucket_size");
+    expect_error(
+        [&] { ZeroRedundancyOptimizer(model->parameters(), adam, ZeroOptions().process_group(pg).sync_buffers(true)); },
+        "module(model.ptr())");
+    std::vector<torch::optim::OptimizerParamGroup> twice{torch::optim::OptimizerParamGroup(model->parameters()),
+                                                         torch::optim::OptimizerParamGroup({model->fc1->weight})};
+    expect_error(
+        [&] { ZeroRedundancyOptimizer(twice, adam, ZeroOptions().process_group(pg).module(model.ptr())); },
+        "'fc1.weight'");
+    // LBFGS is caught once the inner optimizer exists (after the collective broadcast,
+    // which every rank reaches alike).
+    expect_error(
+        [&] {
+          ZeroRedundancyOptimizer(model->parameters(),
+                                  fsdp::optim::inner_optimizer<torch::optim::LBFGS>(torch::optim::LBFGSOptions(1)),
+                                  ZeroOptions().process_group(pg));
+        },
+        "LBFGS cannot be sharded");
+  });
+}
+
+// Allocator-free accounting by tensor sizes: after a stage-2 AdamW step the gradients
+// are gone, the optimizer state is two moments of this rank's pieces.
+void memory_cases(dist::ProcessGroup& pg) {
+  run_case("memory/stage2", [&] {
+    auto model = make_net();
+    ZeroRedundancyOptimizer opt(model->parameters(),
+                                fsdp::optim::inner_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(1e-3)),
+                                ZeroOptions().process_group(pg).stage(2).reduce_bucket_size(100));
+    auto [x, y] = global_batch(0, kPerRank * pg.size());
+    torch::mse_loss(model->forward(rank_slice(x, pg.rank(), pg.size()), true), rank_slice(y, pg.rank(), pg.size()))
+        .backward();
+    auto during = opt.get_memory_usage();
+    EXPECT_EQ(during[MemoryCategory::kGradients], 4 * opt.partition_numel());
+    opt.step();
+    auto u = opt.get_memory_usage();
+    int64_t frozen = 0;
+    for (auto& p : model->parameters())
+      if (!p.requires_grad()) frozen += p.numel();
+    EXPECT_EQ(u[MemoryCategory::kParameterShards], 4 * (opt.flat_numel() + frozen));
+    EXPECT_EQ(u[MemoryCategory::kGradients], 0);
+    int64_t owned = 0;  // every trainable element was used: all pieces have state
+    for (const auto& g : opt.inner().param_groups())
+      for (const auto& p : g.params()) owned += p.numel();
+    EXPECT_EQ(u[MemoryCategory::kOptimizerState], 8 * owned);
+    EXPECT_LE(owned, opt.partition_numel());
+    // Padding (< N per bucket) is all that separates the partition from the pieces.
+    EXPECT_GE(owned, opt.partition_numel() - opt.num_buckets() * (pg.size() - 1));
+  });
+}
+
+// Loss scaling: backward(loss) scales by a power of two, step() unscales exactly, so a
+// scaled run equals an unscaled one bit for bit. An inf in one element of one rank's
+// gradient (only its owner sees it after the reduction) makes every rank skip:
+// parameters and optimizer state unchanged, the scaler as DynamicGradScaler says.
+void scaler_cases(dist::ProcessGroup& pg) {
+  for (int stage : {1, 2}) {
+    run_case("loss_scale/stage" + std::to_string(stage), [&] {
+      const int n = pg.size(), rank = pg.rank();
+      auto plain = make_net();
+      auto scaled = make_net();
+      auto options = [&](Net& m) {
+        return ZeroOptions()
+            .process_group(pg)
+            .stage(stage)
+            .stage1_reduction(Stage1Reduction::kReduceScatter)
+            .reduce_bucket_size(100)
+            .module(m.ptr());
+      };
+      ZeroRedundancyOptimizer a(make_groups(Opt::AdamW, *plain), make_factory(Opt::AdamW), options(plain));
+      ZeroRedundancyOptimizer b(make_groups(Opt::AdamW, *scaled), make_factory(Opt::AdamW),
+                                options(scaled).dynamic_loss_scale(ZeroOptions::low_level_zero_scaler()));
+      precision::DynamicGradScaler expected(ZeroOptions::low_level_zero_scaler());
+      EXPECT_EQ(b.loss_scale(), 65536.0);
+      for (int s = 0; s < 5; ++s) {
+        auto [x, y] = global_batch(s, kPerRank * n);
+        auto xs = rank_slice(x, rank, n), ys = rank_slice(y, rank, n);
+        const bool inf_step = s == 1 || s == 2;
+        if (!inf_step) {
+          a.zero_grad();
+          a.backward(torch::mse_loss(plain->forward(xs, true), ys));
+          a.step();
+          EXPECT_TRUE(a.last_step_applied());
+        }
+        std::vector<torch::Tensor> before_params, before_state;
+        for (auto& p : scaled->parameters()) before_params.push_back(p.detach().clone());
+        for (const auto& kv : b.inner().state()) {
+          auto& st = static_cast<torch::optim::AdamWParamState&>(*kv.second);
+          before_state.push_back(st.exp_avg().clone());
+          before_state.push_back(st.exp_avg_sq().clone());
+        }
+        b.zero_grad();
+        auto loss = torch::mse_loss(scaled->forward(xs, true), ys);
+        // One element of one rank's gradient: branch.bias[0] on rank s % n.
+        if (inf_step && rank == s % n) loss = loss + scaled->branch->bias[0] * std::numeric_limits<float>::infinity();
+        b.backward(loss);
+        b.step();
+        expected.update(inf_step);
+        EXPECT_EQ(b.last_step_applied(), !inf_step) << "step " << s;
+        EXPECT_EQ(b.loss_scale(), expected.scale()) << "step " << s;
+        EXPECT_TRUE(b.loss_scaler_state() == expected.state()) << "step " << s;
+        if (inf_step) {
+          auto params = scaled->parameters();
+          for (size_t i = 0; i < params.size(); ++i) EXPECT_TRUE(torch::equal(params[i], before_params[i]));
+          size_t j = 0;
+          for (const auto& kv : b.inner().state()) {
+            auto& st = static_cast<torch::optim::AdamWParamState&>(*kv.second);
+            EXPECT_TRUE(torch::equal(st.exp_avg(), before_state[j++]));
+            EXPECT_TRUE(torch::equal(st.exp_avg_sq(), before_state[j++]));
+          }
+        } else {
+          auto pa = plain->parameters(), pb = scaled->parameters();
+          for (size_t i = 0; i < pa.size(); ++i)
+            EXPECT_TRUE(torch::equal(pa[i], pb[i])) << "step " << s << " rel " << rel_diff(pb[i], pa[i]);
+        }
+      }
+      // Two overflows with hysteresis 2: the scale backed off once.
+      EXPECT_EQ(b.loss_scale(), 32768.0);
+    });
+  }
+}
+
+}  // namespace
+
+// Pieces of every rank tile every parameter exactly once; ranks own equal chunks; a
+// bucket closes before the parameter that would take it past the cap.
+TEST(ZeroLayout, PiecesTileEveryParameterOnce) {
+  using fsdp::optim::detail::ZeroLayout;
+  const std::vector<int64_t> numels{5, 403, 31, 0, 527, 17, 85, 5, 1};
+  for (int n = 1; n <= 4; ++n) {
+    for (int64_t cap : {int64_t{1}, int64_t{7}, int64_t{100}, int64_t{1} << 20}) {
+      ZeroLayout layout(numels, n, cap);
+      std::vector<std::vector<int>> covered(numels.size());
+      for (size_t i = 0; i < numels.size(); ++i) covered[i].assign(numels[i], 0);
+      for (int r = 0; r < n; ++r) {
+        int64_t local = 0;
+        for (const auto& pc : layout.pieces(r)) {
+          EXPECT_GE(pc.local_offset, local);
+          local = pc.local_offset + pc.numel;
+          EXPECT_LE(local, layout.partition_numel());
+          for (int64_t e = 0; e < pc.numel; ++e) covered[pc.param][pc.param_offset + e] += 1;
+          EXPECT_EQ(pc.flat_offset, layout.params()[pc.param].flat_offset + pc.param_offset);
+        }
+      }
+      for (size_t i = 0; i < numels.size(); ++i)
+        for (int v : covered[i]) ASSERT_EQ(v, 1) << "n=" << n << " cap=" << cap << " param " << i;
+      int64_t flat = 0, part = 0;
+      for (const auto& b : layout.buckets()) {
+        EXPECT_EQ(b.flat_offset, flat);
+        EXPECT_EQ(b.padded % n, 0);
+        EXPECT_LT(b.padded - b.numel, n);
+        EXPECT_TRUE(b.numel <= cap || b.end_param - b.first_param == 1) << "over the cap";
+        if (b.end_param < static_cast<int>(numels.size()))
+          EXPECT_GT(b.numel + numels[b.end_param], cap) << "closed too early";
+        flat += b.padded;
+        part += b.chunk;
+      }
+      EXPECT_EQ(layout.flat_numel(), flat);
+      EXPECT_EQ(layout.partition_numel(), part);
+    }
+  }
+}
+
+TEST(ZeroOptimizer, ParityWithSingleProcess) {
+  for (int n = 1; n <= 3; ++n)
+    run_ranks(n, [](dist::ProcessGroup& pg) {
+      parity_cases(pg);
+      if (pg.size() == 2) {
+        refusal_cases(pg);
+        memory_cases(pg);
+      }
+      if (pg.size() >= 2) scaler_cases(pg);
+    });
+}
