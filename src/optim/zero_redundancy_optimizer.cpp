@@ -33,6 +33,7 @@ struct ZeroRedundancyOptimizer::Impl {
   std::vector<at::Tensor> frozen;
   std::unique_ptr<ZeroLayout> layout;
   at::Tensor flat;                          // every trainable parameter views it
+  at::Tensor master;                        // mixed precision: fp32 partition (pieces view it)
   std::vector<ZeroPiece> pieces;            // this rank's
   std::vector<at::Tensor> piece_tensors;    // views of `flat`, what the inner optimizer steps
   std::unique_ptr<torch::optim::Optimizer> inner;
@@ -43,9 +44,12 @@ struct ZeroRedundancyOptimizer::Impl {
   bool last_applied = true;
 
   int rank() const { return pg.rank(); }
+  bool mixed() const { return master.defined(); }
   at::ScalarType comm_dtype() const {
     return options.communication_dtype().value_or(flat.scalar_type());
   }
+  // dtype of reduced gradients kept for the inner optimizer (the pieces').
+  at::ScalarType grad_dtype() const { return mixed() ? master.scalar_type() : flat.scalar_type(); }
   int window() const { return options.overlap_communication() ? 2 : 1; }
 };
 
@@ -67,6 +71,12 @@ void validate(const ZeroOptions& o) {
     const auto d = *o.communication_dtype();
     TORCH_CHECK(d == at::kFloat || d == at::kBFloat16 || d == at::kHalf || d == at::kDouble,
                 "ZeroRedundancyOptimizer: communication_dtype must be float, bfloat16, half or double, got ", d);
+  }
+  if (o.param_dtype()) {
+    const auto d = *o.param_dtype();
+    TORCH_CHECK(d == at::kBFloat16 || d == at::kHalf,
+                "ZeroRedundancyOptimizer: param_dtype (mixed precision) must be bfloat16 or half, got ", d,
+                "; leave it unset to train in the parameters' own dtype");
   }
   TORCH_CHECK(o.gradient_accumulation_steps() >= 1,
               "ZeroRedundancyOptimizer: gradient_accumulation_steps must be >= 1, got ",
@@ -211,6 +221,10 @@ void ZeroRedundancyOptimizer::construct(std::vector<torch::optim::OptimizerParam
     TORCH_CHECK(at::isFloatingType(first.param.scalar_type()), "ZeroRedundancyOptimizer (rank ", rank,
                 "): trainable parameter ", first.name, " is ", first.param.scalar_type(),
                 "; only floating-point parameters can be trained");
+    TORCH_CHECK(!m.options.param_dtype() || first.param.scalar_type() == at::kFloat,
+                "ZeroRedundancyOptimizer (rank ", rank, "): param_dtype (mixed precision) makes fp32 master "
+                "weights from the parameters, but ", first.name, " is ", first.param.scalar_type(),
+                "; build the model in fp32");
     for (const Entry& e : trainable)
       TORCH_CHECK(e.param.scalar_type() == first.param.scalar_type() && e.param.device() == first.param.device(),
                   "ZeroRedundancyOptimizer (rank ", rank, "): trainable parameter ", e.name, " is ",
@@ -244,11 +258,30 @@ void ZeroRedundancyOptimizer::construct(std::vector<torch::optim::OptimizerParam
   for (auto& p : m.frozen) broadcast_from_rank0(m.pg, p);
   if (m.options.module()) broadcast_buffers(m.pg, *m.options.module());
 
+  // Mixed precision: fp32 masters of this rank's chunks (from the fp32 values, before
+  // rounding), then every parameter, frozen ones included, in param_dtype.
+  if (m.options.param_dtype()) {
+    const auto dtype = *m.options.param_dtype();
+    m.master = at::empty({m.layout->partition_numel()}, m.flat.options());
+    for (size_t b = 0; b < m.layout->buckets().size(); ++b) {
+      const auto& lb = m.layout->buckets()[b];
+      m.master.narrow(0, lb.local_offset, lb.chunk)
+          .copy_(m.flat.narrow(0, m.layout->chunk_offset(static_cast<int>(b), rank), lb.chunk));
+    }
+    m.flat = m.flat.to(dtype);
+    for (size_t i = 0; i < m.params.size(); ++i) {
+      const auto& slot = m.layout->params()[i];
+      m.params[i].set_data(m.flat.narrow(0, slot.flat_offset, slot.numel).view(m.params[i].sizes()));
+    }
+    for (auto& p : m.frozen) p.set_data(p.detach().to(dtype));
+  }
+
   // This rank's pieces, grouped as the user grouped their parameters.
   m.pieces = m.layout->pieces(rank);
   std::vector<std::vector<at::Tensor>> by_group(groups.size());
   for (const ZeroPiece& pc : m.pieces) {
-    m.piece_tensors.push_back(m.flat.narrow(0, pc.flat_offset, pc.numel));
+    m.piece_tensors.push_back(m.mixed() ? m.master.narrow(0, pc.local_offset, pc.numel)
+                                        : m.flat.narrow(0, pc.flat_offset, pc.numel));
     by_group[trainable[pc.param].group].push_back(m.piece_tensors.back());
   }
   std::vector<torch::optim::OptimizerParamGroup> inner_groups;
@@ -281,7 +314,7 @@ void ZeroRedundancyOptimizer::construct(std::vector<torch::optim::OptimizerParam
     ZeroGradReducer::Config c;
     c.group = m.pg;
     c.comm_dtype = m.comm_dtype();
-    c.grad_dtype = m.flat.scalar_type();
+    c.grad_dtype = m.grad_dtype();
     c.overlap = m.options.overlap_communication();
     m.reducer = std::make_shared<ZeroGradReducer>(m.params, m.names, *m.layout, c);
     m.reducer->install_hooks();
@@ -311,6 +344,9 @@ torch::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
   const int nbuckets = static_cast<int>(layout.buckets().size());
   const bool stage2 = m.options.stage() == 2;
   const bool all_reduce_variant = !stage2 && m.options.stage1_reduction() == Stage1Reduction::kAllReduce;
+  // The pieces' gradients are views of the parameters' grad() (stage 1 all-reduce in the
+  // parameters' dtype), else of a partition: stage 2's, or stage 1's made in step().
+  const bool grads_in_params = all_reduce_variant && !m.mixed();
 
   // 1. Which parameters have a gradient on this rank; stage 1 reduces now.
   std::vector<double> local(nparams + 1, 0.0);
@@ -321,8 +357,8 @@ torch::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
     for (int i = 0; i < nparams; ++i) local[i] = m.params[i].grad().defined();
     const auto copts = m.flat.options().dtype(m.comm_dtype());
     std::vector<at::Tensor> buffers(nbuckets), outs(nbuckets);
-    if (!all_reduce_variant)
-      m.stage1_partition = at::empty({layout.partition_numel()}, m.flat.options());
+    if (!grads_in_params)
+      m.stage1_partition = at::empty({layout.partition_numel()}, m.flat.options().dtype(m.grad_dtype()));
     auto issue = [&](int b) {
       const auto& lb = layout.buckets()[b];
       if (lb.padded == 0) return dist::CommHandle();
@@ -353,6 +389,9 @@ torch::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
           if (!g.defined() || !g.is_contiguous()) g = at::empty_like(m.params[i], at::MemoryFormat::Contiguous);
           g.copy_(buffers[b].narrow(0, slot.bucket_offset, slot.numel).view(g.sizes()));
         }
+        if (m.mixed())
+          m.stage1_partition.narrow(0, lb.local_offset, lb.chunk)
+              .copy_(buffers[b].narrow(0, static_cast<int64_t>(m.rank()) * lb.chunk, lb.chunk));
       } else if (outs[b].defined()) {
         m.stage1_partition.narrow(0, lb.local_offset, lb.chunk).copy_(outs[b]);
       }
@@ -371,7 +410,7 @@ torch::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
   for (size_t k = 0; k < m.pieces.size(); ++k) {
     const ZeroPiece& pc = m.pieces[k];
     at::Tensor g;
-    if (all_reduce_variant) {
+    if (grads_in_params) {
       const at::Tensor& full = m.params[pc.param].grad();
       if (full.defined()) g = full.view({-1}).narrow(0, pc.param_offset, pc.numel);
     } else if (partition.defined()) {
@@ -381,7 +420,7 @@ torch::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
   }
   if (m.scaler && m.scaler->scale() != 1.0) {
     const double inv = 1.0 / m.scaler->scale();
-    if (all_reduce_variant) {
+    if (grads_in_params) {
       // Every rank holds the same full gradients: unscale them all, so grad() stays consistent.
       for (auto& p : m.params)
         if (p.grad().defined()) p.mutable_grad().mul_(inv);
@@ -426,7 +465,7 @@ torch::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
   if (clip) {
     const double coef = m.options.clip_grad_norm() / (m.last_norm + 1e-6);
     if (coef < 1) {
-      if (all_reduce_variant) {
+      if (grads_in_params) {
         for (auto& p : m.params)
           if (p.grad().defined()) p.mutable_grad().mul_(coef);
       } else {
@@ -444,7 +483,14 @@ torch::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
   if (stage2) m.reducer->clear();
   m.stage1_partition = at::Tensor();
 
-  // 5. Every rank's updated chunks, straight into the parameters' storage.
+  // 5. Every rank's updated chunks, straight into the parameters' storage (under mixed
+  // precision first rounded from the masters into this rank's chunks).
+  if (m.mixed()) {
+    for (int b = 0; b < nbuckets; ++b) {
+      const auto& lb = layout.buckets()[b];
+      m.flat.narrow(0, layout.chunk_offset(b, m.rank()), lb.chunk).copy_(m.master.narrow(0, lb.local_offset, lb.chunk));
+    }
+  }
   if (m.pg.size() > 1) {
     auto gather = [&](int b) {
       const auto& lb = layout.buckets()[b];
@@ -531,6 +577,7 @@ MemoryUsage ZeroRedundancyOptimizer::get_memory_usage() const {
     if (p.grad().defined()) grads += static_cast<int64_t>(p.grad().nbytes());
   if (m.stage1_partition.defined()) grads += static_cast<int64_t>(m.stage1_partition.nbytes());
   u[MemoryCategory::kGradients] = grads;
+  if (m.master.defined()) u[MemoryCategory::kMasterWeights] = static_cast<int64_t>(m.master.nbytes());
   int64_t state = 0;
   for (const auto& kv : m.inner->state())
     if (kv.second) state += state_bytes(*kv.second);

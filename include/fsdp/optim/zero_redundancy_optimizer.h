@@ -44,8 +44,8 @@
 /// this rank's gradient pieces, and the same all-reduce that finds unused parameters and
 /// the global norm tells every rank whether any rank saw inf/nan; then all skip the step.
 ///
-/// Not done yet (issue 14): mixed precision with fp32 master partitions, state dicts and
-/// checkpoints, fsdp-train strategies, FSDP models driven by the same facade.
+/// Not done yet (issue 14): state dicts and checkpoints, fsdp-train strategies, FSDP
+/// models driven by the same facade.
 
 #include <cstdint>
 #include <functional>
@@ -83,8 +83,16 @@ struct ZeroOptions {
   /// Global L2 norm (every element counted once) above which step() scales the
   /// gradients down, as torch::nn::utils::clip_grad_norm_. 0: off.
   TORCH_ARG(double, clip_grad_norm) = 0.0;
-  /// dtype of gradient reductions (float, bfloat16, half). Default: the parameters'.
+  /// dtype of gradient reductions (float, bfloat16, half). Default: the parameters'
+  /// (param_dtype under mixed precision).
   TORCH_ARG(c10::optional<at::ScalarType>, communication_dtype) = c10::nullopt;
+  /// Mixed precision: the parameters (fp32 at construction) are cast to this dtype
+  /// (bfloat16; half where the device computes in it) for forward and backward, frozen
+  /// ones too; this rank's partition is kept in fp32 as master weights, which the inner
+  /// optimizer steps, and its reduced gradients are accumulated in fp32 (also at stage 1).
+  /// After the step the masters are rounded into the parameters' own chunks and
+  /// all-gathered in this dtype. Buffers keep their dtype.
+  TORCH_ARG(c10::optional<at::ScalarType>, param_dtype) = c10::nullopt;
   /// The model, if given: names parameters in messages, orders them by registration,
   /// and its buffers are broadcast from rank 0 at construction.
   TORCH_ARG(std::shared_ptr<torch::nn::Module>, module) = nullptr;
@@ -164,7 +172,8 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
   double last_grad_norm() const;
   /// Bytes this rank holds, by category: parameters (full replicas, and frozen ones),
   /// gradients (stage 1: grad() tensors; stage 2: the partition and buckets in flight),
-  /// optimizer state (tensors in the inner optimizer's state).
+  /// fp32 master partition (mixed precision), optimizer state (the tensors of Adam,
+  /// AdamW, CPUAdam, SGD, Adagrad and RMSprop states; other state classes count 0).
   MemoryUsage get_memory_usage() const;
 
   /// Layout facts ([Note: ZeRO partition layout]).
