@@ -28,12 +28,14 @@
 #include "fsdp/dist/collectives.h"
 #include "fsdp/optim/cpu_adam.h"
 #include "fsdp/optim/zero_redundancy_optimizer.h"
+#include "fsdp/state/zero_state_dict.h"
 #include "harness/counting_allocator.h"
 #include "harness/models.h"
 #include "harness/multirank.h"
 
-// White-box: the layout's arithmetic.
+// White-box: the layout's arithmetic; the reference optimizer's state by parameter.
 #include "../src/optim/zero_layout.h"
+#include "../src/state/optim_state.h"
 
 using namespace fsdp;
 using namespace fsdp::testing;
@@ -126,6 +128,7 @@ struct Case {
   double clip = 0;
   bool overlap = false;
   bool scheduler = false;
+  bool state_dict = false;  // consolidate, compare with the reference's state, reload
 };
 
 // Rank s % (n + 1) uses the branch at step s; at s % (n + 1) == n no rank does.
@@ -142,7 +145,7 @@ void set_grads_to_none(torch::nn::Module& m) {
 void check_case(dist::ProcessGroup& pg, const Case& c) {
   run_case(c.name, [&] {
     const int n = pg.size(), rank = pg.rank();
-    // Reference: one process, the global batch, each rank's term divided by n.
+    // Reference: one process computing every rank's gradients (see the file header).
     auto ref = make_net();
     std::map<std::string, torch::Tensor> initial;
     for (const auto& p : ref->named_parameters()) initial[p.key()] = p.value().detach().clone();
@@ -258,6 +261,52 @@ void check_case(dist::ProcessGroup& pg, const Case& c) {
     auto params = model->parameters();
     ASSERT_EQ(params.size(), identity.size());
     for (size_t i = 0; i < params.size(); ++i) EXPECT_EQ(params[i].unsafeGetTensorImpl(), identity[i]);
+    if (c.state_dict) {
+      // Rank 0's consolidated dict holds the reference's state (by name, full shapes).
+      auto osd = consolidate_state_dict(opt, 0);
+      if (rank == 0) {
+        size_t with_state = 0;
+        for (const auto& p : ref->named_parameters()) {
+          auto st = fsdp::state::get_param_state(*ref_opt, p.value());
+          ASSERT_EQ(st.has_value(), osd.state.count(p.key()) == 1) << p.key();
+          if (!st) continue;
+          ++with_state;
+          const auto& entry = osd.state.at(p.key());
+          if (entry.count("step")) EXPECT_EQ(entry.at("step").item<int64_t>(), st->step) << p.key();
+          for (const auto& t : st->tensors) {
+            ASSERT_TRUE(entry.count(t.first)) << p.key() << " " << t.first;
+            EXPECT_TRUE(torch::equal(entry.at(t.first), t.second)) << p.key() << " " << t.first;
+          }
+        }
+        EXPECT_EQ(osd.state.size(), with_state);
+      } else {
+        EXPECT_TRUE(osd.empty());
+      }
+      // Loaded into a fresh optimizer over a copy of the model, one more step matches.
+      OptimStateDict mine;
+      for (int r = 0; r < n; ++r) {
+        auto d = consolidate_state_dict(opt, r);
+        if (r == rank) mine = d;
+      }
+      auto model2 = make_net();
+      {
+        torch::NoGradGuard ng;
+        auto a = model->parameters(), b = model2->parameters();
+        for (size_t i = 0; i < a.size(); ++i) b[i].copy_(a[i]);
+      }
+      ZeroRedundancyOptimizer opt2(make_groups(c.opt, *model2), make_factory(c.opt), options.module(model2.ptr()));
+      load_consolidated_state_dict(opt2, mine);
+      auto [x, y] = global_batch(999, kPerRank * n);
+      auto xs = rank_slice(x, rank, n), ys = rank_slice(y, rank, n);
+      opt.zero_grad();
+      torch::mse_loss(model->forward(xs, true), ys).backward();
+      opt.step();
+      opt2.zero_grad();
+      torch::mse_loss(model2->forward(xs, true), ys).backward();
+      opt2.step();
+      auto a = model->parameters(), b = model2->parameters();
+      for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << "after reload, param " << i;
+    }
     // The scheduler acted on our groups (that the inner optimizer followed shows in the
     // parity above: its learning rate halves every step).
     if (c.scheduler)
@@ -271,8 +320,9 @@ std::vector<Case> cases() {
   auto add = [&](Case c) { out.push_back(std::move(c)); };
   {
     Case c;
-    c.name = "stage1/all_reduce/sgd";
+    c.name = "stage1/all_reduce/sgd/state_dict";
     c.opt = Opt::SGD;
+    c.state_dict = true;
     add(c);
   }
   {
@@ -302,10 +352,11 @@ std::vector<Case> cases() {
   }
   {
     Case c;
-    c.name = "stage2/sgd/accum2";
+    c.name = "stage2/sgd/accum2/state_dict";
     c.stage = 2;
     c.opt = Opt::SGD;
     c.accum = 2;
+    c.state_dict = true;
     add(c);
   }
   {
@@ -319,9 +370,10 @@ std::vector<Case> cases() {
   }
   {
     Case c;
-    c.name = "stage2/adamw/one-bucket";
+    c.name = "stage2/adamw/one-bucket/state_dict";
     c.stage = 2;
     c.bucket = 1024 * 1024;
+    c.state_dict = true;
     add(c);
   }
   {

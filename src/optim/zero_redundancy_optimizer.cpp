@@ -29,7 +29,9 @@ struct ZeroRedundancyOptimizer::Impl {
   dist::ProcessGroup pg;
   // Trainable parameters in flat order ([Note: ZeRO partition layout]).
   std::vector<at::Tensor> params;
-  std::vector<std::string> names;
+  std::vector<std::string> names;   // for messages
+  std::vector<std::string> keys;    // module names ("" without a module)
+  std::vector<int> group_of;        // index in param_groups()
   std::vector<at::Tensor> frozen;
   std::unique_ptr<ZeroLayout> layout;
   at::Tensor flat;                          // every trainable parameter views it
@@ -185,6 +187,7 @@ void ZeroRedundancyOptimizer::construct(std::vector<torch::optim::OptimizerParam
   struct Entry {
     at::Tensor param;
     std::string name;
+    std::string key;
     int group;
     int64_t order;
   };
@@ -210,7 +213,7 @@ void ZeroRedundancyOptimizer::construct(std::vector<torch::optim::OptimizerParam
       TORCH_CHECK(!p.is_sparse() && p.layout() == at::kStrided, "ZeroRedundancyOptimizer (rank ", rank,
                   "): parameter ", name, " is not a dense tensor");
       const int64_t order = it != known.end() ? it->second.second : appearance++;
-      trainable.push_back({p, name, static_cast<int>(g), order});
+      trainable.push_back({p, name, it != known.end() ? it->second.first : std::string(), static_cast<int>(g), order});
     }
   }
   // Flat order: reverse registration order, the order backward usually produces gradients.
@@ -218,7 +221,7 @@ void ZeroRedundancyOptimizer::construct(std::vector<torch::optim::OptimizerParam
                    [](const Entry& a, const Entry& b) { return a.order > b.order; });
   if (!trainable.empty()) {
     const Entry& first = trainable.front();
-    TORCH_CHECK(at::isFloatingType(first.param.scalar_type()), "ZeroRedundancyOptimizer (rank ", rank,
+    TORCH_CHECK(c10::isFloatingType(first.param.scalar_type()), "ZeroRedundancyOptimizer (rank ", rank,
                 "): trainable parameter ", first.name, " is ", first.param.scalar_type(),
                 "; only floating-point parameters can be trained");
     TORCH_CHECK(!m.options.param_dtype() || first.param.scalar_type() == at::kFloat,
@@ -239,6 +242,8 @@ void ZeroRedundancyOptimizer::construct(std::vector<torch::optim::OptimizerParam
   for (const Entry& e : trainable) {
     m.params.push_back(e.param);
     m.names.push_back(e.name);
+    m.keys.push_back(e.key);
+    m.group_of.push_back(e.group);
     numels.push_back(e.param.numel());
   }
   m.layout = std::make_unique<ZeroLayout>(numels, world, m.options.reduce_bucket_size());
@@ -551,12 +556,14 @@ void ZeroRedundancyOptimizer::zero_grad(bool set_to_none) {
 }
 
 void ZeroRedundancyOptimizer::save(torch::serialize::OutputArchive&) const {
-  TORCH_CHECK(false, "ZeroRedundancyOptimizer: save() is not supported yet: each rank's optimizer state "
-              "covers only its pieces (inner()); a consolidated state dict is not implemented");
+  TORCH_CHECK(false, "ZeroRedundancyOptimizer: save() (torch::save) is refused: each rank's optimizer state "
+              "covers only its pieces (inner()); use fsdp::consolidate_state_dict(opt, 0) and "
+              "fsdp::save_optim_state_dict (include/fsdp/state/zero_state_dict.h)");
 }
 
 void ZeroRedundancyOptimizer::load(torch::serialize::InputArchive&) {
-  TORCH_CHECK(false, "ZeroRedundancyOptimizer: load() is not supported yet (see save())");
+  TORCH_CHECK(false, "ZeroRedundancyOptimizer: load() (torch::load) is refused; use "
+              "fsdp::load_consolidated_state_dict (include/fsdp/state/zero_state_dict.h)");
 }
 
 const ZeroOptions& ZeroRedundancyOptimizer::options() const { return impl_->options; }
@@ -565,6 +572,22 @@ double ZeroRedundancyOptimizer::last_grad_norm() const { return impl_->last_norm
 int64_t ZeroRedundancyOptimizer::flat_numel() const { return impl_->layout->flat_numel(); }
 int64_t ZeroRedundancyOptimizer::partition_numel() const { return impl_->layout->partition_numel(); }
 int ZeroRedundancyOptimizer::num_buckets() const { return static_cast<int>(impl_->layout->buckets().size()); }
+
+std::vector<ZeroRedundancyOptimizer::TrainableParam> ZeroRedundancyOptimizer::trainable_parameters() const {
+  std::vector<TrainableParam> out;
+  for (size_t i = 0; i < impl_->params.size(); ++i)
+    out.push_back({impl_->keys[i], impl_->params[i], impl_->group_of[i]});
+  return out;
+}
+
+std::vector<ZeroRedundancyOptimizer::LocalPiece> ZeroRedundancyOptimizer::local_pieces() const {
+  std::vector<LocalPiece> out;
+  for (size_t k = 0; k < impl_->pieces.size(); ++k) {
+    const ZeroPiece& pc = impl_->pieces[k];
+    out.push_back({pc.param, pc.param_offset, pc.numel, impl_->piece_tensors[k]});
+  }
+  return out;
+}
 
 MemoryUsage ZeroRedundancyOptimizer::get_memory_usage() const {
   const Impl& m = *impl_;

@@ -44,8 +44,9 @@
 /// this rank's gradient pieces, and the same all-reduce that finds unused parameters and
 /// the global norm tells every rank whether any rank saw inf/nan; then all skip the step.
 ///
-/// Not done yet (issue 14): state dicts and checkpoints, fsdp-train strategies, FSDP
-/// models driven by the same facade.
+/// State dicts: fsdp::consolidate_state_dict / load_consolidated_state_dict
+/// (include/fsdp/state/zero_state_dict.h). Not done yet (issue 14): checkpoint
+/// directories, fsdp-train strategies, FSDP models driven by the same facade.
 
 #include <cstdint>
 #include <functional>
@@ -160,7 +161,7 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
   /// clears the gradient partition (set_to_none) or zeroes it.
   void zero_grad(bool set_to_none = true);
 
-  /// Not supported yet: refuses clearly instead of writing an empty state.
+  /// Refused (each rank's state covers only its pieces): use fsdp::consolidate_state_dict.
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
 
@@ -180,6 +181,26 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
   int64_t flat_numel() const;
   int64_t partition_numel() const;
   int num_buckets() const;
+
+  /// For the state layer (include/fsdp/state/zero_state_dict.h). A trainable parameter:
+  /// its name in options().module() ("" without a module) and its index in
+  /// param_groups(). Listed in flat order.
+  struct TrainableParam {
+    std::string name;
+    torch::Tensor param;
+    int group = 0;
+  };
+  std::vector<TrainableParam> trainable_parameters() const;
+  /// One of this rank's pieces: elements [offset, offset + numel) of the flattened
+  /// trainable parameter `param` (index into trainable_parameters()), stepped by inner()
+  /// as the 1-D tensor `tensor`.
+  struct LocalPiece {
+    int param = 0;
+    int64_t offset = 0;
+    int64_t numel = 0;
+    torch::Tensor tensor;
+  };
+  std::vector<LocalPiece> local_pieces() const;
 
  private:
   struct Impl;
