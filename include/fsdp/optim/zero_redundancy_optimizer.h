@@ -78,8 +78,10 @@ struct ZeroOptions {
   /// Elements per gradient bucket (LowLevelZero's default). Also the unit of the
   /// partition: see [Note: ZeRO partition layout].
   TORCH_ARG(int64_t, reduce_bucket_size) = 1024 * 1024;
-  /// Stage 2: keep up to two bucket reductions in flight during backward instead of
-  /// waiting for each one as it is issued. Same results either way.
+  /// Keep up to two bucket collectives in flight (stage 2: the reductions during
+  /// backward; both stages: stage 1's reductions and the all-gathers in step()) instead
+  /// of waiting for each one as it is issued. Same results either way; one more bucket
+  /// buffer alive.
   TORCH_ARG(bool, overlap_communication) = false;
   /// Global L2 norm (every element counted once) above which step() scales the
   /// gradients down, as torch::nn::utils::clip_grad_norm_. 0: off.
