@@ -388,6 +388,8 @@ std::vector<Case> cases() {
   return out;
 }
 
+void check_mixed_case(dist::ProcessGroup& pg, const Case& c);
+
 void parity_cases(dist::ProcessGroup& pg) {
   for (const Case& c : cases()) check_case(pg, c);
   {
