@@ -45,8 +45,9 @@
 /// the global norm tells every rank whether any rank saw inf/nan; then all skip the step.
 ///
 /// State dicts: fsdp::consolidate_state_dict / load_consolidated_state_dict
-/// (include/fsdp/state/zero_state_dict.h). Not done yet (issue 14): checkpoint
-/// directories, fsdp-train strategies, FSDP models driven by the same facade.
+/// (include/fsdp/state/zero_state_dict.h). fsdp-train: --strategy zero1 | zero2.
+/// Not done yet (issue 14): checkpoint directories, FSDP models driven by the same
+/// facade, the stage-1 option of reducing every micro-batch (stage 1 always defers).
 
 #include <cstdint>
 #include <functional>
