@@ -654,6 +654,37 @@ void scaler_cases(dist::ProcessGroup& pg) {
   }
 }
 
+// Buffers: broadcast from rank 0 at construction, and after every step with sync_buffers
+// (BatchNorm running statistics, which per-rank batches make differ).
+void buffer_cases(dist::ProcessGroup& pg) {
+  run_case("sync_buffers", [&] {
+    const int rank = pg.rank(), n = pg.size();
+    torch::manual_seed(0);
+    torch::nn::Sequential model(torch::nn::Linear(13, 8), torch::nn::BatchNorm1d(8), torch::nn::Linear(8, 5));
+    auto bn = model[1]->as<torch::nn::BatchNorm1d>();
+    {
+      torch::NoGradGuard ng;
+      bn->running_mean.add_(rank);  // differs per rank before construction
+    }
+    ZeroRedundancyOptimizer opt(model->parameters(),
+                                fsdp::optim::inner_optimizer<torch::optim::SGD>(torch::optim::SGDOptions(0.1)),
+                                ZeroOptions().process_group(pg).stage(2).module(model.ptr()).sync_buffers(true));
+    auto same_as_rank0 = [&](const torch::Tensor& t) {
+      auto copy = t.detach().clone();
+      dist::broadcast(pg, copy, 0).wait();
+      return torch::equal(copy, t);
+    };
+    EXPECT_TRUE(same_as_rank0(bn->running_mean)) << "buffers not broadcast at construction";
+    auto [x, y] = global_batch(0, kPerRank * n);
+    torch::mse_loss(model->forward(rank_slice(x, rank, n)), rank_slice(y, rank, n)).backward();
+    const bool same_before = same_as_rank0(bn->running_mean);  // collective: every rank calls it
+    if (rank != 0) EXPECT_FALSE(same_before) << "the test needs per-rank statistics";
+    opt.step();
+    EXPECT_TRUE(same_as_rank0(bn->running_mean)) << "sync_buffers did not broadcast after the step";
+    EXPECT_TRUE(same_as_rank0(bn->running_var));
+  });
+}
+
 // ZeRO's accounting, counted by a wrapping CPU allocator at the peak of backward + step
 // (not at rest), fp32 Adam, Ψ = 21,012,480 (80 Linear(512, 512)), N ranks:
 //   stage 1 = 4Ψ (parameters) + 4Ψ (gradients) + 8Ψ/N (moments),
@@ -750,6 +781,7 @@ TEST(ZeroOptimizer, ParityWithSingleProcess) {
       if (pg.size() == 2) {
         refusal_cases(pg);
         memory_cases(pg);
+        buffer_cases(pg);
       }
       if (pg.size() >= 2) scaler_cases(pg);
     });
