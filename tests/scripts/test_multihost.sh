@@ -31,15 +31,12 @@ source "$HERE/lib/sim_hosts.sh"
 sim_hosts_require
 
 BIN="${FSDP_BIN_DIR:?set FSDP_BIN_DIR to the bin directory of a build}"
-for t in fsdp-run fsdp-train; do
-  [[ -x "$BIN/$t" ]] || { echo "FAIL: $BIN/$t is not an executable (build targets fsdp-train fsdp-run)"; exit 1; }
+for t in fsdp-run fsdp-train fsdp-ckpt; do
+  [[ -x "$BIN/$t" ]] || { echo "FAIL: $BIN/$t is not an executable (build targets fsdp-train fsdp-run fsdp-ckpt)"; exit 1; }
 done
 DATA=/usr/share/datasets/fashion-mnist
 [[ -f "$DATA/train-images-idx3-ubyte.gz" ]] || { echo "FAIL: $DATA missing (apt-get install dataset-fashion-mnist)"; exit 1; }
 
-for t in fsdp-ckpt; do
-  [[ -x "$BIN/$t" ]] || { echo "FAIL: $BIN/$t is not an executable (build target fsdp-ckpt)"; exit 1; }
-done
 # One BLAS thread per rank: 4 ranks share the 2 cores.
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 
