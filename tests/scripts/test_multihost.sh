@@ -265,16 +265,16 @@ print(" ".join(f"{k} {n}" for k, n in sorted(seen.items())))
 # The hybrid run also checkpoints (see sections 2 and 5): 20 steps, all compared here.
 CK="$WORK/ckpt"
 CKFLAGS=(--checkpoint-dir "$CK" --checkpoint-every 5 --keep-checkpoints 2 --resume auto)
-COMMON=(--no-shuffle --batch-size $BATCH --timeout 60)
+COMMON=(--no-shuffle --batch-size "$BATCH" --timeout 60)
 for strategy in hybrid_shard full_shard shard_grad_op no_shard; do
   flags=(--strategy "$strategy" "${COMMON[@]}" --metrics "$WORK/$strategy.jsonl")
   steps=$STEPS
   if [[ $strategy == hybrid_shard ]]; then
     steps=$((2 * STEPS))
-    flags+=(--steps $steps "${CKFLAGS[@]}")
+    flags+=(--steps "$steps" "${CKFLAGS[@]}")
     final="$CK/step-$steps"
   else
-    flags+=(--steps $steps --checkpoint-dir "$WORK/ck.$strategy")
+    flags+=(--steps "$steps" --checkpoint-dir "$WORK/ck.$strategy")
     final="$WORK/ck.$strategy/step-$steps"
   fi
   case $strategy in
