@@ -484,7 +484,9 @@ done
 # 11..20 and the eval equal the uninterrupted run bit for bit.
 cp -r "$CK/noshuffle" "$CK/auto"
 shard="$CK/auto/step-$((2 * K))/shard_rank00001.bin"
-printf '\xff' | dd of="$shard" bs=1 seek=$(($(stat -c %s "$shard") - 2)) conv=notrunc status=none
+at=$(($(stat -c %s "$shard") - 2))
+byte=$(od -An -tu1 -j "$at" -N1 "$shard" | tr -d ' ')
+printf "\\x$(printf %02x $((byte ^ 0x5a)))" | dd of="$shard" bs=1 seek="$at" conv=notrunc status=none
 run --no-shuffle --checkpoint-dir "$CK/auto" --resume auto --steps $((2 * K)) --metrics "$WORK/auto.resumed.jsonl"
 [[ $RC == 0 ]] || fail "--resume auto past a damaged step-$((2 * K)): exit $RC"
 grep -qF "resume auto: skipped: fsdp: load_checkpoint('$CK/auto/step-$((2 * K))') failed on 1 of 2 ranks" "$OUT" ||
