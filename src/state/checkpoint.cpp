@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <tuple>
 
 #include <torch/torch.h>
 
@@ -271,10 +272,21 @@ Loaded open_checkpoint(const std::string& dir) {
 // read again from the same file; a file truncated by another process during the
 // load would end it with SIGBUS.
 
-// One copy of the commit: dst's elements from verified checkpoint bytes.
+// [Note: reads in file order]
+// A rank file holds each unit's records together (parameter, then its optimizer
+// state), but a load visits parameters first, then buffers, then optimizer state.
+// Reading in that order jumps back and forth in the file, which resets the kernel's
+// read-ahead at every jump: on a cold cache each jump becomes a synchronous small
+// read (measured at 4 ranks on 2 cores: 0.48-0.58 of a plain read of the same bytes).
+// So a load first plans every copy (which record lands where), then verifies the
+// records sorted by file and offset, and commits in the same order.
+
+// One copy of the commit: dst's elements from a record's verified bytes.
 struct PendingCopy {
-  at::Tensor dst;         // 1-D slice of the target
-  const char* src;        // MappedRecords::verified(), at dst's first element
+  const Record* record;
+  at::Tensor dst;            // 1-D slice of the target
+  int64_t first = 0;         // the record's element that lands at dst[0] (relative to record->begin)
+  const char* src = nullptr;  // set by verify_in_file_order: MappedRecords::verified() + first
 };
 
 // Everything a load changes, prepared and verified (step 1 of [Note: atomic load]).
@@ -290,9 +302,9 @@ struct LoadPlan {
 };
 
 // Plans the copies that fill `target` (flat, elements [begin, end) of `item`)
-// from the records of (item, kind) that overlap it, verifying each record.
-void plan_fill(const Loaded& l, state::format::MappedRecords& records, LoadPlan& plan, const std::string& item,
-               const std::string& kind, const at::Tensor& target, int64_t begin, int64_t end) {
+// from the records of (item, kind) that overlap it.
+void plan_fill(const Loaded& l, LoadPlan& plan, const std::string& item, const std::string& kind,
+               const at::Tensor& target, int64_t begin, int64_t end) {
   auto it = l.records.find({item, kind});
   TORCH_CHECK(it != l.records.end() || begin == end, "fsdp: load_checkpoint: checkpoint '", l.dir, "' has no ",
               kind, " data for '", item, "'");
@@ -304,9 +316,7 @@ void plan_fill(const Loaded& l, state::format::MappedRecords& records, LoadPlan&
       const auto dtype = state::format::parse_dtype(r.dtype);
       TORCH_CHECK(dtype == target.scalar_type(), "fsdp: load_checkpoint: '", item, "' (", kind, ") is ", dtype,
                   " in checkpoint '", l.dir, "' but ", target.scalar_type(), " in the model");
-      const char* src = records.verified(r);
-      plan.copies.push_back({target.slice(0, lo - begin, hi - begin),
-                             src + (lo - r.begin) * static_cast<int64_t>(c10::elementSize(dtype))});
+      plan.copies.push_back({&r, target.slice(0, lo - begin, hi - begin), lo - r.begin});
       covered += hi - lo;
     }
   }
@@ -314,9 +324,9 @@ void plan_fill(const Loaded& l, state::format::MappedRecords& records, LoadPlan&
               end - begin, " needed elements of '", item, "' (", kind, "): its records are incomplete");
 }
 
-// Step 1 of [Note: atomic load].
-LoadPlan prepare_load(const Loaded& l, state::format::MappedRecords& records, FullyShardedBase& model,
-                      const std::vector<LocalPiece>& pieces, torch::optim::Optimizer* optimizer, int rank) {
+// Step 1 of [Note: atomic load], without the checksums: what lands where.
+LoadPlan plan_load(const Loaded& l, FullyShardedBase& model, const std::vector<LocalPiece>& pieces,
+                   torch::optim::Optimizer* optimizer, int rank) {
   LoadPlan plan;
   const auto& items = l.meta.at("items");
   auto check_item = [&](const std::string& name, const char* kind, c10::IntArrayRef shape, at::ScalarType dtype) {
@@ -344,13 +354,13 @@ LoadPlan prepare_load(const Loaded& l, state::format::MappedRecords& records, Fu
     }
     saved_name_of[p.param.unsafeGetTensorImpl()] = name;
     check_item(name, state::format::kParam, p.shape, p.param.scalar_type());
-    plan_fill(l, records, plan, name, state::format::kParam, p.flat(), p.begin, p.end);
+    plan_fill(l, plan, name, state::format::kParam, p.flat(), p.begin, p.end);
   }
   for (const auto& b : model.module_ptr()->named_buffers()) {
     check_item(b.key(), state::format::kBuffer, b.value().sizes(), b.value().scalar_type());
     auto v = b.value();
     TORCH_INTERNAL_ASSERT(v.is_contiguous());
-    plan_fill(l, records, plan, b.key(), state::format::kBuffer, v.view({-1}), 0, v.numel());
+    plan_fill(l, plan, b.key(), state::format::kBuffer, v.view({-1}), 0, v.numel());
   }
 
   if (optimizer) {
@@ -402,7 +412,7 @@ LoadPlan prepare_load(const Loaded& l, state::format::MappedRecords& records, Fu
                 t = c;
             }
             if (!t.defined()) t = at::empty(param.sizes(), param.options().requires_grad(false));
-            plan_fill(l, records, plan, name, k, t.view({-1}), p.begin, p.end);
+            plan_fill(l, plan, name, k, t.view({-1}), p.begin, p.end);
             s.tensors[k] = t;
           }
         }
@@ -416,10 +426,20 @@ LoadPlan prepare_load(const Loaded& l, state::format::MappedRecords& records, Fu
     if (it.value()["kind"] != state::format::kExtra) continue;
     const auto shape = it.value()["shape"].get<std::vector<int64_t>>();
     auto t = at::empty(shape, at::TensorOptions().dtype(state::format::parse_dtype(it.value()["dtype"])));
-    plan_fill(l, records, plan, it.key(), state::format::kExtra, t.view({-1}), 0, t.numel());
+    plan_fill(l, plan, it.key(), state::format::kExtra, t.view({-1}), 0, t.numel());
     plan.extra.tensors[it.key()] = t;
   }
   return plan;
+}
+
+// The rest of step 1: verifies every record the plan copies from, in file order
+// ([Note: reads in file order]), and points each copy at its verified bytes.
+void verify_in_file_order(LoadPlan& plan, state::format::MappedRecords& records) {
+  std::stable_sort(plan.copies.begin(), plan.copies.end(), [](const PendingCopy& a, const PendingCopy& b) {
+    return std::tie(a.record->file, a.record->offset) < std::tie(b.record->file, b.record->offset);
+  });
+  for (auto& c : plan.copies)
+    c.src = records.verified(*c.record) + c.first * static_cast<int64_t>(c.dst.element_size());
 }
 
 // Step 2 of [Note: atomic load]: returns when every rank prepared its part;
@@ -495,8 +515,9 @@ CheckpointExtra load_checkpoint(const std::string& dir, FullyShardedBase& model,
   std::string error;
   try {
     Loaded l = open_checkpoint(dir);
+    plan = plan_load(l, model, pieces, optimizer, rank);
     records = std::make_unique<state::format::MappedRecords>(l.dir);
-    plan = prepare_load(l, *records, model, pieces, optimizer, rank);
+    verify_in_file_order(plan, *records);
   } catch (const std::exception& e) {
     error = message_of(e);
   } catch (...) {
