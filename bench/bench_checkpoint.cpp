@@ -20,7 +20,9 @@
 // directory). Prints a table and JSON lines {op, ranks, bytes, seconds, gb_s,
 // baseline, baseline_seconds, baseline_gb_s, ratio} (bytes: all ranks together).
 // Also reports the bytes allocated on each rank during save and load beyond what
-// it held (save target: <= its shard + the largest unit; the save makes no copies).
+// it held (save target: <= its shard + the largest unit; the save makes no copies),
+// and a rank's peak resident-set growth during the cold load (the load maps the
+// rank files it verifies: page cache, see [Note: atomic load]).
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/resource.h>
