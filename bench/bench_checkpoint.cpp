@@ -20,7 +20,9 @@
 // directory). Prints a table and JSON lines {op, ranks, bytes, seconds, gb_s,
 // baseline, baseline_seconds, baseline_gb_s, ratio} (bytes: all ranks together).
 // Also reports the bytes allocated on each rank during save and load beyond what
-// it held (save target: <= its shard + the largest unit; the save makes no copies).
+// it held (save target: <= its shard + the largest unit; the save makes no copies),
+// and a rank's peak resident-set growth during the cold load (the load maps the
+// rank files it verifies: page cache, see [Note: atomic load]).
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/resource.h>
@@ -33,6 +35,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <string>
@@ -63,6 +66,32 @@ double cpu_now() {
 
 double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// A field of /proc/self/status in bytes ("VmRSS", "VmHWM", ...), 0 if absent.
+int64_t status_bytes(const char* field) {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return 0;
+  char line[256];
+  int64_t kb = 0;
+  const size_t n = std::strlen(field);
+  while (std::fgets(line, sizeof(line), f))
+    if (std::strncmp(line, field, n) == 0 && line[n] == ':') kb = std::atoll(line + n + 1);
+  std::fclose(f);
+  return kb * 1024;
+}
+
+// Peak resident-set growth while f runs: the process's high-water mark is reset
+// first (clear_refs 5, no root needed for one's own process). Unlike the
+// allocator's count, it includes file pages mapped into the process.
+int64_t peak_rss_growth(const std::function<void()>& f) {
+  const int64_t before = status_bytes("VmRSS");
+  if (std::FILE* c = std::fopen("/proc/self/clear_refs", "w")) {
+    std::fputs("5", c);
+    std::fclose(c);
+  }
+  f();
+  return status_bytes("VmHWM") - before;
 }
 
 void evict(const std::string& path) {
@@ -208,7 +237,9 @@ int rank_main(int argc, char** argv) {
   // 2. Load (same world size) from disk, then again from the page cache.
   evict(my_file);
   if (rank == 0) evict(dir + "/ckpt/metadata.json");
-  const int64_t load_extra = peak_since([&] { load_checkpoint(dir + "/ckpt", *model, &opt); }, &load_cold_s);
+  int64_t load_rss = 0;
+  const int64_t load_extra = peak_since(
+      [&] { load_rss = peak_rss_growth([&] { load_checkpoint(dir + "/ckpt", *model, &opt); }); }, &load_cold_s);
   load_cached_s = timed([&] { load_checkpoint(dir + "/ckpt", *model, &opt); });
 
   // 3. The baselines: the same bytes per rank, one file per rank, same processes.
@@ -258,7 +289,7 @@ int rank_main(int argc, char** argv) {
     copy_cpu = cpu_now() - c0;
   }
 
-  auto extra = torch::tensor({save_extra, load_extra}, torch::kLong);
+  auto extra = torch::tensor({save_extra, load_extra, load_rss, my_bytes}, torch::kLong);
   dist::all_reduce(pg, extra, dist::ReduceOp::Max).wait();
   auto cpu_all = torch::tensor(cpu, torch::kDouble);  // summed over ranks
   dist::all_reduce(pg, cpu_all).wait();
@@ -289,6 +320,10 @@ int rank_main(int argc, char** argv) {
     std::printf("peak bytes allocated beyond what a rank held: save %ld (target <= shard %ld + largest unit %ld), "
                 "load %ld\n", (long)extra[0].item<int64_t>(), (long)shard_bytes, (long)unit_bytes,
                 (long)extra[1].item<int64_t>());
+    // The load maps the rank files it verifies ([Note: atomic load]): page-cache pages,
+    // shared and reclaimable, which a read() also leaves in the page cache.
+    std::printf("peak resident growth of a rank during the cold load: %ld (its rank file: %ld bytes, mapped)\n",
+                (long)extra[2].item<int64_t>(), (long)extra[3].item<int64_t>());
     for (const auto& r : rows)
       std::printf("{\"op\": \"%s\", \"ranks\": %d, \"bytes\": %ld, \"seconds\": %.4f, \"gb_s\": %.4f, "
                   "\"cpu_seconds\": %.4f, \"baseline\": \"%s\", \"baseline_seconds\": %.4f, "

@@ -1,7 +1,8 @@
 // Checkpoint directories (fsdp/state/checkpoint.h): save at N=4, load at N=1..4
 // under other strategies and wrap policies; the continued training must equal the
 // uninterrupted run (bitwise at the same world size and strategy, fp32 tolerance
-// otherwise), for Adam, AdamW and SGD with momentum. Crash safety and checksums.
+// otherwise), for Adam, AdamW and SGD with momentum. Crash safety and checksums;
+// a load that fails on one rank changes nothing on any rank.
 #include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 
@@ -12,6 +13,7 @@
 #include <fstream>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include "fsdp/dist/collectives.h"
@@ -300,6 +302,154 @@ TEST(Checkpoint, CorruptionAndTruncationNameTheFile) {
       EXPECT_NE(err.find("metadata.json"), std::string::npos) << err;
     });
   }, rank_options());
+}
+
+namespace {
+
+// What a rank holds that a load may change: its parameter pieces, its Adam
+// moments and steps, the number of state entries and the learning rate.
+struct RankState {
+  std::vector<torch::Tensor> tensors;
+  std::vector<int64_t> steps;  // -1: no state for that parameter
+  size_t entries = 0;
+  double lr = 0;
+};
+
+RankState rank_state(Model& m, torch::optim::Optimizer& opt) {
+  RankState s;
+  for (const auto& p : m->parameters()) s.tensors.push_back(p.detach().clone());
+  for (const auto& p : opt.param_groups()[0].params()) {
+    auto it = opt.state().find(c10::guts::to_string(p.unsafeGetTensorImpl()));
+    if (it == opt.state().end()) {
+      s.steps.push_back(-1);
+      continue;
+    }
+    auto& st = static_cast<torch::optim::AdamParamState&>(*it->second);
+    s.tensors.push_back(st.exp_avg().clone());
+    s.tensors.push_back(st.exp_avg_sq().clone());
+    s.steps.push_back(st.step());
+  }
+  s.entries = opt.state().size();
+  s.lr = opt.param_groups()[0].options().get_lr();
+  return s;
+}
+
+void expect_same_state(const RankState& got, const RankState& want, const std::string& what) {
+  ASSERT_EQ(got.tensors.size(), want.tensors.size()) << what;
+  for (size_t i = 0; i < got.tensors.size(); ++i)
+    EXPECT_TRUE(torch::equal(got.tensors[i], want.tensors[i])) << what << ": tensor " << i << " changed";
+  EXPECT_EQ(got.steps, want.steps) << what;
+  EXPECT_EQ(got.entries, want.entries) << what;
+  EXPECT_EQ(got.lr, want.lr) << what;
+}
+
+// A checkpoint at step 3 (Adam); the model then trains on to step 5 with another
+// learning rate, so that every value a load would write differs. Rank B = the
+// last rank meets a fault in its own part only, while the others' parts are
+// intact: each load must throw on every rank, naming rank B and the file or
+// item, and change nothing anywhere; training then continues exactly like a
+// reference that never tried to load; the intact checkpoint still loads bitwise.
+void failed_load_changes_nothing(dist::ProcessGroup& pg) {
+  const int bad = pg.size() - 1;
+  const std::string dir = test_dir() + "/atomic" + std::to_string(pg.size());
+  char file[64];
+  std::snprintf(file, sizeof(file), "shard_rank%05d.bin", bad);
+  auto m = wrap(0, pg, ShardingStrategy::FULL_SHARD, true);
+  auto opt = make_optimizer("adam", m);
+  train(m, *opt, 0, kSaveStep, pg);
+  save_checkpoint(dir, *m, opt.get());
+  const RankState at_save = rank_state(m, *opt);
+  auto ref = wrap(0, pg, ShardingStrategy::FULL_SHARD, true);
+  auto ref_opt = make_optimizer("adam", ref);
+  train(ref, *ref_opt, 0, kSaveStep, pg);
+  for (auto* o : {opt.get(), ref_opt.get()}) o->param_groups()[0].options().set_lr(5e-3);
+  train(m, *opt, kSaveStep, kSaveStep + 2, pg);
+  train(ref, *ref_opt, kSaveStep, kSaveStep + 2, pg);
+  if (pg.rank() == 0) {
+    for (const char* v : {"_flip", "_cut", "_gone", "_shape"}) fs::copy(dir, dir + v);
+    // The last bytes of rank B's file: its last record (an Adam moment), which
+    // a load that wrote as it read would reach after everything else.
+    flip_byte(dir + "_flip/" + file, static_cast<int64_t>(fs::file_size(dir + "_flip/" + file)) - 2);
+    fs::resize_file(dir + "_cut/" + file, fs::file_size(dir + "_cut/" + file) - 9);
+    fs::remove(dir + "_gone/" + file);
+    const std::string mf = dir + "_shape/metadata.json";
+    std::ifstream in(mf);
+    auto meta = nlohmann::json::parse(in);
+    in.close();
+    meta["items"]["head.bias"]["shape"] = nlohmann::json::array({6});  // 5 in the model
+    std::ofstream(mf) << meta.dump(1);
+  }
+  dist::barrier(pg);
+  const RankState before = rank_state(m, *opt);
+  struct Fault {
+    const char* name;
+    std::string dir_on_bad;  // the other ranks load the intact `dir`, except for _flip
+    std::vector<std::string> said;
+  };
+  const Fault faults[] = {
+      {"a flipped byte in rank B's last record", dir + "_flip", {file, "checksum"}},
+      {"rank B's file truncated (rank B's copy only)", dir + "_cut", {file, "truncated"}},
+      {"rank B's file missing (rank B's copy only)", dir + "_gone", {file, "missing"}},
+      {"one parameter's shape differs (rank B's copy only)", dir + "_shape", {"head.bias", "shape"}},
+  };
+  for (const auto& f : faults) {
+    run_case(std::string("failed load changes nothing: ") + f.name, [&] {
+      const bool everyone = f.dir_on_bad == dir + "_flip";
+      const std::string mine = pg.rank() == bad || everyone ? f.dir_on_bad : dir;
+      std::string err;
+      try {
+        load_checkpoint(mine, *m, opt.get());
+      } catch (const c10::Error& e) {
+        err = e.what_without_backtrace();  // as the tools print it
+      }
+      ASSERT_NE(err, "") << "the load succeeded on rank " << pg.rank();
+      EXPECT_NE(err.find("failed on 1 of " + std::to_string(pg.size()) + " ranks"), std::string::npos) << err;
+      EXPECT_NE(err.find("rank " + std::to_string(bad) + ": "), std::string::npos) << err;
+      for (const auto& s : f.said) EXPECT_NE(err.find(s), std::string::npos) << "'" << s << "' not in: " << err;
+      EXPECT_EQ(err.find("frame #"), std::string::npos) << "backtrace in the message: " << err;
+      expect_same_state(rank_state(m, *opt), before, f.name);
+    });
+  }
+  run_case("a failed load into an optimizer without state installs none", [&] {
+    auto m2 = wrap(5, pg, ShardingStrategy::FULL_SHARD, true);
+    auto opt2 = make_optimizer("adam", m2);
+    const RankState fresh = rank_state(m2, *opt2);
+    EXPECT_NE(error_of([&] { load_checkpoint(dir + "_flip", *m2, opt2.get()); }), "");
+    expect_same_state(rank_state(m2, *opt2), fresh, "fresh");
+    EXPECT_EQ(opt2->state().size(), 0u);
+  });
+  run_case("training continues as if no load had been tried", [&] {
+    train(m, *opt, kSaveStep + 2, kSaveStep + 4, pg);
+    train(ref, *ref_opt, kSaveStep + 2, kSaveStep + 4, pg);
+    expect_same_state(rank_state(m, *opt), rank_state(ref, *ref_opt), "continued vs reference");
+    // The comparison can fail: two more steps changed the state.
+    const RankState now = rank_state(m, *opt);
+    bool moved = false;
+    for (size_t i = 0; i < now.tensors.size(); ++i) moved = moved || !torch::equal(now.tensors[i], before.tensors[i]);
+    EXPECT_TRUE(moved);
+  });
+  run_case("the intact checkpoint loads bitwise, in place", [&] {
+    auto moments = [&] {
+      std::vector<const void*> ptrs;
+      for (const auto& p : opt->param_groups()[0].params())
+        ptrs.push_back(static_cast<torch::optim::AdamParamState&>(
+                           *opt->state().at(c10::guts::to_string(p.unsafeGetTensorImpl())))
+                           .exp_avg()
+                           .data_ptr());
+      return ptrs;
+    };
+    const auto storage = moments();
+    load_checkpoint(dir, *m, opt.get());
+    expect_same_state(rank_state(m, *opt), at_save, "loaded");
+    EXPECT_EQ(moments(), storage) << "the load replaced the optimizer's state tensors";
+  });
+}
+
+}  // namespace
+
+TEST(Checkpoint, FailedLoadOnOneRankChangesNothingOnAnyRank) {
+  run_ranks(2, failed_load_changes_nothing, rank_options());
+  run_ranks(3, failed_load_changes_nothing, rank_options());
 }
 
 namespace {

@@ -2,8 +2,11 @@
 #include "fsdp/state/checkpoint_testing.h"
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <map>
+#include <memory>
+#include <optional>
 #include <set>
 #include <tuple>
 
@@ -241,45 +244,79 @@ Loaded open_checkpoint(const std::string& dir) {
   return l;
 }
 
+// [Note: atomic load]
+// A load changes everything or nothing, on every rank: it runs in three steps
+// with one collective between the first two.
+//  1. Prepare (may fail; changes nothing the caller holds): read the metadata,
+//     match every parameter piece, buffer and optimizer-state tensor this rank
+//     holds with the records that cover it (names, shapes, dtypes, coverage),
+//     and verify each of those records: the file holds its bytes and their
+//     CRC-32 matches. Records are read through a read-only mmap of the rank
+//     files (MappedRecords), so verifying reads the page cache in place and
+//     copies nothing. New optimizer-state tensors (for an optimizer that has not
+//     stepped) are allocated here; they are not the optimizer's yet.
+//  2. Agree: one all-reduce of one failure flag per rank. If any rank failed,
+//     the ranks all-gather the messages and every rank throws all of them (the
+//     failing rank, the file, the record), with nothing changed anywhere.
+//  3. Commit (nothing left that can fail): copy each verified record's bytes
+//     from the mapping into its target (parameters, buffers, and optimizer state
+//     in place when the optimizer has some), then install the optimizer-state
+//     entries and the learning rates.
+// Why not read into staging buffers and swap them in: staging needs fresh
+// memory as large as everything the rank loads (3x its parameter bytes under
+// Adam), and first-touching fresh memory (page faults, kernel zero-fill) costs
+// about as much as the read itself; that is why a load reads into the
+// optimizer's existing state (issue 19). The page cache holds the records'
+// bytes anyway once they are read, so mapping it makes it the staging area: no
+// allocation, and the commit is the one copy any load makes. What atomicity adds
+// to a load that reads and checksums straight into its targets: the checksum
+// pass reads the records from memory rather than from the CPU cache right after
+// the copy, the mapping's page faults and page tables (8 bytes per 4 KiB
+// mapped, freed at the end), and one all-reduce of P int64 flags: measured
+// ~10-20% more CPU per cached load, 40 bytes allocated, and each rank's resident
+// set grows by the rank files it maps (page cache) while it loads
+// (docs/benchmarks.md, bench_checkpoint, "All-or-nothing load: its cost").
+// Limits: the commit copies the bytes the checksum saw as long as no process
+// writes into the checkpoint's files during the load. Checkpoints are never
+// modified in place (saves write `<dir>.tmp` and rename it), and deleting or
+// replacing a checkpoint meanwhile is harmless (the mapping keeps the old
+// files). A page the kernel drops under memory pressure between the steps is
+// read again from the same file; a file truncated by another process during the
+// load would end it with SIGBUS.
+
 // [Note: reads in file order]
 // A rank file holds each unit's records together (parameter, then its optimizer
 // state), but a load visits parameters first, then buffers, then optimizer state.
 // Reading in that order jumps back and forth in the file, which resets the kernel's
 // read-ahead at every jump: on a cold cache each jump becomes a synchronous small
 // read (measured at 4 ranks on 2 cores: 0.48-0.58 of a plain read of the same bytes).
-// So a load first plans every read (which record lands where) and then performs
-// them sorted by file and offset.
-struct ReadPlan {
-  struct Job {
-    const Record* record;
-    at::Tensor target;  // the slice of the destination this record fills
-    int64_t src_lo, src_hi;  // the record's elements that land there (relative to record.begin)
-    bool direct;  // the record is exactly `target`, same dtype: read straight into it
-  };
-  std::vector<Job> jobs;
+// So a load first plans every copy (which record lands where), then verifies the
+// records sorted by file and offset, and commits in the same order.
 
-  void execute(state::format::RankFileReader& reader, const std::string& dir) {
-    std::stable_sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) {
-      return std::tie(a.record->file, a.record->offset) < std::tie(b.record->file, b.record->offset);
-    });
-    for (const auto& j : jobs) {
-      if (j.direct) {
-        reader.read_into(*j.record, j.target.data_ptr());
-        continue;
-      }
-      auto src = reader.read(*j.record);
-      TORCH_CHECK(src.scalar_type() == j.target.scalar_type(), "fsdp: load_checkpoint: '", j.record->item, "' (",
-                  j.record->kind, ") is ", src.scalar_type(), " in checkpoint '", dir, "' but ",
-                  j.target.scalar_type(), " in the model");
-      j.target.copy_(src.slice(0, j.src_lo, j.src_hi));
-    }
-  }
+// One copy of the commit: dst's elements from a record's verified bytes.
+struct PendingCopy {
+  const Record* record;
+  at::Tensor dst;            // 1-D slice of the target
+  int64_t first = 0;         // the record's element that lands at dst[0] (relative to record->begin)
+  const char* src = nullptr;  // set by verify_in_file_order: MappedRecords::verified() + first
 };
 
-// Plans the filling of `target` (flat, elements [begin, end) of `item`) from the
-// records of (item, kind) that overlap it.
-void fill(Loaded& l, ReadPlan& plan, const std::string& item, const std::string& kind, const at::Tensor& target,
-          int64_t begin, int64_t end) {
+// Everything a load changes, prepared and verified (step 1 of [Note: atomic load]).
+struct LoadPlan {
+  std::vector<PendingCopy> copies;
+  struct Optim {
+    at::Tensor param;
+    std::optional<state::ParamOptimState> state;  // nullopt: erase the parameter's state
+  };
+  std::vector<Optim> optim;
+  std::vector<std::pair<size_t, double>> lrs;  // param group -> saved learning rate
+  CheckpointExtra extra;                        // its tensors filled by the commit
+};
+
+// Plans the copies that fill `target` (flat, elements [begin, end) of `item`)
+// from the records of (item, kind) that overlap it.
+void plan_fill(const Loaded& l, LoadPlan& plan, const std::string& item, const std::string& kind,
+               const at::Tensor& target, int64_t begin, int64_t end) {
   auto it = l.records.find({item, kind});
   TORCH_CHECK(it != l.records.end() || begin == end, "fsdp: load_checkpoint: checkpoint '", l.dir, "' has no ",
               kind, " data for '", item, "'");
@@ -288,10 +325,10 @@ void fill(Loaded& l, ReadPlan& plan, const std::string& item, const std::string&
     for (const auto& r : it->second) {
       const int64_t lo = std::max(begin, r.begin), hi = std::min(end, r.end);
       if (lo >= hi) continue;
-      const at::Tensor slice = target.slice(0, lo - begin, hi - begin);
-      const bool direct = lo == r.begin && hi == r.end && target.is_contiguous() &&
-                          state::format::parse_dtype(r.dtype) == target.scalar_type();
-      plan.jobs.push_back({&r, slice, lo - r.begin, hi - r.begin, direct});
+      const auto dtype = state::format::parse_dtype(r.dtype);
+      TORCH_CHECK(dtype == target.scalar_type(), "fsdp: load_checkpoint: '", item, "' (", kind, ") is ", dtype,
+                  " in checkpoint '", l.dir, "' but ", target.scalar_type(), " in the model");
+      plan.copies.push_back({&r, target.slice(0, lo - begin, hi - begin), lo - r.begin});
       covered += hi - lo;
     }
   }
@@ -299,17 +336,11 @@ void fill(Loaded& l, ReadPlan& plan, const std::string& item, const std::string&
               end - begin, " needed elements of '", item, "' (", kind, "): its records are incomplete");
 }
 
-}  // namespace
-
-CheckpointExtra load_checkpoint(const std::string& dir, FullyShardedBase& model, torch::optim::Optimizer* optimizer) {
-  const int rank = model.process_group().rank();
-  auto pieces = detail::StateView(model).local_pieces("load_checkpoint");
-  Loaded l = open_checkpoint(dir);
-  state::format::RankFileReader reader(l.dir);
-  ReadPlan plan;  // every read, performed in file order at the end ([Note: reads in file order])
-  const auto& items = l.meta["items"];
-  torch::NoGradGuard no_grad;
-
+// Step 1 of [Note: atomic load], without the checksums: what lands where.
+LoadPlan plan_load(const Loaded& l, FullyShardedBase& model, const std::vector<LocalPiece>& pieces,
+                   torch::optim::Optimizer* optimizer, int rank) {
+  LoadPlan plan;
+  const auto& items = l.meta.at("items");
   auto check_item = [&](const std::string& name, const char* kind, c10::IntArrayRef shape, at::ScalarType dtype) {
     TORCH_CHECK(items.contains(name) && items[name]["kind"] == kind, "fsdp: load_checkpoint on rank ", rank,
                 ": checkpoint '", l.dir, "' has no ", kind, " '", name, "' (saved from a different model?)");
@@ -335,20 +366,20 @@ CheckpointExtra load_checkpoint(const std::string& dir, FullyShardedBase& model,
     }
     saved_name_of[p.param.unsafeGetTensorImpl()] = name;
     check_item(name, state::format::kParam, p.shape, p.param.scalar_type());
-    fill(l, plan, name, state::format::kParam, p.flat(), p.begin, p.end);
+    plan_fill(l, plan, name, state::format::kParam, p.flat(), p.begin, p.end);
   }
   for (const auto& b : model.module_ptr()->named_buffers()) {
     check_item(b.key(), state::format::kBuffer, b.value().sizes(), b.value().scalar_type());
     auto v = b.value();
     TORCH_INTERNAL_ASSERT(v.is_contiguous());
-    fill(l, plan, b.key(), state::format::kBuffer, v.view({-1}), 0, v.numel());
+    plan_fill(l, plan, b.key(), state::format::kBuffer, v.view({-1}), 0, v.numel());
   }
 
   if (optimizer) {
     const std::string kind = state::optimizer_kind(*optimizer);
-    TORCH_CHECK(!l.meta["optimizer"].is_null(), "fsdp: load_checkpoint: checkpoint '", l.dir,
+    TORCH_CHECK(!l.meta.at("optimizer").is_null(), "fsdp: load_checkpoint: checkpoint '", l.dir,
                 "' holds no optimizer state; pass nullptr as the optimizer to load parameters only");
-    const std::string saved_kind = l.meta["optimizer"].get<std::string>();
+    const std::string saved_kind = l.meta.at("optimizer").get<std::string>();
     TORCH_CHECK(state::optimizer_family(saved_kind) == state::optimizer_family(kind), "fsdp: load_checkpoint: "
                 "checkpoint '", l.dir, "' holds ", saved_kind, " state, which a ", kind, " optimizer cannot use");
     std::map<const c10::TensorImpl*, const LocalPiece*> piece_of;
@@ -358,11 +389,11 @@ CheckpointExtra load_checkpoint(const std::string& dir, FullyShardedBase& model,
       if (kv.first.second != state::format::kParam && kv.first.second != state::format::kBuffer &&
           kv.first.second != state::format::kExtra)
         kinds_of[kv.first.first].insert(kv.first.second);
-    const auto& steps = l.meta["steps"];
-    auto& groups = optimizer->param_groups();
-    const auto& saved_groups = l.meta["param_groups"];
+    const auto& steps = l.meta.at("steps");
+    const auto& groups = optimizer->param_groups();
+    const auto& saved_groups = l.meta.at("param_groups");
     for (size_t gi = 0; gi < groups.size(); ++gi) {
-      if (gi < saved_groups.size()) groups[gi].options().set_lr(saved_groups[gi]["lr"].get<double>());
+      if (gi < saved_groups.size()) plan.lrs.emplace_back(gi, saved_groups.at(gi).at("lr").get<double>());
       for (const auto& param : groups[gi].params()) {
         auto pit = piece_of.find(param.unsafeGetTensorImpl());
         TORCH_CHECK(pit != piece_of.end(), "fsdp: load_checkpoint: the optimizer holds a tensor of shape ",
@@ -372,16 +403,17 @@ CheckpointExtra load_checkpoint(const std::string& dir, FullyShardedBase& model,
         const std::string& name = saved_name_of.at(param.unsafeGetTensorImpl());
         auto kit = kinds_of.find(name);
         if (kit == kinds_of.end() && !steps.contains(name)) {
-          state::erase_param_state(*optimizer, param);
+          plan.optim.push_back({param, std::nullopt});
           continue;
         }
         state::ParamOptimState s;
         s.step = steps.value(name, int64_t{0});
         if (kit != kinds_of.end()) {
-          // Read into the optimizer's own state tensors when they have the
+          // The optimizer's own state tensors are the targets when they have the
           // parameter's shape and dtype (a resume into a model that has already
           // stepped, or a second load): no allocation, and no page faults and
           // kernel zero-fill of fresh memory, which cost as much as the read.
+          // They are only written by the commit.
           const auto current = state::get_param_state(*optimizer, param);
           for (const auto& k : kit->second) {
             at::Tensor t;
@@ -392,26 +424,121 @@ CheckpointExtra load_checkpoint(const std::string& dir, FullyShardedBase& model,
                 t = c;
             }
             if (!t.defined()) t = at::empty(param.sizes(), param.options().requires_grad(false));
-            fill(l, plan, name, k, t.view({-1}), p.begin, p.end);
+            plan_fill(l, plan, name, k, t.view({-1}), p.begin, p.end);
             s.tensors[k] = t;
           }
         }
-        state::set_param_state(*optimizer, param, std::move(s));
+        plan.optim.push_back({param, std::move(s)});
       }
     }
   }
 
-  CheckpointExtra extra;
-  if (l.meta.contains("extra")) extra.values = l.meta["extra"].get<std::map<std::string, std::string>>();
+  if (l.meta.contains("extra")) plan.extra.values = l.meta["extra"].get<std::map<std::string, std::string>>();
   for (const auto& it : items.items()) {
     if (it.value()["kind"] != state::format::kExtra) continue;
     const auto shape = it.value()["shape"].get<std::vector<int64_t>>();
     auto t = at::empty(shape, at::TensorOptions().dtype(state::format::parse_dtype(it.value()["dtype"])));
-    fill(l, plan, it.key(), state::format::kExtra, t.view({-1}), 0, t.numel());
-    extra.tensors[it.key()] = t;
+    plan_fill(l, plan, it.key(), state::format::kExtra, t.view({-1}), 0, t.numel());
+    plan.extra.tensors[it.key()] = t;
   }
-  plan.execute(reader, l.dir);
-  return extra;
+  return plan;
+}
+
+// The rest of step 1: verifies every record the plan copies from, in file order
+// ([Note: reads in file order]), and points each copy at its verified bytes.
+void verify_in_file_order(LoadPlan& plan, state::format::MappedRecords& records) {
+  std::stable_sort(plan.copies.begin(), plan.copies.end(), [](const PendingCopy& a, const PendingCopy& b) {
+    return std::tie(a.record->file, a.record->offset) < std::tie(b.record->file, b.record->offset);
+  });
+  for (auto& c : plan.copies)
+    c.src = records.verified(*c.record) + c.first * static_cast<int64_t>(c.dst.element_size());
+}
+
+// Step 2 of [Note: atomic load]: returns when every rank prepared its part;
+// otherwise throws, on every rank, what failed where.
+void agree_to_commit(const dist::ProcessGroup& pg, const std::string& my_error, const std::string& dir) {
+  const int world = pg.size();
+  std::vector<std::string> errors{my_error};
+  if (world > 1) {
+    auto flags = torch::zeros({world}, torch::kLong);
+    flags.data_ptr<int64_t>()[pg.rank()] = my_error.empty() ? 0 : 1;
+    dist::all_reduce(pg, flags).wait();
+    if (flags.sum().item<int64_t>() == 0) return;
+    errors = dist::all_gather_object(pg, my_error);  // every rank takes this branch
+  } else if (my_error.empty()) {
+    return;
+  }
+  // Ranks that failed alike (a file every rank reads) are named together.
+  std::vector<std::pair<std::string, std::vector<int>>> by_message;
+  int failed = 0;
+  for (int r = 0; r < static_cast<int>(errors.size()); ++r) {
+    if (errors[r].empty()) continue;
+    ++failed;
+    auto same = std::find_if(by_message.begin(), by_message.end(), [&](const auto& m) { return m.first == errors[r]; });
+    if (same == by_message.end()) by_message.push_back({errors[r], {r}});
+    else same->second.push_back(r);
+  }
+  std::string msg = "fsdp: load_checkpoint('" + dir + "') failed on " + std::to_string(failed) + " of " +
+                    std::to_string(world) + (world == 1 ? " rank" : " ranks") +
+                    "; no rank changed its parameters, buffers or optimizer state:";
+  for (const auto& m : by_message) {
+    msg += "\n  rank";
+    if (m.second.size() > 1) msg += "s";
+    for (size_t i = 0; i < m.second.size(); ++i) msg += (i ? ", " : " ") + std::to_string(m.second[i]);
+    msg += ": " + m.first;
+  }
+  TORCH_CHECK(false, msg);
+}
+
+// Step 3 of [Note: atomic load].
+void commit(LoadPlan& plan, torch::optim::Optimizer* optimizer) {
+  for (const auto& c : plan.copies) {
+    const int64_t n = c.dst.numel();
+    if (c.dst.is_contiguous()) {
+      std::memcpy(c.dst.data_ptr(), c.src, static_cast<size_t>(n) * c.dst.element_size());
+    } else {
+      c.dst.copy_(at::from_blob(const_cast<char*>(c.src), {n}, at::TensorOptions().dtype(c.dst.scalar_type())));
+    }
+  }
+  if (!optimizer) return;
+  for (auto& o : plan.optim) {
+    if (o.state) state::set_param_state(*optimizer, o.param, std::move(*o.state));
+    else state::erase_param_state(*optimizer, o.param);
+  }
+  auto& groups = optimizer->param_groups();
+  for (const auto& [gi, lr] : plan.lrs) groups[gi].options().set_lr(lr);
+}
+
+std::string message_of(const std::exception& e) {
+  if (const auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
+  return e.what();
+}
+
+}  // namespace
+
+CheckpointExtra load_checkpoint(const std::string& dir, FullyShardedBase& model, torch::optim::Optimizer* optimizer) {
+  const auto& pg = model.process_group();
+  const int rank = pg.rank();
+  // Fails alike on every rank (a model inside its step), before any collective.
+  auto pieces = detail::StateView(model).local_pieces("load_checkpoint");
+  torch::NoGradGuard no_grad;
+  std::unique_ptr<state::format::MappedRecords> records;  // the verified bytes live here until the commit
+  LoadPlan plan;
+  std::string error;
+  try {
+    Loaded l = open_checkpoint(dir);
+    plan = plan_load(l, model, pieces, optimizer, rank);
+    records = std::make_unique<state::format::MappedRecords>(l.dir);
+    verify_in_file_order(plan, *records);
+  } catch (const std::exception& e) {
+    error = message_of(e);
+  } catch (...) {
+    error = "unknown exception";
+  }
+  if (!error.empty()) plan = LoadPlan();  // drops the tensors it allocated
+  agree_to_commit(pg, error, dir);
+  commit(plan, optimizer);
+  return std::move(plan.extra);
 }
 
 }  // namespace fsdp

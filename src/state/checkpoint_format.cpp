@@ -3,6 +3,7 @@
 
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -218,6 +219,59 @@ void RankFileReader::read_checked(const Record& r, char* dst, size_t window,
   TORCH_CHECK(crc == r.crc32, "fsdp checkpoint: checksum mismatch in file '", dir_, "/", r.file, "' for ", r.item,
               " (", r.kind, ", elements [", r.begin, ", ", r.end, ")): the file is corrupted; restore it or load an "
               "earlier checkpoint");
+}
+
+MappedRecords::~MappedRecords() {
+  for (auto& kv : files_)
+    if (kv.second.base) ::munmap(const_cast<char*>(kv.second.base), kv.second.size);
+}
+
+const MappedRecords::File& MappedRecords::file_of(const std::string& name) {
+  auto it = files_.find(name);
+  if (it != files_.end()) return it->second;
+  const std::string path = dir_ + "/" + name;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  TORCH_CHECK(fd >= 0, "fsdp checkpoint: cannot open '", path, "': ", std::strerror(errno),
+              " (the checkpoint is incomplete)");
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    TORCH_CHECK(false, "fsdp checkpoint: cannot stat '", path, "': ", std::strerror(err));
+  }
+  File f;
+  f.size = static_cast<size_t>(st.st_size);
+  if (f.size > 0) {
+    void* p = ::mmap(nullptr, f.size, PROT_READ, MAP_SHARED, fd, 0);
+    const int err = errno;
+    ::close(fd);  // the mapping keeps the file open
+    TORCH_CHECK(p != MAP_FAILED, "fsdp checkpoint: cannot map '", path, "' (", f.size, " bytes): ",
+                std::strerror(err));
+    // Records are verified in file order: let the kernel read ahead.
+    ::madvise(p, f.size, MADV_SEQUENTIAL);
+    f.base = static_cast<const char*>(p);
+  } else {
+    ::close(fd);
+  }
+  return files_.emplace(name, f).first->second;
+}
+
+const char* MappedRecords::verified(const Record& r) {
+  const size_t nbytes = static_cast<size_t>(r.end - r.begin) * c10::elementSize(parse_dtype(r.dtype));
+  if (nbytes == 0) return nullptr;
+  const auto key = std::make_pair(r.file, r.offset);
+  auto done = checked_.find(key);
+  if (done != checked_.end()) return done->second;
+  const File& f = file_of(r.file);
+  TORCH_CHECK(r.offset >= 0 && static_cast<size_t>(r.offset) + nbytes <= f.size, "fsdp checkpoint: file '", dir_,
+              "/", r.file, "' is truncated: record ", r.item, " (", r.kind, ") needs bytes [", r.offset, ", ",
+              r.offset + static_cast<int64_t>(nbytes), "), the file has ", f.size);
+  const char* p = f.base + r.offset;
+  TORCH_CHECK(crc32_of(p, nbytes) == r.crc32, "fsdp checkpoint: checksum mismatch in file '", dir_, "/", r.file,
+              "' for ", r.item, " (", r.kind, ", elements [", r.begin, ", ", r.end, ")): the file is corrupted; "
+              "restore it or load an earlier checkpoint");
+  checked_.emplace(key, p);
+  return p;
 }
 
 void write_file_synced(const std::string& path, const std::string& contents) {

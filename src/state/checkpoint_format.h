@@ -110,6 +110,34 @@ class RankFileReader {
   std::map<std::string, int> fds_;
 };
 
+// Read-only views of a checkpoint's records, through mmap of its rank files: a
+// load first verifies every record it needs (bounds and CRC-32, in the page
+// cache) and copies the bytes into the model only after every rank has verified
+// its own ([Note: atomic load] in checkpoint.cpp). Files are mapped on first use
+// and unmapped when this object goes; the pointers verified() returns stay valid
+// until then.
+class MappedRecords {
+ public:
+  explicit MappedRecords(std::string dir) : dir_(std::move(dir)) {}
+  ~MappedRecords();
+  MappedRecords(const MappedRecords&) = delete;
+  MappedRecords& operator=(const MappedRecords&) = delete;
+  // The record's bytes, after checking that the file holds them and that their
+  // CRC-32 matches (errors name the file and the record). A record is checked
+  // once however often it is asked for. nullptr for an empty record.
+  const char* verified(const Record& r);
+
+ private:
+  struct File {
+    const char* base = nullptr;
+    size_t size = 0;
+  };
+  const File& file_of(const std::string& name);
+  std::string dir_;
+  std::map<std::string, File> files_;
+  std::map<std::pair<std::string, int64_t>, const char*> checked_;  // (file, offset) -> bytes
+};
+
 void write_file_synced(const std::string& path, const std::string& contents);
 void fsync_dir(const std::string& dir);
 std::string read_text_file(const std::string& path);

@@ -478,6 +478,25 @@ for variant in "nproc1:--nproc 1" "no_shard:--strategy no_shard" "nproc4_sgo:--n
     fail "resume under $name: losses differ from the 2-rank FULL_SHARD run by more than 1e-6: $d"
   pass "resume (saved by 2 ranks FULL_SHARD) under ${variant#*:}: max rel. diff $(echo "$d" | cut -d' ' -f1) to the uninterrupted run"
 done
+# --resume auto with a damaged tensor file in the newest checkpoint, on one rank's part only
+# (its metadata is fine, so only the load finds it): the load fails on both ranks and changes
+# nothing ([Note: atomic load]), the run reports it, resumes from the one before, and steps
+# 11..20 and the eval equal the uninterrupted run bit for bit.
+cp -r "$CK/noshuffle" "$CK/auto"
+shard="$CK/auto/step-$((2 * K))/shard_rank00001.bin"
+at=$(($(stat -c %s "$shard") - 2))
+byte=$(od -An -tu1 -j "$at" -N1 "$shard" | tr -d ' ')
+printf "\\x$(printf %02x $((byte ^ 0x5a)))" | dd of="$shard" bs=1 seek="$at" conv=notrunc status=none
+run --no-shuffle --checkpoint-dir "$CK/auto" --resume auto --steps $((2 * K)) --metrics "$WORK/auto.resumed.jsonl"
+[[ $RC == 0 ]] || fail "--resume auto past a damaged step-$((2 * K)): exit $RC"
+grep -qF "resume auto: skipped: fsdp: load_checkpoint('$CK/auto/step-$((2 * K))') failed on 1 of 2 ranks" "$OUT" ||
+  fail "--resume auto: the damaged step-$((2 * K)) is not reported"
+grep -qF "rank 1: fsdp checkpoint: checksum mismatch in file '$CK/auto/step-$((2 * K))/shard_rank00001.bin'" "$OUT" ||
+  fail "--resume auto: the report does not name rank 1 and its file"
+grep -q "resumed from $CK/auto/step-$K at step $K" "$OUT" || fail "--resume auto: no 'resumed from .../step-$K' line"
+d="$(same_losses "$WORK/noshuffle.full.jsonl" "$WORK/auto.resumed.jsonl" 0 2>&1)" ||
+  fail "--resume auto past a damaged checkpoint: losses differ from the uninterrupted run: $d"
+pass "--resume auto: step-$((2 * K)) with a flipped byte in rank 1's file reported and passed over; from step-$K, steps $(echo "$d" | cut -d' ' -f2-3 | tr ' ' -) and eval bitwise equal"
 expect_error "--resume $CK/nope: no checkpoint there" --resume "$CK/nope"
 expect_error "the checkpoint was saved with --seed 3 but this run has --seed 0" --resume "$CK/shuffled/step-$K"
 expect_error "saved with --no-shuffle given but this run has --no-shuffle not given; a resumed run must train the same model on the same data: add --no-shuffle" --resume "$CK/noshuffle/step-$K"

@@ -25,9 +25,11 @@ std::vector<int64_t> checkpoint_steps(const std::string& dir) {
   return steps;
 }
 
-std::optional<int64_t> newest_usable_checkpoint(const TrainOptions& o, std::vector<std::string>& skipped) {
+std::optional<int64_t> newest_usable_checkpoint(const TrainOptions& o, std::vector<std::string>& skipped,
+                                                int64_t below) {
   std::vector<int64_t> steps = checkpoint_steps(o.checkpoint_dir);
   for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    if (*it >= below) continue;
     TrainOptions candidate = o;
     candidate.resume = checkpoint_path(o.checkpoint_dir, *it);
     std::string err = check_resume(candidate);

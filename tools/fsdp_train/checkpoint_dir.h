@@ -7,6 +7,7 @@
 /// which neither function below touches.
 
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -19,9 +20,11 @@ namespace fsdp::train {
 std::vector<int64_t> checkpoint_steps(const std::string& dir);
 
 /// --resume auto on rank 0: the step of the newest complete checkpoint under
-/// o.checkpoint_dir that check_resume accepts for o (readable metadata, same model and data
-/// flags); nullopt if there is none. Each newer one passed over is described in `skipped`.
-std::optional<int64_t> newest_usable_checkpoint(const TrainOptions& o, std::vector<std::string>& skipped);
+/// o.checkpoint_dir, older than step `below`, that check_resume accepts for o (readable
+/// metadata, same model and data flags); nullopt if there is none. Each newer one passed over
+/// is described in `skipped`.
+std::optional<int64_t> newest_usable_checkpoint(const TrainOptions& o, std::vector<std::string>& skipped,
+                                                int64_t below = std::numeric_limits<int64_t>::max());
 
 /// --keep-checkpoints K (K > 0) on rank 0 after a save: deletes all but the K newest complete
 /// checkpoints. Returns what it could not delete ("" if everything went).

@@ -3,7 +3,9 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <limits>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include <torch/torch.h>
@@ -215,28 +217,47 @@ int train(const TrainOptions& o, const dist::ProcessGroup& pg, FullyShardedBase*
   // state (see [Note: training state] in resume.h). Any world size and strategy.
   int64_t first_step = 0;
   std::string resume = o.resume;
-  if (resume == "auto") {
-    // Rank 0 chooses and tells the others, so that all load the same checkpoint even while
-    // the directory changes or where it differs between machines.
-    auto chosen = torch::full({1}, int64_t(-1), torch::kLong);
-    if (lead) {
-      std::vector<std::string> skipped;
-      if (auto step = newest_usable_checkpoint(o, skipped)) chosen.fill_(*step);
-      for (const auto& why : skipped) std::fprintf(stderr, "fsdp-train: --resume auto: skipped: %s\n", why.c_str());
-      if (chosen.item<int64_t>() < 0)
-        std::fprintf(stderr, "fsdp-train: --resume auto: no usable checkpoint under %s; starting fresh\n",
-                     o.checkpoint_dir.c_str());
+  const bool auto_resume = resume == "auto";
+  std::optional<fsdp::CheckpointExtra> extra;
+  // Steps of the checkpoints --resume auto may still choose: older than the last one tried.
+  int64_t below = std::numeric_limits<int64_t>::max();
+  for (;;) {
+    if (auto_resume) {
+      // Rank 0 chooses and tells the others, so that all load the same checkpoint even while
+      // the directory changes or where it differs between machines.
+      auto chosen = torch::full({1}, int64_t(-1), torch::kLong);
+      if (lead) {
+        std::vector<std::string> skipped;
+        if (auto step = newest_usable_checkpoint(o, skipped, below)) chosen.fill_(*step);
+        for (const auto& why : skipped) std::fprintf(stderr, "fsdp-train: --resume auto: skipped: %s\n", why.c_str());
+        if (chosen.item<int64_t>() < 0)
+          std::fprintf(stderr, "fsdp-train: --resume auto: no usable checkpoint under %s; starting fresh\n",
+                       o.checkpoint_dir.c_str());
+      }
+      dist::broadcast(pg, chosen, 0).wait();
+      const int64_t step = chosen.item<int64_t>();
+      resume = step < 0 ? "" : checkpoint_path(o.checkpoint_dir, step);
+      below = step;
     }
-    dist::broadcast(pg, chosen, 0).wait();
-    const int64_t step = chosen.item<int64_t>();
-    resume = step < 0 ? "" : checkpoint_path(o.checkpoint_dir, step);
-  }
-  if (!resume.empty()) {
+    if (resume.empty()) break;
     TORCH_INTERNAL_ASSERT(fsdp_model, "--resume under --strategy ", o.strategy, " passed the option checks");
-    fsdp::CheckpointExtra extra = fsdp::load_checkpoint(resume, *fsdp_model, opt.get());
-    std::string err = check_compatible(o, extra.values);
+    try {
+      extra = fsdp::load_checkpoint(resume, *fsdp_model, opt.get());
+      break;
+    } catch (const c10::Error& e) {
+      // A load that fails (a damaged or missing tensor file on any rank) throws the same
+      // error on every rank and changes nothing anywhere ([Note: atomic load] in
+      // src/state/checkpoint.cpp), so under --resume auto every rank passes over it together
+      // and tries the next older checkpoint. Other errors (a lost peer) end the run.
+      const std::string why = e.what_without_backtrace();
+      if (!auto_resume || why.rfind("fsdp: load_checkpoint('", 0) != 0) throw;
+      if (lead) std::fprintf(stderr, "fsdp-train: --resume auto: skipped: %s\n", why.c_str());
+    }
+  }
+  if (extra) {
+    std::string err = check_compatible(o, extra->values);
     TORCH_CHECK(err.empty(), err);
-    first_step = restore_training_state(extra);
+    first_step = restore_training_state(*extra);
     TORCH_CHECK(first_step <= total_steps, "--resume ", resume, ": the checkpoint is at step ", first_step,
                 " but this run has only ", total_steps, " steps in all (--steps and --epochs count from the run's "
                 "start); ask for more than ", first_step);

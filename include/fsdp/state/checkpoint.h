@@ -22,7 +22,8 @@
 /// confirms it). An existing `<dir>` is first renamed to `<dir>.old` and removed
 /// after the new one is in place; load_checkpoint falls back to `<dir>.old` when
 /// a crash fell between the two renames. Every record carries a CRC-32; a
-/// truncated or corrupted file fails the load with an error naming the file.
+/// truncated or corrupted file fails the load (on every rank, changing nothing)
+/// with an error naming the file.
 ///
 /// Optimizer state: torch::optim::Adam, AdamW, SGD and fsdp::optim::CPUAdam. Its
 /// tensors are shaped like the parameters' pieces, so they reshard exactly like
@@ -66,7 +67,15 @@ void save_checkpoint(const std::string& dir, FullyShardedBase& model, const torc
 /// `model` (and `optimizer`'s state, unless nullptr; the learning rate of each
 /// parameter group too). Parameters the checkpoint lacks, or ones whose shape or
 /// dtype differ, are errors naming the parameter. Returns the saved extras.
-/// Collective only in that every rank reads; no collectives are issued.
+/// Collective over the model's process group (one all-reduce of a flag).
+///
+/// All or nothing, on every rank: every rank first checks and checksums all it
+/// would read; if any rank finds a problem (a missing, truncated or corrupted
+/// file, a record that fails its CRC-32, a parameter the checkpoint lacks or
+/// has with another shape), every rank throws an error naming the failing
+/// rank(s), file and record, and no rank has changed its parameters, buffers,
+/// optimizer state or learning rates: the caller may load another checkpoint.
+/// See [Note: atomic load] in src/state/checkpoint.cpp for how and what it costs.
 CheckpointExtra load_checkpoint(const std::string& dir, FullyShardedBase& model, torch::optim::Optimizer* optimizer);
 
 }  // namespace fsdp
