@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include <torch/torch.h>
@@ -14,6 +15,7 @@
 #include "fsdp/dist/process_group.h"
 #include "fsdp/fsdp/fully_sharded.h"
 #include "fsdp/fsdp/memory_estimate.h"
+#include "fsdp/fsdp/zero_init.h"
 #include "fsdp/optim/cpu_adam.h"
 #include "metrics.h"
 #include "models.h"
@@ -337,11 +339,23 @@ int run_rank(const TrainOptions& o) {
     cfg.dim = o.dim;
     cfg.heads = o.heads;
     cfg.context = o.context;
-    Gpt gpt(cfg);
+    const auto options = fsdp::Options(base).auto_wrap_policy(fsdp::module_type_policy<GptBlockImpl>());
+    // Sharded construction: each block is sharded when its constructor returns, so a rank
+    // never holds more than one full block (same values as eager construction).
+    Gpt gpt{nullptr};
+    int64_t units_at_construction = 0;
+    {
+      std::optional<fsdp::ZeroInitContext> zero_init;
+      if (!o.eager_init) zero_init.emplace(pg, options);
+      gpt = Gpt(cfg);
+      if (zero_init) units_at_construction = zero_init->units_sharded();
+    }
+    if (rank == 0)
+      std::printf("model: %s construction (%lld units sharded as built), peak RSS so far %.1f MiB (rank 0)\n",
+                  o.eager_init ? "eager" : "sharded", (long long)units_at_construction,
+                  double(peak_rss_bytes()) / (1 << 20));
     const int64_t num_params = count_params(o, *gpt);
-    auto model = fsdp::FullyShardedDataParallel(
-        gpt, pg,
-        fsdp::Options(base).auto_wrap_policy(fsdp::module_type_policy<GptBlockImpl>()));
+    auto model = fsdp::FullyShardedDataParallel(gpt, pg, options);
     return train(o, pg, *model, [&](const torch::Tensor& x) { return model->forward(x); }, *task, num_params);
   }
   auto task = make_image_task(o);
