@@ -277,10 +277,11 @@ void FullyShardedBase::build_units(const detail::ResolvedOptions& resolved) {
     if (planned[i].kind != PlannedUnit::Kind::CallSite) continue;
     auto it = construction.find(planned[i].identity);
     if (it == construction.end()) continue;
-    check_adoptable(planned[i], *it->second);
     adopt[i] = it->second;
     construction.erase(it);
   }
+  // A unit left over means another policy; say so before comparing parameters
+  // (a policy change also moves parameters between units).
   if (!construction.empty()) {
     std::map<const torch::nn::Module*, std::string> path_of;
     for (const auto& item : model_->named_modules()) path_of[item.value().get()] = item.key();
@@ -290,6 +291,8 @@ void FullyShardedBase::build_units(const detail::ResolvedOptions& resolved) {
                 "it a unit (", construction.size(), " such unit(s)). Pass FullyShardedDataParallel the options the "
                 "ZeroInitContext was given; a custom policy must not depend on the module path");
   }
+  for (size_t i = 0; i < planned.size(); ++i)
+    if (adopt[i]) check_adoptable(planned[i], *adopt[i]);
 
   // The runtime (and its dedicated process groups) is created only now, after
   // every local check above: a user error that every rank raises (tied

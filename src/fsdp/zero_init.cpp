@@ -104,11 +104,11 @@ void ensure_placeholder_fallback() {
 at::Tensor make_placeholder(const at::Tensor& piece, const std::vector<int64_t>& shape) {
   at::Tensor empty = at::empty({0}, piece.options().requires_grad(false));
   const auto backend = c10::computeDispatchKey(piece.scalar_type(), piece.layout(), piece.device());
-  auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(empty.storage()),
-                                                   c10::DispatchKeySet(backend) | c10::DispatchKeySet(kPlaceholderKey),
-                                                   piece.dtype());
-  impl->set_sizes_contiguous(shape);
-  return at::Tensor(std::move(impl));
+  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(
+      c10::Storage(empty.storage()), c10::DispatchKeySet(backend) | c10::DispatchKeySet(kPlaceholderKey),
+      piece.dtype());
+  t.unsafeGetTensorImpl()->set_sizes_contiguous(shape);
+  return t;
 }
 
 std::string describe_precision(const FlatPrecision& p) {
