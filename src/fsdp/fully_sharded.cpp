@@ -331,6 +331,10 @@ std::vector<std::string> FullyShardedBase::unit_parameter_names(size_t i) const 
 }
 
 MemoryStats FullyShardedBase::memory_stats() const { return runtime_->memory_stats(); }
+void FullyShardedBase::set_unit_boundary_observer(
+    std::function<void(const std::string& unit, const char* phase)> observer) {
+  runtime_->set_boundary_observer(std::move(observer));
+}
 void FullyShardedBase::reset_peak_memory_stats() { runtime_->reset_peak(); }
 void FullyShardedBase::empty_cache() { runtime_->pool().release_idle(); }
 
