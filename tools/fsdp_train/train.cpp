@@ -16,6 +16,7 @@
 #include "fsdp/fsdp/fully_sharded.h"
 #include "fsdp/fsdp/memory_estimate.h"
 #include "fsdp/fsdp/zero_init.h"
+#include "fsdp/memory/memory_tracer.h"
 #include "fsdp/optim/cpu_adam.h"
 #include "metrics.h"
 #include "models.h"
@@ -192,6 +193,9 @@ int train(const TrainOptions& o, const dist::ProcessGroup& pg, FullyShardedBase&
                 " but this run has only ", total_steps, " steps in all (--steps and --epochs count from the run's "
                 "start); ask for more than ", first_step);
   }
+  // --memory-trace: samples at every unit boundary and optimizer step.
+  std::unique_ptr<fsdp::MemoryTracer> tracer;
+  if (!o.memory_trace.empty()) tracer = std::make_unique<fsdp::MemoryTracer>(model, opt.get());
   double paused_seconds = 0;  // evaluations and checkpoints: not training throughput
   auto checkpoint = [&](int64_t step) {
     if (o.checkpoint_dir.empty()) return;
@@ -245,6 +249,7 @@ int train(const TrainOptions& o, const dist::ProcessGroup& pg, FullyShardedBase&
     auto loss = task_loss(forward(batch.inputs), batch.targets);
     loss.backward();
     opt->step();
+    if (tracer) tracer->step();
     ++interval_steps;
 
     const int64_t step = s + 1;
@@ -283,6 +288,11 @@ int train(const TrainOptions& o, const dist::ProcessGroup& pg, FullyShardedBase&
   progress.finish();
 
   EvalResult final_eval = eval_and_report(total_steps);
+  if (tracer) {
+    const auto at = o.memory_trace.find("{rank}");
+    if (at != std::string::npos) tracer->dump(std::string(o.memory_trace).replace(at, 6, std::to_string(rank)));
+    else if (lead) tracer->dump(o.memory_trace);
+  }
 
   // Per-rank memory to rank 0: each rank fills its own row, a sum all-reduce assembles.
   auto ms = model.memory_stats();
@@ -306,6 +316,8 @@ int train(const TrainOptions& o, const dist::ProcessGroup& pg, FullyShardedBase&
 }  // namespace
 
 int run_rank(const TrainOptions& o) {
+  // Before any tensor exists, so that the tracer's "other" category sees every byte.
+  if (!o.memory_trace.empty()) fsdp::memory::enable_allocator_counting();
   at::set_num_threads(o.threads);
   auto pg = dist::init_process_group(dist::InitOptions().timeout(std::chrono::milliseconds(
       static_cast<int64_t>(o.timeout_seconds * 1000.0))));
