@@ -368,7 +368,10 @@ int run_rank(const TrainOptions& o) {
                   double(peak_rss_bytes()) / (1 << 20));
     const int64_t num_params = count_params(o, *gpt);
     auto model = fsdp::FullyShardedDataParallel(gpt, pg, options);
-    return train(o, pg, *model, [&](const torch::Tensor& x) { return model->forward(x); }, *task, num_params);
+    const int rc =
+        train(o, pg, *model, [&](const torch::Tensor& x) { return model->forward(x); }, *task, num_params);
+    if (rank == 0) std::printf("peak RSS over the run %.1f MiB (rank 0)\n", double(peak_rss_bytes()) / (1 << 20));
+    return rc;
   }
   auto task = make_image_task(o);
   torch::manual_seed(o.seed);
