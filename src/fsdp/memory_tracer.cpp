@@ -5,6 +5,7 @@
 #include <fstream>
 #include <mutex>
 #include <set>
+#include <unordered_map>
 
 #include <c10/core/CPUAllocator.h>
 #include <nlohmann/json.hpp>
@@ -17,35 +18,54 @@ namespace fsdp {
 namespace memory {
 namespace {
 
-// Forwards to the allocator it replaced and counts live bytes.
+// Forwards to the allocator it replaced and counts live bytes. The DataPtr it
+// returns has the data pointer as its context (some kernels allocate through
+// Allocator::raw_allocate, which requires that), so the inner DataPtr and the
+// size are kept in a table keyed by the data pointer.
 class CountingAllocator final : public c10::Allocator {
  public:
   explicit CountingAllocator(c10::Allocator* base) : base_(base) {}
   c10::DataPtr allocate(size_t n) const override {
-    auto* ctx = new Context{base_->allocate(n), n, this};
+    c10::DataPtr inner = base_->allocate(n);
+    void* data = inner.get();
+    const c10::Device device = inner.device();
+    if (data == nullptr) return inner;  // zero bytes: nothing to count
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      blocks_.emplace(data, Block{std::move(inner), n});
+    }
     live_ += static_cast<int64_t>(n);
-    void* data = ctx->inner.get();
-    return {data, ctx, &CountingAllocator::release, ctx->inner.device()};
+    return {data, data, &CountingAllocator::release, device};
   }
-  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  c10::DeleterFnPtr raw_deleter() const override { return &CountingAllocator::release; }
   int64_t live() const { return live_; }
 
  private:
-  struct Context {
+  struct Block {
     c10::DataPtr inner;
     size_t n;
-    const CountingAllocator* self;
   };
-  static void release(void* p) {
-    auto* ctx = static_cast<Context*>(p);
-    ctx->self->live_ -= static_cast<int64_t>(ctx->n);
-    delete ctx;
-  }
+  static void release(void* data);
   c10::Allocator* base_;
+  mutable std::mutex mutex_;
+  mutable std::unordered_map<void*, Block> blocks_;
   mutable std::atomic<int64_t> live_{0};
 };
 
 std::atomic<CountingAllocator*> counter{nullptr};
+
+void CountingAllocator::release(void* data) {
+  CountingAllocator* self = counter.load();
+  c10::DataPtr inner;  // freed after the lock is released
+  {
+    std::lock_guard<std::mutex> lock(self->mutex_);
+    auto it = self->blocks_.find(data);
+    TORCH_INTERNAL_ASSERT(it != self->blocks_.end(), "counting allocator: unknown block");
+    self->live_ -= static_cast<int64_t>(it->second.n);
+    inner = std::move(it->second.inner);
+    self->blocks_.erase(it);
+  }
+}
 
 }  // namespace
 
@@ -53,8 +73,8 @@ void enable_allocator_counting() {
   static std::once_flag once;
   std::call_once(once, [] {
     auto* c = new CountingAllocator(c10::GetCPUAllocator());  // lives as long as the process
+    counter = c;  // before any block can be released through it
     c10::SetCPUAllocator(c, /*priority=*/100);
-    counter = c;
   });
 }
 

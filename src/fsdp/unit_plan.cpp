@@ -101,15 +101,18 @@ std::vector<PlannedUnit> walk_wrap_policy(torch::nn::Module& model, const WrapPo
 }
 
 void add_batch_norm_units(torch::nn::Module& model, const IgnoredModules& ignored, std::vector<PlannedUnit>& units) {
-  for (const auto& item : model.named_modules()) {
-    if (!is_batch_norm(*item.value()) || ignored.contains(item.key())) continue;
-    if (item.value()->parameters(false).empty()) continue;
+  auto add = [&](const std::string& path, const torch::nn::Module& m) {
+    if (!is_batch_norm(m) || ignored.contains(path) || m.parameters(false).empty()) return;
     PlannedUnit u;
     u.kind = PlannedUnit::Kind::BatchNorm;
-    u.path = item.key();
-    u.identity = item.value().get();
+    u.path = path;
+    u.identity = &m;
     units.push_back(std::move(u));
-  }
+  };
+  // Not include_self: `model` may still be inside its constructor (ZeroInitContext),
+  // where it has no shared_ptr yet.
+  add("", model);
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) add(item.key(), *item.value());
 }
 
 void assign_parameters(torch::nn::Module& model, const IgnoredModules& ignored, std::vector<PlannedUnit>& units) {
