@@ -60,11 +60,19 @@ void CountingAllocator::release(void* data) {
   {
     std::lock_guard<std::mutex> lock(self->mutex_);
     auto it = self->blocks_.find(data);
-    TORCH_INTERNAL_ASSERT(it != self->blocks_.end(), "counting allocator: unknown block");
-    self->live_ -= static_cast<int64_t>(it->second.n);
-    inner = std::move(it->second.inner);
-    self->blocks_.erase(it);
+    if (it != self->blocks_.end()) {
+      self->live_ -= static_cast<int64_t>(it->second.n);
+      inner = std::move(it->second.inner);
+      self->blocks_.erase(it);
+      return;
+    }
   }
+  // A raw_allocate'd block from before counting started, returned through
+  // Allocator::raw_deallocate of the current allocator (kernels keep scratch
+  // blocks): its own allocator frees it.
+  c10::DeleterFnPtr base_deleter = self->base_->raw_deleter();
+  TORCH_INTERNAL_ASSERT(base_deleter != nullptr, "counting allocator: a block it did not allocate");
+  base_deleter(data);
 }
 
 }  // namespace
