@@ -1,9 +1,11 @@
 #include "fsdp/state/checkpoint.h"
 #include "fsdp/state/checkpoint_testing.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include <torch/torch.h>
 
@@ -230,10 +232,45 @@ Loaded open_checkpoint(const std::string& dir) {
   return l;
 }
 
-// Fills `target` (flat, elements [begin, end) of `item`) from the records of
-// (item, kind) that overlap it.
-void fill(Loaded& l, state::format::RankFileReader& reader, const std::string& item, const std::string& kind,
-          const at::Tensor& target, int64_t begin, int64_t end) {
+// [Note: reads in file order]
+// A rank file holds each unit's records together (parameter, then its optimizer
+// state), but a load visits parameters first, then buffers, then optimizer state.
+// Reading in that order jumps back and forth in the file, which resets the kernel's
+// read-ahead at every jump: on a cold cache each jump becomes a synchronous small
+// read (measured at 4 ranks on 2 cores: 0.48-0.58 of a plain read of the same bytes).
+// So a load first plans every read (which record lands where) and then performs
+// them sorted by file and offset.
+struct ReadPlan {
+  struct Job {
+    const Record* record;
+    at::Tensor target;  // the slice of the destination this record fills
+    int64_t src_lo, src_hi;  // the record's elements that land there (relative to record.begin)
+    bool direct;  // the record is exactly `target`, same dtype: read straight into it
+  };
+  std::vector<Job> jobs;
+
+  void execute(state::format::RankFileReader& reader, const std::string& dir) {
+    std::stable_sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) {
+      return std::tie(a.record->file, a.record->offset) < std::tie(b.record->file, b.record->offset);
+    });
+    for (const auto& j : jobs) {
+      if (j.direct) {
+        reader.read_into(*j.record, j.target.data_ptr());
+        continue;
+      }
+      auto src = reader.read(*j.record);
+      TORCH_CHECK(src.scalar_type() == j.target.scalar_type(), "fsdp: load_checkpoint: '", j.record->item, "' (",
+                  j.record->kind, ") is ", src.scalar_type(), " in checkpoint '", dir, "' but ",
+                  j.target.scalar_type(), " in the model");
+      j.target.copy_(src.slice(0, j.src_lo, j.src_hi));
+    }
+  }
+};
+
+// Plans the filling of `target` (flat, elements [begin, end) of `item`) from the
+// records of (item, kind) that overlap it.
+void fill(Loaded& l, ReadPlan& plan, const std::string& item, const std::string& kind, const at::Tensor& target,
+          int64_t begin, int64_t end) {
   auto it = l.records.find({item, kind});
   TORCH_CHECK(it != l.records.end() || begin == end, "fsdp: load_checkpoint: checkpoint '", l.dir, "' has no ",
               kind, " data for '", item, "'");
@@ -242,18 +279,10 @@ void fill(Loaded& l, state::format::RankFileReader& reader, const std::string& i
     for (const auto& r : it->second) {
       const int64_t lo = std::max(begin, r.begin), hi = std::min(end, r.end);
       if (lo >= hi) continue;
-      if (lo == r.begin && hi == r.end && target.is_contiguous() &&
-          state::format::parse_dtype(r.dtype) == target.scalar_type()) {
-        // The record is exactly a slice of the target (same layout as at save):
-        // read straight into it.
-        reader.read_into(r, target.slice(0, lo - begin, hi - begin).data_ptr());
-        covered += hi - lo;
-        continue;
-      }
-      auto src = reader.read(r);
-      TORCH_CHECK(src.scalar_type() == target.scalar_type(), "fsdp: load_checkpoint: '", item, "' (", kind,
-                  ") is ", src.scalar_type(), " in the checkpoint but ", target.scalar_type(), " in the model");
-      target.slice(0, lo - begin, hi - begin).copy_(src.slice(0, lo - r.begin, hi - r.begin));
+      const at::Tensor slice = target.slice(0, lo - begin, hi - begin);
+      const bool direct = lo == r.begin && hi == r.end && target.is_contiguous() &&
+                          state::format::parse_dtype(r.dtype) == target.scalar_type();
+      plan.jobs.push_back({&r, slice, lo - r.begin, hi - r.begin, direct});
       covered += hi - lo;
     }
   }
@@ -268,6 +297,7 @@ CheckpointExtra load_checkpoint(const std::string& dir, FullyShardedBase& model,
   auto pieces = detail::StateView(model).local_pieces("load_checkpoint");
   Loaded l = open_checkpoint(dir);
   state::format::RankFileReader reader(l.dir);
+  ReadPlan plan;  // every read, performed in file order at the end ([Note: reads in file order])
   const auto& items = l.meta["items"];
   torch::NoGradGuard no_grad;
 
@@ -296,13 +326,13 @@ CheckpointExtra load_checkpoint(const std::string& dir, FullyShardedBase& model,
     }
     saved_name_of[p.param.unsafeGetTensorImpl()] = name;
     check_item(name, state::format::kParam, p.shape, p.param.scalar_type());
-    fill(l, reader, name, state::format::kParam, p.flat(), p.begin, p.end);
+    fill(l, plan, name, state::format::kParam, p.flat(), p.begin, p.end);
   }
   for (const auto& b : model.module_ptr()->named_buffers()) {
     check_item(b.key(), state::format::kBuffer, b.value().sizes(), b.value().scalar_type());
     auto v = b.value();
     TORCH_INTERNAL_ASSERT(v.is_contiguous());
-    fill(l, reader, b.key(), state::format::kBuffer, v.view({-1}), 0, v.numel());
+    fill(l, plan, b.key(), state::format::kBuffer, v.view({-1}), 0, v.numel());
   }
 
   if (optimizer) {
@@ -353,7 +383,7 @@ CheckpointExtra load_checkpoint(const std::string& dir, FullyShardedBase& model,
                 t = c;
             }
             if (!t.defined()) t = at::empty(param.sizes(), param.options().requires_grad(false));
-            fill(l, reader, name, k, t.view({-1}), p.begin, p.end);
+            fill(l, plan, name, k, t.view({-1}), p.begin, p.end);
             s.tensors[k] = t;
           }
         }
@@ -368,9 +398,10 @@ CheckpointExtra load_checkpoint(const std::string& dir, FullyShardedBase& model,
     if (it.value()["kind"] != state::format::kExtra) continue;
     const auto shape = it.value()["shape"].get<std::vector<int64_t>>();
     auto t = at::empty(shape, at::TensorOptions().dtype(state::format::parse_dtype(it.value()["dtype"])));
-    fill(l, reader, it.key(), state::format::kExtra, t.view({-1}), 0, t.numel());
+    fill(l, plan, it.key(), state::format::kExtra, t.view({-1}), 0, t.numel());
     extra.tensors[it.key()] = t;
   }
+  plan.execute(reader, l.dir);
   return extra;
 }
 
