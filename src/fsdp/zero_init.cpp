@@ -1,6 +1,9 @@
 #include "zero_init.h"
 
 #include <mutex>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <set>
 #include <sstream>
 #include <unordered_map>
@@ -239,6 +242,12 @@ class ZeroInitState {
       c10::impl::ExcludeDispatchKeyGuard no_placeholder(kPlaceholderKey);
       for (auto& e : cu->flat->entries()) e.param.set_data(make_placeholder(e.param, e.shape));
     }
+    // The unit's full values were just freed. glibc keeps freed heap pages (the
+    // full blocks lie between shards, so the heap cannot shrink from the top):
+    // hand them back now, or the process keeps the model's size resident.
+#ifdef __GLIBC__
+    malloc_trim(0);
+#endif
     if (!w.fsdp_construction_units()) w.fsdp_construction_units() = std::make_shared<ConstructionUnits>();
     w.fsdp_construction_units()->units.push_back(std::move(cu));
     sharded_.insert(p.identity);
