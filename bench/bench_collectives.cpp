@@ -9,7 +9,10 @@
 //
 // Without RANK in the environment it re-executes itself under the fsdp-run that sits next
 // to it (same bin/ directory), once per world size, and prints rank 0's report with the
-// "[rank0]: " prefix removed. Under a launcher it runs the measurement directly.
+// "[rank0]: " prefix removed. Under a launcher it runs the measurement directly, also across
+// hosts: `fsdp-run --nnodes 2 --node-rank R --master-addr A --master-port P --nproc 2 --
+// bench_collectives --sizes-mb 1` on each host (tests/scripts/measure_multihost.sh); there every
+// group spans the hosts and every op goes over Gloo/TCP.
 //
 // Words used below:
 //   flat buffer  the full fp32 buffer of `mb` MiB (size S bytes), as FSDP all-gathers it

@@ -19,7 +19,10 @@
 // with gradient buckets (bucket_cap_mb 25; FULL_SHARD also 4); with --cpu-adam also NO_SHARD and
 // FULL_SHARD with fsdp::optim::CPUAdam. Then it runs bench/ddp_baseline.py under
 // /usr/bin/python3 (Debian's torch) at N=2 on the same model, batch, optimizer and
-// thread count. It prints a table, then one JSON object per line.
+// thread count. It prints a table, then one JSON object per line. Rank mode runs under any
+// launcher, also across hosts (`fsdp-run --nnodes 2 ... --nproc 2 -- bench_strategies --model
+// mlp --strategy hybrid_shard --shard-group 2 --optim adam`, tests/scripts/measure_multihost.sh):
+// rank 0 prints that configuration's JSON line.
 //
 // Models: "mlp" 784-1024-1024-10 (ReLU), one unit per Linear; "transformer" Linear
 // 784->256, 4 blocks [x + mix(LayerNorm(x)); x + fc2(GELU(fc1(x)))] with fc1 256->1024,

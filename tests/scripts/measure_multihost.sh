@@ -1,49 +1,152 @@
 #!/usr/bin/env bash
-# Measurement, not a test (not run by ctest): fsdp-train's mlp on 2 simulated hosts x 2 ranks
-# per strategy, optionally with host links capped by tbf. Reports the bytes crossing the link
-# per step (host 1's veth counters, both directions, headers included; the difference
-# between a SHORT and a LONG run, so start-up, evaluation and store traffic cancel) and the
-# time per step (difference of the wall times).
-#   FSDP_BIN_DIR=build/bin bash tests/scripts/measure_multihost.sh [RATE] [SHORT] [LONG]
-#   RATE: tc rate of each host's outgoing link, e.g. 100mbit or 1gbit ("" or none: uncapped)
+# Measurement, not a test (not run by ctest): FSDP across 2 simulated hosts x 2 ranks
+# (tests/scripts/lib/sim_hosts.sh) with each host's outgoing link capped by tbf, against the
+# link's calibrated rate and the compute-only step. Prints a table and one JSON line per row.
+#
+#   FSDP_BIN_DIR=build/bin bash tests/scripts/measure_multihost.sh [RATE...]   (default: 100mbit 1gbit)
+#   env: SHORT=3 LONG=13 (fsdp-train steps of the two runs), STRATEGIES="hybrid_shard full_shard
+#        no_shard", BENCH=1 (0: skip bench_strategies and bench_collectives across the hosts)
+#
+# Per RATE ("none": uncapped):
+#   link     a plain TCP stream each way at once for 4 s (tests/scripts/lib/tcp_stream.py): payload
+#            bytes per second each direction delivers (the receiver's count, first 0.5 s left out)
+#   fsdp-train's mlp (hidden 512, global batch 64, Adam), per strategy a run of SHORT and of LONG
+#            steps: bytes per step on the link = the difference of host 1's veth counters / (LONG -
+#            SHORT), less an idle job's rate (launchers connected, ranks asleep) over the time
+#            difference; payload = bytes - packets x header (tests/scripts/lib/link_traffic.py);
+#            step = rank 0's median step time over steps 3..LONG of the long run (--metrics)
+#   link bound  max over the two directions of payload per step / that direction's calibrated rate
+#   compute-only step  four independent 1-rank fsdp-train processes (--batch-size 16: each rank's
+#            slice; --nproc 1, so no communication at all) at the same time on the same cores: the
+#            largest of their median step times. Every rank's forward, backward and optimizer
+#            (over the whole model: a sharded rank's optimizer does 1/4 of that). 150 steps each, so
+#            that the four overlap for most of their steps even when their start-ups differ by seconds.
+#   target   step <= 1.25 x max(compute-only step, link bound) (issue 13)
+#   BENCH=1  bench_strategies' rank mode across the hosts (its mlp 784-1024-1024-10, batch 128,
+#            one unit per Linear) per strategy: compute-only = its ceiling (forward + backward of
+#            the plain model, every rank at once) + its optimizer over the owned parameters, both
+#            measured in the same rank processes, every rank at once; bytes per step ~= the run's
+#            counters / the FSDP steps it ran (start-up included); and bench_collectives at 1 MiB.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 # shellcheck source=lib/sim_hosts.sh
 source "$HERE/lib/sim_hosts.sh"
 sim_hosts_require
 BIN="${FSDP_BIN_DIR:?set FSDP_BIN_DIR to the bin directory of a build}"
-RATE="${1:-none}"
-SHORT="${2:-5}"
-LONG="${3:-15}"
+RATES=("$@")
+((${#RATES[@]})) || RATES=(100mbit 1gbit)
+SHORT="${SHORT:-3}"
+LONG="${LONG:-13}"
+read -r -a STRATS <<<"${STRATEGIES:-hybrid_shard full_shard no_shard}"
+BENCH="${BENCH:-1}"
+HIDDEN=512
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 sim_hosts_create 2
 unset GLOO_SOCKET_IFNAME
-if [[ "$RATE" != none ]]; then
-  sim_host_rate 0 "$RATE"
-  sim_host_rate 1 "$RATE"
-fi
+PORT=29500
+[[ "$(ip netns exec "$(sim_ns 1)" cat /proc/sys/net/ipv4/tcp_timestamps)" == 1 ]] && HEADER=66 || HEADER=54
+RECS="$WORK/records.jsonl"
+: >"$RECS"
 
-# run STRATEGY STEPS: prints "<bytes> <seconds>" of one 2-host run.
-run() {
-  local b0 t0 pids=() i
-  b0="$(sim_host_bytes 1)"
-  t0="$(date +%s.%N)"
-  for i in 0 1; do
-    sim_host_run "$i" "$BIN/fsdp-run" --nnodes 2 --node-rank "$i" --master-addr "${SIM_ADDR[0]}" \
-      --master-port 29500 --nproc 2 -- "$BIN/fsdp-train" --strategy "$1" --steps "$2" --no-shuffle \
-      >"$WORK/$1.$2.h$i.out" 2>&1 &
-    pids+=($!)
-  done
-  for i in 0 1; do wait "${pids[i]}" || { echo "run $1 $2 failed:" >&2; tail "$WORK/$1.$2.h$i.out" >&2; exit 1; }; done
-  echo "$(($(sim_host_bytes 1) - b0)) $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { print b - a }')"
+now() { date +%s.%N; }
+counters() { sim_host_counters 1 | tr ' ' ','; }
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN { print b - a }'; }
+die() {
+  echo "measure_multihost: $*" >&2
+  exit 1
 }
 
-echo "link: ${RATE}; per step = (run of $LONG steps - run of $SHORT steps) / $((LONG - SHORT))"
-printf "%-14s %16s %14s\n" strategy "MB/step (link)" "s/step"
-for strategy in hybrid_shard full_shard no_shard; do
-  read -r bs ts < <(run "$strategy" "$SHORT")
-  read -r bl tl < <(run "$strategy" "$LONG")
-  awk -v s="$strategy" -v bs="$bs" -v bl="$bl" -v ts="$ts" -v tl="$tl" -v n=$((LONG - SHORT)) \
-    'BEGIN { printf "%-14s %16.3f %14.3f\n", s, (bl - bs) / n / 1e6, (tl - ts) / n }'
+# job NAME CMD...: one fsdp-run per host (host 0 first), waited for; output in $WORK/NAME.h<i>.out.
+job() {
+  local name="$1" i pids=()
+  shift
+  for i in 0 1; do
+    sim_host_run "$i" "$BIN/fsdp-run" --nnodes 2 --node-rank "$i" --master-addr "${SIM_ADDR[0]}" \
+      --master-port "$PORT" --nproc 2 -- "$@" >"$WORK/$name.h$i.out" 2>&1 &
+    pids+=($!)
+    ((i == 0)) && sleep 0.3
+  done
+  for i in 0 1; do
+    wait "${pids[i]}" || { tail -n 20 "$WORK/$name.h$i.out" >&2; die "$name failed on host $i"; }
+  done
+}
+
+# measured NAME KIND EXTRA_JSON CMD...: job NAME with host 1's counters and the wall time around it.
+measured() {
+  local name="$1" kind="$2" extra="$3" c0 t0
+  shift 3
+  c0="$(counters)" t0="$(now)"
+  job "$name" "$@"
+  echo "{\"kind\": \"$kind\", \"name\": \"$name\", $extra \"before\": [$c0], \"after\": [$(counters)], \"seconds\": $(since "$t0")}" >>"$RECS"
+}
+
+# The idle job: launchers connected, ranks asleep; the counters over a window inside it.
+for i in 0 1; do
+  sim_host_run "$i" "$BIN/fsdp-run" --nnodes 2 --node-rank "$i" --master-addr "${SIM_ADDR[0]}" \
+    --master-port "$PORT" --nproc 2 -- sleep 8 >"$WORK/idle.h$i.out" 2>&1 &
+  pids[i]=$!
 done
+sleep 1.5
+c0="$(counters)" t0="$(now)"
+sleep 6
+echo "{\"kind\": \"idle\", \"before\": [$c0], \"after\": [$(counters)], \"seconds\": $(since "$t0")}" >>"$RECS"
+wait "${pids[0]}" "${pids[1]}"
+
+# Compute-only: 4 independent 1-rank processes at once, no communication.
+pids=()
+for i in 0 1 2 3; do
+  "$BIN/fsdp-train" --nproc 1 --strategy no_shard --hidden $HIDDEN --batch-size 16 --steps 150 --no-shuffle \
+    --metrics "$WORK/compute.$i.jsonl" >"$WORK/compute.$i.out" 2>&1 &
+  pids+=($!)
+done
+wait "${pids[@]}" || die "a compute-only process failed: $(tail -n 5 "$WORK"/compute.*.out)"
+echo "{\"kind\": \"compute\", \"metrics\": [\"$WORK/compute.0.jsonl\", \"$WORK/compute.1.jsonl\", \"$WORK/compute.2.jsonl\", \"$WORK/compute.3.jsonl\"]}" >>"$RECS"
+
+for rate in "${RATES[@]}"; do
+  sim_host_rate 0 "$rate"
+  sim_host_rate 1 "$rate"
+  # Calibration: a stream each way at once, as the collectives use the link.
+  for i in 0 1; do
+    sim_host_run "$i" /usr/bin/python3 "$HERE/lib/tcp_stream.py" serve 29600 >"$WORK/cal.$rate.h$i.json" &
+    pids[i]=$!
+  done
+  sleep 0.5
+  sim_host_run 0 /usr/bin/python3 "$HERE/lib/tcp_stream.py" send "${SIM_ADDR[1]}" 29600 4 &
+  s0=$!
+  sim_host_run 1 /usr/bin/python3 "$HERE/lib/tcp_stream.py" send "${SIM_ADDR[0]}" 29600 4
+  wait "$s0" "${pids[0]}" "${pids[1]}" || die "the calibration stream at $rate failed"
+  # Host 1 receives what host 0 sends (host 1's rx direction) and the other way round.
+  echo "{\"kind\": \"link\", \"rate\": \"$rate\", \"rx\": $(cat "$WORK/cal.$rate.h1.json"), \"tx\": $(cat "$WORK/cal.$rate.h0.json")}" >>"$RECS"
+
+  for strategy in "${STRATS[@]}"; do
+    for steps in "$SHORT" "$LONG"; do
+      measured "train.$rate.$strategy.$steps" run "\"rate\": \"$rate\", \"strategy\": \"$strategy\", \"steps\": $steps, \"metrics\": \"$WORK/train.$rate.$strategy.$steps.jsonl\"," \
+        "$BIN/fsdp-train" --strategy "$strategy" --hidden $HIDDEN --steps "$steps" --no-shuffle --timeout 120 \
+        --metrics "$WORK/train.$rate.$strategy.$steps.jsonl"
+    done
+  done
+  if [[ "$BENCH" == 1 ]]; then
+    for strategy in "${STRATS[@]}"; do
+      group=()
+      [[ $strategy == hybrid_shard ]] && group=(--shard-group 2)
+      # 1 warm-up step + steps x rounds timed (fewer on the slow link, where a step takes seconds).
+      bsteps=10 brounds=2
+      [[ $rate == 100mbit ]] && bsteps=4 brounds=1
+      measured "bench.$rate.$strategy" bench "\"rate\": \"$rate\", \"strategy\": \"$strategy\", \"fsdp_steps\": $((1 + bsteps * brounds))," \
+        "$BIN/bench_strategies" --model mlp --strategy "$strategy" "${group[@]}" --optim adam --steps $bsteps --warmup 1 \
+        --rounds $brounds
+      line="$(sed -n 's/^\[rank0\]: \({.*}\)$/\1/p' "$WORK/bench.$rate.$strategy.h0.out" | tail -n 1)"
+      [[ -n "$line" ]] || die "bench_strategies $strategy printed no JSON line"
+      echo "{\"kind\": \"bench_result\", \"name\": \"bench.$rate.$strategy\", \"result\": $line}" >>"$RECS"
+    done
+    measured "collectives.$rate" collectives "\"rate\": \"$rate\"," \
+      "$BIN/bench_collectives" --sizes-mb 1 --reps-small 5 --warmup 1
+    echo "bench_collectives across the hosts at $rate:"
+    sed -n 's/^\[rank0\]: //p' "$WORK/collectives.$rate.h0.out" | grep -v '^{'
+    sed -n 's/^\[rank0\]: \({.*}\)$/{"rate": "'"$rate"'", "bench_collectives": \1}/p' "$WORK/collectives.$rate.h0.out"
+  fi
+done
+
+echo "load average: $(cat /proc/loadavg) (the machine is shared: times are upper bounds)"
+/usr/bin/python3 "$HERE/lib/link_traffic.py" report "$RECS" $HIDDEN "$HEADER"

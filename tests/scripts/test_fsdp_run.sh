@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# fsdp-run, the launcher: per-rank environment, output prefixing, fail-fast, signal handling
-# and CLI errors. Runs in well under 30 s; every check fails with a message saying what it saw.
+# fsdp-run, the launcher: per-rank environment, output prefixing, fail-fast, signal handling,
+# CLI errors, and the agent store it serves under --max-restarts (checked with Python torch's
+# own TCPStore client). Runs in well under 30 s; every check fails with a message saying what
+# it saw.
 set -euo pipefail
 
 FSDP_RUN="${FSDP_BIN_DIR:?set FSDP_BIN_DIR to the bin directory of a build}/fsdp-run"
@@ -163,7 +165,6 @@ expect_usage_error "bad port" "--master-port expects a port in 0..65535" --maste
 expect_usage_error "bad grace" "--grace-seconds expects a number of seconds in 0..1000000" --grace-seconds -1 -- true
 expect_usage_error "elastic nnodes" "--nnodes 1:2: elastic node counts (MIN:MAX) are not supported; give the exact number of nodes" --nnodes 1:2 --master-port 29500 -- true
 expect_usage_error "node rank out of range" "--node-rank 2 is outside 0..1 (--nnodes 2)" --nnodes 2 --node_rank 2 --master-port 29500 -- true
-expect_usage_error "multi-node restarts" "--max-restarts with --nnodes > 1 is not supported yet" --nnodes 2 --master-port 29500 --max-restarts 1 -- true
 expect_usage_error "bad restarts" "--max-restarts expects a count in 0..1000, got 'x'" --max-restarts x -- true
 expect_usage_error "multi-node without a port" "--nnodes 2 needs --master-port PORT (the same on every node)" --nnodes 2 --node-rank 1 -- true
 # torchrun's underscore spellings; one node of a one-node "multi-node" job.
@@ -184,5 +185,57 @@ run --help
 expect_eq "$RC" 0 "exit code for --help"
 expect_contains "$OUT" "usage: fsdp-run" "--help text"
 pass "command-line errors"
+
+# --- 7. the agent store (--max-restarts) speaks libtorch's TCPStore protocol ------------------
+# The client is c10d's own (Python torch 1.13's TCPStore, the same code every C++ rank runs):
+# every request type Python exposes (all but CHECK, which neither Python nor any rank of this
+# project sends), a WAIT released by another rank's SET, and a store that
+# outlives the first attempt (attempt 1 reads what attempt 0 wrote).
+PY=/usr/bin/python3
+if ! "$PY" -c 'import torch.distributed' 2>/dev/null; then
+  [[ "${CI:-}" == true ]] && fail "agent store: Python torch is missing and CI=true (install python3-torch)"
+  echo "SKIP: agent store: Python torch not found (install python3-torch)"
+else
+  cat >"$WORK/store_client.py" <<'PYEOF'
+import datetime, os, sys, time
+import torch.distributed as dist
+rank, attempt = int(os.environ["RANK"]), int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+assert os.environ["TORCHELASTIC_USE_AGENT_STORE"] == "True", os.environ["TORCHELASTIC_USE_AGENT_STORE"]
+s = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                  timeout=datetime.timedelta(seconds=20))
+if attempt == 0:
+    total = s.add("count", 1)
+    assert total in (1, 2), total
+    if rank == 0:
+        assert s.compare_set("cs", "", "first") == b"first"
+        assert s.compare_set("cs", "wrong", "x") == b"first"
+        assert s.compare_set("cs", "first", "second") == b"second"
+        assert s.compare_set("absent", "expected", "d") == b"expected"
+        s.set("tmp", "1")
+        assert s.delete_key("tmp") and not s.delete_key("tmp")
+        print("attempt 0 ok", flush=True)  # before rank 1 can go on and fail
+        time.sleep(0.5)  # rank 1 is waiting for "late" by now
+        s.set("late", b"\x00v" * 40000)  # 80 kB: arrives in several reads
+        time.sleep(60)  # stopped when rank 1 fails
+    else:
+        s.wait(["late"])
+        assert s.get("late") == b"\x00v" * 40000
+        assert s.get("cs") == b"second"
+        print("attempt 0 ok", flush=True)
+        sys.exit(3)  # the failure that makes fsdp-run restart both ranks
+else:
+    s.wait(["count"])
+    assert s.get("count") == b"2", s.get("count")  # still there: the store outlived attempt 0
+    assert s.num_keys() == 3, s.num_keys()  # count, cs, late
+    print(f"attempt {attempt} ok", flush=True)
+PYEOF
+  run --nproc 2 --max-restarts 1 -- "$PY" "$WORK/store_client.py"
+  expect_eq "$RC" 0 "agent store: exit code after one restart"
+  expect_eq "$(sort "$OUT" | tr '\n' ' ')" "[rank0]: attempt 0 ok [rank0]: attempt 1 ok [rank1]: attempt 0 ok [rank1]: attempt 1 ok " "agent store: rank output"
+  expect_contains "$ERR" "fsdp-run: rank 1 (pid" "agent store: the failure report"
+  expect_contains "$ERR" "fsdp-run: restarting all 2 ranks (restart 1 of 1)" "agent store: the restart line"
+  ! grep -q "agent store:" "$ERR" || fail "agent store: it complained: $(grep "agent store:" "$ERR")"
+  pass "agent store: c10d's TCPStore client (set, get, add, compare_set, wait, delete_key, num_keys) across a restart"
+fi
 
 echo "PASS: test_fsdp_run"

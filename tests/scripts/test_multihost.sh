@@ -10,6 +10,9 @@
 #   3. A rank killed on host 1: host 0's launcher and ranks exit non-zero within seconds,
 #      naming the dead rank.
 #   4. The link cut mid-training: --timeout 5 bounds how long every rank waits.
+#   5. The link cut during a checkpoint save: the interrupted save is left as DIR/step-S.tmp,
+#      never as a complete-looking DIR/step-S; --resume auto takes the one before it and
+#      continues bitwise as the cut run did.
 # (Section 0 checks multi-node fsdp-run itself: environment, agreement, a lost launcher.)
 # Needs root (namespaces): as another user it prints SKIP; under CI=true it fails instead.
 set -euo pipefail
@@ -142,7 +145,7 @@ wait_all
 elapsed="$(awk -v a="$t0" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }')"
 [[ "${RCS%% *}" == 1 ]] || fail "lost: host 0's launcher exit code ${RCS%% *}, expected 1"
 awk -v e="$elapsed" 'BEGIN { exit !(e < 10) }' || fail "lost: host 0 took $elapsed s to stop (limit 10 s)"
-grep -q "fsdp-run: node 1 (simhost1): its launcher is gone (connection closed); stopping 1 local rank" "$WORK/lost.h0.n0.out" ||
+grep -q "fsdp-run: node 1 (simhost1, rank 1): its launcher is gone (connection closed); stopping 1 local rank" "$WORK/lost.h0.n0.out" ||
   fail "lost: host 0 does not name node 1: $(cat "$WORK/lost.h0.n0.out")"
 pass "host 1's launcher killed: host 0 stopped in $elapsed s naming node 1"
 
@@ -257,4 +260,48 @@ for h in 0 1; do
     fail "cut: host $h's ranks do not report the collective timeout of 5000 ms"
 done
 pass "link cut mid-training with --timeout 5: both hosts stopped within $elapsed s (exit codes $RCS), ranks report the 5000 ms timeout"
+
+# --- 5. the link cut during a checkpoint save ------------------------------------------------
+# A save every step, of a model large enough that a save takes a while; the link goes down as
+# soon as a save has begun (rank 0 made DIR/step-T.tmp). No rank can finish that save, so it
+# must stay a .tmp (save_checkpoint renames only after every rank's files are in), and
+# --resume auto must continue from step-(T-1): its step T then equals the cut run's step T.
+CUTCK="$WORK/cutck"
+CUTFLAGS=(--strategy full_shard --hidden 2048 --no-shuffle --checkpoint-dir "$CUTCK" --checkpoint-every 1
+  --keep-checkpoints 2 --resume auto)
+t0="$(now)"
+launch cutsave "${CUTFLAGS[@]}" --steps 100000 --timeout 5 --metrics "$WORK/cutsave.jsonl"
+for _ in $(seq 1 600); do
+  [[ -d "$CUTCK/step-2" ]] && break
+  sleep 0.1
+done
+[[ -d "$CUTCK/step-2" ]] || fail "cutsave: no checkpoint step-2 within 60 s"
+for _ in $(seq 1 1000); do
+  compgen -G "$CUTCK/step-*.tmp" >/dev/null && break
+  sleep 0.01
+done
+sim_host_link 1 down
+wait_all
+sim_host_link 1 up
+[[ "${RCS%% *}" != 0 && "${RCS##* }" != 0 ]] || fail "cutsave: launcher exit codes $RCS, expected both non-zero"
+tmp="$(compgen -G "$CUTCK/step-*.tmp")" ||
+  fail "cutsave: no interrupted save left in $CUTCK ($(ls "$CUTCK" | tr '\n' ' ')): the cut missed the save it aimed at"
+cut_step="${tmp##*/step-}"
+cut_step="${cut_step%.tmp}"
+[[ ! -e "$CUTCK/step-$cut_step" ]] || fail "cutsave: both step-$cut_step.tmp and step-$cut_step exist"
+launch cutresume "${CUTFLAGS[@]}" --steps "$cut_step" --timeout 60 --metrics "$WORK/cutresume.jsonl"
+wait_all
+[[ "$RCS" == "0 0" ]] || fail "cutsave: resuming after the cut: launcher exit codes $RCS"
+grep -q "resumed from $CUTCK/step-$((cut_step - 1)) at step $((cut_step - 1))" "$WORK/cutresume.h0.out" ||
+  fail "cutsave: --resume auto did not continue from step-$((cut_step - 1)) (the save of step $cut_step was cut)"
+d="$(/usr/bin/python3 -c '
+import json, sys
+def steps(p):
+    return {j["step"]: j["loss"] for j in map(json.loads, open(p)) if "eval" not in j}
+a, b, t = steps(sys.argv[1]), steps(sys.argv[2]), int(sys.argv[3])
+assert sorted(b) == [t], f"resumed steps {sorted(b)}"
+assert t in a and a[t] == b[t], f"step {t}: {b[t]!r} after resuming vs {a.get(t)!r} in the cut run"
+' "$WORK/cutsave.jsonl" "$WORK/cutresume.jsonl" "$cut_step" 2>&1)" || fail "cutsave: $d"
+elapsed="$(awk -v a="$t0" -v b="$(now)" 'BEGIN { printf "%.0f", b - a }')"
+pass "link cut during the save of step $cut_step: left as step-$cut_step.tmp, --resume auto continued from step-$((cut_step - 1)) and step $cut_step's loss is bitwise the cut run's (${elapsed} s)"
 echo "all multihost checks passed"

@@ -4,7 +4,8 @@
 # TORCHELASTIC_RESTART_COUNT=1, fsdp-train continues from its newest checkpoint, and the run's
 # losses after that step and its final evaluation equal an uninterrupted run's bit for bit.
 # The same under real torchrun --standalone --max_restarts 1 --no_python.
-# (Multi-node --max-restarts is refused for now: test_fsdp_run.sh.) ~30 s.
+# With --max-restarts, fsdp-run serves the store itself (TORCHELASTIC_USE_AGENT_STORE=True).
+# (Two hosts restarting together: test_multihost_elastic.sh.) ~30 s.
 set -euo pipefail
 BIN="${FSDP_BIN_DIR:?set FSDP_BIN_DIR to the bin directory of a build}"
 for t in fsdp-run fsdp-train; do

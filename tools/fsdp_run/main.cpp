@@ -1,10 +1,12 @@
-// fsdp-run: the project's launcher. Starts N local ranks with torchrun's standalone
-// environment and supervises them; see `fsdp-run --help` and supervisor.h.
+// fsdp-run: the project's launcher. Starts N local ranks with torchrun's environment and
+// supervises them, one attempt after another under --max-restarts; see `fsdp-run --help`,
+// supervisor.h and node_link.h.
 
 #include <cmath>
 #include <cstdio>
 #include <exception>
 
+#include "agent_store.h"
 #include "common/tool_error.h"
 #include "node_link.h"
 #include "options.h"
@@ -28,28 +30,52 @@ int main(int argc, char** argv) {
   try {
     JobSpec spec;
     spec.command = options.command;
-    spec.topology.nproc_per_node = options.nproc;
-    spec.topology.nnodes = options.nnodes;
-    spec.topology.node_rank = options.node_rank;
-    spec.topology.master_addr = options.master_addr;
-    spec.topology.master_port =
-        options.master_port != 0 ? options.master_port : pick_free_port();
+    JobTopology& job = spec.topology;
+    job.nproc_per_node = options.nproc;
+    job.nnodes = options.nnodes;
+    job.node_rank = options.node_rank;
+    job.master_addr = options.master_addr;
+    job.max_restarts = options.max_restarts;
     spec.grace_seconds = options.grace_seconds;
+    // With restarts the store must outlive each attempt: node 0's fsdp-run serves it for the
+    // whole job (agent_store.h). Started before the other nodes are let in, so it is up
+    // before any rank anywhere connects.
+    std::unique_ptr<AgentStore> store;
+    job.agent_store = options.max_restarts > 0;
+    if (job.agent_store && options.node_rank == 0) {
+      store = AgentStore::start(options.master_port);
+      job.master_port = store->port();
+    } else {
+      job.master_port = options.master_port != 0 ? options.master_port : pick_free_port();
+    }
     std::unique_ptr<NodeLink> link;
     if (options.nnodes > 1) {
-      link = NodeLink::establish(spec.topology, options.master_addr, options.master_port + 1,
+      link = NodeLink::establish(job, options.master_addr, options.master_port + 1,
                                  options.rdzv_timeout_seconds);
     }
-    spec.topology.max_restarts = options.max_restarts;
-    // --max-restarts: a failed attempt is followed by a fresh one with the next restart count;
-    // fsdp-run's own stop signal ends the job at once.
-    for (int attempt = 0;; ++attempt) {
-      spec.topology.restart_count = attempt;
-      Supervisor supervisor(spec, attempt == 0 ? std::move(link) : nullptr);
+    // One attempt after another; with several nodes all of them restart together, on node
+    // 0's word ([Note: restart together]).
+    for (;;) {
+      Supervisor supervisor(spec, link.get());
       const int code = supervisor.run();
-      if (code == 0 || supervisor.stopped_by_signal() || attempt >= options.max_restarts) return code;
-      std::fprintf(stderr, "fsdp-run: restarting all %d ranks (restart %d of %d)\n",
-                   spec.topology.nproc_per_node, attempt + 1, options.max_restarts);
+      if (!supervisor.restart()) {
+        if (!supervisor.no_restart_reason().empty()) {
+          std::fprintf(stderr, "fsdp-run: %s\n", supervisor.no_restart_reason().c_str());
+        }
+        return code;
+      }
+      ++job.restart_count;
+      if (job.nnodes == 1) {
+        std::fprintf(stderr, "fsdp-run: restarting all %d ranks (restart %d of %d)\n",
+                     job.nproc_per_node, job.restart_count, job.max_restarts);
+      } else {
+        std::fprintf(stderr,
+                     "fsdp-run: restarting all %d ranks of the %d nodes together, %d here "
+                     "(restart %d of %d)\n",
+                     job.world_size(), job.nnodes, job.nproc_per_node, job.restart_count,
+                     job.max_restarts);
+      }
+      if (link) link->begin_attempt();
     }
   } catch (const LauncherError& e) {
     fsdp::tools::print_exception("fsdp-run", e);

@@ -10,10 +10,13 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <sstream>
 #include <thread>
+
+#include "tcp_listen.h"
 
 namespace fsdp::launcher {
 
@@ -75,33 +78,11 @@ std::string seconds_text(double s) {
 }
 
 int listen_on(int port) {
-  int fd = ::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  bool v6 = fd >= 0;
-  if (!v6) fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw LauncherError(std::string("node 0: cannot create a socket: ") + std::strerror(errno));
-  int one = 1;
-  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  int rc;
-  if (v6) {
-    int zero = 0;  // also accept IPv4 peers
-    ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
-    sockaddr_in6 addr{};
-    addr.sin6_family = AF_INET6;
-    addr.sin6_addr = in6addr_any;
-    addr.sin6_port = htons(static_cast<uint16_t>(port));
-    rc = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  } else {
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_ANY);
-    addr.sin_port = htons(static_cast<uint16_t>(port));
-    rc = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  }
-  if (rc != 0 || ::listen(fd, 128) != 0) {
-    int err = errno;
-    ::close(fd);
+  std::string error;
+  const int fd = listen_any(port, error);
+  if (fd < 0) {
     throw LauncherError("node 0: cannot listen on port " + std::to_string(port) +
-                        " for the other nodes' launchers (MASTER_PORT+1): " + std::strerror(err) +
+                        " for the other nodes' launchers (MASTER_PORT+1): " + error +
                         "; choose another --master-port on every node");
   }
   return fd;
@@ -191,7 +172,7 @@ std::unique_ptr<NodeLink> NodeLink::establish(const JobTopology& job, const std:
     master.node_rank = 0;
     master.host = master_addr;
     write_line(fd, "hello " + std::to_string(job.nnodes) + " " + std::to_string(job.nproc_per_node) +
-                       " " + std::to_string(job.node_rank) + " " + me);
+                       " " + std::to_string(job.node_rank) + " " + me + " " + std::to_string(job.max_restarts));
     auto reply = read_line(fd, master.buffer, deadline);
     if (!reply) {
       ::close(fd);
@@ -242,8 +223,8 @@ std::unique_ptr<NodeLink> NodeLink::establish(const JobTopology& job, const std:
     auto hello = read_line(fd, peer.buffer, std::min(deadline, Clock::now() + std::chrono::seconds(10)));
     std::istringstream in(hello.value_or(""));
     std::string word;
-    int nnodes = 0, nproc = 0, node_rank = -1;
-    if (!(in >> word >> nnodes >> nproc >> node_rank >> peer.host) || word != "hello") {
+    int nnodes = 0, nproc = 0, node_rank = -1, max_restarts = -1;
+    if (!(in >> word >> nnodes >> nproc >> node_rank >> peer.host >> max_restarts) || word != "hello") {
       ::close(fd);  // not an fsdp-run of this job (a port scan, a stale client): ignore it
       continue;
     }
@@ -255,6 +236,11 @@ std::unique_ptr<NodeLink> NodeLink::establish(const JobTopology& job, const std:
       refuse_all("nodes disagree: " + who + " has --nnodes " + std::to_string(nnodes) + " --nproc " +
                  std::to_string(nproc) + ", node 0 (" + me + ") has --nnodes " + std::to_string(job.nnodes) +
                  " --nproc " + std::to_string(job.nproc_per_node) + "; give every node the same values");
+    }
+    if (max_restarts != job.max_restarts) {
+      refuse_all("nodes disagree: " + who + " has --max-restarts " + std::to_string(max_restarts) +
+                 ", node 0 (" + me + ") has --max-restarts " + std::to_string(job.max_restarts) +
+                 "; give every node the same value (all nodes restart together)");
     }
     if (node_rank < 1 || node_rank >= job.nnodes) {
       refuse_all(who + ": node rank " + std::to_string(node_rank) + " is outside 1.." +
@@ -281,11 +267,47 @@ std::vector<int> NodeLink::fds() const {
 }
 
 std::string NodeLink::describe(const Peer& peer) const {
-  return "node " + std::to_string(peer.node_rank) + " (" + peer.host + ")";
+  const int first = peer.node_rank * job_.nproc_per_node;
+  const int last = first + job_.nproc_per_node - 1;
+  const std::string ranks = first == last ? "rank " + std::to_string(first)
+                                          : "ranks " + std::to_string(first) + "-" + std::to_string(last);
+  return "node " + std::to_string(peer.node_rank) + " (" + peer.host + ", " + ranks + ")";
 }
 
 void NodeLink::send_to(Peer& peer, const std::string& line) {
   if (!peer.closed) write_line(peer.fd, line);
+}
+
+std::optional<std::string> NodeLink::take_lines(Peer& peer) {
+  std::optional<std::string> failure;
+  // Stop after a verdict: what follows belongs to the next attempt ([Note: restart together]).
+  while (verdict_ == Verdict::None) {
+    const auto nl = peer.buffer.find('\n');
+    if (nl == std::string::npos) break;
+    std::string line = peer.buffer.substr(0, nl);
+    peer.buffer.erase(0, nl + 1);
+    if (line == "done") {
+      peer.done = true;
+    } else if (line == "stopped") {
+      peer.stopped = true;
+    } else if (line == "exit") {
+      peer.exited = true;
+    } else if (line == "end" && !is_node0()) {
+      verdict_ = Verdict::End;
+    } else if (line.rfind("restart ", 0) == 0 && !is_node0()) {
+      verdict_attempt_ = std::atoi(line.c_str() + 8);
+      verdict_ = Verdict::Restart;
+    } else if (line.rfind("fail ", 0) == 0 && !failure) {
+      failure = line.substr(5);
+    }
+  }
+  // Node 0 passes a node's failure on to every other node.
+  if (failure && is_node0()) {
+    for (auto& other : peers_) {
+      if (&other != &peer) send_to(other, "fail " + *failure);
+    }
+  }
+  return failure;
 }
 
 std::optional<std::string> NodeLink::on_readable(int fd) {
@@ -298,28 +320,32 @@ std::optional<std::string> NodeLink::on_readable(int fd) {
     n = ::read(fd, buf, sizeof(buf));
   } while (n < 0 && errno == EINTR);
   if (n > 0) peer.buffer.append(buf, static_cast<std::size_t>(n));
-  std::optional<std::string> failure;
-  for (auto nl = peer.buffer.find('\n'); nl != std::string::npos; nl = peer.buffer.find('\n')) {
-    std::string line = peer.buffer.substr(0, nl);
-    peer.buffer.erase(0, nl + 1);
-    if (line == "done") {
-      peer.done = true;
-    } else if (line.rfind("fail ", 0) == 0 && !failure) {
-      failure = line.substr(5);
-    }
-  }
+  std::optional<std::string> failure = take_lines(peer);
   if (n <= 0 && !(n < 0 && errno == EAGAIN)) {
     peer.closed = true;
-    if (!peer.done && !failure) {
+    ::close(peer.fd);
+    peer.fd = -1;
+    // A launcher that announced its exit ("exit", or node 0's "end") closes as a matter of
+    // course; any other close is a loss.
+    peer.lost = !peer.exited && verdict_ != Verdict::End;
+    if (peer.lost && !failure) {
       failure = describe(peer) + ": its launcher is gone (connection closed" +
                 std::string(n < 0 ? ": " + std::string(std::strerror(errno)) : "") + ")";
+      if (is_node0()) {
+        for (auto& other : peers_) {
+          if (&other != &peer) send_to(other, "fail " + *failure);
+        }
+      }
     }
   }
-  // Node 0 passes a node's failure on to every other node.
-  if (failure && job_.node_rank == 0) {
-    for (auto& other : peers_) {
-      if (&other != &peer) send_to(other, "fail " + *failure);
-    }
+  return failure;
+}
+
+std::optional<std::string> NodeLink::pending() {
+  std::optional<std::string> failure;
+  for (auto& peer : peers_) {
+    auto f = take_lines(peer);
+    if (f && !failure) failure = f;
   }
   return failure;
 }
@@ -333,9 +359,61 @@ void NodeLink::report_done() {
   for (auto& p : peers_) send_to(p, "done");
 }
 
-bool NodeLink::peers_done() const {
-  if (job_.node_rank != 0) return true;
-  return std::all_of(peers_.begin(), peers_.end(), [](const Peer& p) { return p.done || p.closed; });
+void NodeLink::report_stopped() {
+  for (auto& p : peers_) send_to(p, "stopped");
+}
+
+void NodeLink::report_exit() {
+  for (auto& p : peers_) send_to(p, "exit");
+}
+
+bool NodeLink::peers_ended() const {
+  if (!is_node0()) return true;
+  return std::all_of(peers_.begin(), peers_.end(),
+                     [](const Peer& p) { return p.done || p.stopped || p.exited || p.closed; });
+}
+
+bool NodeLink::lost_any() const {
+  return std::any_of(peers_.begin(), peers_.end(), [](const Peer& p) { return p.lost; });
+}
+
+bool NodeLink::departed_any() const {
+  return std::any_of(peers_.begin(), peers_.end(), [](const Peer& p) { return p.lost || p.exited; });
+}
+
+std::string NodeLink::departed_nodes() const {
+  std::string lost, exited;
+  for (const auto& p : peers_) {
+    if (p.lost) lost += (lost.empty() ? "" : ", ") + describe(p);
+    if (p.exited) exited += (exited.empty() ? "" : ", ") + describe(p);
+  }
+  return lost.empty() ? exited : lost;
+}
+
+void NodeLink::announce_restart(int attempt) {
+  for (auto& p : peers_) send_to(p, "restart " + std::to_string(attempt));
+}
+
+void NodeLink::announce_end() {
+  for (auto& p : peers_) send_to(p, "end");
+}
+
+void NodeLink::begin_attempt() {
+  for (auto& p : peers_) {
+    p.done = false;
+    p.stopped = false;
+  }
+  verdict_ = Verdict::None;
+  verdict_attempt_ = -1;
+}
+
+void NodeLink::leave() {
+  for (auto& p : peers_) {
+    if (p.closed) continue;
+    ::close(p.fd);
+    p.fd = -1;
+    p.closed = true;
+  }
 }
 
 }  // namespace fsdp::launcher

@@ -10,17 +10,23 @@ namespace fsdp::launcher {
 
 const char* usage_text() {
   return R"(usage: fsdp-run [--nproc N] [--master-addr ADDR] [--master-port PORT]
-                [--nnodes M --node-rank R] [--grace-seconds S] -- COMMAND [ARGS...]
+                [--nnodes M --node-rank R] [--max-restarts K] [--grace-seconds S]
+                -- COMMAND [ARGS...]
 
 Starts N local ranks of COMMAND with the environment torchrun gives (RANK, WORLD_SIZE,
 LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT,
-TORCHELASTIC_USE_AGENT_STORE=False, ...). fsdp-run serves no store: rank 0 does.
+TORCHELASTIC_RESTART_COUNT, ...). Rank 0 serves the store on MASTER_PORT
+(TORCHELASTIC_USE_AGENT_STORE=False), except with --max-restarts: then node 0's fsdp-run
+serves it for the whole job and every rank is a client (TORCHELASTIC_USE_AGENT_STORE=True,
+keys under /worker/attempt_<TORCHELASTIC_RESTART_COUNT>), as under torchrun's agent.
 
 Multi-node: run fsdp-run once per machine with the same --nnodes, --nproc, --master-addr
 and --master-port, and --node-rank 0..M-1. Global ranks are node_rank * N + local_rank.
 The launchers meet on MASTER_PORT+1 of node 0 (which must be free), check that they agree
-on M and N and that no node rank is taken twice, and stay connected: when a rank fails or
-a launcher dies on one node, every node stops its ranks and exits non-zero.
+on M, N and --max-restarts and that no node rank is taken twice, and stay connected: when
+a rank fails or a launcher dies on one node, every node stops its ranks and exits non-zero
+(or, with --max-restarts, all nodes start their ranks again together; a node whose
+launcher is gone ends the job).
 
 Each output line of rank N is prefixed with "[rankN]: " on the stream it was written to.
 If a rank exits non-zero or dies by a signal, the other ranks are stopped (SIGTERM, then
@@ -37,9 +43,11 @@ options:
                        required with --nnodes > 1)
   --rdzv-timeout S     multi-node: seconds the launchers wait for each other (default 300)
   --grace-seconds S    seconds between the stop signal and SIGKILL (default 3)
-  --max-restarts N     when a rank fails, stop the others and start all N ranks again, up to
-                       N times, with TORCHELASTIC_RESTART_COUNT = 1, 2, ... (default 0; one
-                       node only). The program resumes itself, e.g. fsdp-train --resume auto
+  --max-restarts N     when a rank fails, stop all ranks (on every node) and start them all
+                       again, up to N times, with TORCHELASTIC_RESTART_COUNT = 1, 2, ...
+                       (default 0; the same on every node). The nodes restart together once
+                       every node's ranks have ended; a node whose launcher is gone ends the
+                       job. The program resumes itself, e.g. fsdp-train --resume auto
   -h, --help           show this text
 Underscore spellings (--nproc_per_node, --node_rank, --master_addr, ...) are accepted.
 
@@ -185,10 +193,6 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
     return usage_error("--node-rank " + std::to_string(options.node_rank) +
                        " is outside 0.." + std::to_string(options.nnodes - 1) + " (--nnodes " +
                        std::to_string(options.nnodes) + ")");
-  }
-  if (options.nnodes > 1 && options.max_restarts > 0) {
-    return usage_error("--max-restarts with --nnodes > 1 is not supported yet: restart the job on "
-                       "every node (or use torchrun's --max-restarts)");
   }
   if (options.nnodes > 1 && options.master_port == 0) {
     return usage_error("--nnodes " + std::to_string(options.nnodes) +

@@ -19,7 +19,7 @@ struct LaunchOptions {
   int master_port = 0;
   /// How long ranks get between the stop signal (SIGTERM, or the forwarded signal) and SIGKILL.
   double grace_seconds = 3.0;
-  /// After a rank fails, stop all and start them again, up to this many times (one node only).
+  /// After a rank fails, stop all (every node) and start them again, up to this many times.
   int max_restarts = 0;
   /// Multi-node: how long the launchers wait for each other at the start.
   double rdzv_timeout_seconds = 300.0;

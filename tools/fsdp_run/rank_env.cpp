@@ -33,8 +33,9 @@ std::vector<std::string> rank_environment(const char* const* base, const JobTopo
       {"TORCHELASTIC_RESTART_COUNT", std::to_string(job.restart_count)},
       {"TORCHELASTIC_MAX_RESTARTS", std::to_string(job.max_restarts)},
       {"TORCHELASTIC_RUN_ID", "none"},
-      // False: fsdp-run serves no store, so rank 0 must serve the TCPStore itself.
-      {"TORCHELASTIC_USE_AGENT_STORE", "False"},
+      // True: node 0's fsdp-run serves the store (with --max-restarts); every rank is a
+      // client and keeps to keys under /worker/attempt_<restart count>. False: rank 0 serves it.
+      {"TORCHELASTIC_USE_AGENT_STORE", job.agent_store ? "True" : "False"},
   };
 
   std::map<std::string, bool> overridden;

@@ -28,6 +28,8 @@ struct JobTopology {
   int global_rank(int local_rank) const { return node_rank * nproc_per_node + local_rank; }
   std::string master_addr = "127.0.0.1";
   int master_port = 0;
+  /// Node 0's fsdp-run serves the store on master_port (agent_store.h), not rank 0.
+  bool agent_store = false;
 };
 
 /// `base` is fsdp-run's own environment (environ). Variables fsdp-run sets replace any

@@ -43,25 +43,80 @@ std::string format_seconds(double seconds) {
 
 }  // namespace
 
-Supervisor::Supervisor(JobSpec spec, std::unique_ptr<NodeLink> link)
-    : spec_(std::move(spec)), link_(std::move(link)) {}
+Supervisor::Supervisor(JobSpec spec, NodeLink* link) : spec_(std::move(spec)), link_(link) {}
+
+bool Supervisor::restart_possible() const {
+  return spec_.topology.restart_count < spec_.topology.max_restarts && !stopped_by_signal_ &&
+         !(link_ != nullptr && link_->departed_any());
+}
 
 bool Supervisor::nodes_settled() const {
-  // A failed node need not wait: the others were told (or will see it gone) and stop anyway.
-  return link_ == nullptr || exit_code_ != 0 || link_->peers_done();
+  if (link_ == nullptr) return true;
+  // Failed for good: the others were told (or see this launcher gone) and stop anyway, and
+  // nothing they say could change this node's outcome. Not waiting also keeps a node that is
+  // cut off from the others from waiting out the link's own timeout.
+  if (exit_code_ != 0 && !restart_possible()) return true;
+  if (link_->is_node0()) return link_->peers_ended();
+  return link_->verdict() != Verdict::None || link_->lost_any() || stopped_by_signal_;
+}
+
+void Supervisor::conclude() {
+  const JobTopology& job = spec_.topology;
+  if (link_ == nullptr || link_->is_node0()) {
+    restart_ = exit_code_ != 0 && restart_possible();
+    if (link_ != nullptr) {
+      if (restart_) {
+        link_->announce_restart(job.restart_count + 1);
+      } else {
+        link_->announce_end();
+      }
+    }
+  } else {
+    if (link_->verdict() == Verdict::Restart) {
+      restart_ = link_->verdict_attempt() == job.restart_count + 1;
+      if (!restart_) {
+        say("node 0 asked for attempt " + std::to_string(link_->verdict_attempt()) +
+            " after attempt " + std::to_string(job.restart_count) +
+            "; the launchers disagree (are they the same fsdp-run version?)");
+        exit_code_ = 1;
+      }
+    }
+    // Leaving without node 0's word: say so, or node 0 would take this for a lost node.
+    if (!restart_ && link_->verdict() == Verdict::None) link_->report_exit();
+  }
+  if (restart_ || exit_code_ == 0 || stopped_by_signal_ || job.max_restarts == 0) return;
+  if (job.restart_count >= job.max_restarts) {
+    no_restart_reason_ = "no restart left (--max-restarts " + std::to_string(job.max_restarts) +
+                         " used up)";
+  } else if (link_ != nullptr && link_->departed_any()) {
+    const std::string gone = link_->departed_nodes();
+    no_restart_reason_ = link_->lost_any()
+                             ? "no restart: the launcher of " + gone + " is gone, and its ranks "
+                               "cannot rejoin the job"
+                             : "no restart: " + gone + " left the job";
+    // The first failure may have been the loss itself, or what it did to the ranks here.
+    if (failure_.rfind(gone, 0) == 0) return;
+  } else {
+    no_restart_reason_ = "no restart: node 0 ended the job";
+  }
+  if (!failure_.empty()) no_restart_reason_ += "; the job failed: " + failure_;
 }
 
 void Supervisor::on_link_event(int fd) {
-  std::optional<std::string> failure = link_->on_readable(fd);
-  if (!failure) return;
+  if (std::optional<std::string> failure = link_->on_readable(fd)) on_link_failure(*failure);
+}
+
+void Supervisor::on_link_failure(const std::string& failure) {
+  if (failure_.empty()) failure_ = failure;
   if (state_ == LauncherState::Running) {
     const int running = live_ranks();
-    say(*failure + (running > 0 ? "; stopping " + plural_ranks(running, "local") : ""));
+    say(failure + (running > 0 ? "; stopping " + plural_ranks(running, "local") : ""));
     begin_stopping(1, SIGTERM);
-  } else if (exit_code_ == 0) {
-    // Our ranks finished, but the job did not: say so and fail.
-    say(*failure);
-    exit_code_ = 1;
+  } else {
+    // Already stopping (or finished): still worth saying, since it may be the cause of what
+    // happened here (a peer's ranks died first) or, if our ranks finished, the job did not.
+    say(failure);
+    if (exit_code_ == 0) exit_code_ = 1;
   }
 }
 
@@ -98,6 +153,10 @@ void Supervisor::enter(LauncherState to) {
 
 int Supervisor::run() {
   start_ranks();
+  // Lines that came with node 0's "restart" belong to this attempt.
+  if (link_ != nullptr) {
+    if (std::optional<std::string> failure = link_->pending()) on_link_failure(*failure);
+  }
   while (state_ != LauncherState::Done) {
     advance();
     if (state_ == LauncherState::Done) break;
@@ -133,6 +192,8 @@ void Supervisor::start_ranks() {
       // Every rank runs the same command, so starting the rest would fail the same way.
       const int running = live_ranks();
       say(failure + (running > 0 ? "; stopping " + plural_ranks(running, "started") : ""));
+      failure_ = "rank " + std::to_string(rank) + ": " + failure;
+      if (link_ != nullptr) link_->report_failure(failure_);
       begin_stopping(code, SIGTERM);
       return;
     }
@@ -232,6 +293,9 @@ void Supervisor::on_signal(int sig) {
           plural_ranks(live_ranks(), "running") + " (SIGKILL after " +
           format_seconds(spec_.grace_seconds) + " s or on a second signal)");
       stopped_by_signal_ = true;
+      failure_ = "fsdp-run received " + signal_name(sig);
+      // The others stop now rather than when this launcher is gone; no restart follows.
+      if (link_ != nullptr) link_->report_failure(failure_ + " (the job stops, no restart)");
       begin_stopping(128 + sig, sig);
       break;
     }
@@ -246,8 +310,9 @@ void Supervisor::on_signal(int sig) {
       // The user wants out now: stop waiting for leftover writers and for the other nodes
       // (which then see this launcher gone, unless they already finished).
       drain_deadline_ = Clock::now();
-      if (link_ && !link_->peers_done()) {
-        link_.reset();
+      if (link_ != nullptr && !nodes_settled()) {
+        link_->leave();
+        stopped_by_signal_ = true;
         if (exit_code_ == 0) exit_code_ = 128 + sig;
       }
       break;
@@ -270,6 +335,7 @@ void Supervisor::on_rank_end(RankSlot& slot) {
   const std::string what = "rank " + std::to_string(process.rank()) + " (pid " +
                            std::to_string(process.pid()) + ") " + process.describe_end();
   say(what + (others > 0 ? "; stopping " + plural_ranks(others, "other") : ""));
+  failure_ = what;
   if (link_) link_->report_failure(what);
   begin_stopping(process.launcher_exit_code(), SIGTERM);
 }
@@ -318,6 +384,8 @@ void Supervisor::advance() {
   if (state_ == LauncherState::Stopping) {
     if (live_ranks() == 0) {
       enter(LauncherState::Draining);
+      // Ready for the next attempt; a node stopped by a signal leaves instead.
+      if (link_ && !stopped_by_signal_) link_->report_stopped();
     } else if (!killed_ && Clock::now() >= kill_deadline_) {
       const std::string why = "still running " + format_seconds(spec_.grace_seconds) +
                               " s after " + signal_name(stop_signal_) + "; sending SIGKILL";
@@ -327,6 +395,7 @@ void Supervisor::advance() {
   if (state_ == LauncherState::Draining) {
     if ((!pipes_open() || Clock::now() >= drain_deadline_) && nodes_settled()) {
       enter(LauncherState::Done);
+      conclude();
     }
   }
 }

@@ -7,8 +7,8 @@
 ///   Running --rank failed / rank could not start / stop signal--> Stopping
 ///   Running --every rank exited 0-------------------------------> Draining
 ///   Stopping --every rank ended---------------------------------> Draining
-///   Draining --every pipe at EOF, or drain deadline, and every--> Done
-///              other node done (node 0 of a multi-node job)
+///   Draining --every pipe at EOF, or drain deadline, and the----> Done
+///              nodes settled (multi-node, below)
 ///
 ///   Running   all ranks run; nothing has gone wrong yet.
 ///   Stopping  the stop signal went to every live rank's process group; SIGKILL follows at
@@ -22,8 +22,13 @@
 ///
 /// Multi-node (NodeLink): a failure reported by another node, or the loss of its launcher,
 /// acts like a failed local rank (Running -> Stopping, exit code 1); this node's own first
-/// failure is reported to the others; node 0 leaves Draining only once every other node
-/// finished, so that no node takes node 0's normal exit for a loss.
+/// failure (or stop signal) is reported to the others. Entering Draining, a node says "done"
+/// (from Running) or "stopped" (from Stopping). The nodes are settled when this node failed
+/// and cannot restart (the others were told and stop anyway), or else:
+///   node 0  every other node is done or stopped (or gone);
+///   node r  node 0's verdict arrived, or node 0 is gone, or fsdp-run was signalled.
+/// On Done, node 0 announces the verdict: restart when the attempt failed, restarts are left,
+/// no stop signal came and no launcher is gone; otherwise end. See [Note: restart together].
 
 #include <chrono>
 #include <memory>
@@ -51,12 +56,16 @@ const char* to_string(LauncherState state);
 
 class Supervisor {
  public:
-  /// `link` is null for a single-node job.
-  explicit Supervisor(JobSpec spec, std::unique_ptr<NodeLink> link = nullptr);
-  /// Runs the job to the end; returns fsdp-run's exit code.
+  /// Runs one attempt (spec.topology.restart_count). `link` is null for a single-node job;
+  /// it outlives the supervisor, which uses it for this attempt only.
+  explicit Supervisor(JobSpec spec, NodeLink* link = nullptr);
+  /// Runs the attempt to the end; returns fsdp-run's exit code for it.
   int run();
-  /// After run(): the job ended because fsdp-run itself got a stop signal (no restart then).
-  bool stopped_by_signal() const { return stopped_by_signal_; }
+  /// After run(): start the next attempt (all nodes do, together).
+  bool restart() const { return restart_; }
+  /// After run() of a failed attempt that is not restarted: why not (empty if there is
+  /// nothing to add, e.g. restarts were never asked for or a stop signal ended the job).
+  const std::string& no_restart_reason() const { return no_restart_reason_; }
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -75,8 +84,13 @@ class Supervisor {
   void on_signal(int sig);
   void on_rank_end(RankSlot& slot);
   void on_link_event(int fd);
-  /// Draining may end: node 0 of a multi-node job also waits for the other nodes.
+  void on_link_failure(const std::string& failure);
+  /// Draining may end as far as the other nodes are concerned (see the class note).
   bool nodes_settled() const;
+  /// A failed attempt may be followed by another: restarts left, no stop signal, no lost node.
+  bool restart_possible() const;
+  /// On Done: decides (node 0, one node) or reads (other nodes) whether to restart.
+  void conclude();
   void begin_stopping(int exit_code, int stop_signal);
   void kill_all_live(const char* why);
   void advance();
@@ -87,9 +101,12 @@ class Supervisor {
   void say(const std::string& line);
 
   JobSpec spec_;
-  std::unique_ptr<NodeLink> link_;
+  NodeLink* link_;
   bool reported_done_ = false;
   bool stopped_by_signal_ = false;
+  bool restart_ = false;
+  std::string failure_;  // the attempt's first failure, as reported
+  std::string no_restart_reason_;
   SignalInbox signals_;
   OrphanGuard orphan_guard_;  // kills the ranks' groups if fsdp-run dies before finish()
   OutputStream stdout_{1};

@@ -54,6 +54,21 @@ void print_memory_estimate(std::FILE* out, int64_t psi, int n) {
     format_bytes(e.total(), t, sizeof(t));
     std::fprintf(out, "%-14s %-14s %14s %14s %14s %14s\n", r.name, r.formula, a, b, c, t);
   }
+  // ZeRO without a wrapper (--strategy zero1|zero2): parameters stay replicated.
+  const double p = double(psi);
+  const struct {
+    const char* name;
+    const char* formula;
+    double params, grads, optim;
+  } zero_rows[] = {{"ZERO1", "8*P + 8*P/N", 4 * p, 4 * p, 8 * p / n}, {"ZERO2", "4*P + 12*P/N", 4 * p, 4 * p / n, 8 * p / n}};
+  for (const auto& r : zero_rows) {
+    char a[32], b[32], c[32], t[32];
+    format_bytes(r.params, a, sizeof(a));
+    format_bytes(r.grads, b, sizeof(b));
+    format_bytes(r.optim, c, sizeof(c));
+    format_bytes(r.params + r.grads + r.optim, t, sizeof(t));
+    std::fprintf(out, "%-14s %-14s %14s %14s %14s %14s\n", r.name, r.formula, a, b, c, t);
+  }
   std::fprintf(out, "(excludes activations, transient unsharded buffers and flat-buffer padding; "
                     "library function: fsdp::estimate_model_state)\n");
 }

@@ -73,7 +73,9 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
                         ->capture_default_str();
   auto* context_opt = app.add_option("--context", o.context, "gpt: window length in bytes (positions)")
                           ->capture_default_str();
-  app.add_option("--strategy", o.strategy, "full_shard | shard_grad_op | no_shard | hybrid_shard")
+  app.add_option("--strategy", o.strategy,
+                 "full_shard | shard_grad_op | no_shard | hybrid_shard | zero1 | zero2 (ZeRO without a wrapper: "
+                 "fsdp::optim::ZeroRedundancyOptimizer)")
       ->capture_default_str();
   auto* group_opt = app.add_option("--shard-group-size", o.shard_group_size,
                                    "hybrid_shard: ranks per shard group, consecutive (default: ranks per machine)");
@@ -193,9 +195,17 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
   if (o.context < 1) return usage_error("--context must be >= 1, got " + std::to_string(o.context));
   if (gpt && batch_opt->count() == 0) o.batch_size = 32;
   if (o.strategy != "full_shard" && o.strategy != "shard_grad_op" && o.strategy != "no_shard" &&
-      o.strategy != "hybrid_shard")
+      o.strategy != "hybrid_shard" && o.strategy != "zero1" && o.strategy != "zero2")
     return usage_error("unknown --strategy '" + o.strategy +
-                       "'; expected full_shard, shard_grad_op, no_shard or hybrid_shard");
+                       "'; expected full_shard, shard_grad_op, no_shard, hybrid_shard, zero1 or zero2");
+  if (o.is_zero()) {
+    // Not yet wired for the ZeRO strategies (the sharded optimizer on an unwrapped model).
+    if (!o.checkpoint_dir.empty() || !o.resume.empty())
+      return usage_error("--checkpoint-dir and --resume are not supported with --strategy " + o.strategy +
+                         " yet; use full_shard, shard_grad_op, no_shard or hybrid_shard");
+    if (o.mixed_precision != "none")
+      return usage_error("--mixed-precision is not supported with --strategy " + o.strategy + " yet");
+  }
   if (group_opt->count() > 0 && o.strategy != "hybrid_shard")
     return usage_error("--shard-group-size applies to --strategy hybrid_shard only");
   if (o.shard_group_size < 0)

@@ -72,6 +72,8 @@ struct TrainOptions {
 
   /// 1e-3 for the Adam family, 0.05 for SGD.
   double effective_lr() const;
+  /// zero1 / zero2: an unwrapped model trained by fsdp::optim::ZeroRedundancyOptimizer.
+  bool is_zero() const { return strategy == "zero1" || strategy == "zero2"; }
 };
 
 enum class ParseOutcome { Run, Help, UsageError };

@@ -18,6 +18,7 @@
 #include "fsdp/fsdp/zero_init.h"
 #include "fsdp/memory/memory_tracer.h"
 #include "fsdp/optim/cpu_adam.h"
+#include "fsdp/optim/zero_redundancy_optimizer.h"
 #include "metrics.h"
 #include "models.h"
 #include "progress.h"
@@ -55,10 +56,33 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainOptions& o,
   return std::make_unique<fsdp::optim::CPUAdam>(params, fsdp::optim::CPUAdamOptions(lr).weight_decay(o.weight_decay));
 }
 
+/// zero1 / zero2: the same optimizer as make_optimizer, sharded by ZeroRedundancyOptimizer
+/// over the unwrapped model (which it broadcasts from rank 0).
+std::unique_ptr<torch::optim::Optimizer> make_zero_optimizer(const TrainOptions& o, const dist::ProcessGroup& pg,
+                                                             std::shared_ptr<torch::nn::Module> net) {
+  namespace zo = fsdp::optim;
+  const double lr = o.effective_lr();
+  zo::InnerOptimizerFactory inner;
+  if (o.optimizer == "sgd")
+    inner = zo::inner_optimizer<torch::optim::SGD>(
+        torch::optim::SGDOptions(lr).momentum(o.momentum).weight_decay(o.weight_decay));
+  else if (o.optimizer == "adam")
+    inner = zo::inner_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(lr).weight_decay(o.weight_decay));
+  else if (o.optimizer == "adamw")
+    inner = zo::inner_optimizer<torch::optim::AdamW>(torch::optim::AdamWOptions(lr).weight_decay(o.weight_decay));
+  else
+    inner = zo::inner_optimizer<zo::CPUAdam>(zo::CPUAdamOptions(lr).weight_decay(o.weight_decay));
+  auto params = net->parameters();
+  return std::make_unique<zo::ZeroRedundancyOptimizer>(
+      params, inner, zo::ZeroOptions().process_group(pg).stage(o.strategy == "zero1" ? 1 : 2).module(net));
+}
+
 int64_t bytes_of(const torch::Tensor& t) { return t.defined() ? t.numel() * int64_t(t.element_size()) : 0; }
 
 /// Sum of the optimizer's state tensors on this rank (they live on the parameter shards).
 int64_t optimizer_state_bytes(torch::optim::Optimizer& opt) {
+  if (auto* zero = dynamic_cast<fsdp::optim::ZeroRedundancyOptimizer*>(&opt))
+    return zero->get_memory_usage()[fsdp::MemoryCategory::kOptimizerState];
   int64_t total = 0;
   for (auto& kv : opt.state()) {
     auto* s = kv.second.get();
@@ -123,9 +147,14 @@ void print_summary(const TrainOptions& o, const dist::ProcessGroup& pg, const Ta
               train_seconds);
   // The ZeRO accounting for this run's strategy (fsdp::estimate_model_state), next to what
   // each rank measured.
-  const auto strategy = fsdp::parse_sharding_strategy(o.strategy);
   const int group = o.shard_group_size > 0 ? o.shard_group_size : n;
-  const double zero = fsdp::estimate_model_state(num_params, n, strategy, group).total();
+  const double psi = double(num_params);
+  const double zero = o.strategy == "zero1"   ? 8 * psi + 8 * psi / n
+                      : o.strategy == "zero2" ? 4 * psi + 12 * psi / n
+                                              : fsdp::estimate_model_state(num_params, n,
+                                                                           fsdp::parse_sharding_strategy(o.strategy),
+                                                                           group)
+                                                    .total();
   char z[32];
   format_bytes(zero, z, sizeof z);
   std::printf("memory per rank (%lld parameters; unsharded Adam training holds 16 B/param = %lld B; "
@@ -155,13 +184,34 @@ int64_t count_params(const TrainOptions& o, const torch::nn::Module& net) {
   return n;
 }
 
+/// Bytes of the model state of this rank, from the FSDP wrapper or the ZeRO optimizer.
+struct ModelMemory {
+  int64_t params = 0, grads = 0, unsharded_peak = 0;
+};
+
 /// The training loop shared by every model: `model` is the FSDP wrapper (parameters, units,
-/// memory), `forward` its typed forward.
-int train(const TrainOptions& o, const dist::ProcessGroup& pg, FullyShardedBase& model, const Forward& forward,
-          Task& task, int64_t num_params) {
+/// memory, checkpoints), or null under zero1/zero2 (`opt` is then the
+/// ZeroRedundancyOptimizer); `forward` the typed forward.
+int train(const TrainOptions& o, const dist::ProcessGroup& pg, FullyShardedBase* fsdp_model,
+          std::unique_ptr<torch::optim::Optimizer> opt, const Forward& forward, Task& task, int64_t num_params) {
   const int rank = pg.rank(), world = pg.size();
   const bool lead = rank == 0;
-  auto opt = make_optimizer(o, model.parameters());
+  auto* zero_opt = dynamic_cast<fsdp::optim::ZeroRedundancyOptimizer*>(opt.get());
+  TORCH_INTERNAL_ASSERT((fsdp_model != nullptr) != (zero_opt != nullptr));
+  auto memory_now = [&] {
+    ModelMemory m;
+    if (fsdp_model) {
+      auto ms = fsdp_model->memory_stats();
+      m.params = ms.param_shard_bytes;
+      m.grads = ms.grad_shard_bytes;
+      m.unsharded_peak = ms.unsharded_peak_bytes;
+    } else {
+      auto u = zero_opt->get_memory_usage();
+      m.params = u[fsdp::MemoryCategory::kParameterShards] + u[fsdp::MemoryCategory::kMasterWeights];
+      m.grads = u[fsdp::MemoryCategory::kGradients];
+    }
+    return m;
+  };
 
   const int64_t total_steps = o.steps ? *o.steps : (o.epochs ? *o.epochs : default_epochs(o.model)) * task.steps_per_epoch();
   // --resume: weights, optimizer state (Adam moments and step counts), then the training
@@ -185,7 +235,8 @@ int train(const TrainOptions& o, const dist::ProcessGroup& pg, FullyShardedBase&
     resume = step < 0 ? "" : checkpoint_path(o.checkpoint_dir, step);
   }
   if (!resume.empty()) {
-    fsdp::CheckpointExtra extra = fsdp::load_checkpoint(resume, model, opt.get());
+    TORCH_INTERNAL_ASSERT(fsdp_model, "--resume under --strategy ", o.strategy, " passed the option checks");
+    fsdp::CheckpointExtra extra = fsdp::load_checkpoint(resume, *fsdp_model, opt.get());
     std::string err = check_compatible(o, extra.values);
     TORCH_CHECK(err.empty(), err);
     first_step = restore_training_state(extra);
@@ -195,13 +246,18 @@ int train(const TrainOptions& o, const dist::ProcessGroup& pg, FullyShardedBase&
   }
   // --memory-trace: samples at every unit boundary and optimizer step.
   std::unique_ptr<fsdp::MemoryTracer> tracer;
-  if (!o.memory_trace.empty()) tracer = std::make_unique<fsdp::MemoryTracer>(model, opt.get());
+  if (!o.memory_trace.empty()) {
+    TORCH_CHECK(fsdp_model, "fsdp-train: --memory-trace samples FullyShardedDataParallel's units; it does not "
+                "apply to --strategy ", o.strategy, " (use full_shard, shard_grad_op, no_shard or hybrid_shard)");
+    tracer = std::make_unique<fsdp::MemoryTracer>(*fsdp_model, opt.get());
+  }
   double paused_seconds = 0;  // evaluations and checkpoints: not training throughput
   auto checkpoint = [&](int64_t step) {
     if (o.checkpoint_dir.empty()) return;
+    TORCH_INTERNAL_ASSERT(fsdp_model, "--checkpoint-dir under --strategy ", o.strategy, " passed the option checks");
     const auto t0 = Clock::now();
     // save_checkpoint creates <dir>/step-S.tmp's parents; atomic rename at the end.
-    fsdp::save_checkpoint(checkpoint_path(o.checkpoint_dir, step), model, opt.get(), training_state(o, step));
+    fsdp::save_checkpoint(checkpoint_path(o.checkpoint_dir, step), *fsdp_model, opt.get(), training_state(o, step));
     if (lead && o.keep_checkpoints > 0) {
       // After the save returned on rank 0, the new checkpoint is complete: the oldest can go.
       std::string failed = prune_checkpoints(o.checkpoint_dir, o.keep_checkpoints);
@@ -218,7 +274,8 @@ int train(const TrainOptions& o, const dist::ProcessGroup& pg, FullyShardedBase&
   if (lead) {
     std::fprintf(stderr,
                  "fsdp-train: %s (%lld params, %zu units), %s, %d ranks, %s lr %g, global batch %lld, %lld steps\n",
-                 o.model.c_str(), (long long)num_params, model.unit_paths().size(), o.strategy.c_str(), world,
+                 o.model.c_str(), (long long)num_params, fsdp_model ? fsdp_model->unit_paths().size() : size_t{0},
+                 o.strategy.c_str(), world,
                  o.optimizer.c_str(), o.effective_lr(), (long long)o.batch_size, (long long)total_steps);
     if (!resume.empty())
       std::fprintf(stderr, "fsdp-train: resumed from %s at step %lld\n", resume.c_str(), (long long)first_step);
@@ -261,9 +318,8 @@ int train(const TrainOptions& o, const dist::ProcessGroup& pg, FullyShardedBase&
       const auto now = Clock::now();
       if (lead && metrics.enabled()) {
         if (optim_bytes < 0) optim_bytes = optimizer_state_bytes(*opt);  // fixed after the first step
-        auto ms = model.memory_stats();
-        MemorySample m{ms.param_shard_bytes, ms.grad_shard_bytes, optim_bytes, ms.unsharded_peak_bytes,
-                       current_rss_bytes()};
+        const ModelMemory mm = memory_now();
+        MemorySample m{mm.params, mm.grads, optim_bytes, mm.unsharded_peak, current_rss_bytes()};
         double sps = double(o.batch_size) / std::chrono::duration<double>(now - t_step).count();
         metrics.write_step(step, loss_value, o.effective_lr(), sps, m);
       }
@@ -295,12 +351,12 @@ int train(const TrainOptions& o, const dist::ProcessGroup& pg, FullyShardedBase&
   }
 
   // Per-rank memory to rank 0: each rank fills its own row, a sum all-reduce assembles.
-  auto ms = model.memory_stats();
+  const ModelMemory ms = memory_now();
   auto mem = torch::zeros({world, 4}, torch::kFloat64);
-  mem[rank][0] = double(ms.param_shard_bytes);
-  mem[rank][1] = double(ms.grad_shard_bytes);
+  mem[rank][0] = double(ms.params);
+  mem[rank][1] = double(ms.grads);
   mem[rank][2] = double(optimizer_state_bytes(*opt));
-  mem[rank][3] = double(ms.unsharded_peak_bytes);
+  mem[rank][3] = double(ms.unsharded_peak);
   dist::all_reduce(pg, mem, dist::ReduceOp::Sum).wait();
   if (lead) {
     std::vector<std::vector<double>> rows(size_t(world), std::vector<double>(4));
@@ -328,6 +384,32 @@ int run_rank(const TrainOptions& o) {
   if (!err.empty()) {
     std::fprintf(stderr, "fsdp-train: error (rank %d): %s\n", rank, err.c_str());
     return 2;
+  }
+
+  if (o.is_zero()) {
+    // No wrapper: the model as built, the optimizer sharded (it broadcasts rank 0's weights).
+    if (o.model == "gpt") {
+      auto task = make_text_task(o);
+      torch::manual_seed(o.seed);
+      GptConfig cfg;
+      cfg.vocab = kVocabSize;
+      cfg.layers = o.layers;
+      cfg.dim = o.dim;
+      cfg.heads = o.heads;
+      cfg.context = o.context;
+      Gpt gpt(cfg);
+      const int64_t num_params = count_params(o, *gpt);
+      auto opt = make_zero_optimizer(o, pg, gpt.ptr());
+      return train(o, pg, nullptr, std::move(opt), [&](const torch::Tensor& x) { return gpt->forward(x); }, *task,
+                   num_params);
+    }
+    auto task = make_image_task(o);
+    torch::manual_seed(o.seed);
+    torch::nn::Sequential net = o.model == "cnn" ? make_cnn() : make_mlp(o.hidden);
+    const int64_t num_params = count_params(o, *net);
+    auto opt = make_zero_optimizer(o, pg, net.ptr());
+    return train(o, pg, nullptr, std::move(opt), [&](const torch::Tensor& x) { return net->forward(x); }, *task,
+                 num_params);
   }
 
   // Library options shared by every model; the wrap policy is the model's.
@@ -368,8 +450,8 @@ int run_rank(const TrainOptions& o) {
                   double(peak_rss_bytes()) / (1 << 20));
     const int64_t num_params = count_params(o, *gpt);
     auto model = fsdp::FullyShardedDataParallel(gpt, pg, options);
-    const int rc =
-        train(o, pg, *model, [&](const torch::Tensor& x) { return model->forward(x); }, *task, num_params);
+    const int rc = train(o, pg, model.get(), make_optimizer(o, model->parameters()),
+                         [&](const torch::Tensor& x) { return model->forward(x); }, *task, num_params);
     if (rank == 0) std::printf("peak RSS over the run %.1f MiB (rank 0)\n", double(peak_rss_bytes()) / (1 << 20));
     return rc;
   }
@@ -380,7 +462,8 @@ int run_rank(const TrainOptions& o) {
   auto model = fsdp::FullyShardedDataParallel(
       net, pg,
       fsdp::Options(base).auto_wrap_policy(fsdp::size_based_policy(o.min_num_params)));
-  return train(o, pg, *model, [&](const torch::Tensor& x) { return model->forward(x); }, *task, num_params);
+  return train(o, pg, model.get(), make_optimizer(o, model->parameters()),
+               [&](const torch::Tensor& x) { return model->forward(x); }, *task, num_params);
 }
 
 }  // namespace fsdp::train

@@ -9,8 +9,10 @@
 #   sim_hosts_create 2          # hosts 0..1, addresses in SIM_ADDR[i]; removed at exit
 #   sim_host_run 0 cmd args...  # runs cmd "on" host 0 (foreground; add & to background)
 #   sim_host_bytes 0            # bytes sent + received by host 0's link so far
+#   sim_host_counters 0         # "tx_bytes rx_bytes tx_packets rx_packets" of host 0's link
+#   sim_host_retransmits 0      # TCP segments host 0 has retransmitted so far
 #   sim_host_link 1 down        # cut host 1 off (up: reconnect)
-#   sim_host_rate 1 100mbit     # cap host 1's outgoing rate with tbf
+#   sim_host_rate 1 100mbit     # cap host 1's outgoing rate with tbf (none: remove the cap)
 #
 # Names carry this shell's pid and a random tag, so parallel runs never collide and a crashed
 # run's namespaces are never reused: sim_hosts_create removes those whose creator is gone.
@@ -122,10 +124,29 @@ sim_host_bytes() {
   ip netns exec "$(sim_ns "$1")" sh -c "echo \$((\$(cat $d/tx_bytes) + \$(cat $d/rx_bytes)))"
 }
 
+# Host I's link counters: "tx_bytes rx_bytes tx_packets rx_packets". Each packet counts its
+# Ethernet, IP and TCP headers once: the kernel hands veth TSO/GRO segments of up to 64 KiB as
+# one packet, so (bytes - packets * header size) is the payload that crossed.
+sim_host_counters() {
+  local d=/sys/class/net/eth0/statistics
+  ip netns exec "$(sim_ns "$1")" sh -c "echo \$(cat $d/tx_bytes) \$(cat $d/rx_bytes) \$(cat $d/tx_packets) \$(cat $d/rx_packets)"
+}
+
+# TCP segments host I has retransmitted so far (RetransSegs of its namespace): a retransmitted
+# segment crosses the link twice, which byte counts must allow for.
+sim_host_retransmits() {
+  ip netns exec "$(sim_ns "$1")" awk '/^Tcp:/ { if (!h) { for (i = 1; i <= NF; i++) if ($i == "RetransSegs") c = i; h = 1 } else print $c }' /proc/net/snmp
+}
+
 sim_host_link() { ip -n "$(sim_ns "$1")" link set eth0 "$2"; }
 
-# sim_host_rate I RATE: caps host I's outgoing traffic (tc rate syntax, e.g. 100mbit, 1gbit).
+# sim_host_rate I RATE: caps host I's outgoing traffic (tc rate syntax, e.g. 100mbit, 1gbit);
+# RATE none removes the cap.
 sim_host_rate() {
+  if [[ "$2" == none ]]; then
+    tc -n "$(sim_ns "$1")" qdisc del dev eth0 root 2>/dev/null || true
+    return 0
+  fi
   ip -n "$(sim_ns "$1")" link set eth0 mtu 1500
   tc -n "$(sim_ns "$1")" qdisc replace dev eth0 root tbf rate "$2" burst 256kb latency 50ms
 }

@@ -1,0 +1,792 @@
+// ZeroRedundancyOptimizer (ZeRO-1 / ZeRO-2 on an unmodified module) against
+// single-process training on the global batch, compared after every step:
+//  * stage 1 (all-reduce and reduce-scatter variants) and stage 2 (with and without
+//    overlap), SGD with momentum, AdamW with a no-decay group, CPUAdam;
+//  * odd sizes (every bucket needs padding at N=2,3), small buckets so that buckets,
+//    chunks and parameters cut each other, and one bucket for everything;
+//  * an unused branch: used by one rank at some steps, by none at others (then its
+//    gradients are undefined everywhere and the optimizers must skip it: checked to be
+//    bit-identical across those steps);
+//  * a frozen layer (never changes, not partitioned), gradient accumulation over
+//    micro-batches (no implicit 1/k), global-norm clipping, an LR scheduler;
+//  * construction broadcasts rank 0's parameters; TensorImpls survive.
+// Exactness: the reference computes every rank's gradient of every micro-batch
+// separately and sums them as the stage does (ranks in rank order, then / N, which is
+// what the shared-memory reduce-scatter and all-reduce do; stage 1 accumulates
+// micro-batches before the reduction, stage 2 after), so without clipping the results
+// must be bit-identical at every N. With clipping, the global norm is summed from
+// per-piece fp32 norms where clip_grad_norm_ takes the norm of per-parameter norms: the
+// coefficient may differ in its last bits, asserted < 1e-5 relative L2 (as the FSDP
+// parity tests).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "fsdp/dist/collectives.h"
+#include "fsdp/optim/cpu_adam.h"
+#include "fsdp/optim/zero_redundancy_optimizer.h"
+#include "fsdp/state/zero_state_dict.h"
+#include "harness/counting_allocator.h"
+#include "harness/models.h"
+#include "harness/multirank.h"
+
+// White-box: the layout's arithmetic; the reference optimizer's state by parameter.
+#include "../src/optim/zero_layout.h"
+#include "../src/state/optim_state.h"
+
+using namespace fsdp;
+using namespace fsdp::testing;
+using fsdp::optim::Stage1Reduction;
+using fsdp::optim::ZeroOptions;
+using fsdp::optim::ZeroRedundancyOptimizer;
+
+namespace {
+
+// An unmodified module: no wrapper, no marks. 1,158 trainable elements in tensors of
+// 403, 31, 527, 17, 85, 5, 85, 5; a frozen 17x17 layer; a branch used on demand.
+struct NetImpl : torch::nn::Module {
+  NetImpl() {
+    fc1 = register_module("fc1", torch::nn::Linear(13, 31));
+    fc2 = register_module("fc2", torch::nn::Linear(31, 17));
+    frozen = register_module("frozen", torch::nn::Linear(17, 17));
+    head = register_module("head", torch::nn::Linear(17, 5));
+    branch = register_module("branch", torch::nn::Linear(17, 5));
+    for (auto& p : frozen->parameters()) p.set_requires_grad(false);
+  }
+  torch::Tensor forward(torch::Tensor x, bool use_branch) {
+    x = torch::relu(fc1->forward(x));
+    x = torch::tanh(fc2->forward(x));
+    x = x + torch::tanh(frozen->forward(x));
+    auto y = head->forward(x);
+    if (use_branch) y = y + branch->forward(x);
+    return y;
+  }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, frozen{nullptr}, head{nullptr}, branch{nullptr};
+};
+TORCH_MODULE(Net);
+
+Net make_net() {
+  torch::manual_seed(0);
+  return Net();
+}
+
+enum class Opt { SGD, AdamW, CPUAdam };
+
+// Weights decay, biases do not (AdamW / CPUAdam); SGD: one group, no options.
+std::vector<torch::optim::OptimizerParamGroup> make_groups(Opt opt, torch::nn::Module& m) {
+  if (opt == Opt::SGD) return {torch::optim::OptimizerParamGroup(m.parameters())};
+  std::vector<torch::Tensor> decay, no_decay;
+  for (const auto& p : m.named_parameters())
+    (p.key().find("bias") != std::string::npos ? no_decay : decay).push_back(p.value());
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  if (opt == Opt::AdamW) {
+    groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(
+                                   torch::optim::AdamWOptions(1e-2).weight_decay(0.1)));
+    groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(
+                                      torch::optim::AdamWOptions(1e-2).weight_decay(0.0)));
+  } else {
+    groups.emplace_back(decay, std::make_unique<fsdp::optim::CPUAdamOptions>(
+                                   fsdp::optim::CPUAdamOptions(1e-2).weight_decay(0.1).adamw_mode(true)));
+    groups.emplace_back(no_decay, std::make_unique<fsdp::optim::CPUAdamOptions>(
+                                      fsdp::optim::CPUAdamOptions(1e-2).weight_decay(0.0).adamw_mode(true)));
+  }
+  return groups;
+}
+
+const torch::optim::SGDOptions kSgd = torch::optim::SGDOptions(0.05).momentum(0.9);
+
+std::unique_ptr<torch::optim::Optimizer> make_reference_optimizer(Opt opt, torch::nn::Module& m) {
+  auto groups = make_groups(opt, m);
+  switch (opt) {
+    case Opt::SGD: return std::make_unique<torch::optim::SGD>(groups, kSgd);
+    case Opt::AdamW: return std::make_unique<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(1e-2));
+    case Opt::CPUAdam: return std::make_unique<fsdp::optim::CPUAdam>(groups, fsdp::optim::CPUAdamOptions(1e-2));
+  }
+  return nullptr;
+}
+
+fsdp::optim::InnerOptimizerFactory make_factory(Opt opt) {
+  switch (opt) {
+    case Opt::SGD: return fsdp::optim::inner_optimizer<torch::optim::SGD>(kSgd);
+    case Opt::AdamW: return fsdp::optim::inner_optimizer<torch::optim::AdamW>(torch::optim::AdamWOptions(1e-2));
+    case Opt::CPUAdam:
+      return fsdp::optim::inner_optimizer<fsdp::optim::CPUAdam>(fsdp::optim::CPUAdamOptions(1e-2));
+  }
+  return nullptr;
+}
+
+struct Case {
+  std::string name;
+  int stage = 1;
+  Stage1Reduction reduction = Stage1Reduction::kAllReduce;
+  Opt opt = Opt::AdamW;
+  int64_t bucket = 100;  // elements
+  int accum = 1;         // micro-batches per step
+  double clip = 0;
+  bool overlap = false;
+  bool scheduler = false;
+  bool state_dict = false;  // consolidate, compare with the reference's state, reload
+};
+
+// Rank s % (n + 1) uses the branch at step s; at s % (n + 1) == n no rank does.
+bool uses_branch(int step, int rank, int n) { return step % (n + 1) == rank; }
+bool branch_unused(int step, int n) { return step % (n + 1) == n; }
+
+constexpr int kSteps = 4;
+constexpr int64_t kPerRank = 4;  // samples per rank and micro-batch
+
+void set_grads_to_none(torch::nn::Module& m) {
+  for (auto& p : m.parameters()) p.mutable_grad().reset();
+}
+
+void check_case(dist::ProcessGroup& pg, const Case& c) {
+  run_case(c.name, [&] {
+    const int n = pg.size(), rank = pg.rank();
+    // Reference: one process computing every rank's gradients (see the file header).
+    auto ref = make_net();
+    std::map<std::string, torch::Tensor> initial;
+    for (const auto& p : ref->named_parameters()) initial[p.key()] = p.value().detach().clone();
+    auto ref_opt = make_reference_optimizer(c.opt, *ref);
+    std::unique_ptr<torch::optim::StepLR> ref_sched;
+    if (c.scheduler) ref_sched = std::make_unique<torch::optim::StepLR>(*ref_opt, 1, 0.5);
+
+    // Ours: ranks other than 0 start from different values; construction must
+    // broadcast rank 0's (the reference's).
+    auto model = make_net();
+    if (rank != 0) {
+      torch::NoGradGuard g;
+      for (auto& p : model->parameters()) p.add_(1.0 + rank);
+    }
+    std::vector<const c10::TensorImpl*> identity;
+    for (auto& p : model->parameters()) identity.push_back(p.unsafeGetTensorImpl());
+    ZeroOptions options = ZeroOptions()
+                              .process_group(pg)
+                              .stage(c.stage)
+                              .stage1_reduction(c.reduction)
+                              .reduce_bucket_size(c.bucket)
+                              .overlap_communication(c.overlap)
+                              .clip_grad_norm(c.clip)
+                              .module(model.ptr());
+    ZeroRedundancyOptimizer opt(make_groups(c.opt, *model), make_factory(c.opt), options);
+    for (const auto& p : model->named_parameters())
+      ASSERT_TRUE(torch::equal(p.value(), initial[p.key()])) << "not broadcast from rank 0: " << p.key();
+    std::unique_ptr<torch::optim::StepLR> sched;
+    if (c.scheduler) sched = std::make_unique<torch::optim::StepLR>(opt, 1, 0.5);
+
+    // Bit-identical to the reference without clipping (see the file header).
+    const bool exact = c.clip == 0;
+    const double tol = 1e-5;
+    for (int s = 0; s < kSteps; ++s) {
+      // Every rank's gradient of every micro-batch, then summed the way the stage sums
+      // them: stage 1 accumulates micro-batches on each rank and reduces once; stage 2
+      // reduces each micro-batch and accumulates the results. A reduction adds ranks in
+      // rank order (zeros for a rank without a gradient) and divides by n.
+      auto ref_params = ref->parameters();
+      const size_t np = ref_params.size();
+      std::vector<std::vector<std::vector<torch::Tensor>>> g(n, std::vector<std::vector<torch::Tensor>>(c.accum));
+      for (int mb = 0; mb < c.accum; ++mb) {
+        auto [x, y] = global_batch(10 * s + mb, kPerRank * n);
+        for (int r = 0; r < n; ++r) {
+          set_grads_to_none(*ref);
+          torch::mse_loss(ref->forward(rank_slice(x, r, n), uses_branch(s, r, n)), rank_slice(y, r, n)).backward();
+          for (auto& p : ref_params) g[r][mb].push_back(p.grad().defined() ? p.grad().clone() : torch::Tensor());
+        }
+      }
+      auto add = [](torch::Tensor acc, const torch::Tensor& t) {
+        if (!t.defined()) return acc;
+        return acc.defined() ? acc + t : t.clone();
+      };
+      auto reduce = [&](const std::vector<torch::Tensor>& per_rank, const torch::Tensor& like) {
+        bool any = false;
+        for (const auto& t : per_rank) any = any || t.defined();
+        if (!any) return torch::Tensor();
+        auto sum = torch::zeros_like(like);
+        for (const auto& t : per_rank)
+          if (t.defined()) sum += t;
+        return sum / n;
+      };
+      set_grads_to_none(*ref);
+      for (size_t i = 0; i < np; ++i) {
+        torch::Tensor total;
+        if (c.stage == 1) {
+          std::vector<torch::Tensor> per_rank(n);
+          for (int r = 0; r < n; ++r)
+            for (int mb = 0; mb < c.accum; ++mb) per_rank[r] = add(per_rank[r], g[r][mb][i]);
+          total = reduce(per_rank, ref_params[i]);
+        } else {
+          for (int mb = 0; mb < c.accum; ++mb) {
+            std::vector<torch::Tensor> per_rank(n);
+            for (int r = 0; r < n; ++r) per_rank[r] = g[r][mb][i];
+            total = add(total, reduce(per_rank, ref_params[i]));
+          }
+        }
+        if (total.defined()) ref_params[i].mutable_grad() = total;
+      }
+      if (c.clip > 0) torch::nn::utils::clip_grad_norm_(ref->parameters(), c.clip);
+      auto branch_before = ref->branch->weight.detach().clone();
+      ref_opt->step();
+      if (ref_sched) ref_sched->step();
+      if (branch_unused(s, n)) ASSERT_TRUE(torch::equal(branch_before, ref->branch->weight));
+
+      opt.zero_grad();
+      auto ours_before = model->branch->weight.detach().clone();
+      for (int mb = 0; mb < c.accum; ++mb) {
+        auto [x, y] = global_batch(10 * s + mb, kPerRank * n);
+        torch::mse_loss(model->forward(rank_slice(x, rank, n), uses_branch(s, rank, n)), rank_slice(y, rank, n))
+            .backward();
+        if (c.stage == 2)
+          for (auto& p : model->parameters()) EXPECT_FALSE(p.grad().defined()) << "stage 2 keeps no full gradient";
+      }
+      opt.step();
+      if (sched) sched->step();
+      if (branch_unused(s, n))
+        EXPECT_TRUE(torch::equal(ours_before, model->branch->weight)) << "unused everywhere: must be skipped";
+      if (c.clip > 0) EXPECT_GT(opt.last_grad_norm(), c.clip) << "the case should clip";
+
+      for (const auto& p : ref->named_parameters()) {
+        torch::Tensor ours = model->named_parameters()[p.key()];
+        if (exact) {
+          EXPECT_TRUE(torch::equal(ours, p.value())) << "step " << s << " " << p.key() << " rel "
+                                                     << rel_diff(ours, p.value());
+        } else {
+          EXPECT_LT(rel_diff(ours, p.value()), tol) << "step " << s << " " << p.key();
+        }
+      }
+    }
+    // Frozen parameters never move; identities survive.
+    EXPECT_TRUE(torch::equal(model->frozen->weight, initial["frozen.weight"]));
+    auto params = model->parameters();
+    ASSERT_EQ(params.size(), identity.size());
+    for (size_t i = 0; i < params.size(); ++i) EXPECT_EQ(params[i].unsafeGetTensorImpl(), identity[i]);
+    if (c.state_dict) {
+      // Rank 0's consolidated dict holds the reference's state (by name, full shapes).
+      auto osd = consolidate_state_dict(opt, 0);
+      if (rank == 0) {
+        size_t with_state = 0;
+        for (const auto& p : ref->named_parameters()) {
+          auto st = fsdp::state::get_param_state(*ref_opt, p.value());
+          ASSERT_EQ(st.has_value(), osd.state.count(p.key()) == 1) << p.key();
+          if (!st) continue;
+          ++with_state;
+          const auto& entry = osd.state.at(p.key());
+          if (entry.count("step")) EXPECT_EQ(entry.at("step").item<int64_t>(), st->step) << p.key();
+          for (const auto& t : st->tensors) {
+            ASSERT_TRUE(entry.count(t.first)) << p.key() << " " << t.first;
+            EXPECT_TRUE(torch::equal(entry.at(t.first), t.second)) << p.key() << " " << t.first;
+          }
+        }
+        EXPECT_EQ(osd.state.size(), with_state);
+      } else {
+        EXPECT_TRUE(osd.empty());
+      }
+      // Loaded into a fresh optimizer over a copy of the model, one more step matches.
+      OptimStateDict mine;
+      for (int r = 0; r < n; ++r) {
+        auto d = consolidate_state_dict(opt, r);
+        if (r == rank) mine = d;
+      }
+      auto model2 = make_net();
+      {
+        torch::NoGradGuard ng;
+        auto a = model->parameters(), b = model2->parameters();
+        for (size_t i = 0; i < a.size(); ++i) b[i].copy_(a[i]);
+      }
+      ZeroRedundancyOptimizer opt2(make_groups(c.opt, *model2), make_factory(c.opt), options.module(model2.ptr()));
+      load_consolidated_state_dict(opt2, mine);
+      auto [x, y] = global_batch(999, kPerRank * n);
+      auto xs = rank_slice(x, rank, n), ys = rank_slice(y, rank, n);
+      opt.zero_grad();
+      torch::mse_loss(model->forward(xs, true), ys).backward();
+      opt.step();
+      opt2.zero_grad();
+      torch::mse_loss(model2->forward(xs, true), ys).backward();
+      opt2.step();
+      auto a = model->parameters(), b = model2->parameters();
+      for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << "after reload, param " << i;
+    }
+    // The scheduler acted on our groups (that the inner optimizer followed shows in the
+    // parity above: its learning rate halves every step).
+    if (c.scheduler)
+      for (size_t gi = 0; gi < opt.param_groups().size(); ++gi)
+        EXPECT_EQ(opt.param_groups()[gi].options().get_lr(), ref_opt->param_groups()[gi].options().get_lr());
+  });
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  auto add = [&](Case c) { out.push_back(std::move(c)); };
+  {
+    Case c;
+    c.name = "stage1/all_reduce/sgd/state_dict";
+    c.opt = Opt::SGD;
+    c.state_dict = true;
+    add(c);
+  }
+  {
+    Case c;
+    c.name = "stage1/all_reduce/adamw/accum2/clip/overlap/lr";
+    c.accum = 2;
+    c.clip = 0.05;
+    c.overlap = true;
+    c.scheduler = true;
+    add(c);
+  }
+  {
+    Case c;
+    c.name = "stage1/reduce_scatter/adamw/clip";
+    c.reduction = Stage1Reduction::kReduceScatter;
+    c.bucket = 64;
+    c.clip = 0.05;
+    add(c);
+  }
+  {
+    Case c;
+    c.name = "stage1/reduce_scatter/sgd/accum2";
+    c.reduction = Stage1Reduction::kReduceScatter;
+    c.opt = Opt::SGD;
+    c.accum = 2;
+    add(c);
+  }
+  {
+    Case c;
+    c.name = "stage2/sgd/accum2/state_dict";
+    c.stage = 2;
+    c.opt = Opt::SGD;
+    c.accum = 2;
+    c.state_dict = true;
+    add(c);
+  }
+  {
+    Case c;
+    c.name = "stage2/adamw/accum2/clip/overlap";
+    c.stage = 2;
+    c.accum = 2;
+    c.clip = 0.05;
+    c.overlap = true;
+    add(c);
+  }
+  {
+    Case c;
+    c.name = "stage2/adamw/one-bucket/state_dict";
+    c.stage = 2;
+    c.bucket = 1024 * 1024;
+    c.state_dict = true;
+    add(c);
+  }
+  {
+    Case c;
+    c.name = "stage2/cpu_adam/bucket7/lr";
+    c.stage = 2;
+    c.opt = Opt::CPUAdam;
+    c.bucket = 7;
+    c.scheduler = true;
+    add(c);
+  }
+  return out;
+}
+
+void check_mixed_case(dist::ProcessGroup& pg, const Case& c);
+
+void parity_cases(dist::ProcessGroup& pg) {
+  for (const Case& c : cases()) check_case(pg, c);
+  {
+    Case c;
+    c.name = "stage2/adamw/accum2";
+    c.stage = 2;
+    c.accum = 2;
+    check_mixed_case(pg, c);
+    c.name = "stage1/all_reduce/adamw";
+    c.stage = 1;
+    c.accum = 1;
+    check_mixed_case(pg, c);
+    c.name = "stage1/reduce_scatter/sgd/accum2";
+    c.reduction = Stage1Reduction::kReduceScatter;
+    c.opt = Opt::SGD;
+    c.accum = 2;
+    check_mixed_case(pg, c);
+  }
+}
+
+// Options and misuse are refused before anything changes, with the fix in the message.
+void refusal_cases(dist::ProcessGroup& pg) {
+  auto expect_error = [](const std::function<void()>& f, const std::string& needle) {
+    try {
+      f();
+      ADD_FAILURE() << "no error; expected one containing '" << needle << "'";
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  run_case("refusals", [&] {
+    auto model = make_net();
+    auto adam = fsdp::optim::inner_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(1e-3));
+    expect_error([&] { ZeroRedundancyOptimizer(model->parameters(), adam, ZeroOptions()); }, "process_group");
+    expect_error([&] { ZeroRedundancyOptimizer(model->parameters(), adam, ZeroOptions().process_group(pg).stage(3)); },
+                 "stage must be 1");
+    expect_error(
+        [&] {
+          ZeroRedundancyOptimizer(model->parameters(), adam, ZeroOptions().process_group(pg).reduce_bucket_size(0));
+        },
+        "reduce_bucket_size");
+    expect_error(
+        [&] { ZeroRedundancyOptimizer(model->parameters(), adam, ZeroOptions().process_group(pg).sync_buffers(true)); },
+        "module(model.ptr())");
+    std::vector<torch::optim::OptimizerParamGroup> twice{torch::optim::OptimizerParamGroup(model->parameters()),
+                                                         torch::optim::OptimizerParamGroup({model->fc1->weight})};
+    expect_error(
+        [&] { ZeroRedundancyOptimizer(twice, adam, ZeroOptions().process_group(pg).module(model.ptr())); },
+        "'fc1.weight'");
+    // LBFGS is caught once the inner optimizer exists (after the collective broadcast,
+    // which every rank reaches alike).
+    expect_error(
+        [&] {
+          ZeroRedundancyOptimizer(model->parameters(),
+                                  fsdp::optim::inner_optimizer<torch::optim::LBFGS>(torch::optim::LBFGSOptions(1)),
+                                  ZeroOptions().process_group(pg));
+        },
+        "LBFGS cannot be sharded");
+  });
+}
+
+// Allocator-free accounting by tensor sizes: after a stage-2 AdamW step the gradients
+// are gone, the optimizer state is two moments of this rank's pieces.
+void memory_cases(dist::ProcessGroup& pg) {
+  run_case("memory/stage2", [&] {
+    auto model = make_net();
+    ZeroRedundancyOptimizer opt(model->parameters(),
+                                fsdp::optim::inner_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(1e-3)),
+                                ZeroOptions().process_group(pg).stage(2).reduce_bucket_size(100));
+    auto [x, y] = global_batch(0, kPerRank * pg.size());
+    torch::mse_loss(model->forward(rank_slice(x, pg.rank(), pg.size()), true), rank_slice(y, pg.rank(), pg.size()))
+        .backward();
+    auto during = opt.get_memory_usage();
+    EXPECT_EQ(during[MemoryCategory::kGradients], 4 * opt.partition_numel());
+    opt.step();
+    auto u = opt.get_memory_usage();
+    int64_t frozen = 0;
+    for (auto& p : model->parameters())
+      if (!p.requires_grad()) frozen += p.numel();
+    EXPECT_EQ(u[MemoryCategory::kParameterShards], 4 * (opt.flat_numel() + frozen));
+    EXPECT_EQ(u[MemoryCategory::kGradients], 0);
+    int64_t owned = 0;  // every trainable element was used: all pieces have state
+    for (const auto& g : opt.inner().param_groups())
+      for (const auto& p : g.params()) owned += p.numel();
+    EXPECT_EQ(u[MemoryCategory::kOptimizerState], 8 * owned);
+    EXPECT_LE(owned, opt.partition_numel());
+    // Padding (< N per bucket) is all that separates the partition from the pieces.
+    EXPECT_GE(owned, opt.partition_numel() - opt.num_buckets() * (pg.size() - 1));
+  });
+}
+
+// Mixed precision: bf16 parameters for compute, fp32 master partitions. The reference
+// does the same casts in one process: a bf16 copy of the model computes every rank's
+// gradients, which are reduced as the transport reduces them (stage 2: bf16 rows summed
+// in rank order in bf16, / N, widened into the fp32 partition; stage 1 all-reduce: bf16
+// summed in fp32 and rounded once, as dist::all_reduce does for bf16), an fp32 model
+// steps, and its values rounded to bf16 are the next forward's. Bit-identical.
+// mse_loss has no bf16 kernel on CPU.
+torch::Tensor bf16_mse(const torch::Tensor& out, const torch::Tensor& target) { return (out - target).square().mean(); }
+
+void check_mixed_case(dist::ProcessGroup& pg, const Case& c) {
+  run_case("bf16/" + c.name, [&] {
+    const int n = pg.size(), rank = pg.rank();
+    const auto bf16 = torch::kBFloat16;
+    auto master = make_net();
+    auto compute = make_net();
+    compute->to(bf16);
+    auto ref_opt = make_reference_optimizer(c.opt, *master);
+    auto model = make_net();
+    ZeroRedundancyOptimizer opt(make_groups(c.opt, *model), make_factory(c.opt),
+                                ZeroOptions()
+                                    .process_group(pg)
+                                    .stage(c.stage)
+                                    .stage1_reduction(c.reduction)
+                                    .reduce_bucket_size(c.bucket)
+                                    .param_dtype(bf16)
+                                    .module(model.ptr()));
+    for (auto& p : model->parameters()) ASSERT_EQ(p.scalar_type(), bf16);
+    auto usage = opt.get_memory_usage();
+    EXPECT_EQ(usage[MemoryCategory::kMasterWeights], 4 * opt.partition_numel());
+    auto mp = master->parameters(), cp = compute->parameters();
+    for (int s = 0; s < kSteps; ++s) {
+      // Per rank and micro-batch gradients of the bf16 copy.
+      std::vector<std::vector<std::vector<torch::Tensor>>> g(n, std::vector<std::vector<torch::Tensor>>(c.accum));
+      for (int mb = 0; mb < c.accum; ++mb) {
+        auto [x, y] = global_batch(10 * s + mb, kPerRank * n);
+        for (int r = 0; r < n; ++r) {
+          set_grads_to_none(*compute);
+          bf16_mse(compute->forward(rank_slice(x, r, n).to(bf16), uses_branch(s, r, n)), rank_slice(y, r, n).to(bf16))
+              .backward();
+          for (auto& p : cp) g[r][mb].push_back(p.grad().defined() ? p.grad().clone() : torch::Tensor());
+        }
+      }
+      set_grads_to_none(*master);
+      for (size_t i = 0; i < mp.size(); ++i) {
+        if (!mp[i].requires_grad()) continue;
+        torch::Tensor total;
+        bool any = false;
+        if (c.stage == 1) {
+          std::vector<torch::Tensor> per_rank(n);
+          for (int r = 0; r < n; ++r)
+            for (int mb = 0; mb < c.accum; ++mb) {
+              const auto& t = g[r][mb][i];
+              if (!t.defined()) continue;
+              any = true;
+              per_rank[r] = per_rank[r].defined() ? per_rank[r] + t : t.clone();  // bf16 accumulation
+            }
+          if (c.reduction == Stage1Reduction::kAllReduce) {
+            auto sum = torch::zeros_like(mp[i]);
+            for (auto& t : per_rank)
+              if (t.defined()) sum += t.to(torch::kFloat);
+            total = (sum / n).to(bf16).to(torch::kFloat);
+          } else {
+            auto sum = torch::zeros_like(cp[i]);
+            for (auto& t : per_rank)
+              if (t.defined()) sum += t;
+            total = (sum / n).to(torch::kFloat);
+          }
+        } else {
+          for (int mb = 0; mb < c.accum; ++mb) {
+            auto sum = torch::zeros_like(cp[i]);
+            for (int r = 0; r < n; ++r)
+              if (g[r][mb][i].defined()) {
+                sum += g[r][mb][i];
+                any = true;
+              }
+            auto wide = (sum / n).to(torch::kFloat);
+            total = total.defined() ? total + wide : wide;
+          }
+        }
+        if (any) mp[i].mutable_grad() = total;
+      }
+      ref_opt->step();
+      {
+        torch::NoGradGuard ng;
+        for (size_t i = 0; i < mp.size(); ++i) cp[i].copy_(mp[i]);
+      }
+
+      opt.zero_grad();
+      for (int mb = 0; mb < c.accum; ++mb) {
+        auto [x, y] = global_batch(10 * s + mb, kPerRank * n);
+        bf16_mse(model->forward(rank_slice(x, rank, n).to(bf16), uses_branch(s, rank, n)), rank_slice(y, rank, n).to(bf16))
+            .backward();
+      }
+      opt.step();
+      auto ours = model->parameters();
+      for (size_t i = 0; i < cp.size(); ++i)
+        EXPECT_TRUE(torch::equal(ours[i], cp[i])) << "step " << s << " param " << i << " rel "
+                                                  << rel_diff(ours[i].to(torch::kFloat), cp[i].to(torch::kFloat));
+    }
+  });
+}
+
+// Loss scaling: backward(loss) scales by a power of two, step() unscales exactly, so a
+// scaled run equals an unscaled one bit for bit. An inf in one element of one rank's
+// gradient (only its owner sees it after the reduction) makes every rank skip:
+// parameters and optimizer state unchanged, the scaler as DynamicGradScaler says.
+void scaler_cases(dist::ProcessGroup& pg) {
+  for (int stage : {1, 2}) {
+    run_case("loss_scale/stage" + std::to_string(stage), [&] {
+      const int n = pg.size(), rank = pg.rank();
+      auto plain = make_net();
+      auto scaled = make_net();
+      auto options = [&](Net& m) {
+        return ZeroOptions()
+            .process_group(pg)
+            .stage(stage)
+            .stage1_reduction(Stage1Reduction::kReduceScatter)
+            .reduce_bucket_size(100)
+            .module(m.ptr());
+      };
+      ZeroRedundancyOptimizer a(make_groups(Opt::AdamW, *plain), make_factory(Opt::AdamW), options(plain));
+      ZeroRedundancyOptimizer b(make_groups(Opt::AdamW, *scaled), make_factory(Opt::AdamW),
+                                options(scaled).dynamic_loss_scale(ZeroOptions::low_level_zero_scaler()));
+      precision::DynamicGradScaler expected(ZeroOptions::low_level_zero_scaler());
+      EXPECT_EQ(b.loss_scale(), 65536.0);
+      for (int s = 0; s < 5; ++s) {
+        auto [x, y] = global_batch(s, kPerRank * n);
+        auto xs = rank_slice(x, rank, n), ys = rank_slice(y, rank, n);
+        const bool inf_step = s == 1 || s == 2;
+        if (!inf_step) {
+          a.zero_grad();
+          a.backward(torch::mse_loss(plain->forward(xs, true), ys));
+          a.step();
+          EXPECT_TRUE(a.last_step_applied());
+        }
+        std::vector<torch::Tensor> before_params, before_state;
+        for (auto& p : scaled->parameters()) before_params.push_back(p.detach().clone());
+        for (const auto& kv : b.inner().state()) {
+          auto& st = static_cast<torch::optim::AdamWParamState&>(*kv.second);
+          before_state.push_back(st.exp_avg().clone());
+          before_state.push_back(st.exp_avg_sq().clone());
+        }
+        b.zero_grad();
+        auto loss = torch::mse_loss(scaled->forward(xs, true), ys);
+        // One element of one rank's gradient: branch.bias[0] on rank s % n.
+        if (inf_step && rank == s % n) loss = loss + scaled->branch->bias[0] * std::numeric_limits<float>::infinity();
+        b.backward(loss);
+        b.step();
+        expected.update(inf_step);
+        EXPECT_EQ(b.last_step_applied(), !inf_step) << "step " << s;
+        EXPECT_EQ(b.loss_scale(), expected.scale()) << "step " << s;
+        EXPECT_TRUE(b.loss_scaler_state() == expected.state()) << "step " << s;
+        if (inf_step) {
+          auto params = scaled->parameters();
+          for (size_t i = 0; i < params.size(); ++i) EXPECT_TRUE(torch::equal(params[i], before_params[i]));
+          size_t j = 0;
+          for (const auto& kv : b.inner().state()) {
+            auto& st = static_cast<torch::optim::AdamWParamState&>(*kv.second);
+            EXPECT_TRUE(torch::equal(st.exp_avg(), before_state[j++]));
+            EXPECT_TRUE(torch::equal(st.exp_avg_sq(), before_state[j++]));
+          }
+        } else {
+          auto pa = plain->parameters(), pb = scaled->parameters();
+          for (size_t i = 0; i < pa.size(); ++i)
+            EXPECT_TRUE(torch::equal(pa[i], pb[i])) << "step " << s << " rel " << rel_diff(pb[i], pa[i]);
+        }
+      }
+      // Two overflows with hysteresis 2: the scale backed off once.
+      EXPECT_EQ(b.loss_scale(), 32768.0);
+    });
+  }
+}
+
+// Buffers: broadcast from rank 0 at construction, and after every step with sync_buffers
+// (BatchNorm running statistics, which per-rank batches make differ).
+void buffer_cases(dist::ProcessGroup& pg) {
+  run_case("sync_buffers", [&] {
+    const int rank = pg.rank(), n = pg.size();
+    torch::manual_seed(0);
+    torch::nn::Sequential model(torch::nn::Linear(13, 8), torch::nn::BatchNorm1d(8), torch::nn::Linear(8, 5));
+    auto bn = model[1]->as<torch::nn::BatchNorm1d>();
+    {
+      torch::NoGradGuard ng;
+      bn->running_mean.add_(rank);  // differs per rank before construction
+    }
+    ZeroRedundancyOptimizer opt(model->parameters(),
+                                fsdp::optim::inner_optimizer<torch::optim::SGD>(torch::optim::SGDOptions(0.1)),
+                                ZeroOptions().process_group(pg).stage(2).module(model.ptr()).sync_buffers(true));
+    auto same_as_rank0 = [&](const torch::Tensor& t) {
+      auto copy = t.detach().clone();
+      dist::broadcast(pg, copy, 0).wait();
+      return torch::equal(copy, t);
+    };
+    EXPECT_TRUE(same_as_rank0(bn->running_mean)) << "buffers not broadcast at construction";
+    auto [x, y] = global_batch(0, kPerRank * n);
+    torch::mse_loss(model->forward(rank_slice(x, rank, n)), rank_slice(y, rank, n)).backward();
+    const bool same_before = same_as_rank0(bn->running_mean);  // collective: every rank calls it
+    if (rank != 0) EXPECT_FALSE(same_before) << "the test needs per-rank statistics";
+    opt.step();
+    EXPECT_TRUE(same_as_rank0(bn->running_mean)) << "sync_buffers did not broadcast after the step";
+    EXPECT_TRUE(same_as_rank0(bn->running_var));
+  });
+}
+
+// ZeRO's accounting, counted by a wrapping CPU allocator at the peak of backward + step
+// (not at rest), fp32 Adam, Ψ = 21,012,480 (80 Linear(512, 512)), N ranks:
+//   stage 1 = 4Ψ (parameters) + 4Ψ (gradients) + 8Ψ/N (moments),
+//   stage 2 = 4Ψ + 4Ψ/N (gradient partition) + 8Ψ/N.
+// Buckets of 64K elements, a batch of 2: buckets, one layer's gradient in flight,
+// Adam's per-piece temporaries and activations stay near 1% of the total.
+void peak_memory_cases(dist::ProcessGroup& pg) {
+  auto* counter = install_counting_allocator();
+  const int n = pg.size();
+  for (int stage : {1, 2}) {
+    run_case("peak/stage" + std::to_string(stage), [&] {
+      const int64_t base = counter->live();
+      torch::manual_seed(0);
+      torch::nn::Sequential model;
+      for (int i = 0; i < 80; ++i) model->push_back(torch::nn::Linear(512, 512));
+      int64_t psi = 0;
+      for (auto& p : model->parameters()) psi += p.numel();
+      ZeroRedundancyOptimizer opt(model->parameters(),
+                                  fsdp::optim::inner_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(1e-4)),
+                                  ZeroOptions().process_group(pg).stage(stage).reduce_bucket_size(64 * 1024));
+      auto x = torch::randn({2, 512});
+      auto train_step = [&] {
+        opt.zero_grad();
+        model->forward(x).square().mean().backward();
+        opt.step();
+      };
+      train_step();  // the moments exist from here on
+      counter->reset_peak();
+      train_step();
+      const double peak = static_cast<double>(counter->peak() - base);
+      const double expected = stage == 1 ? 8.0 * psi + 8.0 * psi / n : 4.0 * psi + 12.0 * psi / n;
+      EXPECT_NEAR(peak, expected, 0.05 * expected)
+          << "stage " << stage << " peak " << peak << " B, ZeRO accounting " << expected << " B (Ψ=" << psi
+          << ", N=" << n << ")";
+      // The optimizer's own accounting at the same moment of the next step's backward end.
+      opt.zero_grad();
+      model->forward(x).square().mean().backward();
+      auto u = opt.get_memory_usage();
+      const double reported = static_cast<double>(u.total());
+      const double live = static_cast<double>(counter->live() - base - static_cast<int64_t>(x.nbytes()));
+      EXPECT_NEAR(reported, live, 0.03 * live) << "get_memory_usage " << reported << " vs allocator " << live;
+      opt.step();
+      std::printf("[zero memory] stage %d N=%d: peak %.1f MB, accounting %.1f MB (%+.2f%%)\n", stage, n, peak / 1e6,
+                  expected / 1e6, 100.0 * (peak - expected) / expected);
+    });
+  }
+}
+
+}  // namespace
+
+// Pieces of every rank tile every parameter exactly once; ranks own equal chunks; a
+// bucket closes before the parameter that would take it past the cap.
+TEST(ZeroLayout, PiecesTileEveryParameterOnce) {
+  using fsdp::optim::detail::ZeroLayout;
+  const std::vector<int64_t> numels{5, 403, 31, 0, 527, 17, 85, 5, 1};
+  for (int n = 1; n <= 4; ++n) {
+    for (int64_t cap : {int64_t{1}, int64_t{7}, int64_t{100}, int64_t{1} << 20}) {
+      ZeroLayout layout(numels, n, cap);
+      std::vector<std::vector<int>> covered(numels.size());
+      for (size_t i = 0; i < numels.size(); ++i) covered[i].assign(numels[i], 0);
+      for (int r = 0; r < n; ++r) {
+        int64_t local = 0;
+        for (const auto& pc : layout.pieces(r)) {
+          EXPECT_GE(pc.local_offset, local);
+          local = pc.local_offset + pc.numel;
+          EXPECT_LE(local, layout.partition_numel());
+          for (int64_t e = 0; e < pc.numel; ++e) covered[pc.param][pc.param_offset + e] += 1;
+          EXPECT_EQ(pc.flat_offset, layout.params()[pc.param].flat_offset + pc.param_offset);
+        }
+      }
+      for (size_t i = 0; i < numels.size(); ++i)
+        for (int v : covered[i]) ASSERT_EQ(v, 1) << "n=" << n << " cap=" << cap << " param " << i;
+      int64_t flat = 0, part = 0;
+      for (const auto& b : layout.buckets()) {
+        EXPECT_EQ(b.flat_offset, flat);
+        EXPECT_EQ(b.padded % n, 0);
+        EXPECT_LT(b.padded - b.numel, n);
+        EXPECT_TRUE(b.numel <= cap || b.end_param - b.first_param == 1) << "over the cap";
+        if (b.end_param < static_cast<int>(numels.size()))
+          EXPECT_GT(b.numel + numels[b.end_param], cap) << "closed too early";
+        flat += b.padded;
+        part += b.chunk;
+      }
+      EXPECT_EQ(layout.flat_numel(), flat);
+      EXPECT_EQ(layout.partition_numel(), part);
+    }
+  }
+}
+
+TEST(ZeroOptimizer, ParityWithSingleProcess) {
+  for (int n = 1; n <= 3; ++n)
+    run_ranks(n, [](dist::ProcessGroup& pg) {
+      parity_cases(pg);
+      if (pg.size() == 2) {
+        refusal_cases(pg);
+        memory_cases(pg);
+        buffer_cases(pg);
+      }
+      if (pg.size() >= 2) scaler_cases(pg);
+    });
+}
+
+TEST(ZeroOptimizer, PeakModelStateMemory) {
+  for (int n : {2, 3}) run_ranks(n, peak_memory_cases);
+}
