@@ -13,6 +13,7 @@ PACKAGES=(
   libhwy-dev            # Google Highway: runtime-dispatched SIMD for CPUAdam
   libcli11-dev nlohmann-json3-dev
   python3-torch         # interop tests and the Python DDP baseline (/usr/bin/python3)
+  python3-matplotlib    # tools/plot_memory_trace.py (optional: the script says so when missing)
   dataset-fashion-mnist # data of the default training job
   libdeflate0           # fast CRC-32 for checkpoints (loaded at run time; zlib is the fallback)
   zlib1g-dev            # fsdp-train reads the gzip'd IDX files

@@ -34,7 +34,11 @@ FlatParameter::FlatParameter(std::vector<FlatParamEntry> entries, int rank, int 
   }
   const auto compute = precision_.param_dtype.value_or(shard_.scalar_type());
   if (sharded_ || compute != shard_.scalar_type()) {
-    unsharded_ = at::empty({padded_numel_}, shard_.options().dtype(compute));
+    // Created without memory (allocating and freeing it here would put a whole
+    // unit's worth of bytes on the construction peak); alloc_unsharded gives it
+    // storage when a gather needs it.
+    unsharded_ = at::empty({0}, shard_.options().dtype(compute));
+    unsharded_.unsafeGetTensorImpl()->set_sizes_contiguous({padded_numel_});
     free_unsharded();
   } else {
     unsharded_ = shard_;  // NO_SHARD: the shard is the whole buffer

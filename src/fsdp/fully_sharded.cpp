@@ -14,28 +14,21 @@
 #include "resolved_options.h"
 #include "runtime.h"
 #include "sequential_entry.h"
+#include "unit_plan.h"
+#include "zero_init.h"
 
 namespace fsdp {
 
 using detail::FlatParamEntry;
 using detail::FlatParameter;
+using detail::IgnoredModules;
+using detail::PlannedUnit;
 using detail::Runtime;
 using detail::SequentialEntryImpl;
 using detail::SequentialSlot;
 using detail::Unit;
 
 namespace {
-
-std::string join(const std::string& a, const std::string& b) { return a.empty() ? b : a + "." + b; }
-
-std::string module_path_of(const std::string& fqn) {
-  auto dot = fqn.rfind('.');
-  return dot == std::string::npos ? "" : fqn.substr(0, dot);
-}
-
-bool within(const std::string& path, const std::string& prefix) {
-  return prefix.empty() || path == prefix || path.rfind(prefix + ".", 0) == 0;
-}
 
 std::string describe(const at::Tensor& t) {
   std::ostringstream os;
@@ -82,12 +75,6 @@ void check_same_model_on_all_ranks(const dist::ProcessGroup& pg, torch::nn::Modu
   }
 }
 
-bool is_batch_norm(const torch::nn::Module& m) {
-  return dynamic_cast<const torch::nn::BatchNorm1dImpl*>(&m) != nullptr ||
-         dynamic_cast<const torch::nn::BatchNorm2dImpl*>(&m) != nullptr ||
-         dynamic_cast<const torch::nn::BatchNorm3dImpl*>(&m) != nullptr;
-}
-
 // Unsupported mixed-precision combinations fail here, before any group exists.
 void check_mixed_precision(const MixedPrecision& mp, torch::nn::Module& model, int rank) {
   auto check_float = [&](const std::optional<at::ScalarType>& t, const char* what) {
@@ -109,170 +96,52 @@ void check_mixed_precision(const MixedPrecision& mp, torch::nn::Module& model, i
   }
 }
 
-// ---- build_units, step by step ----
-
-// Step 1: subtrees the user asked FSDP to leave alone, by module path.
-class IgnoredModules {
- public:
-  IgnoredModules(torch::nn::Module& model, const std::vector<std::shared_ptr<torch::nn::Module>>& modules) {
-    std::map<const torch::nn::Module*, std::string> path_of;
-    for (const auto& item : model.named_modules()) path_of[item.value().get()] = item.key();
-    for (const auto& m : modules) {
-      auto it = path_of.find(m.get());
-      TORCH_CHECK(it != path_of.end(), "fsdp: an ignored module (", m->name(), ") is not part of the wrapped model");
-      paths_.push_back(it->second);
-    }
-  }
-  bool contains(const std::string& path) const {
-    for (const auto& ip : paths_)
-      if (within(path, ip)) return true;
-    return false;
-  }
-
- private:
-  std::vector<std::string> paths_;
-};
-
-// A unit as planned before anything is created.
-struct PlannedUnit {
-  enum class Kind {
-    Root,       // the wrapper's own call site
-    CallSite,   // a wrap candidate the policy chose ([Note: wrap candidates])
-    BatchNorm,  // mixed precision's full-precision BatchNorm unit: no call site
-  };
-  Kind kind = Kind::CallSite;
-  std::string path;
-  // CallSite: the candidate's module, and for a Sequential entry its Sequential and index.
-  std::shared_ptr<torch::nn::Module> module;
-  std::shared_ptr<torch::nn::SequentialImpl> sequential;
-  size_t index = 0;
-  std::vector<FlatParamEntry> entries;  // step 4
-};
-
-// Step 2: the wrap policy, called bottom-up over the wrap candidates. Returns
-// the root, then the chosen candidates in pre-order.
-std::vector<PlannedUnit> walk_wrap_policy(torch::nn::Module& model, const WrapPolicy& policy,
-                                          const IgnoredModules& ignored) {
-  struct Candidate {
-    PlannedUnit unit;
-    bool wrap = false;
-  };
-  std::vector<Candidate> candidates;  // every child, in pre-order
-  std::function<int64_t(torch::nn::Module&, const std::string&)> visit =
-      [&](torch::nn::Module& m, const std::string& path) -> int64_t {
-    int64_t n = 0;
-    for (const auto& p : m.named_parameters(false)) n += p.value().numel();
-    auto* seq = dynamic_cast<torch::nn::SequentialImpl*>(&m);
-    size_t i = 0;
-    for (const auto& c : m.named_children()) {
-      const size_t index = i++;
-      const std::string cp = join(path, c.key());
-      if (ignored.contains(cp)) continue;
-      const size_t slot = candidates.size();
-      Candidate cand;
-      cand.unit.path = cp;
-      cand.unit.module = c.value();
-      if (seq) cand.unit.sequential = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(m.shared_from_this());
-      cand.unit.index = index;
-      candidates.push_back(std::move(cand));
-      int64_t cn = visit(*c.value(), cp);
-      const bool candidate = seq != nullptr || dynamic_cast<WrappableBase*>(c.value().get()) != nullptr;
-      if (candidate && policy && policy(cp, *c.value(), cn)) {
-        candidates[slot].wrap = true;
-        cn = 0;
-      }
-      n += cn;
-    }
-    return n;
-  };
-  visit(model, "");
-  std::vector<PlannedUnit> units(1);
-  units[0].kind = PlannedUnit::Kind::Root;
-  for (auto& c : candidates)
-    if (c.wrap) units.push_back(std::move(c.unit));
-  return units;
-}
-
-// Step 3, mixed precision: each BatchNorm layer's parameters form a unit of
-// their own in full precision (MixedPrecision::full_precision_batch_norm). These
-// units have no call site (the layer may sit inside the user's own block), so
-// they are never sharded and the runtime takes them through forward with the
-// root (Runtime::add_implicit_unit).
-void add_batch_norm_units(torch::nn::Module& model, const IgnoredModules& ignored, std::vector<PlannedUnit>& units) {
-  for (const auto& item : model.named_modules()) {
-    if (!is_batch_norm(*item.value()) || ignored.contains(item.key())) continue;
-    if (item.value()->parameters(false).empty()) continue;
-    PlannedUnit u;
-    u.kind = PlannedUnit::Kind::BatchNorm;
-    u.path = item.key();
-    units.push_back(std::move(u));
-  }
-}
-
-// Step 4: every parameter goes to the deepest unit whose path contains its
-// module (a BatchNorm unit takes its layer's own parameters); a tied parameter
-// is flattened once and must not span two units.
-void assign_parameters(torch::nn::Module& model, const IgnoredModules& ignored, std::vector<PlannedUnit>& units) {
-  std::map<std::string, size_t> bn_unit_of;
-  for (size_t u = 0; u < units.size(); ++u)
-    if (units[u].kind == PlannedUnit::Kind::BatchNorm) bn_unit_of[units[u].path] = u;
-  std::map<const c10::TensorImpl*, std::pair<size_t, std::string>> seen;
-  for (const auto& p : model.named_parameters()) {
-    const std::string mpath = module_path_of(p.key());
-    if (ignored.contains(mpath)) continue;
-    size_t owner = 0;
-    for (size_t u = 1; u < units.size(); ++u)
-      if (units[u].kind == PlannedUnit::Kind::CallSite && within(mpath, units[u].path) &&
-          units[u].path.size() >= units[owner].path.size())
-        owner = u;
-    if (auto bn = bn_unit_of.find(mpath); bn != bn_unit_of.end()) owner = bn->second;
-    auto it = seen.find(p.value().unsafeGetTensorImpl());
-    if (it != seen.end()) {
-      TORCH_CHECK(it->second.first == owner, "fsdp: parameter '", p.key(), "' (module '", mpath,
-                  "') is tied to '", it->second.second, "' (module '", module_path_of(it->second.second),
-                  "'), but they fall in different units ('", units[owner].path, "' and '",
-                  units[it->second.first].path,
-                  "'). Tied parameters must share a unit: wrap their common parent instead");
-      continue;  // tied inside one unit: flattened once
-    }
-    seen[p.value().unsafeGetTensorImpl()] = {owner, p.key()};
-    FlatParamEntry e;
-    e.fqn = p.key();
-    e.module_path = mpath;
-    e.param = p.value();
-    e.shape = p.value().sizes().vec();
-    e.numel = p.value().numel();
-    units[owner].entries.push_back(std::move(e));
-  }
-}
+// Steps 1-4 (ignored modules, wrap policy, BatchNorm units, parameter
+// assignment) are in unit_plan.h, shared with ZeroInitContext.
 
 // Step 5: the unit's flat buffer over the shard group ([Note: hybrid groups];
 // a HYBRID_SHARD group of one rank shards nothing and behaves as NO_SHARD).
 Unit* create_unit(Runtime& runtime, const detail::ResolvedOptions& resolved, PlannedUnit& p) {
-  const auto& first = p.entries.front();
-  for (const auto& e : p.entries) {
-    TORCH_CHECK(e.param.scalar_type() == first.param.scalar_type() && e.param.device() == first.param.device(),
-                "fsdp: unit '", p.path, "' mixes ", first.param.scalar_type(), " on ", first.param.device(), " ('",
-                first.fqn, "') with ", e.param.scalar_type(), " on ", e.param.device(), " ('", e.fqn,
-                "'); one unit holds one dtype and device: wrap "
-                "these modules as separate units or convert the model first");
-  }
+  detail::check_one_dtype_and_device(p);
   const auto strategy = resolved.options.sharding_strategy();
   const dist::ProcessGroup& shard_group = runtime.shard_group();
   const bool sharded = strategy != ShardingStrategy::NO_SHARD &&
                        !(strategy == ShardingStrategy::HYBRID_SHARD && shard_group.size() == 1);
   const bool full_precision_unit = p.kind == PlannedUnit::Kind::BatchNorm;
-  detail::FlatPrecision precision;
-  if (!full_precision_unit) {
-    const auto& mp = resolved.options.mixed_precision();
-    precision.param_dtype = mp.param_dtype();
-    precision.reduce_dtype = mp.effective_reduce_dtype(first.param.scalar_type());
-    precision.keep_low_precision_grads = mp.keep_low_precision_grads();
-  }
+  const detail::FlatPrecision precision =
+      detail::unit_precision(resolved.options, p.entries.front().param.scalar_type(), full_precision_unit);
   auto flat = std::make_unique<FlatParameter>(std::move(p.entries), shard_group.rank(), shard_group.size(),
                                               sharded && !full_precision_unit, precision);
   return runtime.add_unit(p.path, std::move(flat), p.kind == PlannedUnit::Kind::Root,
                           resolved.reshard_after_forward && !full_precision_unit);
+}
+
+// Step 5, for a unit a ZeroInitContext sharded at construction ([Note: sharded
+// construction] in zero_init.h): its flat parameter is taken over as it is (no
+// second copy), after checking that it holds exactly the parameters this
+// wrapper's plan gives the unit, and renamed with their paths in the model.
+void check_adoptable(const PlannedUnit& p, const detail::ConstructionUnit& cu) {
+  const auto& have = cu.flat->entries();
+  bool same = have.size() == p.entries.size();
+  for (size_t i = 0; same && i < have.size(); ++i) same = have[i].param.is_same(p.entries[i].param);
+  if (same) return;
+  std::ostringstream now, then;
+  for (const auto& e : p.entries) now << " '" << e.fqn << "'";
+  for (const auto& e : have) then << " '" << e.fqn << "'";
+  TORCH_CHECK(false, "fsdp: unit '", p.path, "' was sharded at construction by a ZeroInitContext with the "
+              "parameters (relative to it)", then.str(), ", but in the model it now holds", now.str(),
+              ". Parameters were added, removed or re-registered after its constructor returned; do that "
+              "inside the module's constructor");
+}
+
+Unit* adopt_unit(Runtime& runtime, const detail::ResolvedOptions& resolved, PlannedUnit& p,
+                 detail::ConstructionUnit& cu) {
+  auto flat = detail::adopt_construction_unit(cu);
+  for (size_t i = 0; i < p.entries.size(); ++i) {
+    flat->entries()[i].fqn = p.entries[i].fqn;
+    flat->entries()[i].module_path = p.entries[i].module_path;
+  }
+  return runtime.add_unit(p.path, std::move(flat), /*is_root=*/false, resolved.reshard_after_forward);
 }
 
 // Step 6: the candidate's call site invokes the unit's hooks ([Note: wrap
@@ -321,9 +190,44 @@ FullyShardedBase::FullyShardedBase(std::shared_ptr<torch::nn::Module> model, dis
   TORCH_CHECK(!std::dynamic_pointer_cast<FullyShardedBase>(model_),
               "fsdp: the module is already a FullyShardedDataParallel; wrap the model once");
 
-  if (options_.sync_module_states()) {
+  // Units a ZeroInitContext sharded at construction are adopted as they are,
+  // so they must have been laid out for this group and these options.
+  std::set<const c10::TensorImpl*> sharded_at_construction;
+  {
+    const auto construction = detail::find_construction_units(*model_);
+    std::map<const torch::nn::Module*, std::string> path_of;
+    if (!construction.empty())
+      for (const auto& item : model_->named_modules()) path_of[item.value().get()] = item.key();
+    for (const auto& [module, cu] : construction) {
+      const auto expected = detail::sharding_signature(pg_, resolved, cu->flat->shard().scalar_type());
+      TORCH_CHECK(detail::same_sharding(cu->signature, expected), "fsdp (rank ", pg_.rank(), "): unit '",
+                  path_of[module], "' was sharded at construction by a ZeroInitContext for ",
+                  detail::describe(cu->signature), ", but this FullyShardedDataParallel would lay it out for ",
+                  detail::describe(expected), ". Pass FullyShardedDataParallel the process group and options "
+                  "the ZeroInitContext was given");
+      for (const auto& e : cu->flat->entries()) sharded_at_construction.insert(e.param.unsafeGetTensorImpl());
+    }
+  }
+
+  if (const auto& init = options_.param_init_fn()) {
+    // Every module whose parameters are still here (units sharded at
+    // construction ran it there), before they are broadcast and sharded.
     torch::NoGradGuard no_grad;
-    for (auto& p : model_->parameters()) dist::broadcast(pg_, p.detach(), 0).wait();
+    for (const auto& m : model_->modules()) {
+      bool own = false, sharded = false;
+      for (const auto& p : m->parameters(false)) {
+        own = true;
+        sharded = sharded || sharded_at_construction.count(p.unsafeGetTensorImpl());
+      }
+      if (own && !sharded) init(*m);
+    }
+  }
+
+  if (options_.sync_module_states()) {
+    // Units sharded at construction were broadcast there, unit by unit.
+    torch::NoGradGuard no_grad;
+    for (auto& p : model_->parameters())
+      if (!sharded_at_construction.count(p.unsafeGetTensorImpl())) dist::broadcast(pg_, p.detach(), 0).wait();
     for (auto& b : model_->buffers()) dist::broadcast(pg_, b, 0).wait();
   }
   check_same_model_on_all_ranks(pg_, *model_);
@@ -336,7 +240,7 @@ FullyShardedBase::FullyShardedBase(std::shared_ptr<torch::nn::Module> model, dis
     torch::NoGradGuard no_grad;
     const bool keep_bn = mp.param_dtype() && mp.full_precision_batch_norm();
     for (const auto& m : model_->modules()) {
-      if (keep_bn && is_batch_norm(*m)) continue;
+      if (keep_bn && detail::is_batch_norm(*m)) continue;
       for (auto& b : m->buffers(false))
         if (b.is_floating_point()) b.set_data(b.to(*mp.buffer_dtype()));
     }
@@ -360,10 +264,35 @@ FullyShardedBase::~FullyShardedBase() {
 
 void FullyShardedBase::build_units(const detail::ResolvedOptions& resolved) {
   const IgnoredModules ignored(*model_, options_.ignored_modules());
-  std::vector<PlannedUnit> planned = walk_wrap_policy(*model_, options_.auto_wrap_policy(), ignored);
+  std::vector<PlannedUnit> planned = detail::walk_wrap_policy(*model_, options_.auto_wrap_policy(), ignored);
   const auto& mp = options_.mixed_precision();
-  if (mp.param_dtype() && mp.full_precision_batch_norm()) add_batch_norm_units(*model_, ignored, planned);
-  assign_parameters(*model_, ignored, planned);
+  if (mp.param_dtype() && mp.full_precision_batch_norm()) detail::add_batch_norm_units(*model_, ignored, planned);
+  detail::assign_parameters(*model_, ignored, planned);
+
+  // Units sharded at construction (ZeroInitContext) are adopted: the policy
+  // must choose each of them again, with the same parameters.
+  auto construction = detail::find_construction_units(*model_);
+  std::vector<detail::ConstructionUnit*> adopt(planned.size(), nullptr);
+  for (size_t i = 0; i < planned.size(); ++i) {
+    if (planned[i].kind != PlannedUnit::Kind::CallSite) continue;
+    auto it = construction.find(planned[i].identity);
+    if (it == construction.end()) continue;
+    adopt[i] = it->second;
+    construction.erase(it);
+  }
+  // A unit left over means another policy; say so before comparing parameters
+  // (a policy change also moves parameters between units).
+  if (!construction.empty()) {
+    std::map<const torch::nn::Module*, std::string> path_of;
+    for (const auto& item : model_->named_modules()) path_of[item.value().get()] = item.key();
+    const std::string path = path_of[construction.begin()->first];
+    TORCH_CHECK(false, "fsdp (rank ", pg_.rank(), "): module '", path, "' was sharded at construction by a "
+                "ZeroInitContext, but this FullyShardedDataParallel's wrap policy (or ignored_modules) does not make "
+                "it a unit (", construction.size(), " such unit(s)). Pass FullyShardedDataParallel the options the "
+                "ZeroInitContext was given; a custom policy must not depend on the module path");
+  }
+  for (size_t i = 0; i < planned.size(); ++i)
+    if (adopt[i]) check_adoptable(planned[i], *adopt[i]);
 
   // The runtime (and its dedicated process groups) is created only now, after
   // every local check above: a user error that every rank raises (tied
@@ -371,9 +300,13 @@ void FullyShardedBase::build_units(const detail::ResolvedOptions& resolved) {
   // ranks tear down while peers are still connecting.
   runtime_ = std::make_unique<Runtime>(pg_, resolved);
   if (options_.keep_freed_host_memory()) keep_freed_host_memory();
-  for (auto& p : planned) {
+  const detail::ShardLayout layout = detail::shard_layout(resolved, pg_);
+  TORCH_INTERNAL_ASSERT(layout.rank == runtime_->shard_group().rank() && layout.world == runtime_->shard_group().size(),
+                        "shard_layout disagrees with the runtime's shard group");
+  for (size_t i = 0; i < planned.size(); ++i) {
+    PlannedUnit& p = planned[i];
     if (p.entries.empty()) continue;  // nothing to shard: no unit, no hooks
-    Unit* unit = create_unit(*runtime_, resolved, p);
+    Unit* unit = adopt[i] ? adopt_unit(*runtime_, resolved, p, *adopt[i]) : create_unit(*runtime_, resolved, p);
     switch (p.kind) {
       case PlannedUnit::Kind::Root: root_unit_ = unit; break;
       case PlannedUnit::Kind::BatchNorm: runtime_->add_implicit_unit(unit); break;
@@ -398,6 +331,10 @@ std::vector<std::string> FullyShardedBase::unit_parameter_names(size_t i) const 
 }
 
 MemoryStats FullyShardedBase::memory_stats() const { return runtime_->memory_stats(); }
+void FullyShardedBase::set_unit_boundary_observer(
+    std::function<void(const std::string& unit, const char* phase)> observer) {
+  runtime_->set_boundary_observer(std::move(observer));
+}
 void FullyShardedBase::reset_peak_memory_stats() { runtime_->reset_peak(); }
 void FullyShardedBase::empty_cache() { runtime_->pool().release_idle(); }
 

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "path_policy.h"
 #include "resolved_options.h"
 
 namespace fsdp {
@@ -108,9 +109,7 @@ WrapPolicy always_wrap_policy() {
 }
 
 WrapPolicy path_policy(std::vector<std::string> paths) {
-  return [paths = std::move(paths)](const std::string& path, const torch::nn::Module&, int64_t) {
-    return std::find(paths.begin(), paths.end(), path) != paths.end();
-  };
+  return detail::PathPolicy{std::move(paths)};
 }
 
 }  // namespace fsdp

@@ -132,6 +132,7 @@ void Runtime::pre_forward(Unit& unit) {
     return std::make_unique<ParamGradHook>(this, &unit, entry);
   });
   if (allocated) note_transient_bytes();
+  observe(unit, "pre_forward");
   prefetch_forward(unit);
   unit.open_forward_span();
 }
@@ -139,6 +140,7 @@ void Runtime::pre_forward(Unit& unit) {
 void Runtime::post_forward(Unit& unit, const std::vector<at::Tensor>& outputs) {
   const bool training = at::GradMode::is_enabled();
   unit.end_forward(training, keeps_gathered_after_forward(unit));
+  observe(unit, "post_forward");
   auto it = std::find(post_forward_order_.begin(), post_forward_order_.end(), &unit);
   if (it != post_forward_order_.end()) post_forward_order_.erase(it);  // last call counts
   post_forward_order_.push_back(&unit);
@@ -270,6 +272,7 @@ void Runtime::on_output_grad(Unit& unit) {
   TORCH_INTERNAL_ASSERT(it != backward_gather_order_.end(), "unit not in this iteration's forward");
   gather_until(static_cast<int>(it - backward_gather_order_.begin()));
   if (unit.begin_backward()) note_transient_bytes();
+  observe(unit, "pre_backward");
   if (options_.options.backward_prefetch() == BackwardPrefetch::BACKWARD_PRE) prefetch_backward(unit);
   unit.open_backward_span();
 }
@@ -302,9 +305,11 @@ void Runtime::reduce(Unit& unit) {
   if (!no_sync_) reducer_->make_room(unit);
   unit.flatten_grads(no_sync_);
   note_transient_bytes();
-  if (no_sync_) return;
-  reducer_->add(&unit);
-  note_transient_bytes();
+  if (!no_sync_) {
+    reducer_->add(&unit);
+    note_transient_bytes();
+  }
+  observe(unit, "post_backward");
 }
 
 void Runtime::final_callback() {

@@ -56,6 +56,7 @@
 // gather/reduce groups, which then cover the shard group. For the other
 // strategies the shard group is the world group and there is no replica group.
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -119,6 +120,12 @@ class Runtime {
   void set_no_sync(bool v) { no_sync_ = v; }
   bool no_sync() const { return no_sync_; }
 
+  /// Observer of unit boundaries, installed by the wrapper for the memory tracer
+  /// (include/fsdp/memory/memory_tracer.h): called with the unit's path and
+  /// "pre_forward" | "post_forward" | "pre_backward" | "post_backward".
+  using BoundaryObserver = std::function<void(const std::string& unit, const char* phase)>;
+  void set_boundary_observer(BoundaryObserver observer) { observer_ = std::move(observer); }
+
   bool in_backward() const { return callback_queued_; }
   MemoryStats memory_stats() const;
   void reset_peak();
@@ -170,6 +177,10 @@ class Runtime {
   std::vector<Unit*> recorded_forward_order_;  // pre-forward order of the last training forward
 
   int64_t peak_transient_ = 0;
+  BoundaryObserver observer_;
+  void observe(const Unit& unit, const char* phase) {
+    if (observer_) observer_(unit.path(), phase);
+  }
 };
 
 }  // namespace fsdp::detail

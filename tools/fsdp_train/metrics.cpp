@@ -1,5 +1,7 @@
 #include "metrics.h"
 
+#include <sys/resource.h>
+
 #include <stdexcept>
 
 #include <nlohmann/json.hpp>
@@ -41,6 +43,12 @@ int64_t current_rss_bytes() {
   int64_t size = 0, resident = 0;
   if (!(f >> size >> resident)) return 0;
   return resident * int64_t(sysconf(_SC_PAGESIZE));
+}
+
+int64_t peak_rss_bytes() {
+  struct rusage ru {};
+  if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+  return int64_t(ru.ru_maxrss) * 1024;  // KiB on Linux
 }
 
 }  // namespace fsdp::train

@@ -32,5 +32,7 @@ class MetricsWriter {
 
 /// Resident set size of this process (/proc/self/statm), 0 if unreadable.
 int64_t current_rss_bytes();
+/// Peak resident set size of this process so far (getrusage ru_maxrss).
+int64_t peak_rss_bytes();
 
 }  // namespace fsdp::train

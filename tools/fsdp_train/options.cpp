@@ -113,6 +113,13 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
       ->capture_default_str();
   app.add_flag("--forward-prefetch", o.forward_prefetch,
                "gather the next unit during this unit's forward (order of the previous step)");
+  app.add_option("--memory-trace", o.memory_trace,
+                 "write bytes by category at every unit boundary and optimizer step (fsdp::MemoryTracer) as "
+                 "JSON lines to FILE (rank 0; put {rank} in the name for one file per rank); render with "
+                 "tools/plot_memory_trace.py");
+  app.add_flag("--eager-init", o.eager_init,
+               "gpt: build the whole model on every rank before sharding it (default: each block is "
+               "sharded as it is constructed, fsdp::ZeroInitContext; same initial values)");
   app.add_option("--bucket-cap-mb", o.bucket_cap_mb,
                  "reduce consecutive units' gradients together up to this many MiB (0: one collective per unit)")
       ->capture_default_str();

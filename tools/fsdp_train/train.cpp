@@ -16,6 +16,8 @@
 #include "fsdp/dist/process_group.h"
 #include "fsdp/fsdp/fully_sharded.h"
 #include "fsdp/fsdp/memory_estimate.h"
+#include "fsdp/fsdp/zero_init.h"
+#include "fsdp/memory/memory_tracer.h"
 #include "fsdp/optim/cpu_adam.h"
 #include "fsdp/optim/zero_redundancy_optimizer.h"
 #include "metrics.h"
@@ -262,6 +264,13 @@ int train(const TrainOptions& o, const dist::ProcessGroup& pg, FullyShardedBase*
                 " but this run has only ", total_steps, " steps in all (--steps and --epochs count from the run's "
                 "start); ask for more than ", first_step);
   }
+  // --memory-trace: samples at every unit boundary and optimizer step.
+  std::unique_ptr<fsdp::MemoryTracer> tracer;
+  if (!o.memory_trace.empty()) {
+    TORCH_CHECK(fsdp_model, "fsdp-train: --memory-trace samples FullyShardedDataParallel's units; it does not "
+                "apply to --strategy ", o.strategy, " (use full_shard, shard_grad_op, no_shard or hybrid_shard)");
+    tracer = std::make_unique<fsdp::MemoryTracer>(*fsdp_model, opt.get());
+  }
   double paused_seconds = 0;  // evaluations and checkpoints: not training throughput
   auto checkpoint = [&](int64_t step) {
     if (o.checkpoint_dir.empty()) return;
@@ -317,6 +326,7 @@ int train(const TrainOptions& o, const dist::ProcessGroup& pg, FullyShardedBase*
     auto loss = task_loss(forward(batch.inputs), batch.targets);
     loss.backward();
     opt->step();
+    if (tracer) tracer->step();
     ++interval_steps;
 
     const int64_t step = s + 1;
@@ -354,6 +364,11 @@ int train(const TrainOptions& o, const dist::ProcessGroup& pg, FullyShardedBase*
   progress.finish();
 
   EvalResult final_eval = eval_and_report(total_steps);
+  if (tracer) {
+    const auto at = o.memory_trace.find("{rank}");
+    if (at != std::string::npos) tracer->dump(std::string(o.memory_trace).replace(at, 6, std::to_string(rank)));
+    else if (lead) tracer->dump(o.memory_trace);
+  }
 
   // Per-rank memory to rank 0: each rank fills its own row, a sum all-reduce assembles.
   const ModelMemory ms = memory_now();
@@ -377,6 +392,8 @@ int train(const TrainOptions& o, const dist::ProcessGroup& pg, FullyShardedBase*
 }  // namespace
 
 int run_rank(const TrainOptions& o) {
+  // Before any tensor exists, so that the tracer's "other" category sees every byte.
+  if (!o.memory_trace.empty()) fsdp::memory::enable_allocator_counting();
   at::set_num_threads(o.threads);
   auto pg = dist::init_process_group(dist::InitOptions().timeout(std::chrono::milliseconds(
       static_cast<int64_t>(o.timeout_seconds * 1000.0))));
@@ -436,13 +453,27 @@ int run_rank(const TrainOptions& o) {
     cfg.dim = o.dim;
     cfg.heads = o.heads;
     cfg.context = o.context;
-    Gpt gpt(cfg);
+    const auto options = fsdp::Options(base).auto_wrap_policy(fsdp::module_type_policy<GptBlockImpl>());
+    // Sharded construction: each block is sharded when its constructor returns, so a rank
+    // never holds more than one full block (same values as eager construction).
+    Gpt gpt{nullptr};
+    int64_t units_at_construction = 0;
+    {
+      std::optional<fsdp::ZeroInitContext> zero_init;
+      if (!o.eager_init) zero_init.emplace(pg, options);
+      gpt = Gpt(cfg);
+      if (zero_init) units_at_construction = zero_init->units_sharded();
+    }
+    if (rank == 0)
+      std::printf("model: %s construction (%lld units sharded as built), peak RSS so far %.1f MiB (rank 0)\n",
+                  o.eager_init ? "eager" : "sharded", (long long)units_at_construction,
+                  double(peak_rss_bytes()) / (1 << 20));
     const int64_t num_params = count_params(o, *gpt);
-    auto model = fsdp::FullyShardedDataParallel(
-        gpt, pg,
-        fsdp::Options(base).auto_wrap_policy(fsdp::module_type_policy<GptBlockImpl>()));
-    return train(o, pg, model.get(), make_optimizer(o, model->parameters()),
-                 [&](const torch::Tensor& x) { return model->forward(x); }, *task, num_params);
+    auto model = fsdp::FullyShardedDataParallel(gpt, pg, options);
+    const int rc = train(o, pg, model.get(), make_optimizer(o, model->parameters()),
+                         [&](const torch::Tensor& x) { return model->forward(x); }, *task, num_params);
+    if (rank == 0) std::printf("peak RSS over the run %.1f MiB (rank 0)\n", double(peak_rss_bytes()) / (1 << 20));
+    return rc;
   }
   auto task = make_image_task(o);
   torch::manual_seed(o.seed);

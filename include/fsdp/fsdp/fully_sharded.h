@@ -59,6 +59,11 @@ class FullyShardedBase : public torch::nn::Module {
   /// Releases the freed transient buffers FSDP keeps for reuse (MemoryStats::cached_bytes).
   void empty_cache();
 
+  /// Called at every unit boundary with the unit's path and the phase
+  /// ("pre_forward", "post_forward", "pre_backward", "post_backward"); empty
+  /// function: none. Used by fsdp::MemoryTracer (fsdp/memory/memory_tracer.h).
+  void set_unit_boundary_observer(std::function<void(const std::string& unit, const char* phase)> observer);
+
   /// Schedule trace (fsdp/trace.h), when enabled by Options::trace_dir or
   /// FSDP_TRACE: the spans recorded so far on this rank, writing them to
   /// <dir>/trace_rank<global rank>.json (returns the path; "" when disabled),

@@ -37,6 +37,9 @@ ShardingStrategy parse_sharding_strategy(const std::string& name);
 using WrapPolicy =
     std::function<bool(const std::string& path, const torch::nn::Module& module, int64_t unwrapped_numel)>;
 
+/// Options::param_init_fn: initialises one module's own parameters in place.
+using ParamInitFn = std::function<void(torch::nn::Module& module)>;
+
 /// Wraps a candidate once it holds at least `min_num_params` unwrapped parameters.
 WrapPolicy size_based_policy(int64_t min_num_params);
 /// Wraps every candidate.
@@ -78,8 +81,20 @@ struct Options {
   /// Modules (and their subtrees) whose parameters FSDP leaves alone: replicated,
   /// never synchronised, counted once by clip_grad_norm_.
   TORCH_ARG(std::vector<std::shared_ptr<torch::nn::Module>>, ignored_modules) = {};
-  /// Broadcast rank 0's parameters and buffers before sharding.
+  /// Broadcast rank 0's parameters and buffers before sharding (inside a
+  /// ZeroInitContext: each unit's parameters when it is sharded, so this too
+  /// stays within one unit of extra memory).
   TORCH_ARG(bool, sync_module_states) = false;
+  /// Initialises parameters just before they are sharded: called once for every
+  /// module that registers parameters (like Module::apply, but module by module
+  /// as each unit is sharded), with that module's full parameters, under
+  /// NoGradGuard and before sync_module_states. Inside a ZeroInitContext this is
+  /// the way to initialise units (their parameters are placeholders afterwards);
+  /// there it runs when the unit's Wrappable is constructed, in construction
+  /// order, and FullyShardedDataParallel runs it for the remaining modules. Values
+  /// equal eager construction when the function draws no random numbers, or when
+  /// every module is in a unit sharded at construction (same order).
+  TORCH_ARG(ParamInitFn, param_init_fn) = nullptr;
   /// Group for gradient reduction; default: a dedicated group over the same ranks.
   TORCH_ARG(dist::ProcessGroup, reduce_group) = {};
   /// Reduced-precision compute and communication; see mixed_precision.h.

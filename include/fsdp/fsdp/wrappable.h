@@ -13,7 +13,11 @@
 ///    calls the unit's hooks around Impl::forward when FSDP made it a unit and is
 ///    a plain call otherwise.
 /// The wrap policy (options.h) decides which candidates become units.
+/// A Wrappable is also a construction point: inside a ZeroInitContext it is
+/// sharded when its constructor returns ([Note: sharded construction] in
+/// zero_init.h).
 
+#include <memory>
 #include <optional>
 #include <tuple>
 #include <type_traits>
@@ -71,21 +75,47 @@ decltype(auto) cast_forward_input(T&& v, std::optional<at::ScalarType> dtype) {
 }
 }  // namespace detail
 
+namespace detail {
+struct ConstructionUnits;
+}  // namespace detail
+
 /// Base of every Wrappable: where FSDP plugs the unit's hooks in.
 class WrappableBase {
  public:
   virtual ~WrappableBase() = default;
   UnitHooks* fsdp_unit_hooks() const { return hooks_; }
   void set_fsdp_unit_hooks(UnitHooks* hooks) { hooks_ = hooks; }
+  /// Units a ZeroInitContext sharded when this module's constructor returned,
+  /// until FullyShardedDataParallel adopts them (src/fsdp/zero_init.h).
+  std::shared_ptr<detail::ConstructionUnits>& fsdp_construction_units() { return construction_; }
 
  private:
   UnitHooks* hooks_ = nullptr;  // owned by the FSDP runtime; null when not a unit
+  std::shared_ptr<detail::ConstructionUnits> construction_;
 };
+
+namespace detail {
+/// Called by every WrappableImpl when its constructor returns: shards it when a
+/// ZeroInitContext is alive on this thread, otherwise does nothing.
+void on_wrappable_constructed(torch::nn::Module& module, WrappableBase& base);
+
+template <typename Self, typename... Args>
+constexpr bool is_copy_of() {
+  if constexpr (sizeof...(Args) == 1) return (std::is_same_v<std::decay_t<Args>, Self> && ...);
+  return false;
+}
+}  // namespace detail
 
 template <typename Impl>
 class WrappableImpl : public Impl, public WrappableBase {
  public:
-  using Impl::Impl;
+  /// Impl's constructors, followed by the construction point.
+  template <typename... Args,
+            typename = std::enable_if_t<std::is_constructible_v<Impl, Args&&...> &&
+                                        !detail::is_copy_of<WrappableImpl, Args...>()>>
+  explicit WrappableImpl(Args&&... args) : Impl(std::forward<Args>(args)...) {
+    detail::on_wrappable_constructed(*this, *this);
+  }
 
   template <typename... Args>
   auto forward(Args&&... args) {

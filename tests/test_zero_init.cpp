@@ -1,0 +1,298 @@
+// Sharded construction (ZeroInitContext, include/fsdp/fsdp/zero_init.h) at N=2.
+// References: the same model constructed eagerly from the same seed (values bit
+// for bit), the same model constructed eagerly and wrapped (unit layout, and
+// every training step bit for bit: both hold the same shards and run the same
+// schedule), and for memory the closed form shards + largest unit x (1 + 1/N) +
+// parameters outside units, counted by a wrapping CPU allocator.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <map>
+#include <string>
+
+#include "fsdp/dist/collectives.h"
+#include "fsdp/fsdp/fully_sharded.h"
+#include "fsdp/fsdp/zero_init.h"
+#include "harness/counting_allocator.h"
+#include "harness/models.h"
+#include "harness/multirank.h"
+
+using namespace fsdp;
+using fsdp::testing::BlockImpl;
+using fsdp::testing::run_case;
+using fsdp::testing::run_ranks;
+using fsdp::testing::TinyTransformer;
+using fsdp::testing::TinyTransformerImpl;
+
+namespace {
+
+std::map<std::string, torch::Tensor> snapshot(torch::nn::Module& m) {
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& p : m.named_parameters()) out[p.key()] = p.value().detach().clone();
+  return out;
+}
+
+void expect_bitwise_equal(const std::map<std::string, torch::Tensor>& a, const std::map<std::string, torch::Tensor>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [name, t] : a) {
+    auto it = b.find(name);
+    ASSERT_NE(it, b.end()) << name;
+    EXPECT_TRUE(t.sizes() == it->second.sizes() && torch::equal(t, it->second)) << name;
+  }
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "";
+}
+
+std::shared_ptr<TinyTransformerImpl> build_sharded(dist::ProcessGroup& pg, const Options& o, uint64_t seed,
+                                                   int64_t dim = 24, int layers = 3, int64_t* units = nullptr) {
+  ZeroInitContext ctx(pg, o);
+  torch::manual_seed(seed);
+  auto m = std::make_shared<TinyTransformerImpl>(13, dim, 5, layers);
+  if (units) *units = ctx.units_sharded();
+  return m;
+}
+
+std::shared_ptr<TinyTransformerImpl> build_eager(uint64_t seed, int64_t dim = 24, int layers = 3) {
+  torch::manual_seed(seed);
+  return std::make_shared<TinyTransformerImpl>(13, dim, 5, layers);
+}
+
+struct Config {
+  std::string name;
+  Options options;
+  int64_t units_at_construction;  // of the 3-block model
+};
+
+std::vector<Config> configs() {
+  return {
+      // Block and its two Sequential Linear entries, per block.
+      {"always_wrap full_shard", Options().auto_wrap_policy(always_wrap_policy()), 9},
+      // One unit per block; rank 0's values broadcast unit by unit.
+      {"block type shard_grad_op sync", Options()
+                                            .auto_wrap_policy(module_type_policy<BlockImpl>())
+                                            .sharding_strategy(ShardingStrategy::SHARD_GRAD_OP)
+                                            .sync_module_states(true),
+       3},
+      // Only the Sequential entries (1,225 and 1,200 elements) inside each block
+      // are units; the block itself (648 left) is not; bf16 compute.
+      {"size 1000 bf16", Options().auto_wrap_policy(size_based_policy(1000)).mixed_precision(
+                             MixedPrecision().param_dtype(torch::kBFloat16)), 6},
+  };
+}
+
+// Parent constructors that touch sharded children.
+struct InitInParentImpl : torch::nn::Module {
+  InitInParentImpl() {
+    block = register_module("block", Wrappable<BlockImpl>(8));
+    width = block->mix->weight.size(1);  // full shapes stay queryable
+    apply([](torch::nn::Module& m) {
+      if (auto* l = m.as<torch::nn::Linear>()) torch::nn::init::normal_(l->weight);
+    });
+  }
+  Wrappable<BlockImpl> block{nullptr};
+  int64_t width = 0;
+};
+
+struct TiedHeadImpl : torch::nn::Module {
+  explicit TiedHeadImpl(torch::Tensor w) { weight = register_parameter("weight", std::move(w)); }
+  torch::Tensor weight;
+};
+
+struct TiedImpl : torch::nn::Module {
+  TiedImpl() {
+    block = register_module("block", Wrappable<BlockImpl>(8));
+    head = register_module("head", std::make_shared<TiedHeadImpl>(block->mix->weight));
+  }
+  torch::Tensor forward(torch::Tensor x) { return block->forward(x); }
+  Wrappable<BlockImpl> block{nullptr};
+  std::shared_ptr<TiedHeadImpl> head;
+};
+
+struct WarningCollector : c10::WarningHandler {
+  void process(const c10::SourceLocation&, const std::string& msg, const bool) override { messages.push_back(msg); }
+  std::vector<std::string> messages;
+};
+
+void zero_init_cases(dist::ProcessGroup& pg) {
+  for (const auto& cfg : configs()) {
+    run_case("initial values and steps, " + cfg.name, [&] {
+      const auto reference = snapshot(*build_eager(7));
+      const auto after_eager = torch::rand({4});
+      int64_t units = 0;
+      auto sharded = build_sharded(pg, cfg.options, 7, 24, 3, &units);
+      // Every rank drew the same random stream as eager construction.
+      EXPECT_TRUE(torch::equal(torch::rand({4}), after_eager));
+      EXPECT_EQ(units, cfg.units_at_construction);
+      // Placeholders keep their full shapes; parameters outside units are untouched.
+      if (cfg.units_at_construction != 6) {
+        EXPECT_TRUE(is_sharded_placeholder(sharded->blocks[0]->mix->weight));
+        EXPECT_EQ(sharded->blocks[0]->mix->weight.sizes().vec(), std::vector<int64_t>({24, 24}));
+      }
+      EXPECT_TRUE(is_sharded_placeholder(sharded->blocks[2]->mlp[0]->as<torch::nn::Linear>()->weight));
+      EXPECT_FALSE(is_sharded_placeholder(sharded->proj->weight));
+
+      auto zero = FullyShardedDataParallel(sharded, pg, cfg.options);
+      auto eager = FullyShardedDataParallel(build_eager(7), pg, cfg.options);
+      EXPECT_EQ(zero->unit_paths(), eager->unit_paths());
+      EXPECT_FALSE(is_sharded_placeholder(sharded->blocks[0]->mix->weight));
+      expect_bitwise_equal(fsdp::testing::full_params(zero), reference);
+
+      // Step by step: same loss and same parameters as the eagerly constructed model.
+      torch::optim::Adam opt_zero(zero->parameters(), 1e-2), opt_eager(eager->parameters(), 1e-2);
+      for (int step = 0; step < 3; ++step) {
+        auto [x, y] = fsdp::testing::global_batch(step, 8);
+        x = fsdp::testing::rank_slice(x, pg.rank(), pg.size());
+        y = fsdp::testing::rank_slice(y, pg.rank(), pg.size());
+        opt_zero.zero_grad();
+        opt_eager.zero_grad();
+        auto loss_zero = torch::mse_loss(zero->forward(x).to(torch::kFloat), y);
+        auto loss_eager = torch::mse_loss(eager->forward(x).to(torch::kFloat), y);
+        EXPECT_TRUE(torch::equal(loss_zero, loss_eager)) << "step " << step;
+        loss_zero.backward();
+        loss_eager.backward();
+        opt_zero.step();
+        opt_eager.step();
+      }
+      expect_bitwise_equal(fsdp::testing::full_params(zero), fsdp::testing::full_params(eager));
+    });
+  }
+
+  run_case("param_init_fn", [&] {
+    // Deterministic (no random draws), so eager and sharded construction agree.
+    auto init = [](torch::nn::Module& m) {
+      if (auto* l = m.as<torch::nn::Linear>()) {
+        l->weight.copy_(torch::arange(l->weight.numel(), torch::kFloat).reshape(l->weight.sizes()) * 1e-3);
+        l->bias.fill_(0.5);
+      }
+    };
+    auto o = Options().auto_wrap_policy(always_wrap_policy()).param_init_fn(init);
+    auto zero = FullyShardedDataParallel(build_sharded(pg, o, 3), pg, o);
+    auto eager = FullyShardedDataParallel(build_eager(3), pg, o);
+    const auto z = fsdp::testing::full_params(zero);
+    expect_bitwise_equal(z, fsdp::testing::full_params(eager));
+    // Closed form: inside a unit sharded at construction, and outside units.
+    EXPECT_TRUE(torch::equal(z.at("block1.mix.weight"), torch::arange(576, torch::kFloat).reshape({24, 24}) * 1e-3));
+    EXPECT_TRUE(torch::equal(z.at("head.bias"), torch::full({5}, 0.5)));
+    // LayerNorm is not a Linear: its default initialisation stays.
+    EXPECT_TRUE(torch::equal(z.at("block0.norm.weight"), torch::ones({24})));
+  });
+
+  run_case("touching a sharded parameter fails naming it", [&] {
+    const auto o = Options().auto_wrap_policy(always_wrap_policy());
+    {
+      ZeroInitContext ctx(pg, o);
+      const std::string err = error_of([] { InitInParentImpl m; });
+      EXPECT_NE(err.find("'mix.weight'"), std::string::npos) << err;
+      EXPECT_NE(err.find("param_init_fn"), std::string::npos) << err;
+      EXPECT_NE(err.find("normal_"), std::string::npos) << err;
+    }
+    std::shared_ptr<TinyTransformerImpl> m = build_sharded(pg, o, 1);
+    const std::string err = error_of([&] {
+      torch::NoGradGuard no_grad;
+      m->blocks[1]->mix->bias.mul_(2);
+    });
+    EXPECT_NE(err.find("'mix.bias'"), std::string::npos) << err;
+    EXPECT_EQ(m->blocks[1]->mix->bias.numel(), 24);
+  });
+
+  run_case("refusals", [&] {
+    const auto o = Options().auto_wrap_policy(always_wrap_policy());
+    std::string err = error_of([&] { ZeroInitContext ctx(pg, Options().auto_wrap_policy(path_policy({"block0"}))); });
+    EXPECT_NE(err.find("path_policy"), std::string::npos) << err;
+    err = error_of([&] { ZeroInitContext ctx(pg, Options()); });
+    EXPECT_NE(err.find("auto_wrap_policy"), std::string::npos) << err;
+    err = error_of([&] {
+      ZeroInitContext a(pg, o);
+      ZeroInitContext b(pg, o);
+    });
+    EXPECT_NE(err.find("already alive"), std::string::npos) << err;
+
+    // Other options at adoption: another layout, or a policy that drops units.
+    err = error_of([&] {
+      auto w = FullyShardedDataParallel(build_sharded(pg, o, 1), pg,
+                               Options().auto_wrap_policy(always_wrap_policy()).sharding_strategy(
+                                   ShardingStrategy::NO_SHARD));
+    });
+    EXPECT_NE(err.find("sharded at construction"), std::string::npos) << err;
+    EXPECT_NE(err.find("NO_SHARD"), std::string::npos) << err;
+    err = error_of([&] {
+      auto w = FullyShardedDataParallel(build_sharded(pg, o, 1), pg, Options().auto_wrap_policy(module_type_policy<BlockImpl>()));
+    });
+    EXPECT_NE(err.find("does not make it a unit"), std::string::npos) << err;
+    EXPECT_NE(err.find(".mlp."), std::string::npos) << err;
+
+    // A tie across units, made by a parent after its child was sharded.
+    std::shared_ptr<TiedImpl> tied;
+    {
+      ZeroInitContext ctx(pg, o);
+      tied = std::make_shared<TiedImpl>();
+    }
+    err = error_of([&] { auto w = FullyShardedDataParallel(tied, pg, o); });
+    EXPECT_NE(err.find("'head.weight'"), std::string::npos) << err;
+    EXPECT_NE(err.find("'block.mix.weight'"), std::string::npos) << err;
+
+    // Sequential entries are invisible to the context: it warns.
+    WarningCollector warnings;
+    {
+      c10::Warning::WarningHandlerGuard guard(&warnings);
+      ZeroInitContext ctx(pg, o);
+      auto mlp = fsdp::testing::make_mlp();
+    }
+    EXPECT_TRUE(std::any_of(warnings.messages.begin(), warnings.messages.end(), [](const std::string& m) {
+      return m.find("without sharding anything") != std::string::npos;
+    })) << warnings.messages.size() << " warnings";
+  });
+
+  run_case("construction peak", [&] {
+    auto* counter = fsdp::testing::install_counting_allocator();
+    const int n = pg.size();
+    const int64_t dim = 256;
+    const int layers = 8;
+    const auto o = Options().auto_wrap_policy(module_type_policy<BlockImpl>());
+
+    int64_t base = counter->live();
+    counter->reset_peak();
+    int64_t unit_numel = 0, outside_numel = 0;
+    {
+      auto eager = build_eager(0, dim, layers);
+      for (const auto& p : eager->named_parameters()) {
+        if (p.key().rfind("block0.", 0) == 0) unit_numel += p.value().numel();
+        if (p.key().rfind("block", 0) != 0) outside_numel += p.value().numel();
+      }
+    }
+    const int64_t eager_peak = counter->peak() - base;
+
+    base = counter->live();
+    counter->reset_peak();
+    auto sharded = build_sharded(pg, o, 0, dim, layers);
+    const int64_t zero_peak = counter->peak() - base;
+    const int64_t chunk_bytes = dist::padded_numel(unit_numel, n) / n * 4;
+    const int64_t shards = layers * chunk_bytes;
+    const int64_t bound = shards + unit_numel * 4 + chunk_bytes + outside_numel * 4;
+    std::cout << "[rank " << pg.rank() << "] construction peak: eager " << eager_peak << " B, sharded " << zero_peak
+              << " B, bound " << bound << " B (+5%), shards " << shards << " B, unit " << unit_numel * 4
+              << " B, outside units " << outside_numel * 4 << " B" << std::endl;
+    EXPECT_LE(zero_peak, bound * 105 / 100);
+    EXPECT_GE(eager_peak, (layers * unit_numel + outside_numel) * 4);
+
+    // Adoption keeps the shards: no second copy of any unit.
+    auto model = FullyShardedDataParallel(sharded, pg, o);
+    const int64_t after_wrap = counter->live() - base;
+    const int64_t root_chunk = dist::padded_numel(outside_numel, n) / n * 4;
+    std::cout << "[rank " << pg.rank() << "] after wrapping: " << after_wrap << " B (shards + root shard "
+              << shards + root_chunk << " B)" << std::endl;
+    EXPECT_LE(after_wrap, (shards + root_chunk) * 105 / 100);
+  });
+}
+
+}  // namespace
+
+TEST(ZeroInit, ShardedConstruction) { run_ranks(2, zero_init_cases); }
