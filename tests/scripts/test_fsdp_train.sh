@@ -449,7 +449,7 @@ for variant in "noshuffle:--no-shuffle" "shuffled:--seed 3"; do
   run $flags --steps $((2 * K)) --metrics "$WORK/$name.full.jsonl"
   [[ $RC == 0 ]] || fail "$name: uninterrupted run: exit $RC"
   # shellcheck disable=SC2086
-  run $flags --steps $K --checkpoint-dir "$CK/$name" --checkpoint-every 4 --metrics "$WORK/$name.first.jsonl"
+  run $flags --steps $K --checkpoint-dir "$CK/$name" --checkpoint-every 4 --keep-checkpoints 0 --metrics "$WORK/$name.first.jsonl"
   [[ $RC == 0 ]] || fail "$name: run with --checkpoint-dir: exit $RC"
   for s in 0 4 8 $K; do
     [[ -f "$CK/$name/step-$s/metadata.json" ]] || fail "$name: no checkpoint $CK/$name/step-$s (have: $(ls "$CK/$name"))"
@@ -466,7 +466,10 @@ for variant in "noshuffle:--no-shuffle" "shuffled:--seed 3"; do
     fail "$name: resumed losses differ from the uninterrupted run: $d"
   [[ "$(echo "$d" | cut -d' ' -f2-3)" == "$((K + 1)) $((2 * K))" ]] || fail "$name: the resumed run wrote steps $d, expected $((K + 1))..$((2 * K))"
   [[ -f "$CK/$name/step-$((2 * K))/metadata.json" ]] || fail "$name: no final checkpoint step-$((2 * K))"
-  pass "$name: $K steps + --resume step-$K to $((2 * K)): losses of steps $(echo "$d" | cut -d' ' -f2-3 | tr ' ' -) and eval bitwise equal to $((2 * K)) uninterrupted steps; step-0, -4, -8, -$K, -$((2 * K)) written"
+  # The resumed run kept the default --keep-checkpoints 2: step-0, -4 and -8 are gone.
+  [[ "$(ls "$CK/$name" | sort -V | tr '\n' ' ')" == "step-$K step-$((2 * K)) " ]] ||
+    fail "$name: default --keep-checkpoints 2 left: $(ls "$CK/$name" | tr '\n' ' ')"
+  pass "$name: $K steps + --resume step-$K to $((2 * K)): losses of steps $(echo "$d" | cut -d' ' -f2-3 | tr ' ' -) and eval bitwise equal to $((2 * K)) uninterrupted steps; step-0, -4, -8, -$K, -$((2 * K)) written, the default --keep-checkpoints 2 kept the last two"
 done
 # Other world sizes and strategies (batch 64 divides 1 and 4).
 for variant in "nproc1:--nproc 1" "no_shard:--strategy no_shard" "nproc4_sgo:--nproc 4 --strategy shard_grad_op"; do

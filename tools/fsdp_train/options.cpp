@@ -130,9 +130,10 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
       app.add_option("--checkpoint-every", o.checkpoint_every,
                      "with --checkpoint-dir: also checkpoint every K steps (0: only step-0 and the last step)")
           ->capture_default_str();
-  app.add_option("--keep-checkpoints", o.keep_checkpoints,
-                 "with --checkpoint-dir: after each save, delete all but the K newest DIR/step-S (0: keep all)")
-      ->capture_default_str();
+  auto* keep_opt =
+      app.add_option("--keep-checkpoints", o.keep_checkpoints,
+                     "with --checkpoint-dir: after each save, delete all but the K newest DIR/step-S (0: keep all)")
+          ->capture_default_str();
   app.add_option("--resume", o.resume,
                  "continue from a checkpoint DIR/step-S written by --checkpoint-dir (or 'auto': the newest usable "
                  "one under --checkpoint-dir, none: start fresh): weights, optimizer state, "
@@ -229,7 +230,7 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
   if (!(o.bucket_cap_mb < 1e12)) return usage_error("--bucket-cap-mb must be a finite number of MiB (<= 0: off)");
   if (o.keep_checkpoints < 0)
     return usage_error("--keep-checkpoints must be >= 0 (0: keep all), got " + std::to_string(o.keep_checkpoints));
-  if (o.keep_checkpoints > 0 && o.checkpoint_dir.empty())
+  if (keep_opt->count() > 0 && o.checkpoint_dir.empty())
     return usage_error("--keep-checkpoints needs --checkpoint-dir");
   if (o.resume == "auto" && o.checkpoint_dir.empty())
     return usage_error("--resume auto needs --checkpoint-dir DIR (it continues from the newest DIR/step-S)");
