@@ -389,6 +389,17 @@ int train(const TrainOptions& o, const dist::ProcessGroup& pg, FullyShardedBase*
   return 0;
 }
 
+// The gpt's shape from the flags (the zero and FSDP paths build the same model).
+GptConfig gpt_config(const TrainOptions& o) {
+  GptConfig cfg;
+  cfg.vocab = kVocabSize;
+  cfg.layers = o.layers;
+  cfg.dim = o.dim;
+  cfg.heads = o.heads;
+  cfg.context = o.context;
+  return cfg;
+}
+
 }  // namespace
 
 int run_rank(const TrainOptions& o) {
@@ -411,13 +422,7 @@ int run_rank(const TrainOptions& o) {
     if (o.model == "gpt") {
       auto task = make_text_task(o);
       torch::manual_seed(o.seed);
-      GptConfig cfg;
-      cfg.vocab = kVocabSize;
-      cfg.layers = o.layers;
-      cfg.dim = o.dim;
-      cfg.heads = o.heads;
-      cfg.context = o.context;
-      Gpt gpt(cfg);
+      Gpt gpt(gpt_config(o));
       const int64_t num_params = count_params(o, *gpt);
       auto opt = make_zero_optimizer(o, pg, gpt.ptr());
       return train(o, pg, nullptr, std::move(opt), [&](const torch::Tensor& x) { return gpt->forward(x); }, *task,
@@ -447,12 +452,6 @@ int run_rank(const TrainOptions& o) {
   if (o.model == "gpt") {
     auto task = make_text_task(o);
     torch::manual_seed(o.seed);
-    GptConfig cfg;
-    cfg.vocab = kVocabSize;
-    cfg.layers = o.layers;
-    cfg.dim = o.dim;
-    cfg.heads = o.heads;
-    cfg.context = o.context;
     const auto options = fsdp::Options(base).auto_wrap_policy(fsdp::module_type_policy<GptBlockImpl>());
     // Sharded construction: each block is sharded when its constructor returns, so a rank
     // never holds more than one full block (same values as eager construction).
@@ -461,7 +460,7 @@ int run_rank(const TrainOptions& o) {
     {
       std::optional<fsdp::ZeroInitContext> zero_init;
       if (!o.eager_init) zero_init.emplace(pg, options);
-      gpt = Gpt(cfg);
+      gpt = Gpt(gpt_config(o));
       if (zero_init) units_at_construction = zero_init->units_sharded();
     }
     if (rank == 0)
