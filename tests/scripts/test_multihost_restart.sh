@@ -7,6 +7,7 @@
 # With --max-restarts, fsdp-run serves the store itself (TORCHELASTIC_USE_AGENT_STORE=True).
 # (Two hosts restarting together: test_multihost_elastic.sh.) ~30 s.
 set -euo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)"
 BIN="${FSDP_BIN_DIR:?set FSDP_BIN_DIR to the bin directory of a build}"
 for t in fsdp-run fsdp-train; do
   [[ -x "$BIN/$t" ]] || { echo "FAIL: $BIN/$t is not an executable (build targets fsdp-train fsdp-run)"; exit 1; }
@@ -49,21 +50,7 @@ grep -q "fsdp-run: rank 1 (pid $victim) was killed by signal 9" "$WORK/restarted
 grep -q "fsdp-run: restarting all 2 ranks (restart 1 of 1)" "$WORK/restarted.out" || fail "no restart line"
 from="$(grep -o "resumed from $CK/step-[0-9]* at step [0-9]*" "$WORK/restarted.out" | awk '{ print $NF }')"
 [[ "$from" =~ ^[0-9]+$ && "$from" -ge 10 ]] || fail "the restarted attempt did not resume from a checkpoint >= step-10 ('$from')"
-d="$(/usr/bin/python3 -c '
-import json, sys
-def read(p):
-    steps, ev = {}, None
-    for j in map(json.loads, open(p)):
-        if "eval" in j: ev = j["eval"]
-        else: steps[j["step"]] = j["loss"]
-    return steps, ev
-(a, ea), (b, eb) = read(sys.argv[1]), read(sys.argv[2])
-first = int(sys.argv[3]) + 1
-assert sorted(b) == list(range(first, int(sys.argv[4]) + 1)), f"restarted attempt wrote steps {min(b)}..{max(b)}"
-bad = [f"step {k}: {b[k]!r} vs {a[k]!r}" for k in sorted(b) if b[k] != a[k]]
-assert not bad, "; ".join(bad[:3])
-assert ea == eb, f"final eval {eb} vs {ea}"
-' "$WORK/full.jsonl" "$WORK/restarted.jsonl" "$from" $STEPS 2>&1)" || fail "restarted run differs from the uninterrupted one: $d"
+d="$(/usr/bin/python3 "$HERE/lib/resumed_losses.py" "$WORK/full.jsonl" "$WORK/restarted.jsonl" "$from" $STEPS 2>&1)" || fail "restarted run differs from the uninterrupted one: $d"
 echo "ok: rank 1 killed, --max-restarts 1 resumed from step-$from; steps $((from + 1))-$STEPS and the final eval bitwise equal to an uninterrupted run"
 
 # The same under real torchrun (agent store, keys under /worker/attempt_<n>): it restarts the
@@ -98,18 +85,7 @@ else
   [[ $RC == 0 ]] || fail "torchrun --max_restarts 1: exit $RC after one killed rank"
   from="$(grep -o "resumed from $CK/step-[0-9]* at step [0-9]*" "$WORK/torchrun.out" | awk '{ print $NF }')"
   [[ "$from" =~ ^[0-9]+$ && "$from" -ge 10 ]] || fail "torchrun: the restarted attempt did not resume from a checkpoint >= step-10 ('$from')"
-  d="$(/usr/bin/python3 -c '
-import json, sys
-def read(p):
-    steps, ev = {}, None
-    for j in map(json.loads, open(p)):
-        if "eval" in j: ev = j["eval"]
-        else: steps[j["step"]] = j["loss"]
-    return steps, ev
-(a, ea), (b, eb) = read(sys.argv[1]), read(sys.argv[2])
-bad = [f"step {k}: {b[k]!r} vs {a[k]!r}" for k in sorted(b) if b[k] != a[k]]
-assert not bad and min(b) == int(sys.argv[3]) + 1 and ea == eb, "; ".join(bad[:3]) or f"steps {min(b)}.., eval {eb} vs {ea}"
-' "$WORK/full.jsonl" "$WORK/torchrun.jsonl" "$from" 2>&1)" || fail "torchrun: restarted run differs from the uninterrupted one: $d"
+  d="$(/usr/bin/python3 "$HERE/lib/resumed_losses.py" "$WORK/full.jsonl" "$WORK/torchrun.jsonl" "$from" 2>&1)" || fail "torchrun: restarted run differs from the uninterrupted one: $d"
   echo "ok: torchrun --max_restarts 1: rank 1 killed, resumed from step-$from, later steps and final eval bitwise equal"
 fi
 echo "all restart checks passed"
