@@ -168,24 +168,9 @@ int RankFileReader::fd_of(const std::string& file) {
   return fd;
 }
 
-at::Tensor RankFileReader::read(const Record& r) {
-  auto t = at::empty({r.end - r.begin}, at::TensorOptions().dtype(parse_dtype(r.dtype)));
-  read_into(r, t.data_ptr());
-  return t;
-}
-
-void RankFileReader::read_into(const Record& r, void* dst) {
-  read_checked(r, static_cast<char*>(dst), 0, nullptr);
-}
-
 void RankFileReader::stream(const Record& r, char* buf, size_t buf_bytes,
                             const std::function<void(const char*, size_t)>& sink) {
   TORCH_INTERNAL_ASSERT(buf_bytes > 0);
-  read_checked(r, buf, buf_bytes, &sink);
-}
-
-void RankFileReader::read_checked(const Record& r, char* dst, size_t window,
-                                  const std::function<void(const char*, size_t)>* sink) {
   const int fd = fd_of(r.file);
   const size_t nbytes = (r.end - r.begin) * c10::elementSize(parse_dtype(r.dtype));
   // [Note: no explicit read-ahead]
@@ -197,15 +182,13 @@ void RankFileReader::read_checked(const Record& r, char* dst, size_t window,
   //
   // Chunk by chunk: each chunk is checksummed right after it is read, while it
   // is still in the CPU cache.
-  const size_t chunk = sink ? window : (1 << 20);
   uint32_t crc = 0;
   size_t done = 0;
   while (done < nbytes) {
-    const size_t chunk_end = std::min(nbytes, done + chunk);
-    char* const base = sink ? dst : dst + done;  // where this chunk lands
+    const size_t chunk_end = std::min(nbytes, done + buf_bytes);
     size_t got_in_chunk = 0;
     while (done < chunk_end) {
-      const ssize_t got = ::pread(fd, base + got_in_chunk, chunk_end - done, r.offset + static_cast<off_t>(done));
+      const ssize_t got = ::pread(fd, buf + got_in_chunk, chunk_end - done, r.offset + static_cast<off_t>(done));
       if (got < 0 && errno == EINTR) continue;
       TORCH_CHECK(got > 0, "fsdp checkpoint: file '", dir_, "/", r.file, "' is truncated or unreadable: record ",
                   r.item, " (", r.kind, ") needs bytes [", r.offset, ", ", r.offset + static_cast<int64_t>(nbytes),
@@ -213,8 +196,8 @@ void RankFileReader::read_checked(const Record& r, char* dst, size_t window,
       done += static_cast<size_t>(got);
       got_in_chunk += static_cast<size_t>(got);
     }
-    crc = crc32_of(base, got_in_chunk, crc);
-    if (sink) (*sink)(base, got_in_chunk);
+    crc = crc32_of(buf, got_in_chunk, crc);
+    sink(buf, got_in_chunk);
   }
   TORCH_CHECK(crc == r.crc32, "fsdp checkpoint: checksum mismatch in file '", dir_, "/", r.file, "' for ", r.item,
               " (", r.kind, ", elements [", r.begin, ", ", r.end, ")): the file is corrupted; restore it or load an "

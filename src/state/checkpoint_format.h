@@ -91,21 +91,15 @@ class RankFileReader {
  public:
   explicit RankFileReader(std::string dir) : dir_(std::move(dir)) {}
   ~RankFileReader();
-  // The record's elements, checked against its CRC (error names the file).
-  at::Tensor read(const Record& r);
-  // Same, into `dst` (the record's bytes), without an intermediate buffer.
-  void read_into(const Record& r, void* dst);
-  // Same, through `buf` (`buf_bytes` at a time, so it stays in the CPU cache):
-  // each chunk goes to `sink` right after it is read and checksummed. The CRC is
-  // checked when the whole record has gone by, so on an error `sink` has seen
-  // bytes that are wrong: a caller writes them only to a file it then discards.
+  // The record's bytes through `buf` (`buf_bytes` at a time, so they stay in the
+  // CPU cache): each chunk goes to `sink` right after it is read and checksummed.
+  // The CRC (error names the file) is checked when the whole record has gone by,
+  // so on an error `sink` has seen bytes that are wrong: a caller writes them only
+  // to a file it then discards. (Loads verify through MappedRecords instead.)
   void stream(const Record& r, char* buf, size_t buf_bytes, const std::function<void(const char*, size_t)>& sink);
 
  private:
   int fd_of(const std::string& file);
-  // read_into (sink == nullptr: `dst` holds the record) and stream (`dst` is a
-  // `window`-byte buffer, reused per chunk).
-  void read_checked(const Record& r, char* dst, size_t window, const std::function<void(const char*, size_t)>* sink);
   std::string dir_;
   std::map<std::string, int> fds_;
 };
