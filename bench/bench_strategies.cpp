@@ -3,7 +3,7 @@
 //
 // Usage:
 //   bench_strategies [--steps 30] [--warmup 5] [--models mlp,transformer] [--no-python]
-//                    [--cpu-adam] [--repeat 2]   (rank mode also: --bucket-mb MB,
+//                    [--cpu-adam] [--repeat 2] [--zero-targets]   (rank mode also: --bucket-mb MB,
 //                    --prefetch none|default|fwd)
 //
 // --repeat R runs every configuration, Python DDP included, R times in rounds
@@ -17,9 +17,13 @@
 // it once per (model, strategy): NO_SHARD, SHARD_GRAD_OP, FULL_SHARD at N=2 and
 // HYBRID_SHARD (shard groups of 2) at N=4, NO_SHARD, FULL_SHARD and HYBRID_SHARD also
 // with gradient buckets (bucket_cap_mb 25; FULL_SHARD also 4); with --cpu-adam also NO_SHARD and
-// FULL_SHARD with fsdp::optim::CPUAdam. Then it runs bench/ddp_baseline.py under
-// /usr/bin/python3 (Debian's torch) at N=2 on the same model, batch, optimizer and
-// thread count. It prints a table, then one JSON object per line. Rank mode runs under any
+// FULL_SHARD with fsdp::optim::CPUAdam; ZERO1 and ZERO2 (the model unwrapped,
+// fsdp::optim::ZeroRedundancyOptimizer with default options) with Adam, and ZERO2 with
+// CPUAdam under --cpu-adam. Then it runs bench/ddp_baseline.py under /usr/bin/python3
+// (Debian's torch) at N=2 on the same model, batch, optimizer and thread count, plain DDP
+// and DDP + torch.distributed.optim.ZeroRedundancyOptimizer. --zero-targets runs only
+// the rows issue 14's speed targets compare (NO_SHARD+CPUAdam, ZERO2+CPUAdam, ZERO1,
+// ZERO2, Python ZeRO) and prints each target's ratio per round (median and fastest). It prints a table, then one JSON object per line. Rank mode runs under any
 // launcher, also across hosts (`fsdp-run --nnodes 2 ... --nproc 2 -- bench_strategies --model
 // mlp --strategy hybrid_shard --shard-group 2 --optim adam`, tests/scripts/measure_multihost.sh):
 // rank 0 prints that configuration's JSON line.
@@ -64,6 +68,7 @@
 #include "fsdp/dist/process_group.h"
 #include "fsdp/fsdp/fully_sharded.h"
 #include "fsdp/optim/cpu_adam.h"
+#include "fsdp/optim/zero_redundancy_optimizer.h"
 #include "bench_launch.h"
 #include "compute_ceiling.h"
 
@@ -77,6 +82,7 @@ struct Args {
   int steps = 30, warmup = 5;
   std::vector<std::string> models{"mlp", "transformer"};
   bool python = true, cpu_adam = false;
+  bool zero_targets = false;  // launcher: only the rows issue 14's targets compare
   // rank mode
   std::string model = "mlp", strategy = "no_shard", optim = "adam", prefetch = "default";
   int repeat = 2;
@@ -96,7 +102,7 @@ std::vector<std::string> split(const std::string& s) {
 
 const char* kUsage =
     "usage: bench_strategies [--steps 30] [--warmup 5] [--models mlp,transformer] [--no-python]\n"
-    "                        [--cpu-adam] [--repeat 2]\n"
+    "                        [--cpu-adam] [--repeat 2] [--zero-targets]\n"
     "  rank mode (set by the launcher): --model M --strategy S --optim O --prefetch none|default|fwd\n"
     "                                   --shard-group G --bucket-mb MB [--rounds 2] [--only step|ceiling]\n"
     "                                   [--breakdown]\n";
@@ -135,6 +141,7 @@ Args parse_args(int argc, char** argv) {
     else if (k == "--models") a.models = split(next());
     else if (k == "--no-python") a.python = false;
     else if (k == "--cpu-adam") a.cpu_adam = true;
+    else if (k == "--zero-targets") a.zero_targets = true;
     else if (k == "--model") a.model = next();
     else if (k == "--strategy") a.strategy = next();
     else if (k == "--optim") a.optim = next();
@@ -186,7 +193,12 @@ int rank_main(const Args& a) {
   auto pg = fsdp::dist::init_process_group();
   const int n = pg.size();
   const int64_t global_batch = 128, per = global_batch / n;
-  auto strategy = fsdp::parse_sharding_strategy(a.strategy);
+  // zero1 / zero2: the model unwrapped, fsdp::optim::ZeroRedundancyOptimizer (default
+  // options: 1M-element buckets, stage 1 all-reduce variant); the FSDP fields below then
+  // describe no wrapper.
+  const int zero_stage = a.strategy == "zero1" ? 1 : a.strategy == "zero2" ? 2 : 0;
+  if (zero_stage && a.breakdown) usage_error("--breakdown times FSDP units; it does not apply to --strategy " + a.strategy);
+  auto strategy = zero_stage ? fsdp::ShardingStrategy::NO_SHARD : fsdp::parse_sharding_strategy(a.strategy);
   auto opts = fsdp::Options().sharding_strategy(strategy).auto_wrap_policy(fsdp::always_wrap_policy());
   if (a.shard_group > 0) opts.shard_group_size(a.shard_group);
   if (a.prefetch == "none") opts.backward_prefetch(fsdp::BackwardPrefetch::NONE);
@@ -196,21 +208,39 @@ int rank_main(const Args& a) {
     std::exit(2);
   }
   opts.bucket_cap_mb(a.bucket_mb);
-  auto model = fsdp::FullyShardedDataParallel(make_model(a.model), pg, opts);
+  fsdp::FullyShardedDataParallel<torch::nn::SequentialImpl> model{nullptr};
+  torch::nn::Sequential unwrapped{nullptr};
   int64_t numel = 0;
   {
     auto ref = make_model(a.model);
     for (auto& p : ref->parameters()) numel += p.numel();
   }
   std::unique_ptr<torch::optim::Optimizer> opt;
-  if (a.optim == "cpuadam") opt = std::make_unique<fsdp::optim::CPUAdam>(model->parameters(), fsdp::optim::CPUAdamOptions(1e-3));
-  else opt = std::make_unique<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(1e-3));
+  fsdp::optim::ZeroRedundancyOptimizer* zero = nullptr;
+  if (zero_stage) {
+    unwrapped = make_model(a.model);
+    namespace zo = fsdp::optim;
+    auto inner = a.optim == "cpuadam" ? zo::inner_optimizer<zo::CPUAdam>(zo::CPUAdamOptions(1e-3))
+                                      : zo::inner_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(1e-3));
+    auto z = std::make_unique<zo::ZeroRedundancyOptimizer>(
+        unwrapped->parameters(), inner,
+        zo::ZeroOptions().process_group(pg).stage(zero_stage).module(unwrapped.ptr()));
+    zero = z.get();
+    opt = std::move(z);
+  } else {
+    model = fsdp::FullyShardedDataParallel(make_model(a.model), pg, opts);
+    if (a.optim == "cpuadam") opt = std::make_unique<fsdp::optim::CPUAdam>(model->parameters(), fsdp::optim::CPUAdamOptions(1e-3));
+    else opt = std::make_unique<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(1e-3));
+  }
+  auto forward = [&](const torch::Tensor& in) { return zero ? unwrapped->forward(in) : model->forward(in); };
+  // ZeroRedundancyOptimizer::zero_grad hides the base class's (not virtual in libtorch).
+  auto zero_grad = [&] { zero ? zero->zero_grad() : opt->zero_grad(); };
   auto gen = at::detail::createCPUGenerator(1 + pg.rank());
   auto x = at::randn({per, 784}, gen);
   auto y = at::randint(0, 10, {per}, gen, torch::kLong);
   auto step = [&] {
-    opt->zero_grad();
-    torch::nn::functional::cross_entropy(model->forward(x), y).backward();
+    zero_grad();
+    torch::nn::functional::cross_entropy(forward(x), y).backward();
     opt->step();
   };
   // The compute ceiling: the same model unwrapped, forward + backward of this
@@ -241,18 +271,26 @@ int rank_main(const Args& a) {
     step_ms = round == 0 ? s : std::min(step_ms, s);
   }
   const double step_s = step_ms * 1e-3;
-  auto mem = model->memory_stats();
+  fsdp::MemoryStats mem{};
   int64_t optim_bytes = 0;
-  for (const auto& kv : opt->state()) {
-    auto* s = dynamic_cast<torch::optim::AdamParamState*>(kv.second.get());
-    if (!s) continue;
-    for (const auto* t : {&s->exp_avg(), &s->exp_avg_sq()})
-      if (t->defined()) optim_bytes += t->numel() * int64_t(t->element_size());
+  if (zero) {
+    const auto u = zero->get_memory_usage();
+    mem.param_shard_bytes = u[fsdp::MemoryCategory::kParameterShards];
+    mem.grad_shard_bytes = u[fsdp::MemoryCategory::kGradients];
+    optim_bytes = u[fsdp::MemoryCategory::kOptimizerState];
+  } else {
+    mem = model->memory_stats();
+    for (const auto& kv : opt->state()) {
+      auto* s = dynamic_cast<torch::optim::AdamParamState*>(kv.second.get());
+      if (!s) continue;
+      for (const auto* t : {&s->exp_avg(), &s->exp_avg_sq()})
+        if (t->defined()) optim_bytes += t->numel() * int64_t(t->element_size());
+    }
   }
   // The attainable bound: ceiling + this rank's optimizer over the parameters it
   // owns (the flat shard; all of them for NO_SHARD) + one copy of every byte
   // its collectives moved, at the memcpy bandwidth of all ranks copying at once.
-  const int64_t owned_numel = mem.param_shard_bytes / int64_t(sizeof(float));
+  const int64_t owned_numel = zero ? zero->partition_numel() : mem.param_shard_bytes / int64_t(sizeof(float));
   const double optimizer_ms = fsdp::bench::optimizer_step_ms(pg, a.optim, owned_numel, a.steps);
   const double memcpy_bps = fsdp::bench::memcpy_bytes_per_s(pg, int64_t(4) << 20, int64_t(64) << 20);
   const double copy_ms = bytes / memcpy_bps * 1e3;
@@ -271,6 +309,8 @@ int rank_main(const Args& a) {
       optimum = 3 * psi * (g - 1) / g + 2 * (psi / g) * (r - 1) / r;
       break;
   }
+  // [Note: ZeRO partition layout]: stage 2 2Ψ, stage 1 (all-reduce variant) 3Ψ.
+  if (zero_stage) optimum = (zero_stage == 1 ? 3 : 2) * psi * (n - 1) / n;
   if (a.breakdown) {
     // The step's phases beside the plain model's, every rank at once: what FSDP adds
     // to forward (gathers, hooks, views) and to backward (gathers, flattening,
@@ -331,7 +371,7 @@ int rank_main(const Args& a) {
   const char* shm_env = std::getenv("FSDP_SHARED_MEMORY");
   const bool shm = !(shm_env && std::string(shm_env) == "0");
   if (pg.rank() == 0) {
-    std::string name = fsdp::to_string(strategy);
+    std::string name = zero_stage ? (zero_stage == 1 ? "ZERO1" : "ZERO2") : fsdp::to_string(strategy);
     if (a.optim == "cpuadam") name += "+CPUAdam";
     if (a.prefetch == "none") name += "+no-prefetch";
     if (a.prefetch == "fwd") name += "+fwd-prefetch";
@@ -392,18 +432,32 @@ int launcher_main(const Args& a) {
                               {2, "full_shard", "adam", "default", 0, 4},
                               {4, "hybrid_shard", "adam", "default", 2},
                               {4, "hybrid_shard", "adam", "default", 2, 25}};
+  // ZeRO without a wrapper (fsdp::optim::ZeroRedundancyOptimizer).
+  configs.push_back({2, "zero1", "adam", "default", 0});
+  configs.push_back({2, "zero2", "adam", "default", 0});
   if (a.cpu_adam) {
     configs.push_back({2, "no_shard", "cpuadam", "default", 0});
     configs.push_back({2, "full_shard", "cpuadam", "default", 0});
+    configs.push_back({2, "zero2", "cpuadam", "default", 0});
   }
   // The cross-host path: Gloo over TCP (shared-memory transport off), in the same
   // run as Python DDP, whose Gloo also goes over TCP.
   configs.push_back({2, "no_shard", "adam", "default", 0, 0, true});
   configs.push_back({2, "full_shard", "adam", "default", 0, 0, true});
+  // --zero-targets: only the rows issue 14's speed targets compare (and Python's
+  // ZeroRedundancyOptimizer), so that more alternating rounds fit in the same time.
+  if (a.zero_targets)
+    configs = {{2, "no_shard", "cpuadam", "default", 0},
+               {2, "zero2", "cpuadam", "default", 0},
+               {2, "zero1", "adam", "default", 0},
+               {2, "zero2", "adam", "default", 0}};
   // Rounds of every configuration in turn; each keeps its fastest run (see --repeat).
   std::vector<std::string> results;  // in configuration order, the fastest run of each
+  std::vector<std::vector<std::string>> rounds(a.repeat);  // every run, by round
+  int this_round = 0;
   auto keep_fastest = [&](const std::vector<std::string>& lines) {
     for (const auto& l : lines) {
+      rounds[this_round].push_back(l);
       auto same = std::find_if(results.begin(), results.end(), [&](const std::string& r) {
         return field(r, "model") == field(l, "model") && field(r, "strategy") == field(l, "strategy") &&
                field(r, "world_size") == field(l, "world_size");
@@ -413,6 +467,7 @@ int launcher_main(const Args& a) {
     }
   };
   for (int round = 0; round < a.repeat; ++round) {
+    this_round = round;
     for (const auto& m : a.models) {
       for (const auto& c : configs) {
         std::ostringstream cmd;
@@ -422,10 +477,14 @@ int launcher_main(const Args& a) {
         keep_fastest(json_lines(cmd.str()));
       }
       if (a.python) {
-        std::ostringstream cmd;
-        cmd << "OMP_NUM_THREADS=1 /usr/bin/python3 " << FSDP_SOURCE_DIR << "/bench/ddp_baseline.py --model " << m
-            << " --world 2 --steps " << a.steps << " --warmup " << a.warmup;
-        keep_fastest(json_lines(cmd.str()));
+        // Python DDP, and DDP + torch.distributed.optim.ZeroRedundancyOptimizer (Adam).
+        for (const char* extra : {"", " --zero"}) {
+          if (a.zero_targets && !*extra) continue;
+          std::ostringstream cmd;
+          cmd << "OMP_NUM_THREADS=1 /usr/bin/python3 " << FSDP_SOURCE_DIR << "/bench/ddp_baseline.py --model " << m
+              << " --world 2 --steps " << a.steps << " --warmup " << a.warmup << extra;
+          keep_fastest(json_lines(cmd.str()));
+        }
       }
     }
   }
@@ -457,6 +516,38 @@ int launcher_main(const Args& a) {
                 std::stod(field(r, "optim_bytes")) * mb, std::stod(field(r, "peak_rss_bytes")) * mb);
   }
   for (const auto& r : results) std::printf("%s\n", r.c_str());
+  // Issue 14's speed targets as ratios of samples/s between two rows measured in the
+  // same run: per round (the rows of one round ran one after the other, so load that
+  // comes and goes hits both alike), their median, and the ratio of the fastest runs.
+  struct Target { const char* name; const char* num; const char* den; double goal; };
+  const Target targets[] = {{"zero2+cpuadam_vs_no_shard+cpuadam", "ZERO2+CPUAdam", "NO_SHARD+CPUAdam", 0.95},
+                            {"zero1_vs_python_zero", "ZERO1", "PYTHON_DDP+ZERO", 1.5},
+                            {"zero2_vs_python_zero", "ZERO2", "PYTHON_DDP+ZERO", 1.5}};
+  auto sps_of = [&](const std::vector<std::string>& lines, const std::string& model, const std::string& strategy) {
+    for (const auto& l : lines)
+      if (field(l, "model") == model && field(l, "strategy") == strategy) return std::stod(field(l, "samples_per_s"));
+    return 0.0;
+  };
+  for (const auto& m : a.models) {
+    for (const auto& t : targets) {
+      std::vector<double> per_round;
+      for (const auto& lines : rounds) {
+        const double num = sps_of(lines, m, t.num), den = sps_of(lines, m, t.den);
+        if (num > 0 && den > 0) per_round.push_back(num / den);
+      }
+      if (per_round.empty()) continue;
+      std::vector<double> sorted = per_round;
+      std::sort(sorted.begin(), sorted.end());
+      const double median = sorted.size() % 2 ? sorted[sorted.size() / 2]
+                                              : 0.5 * (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]);
+      std::string list;
+      for (double r : per_round) list += (list.empty() ? "" : ", ") + std::to_string(r).substr(0, 5);
+      std::printf("{\"target\": \"%s\", \"model\": \"%s\", \"goal\": %.2f, \"ratio_per_round\": [%s], "
+                  "\"median_ratio\": %.3f, \"fastest_ratio\": %.3f}\n",
+                  t.name, m.c_str(), t.goal, list.c_str(), median,
+                  sps_of(results, m, t.num) / std::max(1e-9, sps_of(results, m, t.den)));
+    }
+  }
   return 0;
 }
 

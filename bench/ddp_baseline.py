@@ -6,6 +6,9 @@ transformer-like stack: Linear 784->256, 4 blocks of [x + Linear(LayerNorm(x)),
 x + Linear(GELU(Linear(x)))] with a 4x MLP, Linear 256->10) with torch.optim.Adam,
 global batch 128 split over `--world` ranks, one intra-op thread per rank, Gloo over
 loopback. Prints one JSON object (rank 0) with the same keys as bench_strategies.
+With --zero the optimizer is torch.distributed.optim.ZeroRedundancyOptimizer over Adam
+(PyTorch's ZeRO-1: each rank steps the parameters assigned to it and broadcasts them),
+still under DDP, as its documentation pairs them.
 Run with Debian's interpreter: /usr/bin/python3 bench/ddp_baseline.py --model mlp
 """
 import argparse
@@ -52,7 +55,11 @@ def worker(rank, args, init_file, queue):
                             timeout=datetime.timedelta(seconds=60))
     torch.manual_seed(0)
     model = nn.parallel.DistributedDataParallel(make_model(args.model))
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    if args.zero:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=1e-3)
+    else:
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     per = args.batch // args.world
     gen = torch.Generator().manual_seed(1 + rank)
     x = torch.randn(per, 784, generator=gen)
@@ -75,14 +82,16 @@ def worker(rank, args, init_file, queue):
     if rank == 0:
         n = args.world
         param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-        optim_bytes = sum(t.numel() * t.element_size() for s in opt.state.values()
+        local = opt.optim if args.zero else opt  # ZeRO: this rank's partition only
+        optim_bytes = sum(t.numel() * t.element_size() for s in local.state.values()
                           for k, t in s.items() if torch.is_tensor(t) and k != "step")
         step_s = elapsed.item() / args.steps
         queue.put({
-            "model": args.model, "strategy": "PYTHON_DDP", "world_size": n,
+            "model": args.model, "strategy": "PYTHON_DDP+ZERO" if args.zero else "PYTHON_DDP", "world_size": n,
             "step_ms": round(step_s * 1e3, 3), "samples_per_s": round(args.batch / step_s, 1),
-            # DDP all-reduces every gradient once (ring): 2 Psi (N-1)/N; not measured.
-            "bytes_communicated": int(2 * param_bytes * (n - 1) / n),
+            # DDP all-reduces every gradient once (ring): 2 Psi (N-1)/N; ZeRO adds the
+            # broadcast of every rank's updated parameters (Psi (N-1)/N each). Not measured.
+            "bytes_communicated": int((3 if args.zero else 2) * param_bytes * (n - 1) / n),
             "param_bytes": param_bytes, "grad_bytes": param_bytes, "optim_bytes": optim_bytes,
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         })
@@ -96,6 +105,7 @@ def main():
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--zero", action="store_true", help="torch.distributed.optim.ZeroRedundancyOptimizer over Adam")
     args = ap.parse_args()
     # A worker that dies without a result (seen now and then at start-up on the
     # loaded VM: the process vanishes with no traceback) would leave the other

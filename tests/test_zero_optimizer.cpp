@@ -21,17 +21,21 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <limits>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "fsdp/dist/collectives.h"
 #include "fsdp/optim/cpu_adam.h"
 #include "fsdp/optim/zero_redundancy_optimizer.h"
+#include "fsdp/state/zero_checkpoint.h"
 #include "fsdp/state/zero_state_dict.h"
 #include "harness/counting_allocator.h"
 #include "harness/models.h"
 #include "harness/multirank.h"
+#include "harness/temp_dir.h"
 
 // White-box: the layout's arithmetic; the reference optimizer's state by parameter.
 #include "../src/optim/zero_layout.h"
@@ -315,99 +319,59 @@ void check_case(dist::ProcessGroup& pg, const Case& c) {
   });
 }
 
-std::vector<Case> cases() {
-  std::vector<Case> out;
-  auto add = [&](Case c) { out.push_back(std::move(c)); };
-  {
-    Case c;
-    c.name = "stage1/all_reduce/sgd/state_dict";
-    c.opt = Opt::SGD;
-    c.state_dict = true;
-    add(c);
+// A case is its name: '/'-separated words, each setting one field of Case (so a name
+// cannot drift from what it runs): stage1 | stage2, all_reduce | reduce_scatter,
+// sgd | adamw | cpu_adam, accum<k>, clip, overlap, lr (a StepLR scheduler),
+// state_dict, bucket<elements>, one-bucket.
+Case parse_case(const std::string& name) {
+  Case c;
+  c.name = name;
+  size_t at = 0;
+  while (at <= name.size()) {
+    const size_t slash = std::min(name.find('/', at), name.size());
+    const std::string w = name.substr(at, slash - at);
+    at = slash + 1;
+    auto number_after = [&](const std::string& prefix) { return std::stoll(w.substr(prefix.size())); };
+    if (w == "stage1" || w == "stage2") c.stage = w == "stage1" ? 1 : 2;
+    else if (w == "all_reduce") c.reduction = Stage1Reduction::kAllReduce;
+    else if (w == "reduce_scatter") c.reduction = Stage1Reduction::kReduceScatter;
+    else if (w == "sgd") c.opt = Opt::SGD;
+    else if (w == "adamw") c.opt = Opt::AdamW;
+    else if (w == "cpu_adam") c.opt = Opt::CPUAdam;
+    else if (w.rfind("accum", 0) == 0) c.accum = static_cast<int>(number_after("accum"));
+    else if (w == "clip") c.clip = 0.05;
+    else if (w == "overlap") c.overlap = true;
+    else if (w == "lr") c.scheduler = true;
+    else if (w == "state_dict") c.state_dict = true;
+    else if (w == "one-bucket") c.bucket = 1024 * 1024;
+    else if (w.rfind("bucket", 0) == 0) c.bucket = number_after("bucket");
+    else throw std::invalid_argument("parse_case: unknown word '" + w + "' in '" + name + "'");
   }
-  {
-    Case c;
-    c.name = "stage1/all_reduce/adamw/accum2/clip/overlap/lr";
-    c.accum = 2;
-    c.clip = 0.05;
-    c.overlap = true;
-    c.scheduler = true;
-    add(c);
-  }
-  {
-    Case c;
-    c.name = "stage1/reduce_scatter/adamw/clip";
-    c.reduction = Stage1Reduction::kReduceScatter;
-    c.bucket = 64;
-    c.clip = 0.05;
-    add(c);
-  }
-  {
-    Case c;
-    c.name = "stage1/reduce_scatter/sgd/accum2";
-    c.reduction = Stage1Reduction::kReduceScatter;
-    c.opt = Opt::SGD;
-    c.accum = 2;
-    add(c);
-  }
-  {
-    Case c;
-    c.name = "stage2/sgd/accum2/state_dict";
-    c.stage = 2;
-    c.opt = Opt::SGD;
-    c.accum = 2;
-    c.state_dict = true;
-    add(c);
-  }
-  {
-    Case c;
-    c.name = "stage2/adamw/accum2/clip/overlap";
-    c.stage = 2;
-    c.accum = 2;
-    c.clip = 0.05;
-    c.overlap = true;
-    add(c);
-  }
-  {
-    Case c;
-    c.name = "stage2/adamw/one-bucket/state_dict";
-    c.stage = 2;
-    c.bucket = 1024 * 1024;
-    c.state_dict = true;
-    add(c);
-  }
-  {
-    Case c;
-    c.name = "stage2/cpu_adam/bucket7/lr";
-    c.stage = 2;
-    c.opt = Opt::CPUAdam;
-    c.bucket = 7;
-    c.scheduler = true;
-    add(c);
-  }
-  return out;
+  return c;
 }
+
+// fp32 cases (check_case) at every N, and the bf16 ones (check_mixed_case).
+const char* const kParityCases[] = {
+    "stage1/all_reduce/sgd/state_dict",
+    "stage1/all_reduce/adamw/accum2/clip/overlap/lr",
+    "stage1/reduce_scatter/adamw/bucket64/clip",
+    "stage1/reduce_scatter/sgd/accum2",
+    "stage2/sgd/accum2/state_dict",
+    "stage2/adamw/accum2/clip/overlap",
+    "stage2/adamw/one-bucket/state_dict",
+    "stage2/cpu_adam/bucket7/lr",
+};
+const char* const kMixedCases[] = {
+    "stage2/adamw/accum2",
+    "stage1/all_reduce/adamw",
+    "stage1/reduce_scatter/sgd/accum2",
+};
 
 void check_mixed_case(dist::ProcessGroup& pg, const Case& c);
 
 void parity_cases(dist::ProcessGroup& pg) {
-  for (const Case& c : cases()) check_case(pg, c);
-  {
-    Case c;
-    c.name = "stage2/adamw/accum2";
-    c.stage = 2;
-    c.accum = 2;
-    check_mixed_case(pg, c);
-    c.name = "stage1/all_reduce/adamw";
-    c.stage = 1;
-    c.accum = 1;
-    check_mixed_case(pg, c);
-    c.name = "stage1/reduce_scatter/sgd/accum2";
-    c.reduction = Stage1Reduction::kReduceScatter;
-    c.opt = Opt::SGD;
-    c.accum = 2;
-    check_mixed_case(pg, c);
-  }
+  for (const char* name : kParityCases) check_case(pg, parse_case(name));
+  for (const char* name : kMixedCases) check_mixed_case(pg, parse_case(name));
 }
 
 // Options and misuse are refused before anything changes, with the fix in the message.
@@ -785,6 +749,134 @@ TEST(ZeroOptimizer, ParityWithSingleProcess) {
       }
       if (pg.size() >= 2) scaler_cases(pg);
     });
+  // N=4: one exact case per stage (every bucket padded, buckets cutting parameters).
+  run_ranks(4, [](dist::ProcessGroup& pg) {
+    for (const char* name : {"stage1/reduce_scatter/sgd/accum2", "stage2/cpu_adam/bucket7/lr"})
+      check_case(pg, parse_case(name));
+  });
+}
+
+// Checkpoint directories shared with FSDP (fsdp/state/zero_checkpoint.h): a chain of
+// saves and loads through both families and four world sizes, each continuing the
+// training of one uninterrupted run:
+//   ZeRO-2 at N=2 saves at step 3 (and continues to step 6: the reference; reloaded at
+//   N=2 into a fresh model, the continuation is bitwise equal);
+//   -> FSDP FULL_SHARD at N=4 loads it, saves, continues;
+//   -> ZeRO-1 at N=3 loads that, saves, continues;
+//   -> FSDP NO_SHARD at N=1 loads that, continues.
+// Adam (moments and per-parameter steps must carry over). Across world sizes only the
+// order of float sums changes: within 1e-5 relative L2 of the reference.
+namespace xckpt {
+
+constexpr int64_t kBatch = 12;  // divisible by 1..4
+constexpr int64_t kSave = 3, kEnd = 6;
+
+std::string test_dir() {
+  static const TempDir dir = TempDir::from_env_or_create("FSDP_ZERO_CKPT_DIR", "fsdp-zero-ckpt-");
+  return dir.path();
+}
+RankOptions rank_options() {
+  RankOptions o;
+  o.extra_env.push_back("FSDP_ZERO_CKPT_DIR=" + test_dir());
+  return o;
+}
+
+torch::optim::AdamOptions adam() { return torch::optim::AdamOptions(1e-2); }
+
+template <typename Forward, typename Step>
+void train(const dist::ProcessGroup& pg, Forward forward, Step step, int64_t from, int64_t to) {
+  for (int64_t s = from; s < to; ++s) {
+    auto [x, y] = global_batch(s, kBatch);
+    torch::mse_loss(forward(rank_slice(x, pg.rank(), pg.size())), rank_slice(y, pg.rank(), pg.size())).backward();
+    step();
+  }
+}
+
+std::unique_ptr<ZeroRedundancyOptimizer> zero(dist::ProcessGroup& pg, TinyTransformer& m, int stage) {
+  return std::make_unique<ZeroRedundancyOptimizer>(
+      m->parameters(), fsdp::optim::inner_optimizer<torch::optim::Adam>(adam()),
+      ZeroOptions().process_group(pg).stage(stage).reduce_bucket_size(100).module(m.ptr()));
+}
+void train_zero(dist::ProcessGroup& pg, TinyTransformer& m, ZeroRedundancyOptimizer& opt, int64_t from, int64_t to) {
+  train(pg, [&](const torch::Tensor& x) { return m->forward(x); }, [&] { opt.step(); opt.zero_grad(); }, from, to);
+}
+using Fsdp = FullyShardedDataParallel<TinyTransformerImpl>;
+void train_fsdp(dist::ProcessGroup& pg, Fsdp& m, torch::optim::Optimizer& opt, int64_t from, int64_t to) {
+  train(pg, [&](const torch::Tensor& x) { return m->forward(x); }, [&] { opt.step(); opt.zero_grad(); }, from, to);
+}
+
+std::map<std::string, torch::Tensor> params_of(torch::nn::Module& m) {
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& p : m.named_parameters()) out[p.key()] = p.value().detach().clone();
+  return out;
+}
+void save_reference(const std::map<std::string, torch::Tensor>& p) {
+  std::vector<torch::Tensor> v;
+  for (const auto& kv : p) v.push_back(kv.second);
+  torch::save(v, test_dir() + "/reference.pt");
+}
+void expect_reference(const std::map<std::string, torch::Tensor>& got, const std::string& where) {
+  std::vector<torch::Tensor> v;
+  torch::load(v, test_dir() + "/reference.pt");
+  ASSERT_EQ(v.size(), got.size()) << where;
+  size_t i = 0;
+  for (const auto& kv : got) EXPECT_LT(rel_diff(kv.second, v[i++]), 1e-5) << where << ": " << kv.first;
+}
+
+}  // namespace xckpt
+
+TEST(ZeroOptimizer, CheckpointsCrossFsdpAndWorldSizes) {
+  using namespace xckpt;
+  const std::string dir = test_dir();
+  run_ranks(2, [&](dist::ProcessGroup& pg) {
+    run_case("zero2 N=2: save, continue, reload bitwise", [&] {
+      auto m = make_transformer(0);
+      auto opt = zero(pg, m, 2);
+      train_zero(pg, m, *opt, 0, kSave);
+      CheckpointExtra extra;
+      extra.values["step"] = std::to_string(kSave);
+      save_checkpoint(dir + "/zero2-n2", *opt, extra);
+      train_zero(pg, m, *opt, kSave, kEnd);
+      const auto reference = params_of(*m);
+      if (pg.rank() == 0) save_reference(reference);
+      auto m2 = make_transformer(7);
+      auto opt2 = zero(pg, m2, 2);
+      EXPECT_EQ(load_checkpoint(dir + "/zero2-n2", *opt2).values.at("step"), "3");
+      train_zero(pg, m2, *opt2, kSave, kEnd);
+      for (const auto& kv : params_of(*m2))
+        EXPECT_TRUE(torch::equal(kv.second, reference.at(kv.first))) << kv.first << " differs after reload at N=2";
+      dist::barrier(pg);
+    });
+  }, rank_options());
+  run_ranks(4, [&](dist::ProcessGroup& pg) {
+    run_case("FULL_SHARD N=4 <- zero2 N=2", [&] {
+      Fsdp m(make_transformer(7), pg, Options().auto_wrap_policy(always_wrap_policy()));
+      torch::optim::Adam opt(m->parameters(), adam());
+      load_checkpoint(dir + "/zero2-n2", *m, &opt);
+      save_checkpoint(dir + "/full-n4", *m, &opt);
+      train_fsdp(pg, m, opt, kSave, kEnd);
+      expect_reference(full_params(m), "FULL_SHARD at N=4 from zero2 at N=2");
+    });
+  }, rank_options());
+  run_ranks(3, [&](dist::ProcessGroup& pg) {
+    run_case("zero1 N=3 <- FULL_SHARD N=4", [&] {
+      auto m = make_transformer(7);
+      auto opt = zero(pg, m, 1);
+      load_checkpoint(dir + "/full-n4", *opt);
+      save_checkpoint(dir + "/zero1-n3", *opt);
+      train_zero(pg, m, *opt, kSave, kEnd);
+      expect_reference(params_of(*m), "zero1 at N=3 from FULL_SHARD at N=4");
+    });
+  }, rank_options());
+  run_ranks(1, [&](dist::ProcessGroup& pg) {
+    run_case("NO_SHARD N=1 <- zero1 N=3", [&] {
+      Fsdp m(make_transformer(7), pg, Options().sharding_strategy(ShardingStrategy::NO_SHARD));
+      torch::optim::Adam opt(m->parameters(), adam());
+      load_checkpoint(dir + "/zero1-n3", *m, &opt);
+      train_fsdp(pg, m, opt, kSave, kEnd);
+      expect_reference(full_params(m), "NO_SHARD at N=1 from zero1 at N=3");
+    });
+  }, rank_options());
 }
 
 TEST(ZeroOptimizer, PeakModelStateMemory) {

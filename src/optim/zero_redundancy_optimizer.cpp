@@ -488,27 +488,34 @@ torch::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
   if (stage2) m.reducer->clear();
   m.stage1_partition = at::Tensor();
 
-  // 5. Every rank's updated chunks, straight into the parameters' storage (under mixed
-  // precision first rounded from the masters into this rank's chunks).
+  // 5. Every rank's updated chunks, straight into the parameters' storage.
+  all_gather_parameters();
+  if (m.options.sync_buffers()) broadcast_buffers(m.pg, *m.options.module());
+  if (m.scaler) m.scaler->update(/*overflow=*/false);
+  m.last_applied = true;
+  return loss;
+}
+
+void ZeroRedundancyOptimizer::all_gather_parameters() {
+  torch::NoGradGuard no_grad;
+  Impl& m = *impl_;
+  const ZeroLayout& layout = *m.layout;
+  const int nbuckets = static_cast<int>(layout.buckets().size());
+  // Under mixed precision this rank's chunks are first rounded from the masters.
   if (m.mixed()) {
     for (int b = 0; b < nbuckets; ++b) {
       const auto& lb = layout.buckets()[b];
       m.flat.narrow(0, layout.chunk_offset(b, m.rank()), lb.chunk).copy_(m.master.narrow(0, lb.local_offset, lb.chunk));
     }
   }
-  if (m.pg.size() > 1) {
-    auto gather = [&](int b) {
-      const auto& lb = layout.buckets()[b];
-      if (lb.padded == 0) return dist::CommHandle();
-      return dist::all_gather_into(m.pg, m.flat.narrow(0, lb.flat_offset, lb.padded),
-                                   m.flat.narrow(0, layout.chunk_offset(b, m.rank()), lb.chunk));
-    };
-    for_each_bucket(nbuckets, m.window(), gather, [](int) {});
-  }
-  if (m.options.sync_buffers()) broadcast_buffers(m.pg, *m.options.module());
-  if (m.scaler) m.scaler->update(/*overflow=*/false);
-  m.last_applied = true;
-  return loss;
+  if (m.pg.size() == 1) return;
+  auto gather = [&](int b) {
+    const auto& lb = layout.buckets()[b];
+    if (lb.padded == 0) return dist::CommHandle();
+    return dist::all_gather_into(m.pg, m.flat.narrow(0, lb.flat_offset, lb.padded),
+                                 m.flat.narrow(0, layout.chunk_offset(b, m.rank()), lb.chunk));
+  };
+  for_each_bucket(nbuckets, m.window(), gather, [](int) {});
 }
 
 void ZeroRedundancyOptimizer::backward(const torch::Tensor& loss) {

@@ -15,6 +15,7 @@
 #include "../dist/object_collectives.h"
 #include "../fsdp/state_view.h"
 #include "checkpoint_format.h"
+#include "checkpoint_subject.h"
 #include "fsdp/dist/collectives.h"
 #include "optim_state.h"
 #include "shared_directory.h"
@@ -46,8 +47,9 @@ detail::CheckpointRecordHook& record_hook() {
   return hook;
 }
 
-std::string strategy_name(const FullyShardedBase& m) {
-  return to_string(m.options().sharding_strategy());
+state::CheckpointSubject subject_of(FullyShardedBase& model, const char* what) {
+  return {model.process_group(), to_string(model.options().sharding_strategy()),
+          detail::StateView(model).local_pieces(what), model.module_ptr().get()};
 }
 
 }  // namespace
@@ -56,10 +58,15 @@ void detail::set_checkpoint_record_hook(CheckpointRecordHook hook) { record_hook
 
 void save_checkpoint(const std::string& dir, FullyShardedBase& model, const torch::optim::Optimizer* optimizer,
                      const CheckpointExtra& extra) {
+  state::save_checkpoint_of(dir, subject_of(model, "save_checkpoint"), optimizer, extra);
+}
+
+void state::save_checkpoint_of(const std::string& dir, const CheckpointSubject& subject,
+                               const torch::optim::Optimizer* optimizer, const CheckpointExtra& extra) {
   TORCH_CHECK(!dir.empty(), "fsdp: save_checkpoint needs a directory");
-  const auto& pg = model.process_group();
+  const auto& pg = subject.group;
   const int rank = pg.rank();
-  auto pieces = detail::StateView(model).local_pieces("save_checkpoint");
+  const auto& pieces = subject.pieces;
   const std::string opt_kind = optimizer ? state::optimizer_kind(*optimizer) : "";
   const std::string tmp = dir + ".tmp";
 
@@ -111,7 +118,7 @@ void save_checkpoint(const std::string& dir, FullyShardedBase& model, const torc
       }
     }
     if (rank == 0) {
-      for (const auto& b : model.module_ptr()->named_buffers())
+      for (const auto& b : subject.module->named_buffers())
         put(b.key(), state::format::kBuffer, b.value().contiguous().view({-1}), 0, b.value().numel());
       for (const auto& kv : extra.tensors)
         put(kv.first, state::format::kExtra, kv.second.detach().cpu().contiguous().view({-1}), 0,
@@ -135,7 +142,7 @@ void save_checkpoint(const std::string& dir, FullyShardedBase& model, const torc
       meta["format"] = state::format::kFormatName;
       meta["version"] = state::format::kFormatVersion;
       meta["world_size"] = pg.size();
-      meta["strategy"] = strategy_name(model);
+      meta["strategy"] = subject.strategy;
       meta["optimizer"] = optimizer ? json(opt_kind) : json(nullptr);
       json items = json::object();
       std::vector<std::string> order;
@@ -146,7 +153,7 @@ void save_checkpoint(const std::string& dir, FullyShardedBase& model, const torc
         order.push_back(p.name);
         name_of[p.param.unsafeGetTensorImpl()] = p.name;
       }
-      for (const auto& b : model.module_ptr()->named_buffers())
+      for (const auto& b : subject.module->named_buffers())
         items[b.key()] = {{"kind", state::format::kBuffer}, {"shape", b.value().sizes().vec()},
                           {"dtype", state::format::dtype_name(b.value().scalar_type())}};
       for (const auto& kv : extra.tensors)
@@ -337,7 +344,7 @@ void plan_fill(const Loaded& l, LoadPlan& plan, const std::string& item, const s
 }
 
 // Step 1 of [Note: atomic load], without the checksums: what lands where.
-LoadPlan plan_load(const Loaded& l, FullyShardedBase& model, const std::vector<LocalPiece>& pieces,
+LoadPlan plan_load(const Loaded& l, torch::nn::Module& module, const std::vector<LocalPiece>& pieces,
                    torch::optim::Optimizer* optimizer, int rank) {
   LoadPlan plan;
   const auto& items = l.meta.at("items");
@@ -368,7 +375,7 @@ LoadPlan plan_load(const Loaded& l, FullyShardedBase& model, const std::vector<L
     check_item(name, state::format::kParam, p.shape, p.param.scalar_type());
     plan_fill(l, plan, name, state::format::kParam, p.flat(), p.begin, p.end);
   }
-  for (const auto& b : model.module_ptr()->named_buffers()) {
+  for (const auto& b : module.named_buffers()) {
     check_item(b.key(), state::format::kBuffer, b.value().sizes(), b.value().scalar_type());
     auto v = b.value();
     TORCH_INTERNAL_ASSERT(v.is_contiguous());
@@ -517,17 +524,22 @@ std::string message_of(const std::exception& e) {
 }  // namespace
 
 CheckpointExtra load_checkpoint(const std::string& dir, FullyShardedBase& model, torch::optim::Optimizer* optimizer) {
-  const auto& pg = model.process_group();
-  const int rank = pg.rank();
   // Fails alike on every rank (a model inside its step), before any collective.
-  auto pieces = detail::StateView(model).local_pieces("load_checkpoint");
+  return state::load_checkpoint_of(dir, subject_of(model, "load_checkpoint"), optimizer);
+}
+
+CheckpointExtra state::load_checkpoint_of(const std::string& dir, const CheckpointSubject& subject,
+                                          torch::optim::Optimizer* optimizer) {
+  const auto& pg = subject.group;
+  const int rank = pg.rank();
+  const auto& pieces = subject.pieces;
   torch::NoGradGuard no_grad;
   std::unique_ptr<state::format::MappedRecords> records;  // the verified bytes live here until the commit
   LoadPlan plan;
   std::string error;
   try {
     Loaded l = open_checkpoint(dir);
-    plan = plan_load(l, model, pieces, optimizer, rank);
+    plan = plan_load(l, *subject.module, pieces, optimizer, rank);
     records = std::make_unique<state::format::MappedRecords>(l.dir);
     verify_in_file_order(plan, *records);
   } catch (const std::exception& e) {

@@ -199,14 +199,6 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
       o.strategy != "hybrid_shard" && o.strategy != "zero1" && o.strategy != "zero2")
     return usage_error("unknown --strategy '" + o.strategy +
                        "'; expected full_shard, shard_grad_op, no_shard, hybrid_shard, zero1 or zero2");
-  if (o.is_zero()) {
-    // Not yet wired for the ZeRO strategies (the sharded optimizer on an unwrapped model).
-    if (!o.checkpoint_dir.empty() || !o.resume.empty())
-      return usage_error("--checkpoint-dir and --resume are not supported with --strategy " + o.strategy +
-                         " yet; use full_shard, shard_grad_op, no_shard or hybrid_shard");
-    if (o.mixed_precision != "none")
-      return usage_error("--mixed-precision is not supported with --strategy " + o.strategy + " yet");
-  }
   if (group_opt->count() > 0 && o.strategy != "hybrid_shard")
     return usage_error("--shard-group-size applies to --strategy hybrid_shard only");
   if (o.shard_group_size < 0)

@@ -20,6 +20,7 @@
 #include "fsdp/memory/memory_tracer.h"
 #include "fsdp/optim/cpu_adam.h"
 #include "fsdp/optim/zero_redundancy_optimizer.h"
+#include "fsdp/state/zero_checkpoint.h"
 #include "metrics.h"
 #include "models.h"
 #include "progress.h"
@@ -74,8 +75,10 @@ std::unique_ptr<torch::optim::Optimizer> make_zero_optimizer(const TrainOptions&
   else
     inner = zo::inner_optimizer<zo::CPUAdam>(zo::CPUAdamOptions(lr).weight_decay(o.weight_decay));
   auto params = net->parameters();
-  return std::make_unique<zo::ZeroRedundancyOptimizer>(
-      params, inner, zo::ZeroOptions().process_group(pg).stage(o.strategy == "zero1" ? 1 : 2).module(net));
+  auto options = zo::ZeroOptions().process_group(pg).stage(o.strategy == "zero1" ? 1 : 2).module(net);
+  // bf16 as under FSDP: bf16 parameters for compute, fp32 masters stepped, fp32 reduced gradients.
+  if (o.mixed_precision == "bf16") options.param_dtype(torch::kBFloat16);
+  return std::make_unique<zo::ZeroRedundancyOptimizer>(params, inner, options);
 }
 
 int64_t bytes_of(const torch::Tensor& t) { return t.defined() ? t.numel() * int64_t(t.element_size()) : 0; }
@@ -242,9 +245,10 @@ int train(const TrainOptions& o, const dist::ProcessGroup& pg, FullyShardedBase*
       below = step;
     }
     if (resume.empty()) break;
-    TORCH_INTERNAL_ASSERT(fsdp_model, "--resume under --strategy ", o.strategy, " passed the option checks");
     try {
-      extra = fsdp::load_checkpoint(resume, *fsdp_model, opt.get());
+      // The same directory format either way: a zero checkpoint resumes under FSDP and back.
+      extra = fsdp_model ? fsdp::load_checkpoint(resume, *fsdp_model, opt.get())
+                         : fsdp::load_checkpoint(resume, *zero_opt);
       break;
     } catch (const c10::Error& e) {
       // A load that fails (a damaged or missing tensor file on any rank) throws the same
@@ -274,10 +278,11 @@ int train(const TrainOptions& o, const dist::ProcessGroup& pg, FullyShardedBase*
   double paused_seconds = 0;  // evaluations and checkpoints: not training throughput
   auto checkpoint = [&](int64_t step) {
     if (o.checkpoint_dir.empty()) return;
-    TORCH_INTERNAL_ASSERT(fsdp_model, "--checkpoint-dir under --strategy ", o.strategy, " passed the option checks");
     const auto t0 = Clock::now();
     // save_checkpoint creates <dir>/step-S.tmp's parents; atomic rename at the end.
-    fsdp::save_checkpoint(checkpoint_path(o.checkpoint_dir, step), *fsdp_model, opt.get(), training_state(o, step));
+    const std::string path = checkpoint_path(o.checkpoint_dir, step);
+    if (fsdp_model) fsdp::save_checkpoint(path, *fsdp_model, opt.get(), training_state(o, step));
+    else fsdp::save_checkpoint(path, *zero_opt, training_state(o, step));
     if (lead && o.keep_checkpoints > 0) {
       // After the save returned on rank 0, the new checkpoint is complete: the oldest can go.
       std::string failed = prune_checkpoints(o.checkpoint_dir, o.keep_checkpoints);

@@ -147,6 +147,11 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
   /// rank's pieces, all-gathers the updated parameters. Collective. With a closure, calls
   /// it first (it runs forward and backward) and returns its loss.
   torch::Tensor step(LossClosure closure = nullptr) override;
+  /// The end of step(): rounds this rank's pieces (their fp32 masters under mixed
+  /// precision) into its chunks of the parameters and all-gathers every rank's chunks
+  /// into every parameter. Collective. For code that wrote the pieces (local_pieces())
+  /// directly, such as fsdp::load_checkpoint.
+  void all_gather_parameters();
   /// LowLevelZero's call pattern: (loss * scale / gradient_accumulation_steps).backward().
   void backward(const torch::Tensor& loss);
   /// Whether the last step() updated the parameters: false when a rank found inf/nan in
