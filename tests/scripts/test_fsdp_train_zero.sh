@@ -67,7 +67,7 @@ pass "--estimate-memory: ZERO1 and ZERO2 rows"
 # to 2K: under zero1 (fp32) and zero2 (bf16 parameters, fp32 masters) the losses of steps
 # K+1..2K and the final eval are bitwise equal (parameters, masters, Adam moments and steps
 # restored). Then ZeRO <-> FSDP at other world sizes (one format, records per original
-# parameter): zero1's step-K continues under full_shard at 4 ranks and no_shard at 1, and a
+# parameter): zero1's step-6 continues under full_shard at 4 ranks and no_shard at 1, and a
 # full_shard step-K (2 ranks) under zero2 at 4 ranks, each within 1e-6 of the uninterrupted
 # fp32 zero1 run (whose losses equal no_shard's bit for bit, above; float sums run in
 # another order).
@@ -86,7 +86,7 @@ for variant in "zero1:" "zero2:--mixed-precision bf16"; do
   [[ "$(ls "$CK/$s" | sort -V | tr '\n' ' ')" == "step-4 step-$K " ]] ||
     fail "$s: --keep-checkpoints 2 (default) left: $(ls "$CK/$s" | tr '\n' ' ')"
   # shellcheck disable=SC2086
-  run $flags --steps $((2 * K)) --checkpoint-dir "$CK/$s" --resume auto --keep-checkpoints 3 --metrics "$WORK/$s.resumed.jsonl"
+  run $flags --steps $((2 * K)) --checkpoint-dir "$CK/$s" --checkpoint-every 2 --resume auto --keep-checkpoints 3 --metrics "$WORK/$s.resumed.jsonl"
   [[ $RC == 0 ]] || fail "$s: --resume auto: exit $RC"
   grep -q "resumed from $CK/$s/step-$K at step $K" "$OUT" || fail "$s: no 'resumed from .../step-$K' line"
   d="$(/usr/bin/python3 "$RESUMED" "$WORK/$s.full.jsonl" "$WORK/$s.resumed.jsonl" $K $((2 * K)) 2>&1)" ||
@@ -97,12 +97,12 @@ for variant in "zero1:" "zero2:--mixed-precision bf16"; do
 done
 run --strategy full_shard --no-shuffle --steps $K --checkpoint-dir "$CK/fsdp"
 [[ $RC == 0 ]] || fail "full_shard with --checkpoint-dir: exit $RC"
-for variant in "zero1:full_shard:4" "zero1:no_shard:1" "fsdp:zero2:4"; do
-  IFS=: read -r from to n <<<"$variant"
-  run --strategy "$to" --nproc "$n" --no-shuffle --steps $((2 * K)) --resume "$CK/$from/step-$K" --metrics "$WORK/x-$to-$n.jsonl"
-  [[ $RC == 0 ]] || fail "$from step-$K under $to at $n ranks: exit $RC"
-  d="$(/usr/bin/python3 "$RESUMED" --rtol 1e-6 "$WORK/zero1.full.jsonl" "$WORK/x-$to-$n.jsonl" $K $((2 * K)) 2>&1)" ||
-    fail "$from step-$K under $to at $n ranks differs from the uninterrupted zero1 run: $d"
-  pass "$from (2 ranks) step-$K continued under $to at $n ranks: steps $((K + 1))-$((2 * K)) and eval within $d relative of the uninterrupted run"
+for variant in "zero1:6:full_shard:4" "zero1:6:no_shard:1" "fsdp:$K:zero2:4"; do
+  IFS=: read -r from at to n <<<"$variant"
+  run --strategy "$to" --nproc "$n" --no-shuffle --steps $((2 * K)) --resume "$CK/$from/step-$at" --metrics "$WORK/x-$to-$n.jsonl"
+  [[ $RC == 0 ]] || fail "$from step-$at under $to at $n ranks: exit $RC"
+  d="$(/usr/bin/python3 "$RESUMED" --rtol 1e-6 "$WORK/zero1.full.jsonl" "$WORK/x-$to-$n.jsonl" "$at" $((2 * K)) 2>&1)" ||
+    fail "$from step-$at under $to at $n ranks differs from the uninterrupted zero1 run: $d"
+  pass "$from (2 ranks) step-$at continued under $to at $n ranks: steps $((at + 1))-$((2 * K)) and eval within $d relative of the uninterrupted run"
 done
 echo "PASS"

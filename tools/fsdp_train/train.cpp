@@ -438,8 +438,10 @@ int run_rank(const TrainOptions& o) {
     torch::nn::Sequential net = o.model == "cnn" ? make_cnn() : make_mlp(o.hidden);
     const int64_t num_params = count_params(o, *net);
     auto opt = make_zero_optimizer(o, pg, net.ptr());
-    return train(o, pg, nullptr, std::move(opt), [&](const torch::Tensor& x) { return net->forward(x); }, *task,
-                 num_params);
+    // Under bf16 the parameters are bf16: cast the images as FSDP's cast_forward_inputs does.
+    const auto dtype = o.mixed_precision == "bf16" ? torch::kBFloat16 : torch::kFloat;
+    return train(o, pg, nullptr, std::move(opt), [&](const torch::Tensor& x) { return net->forward(x.to(dtype)); },
+                 *task, num_params);
   }
 
   // Library options shared by every model; the wrap policy is the model's.
