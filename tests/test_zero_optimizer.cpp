@@ -1,5 +1,6 @@
 // ZeroRedundancyOptimizer (ZeRO-1 / ZeRO-2 on an unmodified module) against
-// single-process training on the global batch, compared after every step:
+// single-process training on the global batch, compared after every step, at N=1..3
+// (N=4: one case per stage); and checkpoint directories shared with FSDP (below):
 //  * stage 1 (all-reduce and reduce-scatter variants) and stage 2 (with and without
 //    overlap), SGD with momentum, AdamW with a no-decay group, CPUAdam;
 //  * odd sizes (every bucket needs padding at N=2,3), small buckets so that buckets,

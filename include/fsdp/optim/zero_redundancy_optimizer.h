@@ -45,9 +45,11 @@
 /// the global norm tells every rank whether any rank saw inf/nan; then all skip the step.
 ///
 /// State dicts: fsdp::consolidate_state_dict / load_consolidated_state_dict
-/// (include/fsdp/state/zero_state_dict.h). fsdp-train: --strategy zero1 | zero2.
-/// Not done yet (issue 14): checkpoint directories, FSDP models driven by the same
-/// facade, the stage-1 option of reducing every micro-batch (stage 1 always defers).
+/// (include/fsdp/state/zero_state_dict.h); checkpoint directories in FSDP's format,
+/// loadable by FSDP and from FSDP at any world size: fsdp::save_checkpoint /
+/// load_checkpoint (include/fsdp/state/zero_checkpoint.h). fsdp-train: --strategy
+/// zero1 | zero2. Not done yet (issue 14): FSDP models driven by the same facade, the
+/// stage-1 option of reducing every micro-batch (stage 1 always defers).
 
 #include <cstdint>
 #include <functional>
