@@ -30,6 +30,7 @@
 
 #include "fsdp/dist/collectives.h"
 #include "fsdp/optim/cpu_adam.h"
+#include "fsdp/optim/training_facade.h"
 #include "fsdp/optim/zero_redundancy_optimizer.h"
 #include "fsdp/state/zero_checkpoint.h"
 #include "fsdp/state/zero_state_dict.h"
@@ -882,4 +883,69 @@ TEST(ZeroOptimizer, CheckpointsCrossFsdpAndWorldSizes) {
 
 TEST(ZeroOptimizer, PeakModelStateMemory) {
   for (int n : {2, 3}) run_ranks(n, peak_memory_cases);
+}
+
+// One loop for both families (fsdp/optim/training_facade.h): the same function trains
+// a ZeRO-2 optimizer on the unwrapped MLP and FSDP NO_SHARD + Adam on a wrapped copy,
+// LowLevelZero's scaler on both, with an inf injected into one rank's loss at steps 1
+// and 2: both skip those steps on every rank and back off once (hysteresis 2), and
+// their parameters stay equal to each other after every step and to an unscaled FSDP
+// run without the facade that simply leaves out the inf steps (power-of-two scales
+// unscale exactly). Checked bitwise: ZeRO-2's reduce-scatter and NO_SHARD's all-reduce
+// both sum in rank order and divide by N.
+TEST(ZeroOptimizer, FacadeDrivesZeroAndFsdpAlike) {
+  using fsdp::optim::FacadeOptions;
+  using fsdp::optim::TrainingFacade;
+  run_ranks(2, [](dist::ProcessGroup& pg) {
+    run_case("facade", [&] {
+      const int n = pg.size(), rank = pg.rank();
+      auto scaler = ZeroOptions::low_level_zero_scaler();
+      auto adam = torch::optim::AdamOptions(1e-2);
+      auto unwrapped = make_mlp(0);
+      ZeroRedundancyOptimizer zopt(unwrapped->parameters(), fsdp::optim::inner_optimizer<torch::optim::Adam>(adam),
+                                   ZeroOptions().process_group(pg).stage(2).reduce_bucket_size(100)
+                                       .module(unwrapped.ptr()).dynamic_loss_scale(scaler));
+      auto wrapped = FullyShardedDataParallel(make_mlp(0), pg, Options().sharding_strategy(ShardingStrategy::NO_SHARD));
+      torch::optim::Adam fopt(wrapped->parameters(), adam);
+      auto plain = FullyShardedDataParallel(make_mlp(0), pg, Options().sharding_strategy(ShardingStrategy::NO_SHARD));
+      torch::optim::Adam popt(plain->parameters(), adam);
+      TrainingFacade zero(zopt);
+      TrainingFacade fsdp_loop(*wrapped, fopt, FacadeOptions().dynamic_loss_scale(scaler));
+      // The one loop both families share.
+      auto train_step = [&](TrainingFacade& t, const std::function<torch::Tensor(const torch::Tensor&)>& fwd,
+                            int s) {
+        auto [x, y] = global_batch(s, kPerRank * n);
+        auto out = fwd(rank_slice(x, rank, n));
+        auto loss = torch::mse_loss(out, rank_slice(y, rank, n));
+        // One element of one rank's gradients becomes inf: the output's first entry.
+        if ((s == 1 || s == 2) && rank == s % n) loss = loss + out.view({-1})[0] * std::numeric_limits<float>::infinity();
+        t.zero_grad();
+        t.backward(loss);
+        return t.step();
+      };
+      precision::DynamicGradScaler expected(scaler);
+      for (int s = 0; s < 5; ++s) {
+        const bool inf_step = s == 1 || s == 2;
+        EXPECT_EQ(train_step(zero, [&](const torch::Tensor& x) { return unwrapped->forward(x); }, s), !inf_step);
+        EXPECT_EQ(train_step(fsdp_loop, [&](const torch::Tensor& x) { return wrapped->forward(x); }, s), !inf_step);
+        if (!inf_step) {
+          auto [x, y] = global_batch(s, kPerRank * n);
+          popt.zero_grad();
+          torch::mse_loss(plain->forward(rank_slice(x, rank, n)), rank_slice(y, rank, n)).backward();
+          popt.step();
+        }
+        expected.update(inf_step);
+        EXPECT_EQ(zero.loss_scale(), expected.scale()) << "step " << s;
+        EXPECT_EQ(fsdp_loop.loss_scale(), expected.scale()) << "step " << s;
+        auto a = full_params(wrapped), b = full_params(plain);
+        for (const auto& p : unwrapped->named_parameters()) {
+          EXPECT_TRUE(torch::equal(p.value(), a.at(p.key()))) << "step " << s << " " << p.key() << " ZeRO vs FSDP, rel "
+                                                              << rel_diff(p.value(), a.at(p.key()));
+          EXPECT_TRUE(torch::equal(b.at(p.key()), a.at(p.key()))) << "step " << s << " " << p.key()
+                                                                  << " FSDP facade vs plain";
+        }
+      }
+      EXPECT_EQ(zero.loss_scale(), 32768.0);  // two overflows, hysteresis 2: backed off once
+    });
+  });
 }
