@@ -7,6 +7,8 @@
 
 #include <torch/torch.h>
 
+#include "clear_grads.h"
+
 namespace fsdp::optim {
 
 TrainingFacade::TrainingFacade(ZeroRedundancyOptimizer& opt) : zero_(&opt) {}
@@ -59,17 +61,7 @@ bool TrainingFacade::step() {
 
 void TrainingFacade::zero_grad(bool set_to_none) {
   if (zero_) return zero_->zero_grad(set_to_none);
-  for (auto& group : opt_->param_groups())
-    for (auto& p : group.params()) {
-      at::Tensor& g = p.mutable_grad();
-      if (!g.defined()) continue;
-      if (set_to_none) {
-        g.reset();
-      } else {
-        g.detach_();
-        g.zero_();
-      }
-    }
+  detail::clear_grads(opt_->param_groups(), set_to_none);
 }
 
 double TrainingFacade::loss_scale() const {

@@ -14,6 +14,7 @@
 
 #include <torch/torch.h>
 
+#include "clear_grads.h"
 #include "fsdp/dist/collectives.h"
 #include "zero_grad_reducer.h"
 #include "zero_layout.h"
@@ -548,18 +549,7 @@ void ZeroRedundancyOptimizer::zero_grad(bool set_to_none) {
     if (set_to_none) m.reducer->clear();
     else m.reducer->zero();
   }
-  for (auto& group : param_groups_) {
-    for (auto& p : group.params()) {
-      at::Tensor& g = p.mutable_grad();
-      if (!g.defined()) continue;
-      if (set_to_none) {
-        g.reset();
-      } else {
-        g.detach_();
-        g.zero_();
-      }
-    }
-  }
+  detail::clear_grads(param_groups_, set_to_none);
 }
 
 void ZeroRedundancyOptimizer::save(torch::serialize::OutputArchive&) const {
