@@ -23,7 +23,7 @@
 // (Debian's torch) at N=2 on the same model, batch, optimizer and thread count, plain DDP
 // and DDP + torch.distributed.optim.ZeroRedundancyOptimizer. --zero-targets runs only
 // the rows issue 14's speed targets compare (NO_SHARD+CPUAdam, ZERO2+CPUAdam, ZERO1,
-// ZERO2, Python ZeRO) and prints each target's ratio per round (median and fastest). It prints a table, then one JSON object per line. Rank mode runs under any
+// ZERO2, ZERO2 with overlap_communication, Python ZeRO) and prints each target's ratio per round (median and fastest). It prints a table, then one JSON object per line. Rank mode runs under any
 // launcher, also across hosts (`fsdp-run --nnodes 2 ... --nproc 2 -- bench_strategies --model
 // mlp --strategy hybrid_shard --shard-group 2 --optim adam`, tests/scripts/measure_multihost.sh):
 // rank 0 prints that configuration's JSON line.
@@ -83,6 +83,7 @@ struct Args {
   std::vector<std::string> models{"mlp", "transformer"};
   bool python = true, cpu_adam = false;
   bool zero_targets = false;  // launcher: only the rows issue 14's targets compare
+  bool zero_overlap = false;  // rank mode, zero1/zero2: ZeroOptions::overlap_communication
   // rank mode
   std::string model = "mlp", strategy = "no_shard", optim = "adam", prefetch = "default";
   int repeat = 2;
@@ -105,7 +106,7 @@ const char* kUsage =
     "                        [--cpu-adam] [--repeat 2] [--zero-targets]\n"
     "  rank mode (set by the launcher): --model M --strategy S --optim O --prefetch none|default|fwd\n"
     "                                   --shard-group G --bucket-mb MB [--rounds 2] [--only step|ceiling]\n"
-    "                                   [--breakdown]\n";
+    "                                   [--breakdown] [--zero-overlap]\n";
 
 [[noreturn]] void usage_error(const std::string& why) {
   fsdp::tools::print_error("bench_strategies", why + "\n" + kUsage);
@@ -142,6 +143,7 @@ Args parse_args(int argc, char** argv) {
     else if (k == "--no-python") a.python = false;
     else if (k == "--cpu-adam") a.cpu_adam = true;
     else if (k == "--zero-targets") a.zero_targets = true;
+    else if (k == "--zero-overlap") a.zero_overlap = true;
     else if (k == "--model") a.model = next();
     else if (k == "--strategy") a.strategy = next();
     else if (k == "--optim") a.optim = next();
@@ -224,7 +226,8 @@ int rank_main(const Args& a) {
                                       : zo::inner_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(1e-3));
     auto z = std::make_unique<zo::ZeroRedundancyOptimizer>(
         unwrapped->parameters(), inner,
-        zo::ZeroOptions().process_group(pg).stage(zero_stage).module(unwrapped.ptr()));
+        zo::ZeroOptions().process_group(pg).stage(zero_stage).module(unwrapped.ptr()).overlap_communication(
+            a.zero_overlap));
     zero = z.get();
     opt = std::move(z);
   } else {
@@ -372,6 +375,7 @@ int rank_main(const Args& a) {
   const bool shm = !(shm_env && std::string(shm_env) == "0");
   if (pg.rank() == 0) {
     std::string name = zero_stage ? (zero_stage == 1 ? "ZERO1" : "ZERO2") : fsdp::to_string(strategy);
+    if (a.zero_overlap) name += "+overlap";
     if (a.optim == "cpuadam") name += "+CPUAdam";
     if (a.prefetch == "none") name += "+no-prefetch";
     if (a.prefetch == "fwd") name += "+fwd-prefetch";
@@ -422,7 +426,7 @@ int launcher_main(const Args& a) {
   const std::string self = self_exe();
   const std::string dir = self.substr(0, self.rfind('/'));
   const std::string run = dir + "/fsdp-run";
-  struct Config { int n; std::string strategy, optim, prefetch; int g; double bucket_mb = 0; bool tcp = false; };
+  struct Config { int n; std::string strategy, optim, prefetch; int g; double bucket_mb = 0; bool tcp = false; bool overlap = false; };
   std::vector<Config> configs{{2, "no_shard", "adam", "default", 0},
                               {2, "no_shard", "adam", "default", 0, 25},
                               {2, "shard_grad_op", "adam", "default", 0},
@@ -450,7 +454,8 @@ int launcher_main(const Args& a) {
     configs = {{2, "no_shard", "cpuadam", "default", 0},
                {2, "zero2", "cpuadam", "default", 0},
                {2, "zero1", "adam", "default", 0},
-               {2, "zero2", "adam", "default", 0}};
+               {2, "zero2", "adam", "default", 0},
+               {2, "zero2", "adam", "default", 0, 0, false, /*overlap=*/true}};
   // Rounds of every configuration in turn; each keeps its fastest run (see --repeat).
   std::vector<std::string> results;  // in configuration order, the fastest run of each
   std::vector<std::vector<std::string>> rounds(a.repeat);  // every run, by round
@@ -473,7 +478,8 @@ int launcher_main(const Args& a) {
         std::ostringstream cmd;
         cmd << (c.tcp ? "FSDP_SHARED_MEMORY=0 " : "") << run << " --nproc " << c.n << " -- " << self << " --model " << m << " --strategy " << c.strategy
             << " --optim " << c.optim << " --prefetch " << c.prefetch << " --shard-group " << c.g
-            << " --bucket-mb " << c.bucket_mb << " --steps " << a.steps << " --warmup " << a.warmup;
+            << " --bucket-mb " << c.bucket_mb << " --steps " << a.steps << " --warmup " << a.warmup
+            << (c.overlap ? " --zero-overlap" : "");
         keep_fastest(json_lines(cmd.str()));
       }
       if (a.python) {
@@ -522,7 +528,8 @@ int launcher_main(const Args& a) {
   struct Target { const char* name; const char* num; const char* den; double goal; };
   const Target targets[] = {{"zero2+cpuadam_vs_no_shard+cpuadam", "ZERO2+CPUAdam", "NO_SHARD+CPUAdam", 0.95},
                             {"zero1_vs_python_zero", "ZERO1", "PYTHON_DDP+ZERO", 1.5},
-                            {"zero2_vs_python_zero", "ZERO2", "PYTHON_DDP+ZERO", 1.5}};
+                            {"zero2_vs_python_zero", "ZERO2", "PYTHON_DDP+ZERO", 1.5},
+                            {"zero2+overlap_vs_python_zero", "ZERO2+overlap", "PYTHON_DDP+ZERO", 1.5}};
   auto sps_of = [&](const std::vector<std::string>& lines, const std::string& model, const std::string& strategy) {
     for (const auto& l : lines)
       if (field(l, "model") == model && field(l, "strategy") == strategy) return std::stod(field(l, "samples_per_s"));
