@@ -4,7 +4,7 @@
 # element is the same rank-order sum divided by N, Adam the same elementwise arithmetic on
 # pieces), for adam and sgd; the metrics carry the memory keys, with no gradient bytes left
 # after a zero2 step; --estimate-memory has ZERO1 and ZERO2 rows; checkpoints, --resume and
-# bf16 (below). About 2 minutes on the loaded 2-core machine.
+# bf16 (below). About 2.5 minutes on the loaded 2-core machine.
 set -euo pipefail
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 
