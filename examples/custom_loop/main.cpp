@@ -5,7 +5,7 @@
 //   ./custom_loop --steps 40 --checkpoint-dir ckpt             ... saves ckpt/latest at step 40
 //   ./custom_loop --steps 60 --checkpoint-dir ckpt --resume auto   continues with step 41
 //
-// Started bare, it re-executes itself under fsdp-run with --nproc ranks (default 2);
+// Started bare, it re-executes itself under fsdp-run (from PATH) with --nproc ranks (default 2);
 // under fsdp-run, torchrun, srun or mpirun it joins that job instead.
 // Rank 0 prints JSON lines on stdout (under a launcher prefixed "[rank0]: "):
 //   {"step": S, "loss": L}                                after every optimizer step S (1-based)
@@ -117,26 +117,24 @@ bool under_launcher() {
          std::getenv("OMPI_COMM_WORLD_RANK");
 }
 
-/// Replaces this process with `fsdp-run --nproc N -- <this program> <same args>`: everything in
-/// main before this call runs again in every rank. Returns only on failure.
+/// Replaces this process with `fsdp-run --nproc N -- <this program> <same args>`, fsdp-run
+/// found on PATH (`cmake --install` puts it in <prefix>/bin): everything in main before this
+/// call runs again in every rank. Returns only on failure.
 std::string relaunch_under_fsdp_run(int nproc, int argc, char** argv) {
-#ifndef FSDP_RUN_EXECUTABLE
-  return "fsdp-run was not found when this example was configured; start it under a launcher: "
-         "fsdp-run --nproc " + std::to_string(nproc) + " -- " + argv[0];
-#else
   // /proc/self/exe, not argv[0]: argv[0] may be a bare name found through PATH.
   char self[PATH_MAX];
   ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
   if (n <= 0) return std::string("cannot read /proc/self/exe: ") + std::strerror(errno);
   self[n] = '\0';
-  std::vector<std::string> args = {FSDP_RUN_EXECUTABLE, "--nproc", std::to_string(nproc), "--", self};
+  std::vector<std::string> args = {"fsdp-run", "--nproc", std::to_string(nproc), "--", self};
   for (int i = 1; i < argc; ++i) args.emplace_back(argv[i]);
   std::vector<char*> cargs;
   for (auto& s : args) cargs.push_back(s.data());
   cargs.push_back(nullptr);
-  execv(FSDP_RUN_EXECUTABLE, cargs.data());
-  return std::string("execv " FSDP_RUN_EXECUTABLE " failed: ") + std::strerror(errno);
-#endif
+  execvp("fsdp-run", cargs.data());
+  return std::string("not started by a launcher, and starting fsdp-run failed (") + std::strerror(errno) +
+         "): put fsdp-cpp's <prefix>/bin on PATH, or start " + argv[0] +
+         " under fsdp-run, torchrun, srun or mpirun yourself";
 }
 
 // ---- 2. the data --------------------------------------------------------------------------
@@ -146,13 +144,13 @@ constexpr int64_t kTrainRows = 2048, kTestRows = 512;  // the file's first rows 
 constexpr int64_t kGlobalBatch = 64;                   // samples per optimizer step, all ranks together
 
 /// Writes kTrainRows + kTestRows rows "f0,...,f15,label": Gaussian features labelled by a
-/// fixed random teacher network (argmax of tanh(x W1) W2), so a small model can learn it.
+/// fixed random teacher network (argmax of tanh(x W1 / 4) W2), which a small model learns.
 /// Written to FILE.tmp and renamed: a reader never sees half a file.
 void write_csv(const std::string& path) {
   auto gen = at::detail::createCPUGenerator(/*seed_in=*/1234);
   auto x = torch::randn({kTrainRows + kTestRows, kFeatures}, gen);
   auto w1 = torch::randn({kFeatures, 32}, gen), w2 = torch::randn({32, kClasses}, gen);
-  auto y = torch::tanh(x.matmul(w1)).matmul(w2).argmax(1);
+  auto y = torch::tanh(x.matmul(w1) / 4).matmul(w2).argmax(1);
   const std::string tmp = path + ".tmp";
   std::FILE* f = std::fopen(tmp.c_str(), "w");
   if (!f) throw std::runtime_error("--data " + path + ": cannot create " + tmp + ": " + std::strerror(errno));
@@ -310,14 +308,21 @@ int run(const Args& a) {
 
   // Model: the same seed on every rank gives every rank the same initial weights.
   torch::manual_seed(0);
+  Net net(kFeatures, 64, kClasses, 3);
+  int64_t num_params = 0;
+  for (const auto& p : net->parameters()) num_params += p.numel();
   auto model = fsdp::FullyShardedDataParallel(
-      Net(kFeatures, 64, kClasses, 3), pg,
+      net, pg,
       fsdp::Options()
           .sharding_strategy(fsdp::ShardingStrategy::FULL_SHARD)
           .auto_wrap_policy(fsdp::module_type_policy<BlockImpl>()));
   // The optimizer is built over the sharded parameters: each rank keeps Adam's state for its
   // shard only.
   torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(3e-3));
+
+  if (rank == 0)
+    std::fprintf(stderr, "custom_loop: %d ranks, FULL_SHARD, %lld parameters in %zu units, global batch %lld, %lld steps\n",
+                 world, (long long)num_params, model->unit_paths().size(), (long long)kGlobalBatch, (long long)a.steps);
 
   int64_t first_step = 0;
   if (!a.resume.empty()) {
