@@ -299,7 +299,8 @@ int run(const Args& a) {
   const int rank = pg.rank(), world = pg.size();
   if (kGlobalBatch % world != 0)
     throw std::invalid_argument("the global batch of " + std::to_string(kGlobalBatch) +
-                                " samples does not split evenly over " + std::to_string(world) + " ranks");
+                                " samples does not split evenly over " + std::to_string(world) +
+                                " ranks; run on a number of ranks that divides it (1, 2, 4, 8, ...)");
 
   // Data: rank 0 writes the file on first use; the others wait for it at the barrier.
   if (rank == 0 && !fs::exists(a.data)) write_csv(a.data);
