@@ -26,36 +26,12 @@
 # Needs root (namespaces): as another user it prints SKIP; under CI=true it fails instead.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
-# shellcheck source=lib/sim_hosts.sh
-source "$HERE/lib/sim_hosts.sh"
-sim_hosts_require
-
-BIN="${FSDP_BIN_DIR:?set FSDP_BIN_DIR to the bin directory of a build}"
-for t in fsdp-run fsdp-train fsdp-ckpt; do
-  [[ -x "$BIN/$t" ]] || { echo "FAIL: $BIN/$t is not an executable (build targets fsdp-train fsdp-run fsdp-ckpt)"; exit 1; }
-done
-DATA=/usr/share/datasets/fashion-mnist
-[[ -f "$DATA/train-images-idx3-ubyte.gz" ]] || { echo "FAIL: $DATA missing (apt-get install dataset-fashion-mnist)"; exit 1; }
-
+# shellcheck source=lib/two_hosts.sh
+source "$HERE/lib/two_hosts.sh"
+require_tools fsdp-run fsdp-train fsdp-ckpt
+require_fashion_mnist
 # One BLAS thread per rank: 4 ranks share the 2 cores.
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-
-WORK="$(mktemp -d)"
-trap 'rm -rf "$WORK"' EXIT
-sim_hosts_create 2
-unset GLOO_SOCKET_IFNAME
-# Each host has its own network stack, so a fixed port cannot collide with anything.
-PORT=29500
-
-fail() {
-  echo "FAIL: $*" >&2
-  for f in "$WORK"/*.out; do
-    [[ -f "$f" ]] && { echo "--- $(basename "$f"):" >&2; tail -n 25 "$f" >&2; }
-  done
-  exit 1
-}
-pass() { echo "ok: $*"; }
-now() { date +%s.%N; }
 
 # launch NAME ARGS...: one fsdp-run per host in the background, output in $WORK/NAME.h<i>.out;
 # sets PIDS. HOST1_ENV=NAME=VALUE adds one variable on host 1 only, BOTH_ENV=NAME=VALUE one
