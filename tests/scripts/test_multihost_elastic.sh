@@ -50,16 +50,6 @@ host_pid() {
   done
   return 1
 }
-# wait_for SECONDS CONDITION...: polls CONDITION every 50 ms.
-wait_for() {
-  local deadline=$(($1 * 20))
-  shift
-  for ((k = 0; k < deadline; k++)); do
-    "$@" && return 0
-    sleep 0.05
-  done
-  return 1
-}
 
 # --- 1. a rank killed mid-run: both nodes restart together, the result is bitwise the same --
 STEPS=50
@@ -107,8 +97,7 @@ the final eval and the final checkpoint's $(echo "$files" | wc -w) rank files bi
 # --- 2. every process of host 1 killed: host 0 stops within 10 s and does not restart ------
 t0="$(now)"
 launch lost --strategy hybrid_shard --steps 100000 --no-shuffle --timeout 60 --log-every 1 --metrics "$WORK/lost.jsonl"
-lines() { [[ -f "$WORK/lost.jsonl" && "$(wc -l <"$WORK/lost.jsonl")" -ge 3 ]]; }
-wait_for 60 lines || fail "lost: training did not start within 60 s"
+wait_for 60 has_lines "$WORK/lost.jsonl" 3 || fail "lost: training did not start within 60 s"
 # All at once, as when the machine dies: no launcher gets to say goodbye.
 # shellcheck disable=SC2046
 kill -KILL $(ip netns pids "$(sim_ns 1)")

@@ -24,11 +24,7 @@ CK="$WORK/ckpt"
 "$BIN/fsdp-run" --nproc 2 --max-restarts 1 -- "$BIN/fsdp-train" "${FLAGS[@]}" --metrics "$WORK/restarted.jsonl" \
   --checkpoint-dir "$CK" --checkpoint-every 5 --keep-checkpoints 2 --resume auto >"$WORK/restarted.out" 2>&1 &
 launcher=$!
-for _ in $(seq 1 600); do
-  [[ -d "$CK/step-10" ]] && break
-  sleep 0.05
-done
-[[ -d "$CK/step-10" ]] || fail "no checkpoint step-10 within 30 s"
+wait_for 30 test -d "$CK/step-10" || fail "no checkpoint step-10 within 30 s"
 victim=""
 for pid in $(pgrep -P "$launcher" -x fsdp-train); do
   tr '\0' '\n' <"/proc/$pid/environ" | grep -qx "RANK=1" && victim="$pid"
@@ -58,11 +54,7 @@ else
     "$BIN/fsdp-train" "${FLAGS[@]}" --metrics "$WORK/torchrun.jsonl" --checkpoint-dir "$CK" --checkpoint-every 5 \
     --keep-checkpoints 2 --resume auto >"$WORK/torchrun.out" 2>&1 &
   launcher=$!
-  for _ in $(seq 1 600); do
-    [[ -d "$CK/step-10" ]] && break
-    sleep 0.05
-  done
-  [[ -d "$CK/step-10" ]] || fail "torchrun: no checkpoint step-10 within 30 s"
+  wait_for 30 test -d "$CK/step-10" || fail "torchrun: no checkpoint step-10 within 30 s"
   victim=""
   for pid in $(pgrep -x fsdp-train); do
     env_of="$(tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null || true)"

@@ -11,6 +11,8 @@
 #                           out; exits 1
 #   pass MSG                prints "ok: MSG"
 #   now                     seconds since the epoch, with nanoseconds
+#   wait_for SECONDS CMD... polls CMD every 50 ms until it succeeds (status 0) or SECONDS pass (1)
+#   has_lines FILE N        FILE exists with at least N lines
 
 BIN="${FSDP_BIN_DIR:?set FSDP_BIN_DIR to the bin directory of a build}"
 WORK="$(mktemp -d)"
@@ -40,3 +42,13 @@ fail() {
 }
 pass() { echo "ok: $*"; }
 now() { date +%s.%N; }
+wait_for() {
+  local deadline=$(($1 * 20)) k
+  shift
+  for ((k = 0; k < deadline; k++)); do
+    "$@" && return 0
+    sleep 0.05
+  done
+  return 1
+}
+has_lines() { [[ -f "$1" && "$(wc -l <"$1")" -ge "$2" ]]; }
