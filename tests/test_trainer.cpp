@@ -1,0 +1,333 @@
+// fsdp::trainer::Trainer against single-process training.
+//
+// Model: testing::TinyTransformer (blocks held as fsdp::Wrappable, one unit each).
+// Data: a custom torch::data dataset of 20 regression samples, global batch 6, so
+// every epoch ends with a short batch of 2 (at 3 ranks one rank's part is empty).
+// Reference: every step is recomputed in one process from the Trainer's own
+// parameters before that step (full values gathered in callbacks): the step's
+// global batch as one tensor, the mean MSE, plain SGD. Equal parameters after each
+// step mean the Trainer computed the gradient of the mean over exactly the step's
+// samples, whatever the world size, micro-batching and short batch.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <set>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "fsdp/trainer/global_sampler.h"
+#include "fsdp/trainer/trainer.h"
+#include "harness/models.h"
+#include "harness/multirank.h"
+#include "harness/temp_dir.h"
+
+namespace fsdp::testing {
+namespace {
+
+using trainer::Callback;
+using trainer::FitResult;
+using trainer::Strategy;
+using trainer::Trainer;
+using trainer::TrainerOptions;
+using Params = std::map<std::string, torch::Tensor>;
+
+constexpr int64_t kSamples = 20, kBatch = 6;
+constexpr double kLr = 0.05;
+
+/// (x [13], y [5]) regression pairs drawn once from a fixed generator.
+class RegressionSet : public torch::data::datasets::Dataset<RegressionSet> {
+ public:
+  explicit RegressionSet(int64_t n) {
+    auto gen = at::detail::createCPUGenerator(77);
+    x_ = at::randn({n, 13}, gen);
+    y_ = at::randn({n, 5}, gen);
+  }
+  torch::data::Example<> get(size_t i) override { return {x_[int64_t(i)], y_[int64_t(i)]}; }
+  torch::optional<size_t> size() const override { return size_t(x_.size(0)); }
+  const torch::Tensor& x() const { return x_; }
+  const torch::Tensor& y() const { return y_; }
+
+ private:
+  torch::Tensor x_, y_;
+};
+
+std::string test_dir() {
+  static const TempDir dir = TempDir::from_env_or_create("FSDP_TRAINER_TEST_DIR", "fsdp-trainer-test-");
+  return dir.path();
+}
+
+RankOptions rank_options() {
+  RankOptions o;
+  o.deadline = std::chrono::seconds(120);
+  o.extra_env.push_back("FSDP_TRAINER_TEST_DIR=" + test_dir());
+  return o;
+}
+
+using TT = Trainer<TinyTransformerImpl>;
+
+/// A Trainer of TinyTransformer on RegressionSet with mean MSE.
+TT make_trainer(TrainerOptions o, bool adam = false) {
+  o.progress(false).memory_summary(false);
+  TT t(o);
+  t.model([] { return TinyTransformer(13, 24, 5, 2); })
+      .optimizer([adam](std::vector<torch::Tensor> p) -> std::unique_ptr<torch::optim::Optimizer> {
+        if (adam) return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(1e-2));
+        return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(kLr));
+      })
+      .train_data(RegressionSet(kSamples))
+      .training_step([](TT::Model& model, torch::data::Example<>& b) {
+        return torch::mse_loss(model.forward(b.data), b.target);
+      });
+  return t;
+}
+
+/// Full parameters by name, whatever the strategy (collective).
+Params full_parameters(TT::Model& m) {
+  Params out;
+  auto grab = [&](torch::nn::Module& mod) {
+    for (const auto& p : mod.named_parameters()) out[p.key()] = p.value().detach().clone();
+  };
+  if (m.fsdp()) m.fsdp()->apply_with_full_params(grab);
+  else grab(*m.module());
+  return out;
+}
+
+/// Records the full parameters before the first step and after every step.
+struct Recorder : Callback {
+  explicit Recorder(TT* t) : trainer(t) {}
+  void on_train_start(int64_t) override { states.push_back(full_parameters(*trainer->trained_model())); }
+  void on_step_end(const trainer::StepMetrics& m) override {
+    states.push_back(full_parameters(*trainer->trained_model()));
+    samples.push_back(m.samples);
+  }
+  TT* trainer;
+  std::vector<Params> states;
+  std::vector<int64_t> samples;
+};
+
+/// One SGD step of the unsharded model from `before` on samples `indices`: the reference.
+std::pair<Params, double> reference_step(const Params& before, const std::vector<int64_t>& indices) {
+  auto ref = TinyTransformer(13, 24, 5, 2);
+  {
+    torch::NoGradGuard g;
+    for (auto& p : ref->named_parameters()) p.value().copy_(before.at(p.key()));
+  }
+  RegressionSet data(kSamples);
+  auto idx = torch::tensor(indices, torch::kLong);
+  auto loss = torch::mse_loss(ref->forward(data.x().index_select(0, idx)), data.y().index_select(0, idx));
+  loss.backward();
+  Params after;
+  torch::NoGradGuard g;
+  for (auto& p : ref->named_parameters()) after[p.key()] = p.value() - kLr * p.value().grad();
+  return {after, loss.item<double>()};
+}
+
+/// The Trainer's run of `steps` steps under `strategy` with k micro-batches, checked
+/// step by step against the reference.
+void parity_case(dist::ProcessGroup& pg, const std::string& strategy, int64_t k, int64_t steps) {
+  run_case(strategy + " k=" + std::to_string(k), [&] {
+    auto s = Strategy(strategy).fsdp(fsdp::Options().auto_wrap_policy(module_type_policy<BlockImpl>()));
+    TT t = make_trainer(TrainerOptions().strategy(s).global_batch_size(kBatch).accumulate_grad_batches(k)
+                            .max_steps(steps).seed(3));
+    auto rec = std::make_shared<Recorder>(&t);
+    t.callback(rec);
+    FitResult r = t.fit(pg);
+    ASSERT_EQ(int64_t(rec->states.size()), steps + 1);
+    trainer::GlobalSampler sampler(kSamples, kBatch, true, 3, false);
+    for (int64_t s = 0; s < steps; ++s) {
+      const int64_t spe = sampler.steps_per_epoch();
+      auto indices = sampler.batch_indices(s / spe, s % spe);
+      EXPECT_EQ(rec->samples[size_t(s)], int64_t(indices.size()));
+      auto [after, loss] = reference_step(rec->states[size_t(s)], indices);
+      EXPECT_NEAR(r.losses[size_t(s)], loss, 1e-6 * std::abs(loss)) << "step " << s + 1;
+      // The update itself, not only the parameters (an update is ~1e-2 of them).
+      const Params& before = rec->states[size_t(s)];
+      const Params& got = rec->states[size_t(s + 1)];
+      for (auto& [name, want] : after) {
+        EXPECT_LT(rel_diff(got.at(name), want), 1e-6) << "step " << s + 1 << ": " << name;
+        EXPECT_LT(rel_diff(got.at(name) - before.at(name), want - before.at(name)), 1e-4)
+            << "update of step " << s + 1 << ": " << name;
+      }
+    }
+  });
+}
+
+/// The last-batch cases of 20 samples in batches of 6 actually happen.
+TEST(GlobalSampler, SameBatchesAtAnyWorldSizeWithShortTail) {
+  trainer::GlobalSampler a(kSamples, kBatch, true, 3, false), b(kSamples, kBatch, true, 3, true);
+  EXPECT_EQ(a.steps_per_epoch(), 4);
+  EXPECT_EQ(b.steps_per_epoch(), 3);
+  for (int64_t epoch : {0, 1}) {
+    std::set<int64_t> seen;
+    for (int64_t s = 0; s < 4; ++s)
+      for (int64_t i : a.batch_indices(epoch, s)) seen.insert(i);
+    EXPECT_EQ(int64_t(seen.size()), kSamples);  // a permutation: every sample once per epoch
+    EXPECT_EQ(a.batch_indices(epoch, 3).size(), 2u);
+  }
+  EXPECT_NE(a.epoch_order(0), a.epoch_order(1));
+  EXPECT_EQ(a.epoch_order(1), trainer::GlobalSampler(kSamples, 4, true, 3, true).epoch_order(1));
+  // Rank parts of a short micro-batch: contiguous, sizes differ by at most one.
+  EXPECT_EQ(trainer::contiguous_part(2, 3, 0), std::make_pair(int64_t(0), int64_t(0)));
+  EXPECT_EQ(trainer::contiguous_part(2, 3, 2), std::make_pair(int64_t(1), int64_t(2)));
+}
+
+TEST(Trainer, MatchesSingleProcessStepByStep) {
+  // 6 steps = one epoch of 4 (the 4th short) and two steps of the next epoch.
+  run_ranks(1, [](dist::ProcessGroup& pg) { parity_case(pg, "full_shard", 1, 6); }, rank_options());
+  run_ranks(2, [](dist::ProcessGroup& pg) {
+    parity_case(pg, "full_shard", 1, 6);
+    parity_case(pg, "full_shard", 3, 6);  // accumulation: 3 micro-batches of 2 == one batch of 6
+    parity_case(pg, "no_shard", 1, 4);
+    parity_case(pg, "zero2", 3, 4);
+  }, rank_options());
+  run_ranks(3, [](dist::ProcessGroup& pg) {
+    parity_case(pg, "full_shard", 1, 6);  // short batch of 2 on 3 ranks: rank 0 weighs 0
+    parity_case(pg, "shard_grad_op", 2, 4);
+    parity_case(pg, "zero1", 1, 4);
+  }, rank_options());
+}
+
+/// Counts steps; its count is saved with every checkpoint and restored on resume.
+struct Counter : Callback {
+  int64_t steps = 0;
+  void on_step_end(const trainer::StepMetrics&) override { ++steps; }
+  void on_save_checkpoint(CheckpointExtra& e) override { e.values["counter"] = std::to_string(steps); }
+  void on_load_checkpoint(const CheckpointExtra& e) override { steps = std::stoll(e.values.at("counter")); }
+};
+
+/// Adam + StepLR, checkpoints every 3 steps, 8 steps (2 epochs).
+TT resume_trainer(const std::string& ckpt, const std::string& resume, const std::string& metrics = "") {
+  TT t = make_trainer(TrainerOptions()
+                          .strategy(Strategy("full_shard")
+                                        .fsdp(fsdp::Options().auto_wrap_policy(module_type_policy<BlockImpl>())))
+                          .global_batch_size(kBatch)
+                          .max_steps(8)
+                          .seed(5)
+                          .checkpoint_dir(ckpt)
+                          .checkpoint_interval(3)
+                          .keep_checkpoints(0)
+                          .resume(resume)
+                          .metrics_file(metrics),
+                      /*adam=*/true);
+  t.lr_scheduler([](torch::optim::Optimizer& opt) { return std::make_unique<torch::optim::StepLR>(opt, 2, 0.5); });
+  return t;
+}
+
+void save_reference(const FitResult& r, const Params& p, const std::string& path) {
+  std::vector<torch::Tensor> ts = {torch::tensor(r.losses, torch::kFloat64)};
+  for (auto& [name, t] : p) ts.push_back(t);
+  torch::save(ts, path);
+}
+
+TEST(Trainer, ResumeBitwiseAndAcrossWorldSizes) {
+  const std::string ckpt = test_dir() + "/resume";
+  run_ranks(2, [&](dist::ProcessGroup& pg) {
+    // Uninterrupted run, with checkpoints at steps 3, 6 and 8, and the metrics file.
+    const std::string metrics = test_dir() + "/metrics.jsonl";
+    TT full = resume_trainer(ckpt, "", metrics);
+    auto counter = std::make_shared<Counter>();
+    full.callback(counter);
+    FitResult a = full.fit(pg);
+    ASSERT_EQ(a.losses.size(), 8u);
+    const Params final_a = full_parameters(*full.trained_model());
+    if (pg.rank() == 0) save_reference(a, final_a, test_dir() + "/reference.pt");
+    if (pg.rank() == 0) {
+      std::ifstream in(metrics);
+      std::string line;
+      int64_t n = 0;
+      while (std::getline(in, line)) {
+        auto j = nlohmann::json::parse(line);
+        ++n;
+        EXPECT_EQ(j.at("step").get<int64_t>(), n);
+        EXPECT_EQ(j.at("loss").get<double>(), a.losses[size_t(n - 1)]);
+        EXPECT_GT(j.at("memory").at("param_bytes").get<int64_t>(), 0);
+        EXPECT_EQ(j.at("samples").get<int64_t>(), n % 4 == 0 ? 2 : kBatch);
+      }
+      EXPECT_EQ(n, 8);
+    }
+
+    run_case("same world size: bitwise", [&] {
+      TT resumed = resume_trainer(ckpt + "2", ckpt + "/step-3");
+      auto c = std::make_shared<Counter>();
+      resumed.callback(c);
+      FitResult b = resumed.fit(pg);
+      EXPECT_EQ(b.first_step, 3);
+      ASSERT_EQ(b.losses.size(), 5u);
+      for (size_t i = 0; i < 5; ++i) EXPECT_EQ(b.losses[i], a.losses[i + 3]) << "step " << i + 4;
+      const Params final_b = full_parameters(*resumed.trained_model());
+      for (auto& [name, t] : final_a) EXPECT_TRUE(torch::equal(final_b.at(name), t)) << name;
+      EXPECT_EQ(c->steps, 8);  // 3 restored + 5 run
+    });
+    run_case("auto picks the newest", [&] {
+      TT again = resume_trainer(ckpt, "auto");
+      FitResult r = again.fit(pg);
+      EXPECT_EQ(r.first_step, 8);
+      EXPECT_EQ(r.resumed_from, ckpt + "/step-8");
+      EXPECT_TRUE(r.losses.empty());
+    });
+    run_case("other data order refused", [&] {
+      TT other = resume_trainer(ckpt + "3", ckpt + "/step-3");
+      other.options().seed(6);
+      try {
+        other.fit(pg);
+        ADD_FAILURE() << "resume with another seed was accepted";
+      } catch (const c10::Error& e) {
+        EXPECT_NE(std::string(e.what()).find("seed 5 but this run has 6"), std::string::npos) << e.what();
+      }
+    });
+  }, rank_options());
+  // At 3 ranks and at 1 from the 2-rank checkpoint: the same samples meet in every step.
+  for (int n : {3, 1}) {
+    run_ranks(n, [&](dist::ProcessGroup& pg) {
+      std::vector<torch::Tensor> ref;
+      torch::load(ref, test_dir() + "/reference.pt");
+      auto losses = ref[0];
+      TT resumed = resume_trainer(test_dir() + "/resume_n" + std::to_string(pg.size()), ckpt + "/step-3");
+      FitResult b = resumed.fit(pg);
+      ASSERT_EQ(b.losses.size(), 5u);
+      for (size_t i = 0; i < 5; ++i) {
+        const double want = losses[int64_t(i + 3)].item<double>();
+        EXPECT_NEAR(b.losses[i], want, 1e-5 * std::abs(want)) << "step " << i + 4;
+      }
+      const Params p = full_parameters(*resumed.trained_model());
+      size_t i = 1;
+      for (auto& [name, t] : p) EXPECT_LT(rel_diff(t, ref[i++]), 1e-5) << name;
+    }, rank_options());
+  }
+}
+
+TEST(Trainer, BadOptionsFailOnEveryRank) {
+  run_ranks(2, [](dist::ProcessGroup& pg) {
+    auto expect_error = [&](TT& t, const std::string& want) {
+      try {
+        t.fit(pg);
+        ADD_FAILURE() << "accepted; wanted an error with: " << want;
+      } catch (const c10::Error& e) {
+        const std::string msg = e.what_without_backtrace();
+        EXPECT_NE(msg.find(want), std::string::npos) << msg;
+        EXPECT_NE(msg.find("rank " + std::to_string(pg.rank())), std::string::npos) << msg;
+      }
+    };
+    run_case("batch not divisible", [&] {
+      TT t = make_trainer(TrainerOptions().global_batch_size(5));
+      expect_error(t, "global_batch_size 5 is not divisible by world size 2 x accumulate_grad_batches 1");
+    });
+    run_case("no dataset", [&] {
+      TT t(TrainerOptions{});
+      t.model([] { return TinyTransformer(13, 24, 5, 2); })
+          .optimizer([](std::vector<torch::Tensor> p) {
+            return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(kLr));
+          })
+          .training_step([](TT::Model& m, torch::data::Example<>& b) { return m.forward(b.data).mean(); });
+      expect_error(t, "no training dataset");
+    });
+    run_case("unknown strategy", [&] {
+      TT t = make_trainer(TrainerOptions().strategy("zero3"));
+      expect_error(t, "unknown strategy 'zero3'");
+    });
+  }, rank_options());
+}
+
+}  // namespace
+}  // namespace fsdp::testing
