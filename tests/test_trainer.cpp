@@ -10,7 +10,11 @@
 // samples, whatever the world size, micro-batching and short batch.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <fstream>
+#include <iterator>
+
+#include <unistd.h>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -327,6 +331,68 @@ TEST(Trainer, BadOptionsFailOnEveryRank) {
       expect_error(t, "unknown strategy 'zero3'");
     });
   }, rank_options());
+}
+
+// Started by LaunchesRanksWithoutALauncher as a plain process (no launcher variables):
+// fit() re-executes this binary under fsdp-run as 2 ranks, which run this body again
+// and join. Each rank writes what it trained.
+TEST(Trainer, DISABLED_LaunchChild) {
+  const char* out = std::getenv("FSDP_TRAINER_LAUNCH_OUT");
+  ASSERT_NE(out, nullptr);
+  TT t = make_trainer(TrainerOptions().devices(2).global_batch_size(kBatch).max_steps(3).seed(3));
+  t.options().progress(true).log_every_n_steps(1).memory_summary(true);
+  FitResult r = t.fit();
+  const char* rank = std::getenv("RANK");
+  ASSERT_NE(rank, nullptr) << "fit() returned in the launching process";
+  std::ofstream f(std::string(out) + "/rank" + rank + ".txt");
+  f << std::getenv("WORLD_SIZE") << " " << r.losses.size() << " " << r.losses.back() << "\n";
+}
+
+TEST(Trainer, LaunchesRanksWithoutALauncher) {
+  const TempDir dir = TempDir::create("fsdp-trainer-launch-");
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  ASSERT_GT(n, 0);
+  self[n] = '\0';
+  const std::string cmd = "env -u RANK -u WORLD_SIZE -u SLURM_PROCID -u OMPI_COMM_WORLD_RANK FSDP_TRAINER_LAUNCH_OUT=" +
+                          dir.path() + " " + self +
+                          " --gtest_also_run_disabled_tests --gtest_filter=Trainer.DISABLED_LaunchChild > " +
+                          dir.path() + "/log.txt 2>&1";
+  const int status = std::system(cmd.c_str());
+  std::ifstream logf(dir.path() + "/log.txt");
+  const std::string log((std::istreambuf_iterator<char>(logf)), std::istreambuf_iterator<char>());
+  ASSERT_EQ(status, 0) << log;
+  std::string line[2];
+  for (int r = 0; r < 2; ++r) {
+    std::ifstream f(dir.path() + "/rank" + std::to_string(r) + ".txt");
+    ASSERT_TRUE(std::getline(f, line[r])) << "rank " << r << " wrote nothing; log:\n" << log;
+    EXPECT_EQ(line[r].substr(0, 4), "2 3 ") << line[r];
+  }
+  EXPECT_EQ(line[0], line[1]);  // the same global loss on both ranks
+  // fsdp-run's rank prefixes; rank 0's progress lines and memory summary.
+  EXPECT_NE(log.find("[rank1]"), std::string::npos) << log;
+  EXPECT_NE(log.find("[rank0]: step 3/3  loss"), std::string::npos) << log;
+  EXPECT_NE(log.find("[rank0]:   1 "), std::string::npos) << "no memory summary row for rank 1:\n" << log;
+}
+
+TEST(Trainer, OneDeviceRunsInThisProcess) {
+  if (trainer::under_launcher()) GTEST_SKIP() << "this test process runs under a launcher";
+  TT t = make_trainer(TrainerOptions().global_batch_size(kBatch).max_steps(2).seed(3));
+  FitResult r = t.fit();
+  EXPECT_EQ(r.losses.size(), 2u);
+  EXPECT_EQ(t.trained_model()->fsdp()->process_group().size(), 1);
+}
+
+TEST(Trainer, SeveralNodesNeedALauncher) {
+  if (trainer::under_launcher()) GTEST_SKIP() << "this test process runs under a launcher";
+  TT t = make_trainer(TrainerOptions().num_nodes(2).devices(2));
+  try {
+    t.fit();
+    ADD_FAILURE() << "num_nodes 2 without a launcher was accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("num_nodes 2 but no launcher started this process"), std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

@@ -355,7 +355,10 @@ class Trainer {
       optimizer_ = std::move(zero);
     } else {
       const fsdp::Options fo = st.resolved_fsdp();
-      if (st.sharded_construction() && fo.sharding_strategy() != ShardingStrategy::NO_SHARD) {
+      // Without a wrap policy the model is one unit, complete only when the factory
+      // returns: nothing to shard during construction (ZeroInitContext refuses it).
+      if (st.sharded_construction() && fo.sharding_strategy() != ShardingStrategy::NO_SHARD &&
+          fo.auto_wrap_policy()) {
         ZeroInitContext zero_init(pg, fo);
         model_->module_ = model_factory_();
       } else {

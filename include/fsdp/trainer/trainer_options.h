@@ -42,7 +42,8 @@ struct Strategy {
   /// FSDP strategies that shard parameters (full_shard, shard_grad_op,
   /// hybrid_shard): call the model factory inside an fsdp::ZeroInitContext, so that
   /// each fsdp::Wrappable the wrap policy picks is sharded as soon as it is built
-  /// (Lightning's configure_sharded_model). false: build the whole model, then wrap.
+  /// (Lightning's configure_sharded_model). false, or no auto_wrap_policy (the model is
+  /// then one unit): build the whole model, then wrap.
   TORCH_ARG(bool, sharded_construction) = true;
 
  public:
