@@ -100,7 +100,7 @@ Params full_parameters(TT::Model& m) {
 /// Records the full parameters before the first step and after every step.
 struct Recorder : Callback {
   explicit Recorder(TT* t) : trainer(t) {}
-  void on_train_start(int64_t) override { states.push_back(full_parameters(*trainer->trained_model())); }
+  void on_train_start(const trainer::TrainStart&) override { states.push_back(full_parameters(*trainer->trained_model())); }
   void on_step_end(const trainer::StepMetrics& m) override {
     states.push_back(full_parameters(*trainer->trained_model()));
     samples.push_back(m.samples);

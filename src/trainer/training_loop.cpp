@@ -180,10 +180,10 @@ void memory_summary(const TrainerOptions& o, const dist::ProcessGroup& pg, const
   char z[32], u[32];
   format_bytes(zero, z, sizeof z);
   format_bytes(16 * psi, u, sizeof u);
-  std::printf("fsdp::Trainer memory per rank (%lld parameters; unsharded Adam training holds %s; "
+  std::fprintf(stderr, "fsdp::Trainer memory per rank (%lld parameters; unsharded Adam training holds %s; "
               "ZeRO estimate for %s with Adam: %s):\n",
               (long long)m.num_params, u, name.c_str(), z);
-  std::printf("  %-6s %14s %14s %14s %16s %14s\n", "rank", "params", "grads", "optim state", "peak unsharded",
+  std::fprintf(stderr, "  %-6s %14s %14s %14s %16s %14s\n", "rank", "params", "grads", "optim state", "peak unsharded",
               "model state");
   auto acc = rows.accessor<double, 2>();
   for (int r = 0; r < n; ++r) {
@@ -193,9 +193,9 @@ void memory_summary(const TrainerOptions& o, const dist::ProcessGroup& pg, const
     format_bytes(acc[r][2], c, sizeof c);
     format_bytes(acc[r][3], d, sizeof d);
     format_bytes(acc[r][0] + acc[r][1] + acc[r][2], t, sizeof t);
-    std::printf("  %-6d %14s %14s %14s %16s %14s\n", r, a, b, c, d, t);
+    std::fprintf(stderr, "  %-6d %14s %14s %14s %16s %14s\n", r, a, b, c, d, t);
   }
-  std::fflush(stdout);
+  std::fflush(stderr);
 }
 
 }  // namespace
@@ -364,7 +364,12 @@ FitResult run_training_loop(const TrainerOptions& o, const dist::ProcessGroup& p
   };
 
   // --- training ---------------------------------------------------------------
-  for (auto& cb : callbacks) cb->on_train_start(first_step);
+  TrainStart start;
+  start.rank = rank;
+  start.world_size = world;
+  start.first_step = first_step;
+  start.total_steps = total_steps;
+  for (auto& cb : callbacks) cb->on_train_start(start);
   model.module->train();
   const bool want_memory = !o.metrics_file().empty() || !callbacks.empty();
   StepMetrics last;

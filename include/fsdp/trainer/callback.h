@@ -38,12 +38,18 @@ struct ValidationMetrics {
   int64_t samples = 0;
 };
 
+/// What on_train_start is told.
+struct TrainStart {
+  int rank = 0, world_size = 1;
+  int64_t first_step = 0;   ///< the step training continues from (0 fresh; S after resuming step-S)
+  int64_t total_steps = 0;  ///< the step it ends at
+};
+
 class Callback {
  public:
   virtual ~Callback() = default;
-  /// After the model, optimizer and a resumed checkpoint are in place; `first_step`
-  /// is the step training continues from (0 for a fresh run).
-  virtual void on_train_start(int64_t first_step) {}
+  /// After the model, optimizer and a resumed checkpoint are in place.
+  virtual void on_train_start(const TrainStart& start) {}
   virtual void on_step_end(const StepMetrics& metrics) {}
   virtual void on_validation_end(const ValidationMetrics& metrics) {}
   /// After checkpoint `dir` (the state after `step` steps) is complete on disk.

@@ -61,7 +61,8 @@
 ///   {"step","epoch","loss","samples","lr","samples_per_s","memory":{"param_bytes",
 ///    "grad_bytes","optim_bytes","unsharded_peak_bytes","rss_bytes"}}
 ///   {"step","validation":{<key>: <value>, ...},"samples"}
-/// The memory summary (rank 0, end of fit) prints each rank's parameter, gradient
+/// Progress, validation results and the memory summary go to stderr (rank 0), so
+/// stdout stays the program's. The memory summary (end of fit) prints each rank's parameter, gradient
 /// and optimizer-state bytes next to what unsharded Adam training holds (16 B per
 /// parameter).
 
