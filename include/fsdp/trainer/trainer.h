@@ -247,7 +247,10 @@ class Trainer {
   /// Without a launcher and with devices > 1 this call does not return: the process
   /// becomes fsdp-run, which runs the program again as the ranks.
   FitResult fit() {
-    const std::string err = trainer_options_error(options_, parts(), 0);
+    // Not under a launcher the world size is ours to choose: check it once, here, before
+    // any rank starts; under one, fit(pg) checks it on every rank.
+    const std::string err =
+        trainer_options_error(options_, parts(), under_launcher() ? 0 : std::max(options_.devices(), 1));
     TORCH_CHECK(err.empty(), "fsdp::Trainer: ", err);
     dist::InitOptions init = dist::InitOptions().timeout(options_.timeout());
     if (!under_launcher()) {
