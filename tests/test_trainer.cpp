@@ -42,8 +42,8 @@ constexpr double kLr = 0.05;
 /// (x [13], y [5]) regression pairs drawn once from a fixed generator.
 class RegressionSet : public torch::data::datasets::Dataset<RegressionSet> {
  public:
-  explicit RegressionSet(int64_t n) {
-    auto gen = at::detail::createCPUGenerator(77);
+  explicit RegressionSet(int64_t n, uint64_t seed = 77) {
+    auto gen = at::detail::createCPUGenerator(seed);
     x_ = at::randn({n, 13}, gen);
     y_ = at::randn({n, 5}, gen);
   }
@@ -129,16 +129,34 @@ std::pair<Params, double> reference_step(const Params& before, const std::vector
 
 /// The Trainer's run of `steps` steps under `strategy` with k micro-batches, checked
 /// step by step against the reference.
-void parity_case(dist::ProcessGroup& pg, const std::string& strategy, int64_t k, int64_t steps) {
-  run_case(strategy + " k=" + std::to_string(k), [&] {
+/// Validation: 13 held-out samples in validation batches of 5 (parts of 1-3 samples
+/// per rank), mean squared error and mean absolute error, checked against the whole set.
+void parity_case(dist::ProcessGroup& pg, const std::string& strategy, int64_t k, int64_t steps, bool drop = false) {
+  run_case(strategy + " k=" + std::to_string(k) + (drop ? " drop" : ""), [&] {
     auto s = Strategy(strategy).fsdp(fsdp::Options().auto_wrap_policy(module_type_policy<BlockImpl>()));
     TT t = make_trainer(TrainerOptions().strategy(s).global_batch_size(kBatch).accumulate_grad_batches(k)
-                            .max_steps(steps).seed(3));
+                            .max_steps(steps).seed(3).val_batch_size(5)
+                            .last_batch(drop ? trainer::LastBatch::kDrop : trainer::LastBatch::kShort));
+    t.val_data(RegressionSet(13, 99)).validation_step([](TT::Model& model, torch::data::Example<>& b) {
+      auto err = model.forward(b.data) - b.target;
+      return std::map<std::string, double>{{"mse", err.pow(2).mean().item<double>()},
+                                           {"mae", err.abs().mean().item<double>()}};
+    });
     auto rec = std::make_shared<Recorder>(&t);
     t.callback(rec);
     FitResult r = t.fit(pg);
     ASSERT_EQ(int64_t(rec->states.size()), steps + 1);
-    trainer::GlobalSampler sampler(kSamples, kBatch, true, 3, false);
+    {
+      auto ref = TinyTransformer(13, 24, 5, 2);
+      torch::NoGradGuard g;
+      for (auto& p : ref->named_parameters()) p.value().copy_(rec->states.back().at(p.key()));
+      RegressionSet val(13, 99);
+      auto err = ref->forward(val.x()) - val.y();
+      const double mse = err.pow(2).mean().item<double>(), mae = err.abs().mean().item<double>();
+      EXPECT_NEAR(r.validation.at("mse"), mse, 1e-6 * mse);
+      EXPECT_NEAR(r.validation.at("mae"), mae, 1e-6 * mae);
+    }
+    trainer::GlobalSampler sampler(kSamples, kBatch, true, 3, drop);
     for (int64_t s = 0; s < steps; ++s) {
       const int64_t spe = sampler.steps_per_epoch();
       auto indices = sampler.batch_indices(s / spe, s % spe);
@@ -182,7 +200,7 @@ TEST(Trainer, MatchesSingleProcessStepByStep) {
   run_ranks(2, [](dist::ProcessGroup& pg) {
     parity_case(pg, "full_shard", 1, 6);
     parity_case(pg, "full_shard", 3, 6);  // accumulation: 3 micro-batches of 2 == one batch of 6
-    parity_case(pg, "no_shard", 1, 4);
+    parity_case(pg, "no_shard", 1, 4, /*drop=*/true);  // 3 steps an epoch: step 4 is epoch 1's first
     parity_case(pg, "zero2", 3, 4);
   }, rank_options());
   run_ranks(3, [](dist::ProcessGroup& pg) {
@@ -201,9 +219,10 @@ struct Counter : Callback {
 };
 
 /// Adam + StepLR, checkpoints every 3 steps, 8 steps (2 epochs).
-TT resume_trainer(const std::string& ckpt, const std::string& resume, const std::string& metrics = "") {
+TT resume_trainer(const std::string& ckpt, const std::string& resume, const std::string& metrics = "",
+                  const std::string& strategy = "full_shard") {
   TT t = make_trainer(TrainerOptions()
-                          .strategy(Strategy("full_shard")
+                          .strategy(Strategy(strategy)
                                         .fsdp(fsdp::Options().auto_wrap_policy(module_type_policy<BlockImpl>())))
                           .global_batch_size(kBatch)
                           .max_steps(8)
@@ -281,13 +300,16 @@ TEST(Trainer, ResumeBitwiseAndAcrossWorldSizes) {
       }
     });
   }, rank_options());
-  // At 3 ranks and at 1 from the 2-rank checkpoint: the same samples meet in every step.
+  // At 3 ranks (SHARD_GRAD_OP) and at 1 (NO_SHARD) from the 2-rank FULL_SHARD checkpoint:
+  // the same samples meet in every step.
   for (int n : {3, 1}) {
     run_ranks(n, [&](dist::ProcessGroup& pg) {
+      const std::string strategy = pg.size() == 3 ? "shard_grad_op" : "no_shard";
       std::vector<torch::Tensor> ref;
       torch::load(ref, test_dir() + "/reference.pt");
       auto losses = ref[0];
-      TT resumed = resume_trainer(test_dir() + "/resume_n" + std::to_string(pg.size()), ckpt + "/step-3");
+      TT resumed = resume_trainer(test_dir() + "/resume_n" + std::to_string(pg.size()), ckpt + "/step-3", "",
+                                  strategy);
       FitResult b = resumed.fit(pg);
       ASSERT_EQ(b.losses.size(), 5u);
       for (size_t i = 0; i < 5; ++i) {
