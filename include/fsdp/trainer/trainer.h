@@ -253,6 +253,7 @@ class Trainer {
         trainer_options_error(options_, parts(), under_launcher() ? 0 : std::max(options_.devices(), 1));
     TORCH_CHECK(err.empty(), "fsdp::Trainer: ", err);
     dist::InitOptions init = dist::InitOptions().timeout(options_.timeout());
+    scratch_.clear();
     if (!under_launcher()) {
       TORCH_CHECK(options_.num_nodes() == 1, "fsdp::Trainer: num_nodes ", options_.num_nodes(),
                   " but no launcher started this process; one process cannot start other nodes: run "
@@ -266,15 +267,21 @@ class Trainer {
       std::filesystem::remove(scratch_);
       init.file_store_path(scratch_.string());
     }
-    auto pg = dist::init_process_group(init);
+    // The private store's file goes when fit ends, also by an exception.
+    struct RemoveStore {
+      std::filesystem::path path;
+      ~RemoveStore() {
+        std::error_code ec;
+        if (!path.empty()) std::filesystem::remove(path, ec);
+      }
+    } remove_store{scratch_};
+    dist::ProcessGroup pg = dist::init_process_group(init);
     if (options_.devices() > 0 && under_launcher())
       TORCH_CHECK(pg.local_world_size() == options_.devices() && pg.size() == options_.devices() * options_.num_nodes(),
                   "fsdp::Trainer (rank ", pg.rank(), "): devices ", options_.devices(), " x num_nodes ",
                   options_.num_nodes(), " but the launcher started ", pg.local_world_size(),
                   " ranks per node and ", pg.size(), " in all; make them agree, or leave devices at 0 (auto)");
-    auto result = fit(pg);
-    if (!scratch_.empty()) std::filesystem::remove(scratch_);
-    return result;
+    return fit(pg);
   }
 
   /// Trains on an existing process group (tests, programs that make their own).
