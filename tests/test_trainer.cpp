@@ -194,9 +194,72 @@ TEST(GlobalSampler, SameBatchesAtAnyWorldSizeWithShortTail) {
   EXPECT_EQ(trainer::contiguous_part(2, 3, 2), std::make_pair(int64_t(1), int64_t(2)));
 }
 
+/// A dataset with its own example and batch types (the Trainer erases them through a
+/// collate function), and one mapped through Stack<> (its batches taken as they come):
+/// both train exactly like the Example<> dataset.
+struct Pair {
+  torch::Tensor features, label;
+  int64_t id = 0;
+};
+struct PairBatch {
+  torch::Tensor features, labels;
+  std::vector<int64_t> ids;
+};
+class PairSet : public torch::data::datasets::Dataset<PairSet, Pair> {
+ public:
+  Pair get(size_t i) override { return {data_.x()[int64_t(i)], data_.y()[int64_t(i)], int64_t(i)}; }
+  torch::optional<size_t> size() const override { return size_t(kSamples); }
+
+ private:
+  RegressionSet data_{kSamples};
+};
+
+void dataset_types_case(dist::ProcessGroup& pg) {
+  run_case("dataset types", [&] {
+    auto opts = TrainerOptions().global_batch_size(kBatch).max_steps(5).seed(3).progress(false).memory_summary(false);
+    auto sgd = [](std::vector<torch::Tensor> p) {
+      return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(kLr));
+    };
+    TT plain = make_trainer(opts);
+    const auto want = plain.fit(pg).losses;
+
+    Trainer<TinyTransformerImpl, PairBatch> custom(opts);
+    std::set<int64_t> seen;
+    custom.model([] { return TinyTransformer(13, 24, 5, 2); })
+        .optimizer(sgd)
+        .train_data(PairSet(),
+                    [](std::vector<Pair> v) {
+                      PairBatch b;
+                      std::vector<torch::Tensor> f, l;
+                      for (auto& p : v) f.push_back(p.features), l.push_back(p.label), b.ids.push_back(p.id);
+                      b.features = torch::stack(f);
+                      b.labels = torch::stack(l);
+                      return b;
+                    })
+        .training_step([&](auto& model, PairBatch& b) {
+          seen.insert(b.ids.begin(), b.ids.end());
+          return torch::mse_loss(model.forward(b.features), b.labels);
+        });
+    EXPECT_EQ(custom.fit(pg).losses, want);
+    EXPECT_EQ(int64_t(seen.size()), kSamples);  // 5 steps of 6, 6, 6, 2, 6 cover an epoch
+
+    TT stacked(opts);
+    stacked.model([] { return TinyTransformer(13, 24, 5, 2); })
+        .optimizer(sgd)
+        .train_data(RegressionSet(kSamples).map(torch::data::transforms::Stack<>()))
+        .training_step([](TT::Model& model, torch::data::Example<>& b) {
+          return torch::mse_loss(model.forward(b.data), b.target);
+        });
+    EXPECT_EQ(stacked.fit(pg).losses, want);
+  });
+}
+
 TEST(Trainer, MatchesSingleProcessStepByStep) {
   // 6 steps = one epoch of 4 (the 4th short) and two steps of the next epoch.
-  run_ranks(1, [](dist::ProcessGroup& pg) { parity_case(pg, "full_shard", 1, 6); }, rank_options());
+  run_ranks(1, [](dist::ProcessGroup& pg) {
+    parity_case(pg, "full_shard", 1, 6);
+    dataset_types_case(pg);
+  }, rank_options());
   run_ranks(2, [](dist::ProcessGroup& pg) {
     parity_case(pg, "full_shard", 1, 6);
     parity_case(pg, "full_shard", 3, 6);  // accumulation: 3 micro-batches of 2 == one batch of 6
