@@ -345,6 +345,27 @@ TEST(Trainer, ResumeBitwiseAndAcrossWorldSizes) {
       for (auto& [name, t] : final_a) EXPECT_TRUE(torch::equal(final_b.at(name), t)) << name;
       EXPECT_EQ(c->steps, 8);  // 3 restored + 5 run
     });
+    run_case("dropout: every rank's generator restored", [&] {
+      // Each rank draws rank+1 extra numbers per step, so the ranks' generators differ;
+      // resumed losses equal the uninterrupted run's only if each rank gets its own back.
+      auto drop_trainer = [&](const std::string& resume) {
+        TT t = resume_trainer(ckpt + "_drop", resume);
+        t.options().max_steps(4).checkpoint_interval(2);
+        const int64_t extra = pg.rank() + 1;
+        t.training_step([extra](TT::Model& m, torch::data::Example<>& b) {
+          torch::rand({extra});
+          return torch::mse_loss(m.forward(torch::dropout(b.data, 0.3, m.training())), b.target);
+        });
+        return t;
+      };
+      TT uninterrupted = drop_trainer("");
+      const auto want = uninterrupted.fit(pg).losses;
+      TT resumed = drop_trainer(ckpt + "_drop/step-2");
+      const auto got = resumed.fit(pg).losses;
+      ASSERT_EQ(got.size(), 2u);
+      EXPECT_EQ(got[0], want[2]);
+      EXPECT_EQ(got[1], want[3]);
+    });
     run_case("auto picks the newest", [&] {
       TT again = resume_trainer(ckpt, "auto");
       FitResult r = again.fit(pg);
