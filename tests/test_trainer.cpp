@@ -81,6 +81,7 @@ TT make_trainer(TrainerOptions o, bool adam = false) {
       })
       .train_data(RegressionSet(kSamples))
       .training_step([](TT::Model& model, torch::data::Example<>& b) {
+        EXPECT_TRUE(model.training());
         return torch::mse_loss(model.forward(b.data), b.target);
       });
   return t;
@@ -138,6 +139,7 @@ void parity_case(dist::ProcessGroup& pg, const std::string& strategy, int64_t k,
                             .max_steps(steps).seed(3).val_batch_size(5)
                             .last_batch(drop ? trainer::LastBatch::kDrop : trainer::LastBatch::kShort));
     t.val_data(RegressionSet(13, 99)).validation_step([](TT::Model& model, torch::data::Example<>& b) {
+      EXPECT_FALSE(model.training());
       auto err = model.forward(b.data) - b.target;
       return std::map<std::string, double>{{"mse", err.pow(2).mean().item<double>()},
                                            {"mae", err.abs().mean().item<double>()}};

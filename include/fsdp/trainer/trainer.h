@@ -378,7 +378,9 @@ class Trainer {
       lm.num_params = count(*model_->module_);
       model_->wrapper_ = std::make_shared<FullyShardedDataParallelImpl<ModelImpl>>(model_->module_, pg, fo);
       lm.fsdp = model_->wrapper_.get();
-      lm.module = model_->wrapper_.get();
+      // The user's module itself: the wrapper registers only its children, so
+      // wrapper->eval() would leave the module's own is_training() set.
+      lm.module = model_->module_.get();
       optimizer_ = optimizer_factory_(model_->wrapper_->parameters());
     }
     TORCH_CHECK(optimizer_, "fsdp::Trainer: the optimizer factory returned nullptr");

@@ -33,7 +33,7 @@ struct LoopModel {
   optim::ZeroRedundancyOptimizer* zero = nullptr;
   torch::optim::Optimizer* optimizer = nullptr;
   torch::optim::LRScheduler* scheduler = nullptr;  ///< optional
-  /// What train()/eval() switch: the wrapper, or the unwrapped module under zero1/zero2.
+  /// The user's module (not the FSDP wrapper): train()/eval() switch it and its subtree.
   torch::nn::Module* module = nullptr;
   int64_t num_params = 0;  ///< elements of the unwrapped model's parameters
 };
