@@ -112,7 +112,8 @@ struct Recorder : Callback {
 };
 
 /// One SGD step of the unsharded model from `before` on samples `indices`: the reference.
-std::pair<Params, double> reference_step(const Params& before, const std::vector<int64_t>& indices) {
+std::pair<Params, double> reference_step(const Params& before, const std::vector<int64_t>& indices,
+                                         double clip = 0) {
   auto ref = TinyTransformer(13, 24, 5, 2);
   {
     torch::NoGradGuard g;
@@ -122,6 +123,10 @@ std::pair<Params, double> reference_step(const Params& before, const std::vector
   auto idx = torch::tensor(indices, torch::kLong);
   auto loss = torch::mse_loss(ref->forward(data.x().index_select(0, idx)), data.y().index_select(0, idx));
   loss.backward();
+  if (clip > 0) {
+    const double norm = torch::nn::utils::clip_grad_norm_(ref->parameters(), clip);
+    EXPECT_GT(norm, clip) << "the test's clipping threshold does not clip";
+  }
   Params after;
   torch::NoGradGuard g;
   for (auto& p : ref->named_parameters()) after[p.key()] = p.value() - kLr * p.value().grad();
@@ -132,11 +137,12 @@ std::pair<Params, double> reference_step(const Params& before, const std::vector
 /// step by step against the reference.
 /// Validation: 13 held-out samples in validation batches of 5 (parts of 1-3 samples
 /// per rank), mean squared error and mean absolute error, checked against the whole set.
-void parity_case(dist::ProcessGroup& pg, const std::string& strategy, int64_t k, int64_t steps, bool drop = false) {
-  run_case(strategy + " k=" + std::to_string(k) + (drop ? " drop" : ""), [&] {
+void parity_case(dist::ProcessGroup& pg, const std::string& strategy, int64_t k, int64_t steps, bool drop = false,
+                 double clip = 0) {
+  run_case(strategy + " k=" + std::to_string(k) + (drop ? " drop" : "") + (clip > 0 ? " clip" : ""), [&] {
     auto s = Strategy(strategy).fsdp(fsdp::Options().auto_wrap_policy(module_type_policy<BlockImpl>()));
     TT t = make_trainer(TrainerOptions().strategy(s).global_batch_size(kBatch).accumulate_grad_batches(k)
-                            .max_steps(steps).seed(3).val_batch_size(5)
+                            .max_steps(steps).seed(3).val_batch_size(5).gradient_clip_val(clip)
                             .last_batch(drop ? trainer::LastBatch::kDrop : trainer::LastBatch::kShort));
     t.val_data(RegressionSet(13, 99)).validation_step([](TT::Model& model, torch::data::Example<>& b) {
       EXPECT_FALSE(model.training());
@@ -163,7 +169,7 @@ void parity_case(dist::ProcessGroup& pg, const std::string& strategy, int64_t k,
       const int64_t spe = sampler.steps_per_epoch();
       auto indices = sampler.batch_indices(s / spe, s % spe);
       EXPECT_EQ(rec->samples[size_t(s)], int64_t(indices.size()));
-      auto [after, loss] = reference_step(rec->states[size_t(s)], indices);
+      auto [after, loss] = reference_step(rec->states[size_t(s)], indices, clip);
       EXPECT_NEAR(r.losses[size_t(s)], loss, 1e-6 * std::abs(loss)) << "step " << s + 1;
       // The update itself, not only the parameters (an update is ~1e-2 of them).
       const Params& before = rec->states[size_t(s)];
@@ -267,11 +273,12 @@ TEST(Trainer, MatchesSingleProcessStepByStep) {
     parity_case(pg, "full_shard", 3, 6);  // accumulation: 3 micro-batches of 2 == one batch of 6
     parity_case(pg, "no_shard", 1, 4, /*drop=*/true);  // 3 steps an epoch: step 4 is epoch 1's first
     parity_case(pg, "zero2", 3, 4);
+    parity_case(pg, "full_shard", 2, 4, false, /*clip=*/0.05);
   }, rank_options());
   run_ranks(3, [](dist::ProcessGroup& pg) {
     parity_case(pg, "full_shard", 1, 6);  // short batch of 2 on 3 ranks: rank 0 weighs 0
     parity_case(pg, "shard_grad_op", 2, 4);
-    parity_case(pg, "zero1", 1, 4);
+    parity_case(pg, "zero1", 1, 4, false, /*clip=*/0.05);
   }, rank_options());
 }
 
