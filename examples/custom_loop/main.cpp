@@ -41,10 +41,6 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
-// fsdp/dist/collectives.h declares c10d::Work without defining it; CommHandle's destructor
-// needs the definition (the library's own files get it through their precompiled header).
-#include <torch/csrc/distributed/c10d/Work.hpp>
-
 #include "fsdp/dist/collectives.h"
 #include "fsdp/dist/process_group.h"
 #include "fsdp/fsdp/fully_sharded.h"
