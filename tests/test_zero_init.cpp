@@ -17,6 +17,7 @@
 
 #include "fsdp/dist/collectives.h"
 #include "fsdp/fsdp/fully_sharded.h"
+#include "fsdp/fsdp/memory_estimate.h"
 #include "fsdp/fsdp/zero_init.h"
 #include "fsdp/state/rank0_load.h"
 #include "fsdp/state/state_dict.h"
@@ -355,6 +356,10 @@ void gpt16_cases(dist::ProcessGroup& pg) {
               << outside_numel * 4 << " B" << std::endl;
     EXPECT_LE(zero_peak, bound * 105 / 100);
     EXPECT_GE(eager_peak, (cfg.layers * unit_numel + outside_numel) * 4);
+    // fsdp::estimate_construction (what fsdp-train --estimate-memory prints) is this bound.
+    const auto estimate = estimate_construction(std::vector<int64_t>(cfg.layers, unit_numel), outside_numel, n);
+    EXPECT_EQ(int64_t(estimate.sharded_peak), bound);
+    EXPECT_LE(eager_peak, int64_t(estimate.eager_peak));
 
     auto zero = FullyShardedDataParallel(sharded, pg, o);
     auto eager = FullyShardedDataParallel(build_gpt(cfg, 0), pg, o);
