@@ -104,7 +104,7 @@ void print_construction_estimate(std::FILE* out, const TrainOptions& o, int n) {
   format_bytes(e.eager_peak, b, sizeof b);
   format_bytes(e.after_wrap, c, sizeof c);
   if (o.model == "gpt") {
-    std::fprintf(out, "  %-34s %12s  shards + largest unit x (1 + 1/N) + parameters outside units (%lld blocks of "
+    std::fprintf(out, "  %-34s %12s  shards + the largest unit + parameters outside units (%lld blocks of "
                       "%lld, %lld outside)%s\n",
                  "sharded (ZeroInitContext, default)", a, (long long)o.layers, (long long)gpt_block_num_params(o.dim),
                  (long long)outside, o.eager_init ? "" : "  <- this run");

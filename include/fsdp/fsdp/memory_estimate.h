@@ -40,8 +40,9 @@ ModelStateEstimate estimate_model_state(int64_t num_params, int world_size, Shar
 ///   sharded  (ZeroInitContext) p max(max_k [Σ_{j<=k} chunk(n_j) + n_k] + outside,
 ///            Σ_j chunk(n_j) + outside + chunk(outside)): unit k is built next to
 ///            the shards before it and copied into its own; then FSDP flattens
-///            the root unit. With equal units that is issue 15's bound:
-///            shards + largest unit x (1 + 1/N) + parameters outside units.
+///            the root unit. With equal units: shards + largest unit +
+///            parameters outside units (issue 15's bound, shards + largest unit
+///            x (1 + 1/N) + outside, counts the last unit's shard twice).
 ///   after    p (Σ_j chunk(n_j) + chunk(outside)): the shards, either way.
 /// Gradients, optimizer state and activations come later (estimate_model_state).
 struct ConstructionEstimate {
