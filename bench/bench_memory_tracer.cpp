@@ -10,8 +10,11 @@
 //        plus one per optimizer step), as fsdp-train --memory-trace runs.
 // The launcher runs --pairs pairs of runs, alternating which mode goes first, and reports
 // each pair's ratio on/off of the median step time and the median of those ratios: drift of
-// a shared machine's load hits both halves of a pair alike. Rank 0 prints one JSON line per
-// run; the launcher prints the table and a final JSON summary line.
+// a shared machine's load hits both halves of a pair alike. Because that ratio drowns in the
+// noise of a loaded machine, the two costs are also timed alone: one sample's bookkeeping
+// (x samples per step) and one small allocation with and without the counting allocator
+// (x allocations per step, counted). Rank 0 prints one JSON line per run; the launcher
+// prints the table, both shares of a step and a final JSON summary line.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -137,8 +140,12 @@ int rank_main(const Args& a) {
   const auto x = at::randn({a.batch, a.seq, a.dim}, gen);
   const auto y = at::randn({a.batch, a.seq, a.dim}, gen);
   std::vector<double> ms;
+  int64_t allocations_before = 0;
   for (int s = 0; s < a.warmup + a.steps; ++s) {
-    if (s == a.warmup) fsdp::dist::barrier(pg);
+    if (s == a.warmup) {
+      fsdp::dist::barrier(pg);
+      allocations_before = fsdp::memory::counted_allocations();
+    }
     const auto t0 = std::chrono::steady_clock::now();
     opt.zero_grad();
     torch::mse_loss(model->forward(x), y).backward();
@@ -164,12 +171,24 @@ int rank_main(const Args& a) {
     sample_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / reps;
     TORCH_CHECK(sink > 0);
   }
+  const double allocations_per_step =
+      double(fsdp::memory::counted_allocations() - allocations_before) / a.steps;
+  // One CPU allocation and free of a small tensor, timed alone: the counting allocator's
+  // cost is the difference between an "on" and an "off" run.
+  double alloc_ns = 0;
+  {
+    const int reps = 200000;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < reps; ++i) (void)at::empty({64});
+    alloc_ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() / reps;
+  }
   const int64_t samples = tracer ? int64_t(tracer->samples().size()) : 0;
   if (pg.rank() == 0)
     std::printf("{\"mode\": \"%s\", \"steps\": %d, \"median_ms\": %.4f, \"min_ms\": %.4f, \"samples\": %lld, "
-                "\"samples_per_step\": %.1f, \"sample_us\": %.3f}\n",
+                "\"samples_per_step\": %.1f, \"sample_us\": %.3f, \"allocations_per_step\": %.1f, "
+                "\"alloc_ns\": %.1f}\n",
                 a.mode.c_str(), a.steps, slowest[slowest.size() / 2], slowest.front(), (long long)samples,
-                double(samples) / (a.warmup + a.steps), sample_us);
+                double(samples) / (a.warmup + a.steps), sample_us, allocations_per_step, alloc_ns);
   return 0;
 }
 
@@ -204,7 +223,8 @@ int launcher_main(const Args& a) {
               a.nproc, a.layers, a.dim, a.batch, a.seq, a.steps, a.pairs);
   std::vector<double> ratios;
   std::vector<std::string> rows;
-  double last_samples_per_step = 0, last_sample_us = 0, last_on_ms = 1;
+  double last_samples_per_step = 0, last_sample_us = 0, last_on_ms = 1, last_allocations_per_step = 0;
+  std::vector<double> alloc_extra_ns;  // per pair: on - off, one allocation and free
   for (int p = 0; p < a.pairs; ++p) {
     const bool off_first = p % 2 == 0;
     std::string off, on;
@@ -216,6 +236,8 @@ int launcher_main(const Args& a) {
       off = run("off");
     }
     const double r = field(on, "median_ms") / field(off, "median_ms");
+    alloc_extra_ns.push_back(field(on, "alloc_ns") - field(off, "alloc_ns"));
+    last_allocations_per_step = field(on, "allocations_per_step");
     last_samples_per_step = field(on, "samples_per_step");
     last_sample_us = field(on, "sample_us");
     last_on_ms = field(on, "median_ms");
@@ -235,10 +257,17 @@ int launcher_main(const Args& a) {
   std::printf("\nsampling alone: %.1f samples/step x %.2f us = %.3f ms per step, %.3f%% of a %.1f ms step\n",
               last_samples_per_step, last_sample_us, last_samples_per_step * last_sample_us / 1000,
               100 * last_samples_per_step * last_sample_us / 1000 / last_on_ms, last_on_ms);
+  std::sort(alloc_extra_ns.begin(), alloc_extra_ns.end());
+  const double extra_ns = alloc_extra_ns[alloc_extra_ns.size() / 2];
+  const double counting_share = last_allocations_per_step * std::max(0.0, extra_ns) / 1e6 / last_on_ms;
+  std::printf("allocator counting: %.0f allocations/step x %.1f ns extra each (median over pairs) = %.3f ms per "
+              "step, %.3f%% of a %.1f ms step\n",
+              last_allocations_per_step, extra_ns, last_allocations_per_step * extra_ns / 1e6, 100 * counting_share,
+              last_on_ms);
+  const double sampling_share = last_samples_per_step * last_sample_us / 1000 / last_on_ms;
   std::printf("\n{\"bench\": \"memory_tracer\", \"pairs\": %d, \"median_ratio\": %.4f, \"min_ratio\": %.4f, "
-              "\"max_ratio\": %.4f, \"target\": 1.02, \"sampling_share\": %.5f}\n",
-              a.pairs, median, sorted.front(), sorted.back(),
-              last_samples_per_step * last_sample_us / 1000 / last_on_ms);
+              "\"max_ratio\": %.4f, \"target\": 1.02, \"sampling_share\": %.5f, \"counting_share\": %.5f}\n",
+              a.pairs, median, sorted.front(), sorted.back(), sampling_share, counting_share);
   return 0;
 }
 
