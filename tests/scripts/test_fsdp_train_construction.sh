@@ -7,23 +7,15 @@
 # the allocator's slack when sharded, and holds the whole model when eager; both runs give
 # the same loss. About 25 s on the loaded 2-core machine.
 set -euo pipefail
+# shellcheck source=lib/script_test.sh
+source "$(dirname "$0")/lib/script_test.sh"
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-
-TRAIN="${FSDP_BIN_DIR:?set FSDP_BIN_DIR to the bin directory of a build}/fsdp-train"
-[[ -x "$TRAIN" ]] || { echo "FAIL: $TRAIN is not an executable (build targets fsdp-train fsdp-run)"; exit 1; }
-[[ -x "$FSDP_BIN_DIR/fsdp-run" ]] || { echo "FAIL: fsdp-run missing next to fsdp-train (build target fsdp-run)"; exit 1; }
+require_tools fsdp-train fsdp-run
+TRAIN="$BIN/fsdp-train"
 GPL=/usr/share/common-licenses/GPL-3
 [[ -f "$GPL" ]] || { echo "FAIL: $GPL missing (package base-files)"; exit 1; }
-
-WORK="$(mktemp -d)"
-trap 'rm -rf "$WORK"' EXIT
-OUT="$WORK/out"
-fail() {
-  echo "FAIL: $*" >&2
-  [[ -f "$OUT" ]] && { echo "--- output:" >&2; tail -n 30 "$OUT" >&2; }
-  exit 1
-}
-pass() { echo "ok: $*"; }
+OUT="$WORK/run.out"
+FAIL_TAIL=30
 head -c 20000 "$GPL" >"$WORK/text.txt"
 MODEL=(--model gpt --layers 16 --dim 256 --heads 4 --context 16 --text "$WORK/text.txt")
 
