@@ -29,69 +29,33 @@
 #            counters / the FSDP steps it ran (start-up included); and bench_collectives at 1 MiB.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
-# shellcheck source=lib/sim_hosts.sh
-source "$HERE/lib/sim_hosts.sh"
-sim_hosts_require
-BIN="${FSDP_BIN_DIR:?set FSDP_BIN_DIR to the bin directory of a build}"
+# shellcheck source=lib/two_hosts.sh
+source "$HERE/lib/two_hosts.sh"
 RATES=("$@")
 ((${#RATES[@]})) || RATES=(100mbit 1gbit)
 SHORT="${SHORT:-3}"
 LONG="${LONG:-13}"
 read -r -a STRATS <<<"${STRATEGIES:-hybrid_shard full_shard no_shard}"
 BENCH="${BENCH:-1}"
+require_tools fsdp-run fsdp-train
+[[ "$BENCH" == 1 ]] && require_tools bench_strategies bench_collectives
 HIDDEN=512
-WORK="$(mktemp -d)"
-trap 'rm -rf "$WORK"' EXIT
-sim_hosts_create 2
-unset GLOO_SOCKET_IFNAME
-PORT=29500
-[[ "$(ip netns exec "$(sim_ns 1)" cat /proc/sys/net/ipv4/tcp_timestamps)" == 1 ]] && HEADER=66 || HEADER=54
+HEADER="$(tcp_header_bytes)"
 RECS="$WORK/records.jsonl"
 : >"$RECS"
 
-now() { date +%s.%N; }
 counters() { sim_host_counters 1 | tr ' ' ','; }
-since() { awk -v a="$1" -v b="$(now)" 'BEGIN { print b - a }'; }
-die() {
-  echo "measure_multihost: $*" >&2
-  exit 1
-}
 
-# job NAME CMD...: one fsdp-run per host (host 0 first), waited for; output in $WORK/NAME.h<i>.out.
-job() {
-  local name="$1" i pids=()
-  shift
-  for i in 0 1; do
-    sim_host_run "$i" "$BIN/fsdp-run" --nnodes 2 --node-rank "$i" --master-addr "${SIM_ADDR[0]}" \
-      --master-port "$PORT" --nproc 2 -- "$@" >"$WORK/$name.h$i.out" 2>&1 &
-    pids+=($!)
-    ((i == 0)) && sleep 0.3
-  done
-  for i in 0 1; do
-    wait "${pids[i]}" || { tail -n 20 "$WORK/$name.h$i.out" >&2; die "$name failed on host $i"; }
-  done
-}
-
-# measured NAME KIND EXTRA_JSON CMD...: job NAME with host 1's counters and the wall time around it.
+# measured NAME KIND EXTRA_JSON CMD...: two_host_job NAME with host 1's counters and the wall time around it.
 measured() {
   local name="$1" kind="$2" extra="$3" c0 t0
   shift 3
   c0="$(counters)" t0="$(now)"
-  job "$name" "$@"
-  echo "{\"kind\": \"$kind\", \"name\": \"$name\", $extra \"before\": [$c0], \"after\": [$(counters)], \"seconds\": $(since "$t0")}" >>"$RECS"
+  two_host_job "$name" "$@"
+  echo "{\"kind\": \"$kind\", \"name\": \"$name\", $extra \"before\": [$c0], \"after\": [$(counters)], \"seconds\": $(seconds_since "$t0")}" >>"$RECS"
 }
 
-# The idle job: launchers connected, ranks asleep; the counters over a window inside it.
-for i in 0 1; do
-  sim_host_run "$i" "$BIN/fsdp-run" --nnodes 2 --node-rank "$i" --master-addr "${SIM_ADDR[0]}" \
-    --master-port "$PORT" --nproc 2 -- sleep 8 >"$WORK/idle.h$i.out" 2>&1 &
-  pids[i]=$!
-done
-sleep 1.5
-c0="$(counters)" t0="$(now)"
-sleep 6
-echo "{\"kind\": \"idle\", \"before\": [$c0], \"after\": [$(counters)], \"seconds\": $(since "$t0")}" >>"$RECS"
-wait "${pids[0]}" "${pids[1]}"
+idle_window 1.5 6 counters >>"$RECS"
 
 # Compute-only: 4 independent 1-rank processes at once, no communication.
 pids=()
@@ -100,7 +64,7 @@ for i in 0 1 2 3; do
     --metrics "$WORK/compute.$i.jsonl" >"$WORK/compute.$i.out" 2>&1 &
   pids+=($!)
 done
-wait "${pids[@]}" || die "a compute-only process failed: $(tail -n 5 "$WORK"/compute.*.out)"
+wait "${pids[@]}" || fail "a compute-only process failed: $(tail -n 5 "$WORK"/compute.*.out)"
 echo "{\"kind\": \"compute\", \"metrics\": [\"$WORK/compute.0.jsonl\", \"$WORK/compute.1.jsonl\", \"$WORK/compute.2.jsonl\", \"$WORK/compute.3.jsonl\"]}" >>"$RECS"
 
 for rate in "${RATES[@]}"; do
@@ -115,7 +79,7 @@ for rate in "${RATES[@]}"; do
   sim_host_run 0 /usr/bin/python3 "$HERE/lib/tcp_stream.py" send "${SIM_ADDR[1]}" 29600 4 &
   s0=$!
   sim_host_run 1 /usr/bin/python3 "$HERE/lib/tcp_stream.py" send "${SIM_ADDR[0]}" 29600 4
-  wait "$s0" "${pids[0]}" "${pids[1]}" || die "the calibration stream at $rate failed"
+  wait "$s0" "${pids[0]}" "${pids[1]}" || fail "the calibration stream at $rate failed"
   # Host 1 receives what host 0 sends (host 1's rx direction) and the other way round.
   echo "{\"kind\": \"link\", \"rate\": \"$rate\", \"rx\": $(cat "$WORK/cal.$rate.h1.json"), \"tx\": $(cat "$WORK/cal.$rate.h0.json")}" >>"$RECS"
 
@@ -137,7 +101,7 @@ for rate in "${RATES[@]}"; do
         "$BIN/bench_strategies" --model mlp --strategy "$strategy" "${group[@]}" --optim adam --steps $bsteps --warmup 1 \
         --rounds $brounds
       line="$(sed -n 's/^\[rank0\]: \({.*}\)$/\1/p' "$WORK/bench.$rate.$strategy.h0.out" | tail -n 1)"
-      [[ -n "$line" ]] || die "bench_strategies $strategy printed no JSON line"
+      [[ -n "$line" ]] || fail "bench_strategies $strategy printed no JSON line"
       echo "{\"kind\": \"bench_result\", \"name\": \"bench.$rate.$strategy\", \"result\": $line}" >>"$RECS"
     done
     measured "collectives.$rate" collectives "\"rate\": \"$rate\"," \

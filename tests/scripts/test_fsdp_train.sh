@@ -7,27 +7,8 @@
 # weights too).
 # 2 ranks, short runs: about 4 minutes on the loaded 2-core machine.
 set -euo pipefail
-# One BLAS thread on both sides, set before torch loads: torch.set_num_threads does not
-# reach OpenBLAS, and GEMM rounding follows the thread count.
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-
-TRAIN="${FSDP_BIN_DIR:?set FSDP_BIN_DIR to the bin directory of a build}/fsdp-train"
-[[ -x "$TRAIN" ]] || { echo "FAIL: $TRAIN is not an executable (build targets fsdp-train fsdp-run)"; exit 1; }
-[[ -x "$FSDP_BIN_DIR/fsdp-run" ]] || { echo "FAIL: fsdp-run missing next to fsdp-train (build target fsdp-run)"; exit 1; }
-DATA=/usr/share/datasets/fashion-mnist
-[[ -f "$DATA/train-images-idx3-ubyte.gz" ]] || { echo "FAIL: $DATA missing (apt-get install dataset-fashion-mnist)"; exit 1; }
-
-WORK="$(mktemp -d)"
-trap 'rm -rf "$WORK"' EXIT
-OUT="$WORK/out"
-fail() {
-  echo "FAIL: $*" >&2
-  [[ -f "$OUT" ]] && { echo "--- output:" >&2; tail -n 40 "$OUT" >&2; }
-  exit 1
-}
-pass() { echo "ok: $*"; }
-# Runs fsdp-train with output to $OUT and sets RC.
-run() { RC=0; "$TRAIN" "$@" >"$OUT" 2>&1 || RC=$?; }
+# shellcheck source=lib/fsdp_train_test.sh
+source "$(dirname "$0")/lib/fsdp_train_test.sh"
 
 # Prints the losses of a metrics file, one per line, after checking every line's schema;
 # $2: the number of step lines expected (default 30).

@@ -6,24 +6,8 @@
 # after a zero2 step; --estimate-memory has ZERO1 and ZERO2 rows; checkpoints and bf16 are
 # refused for now. About 1 minute on the loaded 2-core machine.
 set -euo pipefail
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-
-TRAIN="${FSDP_BIN_DIR:?set FSDP_BIN_DIR to the bin directory of a build}/fsdp-train"
-[[ -x "$TRAIN" ]] || { echo "FAIL: $TRAIN is not an executable (build targets fsdp-train fsdp-run)"; exit 1; }
-[[ -x "$FSDP_BIN_DIR/fsdp-run" ]] || { echo "FAIL: fsdp-run missing next to fsdp-train (build target fsdp-run)"; exit 1; }
-DATA=/usr/share/datasets/fashion-mnist
-[[ -f "$DATA/train-images-idx3-ubyte.gz" ]] || { echo "FAIL: $DATA missing (apt-get install dataset-fashion-mnist)"; exit 1; }
-
-WORK="$(mktemp -d)"
-trap 'rm -rf "$WORK"' EXIT
-OUT="$WORK/out"
-fail() {
-  echo "FAIL: $*" >&2
-  [[ -f "$OUT" ]] && { echo "--- output:" >&2; tail -n 40 "$OUT" >&2; }
-  exit 1
-}
-pass() { echo "ok: $*"; }
-run() { RC=0; "$TRAIN" "$@" >"$OUT" 2>&1 || RC=$?; }
+# shellcheck source=lib/fsdp_train_test.sh
+source "$(dirname "$0")/lib/fsdp_train_test.sh"
 
 # Losses (repr) of a metrics file, one per line; checks the memory keys; $2: strategy.
 losses() {

@@ -2,13 +2,11 @@
 # `cmake --install` then `find_package(fsdp)` from a separate consumer project:
 # the consumer builds, links and runs a one-rank FSDP step.
 set -euo pipefail
-BUILD_DIR=$(cd "$FSDP_BIN_DIR/.." && pwd)
+source "$(dirname "$0")/lib/installed_package.sh"
 work=$(mktemp -d /tmp/fsdp-install-XXXXXX)
 trap 'rm -rf "$work"' EXIT
 
-cmake --install "$BUILD_DIR" --prefix "$work/prefix" > "$work/install.log"
-test -f "$work/prefix/lib/cmake/fsdp/fsdpConfig.cmake" || { echo "FAIL: no fsdpConfig.cmake installed"; exit 1; }
-test -f "$work/prefix/include/fsdp/fsdp/fully_sharded.h" || { echo "FAIL: headers not installed"; exit 1; }
+fsdp_install "$work/prefix"
 
 mkdir -p "$work/consumer"
 cat > "$work/consumer/CMakeLists.txt" <<'CMAKE'
@@ -38,9 +36,7 @@ int main() {
   return 0;
 }
 CPP
-cmake -S "$work/consumer" -B "$work/consumer/build" -G Ninja -DCMAKE_PREFIX_PATH="$work/prefix" > "$work/cfg.log" 2>&1 \
-  || { cat "$work/cfg.log"; echo "FAIL: find_package(fsdp) failed"; exit 1; }
-cmake --build "$work/consumer/build" > "$work/build.log" 2>&1 || { tail -30 "$work/build.log"; echo "FAIL: consumer build"; exit 1; }
+fsdp_build_consumer "$work/consumer" "$work/consumer/build" "$work/prefix"
 out=$(STORE="$work/store" "$work/consumer/build/consumer")
 echo "$out"
 [[ "$out" == *"consumer ok 2"* ]] || { echo "FAIL: consumer output: $out"; exit 1; }

@@ -26,36 +26,12 @@
 # Needs root (namespaces): as another user it prints SKIP; under CI=true it fails instead.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
-# shellcheck source=lib/sim_hosts.sh
-source "$HERE/lib/sim_hosts.sh"
-sim_hosts_require
-
-BIN="${FSDP_BIN_DIR:?set FSDP_BIN_DIR to the bin directory of a build}"
-for t in fsdp-run fsdp-train fsdp-ckpt; do
-  [[ -x "$BIN/$t" ]] || { echo "FAIL: $BIN/$t is not an executable (build targets fsdp-train fsdp-run fsdp-ckpt)"; exit 1; }
-done
-DATA=/usr/share/datasets/fashion-mnist
-[[ -f "$DATA/train-images-idx3-ubyte.gz" ]] || { echo "FAIL: $DATA missing (apt-get install dataset-fashion-mnist)"; exit 1; }
-
+# shellcheck source=lib/two_hosts.sh
+source "$HERE/lib/two_hosts.sh"
+require_tools fsdp-run fsdp-train fsdp-ckpt
+require_fashion_mnist
 # One BLAS thread per rank: 4 ranks share the 2 cores.
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-
-WORK="$(mktemp -d)"
-trap 'rm -rf "$WORK"' EXIT
-sim_hosts_create 2
-unset GLOO_SOCKET_IFNAME
-# Each host has its own network stack, so a fixed port cannot collide with anything.
-PORT=29500
-
-fail() {
-  echo "FAIL: $*" >&2
-  for f in "$WORK"/*.out; do
-    [[ -f "$f" ]] && { echo "--- $(basename "$f"):" >&2; tail -n 25 "$f" >&2; }
-  done
-  exit 1
-}
-pass() { echo "ok: $*"; }
-now() { date +%s.%N; }
 
 # launch NAME ARGS...: one fsdp-run per host in the background, output in $WORK/NAME.h<i>.out;
 # sets PIDS. HOST1_ENV=NAME=VALUE adds one variable on host 1 only, BOTH_ENV=NAME=VALUE one
@@ -193,10 +169,7 @@ pass "launchers refuse different --nproc, a node rank given twice (naming both h
 PIDS=()
 run_node lost 0 0 --nnodes 2 -- sleep 60
 run_node lost 1 1 --nnodes 2 -- sleep 60
-for _ in $(seq 1 100); do
-  host_pid 1 sleep >/dev/null && break
-  sleep 0.1
-done
+wait_for 10 host_pid 1 sleep >/dev/null || true
 lost_pid="$(host_pid 1 fsdp-run)" || fail "lost: host 1's launcher not found"
 kill -KILL $lost_pid
 t0="$(now)"
@@ -355,11 +328,7 @@ pass "--resume auto skipped a corrupted step-20, continued from step-15 (steps 1
 # --- 3. a rank killed on host 1 stops host 0 within seconds ----------------------------------
 launch kill --strategy hybrid_shard --steps 100000 --no-shuffle --timeout 60 --log-every 1 \
   --metrics "$WORK/kill.jsonl"
-for _ in $(seq 1 600); do
-  [[ -f "$WORK/kill.jsonl" && "$(wc -l <"$WORK/kill.jsonl")" -ge 3 ]] && break
-  sleep 0.1
-done
-[[ -f "$WORK/kill.jsonl" && "$(wc -l <"$WORK/kill.jsonl")" -ge 3 ]] || fail "kill: training did not start within 60 s"
+wait_for 60 has_lines "$WORK/kill.jsonl" 3 || fail "kill: training did not start within 60 s"
 victim="$(host_pid 1 fsdp-train 3)" || fail "kill: no fsdp-train with RANK=3 on host 1"
 kill -KILL "$victim"
 t0="$(now)"
@@ -377,11 +346,7 @@ pass "rank 3 killed on host 1: host 0 stopped in $elapsed s (exit $rc0), naming 
 
 # --- 4. the link cut mid-training: --timeout bounds the wait ---------------------------------
 launch cut --strategy full_shard --steps 100000 --no-shuffle --timeout 5 --metrics "$WORK/cut.jsonl"
-for _ in $(seq 1 600); do
-  [[ -f "$WORK/cut.jsonl" && "$(wc -l <"$WORK/cut.jsonl")" -ge 3 ]] && break
-  sleep 0.1
-done
-[[ -f "$WORK/cut.jsonl" && "$(wc -l <"$WORK/cut.jsonl")" -ge 3 ]] || fail "cut: training did not start within 60 s"
+wait_for 60 has_lines "$WORK/cut.jsonl" 3 || fail "cut: training did not start within 60 s"
 sim_host_link 1 down
 t0="$(now)"
 wait_all
@@ -405,11 +370,7 @@ CUTFLAGS=(--strategy full_shard --hidden 2048 --no-shuffle --checkpoint-dir "$CU
   --keep-checkpoints 2 --resume auto)
 t0="$(now)"
 launch cutsave "${CUTFLAGS[@]}" --steps 100000 --timeout 5 --metrics "$WORK/cutsave.jsonl"
-for _ in $(seq 1 600); do
-  [[ -d "$CUTCK/step-2" ]] && break
-  sleep 0.1
-done
-[[ -d "$CUTCK/step-2" ]] || fail "cutsave: no checkpoint step-2 within 60 s"
+wait_for 60 test -d "$CUTCK/step-2" || fail "cutsave: no checkpoint step-2 within 60 s"
 for _ in $(seq 1 1000); do
   compgen -G "$CUTCK/step-*.tmp" >/dev/null && break
   sleep 0.01

@@ -14,32 +14,10 @@
 # Needs root (namespaces): as another user it prints SKIP; under CI=true it fails instead.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
-# shellcheck source=lib/sim_hosts.sh
-source "$HERE/lib/sim_hosts.sh"
-sim_hosts_require
-
-BIN="${FSDP_BIN_DIR:?set FSDP_BIN_DIR to the bin directory of a build}"
-for t in fsdp-run fsdp-train; do
-  [[ -x "$BIN/$t" ]] || { echo "FAIL: $BIN/$t is not an executable (build targets fsdp-train fsdp-run)"; exit 1; }
-done
-DATA=/usr/share/datasets/fashion-mnist
-[[ -f "$DATA/train-images-idx3-ubyte.gz" ]] || { echo "FAIL: $DATA missing (apt-get install dataset-fashion-mnist)"; exit 1; }
-
-WORK="$(mktemp -d)"
-trap 'rm -rf "$WORK"' EXIT
-sim_hosts_create 2
-unset GLOO_SOCKET_IFNAME
-PORT=29500  # each host has its own network stack: nothing else listens there
-
-fail() {
-  echo "FAIL: $*" >&2
-  for f in "$WORK"/*.out; do
-    [[ -f "$f" ]] && { echo "--- $(basename "$f"):" >&2; grep -v ' step ' "$f" | tail -n 25 >&2; }
-  done
-  exit 1
-}
-pass() { echo "ok: $*"; }
-now() { date +%s.%N; }
+# shellcheck source=lib/two_hosts.sh
+source "$HERE/lib/two_hosts.sh"
+require_tools fsdp-run fsdp-train
+require_fashion_mnist
 
 # launch NAME ARGS...: one `fsdp-run --nnodes 2 $RUN_FLAGS -- fsdp-train ARGS` per host in the
 # background, output in $WORK/NAME.h<i>.out; sets PIDS.
@@ -69,16 +47,6 @@ host_pid() {
     tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "RANK=$3" || continue
     echo "$pid"
     return 0
-  done
-  return 1
-}
-# wait_for SECONDS CONDITION...: polls CONDITION every 50 ms.
-wait_for() {
-  local deadline=$(($1 * 20))
-  shift
-  for ((k = 0; k < deadline; k++)); do
-    "$@" && return 0
-    sleep 0.05
   done
   return 1
 }
@@ -129,8 +97,7 @@ the final eval and the final checkpoint's $(echo "$files" | wc -w) rank files bi
 # --- 2. every process of host 1 killed: host 0 stops within 10 s and does not restart ------
 t0="$(now)"
 launch lost --strategy hybrid_shard --steps 100000 --no-shuffle --timeout 60 --log-every 1 --metrics "$WORK/lost.jsonl"
-lines() { [[ -f "$WORK/lost.jsonl" && "$(wc -l <"$WORK/lost.jsonl")" -ge 3 ]]; }
-wait_for 60 lines || fail "lost: training did not start within 60 s"
+wait_for 60 has_lines "$WORK/lost.jsonl" 3 || fail "lost: training did not start within 60 s"
 # All at once, as when the machine dies: no launcher gets to say goodbye.
 # shellcheck disable=SC2046
 kill -KILL $(ip netns pids "$(sim_ns 1)")

@@ -8,19 +8,11 @@
 # (Two hosts restarting together: test_multihost_elastic.sh.) ~30 s.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
-BIN="${FSDP_BIN_DIR:?set FSDP_BIN_DIR to the bin directory of a build}"
-for t in fsdp-run fsdp-train; do
-  [[ -x "$BIN/$t" ]] || { echo "FAIL: $BIN/$t is not an executable (build targets fsdp-train fsdp-run)"; exit 1; }
-done
-DATA=/usr/share/datasets/fashion-mnist
-[[ -f "$DATA/train-images-idx3-ubyte.gz" ]] || { echo "FAIL: $DATA missing (apt-get install dataset-fashion-mnist)"; exit 1; }
-WORK="$(mktemp -d)"
-trap 'rm -rf "$WORK"' EXIT
-fail() {
-  echo "FAIL: $*" >&2
-  for f in "$WORK"/*.out; do [[ -f "$f" ]] && { echo "--- $(basename "$f"):" >&2; grep -v ' step ' "$f" | tail -n 20 >&2; }; done
-  exit 1
-}
+# shellcheck source=lib/script_test.sh
+source "$HERE/lib/script_test.sh"
+require_tools fsdp-run fsdp-train
+require_fashion_mnist
+FAIL_TAIL=20
 STEPS=150
 FLAGS=(--steps $STEPS --no-shuffle --log-every 1000)
 
@@ -32,11 +24,7 @@ CK="$WORK/ckpt"
 "$BIN/fsdp-run" --nproc 2 --max-restarts 1 -- "$BIN/fsdp-train" "${FLAGS[@]}" --metrics "$WORK/restarted.jsonl" \
   --checkpoint-dir "$CK" --checkpoint-every 5 --keep-checkpoints 2 --resume auto >"$WORK/restarted.out" 2>&1 &
 launcher=$!
-for _ in $(seq 1 600); do
-  [[ -d "$CK/step-10" ]] && break
-  sleep 0.05
-done
-[[ -d "$CK/step-10" ]] || fail "no checkpoint step-10 within 30 s"
+wait_for 30 test -d "$CK/step-10" || fail "no checkpoint step-10 within 30 s"
 victim=""
 for pid in $(pgrep -P "$launcher" -x fsdp-train); do
   tr '\0' '\n' <"/proc/$pid/environ" | grep -qx "RANK=1" && victim="$pid"
@@ -66,11 +54,7 @@ else
     "$BIN/fsdp-train" "${FLAGS[@]}" --metrics "$WORK/torchrun.jsonl" --checkpoint-dir "$CK" --checkpoint-every 5 \
     --keep-checkpoints 2 --resume auto >"$WORK/torchrun.out" 2>&1 &
   launcher=$!
-  for _ in $(seq 1 600); do
-    [[ -d "$CK/step-10" ]] && break
-    sleep 0.05
-  done
-  [[ -d "$CK/step-10" ]] || fail "torchrun: no checkpoint step-10 within 30 s"
+  wait_for 30 test -d "$CK/step-10" || fail "torchrun: no checkpoint step-10 within 30 s"
   victim=""
   for pid in $(pgrep -x fsdp-train); do
     env_of="$(tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null || true)"

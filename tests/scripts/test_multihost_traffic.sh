@@ -20,18 +20,13 @@
 # Needs root (namespaces): as another user it prints SKIP; under CI=true it fails instead.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
-# shellcheck source=lib/sim_hosts.sh
-source "$HERE/lib/sim_hosts.sh"
-sim_hosts_require
-
-BIN="${FSDP_BIN_DIR:?set FSDP_BIN_DIR to the bin directory of a build}"
-for t in fsdp-run fsdp-train; do
-  [[ -x "$BIN/$t" ]] || { echo "FAIL: $BIN/$t is not an executable (build targets fsdp-train fsdp-run)"; exit 1; }
-done
-DATA=/usr/share/datasets/fashion-mnist
-[[ -f "$DATA/train-images-idx3-ubyte.gz" ]] || { echo "FAIL: $DATA missing (apt-get install dataset-fashion-mnist)"; exit 1; }
+# shellcheck source=lib/two_hosts.sh
+source "$HERE/lib/two_hosts.sh"
+require_tools fsdp-run fsdp-train
+require_fashion_mnist
 [[ -x /usr/bin/python3 ]] || { echo "FAIL: python3 is needed for the arithmetic (apt-get install python3)"; exit 1; }
 
+FAIL_TAIL=15
 HIDDEN=512
 SHORT="${TRAFFIC_SHORT:-2}"
 LONG="${TRAFFIC_LONG:-10}"
@@ -40,61 +35,23 @@ LONG="${TRAFFIC_LONG:-10}"
 # in these jobs (FULL_SHARD, the most: 8 unit collectives x 2 ranks x 2 remote peers = 32).
 FRAMING=$((100 * 3 * 48))
 
-WORK="$(mktemp -d)"
-trap 'rm -rf "$WORK"' EXIT
-sim_hosts_create 2
-unset GLOO_SOCKET_IFNAME
-PORT=29500
-[[ "$(ip netns exec "$(sim_ns 1)" cat /proc/sys/net/ipv4/tcp_timestamps)" == 1 ]] && HEADER=66 || HEADER=54
+HEADER="$(tcp_header_bytes)"
 RUNS="$WORK/runs.jsonl"
 
-fail() {
-  echo "FAIL: $*" >&2
-  for f in "$WORK"/*.out; do
-    [[ -f "$f" ]] && { echo "--- $(basename "$f"):" >&2; tail -n 15 "$f" >&2; }
-  done
-  exit 1
-}
-now() { date +%s.%N; }
 # Host 1's link counters, then the retransmissions of both hosts (reported on failure: a
 # retransmitted segment crosses twice).
 counters() { echo "$(sim_host_counters 1 | tr ' ' ','),$(($(sim_host_retransmits 0) + $(sim_host_retransmits 1)))"; }
 
-# job NAME CMD...: one fsdp-run per host (host 0 first: host 1's launcher and ranks then find
-# their listeners up, with no refused connection attempts to vary between runs), waited for.
-job() {
-  local name="$1" i pids=()
-  shift
-  for i in 0 1; do
-    sim_host_run "$i" "$BIN/fsdp-run" --nnodes 2 --node-rank "$i" --master-addr "${SIM_ADDR[0]}" \
-      --master-port "$PORT" --nproc 2 -- "$@" >"$WORK/$name.h$i.out" 2>&1 &
-    pids+=($!)
-    ((i == 0)) && sleep 0.3
-  done
-  for i in 0 1; do wait "${pids[i]}" || fail "$name: the launcher on host $i failed"; done
-}
-
-# The idle job: launchers connected, ranks asleep; counters over a window inside it.
-for i in 0 1; do
-  sim_host_run "$i" "$BIN/fsdp-run" --nnodes 2 --node-rank "$i" --master-addr "${SIM_ADDR[0]}" \
-    --master-port "$PORT" --nproc 2 -- sleep 4 >"$WORK/idle.h$i.out" 2>&1 &
-  idle_pids[i]=$!
-done
-sleep 1
-c0="$(counters)" t0="$(now)"
-sleep 2.5
-c1="$(counters)" t1="$(now)"
-for i in 0 1; do wait "${idle_pids[i]}" || fail "idle: the launcher on host $i failed"; done
-echo "{\"kind\": \"idle\", \"before\": [$c0], \"after\": [$c1], \"seconds\": $(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')}" >"$RUNS"
+idle_window 1 2.5 counters >"$RUNS"
 
 for strategy in full_shard hybrid_shard no_shard; do
   for steps in "$SHORT" "$LONG"; do
     c0="$(counters)" t0="$(now)"
-    job "$strategy.$steps" "$BIN/fsdp-train" --strategy "$strategy" --hidden $HIDDEN --steps "$steps" --no-shuffle \
+    two_host_job "$strategy.$steps" "$BIN/fsdp-train" --strategy "$strategy" --hidden $HIDDEN --steps "$steps" --no-shuffle \
       --timeout 60
     c1="$(counters)" t1="$(now)"
     echo "{\"kind\": \"run\", \"strategy\": \"$strategy\", \"steps\": $steps, \"before\": [$c0], \"after\": [$c1]," \
-      "\"seconds\": $(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')}" >>"$RUNS"
+      "\"seconds\": $(seconds_since "$t0" "$t1")}" >>"$RUNS"
   done
 done
 # The model the volumes are computed for is the one that trained.

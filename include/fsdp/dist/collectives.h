@@ -44,11 +44,9 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "fsdp/dist/process_group.h"
+#include <torch/csrc/distributed/c10d/Work.hpp>  // CommHandle's destructor needs the whole type
 
-namespace c10d {
-class Work;
-}
+#include "fsdp/dist/process_group.h"
 
 namespace fsdp::dist {
 
