@@ -1,0 +1,24 @@
+#pragma once
+/// What fsdp::trainer::Trainer::fit() returns on every rank.
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace fsdp::trainer {
+
+struct FitResult {
+  /// The step training continued from (0 fresh; S after resuming DIR/step-S).
+  int64_t first_step = 0;
+  /// Steps done in all when fit returned (first_step + steps this call ran).
+  int64_t last_step = 0;
+  /// The checkpoint resumed from ("" when none).
+  std::string resumed_from;
+  /// Global mean loss of each step this call ran, in order.
+  std::vector<double> losses;
+  /// The last validation's metrics (empty without validation).
+  std::map<std::string, double> validation;
+};
+
+}  // namespace fsdp::trainer

@@ -1,0 +1,38 @@
+#pragma once
+/// How fsdp::trainer::Trainer::fit() finds or starts its ranks.
+///
+/// [Note: trainer launch]
+/// Under a launcher (torchrun / fsdp-run: RANK and WORLD_SIZE; srun: SLURM_PROCID;
+/// mpirun: OMPI_COMM_WORLD_RANK) fit() joins that job (fsdp::dist::init_process_group).
+/// Without one, fit() with devices > 1 *re-executes the program*: it replaces the
+/// process (execv) by `fsdp-run --nproc <devices> -- /proc/self/exe <the same
+/// arguments>`, so every rank runs main() from the start and everything before fit()
+/// runs again in each rank, and the program's exit status is fsdp-run's (failing
+/// fast when a rank fails). Lightning instead lets the launching process become rank
+/// 0 and forks the others; that needs a process that is already a rank before the
+/// others exist and a way to hand them the user's objects, and its rank 0 then
+/// differs from the others in what ran before fit(). Re-execution keeps every rank
+/// identical and reuses fsdp-run's supervision (prefixes, fail-fast, signals), at the
+/// price that work done before fit() is repeated: build nothing expensive before it
+/// that the ranks do not need (the model and datasets are factories for that reason).
+/// devices == 1 runs in this process (world size 1, a private file store).
+/// num_nodes > 1 without a launcher is an error: one process cannot start the
+/// others' nodes.
+
+#include <string>
+
+namespace fsdp::trainer {
+
+/// True if a launcher fsdp::dist understands set this process's placement.
+bool under_launcher();
+
+/// The fsdp-run to use: `explicit_path` if non-empty (must be executable), else
+/// fsdp-run next to this executable, in the library's build directory, in its
+/// install prefix, or on PATH. Throws c10::Error saying where it looked.
+std::string find_launcher(const std::string& explicit_path);
+
+/// execv's `launcher --nproc nproc -- /proc/self/exe <this process's arguments>`.
+/// Returns only by throwing c10::Error (execv failed).
+[[noreturn]] void relaunch_under(const std::string& launcher, int nproc);
+
+}  // namespace fsdp::trainer

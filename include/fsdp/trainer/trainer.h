@@ -1,0 +1,414 @@
+#pragma once
+/// fsdp::trainer::Trainer: bring your own model and data; the Trainer runs the
+/// sharded training loop (Lightning's Trainer with its FSDP strategy, in C++).
+///
+///     using namespace fsdp::trainer;
+///     Trainer<NetImpl> trainer(TrainerOptions()
+///         .strategy(Strategy("full_shard").fsdp(
+///             fsdp::Options().auto_wrap_policy(fsdp::module_type_policy<BlockImpl>())))
+///         .max_epochs(3).global_batch_size(64).devices(2)
+///         .checkpoint_dir("ckpt").resume("auto").metrics_file("metrics.jsonl"));
+///     trainer.model([] { return Net(256, 8); })          // built inside ZeroInitContext
+///         .optimizer([](std::vector<torch::Tensor> p) {   // over the sharded parameters
+///           return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(1e-3));
+///         })
+///         .train_data(MyDataset("train.csv"))             // any torch::data dataset
+///         .val_data(MyDataset("val.csv"))
+///         .training_step([](auto& model, torch::data::Example<>& b) {
+///           return torch::cross_entropy_loss(model.forward(b.data), b.target);  // mean
+///         })
+///         .validation_step([](auto& model, torch::data::Example<>& b) {
+///           auto logits = model.forward(b.data);
+///           return std::map<std::string, double>{
+///               {"loss", torch::cross_entropy_loss(logits, b.target).item<double>()},
+///               {"accuracy", logits.argmax(1).eq(b.target).to(torch::kDouble).mean().item<double>()}};
+///         });
+///     trainer.fit();   // no launcher: re-executes the program as 2 ranks (see launch.h)
+///
+/// Types. The Trainer is a template over the model's Impl (so that the steps call
+/// its typed forward) and the batch type (default torch::data::Example<>). Datasets
+/// are type-erased into "the batch of these sample indices": a torch::data dataset
+/// with any example type is fetched through its get_batch() and turned into a Batch
+/// by a collate function (default: stack data and targets of Example<>; a dataset
+/// mapped through Stack<> is taken as is). Only this glue is instantiated in the
+/// user's translation unit; the loop (training_loop.h) is compiled once in the
+/// library. Templating the whole loop on the dataset would recompile it, with
+/// <torch/torch.h>, in every program that uses it.
+///
+/// What each step sees. The training step gets this rank's part of one micro-batch
+/// (see [Note: global batches] in global_sampler.h) and returns the *mean* loss over
+/// its samples; the Trainer weights it by the part's share of the global batch
+/// (1/k with k equal micro-batches) and calls backward. Because FSDP's forward and
+/// backward are collective, a rank whose part of a short last batch is empty still
+/// runs the step, on the batch's first sample, with weight 0. The validation step
+/// returns means per key over its part (run under NoGradGuard); the Trainer reduces
+/// them over ranks weighted by counts. Every rank must return the same keys.
+///
+/// Determinism and resume. Each rank seeds torch's CPU generator with `seed` before
+/// the model factory (identical initial weights). A checkpoint holds the model,
+/// optimizer state (and learning rates), the step (the data position: batches are a
+/// pure function of seed, epoch and step), every rank's torch CPU generator state,
+/// and what callbacks add in on_save_checkpoint. An LR scheduler is restored by
+/// replaying its step() once per step done before the optimizer's state (and so its
+/// learning rates) is loaded: libtorch 1.13's LRScheduler keeps only a step counter.
+/// Resuming at the same world size and strategy continues bit for bit; at another
+/// world size or strategy the same samples meet in each step and the sums differ
+/// only in rounding, except that random draws inside the model (dropout) then start
+/// from rank 0's generator state on every rank and differ from the uninterrupted run.
+/// There is no loss scaler on CPU (bf16 needs none), so there is no scaler state.
+///
+/// Metrics (metrics_file, JSON lines, rank 0, flushed per line):
+///   {"step","epoch","loss","samples","lr","samples_per_s","memory":{"param_bytes",
+///    "grad_bytes","optim_bytes","unsharded_peak_bytes","rss_bytes"}}
+///   {"step","validation":{<key>: <value>, ...},"samples"}
+/// Progress, validation results and the memory summary go to stderr (rank 0), so
+/// stdout stays the program's. The memory summary (end of fit) prints each rank's parameter, gradient
+/// and optimizer-state bytes next to what unsharded Adam training holds (16 B per
+/// parameter).
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <unistd.h>
+
+#include <ATen/Parallel.h>
+#include <c10/util/ArrayRef.h>
+#include <torch/data/example.h>
+#include <torch/nn/pimpl.h>
+#include <torch/optim/optimizer.h>
+#include <torch/optim/schedulers/lr_scheduler.h>
+#include <torch/utils.h>
+
+#include "fsdp/dist/process_group.h"
+#include "fsdp/fsdp/fully_sharded.h"
+#include "fsdp/fsdp/zero_init.h"
+#include "fsdp/optim/zero_redundancy_optimizer.h"
+#include "fsdp/trainer/callback.h"
+#include "fsdp/trainer/fit_result.h"
+#include "fsdp/trainer/launch.h"
+#include "fsdp/trainer/trainer_options.h"
+#include "fsdp/trainer/training_loop.h"
+
+namespace fsdp::trainer {
+
+template <typename ModelImpl, typename Batch>
+class Trainer;
+
+/// The model as the user's steps see it: forward() goes through the FSDP wrapper
+/// (the collective gathers) or straight to the module under zero1/zero2.
+template <typename Impl>
+class TrainerModel {
+ public:
+  template <typename... Args>
+  auto forward(Args&&... args) {
+    if (wrapper_) return wrapper_->forward(std::forward<Args>(args)...);
+    return module_->forward(std::forward<Args>(args)...);
+  }
+  /// The user's module. Under FSDP its parameters are this rank's pieces outside
+  /// forward; use fsdp()->apply_with_full_params to see full values.
+  const std::shared_ptr<Impl>& module() const { return module_; }
+  /// The FSDP wrapper, or nullptr under zero1/zero2.
+  FullyShardedDataParallelImpl<Impl>* fsdp() const { return wrapper_.get(); }
+  torch::optim::Optimizer& optimizer() const { return *optimizer_; }
+  /// Whether this is the forward of a training step (false in the validation step).
+  bool training() const { return module_->is_training(); }
+
+ private:
+  template <typename, typename>
+  friend class Trainer;
+  std::shared_ptr<Impl> module_;
+  std::shared_ptr<FullyShardedDataParallelImpl<Impl>> wrapper_;
+  torch::optim::Optimizer* optimizer_ = nullptr;
+};
+
+namespace detail {
+
+template <typename Impl>
+std::shared_ptr<Impl> as_module_ptr(std::shared_ptr<Impl> p) {
+  return p;
+}
+template <typename Impl>
+std::shared_ptr<Impl> as_module_ptr(torch::nn::ModuleHolder<Impl> h) {
+  return h.ptr();
+}
+
+/// Default collate: a vector of Example<> stacked into one Example<>; an already
+/// stacked batch (a dataset mapped through torch::data::transforms::Stack<>) as is.
+inline torch::data::Example<> default_collate(std::vector<torch::data::Example<>> examples) {
+  std::vector<at::Tensor> data, target;
+  data.reserve(examples.size());
+  target.reserve(examples.size());
+  for (auto& e : examples) {
+    data.push_back(std::move(e.data));
+    target.push_back(std::move(e.target));
+  }
+  return {at::stack(data), at::stack(target)};
+}
+inline torch::data::Example<> default_collate(torch::data::Example<> batch) { return batch; }
+
+template <typename Dataset>
+int64_t dataset_size(const Dataset& d) {
+  auto n = d.size();
+  TORCH_CHECK(n.has_value(), "fsdp::Trainer: the dataset has no size(); the global sampler needs a map-style "
+              "dataset of known size");
+  return static_cast<int64_t>(*n);
+}
+
+}  // namespace detail
+
+template <typename ModelImpl, typename Batch = torch::data::Example<>>
+class Trainer {
+ public:
+  using Model = TrainerModel<ModelImpl>;
+  /// Builds the optimizer over the parameters the Trainer trains (FSDP: this rank's
+  /// pieces; zero1/zero2: this rank's pieces of its partition). torch::optim
+  /// optimizers (not LBFGS) and fsdp::optim::CPUAdam.
+  using OptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<at::Tensor>)>;
+  using SchedulerFactory = std::function<std::unique_ptr<torch::optim::LRScheduler>(torch::optim::Optimizer&)>;
+  using TrainingStep = std::function<at::Tensor(Model&, Batch&)>;
+  using ValidationStep = std::function<std::map<std::string, double>(Model&, Batch&)>;
+  /// The batch of samples `indices` (the type-erased form of a dataset).
+  using BatchFn = std::function<Batch(const std::vector<int64_t>& indices)>;
+
+  explicit Trainer(TrainerOptions options = {}) : options_(std::move(options)) {}
+
+  TrainerOptions& options() { return options_; }
+
+  /// `factory()` returns the model (a ModuleHolder or a shared_ptr<ModelImpl>). It
+  /// runs on every rank after torch::manual_seed(seed), inside an
+  /// fsdp::ZeroInitContext when the strategy shards parameters
+  /// (Strategy::sharded_construction).
+  template <typename F>
+  Trainer& model(F factory) {
+    model_factory_ = [factory]() { return detail::as_module_ptr(factory()); };
+    return *this;
+  }
+  Trainer& optimizer(OptimizerFactory factory) {
+    optimizer_factory_ = std::move(factory);
+    return *this;
+  }
+  /// Stepped once after every optimizer step.
+  Trainer& lr_scheduler(SchedulerFactory factory) {
+    scheduler_factory_ = std::move(factory);
+    return *this;
+  }
+  /// A torch::data map-style dataset; `collate` turns its get_batch() result
+  /// (std::vector<ExampleType>, or the mapped batch type) into a Batch.
+  template <typename Dataset, typename Collate>
+  Trainer& train_data(Dataset dataset, Collate collate) {
+    std::tie(train_size_, train_batch_) = erase(std::move(dataset), std::move(collate));
+    return *this;
+  }
+  template <typename Dataset>
+  Trainer& train_data(Dataset dataset) {
+    return train_data(std::move(dataset), [](auto b) { return detail::default_collate(std::move(b)); });
+  }
+  Trainer& train_data(int64_t size, BatchFn batch) {
+    train_size_ = size;
+    train_batch_ = std::move(batch);
+    return *this;
+  }
+  template <typename Dataset, typename Collate>
+  Trainer& val_data(Dataset dataset, Collate collate) {
+    std::tie(val_size_, val_batch_) = erase(std::move(dataset), std::move(collate));
+    return *this;
+  }
+  template <typename Dataset>
+  Trainer& val_data(Dataset dataset) {
+    return val_data(std::move(dataset), [](auto b) { return detail::default_collate(std::move(b)); });
+  }
+  Trainer& val_data(int64_t size, BatchFn batch) {
+    val_size_ = size;
+    val_batch_ = std::move(batch);
+    return *this;
+  }
+  /// Returns the mean loss over the batch it is given (see the header comment).
+  Trainer& training_step(TrainingStep step) {
+    training_step_ = std::move(step);
+    return *this;
+  }
+  Trainer& validation_step(ValidationStep step) {
+    validation_step_ = std::move(step);
+    return *this;
+  }
+  Trainer& callback(std::shared_ptr<Callback> cb) {
+    callbacks_.push_back(std::move(cb));
+    return *this;
+  }
+
+  /// Starts or joins the ranks ([Note: trainer launch] in launch.h), then trains.
+  /// Without a launcher and with devices > 1 this call does not return: the process
+  /// becomes fsdp-run, which runs the program again as the ranks.
+  FitResult fit() {
+    // Not under a launcher the world size is ours to choose: check it once, here, before
+    // any rank starts; under one, fit(pg) checks it on every rank.
+    const std::string err =
+        trainer_options_error(options_, parts(), under_launcher() ? 0 : std::max(options_.devices(), 1));
+    TORCH_CHECK(err.empty(), "fsdp::Trainer: ", err);
+    dist::InitOptions init = dist::InitOptions().timeout(options_.timeout());
+    scratch_.clear();
+    if (!under_launcher()) {
+      TORCH_CHECK(options_.num_nodes() == 1, "fsdp::Trainer: num_nodes ", options_.num_nodes(),
+                  " but no launcher started this process; one process cannot start other nodes: run "
+                  "`fsdp-run --nnodes ",
+                  options_.num_nodes(), " --node-rank R --master-addr A --nproc-per-node ",
+                  std::max(options_.devices(), 1), " -- PROGRAM` on every node (or torchrun / srun)");
+      if (options_.devices() > 1) relaunch_under(find_launcher(options_.launcher()), options_.devices());
+      // One process: a private file store, so no port is taken.
+      scratch_ = std::filesystem::temp_directory_path() /
+                 ("fsdp_trainer_" + std::to_string(::getpid()) + "_store");
+      std::filesystem::remove(scratch_);
+      init.file_store_path(scratch_.string());
+    }
+    // The private store's file goes when fit ends, also by an exception.
+    struct RemoveStore {
+      std::filesystem::path path;
+      ~RemoveStore() {
+        std::error_code ec;
+        if (!path.empty()) std::filesystem::remove(path, ec);
+      }
+    } remove_store{scratch_};
+    dist::ProcessGroup pg = dist::init_process_group(init);
+    if (options_.devices() > 0 && under_launcher())
+      TORCH_CHECK(pg.local_world_size() == options_.devices() && pg.size() == options_.devices() * options_.num_nodes(),
+                  "fsdp::Trainer (rank ", pg.rank(), "): devices ", options_.devices(), " x num_nodes ",
+                  options_.num_nodes(), " but the launcher started ", pg.local_world_size(),
+                  " ranks per node and ", pg.size(), " in all; make them agree, or leave devices at 0 (auto)");
+    return fit(pg);
+  }
+
+  /// Trains on an existing process group (tests, programs that make their own).
+  FitResult fit(dist::ProcessGroup pg) {
+    const std::string err = trainer_options_error(options_, parts(), pg.size());
+    TORCH_CHECK(err.empty(), "fsdp::Trainer (rank ", pg.rank(), "): ", err);
+    if (options_.threads() > 0) at::set_num_threads(options_.threads());
+    const detail::LoopModel lm = build(pg);
+    detail::LoopData data;
+    data.train_size = train_size_;
+    data.val_size = val_batch_ ? val_size_ : 0;
+    data.train_step = [this](const std::vector<int64_t>& indices) {
+      Batch b = train_batch_(indices);
+      return training_step_(*model_, b);
+    };
+    if (validation_step_)
+      data.validation_step = [this](const std::vector<int64_t>& indices) {
+        Batch b = val_batch_(indices);
+        return validation_step_(*model_, b);
+      };
+    return detail::run_training_loop(options_, pg, lm, data, callbacks_);
+  }
+
+  /// The model of the last fit() (sharded as trained); nullptr before.
+  Model* trained_model() { return model_.get(); }
+
+ private:
+  TrainerParts parts() const {
+    TrainerParts p;
+    p.model = bool(model_factory_);
+    p.optimizer = bool(optimizer_factory_);
+    p.training_step = bool(training_step_);
+    p.train_data = bool(train_batch_);
+    p.val_data = bool(val_batch_);
+    p.validation_step = bool(validation_step_);
+    p.train_size = train_size_;
+    p.val_size = val_size_;
+    return p;
+  }
+
+  template <typename Dataset, typename Collate>
+  static std::pair<int64_t, BatchFn> erase(Dataset dataset, Collate collate) {
+    auto d = std::make_shared<Dataset>(std::move(dataset));
+    const int64_t n = detail::dataset_size(*d);
+    BatchFn fn = [d, collate](const std::vector<int64_t>& indices) -> Batch {
+      std::vector<size_t> idx(indices.begin(), indices.end());
+      return collate(d->get_batch(c10::ArrayRef<size_t>(idx)));
+    };
+    return {n, std::move(fn)};
+  }
+
+  detail::LoopModel build(const dist::ProcessGroup& pg) {
+    // Same seed on every rank right before the model is built: identical initial
+    // weights without a broadcast.
+    torch::manual_seed(options_.seed());
+    const Strategy& st = options_.strategy();
+    scheduler_.reset();
+    optimizer_.reset();
+    model_ = std::make_unique<Model>();
+    detail::LoopModel lm;
+    auto count = [](const torch::nn::Module& m) {
+      int64_t n = 0;
+      for (const auto& p : m.parameters()) n += p.numel();
+      return n;
+    };
+    if (st.is_zero()) {
+      model_->module_ = model_factory_();
+      lm.num_params = count(*model_->module_);
+      lm.module = model_->module_.get();
+      optim::ZeroOptions zo = st.zero();
+      zo.process_group(pg)
+          .stage(st.name() == "zero1" ? 1 : 2)
+          .module(model_->module_)
+          .clip_grad_norm(options_.gradient_clip_val());
+      OptimizerFactory user = optimizer_factory_;
+      auto inner = [user](std::vector<torch::optim::OptimizerParamGroup> groups) {
+        TORCH_INTERNAL_ASSERT(groups.size() == 1, "one parameter group given, ", groups.size(), " back");
+        return user(groups[0].params());
+      };
+      auto zero = std::make_unique<optim::ZeroRedundancyOptimizer>(model_->module_->parameters(), inner, zo);
+      lm.zero = zero.get();
+      optimizer_ = std::move(zero);
+    } else {
+      const fsdp::Options fo = st.resolved_fsdp();
+      // Without a wrap policy the model is one unit, complete only when the factory
+      // returns: nothing to shard during construction (ZeroInitContext refuses it).
+      if (st.sharded_construction() && fo.sharding_strategy() != ShardingStrategy::NO_SHARD &&
+          fo.auto_wrap_policy()) {
+        ZeroInitContext zero_init(pg, fo);
+        model_->module_ = model_factory_();
+      } else {
+        model_->module_ = model_factory_();
+      }
+      lm.num_params = count(*model_->module_);
+      model_->wrapper_ = std::make_shared<FullyShardedDataParallelImpl<ModelImpl>>(model_->module_, pg, fo);
+      lm.fsdp = model_->wrapper_.get();
+      // The user's module itself: the wrapper registers only its children, so
+      // wrapper->eval() would leave the module's own is_training() set.
+      lm.module = model_->module_.get();
+      optimizer_ = optimizer_factory_(model_->wrapper_->parameters());
+    }
+    TORCH_CHECK(optimizer_, "fsdp::Trainer: the optimizer factory returned nullptr");
+    model_->optimizer_ = optimizer_.get();
+    lm.optimizer = optimizer_.get();
+    if (scheduler_factory_) {
+      scheduler_ = scheduler_factory_(*optimizer_);
+      lm.scheduler = scheduler_.get();
+    }
+    return lm;
+  }
+
+  TrainerOptions options_;
+  std::function<std::shared_ptr<ModelImpl>()> model_factory_;
+  OptimizerFactory optimizer_factory_;
+  SchedulerFactory scheduler_factory_;
+  int64_t train_size_ = 0, val_size_ = 0;
+  BatchFn train_batch_, val_batch_;
+  TrainingStep training_step_;
+  ValidationStep validation_step_;
+  std::vector<std::shared_ptr<Callback>> callbacks_;
+  std::filesystem::path scratch_;
+
+  // What the last fit() built; the scheduler refers to the optimizer, which refers
+  // to the model's parameters: destroyed in reverse order.
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::unique_ptr<torch::optim::LRScheduler> scheduler_;
+};
+
+}  // namespace fsdp::trainer

@@ -1,0 +1,134 @@
+#pragma once
+/// Options of fsdp::trainer::Trainer (libtorch TORCH_ARG style: chained setters),
+/// checked once, up front, on every rank by validate_trainer_options.
+///
+///     auto o = fsdp::trainer::TrainerOptions()
+///                  .strategy(fsdp::trainer::Strategy("full_shard")
+///                                .fsdp(fsdp::Options().auto_wrap_policy(
+///                                    fsdp::module_type_policy<BlockImpl>())))
+///                  .max_epochs(3).global_batch_size(64).accumulate_grad_batches(2)
+///                  .gradient_clip_val(1.0).checkpoint_dir("ckpt").resume("auto")
+///                  .devices(2);
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+#include <torch/arg.h>
+
+#include "fsdp/fsdp/options.h"
+#include "fsdp/optim/zero_redundancy_optimizer.h"
+
+namespace fsdp::trainer {
+
+/// How the model is distributed. `name` picks the family:
+///  * "fsdp": FullyShardedDataParallel with `fsdp()` exactly as given (its
+///    sharding_strategy included);
+///  * "full_shard", "shard_grad_op", "hybrid_shard", "no_shard": the same with
+///    `fsdp().sharding_strategy` set to that strategy (no_shard is DDP);
+///  * "zero1", "zero2": the model stays unwrapped and the optimizer is a
+///    fsdp::optim::ZeroRedundancyOptimizer of that stage around the user's
+///    optimizer, with `zero()` (its process_group, stage, module and
+///    clip_grad_norm are set by the Trainer).
+/// The name is a string so that a command line can pass it through; an unknown
+/// name is an error of validate_trainer_options, on every rank.
+struct Strategy {
+  Strategy() = default;
+  /* implicit */ Strategy(std::string name) : name_(std::move(name)) {}
+  /* implicit */ Strategy(const char* name) : name_(name) {}
+  TORCH_ARG(std::string, name) = "full_shard";
+  TORCH_ARG(fsdp::Options, fsdp) = {};
+  TORCH_ARG(optim::ZeroOptions, zero) = {};
+  /// FSDP strategies that shard parameters (full_shard, shard_grad_op,
+  /// hybrid_shard): call the model factory inside an fsdp::ZeroInitContext, so that
+  /// each fsdp::Wrappable the wrap policy picks is sharded as soon as it is built
+  /// (Lightning's configure_sharded_model). false, or no auto_wrap_policy (the model is
+  /// then one unit): build the whole model, then wrap.
+  TORCH_ARG(bool, sharded_construction) = true;
+
+ public:
+  bool is_zero() const { return name_ == "zero1" || name_ == "zero2"; }
+  /// The FSDP options the strategy builds with (sharding_strategy from the name).
+  /// Only for FSDP names.
+  fsdp::Options resolved_fsdp() const;
+};
+
+/// What happens to the samples left over when the dataset size is not a multiple
+/// of the global batch size (see [Note: global batches] in global_sampler.h).
+enum class LastBatch {
+  kDrop,   ///< the last, short batch of an epoch is not trained on
+  kShort,  ///< it is trained on: the loss is the mean over its samples, weighted by per-rank counts
+};
+
+struct TrainerOptions {
+  TORCH_ARG(Strategy, strategy) = {};
+  /// Optimizer steps to run in all, counted from the start of the run (a resumed run
+  /// continues the count). 0: use max_epochs.
+  TORCH_ARG(int64_t, max_steps) = 0;
+  /// Passes over the training set when max_steps is 0.
+  TORCH_ARG(int64_t, max_epochs) = 1;
+  /// Samples per optimizer step, over all ranks and micro-batches. Must divide
+  /// evenly into world size x accumulate_grad_batches.
+  TORCH_ARG(int64_t, global_batch_size) = 32;
+  /// Micro-batches per optimizer step (k): each holds global_batch_size / k samples;
+  /// the loss of each is divided by k (weighted by counts for a short last batch),
+  /// so k micro-batches give the gradient of one k-times-larger batch.
+  /// FSDP strategies skip the reduction of the first k-1 (no_sync); zero1 reduces
+  /// once in step(); zero2 reduces every micro-batch (its buckets allow no other).
+  TORCH_ARG(int64_t, accumulate_grad_batches) = 1;
+  /// Clip the global gradient norm (L2) to this before each step. 0: off.
+  TORCH_ARG(double, gradient_clip_val) = 0.0;
+  TORCH_ARG(LastBatch, last_batch) = LastBatch::kShort;
+  /// Shuffle the training set each epoch with (seed, epoch).
+  TORCH_ARG(bool, shuffle) = true;
+  /// Seeds torch's CPU generator on every rank before the model factory runs (same
+  /// initial weights everywhere) and the sampler's shuffle.
+  TORCH_ARG(uint64_t, seed) = 0;
+  /// Run the validation step over the whole validation set every this many steps
+  /// (0: only at the end of fit). Needs validation data and a validation step.
+  TORCH_ARG(int64_t, val_check_interval) = 0;
+  /// Samples per validation forward over all ranks. 0: global_batch_size.
+  TORCH_ARG(int64_t, val_batch_size) = 0;
+  /// Checkpoints go to `checkpoint_dir/step-S` (a directory every rank sees). Empty: none.
+  TORCH_ARG(std::string, checkpoint_dir) = "";
+  /// Save every this many steps, and after the last step. 0: only after the last step.
+  TORCH_ARG(int64_t, checkpoint_interval) = 0;
+  /// Keep only the newest K complete checkpoints (0 keeps all).
+  TORCH_ARG(int64_t, keep_checkpoints) = 2;
+  /// "": start fresh. "auto": continue from the newest usable checkpoint under
+  /// checkpoint_dir (none: start fresh). Otherwise a checkpoint directory to continue from.
+  TORCH_ARG(std::string, resume) = "";
+  /// JSON lines written by rank 0: one per step, one per validation (see metrics in trainer.h).
+  TORCH_ARG(std::string, metrics_file) = "";
+  /// Rank 0 prints progress on stderr every log_every_n_steps steps (a bar on a terminal).
+  TORCH_ARG(bool, progress) = true;
+  TORCH_ARG(int64_t, log_every_n_steps) = 10;
+  /// Rank 0 prints the per-rank memory summary at the end of fit.
+  TORCH_ARG(bool, memory_summary) = true;
+  /// Ranks per node. 0: under a launcher, whatever it started; otherwise 1. Without a
+  /// launcher, fit() with devices > 1 re-executes the program under fsdp-run (trainer.h).
+  TORCH_ARG(int, devices) = 0;
+  /// Nodes. > 1 needs a launcher on every node (fsdp-run --nnodes, torchrun, srun).
+  TORCH_ARG(int, num_nodes) = 1;
+  /// fsdp-run to re-execute under; empty: next to this executable, then the build and
+  /// install directories of the library, then PATH.
+  TORCH_ARG(std::string, launcher) = "";
+  /// Rendezvous and collective timeout of the process group fit() creates.
+  TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::minutes(5);
+  /// intra-op threads per rank (at::set_num_threads). 0: leave as is.
+  TORCH_ARG(int, threads) = 0;
+};
+
+/// What the Trainer was given besides the options, for validate_trainer_options.
+struct TrainerParts {
+  bool model = false, optimizer = false, training_step = false;
+  bool train_data = false, val_data = false, validation_step = false;
+  int64_t train_size = 0, val_size = 0;
+};
+
+/// Empty if `o` and `parts` can train at `world_size` ranks (0: not known yet, skip
+/// the checks that need it); otherwise one message saying what is wrong and how to fix
+/// it. Pure (no collective): every rank computes the same answer.
+std::string trainer_options_error(const TrainerOptions& o, const TrainerParts& parts, int world_size);
+
+}  // namespace fsdp::trainer

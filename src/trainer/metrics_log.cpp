@@ -1,0 +1,56 @@
+#include "metrics_log.h"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <c10/util/Exception.h>
+#include <nlohmann/json.hpp>
+
+namespace fsdp::trainer::detail {
+
+MetricsLog::MetricsLog(const std::string& path, bool append) {
+  if (path.empty()) return;
+  out_.open(path, std::ios::out | (append ? std::ios::app : std::ios::trunc));
+  TORCH_CHECK(out_.good(), "fsdp::Trainer: metrics_file ", path, ": cannot open it for writing (does the directory exist?)");
+  enabled_ = true;
+}
+
+void MetricsLog::write_step(const StepMetrics& m) {
+  if (!enabled_) return;
+  nlohmann::json j = {{"step", m.step},
+                      {"epoch", m.epoch},
+                      {"loss", m.loss},
+                      {"samples", m.samples},
+                      {"lr", m.lr},
+                      {"samples_per_s", m.samples_per_s},
+                      {"memory",
+                       {{"param_bytes", m.memory.param_bytes},
+                        {"grad_bytes", m.memory.grad_bytes},
+                        {"optim_bytes", m.memory.optim_bytes},
+                        {"unsharded_peak_bytes", m.memory.unsharded_peak_bytes},
+                        {"rss_bytes", m.memory.rss_bytes}}}};
+  out_ << j.dump() << '\n' << std::flush;
+}
+
+void MetricsLog::write_validation(const ValidationMetrics& m) {
+  if (!enabled_) return;
+  nlohmann::json values = nlohmann::json::object();
+  for (const auto& [k, v] : m.values) values[k] = v;
+  nlohmann::json j = {{"step", m.step}, {"validation", values}, {"samples", m.samples}};
+  out_ << j.dump() << '\n' << std::flush;
+}
+
+int64_t current_rss_bytes() {
+  std::ifstream f("/proc/self/statm");
+  int64_t size = 0, resident = 0;
+  if (!(f >> size >> resident)) return 0;
+  return resident * int64_t(sysconf(_SC_PAGESIZE));
+}
+
+int64_t peak_rss_bytes() {
+  struct rusage ru {};
+  if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+  return int64_t(ru.ru_maxrss) * 1024;  // KiB on Linux
+}
+
+}  // namespace fsdp::trainer::detail

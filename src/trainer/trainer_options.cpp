@@ -1,0 +1,89 @@
+#include "fsdp/trainer/trainer_options.h"
+
+#include <sstream>
+
+namespace fsdp::trainer {
+
+fsdp::Options Strategy::resolved_fsdp() const {
+  fsdp::Options o = fsdp();
+  if (name() == "full_shard") o.sharding_strategy(ShardingStrategy::FULL_SHARD);
+  else if (name() == "shard_grad_op") o.sharding_strategy(ShardingStrategy::SHARD_GRAD_OP);
+  else if (name() == "hybrid_shard") o.sharding_strategy(ShardingStrategy::HYBRID_SHARD);
+  else if (name() == "no_shard") o.sharding_strategy(ShardingStrategy::NO_SHARD);
+  else TORCH_INTERNAL_ASSERT(name() == "fsdp", "resolved_fsdp() for strategy '", name(), "'");
+  return o;
+}
+
+namespace {
+
+bool known_strategy(const std::string& n) {
+  for (const char* k : {"fsdp", "full_shard", "shard_grad_op", "hybrid_shard", "no_shard", "zero1", "zero2"})
+    if (n == k) return true;
+  return false;
+}
+
+}  // namespace
+
+std::string trainer_options_error(const TrainerOptions& o, const TrainerParts& parts, int world_size) {
+  std::ostringstream e;
+  const std::string& s = o.strategy().name();
+  if (!known_strategy(s))
+    e << "unknown strategy '" << s
+      << "'; use one of fsdp, full_shard, shard_grad_op, hybrid_shard, no_shard, zero1, zero2";
+  else if (!parts.model)
+    e << "no model: call Trainer::model(factory) with a function that builds the model";
+  else if (!parts.optimizer)
+    e << "no optimizer: call Trainer::optimizer(factory) with a function of the (sharded) parameters";
+  else if (!parts.train_data)
+    e << "no training dataset: call Trainer::train_data(dataset)";
+  else if (!parts.training_step)
+    e << "no training step: call Trainer::training_step(fn) with a function (model, batch) -> loss";
+  else if (parts.validation_step != parts.val_data)
+    e << (parts.val_data ? "validation data but no validation step: call Trainer::validation_step(fn)"
+                         : "a validation step but no validation data: call Trainer::val_data(dataset)");
+  else if (o.global_batch_size() <= 0)
+    e << "global_batch_size must be positive, got " << o.global_batch_size();
+  else if (o.accumulate_grad_batches() <= 0)
+    e << "accumulate_grad_batches must be >= 1, got " << o.accumulate_grad_batches();
+  else if (o.global_batch_size() % o.accumulate_grad_batches() != 0)
+    e << "global_batch_size " << o.global_batch_size() << " is not divisible by accumulate_grad_batches "
+      << o.accumulate_grad_batches() << "; use a multiple of it";
+  else if (world_size > 0 && o.global_batch_size() % (int64_t(world_size) * o.accumulate_grad_batches()) != 0)
+    e << "global_batch_size " << o.global_batch_size() << " is not divisible by world size " << world_size
+      << " x accumulate_grad_batches " << o.accumulate_grad_batches() << "; use a multiple of "
+      << int64_t(world_size) * o.accumulate_grad_batches();
+  else if (o.max_steps() < 0 || (o.max_steps() == 0 && o.max_epochs() <= 0))
+    e << "nothing to train: max_steps " << o.max_steps() << ", max_epochs " << o.max_epochs()
+      << "; set max_steps > 0 or max_epochs > 0";
+  else if (parts.train_size <= 0)
+    e << "the training dataset is empty (size " << parts.train_size << ")";
+  else if (o.last_batch() == LastBatch::kDrop && parts.train_size < o.global_batch_size())
+    e << "the training dataset has " << parts.train_size << " samples, fewer than one global batch of "
+      << o.global_batch_size() << ", and last_batch is kDrop: nothing would train; use LastBatch::kShort "
+      << "or a smaller global_batch_size";
+  else if (parts.val_data && parts.val_size <= 0)
+    e << "the validation dataset is empty (size " << parts.val_size << ")";
+  else if (o.val_batch_size() < 0)
+    e << "val_batch_size must be >= 0 (0: global_batch_size), got " << o.val_batch_size();
+  else if (o.val_check_interval() < 0 || o.checkpoint_interval() < 0 || o.keep_checkpoints() < 0 ||
+           o.log_every_n_steps() <= 0)
+    e << "val_check_interval, checkpoint_interval and keep_checkpoints must be >= 0 and log_every_n_steps > 0";
+  else if (!(o.gradient_clip_val() >= 0))
+    e << "gradient_clip_val must be >= 0 (0: off), got " << o.gradient_clip_val();
+  else if (o.checkpoint_interval() > 0 && o.checkpoint_dir().empty())
+    e << "checkpoint_interval " << o.checkpoint_interval() << " needs a checkpoint_dir";
+  else if (o.resume() == "auto" && o.checkpoint_dir().empty())
+    e << "resume(\"auto\") looks under checkpoint_dir, which is empty; set checkpoint_dir";
+  else if (o.strategy().is_zero() && (!o.checkpoint_dir().empty() || !o.resume().empty()))
+    e << "strategy " << s << ": checkpoint directories are not supported yet for zero1/zero2 "
+      << "(fsdp::save_checkpoint takes a FullyShardedDataParallel model); use full_shard, shard_grad_op "
+      << "or no_shard to checkpoint, or drop checkpoint_dir/resume";
+  else if (o.devices() < 0 || o.num_nodes() < 1)
+    e << "devices must be >= 0 (0: auto) and num_nodes >= 1, got devices " << o.devices() << ", num_nodes "
+      << o.num_nodes();
+  else if (o.threads() < 0)
+    e << "threads must be >= 0, got " << o.threads();
+  return e.str();
+}
+
+}  // namespace fsdp::trainer

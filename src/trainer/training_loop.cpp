@@ -1,0 +1,455 @@
+#include "fsdp/trainer/training_loop.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <limits>
+#include <mutex>
+#include <optional>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include "checkpoint_steps.h"
+#include "fsdp/dist/collectives.h"
+#include "fsdp/fsdp/memory_estimate.h"
+#include "fsdp/state/checkpoint.h"
+#include "fsdp/trainer/global_sampler.h"
+#include "metrics_log.h"
+#include "progress.h"
+
+namespace fsdp::trainer::detail {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// [Note: trainer checkpoint state]
+// Besides the model and the optimizer (fsdp::save_checkpoint's), a checkpoint holds:
+//  * trainer.step: optimizer steps done. The data position: step s's samples are a
+//    pure function of (seed, epoch, step in epoch) ([Note: global batches]), so the
+//    step is all the sampler needs.
+//  * the values that fix the data order (seed, global batch size, dataset size,
+//    shuffle, last batch policy): a resumed run with other values is refused naming
+//    the value, rather than continuing on other data.
+//  * trainer.world_size and one torch CPU generator state per rank
+//    (trainer.rng.rank<r>): at the same world size each rank continues its own
+//    stream; at another, every rank takes rank 0's.
+//  * whatever callbacks add in on_save_checkpoint.
+constexpr const char* kMarkerKey = "trainer.marker";
+constexpr const char* kStepKey = "trainer.step";
+constexpr const char* kWorldKey = "trainer.world_size";
+constexpr const char* kRngPrefix = "trainer.rng.rank";
+
+std::vector<std::pair<std::string, std::string>> fixed_values(const TrainerOptions& o, int64_t train_size) {
+  return {{"trainer.seed", std::to_string(o.seed())},
+          {"trainer.global_batch_size", std::to_string(o.global_batch_size())},
+          {"trainer.train_size", std::to_string(train_size)},
+          {"trainer.shuffle", o.shuffle() ? "true" : "false"},
+          {"trainer.last_batch", o.last_batch() == LastBatch::kDrop ? "drop" : "short"}};
+}
+
+/// "" if `saved` (a checkpoint's extra values) continues the run `o` describes.
+std::string incompatibility(const TrainerOptions& o, int64_t train_size, const std::string& dir,
+                            const std::map<std::string, std::string>& saved) {
+  if (saved.count(kMarkerKey) == 0 || saved.count(kStepKey) == 0)
+    return dir + " was not written by fsdp::Trainer (no " + kStepKey + " in its extras)";
+  for (const auto& [key, value] : fixed_values(o, train_size)) {
+    auto it = saved.find(key);
+    const std::string was = it == saved.end() ? "(not recorded)" : it->second;
+    if (was != value)
+      return dir + " was saved with " + key.substr(8) + " " + was + " but this run has " + value +
+             "; a resumed run must see the same data in the same order: set " + key.substr(8) + " to " + was +
+             " or start afresh";
+  }
+  return "";
+}
+
+std::map<std::string, std::string> as_map(const std::vector<std::pair<std::string, std::string>>& v) {
+  return {v.begin(), v.end()};
+}
+
+int64_t bytes_of(const at::Tensor& t) { return t.defined() ? t.numel() * int64_t(t.element_size()) : 0; }
+
+/// Sum of the optimizer's state tensors on this rank (they live on the parameter pieces).
+int64_t optimizer_state_bytes(const LoopModel& m) {
+  if (m.zero) return m.zero->get_memory_usage()[MemoryCategory::kOptimizerState];
+  int64_t total = 0;
+  for (auto& kv : m.optimizer->state()) {
+    auto* s = kv.second.get();
+    if (auto* a = dynamic_cast<torch::optim::AdamParamState*>(s))
+      total += bytes_of(a->exp_avg()) + bytes_of(a->exp_avg_sq()) + bytes_of(a->max_exp_avg_sq());
+    else if (auto* w = dynamic_cast<torch::optim::AdamWParamState*>(s))
+      total += bytes_of(w->exp_avg()) + bytes_of(w->exp_avg_sq()) + bytes_of(w->max_exp_avg_sq());
+    else if (auto* g = dynamic_cast<torch::optim::SGDParamState*>(s))
+      total += bytes_of(g->momentum_buffer());
+  }
+  return total;
+}
+
+MemorySample memory_now(const LoopModel& m) {
+  MemorySample s;
+  if (m.fsdp) {
+    const auto ms = m.fsdp->memory_stats();
+    s.param_bytes = ms.param_shard_bytes;
+    s.grad_bytes = ms.grad_shard_bytes;
+    s.unsharded_peak_bytes = ms.unsharded_peak_bytes;
+  } else {
+    const auto u = m.zero->get_memory_usage();
+    s.param_bytes = u[MemoryCategory::kParameterShards] + u[MemoryCategory::kMasterWeights];
+    s.grad_bytes = u[MemoryCategory::kGradients];
+  }
+  s.optim_bytes = optimizer_state_bytes(m);
+  s.rss_bytes = current_rss_bytes();
+  return s;
+}
+
+std::vector<double> learning_rates(torch::optim::Optimizer& opt) {
+  std::vector<double> lrs;
+  for (auto& g : opt.param_groups()) lrs.push_back(g.options().get_lr());
+  return lrs;
+}
+
+void set_learning_rates(torch::optim::Optimizer& opt, const std::vector<double>& lrs) {
+  auto& groups = opt.param_groups();
+  TORCH_INTERNAL_ASSERT(groups.size() == lrs.size());
+  for (size_t i = 0; i < lrs.size(); ++i) groups[i].options().set_lr(lrs[i]);
+}
+
+void zero_grad(const LoopModel& m) {
+  // ZeroRedundancyOptimizer::zero_grad hides the non-virtual torch one.
+  if (m.zero) m.zero->zero_grad();
+  else m.optimizer->zero_grad();
+}
+
+/// Every rank's torch CPU generator state, one row per rank (collective).
+at::Tensor gather_rng_states(const dist::ProcessGroup& pg) {
+  at::Tensor state;
+  {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    state = gen.get_state();
+  }
+  // Bytes as doubles (exact) through one sum all-reduce: each rank fills its row.
+  auto rows = torch::zeros({pg.size(), state.numel()}, torch::kFloat64);
+  rows[pg.rank()].copy_(state.to(torch::kFloat64));
+  dist::all_reduce(pg, rows, dist::ReduceOp::Sum).wait();
+  return rows.to(torch::kUInt8);
+}
+
+void restore_rng(const CheckpointExtra& extra, const dist::ProcessGroup& pg) {
+  auto w = extra.values.find(kWorldKey);
+  const int saved_world = w == extra.values.end() ? 0 : std::stoi(w->second);
+  const int source = saved_world == pg.size() ? pg.rank() : 0;
+  auto it = extra.tensors.find(kRngPrefix + std::to_string(source));
+  if (it == extra.tensors.end()) return;
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(it->second.contiguous());
+}
+
+void format_bytes(double b, char* out, size_t n) {
+  const char* unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) b /= 1024, ++u;
+  std::snprintf(out, n, u ? "%.2f %s" : "%.0f %s", b, unit[u]);
+}
+
+/// Rank 0 prints each rank's model-state bytes next to unsharded Adam training's 16 B
+/// per parameter and the ZeRO accounting for the strategy (fsdp-train's summary).
+void memory_summary(const TrainerOptions& o, const dist::ProcessGroup& pg, const LoopModel& m) {
+  const MemorySample s = memory_now(m);
+  const int n = pg.size();
+  auto rows = torch::zeros({n, 4}, torch::kFloat64);
+  rows[pg.rank()][0] = double(s.param_bytes);
+  rows[pg.rank()][1] = double(s.grad_bytes);
+  rows[pg.rank()][2] = double(s.optim_bytes);
+  rows[pg.rank()][3] = double(s.unsharded_peak_bytes);
+  dist::all_reduce(pg, rows, dist::ReduceOp::Sum).wait();
+  if (pg.rank() != 0) return;
+  const std::string& name = o.strategy().name();
+  const double psi = double(m.num_params);
+  double zero = 0;
+  if (name == "zero1") zero = 8 * psi + 8 * psi / n;
+  else if (name == "zero2") zero = 4 * psi + 12 * psi / n;
+  else {
+    const auto fo = o.strategy().resolved_fsdp();
+    const int group = fo.shard_group_size() > 0 ? fo.shard_group_size() : pg.local_world_size();
+    zero = estimate_model_state(m.num_params, n, fo.sharding_strategy(), group).total();
+  }
+  char z[32], u[32];
+  format_bytes(zero, z, sizeof z);
+  format_bytes(16 * psi, u, sizeof u);
+  std::fprintf(stderr, "fsdp::Trainer memory per rank (%lld parameters; unsharded Adam training holds %s; "
+              "ZeRO estimate for %s with Adam: %s):\n",
+              (long long)m.num_params, u, name.c_str(), z);
+  std::fprintf(stderr, "  %-6s %14s %14s %14s %16s %14s\n", "rank", "params", "grads", "optim state", "peak unsharded",
+              "model state");
+  auto acc = rows.accessor<double, 2>();
+  for (int r = 0; r < n; ++r) {
+    char a[32], b[32], c[32], d[32], t[32];
+    format_bytes(acc[r][0], a, sizeof a);
+    format_bytes(acc[r][1], b, sizeof b);
+    format_bytes(acc[r][2], c, sizeof c);
+    format_bytes(acc[r][3], d, sizeof d);
+    format_bytes(acc[r][0] + acc[r][1] + acc[r][2], t, sizeof t);
+    std::fprintf(stderr, "  %-6d %14s %14s %14s %16s %14s\n", r, a, b, c, d, t);
+  }
+  std::fflush(stderr);
+}
+
+}  // namespace
+
+FitResult run_training_loop(const TrainerOptions& o, const dist::ProcessGroup& pg, const LoopModel& model,
+                            const LoopData& data, const std::vector<std::shared_ptr<Callback>>& callbacks) {
+  TORCH_INTERNAL_ASSERT(model.optimizer && model.module && (model.fsdp != nullptr) != (model.zero != nullptr));
+  const int rank = pg.rank(), world = pg.size();
+  const bool lead = rank == 0;
+  const int64_t k = o.accumulate_grad_batches();
+  GlobalSampler sampler(data.train_size, o.global_batch_size(), o.shuffle(), o.seed(),
+                        o.last_batch() == LastBatch::kDrop);
+  const int64_t steps_per_epoch = sampler.steps_per_epoch();
+  TORCH_INTERNAL_ASSERT(steps_per_epoch > 0);
+  const int64_t total_steps = o.max_steps() > 0 ? o.max_steps() : o.max_epochs() * steps_per_epoch;
+  torch::optim::Optimizer& opt = *model.optimizer;
+  const std::vector<double> initial_lrs = learning_rates(opt);
+
+  // --- resume ---------------------------------------------------------------
+  FitResult result;
+  std::optional<CheckpointExtra> extra;
+  if (o.resume() == "auto") {
+    // Rank 0 chooses and tells the others, so that all load the same checkpoint even
+    // while the directory changes. A load that fails (a damaged file on any rank) fails
+    // on every rank and changes nothing ([Note: atomic load] in src/state/checkpoint.cpp),
+    // so every rank passes over it together and tries the next older one.
+    int64_t below = std::numeric_limits<int64_t>::max();
+    for (;;) {
+      auto chosen = torch::full({1}, int64_t(-1), torch::kLong);
+      if (lead) {
+        auto steps = checkpoint_steps(o.checkpoint_dir());
+        for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+          if (*it >= below) continue;
+          const std::string dir = checkpoint_path(o.checkpoint_dir(), *it);
+          std::vector<std::pair<std::string, std::string>> values;
+          std::string why;
+          if (read_checkpoint_values(dir, values, why)) why = incompatibility(o, data.train_size, dir, as_map(values));
+          if (why.empty()) {
+            chosen.fill_(*it);
+            break;
+          }
+          std::fprintf(stderr, "fsdp::Trainer: resume auto: skipped %s: %s\n", dir.c_str(), why.c_str());
+        }
+        if (chosen.item<int64_t>() < 0)
+          std::fprintf(stderr, "fsdp::Trainer: resume auto: no usable checkpoint under %s; starting fresh\n",
+                       o.checkpoint_dir().c_str());
+      }
+      dist::broadcast(pg, chosen, 0).wait();
+      const int64_t step = chosen.item<int64_t>();
+      if (step < 0) break;
+      below = step;
+      const std::string dir = checkpoint_path(o.checkpoint_dir(), step);
+      try {
+        extra = load_checkpoint(dir, *model.fsdp, &opt);
+        result.resumed_from = dir;
+        break;
+      } catch (const c10::Error& e) {
+        const std::string why = e.what_without_backtrace();
+        if (why.rfind("fsdp: load_checkpoint('", 0) != 0) throw;
+        if (lead) std::fprintf(stderr, "fsdp::Trainer: resume auto: skipped: %s\n", why.c_str());
+      }
+    }
+  } else if (!o.resume().empty()) {
+    extra = load_checkpoint(o.resume(), *model.fsdp, &opt);
+    result.resumed_from = o.resume();
+  }
+  int64_t first_step = 0;
+  if (extra) {
+    const std::string why = incompatibility(o, data.train_size, result.resumed_from, extra->values);
+    TORCH_CHECK(why.empty(), "fsdp::Trainer (rank ", rank, "): resume: ", why);
+    first_step = std::stoll(extra->values.at(kStepKey));
+    TORCH_CHECK(first_step <= total_steps, "fsdp::Trainer: resume: ", result.resumed_from, " is at step ", first_step,
+                " but this run has only ", total_steps, " steps in all (max_steps / max_epochs count from the "
+                "run's start); ask for more than ",
+                first_step);
+    restore_rng(*extra, pg);
+    if (model.scheduler) {
+      // The scheduler's position: replay its steps from the initial learning rates,
+      // then keep the checkpoint's (equal, unless the schedule changed).
+      const std::vector<double> loaded = learning_rates(opt);
+      set_learning_rates(opt, initial_lrs);
+      for (int64_t s = 0; s < first_step; ++s) model.scheduler->step();
+      set_learning_rates(opt, loaded);
+    }
+    for (auto& cb : callbacks) cb->on_load_checkpoint(*extra);
+  }
+  result.first_step = first_step;
+
+  MetricsLog log(lead ? o.metrics_file() : "", first_step > 0);
+  Progress progress(total_steps, o.progress() && lead);
+
+  // --- validation -------------------------------------------------------------
+  auto validate = [&](int64_t step) {
+    ValidationMetrics vm;
+    vm.step = step;
+    if (!data.validation_step) return vm;
+    torch::NoGradGuard no_grad;
+    model.module->eval();
+    const int64_t n = data.val_size, per = o.val_batch_size() > 0 ? o.val_batch_size() : o.global_batch_size();
+    std::vector<std::string> keys;
+    std::vector<double> sums;
+    int64_t count = 0;
+    for (int64_t begin = 0; begin < n; begin += per) {
+      const int64_t size = std::min(per, n - begin);
+      auto [lo, hi] = contiguous_part(size, world, rank);
+      std::vector<int64_t> idx;
+      for (int64_t i = begin + lo; i < begin + hi; ++i) idx.push_back(i);
+      const int64_t mine = int64_t(idx.size());
+      if (mine == 0) idx.push_back(begin);  // forward is collective: run, weigh 0
+      auto values = data.validation_step(idx);
+      if (keys.empty()) {
+        for (auto& kv : values) keys.push_back(kv.first);
+        sums.assign(keys.size(), 0.0);
+      }
+      TORCH_CHECK(values.size() == keys.size(), "fsdp::Trainer (rank ", rank,
+                  "): the validation step returned different keys in different batches; return the same keys");
+      size_t i = 0;
+      for (auto& [key, v] : values) {
+        TORCH_CHECK(key == keys[i], "fsdp::Trainer (rank ", rank, "): the validation step returned key '", key,
+                    "' where an earlier batch had '", keys[i], "'; return the same keys in every batch");
+        sums[i++] += v * double(mine);
+      }
+      count += mine;
+    }
+    sums.push_back(double(count));
+    auto t = torch::tensor(sums, torch::kFloat64);
+    dist::all_reduce(pg, t, dist::ReduceOp::Sum).wait();
+    auto acc = t.accessor<double, 1>();
+    vm.samples = int64_t(acc[int64_t(keys.size())] + 0.5);
+    for (size_t i = 0; i < keys.size(); ++i) vm.values[keys[i]] = acc[int64_t(i)] / double(std::max<int64_t>(vm.samples, 1));
+    model.module->train();
+    log.write_validation(vm);
+    if (lead && o.progress()) {
+      std::string line = "validation after step " + std::to_string(step) + ":";
+      char buf[64];
+      for (auto& [key, v] : vm.values) {
+        std::snprintf(buf, sizeof buf, " %s %.4f", key.c_str(), v);
+        line += buf;
+      }
+      progress.note(line.c_str());
+    }
+    for (auto& cb : callbacks) cb->on_validation_end(vm);
+    result.validation = vm.values;
+    return vm;
+  };
+
+  // --- checkpoints ------------------------------------------------------------
+  auto checkpoint = [&](int64_t step) {
+    if (o.checkpoint_dir().empty()) return;
+    CheckpointExtra e;
+    e.values[kMarkerKey] = "1";
+    e.values[kStepKey] = std::to_string(step);
+    e.values[kWorldKey] = std::to_string(world);
+    for (auto& [key, value] : fixed_values(o, data.train_size)) e.values[key] = value;
+    const at::Tensor rng = gather_rng_states(pg);
+    for (int r = 0; r < world; ++r) e.tensors[kRngPrefix + std::to_string(r)] = rng[r].clone();
+    for (auto& cb : callbacks) cb->on_save_checkpoint(e);
+    const std::string dir = checkpoint_path(o.checkpoint_dir(), step);
+    save_checkpoint(dir, *model.fsdp, &opt, e);
+    if (lead && o.keep_checkpoints() > 0) {
+      const std::string failed = prune_checkpoints(o.checkpoint_dir(), o.keep_checkpoints());
+      if (!failed.empty())
+        std::fprintf(stderr, "fsdp::Trainer: warning: keep_checkpoints could not delete %s\n", failed.c_str());
+    }
+    for (auto& cb : callbacks) cb->on_checkpoint(dir, step);
+  };
+
+  // --- training ---------------------------------------------------------------
+  TrainStart start;
+  start.rank = rank;
+  start.world_size = world;
+  start.first_step = first_step;
+  start.total_steps = total_steps;
+  for (auto& cb : callbacks) cb->on_train_start(start);
+  model.module->train();
+  const bool want_memory = !o.metrics_file().empty() || !callbacks.empty();
+  StepMetrics last;
+  int64_t interval_samples = 0;
+  auto t_interval = Clock::now();
+  int64_t last_validated = -1;
+  for (int64_t step = first_step; step < total_steps; ++step) {
+    const auto t_step = Clock::now();
+    const int64_t epoch = step / steps_per_epoch, in_epoch = step % steps_per_epoch;
+    const std::vector<int64_t> batch = sampler.batch_indices(epoch, in_epoch);
+    const int64_t m = int64_t(batch.size());
+    const double lr = opt.param_groups().at(0).options().get_lr();
+    zero_grad(model);
+    // Micro-batches with samples (all of them unless the batch has fewer than k).
+    std::vector<std::pair<int64_t, int64_t>> micro;
+    for (int64_t j = 0; j < k; ++j) {
+      auto part = contiguous_part(m, k, j);
+      if (part.second > part.first) micro.push_back(part);
+    }
+    double loss_sum = 0;  // sum over this rank's samples of the per-sample loss
+    for (size_t j = 0; j < micro.size(); ++j) {
+      const auto [a, b] = micro[j];
+      const auto [lo, hi] = contiguous_part(b - a, world, rank);
+      std::vector<int64_t> idx(batch.begin() + a + lo, batch.begin() + a + hi);
+      const int64_t mine = int64_t(idx.size());
+      if (mine == 0) idx.push_back(batch[size_t(a)]);  // forward/backward are collective: run, weigh 0
+      // Reductions average over ranks; a rank's mean of `mine` samples enters the
+      // step's mean over m samples with weight mine/m, hence mine*world/m here
+      // (= 1/k for k equal micro-batches).
+      const double weight = double(mine) * double(world) / double(m);
+      std::unique_ptr<FullyShardedBase::NoSyncGuard> no_sync;
+      if (model.fsdp && j + 1 < micro.size()) no_sync = model.fsdp->no_sync();
+      at::Tensor loss = data.train_step(idx);
+      TORCH_CHECK(loss.defined() && loss.numel() == 1 && loss.requires_grad(), "fsdp::Trainer (rank ", rank,
+                  "): the training step must return the scalar mean loss of its batch, attached to the graph; got ",
+                  loss.defined() ? loss.sizes() : at::IntArrayRef{});
+      (weight == 1.0 ? loss : loss * weight).backward();
+      if (mine > 0) loss_sum += loss.item<double>() * double(mine);
+    }
+    if (model.fsdp && o.gradient_clip_val() > 0) model.fsdp->clip_grad_norm_(o.gradient_clip_val());
+    opt.step();  // zero1/zero2 clip inside step() (ZeroOptions::clip_grad_norm)
+    if (model.scheduler) model.scheduler->step();
+    auto t = torch::tensor({loss_sum}, torch::kFloat64);
+    dist::all_reduce(pg, t, dist::ReduceOp::Sum).wait();
+    const double step_loss = t.item<double>() / double(m);
+    result.losses.push_back(step_loss);
+
+    const auto now = Clock::now();
+    StepMetrics sm;
+    sm.step = step + 1;
+    sm.epoch = epoch;
+    sm.loss = step_loss;
+    sm.samples = m;
+    sm.lr = lr;
+    sm.samples_per_s = double(m) / std::max(1e-9, std::chrono::duration<double>(now - t_step).count());
+    if (want_memory) sm.memory = memory_now(model);
+    log.write_step(sm);
+    for (auto& cb : callbacks) cb->on_step_end(sm);
+    last = sm;
+    interval_samples += m;
+    if (sm.step % o.log_every_n_steps() == 0 || sm.step == total_steps) {
+      const double dt = std::chrono::duration<double>(Clock::now() - t_interval).count();
+      progress.report(sm.step, step_loss, double(interval_samples) / std::max(dt, 1e-9));
+      t_interval = Clock::now();
+      interval_samples = 0;
+    }
+    if (sm.step == total_steps || (o.checkpoint_interval() > 0 && sm.step % o.checkpoint_interval() == 0))
+      checkpoint(sm.step);
+    if (o.val_check_interval() > 0 && sm.step % o.val_check_interval() == 0) {
+      validate(sm.step);
+      last_validated = sm.step;
+    }
+  }
+  progress.finish();
+  if (data.validation_step && last_validated != total_steps) validate(total_steps);
+  result.last_step = total_steps;
+  if (o.memory_summary()) memory_summary(o, pg, model);
+  if (result.losses.empty()) last.step = total_steps;
+  for (auto& cb : callbacks) cb->on_train_end(last);
+  return result;
+}
+
+}  // namespace fsdp::trainer::detail

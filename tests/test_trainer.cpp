@@ -1,0 +1,514 @@
+// fsdp::trainer::Trainer against single-process training.
+//
+// Model: testing::TinyTransformer (blocks held as fsdp::Wrappable, one unit each).
+// Data: a custom torch::data dataset of 20 regression samples, global batch 6, so
+// every epoch ends with a short batch of 2 (at 3 ranks one rank's part is empty).
+// Reference: every step is recomputed in one process from the Trainer's own
+// parameters before that step (full values gathered in callbacks): the step's
+// global batch as one tensor, the mean MSE, plain SGD. Equal parameters after each
+// step mean the Trainer computed the gradient of the mean over exactly the step's
+// samples, whatever the world size, micro-batching and short batch.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+
+#include <unistd.h>
+#include <set>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "fsdp/trainer/global_sampler.h"
+#include "fsdp/trainer/trainer.h"
+#include "harness/models.h"
+#include "harness/multirank.h"
+#include "harness/temp_dir.h"
+
+namespace fsdp::testing {
+namespace {
+
+using trainer::Callback;
+using trainer::FitResult;
+using trainer::Strategy;
+using trainer::Trainer;
+using trainer::TrainerOptions;
+using Params = std::map<std::string, torch::Tensor>;
+
+constexpr int64_t kSamples = 20, kBatch = 6;
+constexpr double kLr = 0.05;
+
+/// (x [13], y [5]) regression pairs drawn once from a fixed generator.
+class RegressionSet : public torch::data::datasets::Dataset<RegressionSet> {
+ public:
+  explicit RegressionSet(int64_t n, uint64_t seed = 77) {
+    auto gen = at::detail::createCPUGenerator(seed);
+    x_ = at::randn({n, 13}, gen);
+    y_ = at::randn({n, 5}, gen);
+  }
+  torch::data::Example<> get(size_t i) override { return {x_[int64_t(i)], y_[int64_t(i)]}; }
+  torch::optional<size_t> size() const override { return size_t(x_.size(0)); }
+  const torch::Tensor& x() const { return x_; }
+  const torch::Tensor& y() const { return y_; }
+
+ private:
+  torch::Tensor x_, y_;
+};
+
+std::string test_dir() {
+  static const TempDir dir = TempDir::from_env_or_create("FSDP_TRAINER_TEST_DIR", "fsdp-trainer-test-");
+  return dir.path();
+}
+
+RankOptions rank_options() {
+  RankOptions o;
+  o.deadline = std::chrono::seconds(120);
+  o.extra_env.push_back("FSDP_TRAINER_TEST_DIR=" + test_dir());
+  return o;
+}
+
+using TT = Trainer<TinyTransformerImpl>;
+
+/// A Trainer of TinyTransformer on RegressionSet with mean MSE.
+TT make_trainer(TrainerOptions o, bool adam = false) {
+  o.progress(false).memory_summary(false);
+  TT t(o);
+  t.model([] { return TinyTransformer(13, 24, 5, 2); })
+      .optimizer([adam](std::vector<torch::Tensor> p) -> std::unique_ptr<torch::optim::Optimizer> {
+        if (adam) return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(1e-2));
+        return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(kLr));
+      })
+      .train_data(RegressionSet(kSamples))
+      .training_step([](TT::Model& model, torch::data::Example<>& b) {
+        EXPECT_TRUE(model.training());
+        return torch::mse_loss(model.forward(b.data), b.target);
+      });
+  return t;
+}
+
+/// Full parameters by name, whatever the strategy (collective).
+Params full_parameters(TT::Model& m) {
+  Params out;
+  auto grab = [&](torch::nn::Module& mod) {
+    for (const auto& p : mod.named_parameters()) out[p.key()] = p.value().detach().clone();
+  };
+  if (m.fsdp()) m.fsdp()->apply_with_full_params(grab);
+  else grab(*m.module());
+  return out;
+}
+
+/// Records the full parameters before the first step and after every step.
+struct Recorder : Callback {
+  explicit Recorder(TT* t) : trainer(t) {}
+  void on_train_start(const trainer::TrainStart&) override { states.push_back(full_parameters(*trainer->trained_model())); }
+  void on_step_end(const trainer::StepMetrics& m) override {
+    states.push_back(full_parameters(*trainer->trained_model()));
+    samples.push_back(m.samples);
+  }
+  TT* trainer;
+  std::vector<Params> states;
+  std::vector<int64_t> samples;
+};
+
+/// One SGD step of the unsharded model from `before` on samples `indices`: the reference.
+std::pair<Params, double> reference_step(const Params& before, const std::vector<int64_t>& indices,
+                                         double clip = 0) {
+  auto ref = TinyTransformer(13, 24, 5, 2);
+  {
+    torch::NoGradGuard g;
+    for (auto& p : ref->named_parameters()) p.value().copy_(before.at(p.key()));
+  }
+  RegressionSet data(kSamples);
+  auto idx = torch::tensor(indices, torch::kLong);
+  auto loss = torch::mse_loss(ref->forward(data.x().index_select(0, idx)), data.y().index_select(0, idx));
+  loss.backward();
+  if (clip > 0) {
+    const double norm = torch::nn::utils::clip_grad_norm_(ref->parameters(), clip);
+    EXPECT_GT(norm, clip) << "the test's clipping threshold does not clip";
+  }
+  Params after;
+  torch::NoGradGuard g;
+  for (auto& p : ref->named_parameters()) after[p.key()] = p.value() - kLr * p.value().grad();
+  return {after, loss.item<double>()};
+}
+
+/// The Trainer's run of `steps` steps under `strategy` with k micro-batches, checked
+/// step by step against the reference.
+/// Validation: 13 held-out samples in validation batches of 5 (parts of 1-3 samples
+/// per rank), mean squared error and mean absolute error, checked against the whole set.
+void parity_case(dist::ProcessGroup& pg, const std::string& strategy, int64_t k, int64_t steps, bool drop = false,
+                 double clip = 0) {
+  run_case(strategy + " k=" + std::to_string(k) + (drop ? " drop" : "") + (clip > 0 ? " clip" : ""), [&] {
+    auto s = Strategy(strategy).fsdp(fsdp::Options().auto_wrap_policy(module_type_policy<BlockImpl>()));
+    TT t = make_trainer(TrainerOptions().strategy(s).global_batch_size(kBatch).accumulate_grad_batches(k)
+                            .max_steps(steps).seed(3).val_batch_size(5).gradient_clip_val(clip)
+                            .last_batch(drop ? trainer::LastBatch::kDrop : trainer::LastBatch::kShort));
+    t.val_data(RegressionSet(13, 99)).validation_step([](TT::Model& model, torch::data::Example<>& b) {
+      EXPECT_FALSE(model.training());
+      auto err = model.forward(b.data) - b.target;
+      return std::map<std::string, double>{{"mse", err.pow(2).mean().item<double>()},
+                                           {"mae", err.abs().mean().item<double>()}};
+    });
+    auto rec = std::make_shared<Recorder>(&t);
+    t.callback(rec);
+    FitResult r = t.fit(pg);
+    ASSERT_EQ(int64_t(rec->states.size()), steps + 1);
+    {
+      auto ref = TinyTransformer(13, 24, 5, 2);
+      torch::NoGradGuard g;
+      for (auto& p : ref->named_parameters()) p.value().copy_(rec->states.back().at(p.key()));
+      RegressionSet val(13, 99);
+      auto err = ref->forward(val.x()) - val.y();
+      const double mse = err.pow(2).mean().item<double>(), mae = err.abs().mean().item<double>();
+      EXPECT_NEAR(r.validation.at("mse"), mse, 1e-6 * mse);
+      EXPECT_NEAR(r.validation.at("mae"), mae, 1e-6 * mae);
+    }
+    trainer::GlobalSampler sampler(kSamples, kBatch, true, 3, drop);
+    for (int64_t s = 0; s < steps; ++s) {
+      const int64_t spe = sampler.steps_per_epoch();
+      auto indices = sampler.batch_indices(s / spe, s % spe);
+      EXPECT_EQ(rec->samples[size_t(s)], int64_t(indices.size()));
+      auto [after, loss] = reference_step(rec->states[size_t(s)], indices, clip);
+      EXPECT_NEAR(r.losses[size_t(s)], loss, 1e-6 * std::abs(loss)) << "step " << s + 1;
+      // The update itself, not only the parameters (an update is ~1e-2 of them).
+      const Params& before = rec->states[size_t(s)];
+      const Params& got = rec->states[size_t(s + 1)];
+      for (auto& [name, want] : after) {
+        EXPECT_LT(rel_diff(got.at(name), want), 1e-6) << "step " << s + 1 << ": " << name;
+        EXPECT_LT(rel_diff(got.at(name) - before.at(name), want - before.at(name)), 1e-4)
+            << "update of step " << s + 1 << ": " << name;
+      }
+    }
+  });
+}
+
+/// The last-batch cases of 20 samples in batches of 6 actually happen.
+TEST(GlobalSampler, SameBatchesAtAnyWorldSizeWithShortTail) {
+  trainer::GlobalSampler a(kSamples, kBatch, true, 3, false), b(kSamples, kBatch, true, 3, true);
+  EXPECT_EQ(a.steps_per_epoch(), 4);
+  EXPECT_EQ(b.steps_per_epoch(), 3);
+  for (int64_t epoch : {0, 1}) {
+    std::set<int64_t> seen;
+    for (int64_t s = 0; s < 4; ++s)
+      for (int64_t i : a.batch_indices(epoch, s)) seen.insert(i);
+    EXPECT_EQ(int64_t(seen.size()), kSamples);  // a permutation: every sample once per epoch
+    EXPECT_EQ(a.batch_indices(epoch, 3).size(), 2u);
+  }
+  EXPECT_NE(a.epoch_order(0), a.epoch_order(1));
+  EXPECT_EQ(a.epoch_order(1), trainer::GlobalSampler(kSamples, 4, true, 3, true).epoch_order(1));
+  // Rank parts of a short micro-batch: contiguous, sizes differ by at most one.
+  EXPECT_EQ(trainer::contiguous_part(2, 3, 0), std::make_pair(int64_t(0), int64_t(0)));
+  EXPECT_EQ(trainer::contiguous_part(2, 3, 2), std::make_pair(int64_t(1), int64_t(2)));
+}
+
+/// A dataset with its own example and batch types (the Trainer erases them through a
+/// collate function), and one mapped through Stack<> (its batches taken as they come):
+/// both train exactly like the Example<> dataset.
+struct Pair {
+  torch::Tensor features, label;
+  int64_t id = 0;
+};
+struct PairBatch {
+  torch::Tensor features, labels;
+  std::vector<int64_t> ids;
+};
+class PairSet : public torch::data::datasets::Dataset<PairSet, Pair> {
+ public:
+  Pair get(size_t i) override { return {data_.x()[int64_t(i)], data_.y()[int64_t(i)], int64_t(i)}; }
+  torch::optional<size_t> size() const override { return size_t(kSamples); }
+
+ private:
+  RegressionSet data_{kSamples};
+};
+
+void dataset_types_case(dist::ProcessGroup& pg) {
+  run_case("dataset types", [&] {
+    auto opts = TrainerOptions().global_batch_size(kBatch).max_steps(5).seed(3).progress(false).memory_summary(false);
+    auto sgd = [](std::vector<torch::Tensor> p) {
+      return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(kLr));
+    };
+    TT plain = make_trainer(opts);
+    const auto want = plain.fit(pg).losses;
+
+    Trainer<TinyTransformerImpl, PairBatch> custom(opts);
+    std::set<int64_t> seen;
+    custom.model([] { return TinyTransformer(13, 24, 5, 2); })
+        .optimizer(sgd)
+        .train_data(PairSet(),
+                    [](std::vector<Pair> v) {
+                      PairBatch b;
+                      std::vector<torch::Tensor> f, l;
+                      for (auto& p : v) f.push_back(p.features), l.push_back(p.label), b.ids.push_back(p.id);
+                      b.features = torch::stack(f);
+                      b.labels = torch::stack(l);
+                      return b;
+                    })
+        .training_step([&](auto& model, PairBatch& b) {
+          seen.insert(b.ids.begin(), b.ids.end());
+          return torch::mse_loss(model.forward(b.features), b.labels);
+        });
+    EXPECT_EQ(custom.fit(pg).losses, want);
+    EXPECT_EQ(int64_t(seen.size()), kSamples);  // 5 steps of 6, 6, 6, 2, 6 cover an epoch
+
+    TT stacked(opts);
+    stacked.model([] { return TinyTransformer(13, 24, 5, 2); })
+        .optimizer(sgd)
+        .train_data(RegressionSet(kSamples).map(torch::data::transforms::Stack<>()))
+        .training_step([](TT::Model& model, torch::data::Example<>& b) {
+          return torch::mse_loss(model.forward(b.data), b.target);
+        });
+    EXPECT_EQ(stacked.fit(pg).losses, want);
+  });
+}
+
+TEST(Trainer, MatchesSingleProcessStepByStep) {
+  // 6 steps = one epoch of 4 (the 4th short) and two steps of the next epoch.
+  run_ranks(1, [](dist::ProcessGroup& pg) {
+    parity_case(pg, "full_shard", 1, 6);
+    dataset_types_case(pg);
+  }, rank_options());
+  run_ranks(2, [](dist::ProcessGroup& pg) {
+    parity_case(pg, "full_shard", 1, 6);
+    parity_case(pg, "full_shard", 3, 6);  // accumulation: 3 micro-batches of 2 == one batch of 6
+    parity_case(pg, "no_shard", 1, 4, /*drop=*/true);  // 3 steps an epoch: step 4 is epoch 1's first
+    parity_case(pg, "zero2", 3, 4);
+    parity_case(pg, "full_shard", 3, 4, false, /*clip=*/0.05);
+  }, rank_options());
+  run_ranks(3, [](dist::ProcessGroup& pg) {
+    parity_case(pg, "full_shard", 1, 6);  // short batch of 2 on 3 ranks: rank 0 weighs 0
+    parity_case(pg, "shard_grad_op", 2, 4);
+    parity_case(pg, "zero1", 1, 4, false, /*clip=*/0.05);
+  }, rank_options());
+}
+
+/// Counts steps; its count is saved with every checkpoint and restored on resume.
+struct Counter : Callback {
+  int64_t steps = 0;
+  void on_step_end(const trainer::StepMetrics&) override { ++steps; }
+  void on_save_checkpoint(CheckpointExtra& e) override { e.values["counter"] = std::to_string(steps); }
+  void on_load_checkpoint(const CheckpointExtra& e) override { steps = std::stoll(e.values.at("counter")); }
+};
+
+/// Adam + StepLR, checkpoints every 3 steps, 8 steps (2 epochs).
+TT resume_trainer(const std::string& ckpt, const std::string& resume, const std::string& metrics = "",
+                  const std::string& strategy = "full_shard") {
+  TT t = make_trainer(TrainerOptions()
+                          .strategy(Strategy(strategy)
+                                        .fsdp(fsdp::Options().auto_wrap_policy(module_type_policy<BlockImpl>())))
+                          .global_batch_size(kBatch)
+                          .max_steps(8)
+                          .seed(5)
+                          .checkpoint_dir(ckpt)
+                          .checkpoint_interval(3)
+                          .keep_checkpoints(0)
+                          .resume(resume)
+                          .metrics_file(metrics),
+                      /*adam=*/true);
+  t.lr_scheduler([](torch::optim::Optimizer& opt) { return std::make_unique<torch::optim::StepLR>(opt, 2, 0.5); });
+  return t;
+}
+
+void save_reference(const FitResult& r, const Params& p, const std::string& path) {
+  std::vector<torch::Tensor> ts = {torch::tensor(r.losses, torch::kFloat64)};
+  for (auto& [name, t] : p) ts.push_back(t);
+  torch::save(ts, path);
+}
+
+TEST(Trainer, ResumeBitwiseAndAcrossWorldSizes) {
+  const std::string ckpt = test_dir() + "/resume";
+  run_ranks(2, [&](dist::ProcessGroup& pg) {
+    // Uninterrupted run, with checkpoints at steps 3, 6 and 8, and the metrics file.
+    const std::string metrics = test_dir() + "/metrics.jsonl";
+    TT full = resume_trainer(ckpt, "", metrics);
+    auto counter = std::make_shared<Counter>();
+    full.callback(counter);
+    FitResult a = full.fit(pg);
+    ASSERT_EQ(a.losses.size(), 8u);
+    const Params final_a = full_parameters(*full.trained_model());
+    if (pg.rank() == 0) save_reference(a, final_a, test_dir() + "/reference.pt");
+    if (pg.rank() == 0) {
+      std::ifstream in(metrics);
+      std::string line;
+      int64_t n = 0;
+      while (std::getline(in, line)) {
+        auto j = nlohmann::json::parse(line);
+        ++n;
+        EXPECT_EQ(j.at("step").get<int64_t>(), n);
+        EXPECT_EQ(j.at("loss").get<double>(), a.losses[size_t(n - 1)]);
+        EXPECT_GT(j.at("memory").at("param_bytes").get<int64_t>(), 0);
+        EXPECT_EQ(j.at("samples").get<int64_t>(), n % 4 == 0 ? 2 : kBatch);
+      }
+      EXPECT_EQ(n, 8);
+    }
+
+    run_case("same world size: bitwise", [&] {
+      TT resumed = resume_trainer(ckpt + "2", ckpt + "/step-3");
+      auto c = std::make_shared<Counter>();
+      resumed.callback(c);
+      FitResult b = resumed.fit(pg);
+      EXPECT_EQ(b.first_step, 3);
+      ASSERT_EQ(b.losses.size(), 5u);
+      for (size_t i = 0; i < 5; ++i) EXPECT_EQ(b.losses[i], a.losses[i + 3]) << "step " << i + 4;
+      const Params final_b = full_parameters(*resumed.trained_model());
+      for (auto& [name, t] : final_a) EXPECT_TRUE(torch::equal(final_b.at(name), t)) << name;
+      EXPECT_EQ(c->steps, 8);  // 3 restored + 5 run
+    });
+    run_case("dropout: every rank's generator restored", [&] {
+      // Each rank draws rank+1 extra numbers per step, so the ranks' generators differ;
+      // resumed losses equal the uninterrupted run's only if each rank gets its own back.
+      auto drop_trainer = [&](const std::string& resume) {
+        TT t = resume_trainer(ckpt + "_drop", resume);
+        t.options().max_steps(4).checkpoint_interval(2);
+        const int64_t extra = pg.rank() + 1;
+        t.training_step([extra](TT::Model& m, torch::data::Example<>& b) {
+          torch::rand({extra});
+          return torch::mse_loss(m.forward(torch::dropout(b.data, 0.3, m.training())), b.target);
+        });
+        return t;
+      };
+      TT uninterrupted = drop_trainer("");
+      const auto want = uninterrupted.fit(pg).losses;
+      TT resumed = drop_trainer(ckpt + "_drop/step-2");
+      const auto got = resumed.fit(pg).losses;
+      ASSERT_EQ(got.size(), 2u);
+      EXPECT_EQ(got[0], want[2]);
+      EXPECT_EQ(got[1], want[3]);
+    });
+    run_case("auto picks the newest", [&] {
+      TT again = resume_trainer(ckpt, "auto");
+      FitResult r = again.fit(pg);
+      EXPECT_EQ(r.first_step, 8);
+      EXPECT_EQ(r.resumed_from, ckpt + "/step-8");
+      EXPECT_TRUE(r.losses.empty());
+    });
+    run_case("other data order refused", [&] {
+      TT other = resume_trainer(ckpt + "3", ckpt + "/step-3");
+      other.options().seed(6);
+      try {
+        other.fit(pg);
+        ADD_FAILURE() << "resume with another seed was accepted";
+      } catch (const c10::Error& e) {
+        EXPECT_NE(std::string(e.what()).find("seed 5 but this run has 6"), std::string::npos) << e.what();
+      }
+    });
+  }, rank_options());
+  // At 3 ranks (SHARD_GRAD_OP) and at 1 (NO_SHARD) from the 2-rank FULL_SHARD checkpoint:
+  // the same samples meet in every step.
+  for (int n : {3, 1}) {
+    run_ranks(n, [&](dist::ProcessGroup& pg) {
+      const std::string strategy = pg.size() == 3 ? "shard_grad_op" : "no_shard";
+      std::vector<torch::Tensor> ref;
+      torch::load(ref, test_dir() + "/reference.pt");
+      auto losses = ref[0];
+      TT resumed = resume_trainer(test_dir() + "/resume_n" + std::to_string(pg.size()), ckpt + "/step-3", "",
+                                  strategy);
+      FitResult b = resumed.fit(pg);
+      ASSERT_EQ(b.losses.size(), 5u);
+      for (size_t i = 0; i < 5; ++i) {
+        const double want = losses[int64_t(i + 3)].item<double>();
+        EXPECT_NEAR(b.losses[i], want, 1e-5 * std::abs(want)) << "step " << i + 4;
+      }
+      const Params p = full_parameters(*resumed.trained_model());
+      size_t i = 1;
+      for (auto& [name, t] : p) EXPECT_LT(rel_diff(t, ref[i++]), 1e-5) << name;
+    }, rank_options());
+  }
+}
+
+TEST(Trainer, BadOptionsFailOnEveryRank) {
+  run_ranks(2, [](dist::ProcessGroup& pg) {
+    auto expect_error = [&](TT& t, const std::string& want) {
+      try {
+        t.fit(pg);
+        ADD_FAILURE() << "accepted; wanted an error with: " << want;
+      } catch (const c10::Error& e) {
+        const std::string msg = e.what_without_backtrace();
+        EXPECT_NE(msg.find(want), std::string::npos) << msg;
+        EXPECT_NE(msg.find("rank " + std::to_string(pg.rank())), std::string::npos) << msg;
+      }
+    };
+    run_case("batch not divisible", [&] {
+      TT t = make_trainer(TrainerOptions().global_batch_size(5));
+      expect_error(t, "global_batch_size 5 is not divisible by world size 2 x accumulate_grad_batches 1");
+    });
+    run_case("no dataset", [&] {
+      TT t(TrainerOptions{});
+      t.model([] { return TinyTransformer(13, 24, 5, 2); })
+          .optimizer([](std::vector<torch::Tensor> p) {
+            return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(kLr));
+          })
+          .training_step([](TT::Model& m, torch::data::Example<>& b) { return m.forward(b.data).mean(); });
+      expect_error(t, "no training dataset");
+    });
+    run_case("unknown strategy", [&] {
+      TT t = make_trainer(TrainerOptions().strategy("zero3"));
+      expect_error(t, "unknown strategy 'zero3'");
+    });
+  }, rank_options());
+}
+
+// Started by LaunchesRanksWithoutALauncher as a plain process (no launcher variables):
+// fit() re-executes this binary under fsdp-run as 2 ranks, which run this body again
+// and join. Each rank writes what it trained.
+TEST(Trainer, DISABLED_LaunchChild) {
+  const char* out = std::getenv("FSDP_TRAINER_LAUNCH_OUT");
+  ASSERT_NE(out, nullptr);
+  TT t = make_trainer(TrainerOptions().devices(2).global_batch_size(kBatch).max_steps(3).seed(3));
+  t.options().progress(true).log_every_n_steps(1).memory_summary(true);
+  FitResult r = t.fit();
+  const char* rank = std::getenv("RANK");
+  ASSERT_NE(rank, nullptr) << "fit() returned in the launching process";
+  std::ofstream f(std::string(out) + "/rank" + rank + ".txt");
+  f << std::getenv("WORLD_SIZE") << " " << r.losses.size() << " " << r.losses.back() << "\n";
+}
+
+TEST(Trainer, LaunchesRanksWithoutALauncher) {
+  const TempDir dir = TempDir::create("fsdp-trainer-launch-");
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  ASSERT_GT(n, 0);
+  self[n] = '\0';
+  const std::string cmd = "env -u RANK -u WORLD_SIZE -u SLURM_PROCID -u OMPI_COMM_WORLD_RANK FSDP_TRAINER_LAUNCH_OUT=" +
+                          dir.path() + " " + self +
+                          " --gtest_also_run_disabled_tests --gtest_filter=Trainer.DISABLED_LaunchChild > " +
+                          dir.path() + "/log.txt 2>&1";
+  const int status = std::system(cmd.c_str());
+  std::ifstream logf(dir.path() + "/log.txt");
+  const std::string log((std::istreambuf_iterator<char>(logf)), std::istreambuf_iterator<char>());
+  ASSERT_EQ(status, 0) << log;
+  std::string line[2];
+  for (int r = 0; r < 2; ++r) {
+    std::ifstream f(dir.path() + "/rank" + std::to_string(r) + ".txt");
+    ASSERT_TRUE(std::getline(f, line[r])) << "rank " << r << " wrote nothing; log:\n" << log;
+    EXPECT_EQ(line[r].substr(0, 4), "2 3 ") << line[r];
+  }
+  EXPECT_EQ(line[0], line[1]);  // the same global loss on both ranks
+  // fsdp-run's rank prefixes; rank 0's progress lines and memory summary.
+  EXPECT_NE(log.find("[rank1]"), std::string::npos) << log;
+  EXPECT_NE(log.find("[rank0]: step 3/3  loss"), std::string::npos) << log;
+  EXPECT_NE(log.find("[rank0]:   1 "), std::string::npos) << "no memory summary row for rank 1:\n" << log;
+}
+
+TEST(Trainer, OneDeviceRunsInThisProcess) {
+  if (trainer::under_launcher()) GTEST_SKIP() << "this test process runs under a launcher";
+  TT t = make_trainer(TrainerOptions().global_batch_size(kBatch).max_steps(2).seed(3));
+  FitResult r = t.fit();
+  EXPECT_EQ(r.losses.size(), 2u);
+  EXPECT_EQ(t.trained_model()->fsdp()->process_group().size(), 1);
+}
+
+TEST(Trainer, SeveralNodesNeedALauncher) {
+  if (trainer::under_launcher()) GTEST_SKIP() << "this test process runs under a launcher";
+  TT t = make_trainer(TrainerOptions().num_nodes(2).devices(2));
+  try {
+    t.fit();
+    ADD_FAILURE() << "num_nodes 2 without a launcher was accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("num_nodes 2 but no launcher started this process"), std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace fsdp::testing
