@@ -25,6 +25,7 @@
 // rank files it verifies: page cache, see [Note: atomic load]).
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -94,6 +95,32 @@ int64_t peak_rss_growth(const std::function<void()>& f) {
   return status_bytes("VmHWM") - before;
 }
 
+// Fraction of a file's pages in the page cache (mincore), 0 if it cannot tell. The
+// VM's DAMON pageout scheme can reclaim pages that look idle between phases, so a
+// "cached" region reports how cached its input really was.
+double resident_fraction(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) return 0;
+  struct stat st {};
+  ::fstat(fd, &st);
+  double frac = 0;
+  if (st.st_size > 0) {
+    void* p = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_SHARED, fd, 0);
+    if (p != MAP_FAILED) {
+      const long page = ::sysconf(_SC_PAGESIZE);
+      std::vector<unsigned char> v((static_cast<size_t>(st.st_size) + page - 1) / page);
+      if (::mincore(p, static_cast<size_t>(st.st_size), v.data()) == 0) {
+        size_t in = 0;
+        for (unsigned char c : v) in += c & 1;
+        frac = static_cast<double>(in) / static_cast<double>(v.size());
+      }
+      ::munmap(p, static_cast<size_t>(st.st_size));
+    }
+  }
+  ::close(fd);
+  return frac;
+}
+
 void evict(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY);
   if (fd < 0) return;
@@ -144,10 +171,12 @@ void plain_read(const std::string& path, char* dst, int64_t n, bool crc) {
 }
 
 const char* kUsage =
-    "usage: bench_checkpoint [--params N] [--dir DIR] [--nproc P]\n"
+    "usage: bench_checkpoint [--params N] [--dir DIR] [--nproc P] [--reps R]\n"
     "  --params N   model size in parameters (default 100000000)\n"
     "  --dir DIR    where the checkpoint and the plain files go (default /tmp)\n"
-    "  --nproc P    ranks started under fsdp-run (default 4)\n";
+    "  --nproc P    ranks started under fsdp-run (default 4)\n"
+    "  --reps R     repeat the cold and cached loads and their baselines R times in all\n"
+    "               (default 1); repetitions 2..R print one JSON line per op with \"rep\"\n";
 
 // --help prints the usage and exits 0; an unknown flag, a flag without its value or a
 // value that is not a positive number exits 2. Checked before any rank starts.
@@ -159,7 +188,7 @@ void check_args(int argc, char** argv) {
       std::exit(0);
     }
     std::string why;
-    if (a != "--params" && a != "--dir" && a != "--nproc") why = "unknown argument '" + a + "'";
+    if (a != "--params" && a != "--dir" && a != "--nproc" && a != "--reps") why = "unknown argument '" + a + "'";
     else if (i + 1 >= argc) why = a + " needs a value";
     else if (a != "--dir") {
       const std::string v = argv[++i];
@@ -240,6 +269,7 @@ int rank_main(int argc, char** argv) {
   int64_t load_rss = 0;
   const int64_t load_extra = peak_since(
       [&] { load_rss = peak_rss_growth([&] { load_checkpoint(dir + "/ckpt", *model, &opt); }); }, &load_cold_s);
+  const double resident_load_cached = resident_fraction(my_file);
   load_cached_s = timed([&] { load_checkpoint(dir + "/ckpt", *model, &opt); });
 
   // 3. The baselines: the same bytes per rank, one file per rank, same processes.
@@ -252,16 +282,22 @@ int rank_main(int argc, char** argv) {
   const double read_cold_s = timed([&] { plain_read(plain, buf, my_bytes, false); });
   // Straight after the cold read, as the cached load follows the cold load: the
   // same page-cache history (pages read once, not yet promoted to the active list).
+  const double resident_read_crc = resident_fraction(plain);
   const double read_crc_s = timed([&] { plain_read(plain, buf, my_bytes, true); });
-  data = at::Tensor();
 
   // 4. fsdp-ckpt consolidate (rank 0, one process) against copying the same
   // number of bytes out of the rank files into one file + fsync, through a 1 MiB
   // buffer; both read the checkpoint from the page cache (the loads left it there).
   double consolidate_s = 0, copy_s = 0, consolidate_cpu = 0, copy_cpu = 0;
   int64_t consolidated = 0;
+  double resident_consolidate = 0;  // of all rank files together
   if (rank == 0) {
     const std::string out = dir + "/full.pt";
+    for (int r = 0; r < world; ++r) {
+      char f[64];
+      std::snprintf(f, sizeof(f), "/ckpt/shard_rank%05d.bin", r);
+      resident_consolidate += resident_fraction(dir + f) / world;
+    }
     double t0 = now(), c0 = cpu_now();
     consolidate_checkpoint(dir + "/ckpt", out);
     consolidate_s = now() - t0;
@@ -293,6 +329,10 @@ int rank_main(int argc, char** argv) {
   dist::all_reduce(pg, extra, dist::ReduceOp::Max).wait();
   auto cpu_all = torch::tensor(cpu, torch::kDouble);  // summed over ranks
   dist::all_reduce(pg, cpu_all).wait();
+  // The least-cached rank's input of each "cached" region (mincore just before it).
+  auto resident = torch::tensor({-resident_load_cached, -resident_read_crc}, torch::kDouble);
+  dist::all_reduce(pg, resident, dist::ReduceOp::Max).wait();
+  resident = -resident;
   const auto c = cpu_all.accessor<double, 1>();
   if (rank == 0) {
     const double gb = bytes / 1e9;
@@ -324,6 +364,10 @@ int rank_main(int argc, char** argv) {
     // shared and reclaimable, which a read() also leaves in the page cache.
     std::printf("peak resident growth of a rank during the cold load: %ld (its rank file: %ld bytes, mapped)\n",
                 (long)extra[2].item<int64_t>(), (long)extra[3].item<int64_t>());
+    // Below 1.0, a "cached" region read part of its input from disk (DAMON pageout on
+    // this VM reclaims pages that look idle for 30 s; docs/benchmarks.md).
+    std::printf("page-cache residency of the input (least-cached rank): load_cached %.3f, read+crc %.3f, "
+                "consolidate %.3f\n", resident[0].item<double>(), resident[1].item<double>(), resident_consolidate);
     for (const auto& r : rows)
       std::printf("{\"op\": \"%s\", \"ranks\": %d, \"bytes\": %ld, \"seconds\": %.4f, \"gb_s\": %.4f, "
                   "\"cpu_seconds\": %.4f, \"baseline\": \"%s\", \"baseline_seconds\": %.4f, "
@@ -336,6 +380,37 @@ int rank_main(int argc, char** argv) {
                 (long)consolidated, consolidate_s, consolidated / 1e9 / consolidate_s, consolidate_cpu, copy_s,
                 consolidated / 1e9 / copy_s, copy_cpu, copy_s / consolidate_s, copy_cpu / consolidate_cpu);
   }
+
+  // 5. Repetitions: the same two loads and their baselines, in the same order as
+  // above (each load straight before its own baseline's cold/cached pair would
+  // give the baseline a warmer machine), one JSON line per op and repetition.
+  const int reps = std::stoi(arg(argc, argv, "--reps", "1"));
+  for (int rep = 2; rep <= reps; ++rep) {
+    cpu.clear();
+    evict(my_file);
+    if (rank == 0) evict(dir + "/ckpt/metadata.json");
+    const double lc = timed([&] { load_checkpoint(dir + "/ckpt", *model, &opt); });
+    const double la = timed([&] { load_checkpoint(dir + "/ckpt", *model, &opt); });
+    evict(plain);
+    const double rc = timed([&] { plain_read(plain, buf, my_bytes, false); });
+    const double ra = timed([&] { plain_read(plain, buf, my_bytes, true); });
+    auto rc_all = torch::tensor(cpu, torch::kDouble);
+    dist::all_reduce(pg, rc_all).wait();
+    const auto rcpu = rc_all.accessor<double, 1>();
+    if (rank == 0) {
+      const double gb = bytes / 1e9;
+      const struct { const char* op; double s, c; const char* base; double bs, bc; } rows2[] = {
+          {"load_cold", lc, rcpu[0], "read", rc, rcpu[2]}, {"load_cached", la, rcpu[1], "read+crc", ra, rcpu[3]}};
+      for (const auto& r : rows2)
+        std::printf("{\"op\": \"%s\", \"rep\": %d, \"ranks\": %d, \"bytes\": %ld, \"seconds\": %.4f, \"gb_s\": %.4f, "
+                    "\"cpu_seconds\": %.4f, \"baseline\": \"%s\", \"baseline_seconds\": %.4f, "
+                    "\"baseline_gb_s\": %.4f, \"baseline_cpu_seconds\": %.4f, \"ratio\": %.3f, \"cpu_ratio\": %.3f}\n",
+                    r.op, rep, world, (long)bytes, r.s, gb / r.s, r.c, r.base, r.bs, gb / r.bs, r.bc, r.bs / r.s,
+                    r.bc / r.c);
+      std::fflush(stdout);
+    }
+  }
+  data = at::Tensor();
   dist::barrier(pg);
   if (rank == 0) fs::remove_all(dir);
   return 0;

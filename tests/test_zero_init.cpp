@@ -1,4 +1,6 @@
-// Sharded construction (ZeroInitContext, include/fsdp/fsdp/zero_init.h) at N=2.
+// Sharded construction (ZeroInitContext, include/fsdp/fsdp/zero_init.h) at N=2,
+// fsdp-train's 16-block gpt at N=2 and 4, and the rank-0 pretrained load
+// (include/fsdp/state/rank0_load.h).
 // References: the same model constructed eagerly from the same seed (values bit
 // for bit), the same model constructed eagerly and wrapped (unit layout, and
 // every training step bit for bit: both hold the same shards and run the same
@@ -8,15 +10,21 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <fstream>
 #include <map>
+#include <sstream>
 #include <string>
 
 #include "fsdp/dist/collectives.h"
 #include "fsdp/fsdp/fully_sharded.h"
+#include "fsdp/fsdp/memory_estimate.h"
 #include "fsdp/fsdp/zero_init.h"
+#include "fsdp/state/rank0_load.h"
+#include "fsdp/state/state_dict.h"
 #include "harness/counting_allocator.h"
 #include "harness/models.h"
 #include "harness/multirank.h"
+#include "models.h"  // fsdp-train's gpt (tools/fsdp_train)
 
 using namespace fsdp;
 using fsdp::testing::BlockImpl;
@@ -293,6 +301,208 @@ void zero_init_cases(dist::ProcessGroup& pg) {
   });
 }
 
+using train::GptBlockImpl;
+using train::GptConfig;
+using train::GptImpl;
+
+std::shared_ptr<GptImpl> build_gpt(const GptConfig& cfg, uint64_t seed, dist::ProcessGroup* pg = nullptr,
+                                   const Options* o = nullptr) {
+  std::unique_ptr<ZeroInitContext> ctx;
+  if (pg) ctx = std::make_unique<ZeroInitContext>(*pg, *o);
+  torch::manual_seed(seed);
+  return std::make_shared<GptImpl>(cfg);
+}
+
+// Next-byte batch for step s: this rank's 2 of 2N sequences.
+std::pair<torch::Tensor, torch::Tensor> gpt_batch(int64_t step, const GptConfig& cfg, int rank, int world) {
+  auto gen = at::detail::createCPUGenerator(500 + step);
+  auto seq = at::randint(cfg.vocab, {2 * world, 17}, gen, torch::kLong);
+  seq = fsdp::testing::rank_slice(seq, rank, world);
+  return {seq.slice(1, 0, 16), seq.slice(1, 1, 17)};
+}
+
+// Issue 15's bound, at N=2 and 4, for fsdp-train's gpt with 16 blocks: the
+// allocator-counted construction peak <= shards + largest unit x (1 + 1/N) +
+// parameters outside units, +5%; then identical initial values and losses.
+void gpt16_cases(dist::ProcessGroup& pg) {
+  run_case("16-block gpt: construction peak, values, losses", [&] {
+    auto* counter = fsdp::testing::install_counting_allocator();
+    const int n = pg.size();
+    const GptConfig cfg{/*vocab=*/256, /*layers=*/16, /*dim=*/128, /*heads=*/4, /*context=*/16};
+    const auto o = Options().auto_wrap_policy(module_type_policy<GptBlockImpl>());
+
+    int64_t base = counter->live();
+    counter->reset_peak();
+    int64_t unit_numel = 0, outside_numel = 0;
+    {
+      auto eager = build_gpt(cfg, 0);
+      for (const auto& p : eager->named_parameters()) {
+        if (p.key().rfind("block0.", 0) == 0) unit_numel += p.value().numel();
+        if (p.key().rfind("block", 0) != 0) outside_numel += p.value().numel();
+      }
+    }
+    const int64_t eager_peak = counter->peak() - base;
+
+    base = counter->live();
+    counter->reset_peak();
+    auto sharded = build_gpt(cfg, 0, &pg, &o);
+    const int64_t zero_peak = counter->peak() - base;
+    const int64_t chunk_bytes = dist::padded_numel(unit_numel, n) / n * 4;
+    const int64_t shards = cfg.layers * chunk_bytes;
+    const int64_t bound = shards + unit_numel * 4 + chunk_bytes + outside_numel * 4;
+    std::cout << "[rank " << pg.rank() << " of " << n << "] 16-block gpt construction peak: eager " << eager_peak
+              << " B, sharded " << zero_peak << " B, bound " << bound << " B (+5%: " << bound * 105 / 100
+              << "), shards " << shards << " B, unit " << unit_numel * 4 << " B, outside units "
+              << outside_numel * 4 << " B" << std::endl;
+    EXPECT_LE(zero_peak, bound * 105 / 100);
+    EXPECT_GE(eager_peak, (cfg.layers * unit_numel + outside_numel) * 4);
+    // fsdp::estimate_construction (what fsdp-train --estimate-memory prints) is this
+    // bound without counting the last unit's shard twice (it is one of the shards).
+    const auto estimate = estimate_construction(std::vector<int64_t>(cfg.layers, unit_numel), outside_numel, n);
+    EXPECT_EQ(int64_t(estimate.sharded_peak), bound - chunk_bytes);
+    EXPECT_LE(zero_peak, int64_t(estimate.sharded_peak) * 105 / 100);
+    EXPECT_LE(eager_peak, int64_t(estimate.eager_peak));
+
+    auto zero = FullyShardedDataParallel(sharded, pg, o);
+    auto eager = FullyShardedDataParallel(build_gpt(cfg, 0), pg, o);
+    EXPECT_EQ(zero->unit_paths(), eager->unit_paths());
+    expect_bitwise_equal(fsdp::testing::full_params(zero), fsdp::testing::full_params(eager));
+    torch::optim::Adam opt_zero(zero->parameters(), 1e-3), opt_eager(eager->parameters(), 1e-3);
+    for (int step = 0; step < 2; ++step) {
+      auto [x, y] = gpt_batch(step, cfg, pg.rank(), n);
+      opt_zero.zero_grad();
+      opt_eager.zero_grad();
+      auto loss_zero = torch::cross_entropy_loss(zero->forward(x).reshape({-1, cfg.vocab}), y.reshape({-1}));
+      auto loss_eager = torch::cross_entropy_loss(eager->forward(x).reshape({-1, cfg.vocab}), y.reshape({-1}));
+      EXPECT_TRUE(torch::equal(loss_zero, loss_eager)) << "step " << step;
+      loss_zero.backward();
+      loss_eager.backward();
+      opt_zero.step();
+      opt_eager.step();
+    }
+    expect_bitwise_equal(fsdp::testing::full_params(zero), fsdp::testing::full_params(eager));
+  });
+}
+
+// Resident bytes of this process's mapping of `path` (/proc/self/smaps).
+int64_t mapped_rss(const std::string& path) {
+  std::ifstream smaps("/proc/self/smaps");
+  std::string line;
+  bool inside = false;
+  int64_t kib = 0;
+  while (std::getline(smaps, line)) {
+    // Mapping headers start with "begin-end" in hex; field lines with "Name:".
+    const std::string first = line.substr(0, line.find(' '));
+    const bool header = first.find('-') != std::string::npos &&
+                        std::all_of(first.begin(), first.end(), [](char c) { return c == '-' || std::isxdigit(c); });
+    if (header) inside = line.size() >= path.size() && line.compare(line.size() - path.size(), path.size(), path) == 0;
+    else if (inside && line.rfind("Rss:", 0) == 0) kib += std::stoll(line.substr(4));
+  }
+  return kib * 1024;
+}
+
+StateDict params_of(torch::nn::Module& m) {
+  StateDict sd;
+  for (const auto& p : m.named_parameters()) sd.insert(p.key(), p.value().detach().clone());
+  for (const auto& b : m.named_buffers()) sd.insert(b.key(), b.value().detach().clone());
+  return sd;
+}
+
+// A pretrained dict that only rank 0 reads, loaded unit by unit; the reference
+// is eager loading (every rank reads the whole file, load_state_dict).
+void rank0_load_cases(dist::ProcessGroup& pg) {
+  const GptConfig cfg{/*vocab=*/64, /*layers=*/4, /*dim=*/32, /*heads=*/4, /*context=*/16};
+  const auto o = Options().auto_wrap_policy(module_type_policy<GptBlockImpl>());
+  const std::string path = fsdp::testing::worker_scratch_dir() + "/pretrained.pt";
+  if (pg.rank() == 0) save_full_state_dict(params_of(*build_gpt(cfg, 21)), path);
+  dist::barrier(pg);
+
+  run_case("rank-0 pretrained load equals eager loading", [&] {
+    auto* counter = fsdp::testing::install_counting_allocator();
+    auto eager = FullyShardedDataParallel(build_gpt(cfg, 5), pg, o);
+    int64_t base = counter->live();
+    counter->reset_peak();
+    load_state_dict(*eager, load_full_state_dict(path));
+    const int64_t eager_peak = counter->peak() - base;
+
+    auto zero = FullyShardedDataParallel(build_gpt(cfg, 5, &pg, &o), pg, o);
+    StateDict dict;
+    if (pg.rank() == 0) dict = map_full_state_dict(path);
+    base = counter->live();
+    counter->reset_peak();
+    load_state_dict_from_rank0(*zero, dict);
+    const int64_t peak = counter->peak() - base;
+
+    // Bit for bit: the shards of eager loading, and the pretrained values.
+    const auto z = fsdp::testing::full_params(zero);
+    expect_bitwise_equal(z, fsdp::testing::full_params(eager));
+    const StateDict file = load_full_state_dict(path);
+    for (const auto& [name, t] : z) EXPECT_TRUE(torch::equal(t, file[name])) << name;
+
+    // Memory: one unit's full flat buffer at a time (the root: embeddings and
+    // head), nothing more; eager loading holds the whole dict on every rank.
+    int64_t model_bytes = 0, root_bytes = 0, block_bytes = 0;
+    for (const auto& kv : file) {
+      model_bytes += kv.value().nbytes();
+      if (kv.key().rfind("block0.", 0) == 0) block_bytes += kv.value().nbytes();
+      if (kv.key().rfind("block", 0) != 0) root_bytes += kv.value().nbytes();
+    }
+    const int64_t largest_unit = dist::padded_numel(std::max(root_bytes, block_bytes) / 4, pg.size()) * 4;
+    std::cout << "[rank " << pg.rank() << "] pretrained load peak: rank-0 streamed " << peak << " B (largest unit "
+              << largest_unit << " B), eager " << eager_peak << " B (model " << model_bytes << " B)" << std::endl;
+    EXPECT_LE(peak, largest_unit * 105 / 100 + 4096);
+    EXPECT_GE(eager_peak, model_bytes);
+    // Rank 0's mapping of the file keeps no pages once each unit is copied.
+    if (pg.rank() == 0) {
+      const int64_t rss = mapped_rss(path);
+      std::cout << "[rank 0] mapped file resident after the load: " << rss << " B" << std::endl;
+      EXPECT_LE(rss, 64 * 1024);
+      EXPECT_TRUE(torch::equal(dict["head.weight"], file["head.weight"]));  // read again from the file
+    }
+  });
+
+  run_case("rank-0 load: unsharded units and a mismatching dict", [&] {
+    // NO_SHARD: every unit's shard is its whole flat buffer, broadcast in place.
+    const auto no_shard = Options(o).sharding_strategy(ShardingStrategy::NO_SHARD);
+    auto m = FullyShardedDataParallel(build_gpt(cfg, 5), pg, no_shard);
+    load_state_dict_from_rank0(*m, pg.rank() == 0 ? load_full_state_dict(path) : StateDict());
+    const StateDict file = load_full_state_dict(path);
+    for (const auto& [name, t] : fsdp::testing::full_params(m)) EXPECT_TRUE(torch::equal(t, file[name])) << name;
+
+    // Rank 0's dict does not fit: every rank fails naming the key, nothing changed.
+    auto zero = FullyShardedDataParallel(build_gpt(cfg, 5, &pg, &o), pg, o);
+    const auto before = fsdp::testing::full_params(zero);
+    auto broken = [&](const std::function<void(StateDict&)>& edit) {
+      StateDict d;
+      if (pg.rank() == 0) {
+        for (const auto& kv : file) d.insert(kv.key(), kv.value());
+        edit(d);
+      }
+      return error_of([&] { load_state_dict_from_rank0(*zero, d); });
+    };
+    std::string err = broken([](StateDict& d) { d.erase("block2.fc1.weight"); });
+    EXPECT_NE(err.find("missing key 'block2.fc1.weight'"), std::string::npos) << err;
+    EXPECT_NE(err.find("Nothing was loaded"), std::string::npos) << err;
+    err = broken([](StateDict& d) { d["block3.attn.q.bias"] = torch::zeros({31}); });
+    EXPECT_NE(err.find("'block3.attn.q.bias' has shape [31]"), std::string::npos) << err;
+    err = broken([](StateDict& d) { d.insert("extra", torch::zeros({1})); });
+    EXPECT_NE(err.find("unexpected key 'extra'"), std::string::npos) << err;
+    expect_bitwise_equal(fsdp::testing::full_params(zero), before);
+  });
+}
+
 }  // namespace
 
-TEST(ZeroInit, ShardedConstruction) { run_ranks(2, zero_init_cases); }
+TEST(ZeroInit, ShardedConstruction) {
+  run_ranks(2, [](dist::ProcessGroup& pg) {
+    zero_init_cases(pg);
+    rank0_load_cases(pg);
+  });
+}
+TEST(ZeroInit, Gpt16ConstructionPeakN2) { run_ranks(2, gpt16_cases); }
+TEST(ZeroInit, Gpt16ConstructionPeakN4) {
+  run_ranks(4, [](dist::ProcessGroup& pg) {
+    gpt16_cases(pg);
+    rank0_load_cases(pg);
+  });
+}

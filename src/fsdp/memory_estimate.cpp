@@ -1,5 +1,7 @@
 #include "fsdp/fsdp/memory_estimate.h"
 
+#include <algorithm>
+
 #include <c10/util/Exception.h>
 
 namespace fsdp {
@@ -30,6 +32,37 @@ ModelStateEstimate estimate_model_state(int64_t num_params, int world_size, Shar
       e = {p * psi / n, p * psi / n, o * psi / n};
       break;
   }
+  return e;
+}
+
+ConstructionEstimate estimate_construction(const std::vector<int64_t>& unit_numels, int64_t outside_numel,
+                                           int world_size, ShardingStrategy strategy, int shard_group_size,
+                                           int64_t param_bytes) {
+  TORCH_CHECK(world_size >= 1 && outside_numel >= 0 && param_bytes > 0, "fsdp: estimate_construction needs "
+              "world_size >= 1, outside_numel >= 0 and param_bytes > 0; got ", world_size, ", ", outside_numel, ", ",
+              param_bytes);
+  int64_t n = world_size;
+  if (strategy == ShardingStrategy::NO_SHARD) n = 1;
+  if (strategy == ShardingStrategy::HYBRID_SHARD) {
+    TORCH_CHECK(shard_group_size >= 1 && world_size % shard_group_size == 0, "fsdp: estimate_construction for "
+                "HYBRID_SHARD needs a shard_group_size dividing the world size ", world_size, ", got ",
+                shard_group_size);
+    n = shard_group_size;
+  }
+  auto chunk = [n](int64_t numel) { return (numel + n - 1) / n; };
+  int64_t total = outside_numel, shards = 0, largest_chunk = 0, building = 0;
+  for (int64_t u : unit_numels) {
+    TORCH_CHECK(u >= 0, "fsdp: estimate_construction: a unit of ", u, " parameters");
+    total += u;
+    largest_chunk = std::max(largest_chunk, chunk(u));
+    shards += chunk(u);
+    building = std::max(building, shards + u);
+  }
+  const double p = double(param_bytes);
+  ConstructionEstimate e;
+  e.eager_peak = p * double(total + std::max(largest_chunk, chunk(outside_numel)));
+  e.sharded_peak = p * double(std::max(building + outside_numel, shards + outside_numel + chunk(outside_numel)));
+  e.after_wrap = p * double(shards + chunk(outside_numel));
   return e;
 }
 

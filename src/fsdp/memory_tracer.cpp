@@ -35,8 +35,10 @@ class CountingAllocator final : public c10::Allocator {
       blocks_.emplace(data, Block{std::move(inner), n});
     }
     live_ += static_cast<int64_t>(n);
+    allocations_.fetch_add(1, std::memory_order_relaxed);
     return {data, data, &CountingAllocator::release, device};
   }
+  int64_t allocations() const { return allocations_.load(std::memory_order_relaxed); }
   c10::DeleterFnPtr raw_deleter() const override { return &CountingAllocator::release; }
   int64_t live() const { return live_; }
 
@@ -50,6 +52,7 @@ class CountingAllocator final : public c10::Allocator {
   mutable std::mutex mutex_;
   mutable std::unordered_map<void*, Block> blocks_;
   mutable std::atomic<int64_t> live_{0};
+  mutable std::atomic<int64_t> allocations_{0};
 };
 
 std::atomic<CountingAllocator*> counter{nullptr};
@@ -91,6 +94,11 @@ bool allocator_counting_enabled() { return counter.load() != nullptr; }
 int64_t counted_allocator_bytes() {
   auto* c = counter.load();
   return c ? c->live() : 0;
+}
+
+int64_t counted_allocations() {
+  auto* c = counter.load();
+  return c ? c->allocations() : 0;
 }
 
 }  // namespace memory

@@ -105,6 +105,7 @@ const std::vector<FlatParamEntry>& StateView::entries(size_t u) const {
   return unit.flat().entries();
 }
 int64_t StateView::chunk_numel(size_t u) const { return runtime_->units().at(u)->flat().chunk_numel(); }
+int64_t StateView::padded_numel(size_t u) const { return runtime_->units().at(u)->flat().padded_numel(); }
 at::TensorOptions StateView::flat_options(size_t u) const { return runtime_->units().at(u)->flat().options(); }
 const at::Tensor& StateView::shard(size_t u) const { return runtime_->units().at(u)->flat().shard(); }
 

@@ -81,6 +81,8 @@ class StateView {
   bool sharded(size_t u) const;
   const std::vector<FlatParamEntry>& entries(size_t u) const;
   int64_t chunk_numel(size_t u) const;
+  /// Elements of unit u's full flat buffer (real elements, then zero padding).
+  int64_t padded_numel(size_t u) const;
   at::TensorOptions flat_options(size_t u) const;  // the shard's dtype (full precision)
   /// This rank's flat shard of unit u (padded; LOCAL state dicts read and write it).
   const at::Tensor& shard(size_t u) const;

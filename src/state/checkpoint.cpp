@@ -267,8 +267,9 @@ Loaded open_checkpoint(const std::string& dir) {
 //     failing rank, the file, the record), with nothing changed anywhere.
 //  3. Commit (nothing left that can fail): copy each verified record's bytes
 //     from the mapping into its target (parameters, buffers, and optimizer state
-//     in place when the optimizer has some), then install the optimizer-state
-//     entries and the learning rates.
+//     in place when the optimizer has some), with streaming stores for large
+//     records ([Note: streaming commit copies] in checkpoint_format.cpp), then
+//     install the optimizer-state entries and the learning rates.
 // Why not read into staging buffers and swap them in: staging needs fresh
 // memory as large as everything the rank loads (3x its parameter bytes under
 // Adam), and first-touching fresh memory (page faults, kernel zero-fill) costs
@@ -502,7 +503,7 @@ void commit(LoadPlan& plan, torch::optim::Optimizer* optimizer) {
   for (const auto& c : plan.copies) {
     const int64_t n = c.dst.numel();
     if (c.dst.is_contiguous()) {
-      std::memcpy(c.dst.data_ptr(), c.src, static_cast<size_t>(n) * c.dst.element_size());
+      state::format::copy_out(c.dst.data_ptr(), c.src, static_cast<size_t>(n) * c.dst.element_size());
     } else {
       c.dst.copy_(at::from_blob(const_cast<char*>(c.src), {n}, at::TensorOptions().dtype(c.dst.scalar_type())));
     }

@@ -54,6 +54,11 @@ at::ScalarType parse_dtype(const std::string& s);  // throws on unknown names
 
 uint32_t crc32_of(const void* data, size_t n, uint32_t crc = 0);
 
+// memcpy for a load's commit: copies of at least kStreamingCopyMin bytes use
+// non-temporal (streaming) stores. [Note: streaming commit copies]
+constexpr size_t kStreamingCopyMin = size_t(1) << 20;
+void copy_out(void* dst, const void* src, size_t n);
+
 // Appends records to one file: writes, checksums, fsync on close.
 //
 // [Note: checksums overlap the fsync]

@@ -4,39 +4,69 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <mutex>
+#include <unordered_map>
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 
 namespace fsdp::testing {
 
+// The DataPtr it returns has the data pointer as its context, as ATen's scratch
+// allocations through Allocator::raw_allocate require (GELU's kernel asserts it),
+// so the inner DataPtr and the size are kept in a table keyed by the pointer.
 class CountingAllocator final : public c10::Allocator {
  public:
-  explicit CountingAllocator(c10::Allocator* base) : base_(base) {}
+  explicit CountingAllocator(c10::Allocator* base) : base_(base) { instance() = this; }
   c10::DataPtr allocate(size_t n) const override {
-    auto* ctx = new Context{base_->allocate(n), n, this};
+    c10::DataPtr inner = base_->allocate(n);
+    void* data = inner.get();
+    const c10::Device device = inner.device();
+    if (data == nullptr) return inner;  // zero bytes: nothing to count
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      blocks_.emplace(data, Block{std::move(inner), n});
+    }
     live_ += static_cast<int64_t>(n);
-    peak_ = std::max(peak_.load(), live_.load());
-    void* data = ctx->inner.get();
-    return {data, ctx, &CountingAllocator::release, ctx->inner.device()};
+    int64_t seen = peak_.load();
+    while (live_.load() > seen && !peak_.compare_exchange_weak(seen, live_.load())) {
+    }
+    return {data, data, &CountingAllocator::release, device};
   }
-  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  c10::DeleterFnPtr raw_deleter() const override { return &CountingAllocator::release; }
   int64_t live() const { return live_; }
   int64_t peak() const { return peak_; }
   void reset_peak() { peak_ = live_.load(); }
 
  private:
-  struct Context {
+  struct Block {
     c10::DataPtr inner;
     size_t n;
-    const CountingAllocator* self;
   };
-  static void release(void* p) {
-    auto* ctx = static_cast<Context*>(p);
-    ctx->self->live_ -= static_cast<int64_t>(ctx->n);
-    delete ctx;
+  static CountingAllocator*& instance() {
+    static CountingAllocator* self = nullptr;
+    return self;
+  }
+  static void release(void* data) {
+    CountingAllocator* self = instance();
+    c10::DataPtr inner;  // freed after the lock is released
+    {
+      std::lock_guard<std::mutex> lock(self->mutex_);
+      auto it = self->blocks_.find(data);
+      if (it != self->blocks_.end()) {
+        self->live_ -= static_cast<int64_t>(it->second.n);
+        inner = std::move(it->second.inner);
+        self->blocks_.erase(it);
+        return;
+      }
+    }
+    // A raw_allocate'd block from before the counter was installed, returned
+    // through raw_deallocate of the current allocator: its own allocator frees it.
+    self->base_->raw_deleter()(data);
   }
   c10::Allocator* base_;
+  mutable std::mutex mutex_;
+  mutable std::unordered_map<void*, Block> blocks_;
   mutable std::atomic<int64_t> live_{0};
   mutable std::atomic<int64_t> peak_{0};
 };

@@ -2,7 +2,8 @@
 # Full state dicts between the library and Python PyTorch (Debian's python3-torch
 # under /usr/bin/python3), both ways: C++ save -> Python torch.load + strict
 # load_state_dict into the equivalent torch.nn model (same outputs); Python
-# torch.save(state_dict) -> C++ load_state_dict (same outputs).
+# torch.save(state_dict) -> C++ load_state_dict, and -> rank 0's map_full_state_dict +
+# load_state_dict_from_rank0 at 2 ranks (same outputs).
 set -euo pipefail
 BIN=${FSDP_BIN_DIR:?FSDP_BIN_DIR must point at the build bin directory}
 PY=/usr/bin/python3
@@ -47,6 +48,8 @@ with torch.no_grad():
     torch.save(m(x), t + "/py_out.pt")
 PYEOF
 "$BIN/state_dict_interop" load "$T/py_model.pt" "$T/py_out.pt"
+# The same file, mapped by rank 0 only and streamed unit by unit into 2 ranks' shards.
+"$BIN/fsdp-run" --nproc 2 -- "$BIN/state_dict_interop" load-rank0 "$T/py_model.pt" "$T/py_out.pt"
 
 # 3. The check can fail: Python's output against a differently initialised C++ model.
 if "$BIN/state_dict_interop" load "$T/cpp_model.pt" "$T/py_out.pt" >/dev/null; then

@@ -3,6 +3,9 @@
 //                                             for Python, plus its output on a fixed input
 //   state_dict_interop load MODEL.pt OUT.pt   Python-saved state dict -> FSDP model; checks
 //                                             its output against Python's (exit 1 if not)
+//   state_dict_interop load-rank0 MODEL.pt OUT.pt  the same, but only rank 0 reads the file
+//                                             (map_full_state_dict + load_state_dict_from_rank0);
+//                                             run under fsdp-run for several ranks
 //   state_dict_interop checkpoint DIR FULL.pt one Adam step, then save_checkpoint(DIR) and
 //                                             the FULL state dict (rank 0) for comparison;
 //                                             run under fsdp-run for several ranks
@@ -27,6 +30,7 @@
 #include "fsdp/fsdp/fully_sharded.h"
 #include "fsdp/state/checkpoint.h"
 #include "fsdp/state/optim_state_dict.h"
+#include "fsdp/state/rank0_load.h"
 #include "fsdp/state/state_dict.h"
 
 namespace {
@@ -70,7 +74,7 @@ struct StoreDir {
 
 static int run(int argc, char** argv) {
   if (argc != 4) {
-    std::cerr << "usage: state_dict_interop save|load|checkpoint MODEL.pt|DIR OUT.pt\n";
+    std::cerr << "usage: state_dict_interop save|load|load-rank0|checkpoint|tied MODEL.pt|DIR OUT.pt\n";
     return 2;
   }
   const std::string mode = argv[1], model_path = argv[2], out_path = argv[3];
@@ -135,7 +139,13 @@ static int run(int argc, char** argv) {
     std::ofstream(out_path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
     return 0;
   }
-  fsdp::load_state_dict(*model, fsdp::load_full_state_dict(model_path));
+  if (mode == "load-rank0") {
+    fsdp::StateDict dict;  // empty on the other ranks
+    if (pg.rank() == 0) dict = fsdp::map_full_state_dict(model_path);
+    fsdp::load_state_dict_from_rank0(*model, dict);
+  } else {
+    fsdp::load_state_dict(*model, fsdp::load_full_state_dict(model_path));
+  }
   std::ifstream in(out_path, std::ios::binary);
   std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const auto expected = torch::pickle_load(bytes).toTensor();

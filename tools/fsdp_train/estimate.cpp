@@ -1,5 +1,8 @@
 #include "estimate.h"
 
+#include <algorithm>
+#include <vector>
+
 #include "fsdp/fsdp/memory_estimate.h"
 
 namespace fsdp::train {
@@ -8,10 +11,13 @@ int64_t mlp_num_params(int64_t h) { return 784 * h + h + h * h + h + h * 10 + 10
 
 int64_t cnn_num_params() { return (16 * 1 * 9 + 16) + (32 * 16 * 9 + 32) + (32 * 7 * 7 * 10 + 10); }
 
+int64_t gpt_block_num_params(int64_t d) {
+  // Two LayerNorms (2d each), q, k, v, proj (d*d + d each), fc1 (d*4d + 4d), fc2 (4d*d + d).
+  return 2 * 2 * d + 4 * (d * d + d) + (4 * d * d + 4 * d) + (4 * d * d + d);
+}
+
 int64_t gpt_num_params(int64_t layers, int64_t d, int64_t context) {
-  // Per block: two LayerNorms (2d each), q, k, v, proj (d*d + d each), fc1 (d*4d + 4d), fc2 (4d*d + d).
-  const int64_t block = 2 * 2 * d + 4 * (d * d + d) + (4 * d * d + 4 * d) + (4 * d * d + d);
-  return 256 * d + context * d + layers * block + 2 * d + 256 * d;
+  return 256 * d + context * d + layers * gpt_block_num_params(d) + 2 * d + 256 * d;
 }
 
 int64_t model_num_params(const TrainOptions& o) {
@@ -71,6 +77,61 @@ void print_memory_estimate(std::FILE* out, int64_t psi, int n) {
   }
   std::fprintf(out, "(excludes activations, transient unsharded buffers and flat-buffer padding; "
                     "library function: fsdp::estimate_model_state)\n");
+}
+
+void print_construction_estimate(std::FILE* out, const TrainOptions& o, int n) {
+  const int64_t psi = model_num_params(o);
+  char a[32], b[32], c[32], t[32];
+  std::fprintf(out, "\nconstruction peak per rank (fp32 parameters as the allocator counts them; the summary's "
+                    "\"build peak\" is resident memory, a few MiB more):\n");
+  if (o.is_zero()) {
+    format_bytes(4.0 * double(psi), a, sizeof a);
+    std::fprintf(out, "  %-34s %12s  no wrapper: every rank builds the whole model (4*P)\n", o.strategy.c_str(), a);
+    return;
+  }
+  const auto strategy = fsdp::parse_sharding_strategy(o.strategy);
+  const int group = o.shard_group_size > 0 ? o.shard_group_size : n;
+  // gpt: one unit per block, the rest (embeddings, final norm, head) in the root. mlp and cnn
+  // are Sequentials, built whole (the size policy's units are not known here: the root bound).
+  std::vector<int64_t> units;
+  int64_t outside = psi;
+  if (o.model == "gpt") {
+    units.assign(size_t(o.layers), gpt_block_num_params(o.dim));
+    outside = psi - o.layers * gpt_block_num_params(o.dim);
+  }
+  const auto e = fsdp::estimate_construction(units, outside, n, strategy, group);
+  format_bytes(e.sharded_peak, a, sizeof a);
+  format_bytes(e.eager_peak, b, sizeof b);
+  format_bytes(e.after_wrap, c, sizeof c);
+  if (o.model == "gpt") {
+    std::fprintf(out, "  %-34s %12s  shards + the largest unit + parameters outside units (%lld blocks of "
+                      "%lld, %lld outside)%s\n",
+                 "sharded (ZeroInitContext, default)", a, (long long)o.layers, (long long)gpt_block_num_params(o.dim),
+                 (long long)outside, o.eager_init ? "" : "  <- this run");
+    std::fprintf(out, "  %-34s %12s  every parameter + the largest unit's shard%s\n", "eager (--eager-init)", b,
+                 o.eager_init ? "  <- this run" : "");
+  } else {
+    std::fprintf(out, "  %-34s %12s  at most every parameter + its shard (%s is a Sequential, built whole)\n",
+                 "eager", b, o.model.c_str());
+  }
+  std::fprintf(out, "  %-34s %12s  the shards\n", "after wrapping", c);
+  // Training adds gradients and optimizer state (the model-state table above) and, while a
+  // unit runs, its gathered parameters: with limit_all_gathers at most two units (the one
+  // computing and the prefetched one) plus one unit's flat gradient before its reduction.
+  const auto state = fsdp::estimate_model_state(psi, n, strategy, group);
+  if (o.model == "gpt" && strategy != fsdp::ShardingStrategy::NO_SHARD) {
+    const double largest = 4.0 * double(std::max(gpt_block_num_params(o.dim), outside));
+    format_bytes(state.total() + 3 * largest, t, sizeof t);
+    format_bytes(state.total(), a, sizeof a);
+    std::fprintf(out, "training peak per rank, %s with fp32 Adam: model state %s + 2 gathered units + 1 unit's "
+                      "gradient = %s, plus activations (not estimated)\n",
+                 fsdp::to_string(strategy), a, t);
+  } else {
+    format_bytes(state.total(), a, sizeof a);
+    std::fprintf(out, "training peak per rank, %s with fp32 Adam: model state %s plus gathered units and "
+                      "activations (not estimated)\n",
+                 fsdp::to_string(strategy), a);
+  }
 }
 
 }  // namespace fsdp::train

@@ -23,7 +23,16 @@ int64_t gpt_num_params(int64_t layers, int64_t dim, int64_t context);
 /// The parameter count of the model `o` selects.
 int64_t model_num_params(const TrainOptions& o);
 
+/// Parameters of one gpt block: 12*dim^2 + 13*dim.
+int64_t gpt_block_num_params(int64_t dim);
+
 void print_memory_estimate(std::FILE* out, int64_t num_params, int world_size);
+
+/// The construction peak per rank for the run `o` describes (its model, --strategy,
+/// --eager-init), from fsdp::estimate_construction, and the training peak's predictable part
+/// (model state + units gathered at a time); what fsdp-train's summary measures as
+/// "build peak" and "train peak".
+void print_construction_estimate(std::FILE* out, const TrainOptions& o, int world_size);
 
 /// "1.23 MiB" style.
 void format_bytes(double bytes, char* out, size_t size);

@@ -55,8 +55,10 @@ int main(int argc, char** argv) {
 
   if (o.estimate_memory) {
     const char* rank = std::getenv("RANK");
-    if (rank == nullptr || std::string(rank) == "0")
+    if (rank == nullptr || std::string(rank) == "0") {
       print_memory_estimate(stdout, model_num_params(o), world);
+      print_construction_estimate(stdout, o, world);
+    }
     return 0;
   }
   if (std::string e = check_inputs(o); !e.empty()) return fail(e);

@@ -104,7 +104,8 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
                "step s uses samples (s*B+i) mod 60000 (gpt: consecutive windows instead of random ones)");
   app.add_option("--metrics", o.metrics_path, "rank 0 writes JSON lines (per step and per eval)");
   app.add_flag("--estimate-memory", o.estimate_memory,
-               "print model-state bytes per rank for each strategy and exit");
+               "print model-state bytes per rank for each strategy, this run's construction peak and "
+               "training peak, and exit");
   app.add_option("--mixed-precision", o.mixed_precision,
                  "none | bf16 (bf16 gathers and compute, fp32 master weights and optimizer)")
       ->capture_default_str();

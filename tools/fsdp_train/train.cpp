@@ -12,6 +12,7 @@
 
 #include "checkpoint_dir.h"
 #include "estimate.h"
+#include "phase_memory.h"
 #include "fsdp/dist/collectives.h"
 #include "fsdp/dist/process_group.h"
 #include "fsdp/fsdp/fully_sharded.h"
@@ -139,7 +140,7 @@ EvalResult evaluate(const Forward& forward, const dist::ProcessGroup& pg, const 
 
 void print_summary(const TrainOptions& o, const dist::ProcessGroup& pg, const Task& task, const EvalResult& e,
                    int64_t steps, double train_seconds, int64_t num_params,
-                   const std::vector<std::vector<double>>& mem /* [rank][4] */) {
+                   const std::vector<std::vector<double>>& mem /* [rank][6] */, bool rss_exact) {
   const int n = pg.size();
   std::printf("== fsdp-train summary: %s, %s, %d ranks x %d threads, %s (lr %g), global batch %lld ==\n",
               o.model.c_str(), o.strategy.c_str(), n, o.threads, o.optimizer.c_str(), o.effective_lr(),
@@ -164,18 +165,25 @@ void print_summary(const TrainOptions& o, const dist::ProcessGroup& pg, const Ta
   std::printf("memory per rank (%lld parameters; unsharded Adam training holds 16 B/param = %lld B; "
               "ZeRO estimate for %s: %s):\n",
               (long long)num_params, (long long)(16 * num_params), o.strategy.c_str(), z);
-  std::printf("  %-6s %14s %14s %14s %16s %14s %16s\n", "rank", "params", "grads", "optim state", "peak unsharded",
-              "model state", "unsharded Adam");
+  std::printf("  %-6s %14s %14s %14s %16s %14s %16s %14s %14s\n", "rank", "params", "grads", "optim state",
+              "peak unsharded", "model state", "unsharded Adam", "build peak", "train peak");
   for (int r = 0; r < n; ++r) {
-    char a[32], b[32], c[32], d[32], t[32], u[32];
+    char a[32], b[32], c[32], d[32], t[32], u[32], bp[32], tp[32];
     format_bytes(mem[r][0], a, sizeof a);
     format_bytes(mem[r][1], b, sizeof b);
     format_bytes(mem[r][2], c, sizeof c);
     format_bytes(mem[r][3], d, sizeof d);
     format_bytes(mem[r][0] + mem[r][1] + mem[r][2], t, sizeof t);
     format_bytes(16.0 * double(num_params), u, sizeof u);
-    std::printf("  %-6d %14s %14s %14s %16s %14s %16s\n", r, a, b, c, d, t, u);
+    format_bytes(mem[r][4], bp, sizeof bp);
+    format_bytes(mem[r][5], tp, sizeof tp);
+    std::printf("  %-6d %14s %14s %14s %16s %14s %16s %14s %14s\n", r, a, b, c, d, t, u, bp, tp);
   }
+  // Resident memory, so it includes allocator slack, unlike the model-state columns;
+  // --estimate-memory predicts the build peak.
+  std::printf("  (build peak / train peak: highest resident memory above the rank's resident set before the model "
+              "was built, while building and wrapping it / while training%s)\n",
+              rss_exact ? "" : "; the kernel's peak could not be reset, so these are the process's peaks so far");
   std::fflush(stdout);
 }
 
@@ -197,7 +205,8 @@ struct ModelMemory {
 /// memory, checkpoints), or null under zero1/zero2 (`opt` is then the
 /// ZeroRedundancyOptimizer); `forward` the typed forward.
 int train(const TrainOptions& o, const dist::ProcessGroup& pg, FullyShardedBase* fsdp_model,
-          std::unique_ptr<torch::optim::Optimizer> opt, const Forward& forward, Task& task, int64_t num_params) {
+          std::unique_ptr<torch::optim::Optimizer> opt, const Forward& forward, Task& task, int64_t num_params,
+          const PhaseMemory& phases) {
   const int rank = pg.rank(), world = pg.size();
   const bool lead = rank == 0;
   auto* zero_opt = dynamic_cast<fsdp::optim::ZeroRedundancyOptimizer*>(opt.get());
@@ -377,18 +386,20 @@ int train(const TrainOptions& o, const dist::ProcessGroup& pg, FullyShardedBase*
 
   // Per-rank memory to rank 0: each rank fills its own row, a sum all-reduce assembles.
   const ModelMemory ms = memory_now();
-  auto mem = torch::zeros({world, 4}, torch::kFloat64);
+  auto mem = torch::zeros({world, 6}, torch::kFloat64);
   mem[rank][0] = double(ms.params);
   mem[rank][1] = double(ms.grads);
   mem[rank][2] = double(optimizer_state_bytes(*opt));
   mem[rank][3] = double(ms.unsharded_peak);
+  mem[rank][4] = double(phases.construction_peak());
+  mem[rank][5] = double(phases.training_peak());
   dist::all_reduce(pg, mem, dist::ReduceOp::Sum).wait();
   if (lead) {
-    std::vector<std::vector<double>> rows(size_t(world), std::vector<double>(4));
+    std::vector<std::vector<double>> rows(size_t(world), std::vector<double>(6));
     auto acc = mem.accessor<double, 2>();
     for (int r = 0; r < world; ++r)
-      for (int c = 0; c < 4; ++c) rows[size_t(r)][size_t(c)] = acc[r][c];
-    print_summary(o, pg, task, final_eval, steps_run, train_seconds, num_params, rows);
+      for (int c = 0; c < 6; ++c) rows[size_t(r)][size_t(c)] = acc[r][c];
+    print_summary(o, pg, task, final_eval, steps_run, train_seconds, num_params, rows, phases.exact());
   }
   dist::barrier(pg);
   return 0;
@@ -426,22 +437,26 @@ int run_rank(const TrainOptions& o) {
     // No wrapper: the model as built, the optimizer sharded (it broadcasts rank 0's weights).
     if (o.model == "gpt") {
       auto task = make_text_task(o);
+      PhaseMemory phases;
       torch::manual_seed(o.seed);
       Gpt gpt(gpt_config(o));
       const int64_t num_params = count_params(o, *gpt);
       auto opt = make_zero_optimizer(o, pg, gpt.ptr());
+      phases.end_construction();
       return train(o, pg, nullptr, std::move(opt), [&](const torch::Tensor& x) { return gpt->forward(x); }, *task,
-                   num_params);
+                   num_params, phases);
     }
     auto task = make_image_task(o);
+    PhaseMemory phases;
     torch::manual_seed(o.seed);
     torch::nn::Sequential net = o.model == "cnn" ? make_cnn() : make_mlp(o.hidden);
     const int64_t num_params = count_params(o, *net);
     auto opt = make_zero_optimizer(o, pg, net.ptr());
+    phases.end_construction();
     // Under bf16 the parameters are bf16: cast the images as FSDP's cast_forward_inputs does.
     const auto dtype = o.mixed_precision == "bf16" ? torch::kBFloat16 : torch::kFloat;
     return train(o, pg, nullptr, std::move(opt), [&](const torch::Tensor& x) { return net->forward(x.to(dtype)); },
-                 *task, num_params);
+                 *task, num_params, phases);
   }
 
   // Library options shared by every model; the wrap policy is the model's.
@@ -458,6 +473,7 @@ int run_rank(const TrainOptions& o) {
   // without a broadcast.
   if (o.model == "gpt") {
     auto task = make_text_task(o);
+    PhaseMemory phases;  // construction: building the gpt and wrapping it
     torch::manual_seed(o.seed);
     const auto options = fsdp::Options(base).auto_wrap_policy(fsdp::module_type_policy<GptBlockImpl>());
     // Sharded construction: each block is sharded when its constructor returns, so a rank
@@ -470,26 +486,30 @@ int run_rank(const TrainOptions& o) {
       gpt = Gpt(gpt_config(o));
       if (zero_init) units_at_construction = zero_init->units_sharded();
     }
-    if (rank == 0)
-      std::printf("model: %s construction (%lld units sharded as built), peak RSS so far %.1f MiB (rank 0)\n",
-                  o.eager_init ? "eager" : "sharded", (long long)units_at_construction,
-                  double(peak_rss_bytes()) / (1 << 20));
     const int64_t num_params = count_params(o, *gpt);
     auto model = fsdp::FullyShardedDataParallel(gpt, pg, options);
+    phases.end_construction();
+    if (rank == 0)
+      std::printf("model: %s construction (%lld units sharded as built), construction peak %.1f MiB above the "
+                  "resident set before it, peak RSS so far %.1f MiB (rank 0)\n",
+                  o.eager_init ? "eager" : "sharded", (long long)units_at_construction,
+                  double(phases.construction_peak()) / (1 << 20), double(phases.run_peak()) / (1 << 20));
     const int rc = train(o, pg, model.get(), make_optimizer(o, model->parameters()),
-                         [&](const torch::Tensor& x) { return model->forward(x); }, *task, num_params);
-    if (rank == 0) std::printf("peak RSS over the run %.1f MiB (rank 0)\n", double(peak_rss_bytes()) / (1 << 20));
+                         [&](const torch::Tensor& x) { return model->forward(x); }, *task, num_params, phases);
+    if (rank == 0) std::printf("peak RSS over the run %.1f MiB (rank 0)\n", double(phases.run_peak()) / (1 << 20));
     return rc;
   }
   auto task = make_image_task(o);
+  PhaseMemory phases;
   torch::manual_seed(o.seed);
   torch::nn::Sequential net = o.model == "cnn" ? make_cnn() : make_mlp(o.hidden);
   const int64_t num_params = count_params(o, *net);
   auto model = fsdp::FullyShardedDataParallel(
       net, pg,
       fsdp::Options(base).auto_wrap_policy(fsdp::size_based_policy(o.min_num_params)));
+  phases.end_construction();
   return train(o, pg, model.get(), make_optimizer(o, model->parameters()),
-               [&](const torch::Tensor& x) { return model->forward(x); }, *task, num_params);
+               [&](const torch::Tensor& x) { return model->forward(x); }, *task, num_params, phases);
 }
 
 }  // namespace fsdp::train

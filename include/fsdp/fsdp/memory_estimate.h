@@ -12,6 +12,7 @@
 /// holds FULL_SHARD's bytes; the ZeRO-2 figure is its peak during forward/backward.)
 
 #include <cstdint>
+#include <vector>
 
 #include "fsdp/fsdp/options.h"
 
@@ -27,5 +28,30 @@ struct ModelStateEstimate {
 ModelStateEstimate estimate_model_state(int64_t num_params, int world_size, ShardingStrategy strategy,
                                         int shard_group_size = 0, int64_t param_bytes = 4,
                                         int64_t optim_bytes = 8);
+
+/// Peak parameter bytes one rank holds while a model is built and wrapped by
+/// FullyShardedDataParallel (allocator-counted: what tests/test_zero_init.cpp
+/// measures). `unit_numels`: the parameters of each unit below the root, in
+/// construction order; `outside_numel`: the parameters left to the root unit;
+/// chunk(n) = ceil(n / N) (padded_numel / N; N = world, or the shard group under
+/// HYBRID_SHARD; chunk(n) = n under NO_SHARD); p = param_bytes:
+///   eager    p (Ψ + max_k chunk(n_k)): the whole model, then each unit's shard
+///            is copied out before its full values are freed.
+///   sharded  (ZeroInitContext) p max(max_k [Σ_{j<=k} chunk(n_j) + n_k] + outside,
+///            Σ_j chunk(n_j) + outside + chunk(outside)): unit k is built next to
+///            the shards before it and copied into its own; then FSDP flattens
+///            the root unit. With equal units: shards + largest unit +
+///            parameters outside units (issue 15's bound, shards + largest unit
+///            x (1 + 1/N) + outside, counts the last unit's shard twice).
+///   after    p (Σ_j chunk(n_j) + chunk(outside)): the shards, either way.
+/// Gradients, optimizer state and activations come later (estimate_model_state).
+struct ConstructionEstimate {
+  double eager_peak = 0;
+  double sharded_peak = 0;
+  double after_wrap = 0;
+};
+ConstructionEstimate estimate_construction(const std::vector<int64_t>& unit_numels, int64_t outside_numel,
+                                           int world_size, ShardingStrategy strategy = ShardingStrategy::FULL_SHARD,
+                                           int shard_group_size = 0, int64_t param_bytes = 4);
 
 }  // namespace fsdp

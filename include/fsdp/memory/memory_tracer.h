@@ -42,6 +42,8 @@ void enable_allocator_counting();
 bool allocator_counting_enabled();
 /// Live bytes allocated through the counting allocator (0 when not enabled).
 int64_t counted_allocator_bytes();
+/// Allocations made through it so far (0 when not enabled): what its cost scales with.
+int64_t counted_allocations();
 }  // namespace memory
 
 struct MemorySample {
