@@ -655,13 +655,19 @@ void buffer_cases(dist::ProcessGroup& pg) {
 // (not at rest), fp32 Adam, Ψ = 21,012,480 (80 Linear(512, 512)), N ranks:
 //   stage 1 = 4Ψ (parameters) + 4Ψ (gradients) + 8Ψ/N (moments),
 //   stage 2 = 4Ψ + 4Ψ/N (gradient partition) + 8Ψ/N.
+// bf16 with fp32 masters and Adam (the variant that keeps reduced gradients in fp32,
+// ZeroOptions::param_dtype says so):
+//   stage 1 = 2Ψ (bf16 parameters) + 2Ψ (bf16 gradients) + 4Ψ/N (fp32 reduced partition)
+//             + 12Ψ/N (masters and moments),
+//   stage 2 = 2Ψ + 4Ψ/N (fp32 gradient partition) + 12Ψ/N.
 // Buckets of 64K elements, a batch of 2: buckets, one layer's gradient in flight,
 // Adam's per-piece temporaries and activations stay near 1% of the total.
 void peak_memory_cases(dist::ProcessGroup& pg) {
   auto* counter = install_counting_allocator();
   const int n = pg.size();
+  for (bool bf16 : {false, true})
   for (int stage : {1, 2}) {
-    run_case("peak/stage" + std::to_string(stage), [&] {
+    run_case(std::string(bf16 ? "peak/bf16/stage" : "peak/stage") + std::to_string(stage), [&] {
       const int64_t base = counter->live();
       torch::manual_seed(0);
       torch::nn::Sequential model;
@@ -670,8 +676,9 @@ void peak_memory_cases(dist::ProcessGroup& pg) {
       for (auto& p : model->parameters()) psi += p.numel();
       ZeroRedundancyOptimizer opt(model->parameters(),
                                   fsdp::optim::inner_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(1e-4)),
-                                  ZeroOptions().process_group(pg).stage(stage).reduce_bucket_size(64 * 1024));
-      auto x = torch::randn({2, 512});
+                                  ZeroOptions().process_group(pg).stage(stage).reduce_bucket_size(64 * 1024).param_dtype(
+                                      bf16 ? c10::optional<at::ScalarType>(at::kBFloat16) : c10::nullopt));
+      auto x = torch::randn({2, 512}, bf16 ? at::kBFloat16 : at::kFloat);
       auto train_step = [&] {
         opt.zero_grad();
         model->forward(x).square().mean().backward();
@@ -681,7 +688,8 @@ void peak_memory_cases(dist::ProcessGroup& pg) {
       counter->reset_peak();
       train_step();
       const double peak = static_cast<double>(counter->peak() - base);
-      const double expected = stage == 1 ? 8.0 * psi + 8.0 * psi / n : 4.0 * psi + 12.0 * psi / n;
+      const double expected = bf16 ? (stage == 1 ? 4.0 * psi + 16.0 * psi / n : 2.0 * psi + 16.0 * psi / n)
+                                   : (stage == 1 ? 8.0 * psi + 8.0 * psi / n : 4.0 * psi + 12.0 * psi / n);
       EXPECT_NEAR(peak, expected, 0.05 * expected)
           << "stage " << stage << " peak " << peak << " B, ZeRO accounting " << expected << " B (Ψ=" << psi
           << ", N=" << n << ")";
@@ -693,7 +701,8 @@ void peak_memory_cases(dist::ProcessGroup& pg) {
       const double live = static_cast<double>(counter->live() - base - static_cast<int64_t>(x.nbytes()));
       EXPECT_NEAR(reported, live, 0.03 * live) << "get_memory_usage " << reported << " vs allocator " << live;
       opt.step();
-      std::printf("[zero memory] stage %d N=%d: peak %.1f MB, accounting %.1f MB (%+.2f%%)\n", stage, n, peak / 1e6,
+      std::printf("[zero memory] %s stage %d N=%d: peak %.1f MB, accounting %.1f MB (%+.2f%%)\n",
+                  bf16 ? "bf16" : "fp32", stage, n, peak / 1e6,
                   expected / 1e6, 100.0 * (peak - expected) / expected);
     });
   }
