@@ -416,6 +416,44 @@ TEST(Trainer, ResumeBitwiseAndAcrossWorldSizes) {
   }
 }
 
+// ZeRO checkpoints share FSDP's directory format: a zero2 run resumes bitwise under
+// zero2 at the same world size, and under zero1 at 3 ranks and full_shard at 1 rank.
+TEST(Trainer, ResumeUnderZero) {
+  const std::string ckpt = test_dir() + "/resume_zero";
+  run_ranks(2, [&](dist::ProcessGroup& pg) {
+    TT full = resume_trainer(ckpt, "", "", "zero2");
+    FitResult a = full.fit(pg);
+    ASSERT_EQ(a.losses.size(), 8u);
+    const Params final_a = full_parameters(*full.trained_model());
+    if (pg.rank() == 0) save_reference(a, final_a, test_dir() + "/reference_zero.pt");
+    TT resumed = resume_trainer(ckpt + "2", ckpt + "/step-3", "", "zero2");
+    FitResult b = resumed.fit(pg);
+    EXPECT_EQ(b.first_step, 3);
+    ASSERT_EQ(b.losses.size(), 5u);
+    for (size_t i = 0; i < 5; ++i) EXPECT_EQ(b.losses[i], a.losses[i + 3]) << "step " << i + 4;
+    const Params final_b = full_parameters(*resumed.trained_model());
+    for (auto& [name, t] : final_a) EXPECT_TRUE(torch::equal(final_b.at(name), t)) << name;
+  }, rank_options());
+  for (int n : {3, 1}) {
+    run_ranks(n, [&](dist::ProcessGroup& pg) {
+      const std::string strategy = pg.size() == 3 ? "zero1" : "full_shard";
+      std::vector<torch::Tensor> ref;
+      torch::load(ref, test_dir() + "/reference_zero.pt");
+      TT resumed = resume_trainer(test_dir() + "/resume_zero_n" + std::to_string(pg.size()), ckpt + "/step-3", "",
+                                  strategy);
+      FitResult b = resumed.fit(pg);
+      ASSERT_EQ(b.losses.size(), 5u);
+      for (size_t i = 0; i < 5; ++i) {
+        const double want = ref[0][int64_t(i + 3)].item<double>();
+        EXPECT_NEAR(b.losses[i], want, 1e-5 * std::abs(want)) << strategy << " step " << i + 4;
+      }
+      const Params p = full_parameters(*resumed.trained_model());
+      size_t i = 1;
+      for (auto& [name, t] : p) EXPECT_LT(rel_diff(t, ref[i++]), 1e-5) << strategy << " " << name;
+    }, rank_options());
+  }
+}
+
 TEST(Trainer, BadOptionsFailOnEveryRank) {
   run_ranks(2, [](dist::ProcessGroup& pg) {
     auto expect_error = [&](TT& t, const std::string& want) {

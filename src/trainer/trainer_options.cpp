@@ -74,10 +74,6 @@ std::string trainer_options_error(const TrainerOptions& o, const TrainerParts& p
     e << "checkpoint_interval " << o.checkpoint_interval() << " needs a checkpoint_dir";
   else if (o.resume() == "auto" && o.checkpoint_dir().empty())
     e << "resume(\"auto\") looks under checkpoint_dir, which is empty; set checkpoint_dir";
-  else if (o.strategy().is_zero() && (!o.checkpoint_dir().empty() || !o.resume().empty()))
-    e << "strategy " << s << ": checkpoint directories are not supported yet for zero1/zero2 "
-      << "(fsdp::save_checkpoint takes a FullyShardedDataParallel model); use full_shard, shard_grad_op "
-      << "or no_shard to checkpoint, or drop checkpoint_dir/resume";
   else if (o.devices() < 0 || o.num_nodes() < 1)
     e << "devices must be >= 0 (0: auto) and num_nodes >= 1, got devices " << o.devices() << ", num_nodes "
       << o.num_nodes();

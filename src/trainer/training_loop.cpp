@@ -14,6 +14,7 @@
 #include "fsdp/dist/collectives.h"
 #include "fsdp/fsdp/memory_estimate.h"
 #include "fsdp/state/checkpoint.h"
+#include "fsdp/state/zero_checkpoint.h"
 #include "fsdp/trainer/global_sampler.h"
 #include "metrics_log.h"
 #include "progress.h"
@@ -217,6 +218,11 @@ FitResult run_training_loop(const TrainerOptions& o, const dist::ProcessGroup& p
   // --- resume ---------------------------------------------------------------
   FitResult result;
   std::optional<CheckpointExtra> extra;
+  // Both families write the same directory format (docs/checkpoint-format.md), so a
+  // ZeRO checkpoint resumes under FSDP and the other way round.
+  auto load_model_checkpoint = [&](const std::string& dir) {
+    return model.zero ? load_checkpoint(dir, *model.zero) : load_checkpoint(dir, *model.fsdp, &opt);
+  };
   if (o.resume() == "auto") {
     // Rank 0 chooses and tells the others, so that all load the same checkpoint even
     // while the directory changes. A load that fails (a damaged file on any rank) fails
@@ -249,7 +255,7 @@ FitResult run_training_loop(const TrainerOptions& o, const dist::ProcessGroup& p
       below = step;
       const std::string dir = checkpoint_path(o.checkpoint_dir(), step);
       try {
-        extra = load_checkpoint(dir, *model.fsdp, &opt);
+        extra = load_model_checkpoint(dir);
         result.resumed_from = dir;
         break;
       } catch (const c10::Error& e) {
@@ -259,7 +265,7 @@ FitResult run_training_loop(const TrainerOptions& o, const dist::ProcessGroup& p
       }
     }
   } else if (!o.resume().empty()) {
-    extra = load_checkpoint(o.resume(), *model.fsdp, &opt);
+    extra = load_model_checkpoint(o.resume());
     result.resumed_from = o.resume();
   }
   int64_t first_step = 0;
@@ -354,7 +360,8 @@ FitResult run_training_loop(const TrainerOptions& o, const dist::ProcessGroup& p
     for (int r = 0; r < world; ++r) e.tensors[kRngPrefix + std::to_string(r)] = rng[r].clone();
     for (auto& cb : callbacks) cb->on_save_checkpoint(e);
     const std::string dir = checkpoint_path(o.checkpoint_dir(), step);
-    save_checkpoint(dir, *model.fsdp, &opt, e);
+    if (model.zero) save_checkpoint(dir, *model.zero, e);
+    else save_checkpoint(dir, *model.fsdp, &opt, e);
     if (lead && o.keep_checkpoints() > 0) {
       const std::string failed = prune_checkpoints(o.checkpoint_dir(), o.keep_checkpoints());
       if (!failed.empty())
