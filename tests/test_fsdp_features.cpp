@@ -435,6 +435,23 @@ void expect_error(Fn fn, std::vector<std::string> needles, const std::string& wh
   }
 }
 
+// train()/eval() on the wrapper reach the user's root module too, not only the
+// children the wrapper registers: a root forward that reads is_training() (dropout
+// written in the root, a Trainer's eval) must see the mode the user set.
+void train_mode_case(dist::ProcessGroup& pg) {
+  run_case("train-eval/root", [&] {
+    torch::manual_seed(0);
+    auto m = torch::nn::Sequential(torch::nn::Linear(13, 32), torch::nn::Dropout(0.5), torch::nn::Linear(32, 5));
+    auto model = FullyShardedDataParallel(m, pg, mlp_options(ShardingStrategy::FULL_SHARD));
+    model->eval();
+    EXPECT_FALSE(m->is_training());
+    for (const auto& c : m->modules()) EXPECT_FALSE(c->is_training()) << c->name();
+    model->train();
+    EXPECT_TRUE(m->is_training());
+    for (const auto& c : m->modules()) EXPECT_TRUE(c->is_training()) << c->name();
+  });
+}
+
 void construction_cases(dist::ProcessGroup& pg) {
   if (pg.size() > 1) {
     run_case("construct/different-models", [&] {
@@ -665,6 +682,7 @@ void all_cases(dist::ProcessGroup& pg) {
     memory_case(pg, "memory/transformer/" + s, tf, tf_options(strategy));
   }
   construction_cases(pg);
+  train_mode_case(pg);
 }
 
 }  // namespace

@@ -256,6 +256,11 @@ FullyShardedBase::FullyShardedBase(std::shared_ptr<torch::nn::Module> model, dis
   build_units(resolved);
 }
 
+void FullyShardedBase::train(bool on) {
+  torch::nn::Module::train(on);
+  model_->train(on);
+}
+
 FullyShardedBase::~FullyShardedBase() {
   // Put the user's Sequential entries and Wrappable marks back as they were.
   for (auto& slot : sequential_slots_) *(slot->sequential->begin() + slot->index) = slot->original;

@@ -111,6 +111,9 @@ class FullyShardedBase : public torch::nn::Module {
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
   void pretty_print(std::ostream& stream) const override;
+  /// Sets the mode of the user's root module as well: the wrapper registers only its
+  /// children, so torch's Module::train alone would leave the root in the old mode.
+  void train(bool on = true) override;
 
  protected:
   void root_pre_forward();
