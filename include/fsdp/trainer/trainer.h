@@ -378,8 +378,8 @@ class Trainer {
       lm.num_params = count(*model_->module_);
       model_->wrapper_ = std::make_shared<FullyShardedDataParallelImpl<ModelImpl>>(model_->module_, pg, fo);
       lm.fsdp = model_->wrapper_.get();
-      // The user's module itself: the wrapper registers only its children, so
-      // wrapper->eval() would leave the module's own is_training() set.
+      // The user's module itself: the one handle train()/eval() and the parameter
+      // counts use under both families (ZeRO has no wrapper).
       lm.module = model_->module_.get();
       optimizer_ = optimizer_factory_(model_->wrapper_->parameters());
     }
