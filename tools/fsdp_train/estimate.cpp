@@ -27,45 +27,27 @@ int64_t model_num_params(const TrainOptions& o) {
 }
 
 void print_memory_estimate(std::FILE* out, int64_t psi, int n, bool bf16) {
-  struct Row {
-    const char* name;
-    const char* formula;
-    fsdp::ShardingStrategy strategy;
-  };
-  const Row rows[] = {
-      {"NO_SHARD", "16*P", fsdp::ShardingStrategy::NO_SHARD},
-      {"SHARD_GRAD_OP", "4*P + 12*P/N", fsdp::ShardingStrategy::SHARD_GRAD_OP},
-      {"FULL_SHARD", "16*P/N", fsdp::ShardingStrategy::FULL_SHARD},
-  };
   std::fprintf(out, "model-state memory per rank, fp32 Adam, P = %lld parameters, N = %d ranks%s\n", (long long)psi, n,
                bf16 ? " (bf16: the ZERO rows hold bf16 parameters and fp32 masters; FSDP keeps fp32 shards)" : "");
   std::fprintf(out, "%-14s %-14s %14s %14s %14s %14s\n", "strategy", "formula", "params", "grads",
                "optim state", "total");
-  for (const Row& r : rows) {
-    const auto e = fsdp::estimate_model_state(psi, n, r.strategy);
+  auto row = [&](const char* name, const char* formula, const fsdp::ModelStateEstimate& e) {
     char a[32], b[32], c[32], t[32];
     format_bytes(e.param_bytes, a, sizeof(a));
     format_bytes(e.grad_bytes, b, sizeof(b));
     format_bytes(e.optim_bytes, c, sizeof(c));
     format_bytes(e.total(), t, sizeof(t));
-    std::fprintf(out, "%-14s %-14s %14s %14s %14s %14s\n", r.name, r.formula, a, b, c, t);
-  }
+    std::fprintf(out, "%-14s %-14s %14s %14s %14s %14s\n", name, formula, a, b, c, t);
+  };
+  using S = fsdp::ShardingStrategy;
+  row("NO_SHARD", "16*P", fsdp::estimate_model_state(psi, n, S::NO_SHARD));
+  row("SHARD_GRAD_OP", "4*P + 12*P/N", fsdp::estimate_model_state(psi, n, S::SHARD_GRAD_OP));
+  row("FULL_SHARD", "16*P/N", fsdp::estimate_model_state(psi, n, S::FULL_SHARD));
   // ZeRO without a wrapper (--strategy zero1|zero2): parameters stay replicated; under
   // --mixed-precision bf16 they are bf16 and the partition adds fp32 masters and gradients.
-  const struct {
-    const char* name;
-    const char* formula;
-    int stage;
-  } zero_rows[] = {{"ZERO1", bf16 ? "4*P + 16*P/N" : "8*P + 8*P/N", 1}, {"ZERO2", bf16 ? "2*P + 16*P/N" : "4*P + 12*P/N", 2}};
-  for (const auto& r : zero_rows) {
-    const auto e = fsdp::estimate_zero_model_state(psi, n, r.stage, bf16 ? 2 : 4);
-    char a[32], b[32], c[32], t[32];
-    format_bytes(e.param_bytes, a, sizeof(a));
-    format_bytes(e.grad_bytes, b, sizeof(b));
-    format_bytes(e.optim_bytes, c, sizeof(c));
-    format_bytes(e.total(), t, sizeof(t));
-    std::fprintf(out, "%-14s %-14s %14s %14s %14s %14s\n", r.name, r.formula, a, b, c, t);
-  }
+  const int64_t p = bf16 ? 2 : 4;
+  row("ZERO1", bf16 ? "4*P + 16*P/N" : "8*P + 8*P/N", fsdp::estimate_zero_model_state(psi, n, 1, p));
+  row("ZERO2", bf16 ? "2*P + 16*P/N" : "4*P + 12*P/N", fsdp::estimate_zero_model_state(psi, n, 2, p));
   std::fprintf(out, "(excludes activations, transient unsharded buffers and flat-buffer padding; "
                     "library functions: fsdp::estimate_model_state, fsdp::estimate_zero_model_state)\n");
 }
