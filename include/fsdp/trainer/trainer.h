@@ -64,7 +64,10 @@
 /// Progress, validation results and the memory summary go to stderr (rank 0), so
 /// stdout stays the program's. The memory summary (end of fit) prints each rank's parameter, gradient
 /// and optimizer-state bytes next to what unsharded Adam training holds (16 B per
-/// parameter).
+/// parameter) and the ZeRO estimate for the strategy (bf16-aware under zero1/zero2).
+/// The file format, the progress lines, the table and the checkpoint directory are
+/// public pieces a hand-written loop can reuse (metrics_log.h, progress.h,
+/// memory_summary.h, checkpoint_dir.h); fsdp-train does.
 
 #include <cstdint>
 #include <filesystem>
