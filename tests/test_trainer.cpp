@@ -640,6 +640,11 @@ TEST(Trainer, BadOptionsFailOnEveryRank) {
       TT t = make_trainer(TrainerOptions().strategy("zero3"));
       expect_error(t, "unknown strategy 'zero3'");
     });
+    run_case("fsdp mixed precision under zero2", [&] {
+      TT t = make_trainer(TrainerOptions().strategy(Strategy("zero2").fsdp(
+          fsdp::Options().mixed_precision(fsdp::MixedPrecision().param_dtype(torch::kBFloat16)))));
+      expect_error(t, "strategy 'zero2' does not use fsdp().mixed_precision()");
+    });
   }, rank_options());
 }
 

@@ -22,6 +22,10 @@ bool known_strategy(const std::string& n) {
   return false;
 }
 
+bool has_mixed_precision(const MixedPrecision& mp) {
+  return mp.param_dtype().has_value() || mp.reduce_dtype().has_value() || mp.buffer_dtype().has_value();
+}
+
 }  // namespace
 
 std::string trainer_options_error(const TrainerOptions& o, const TrainerParts& parts, int world_size) {
@@ -30,6 +34,11 @@ std::string trainer_options_error(const TrainerOptions& o, const TrainerParts& p
   if (!known_strategy(s))
     e << "unknown strategy '" << s
       << "'; use one of fsdp, full_shard, shard_grad_op, hybrid_shard, no_shard, zero1, zero2";
+  else if (o.strategy().is_zero() && has_mixed_precision(o.strategy().fsdp().mixed_precision()))
+    // ZeRO leaves the model unwrapped, so nothing would apply FSDP's policy: training
+    // would silently run in fp32.
+    e << "strategy '" << s << "' does not use fsdp().mixed_precision() (the model is not wrapped); "
+      << "set Strategy::zero().param_dtype(torch::kBFloat16) for bf16 under ZeRO";
   else if (!parts.model)
     e << "no model: call Trainer::model(factory) with a function that builds the model";
   else if (!parts.optimizer)

@@ -327,6 +327,12 @@ class Trainer {
 
   template <typename Dataset, typename Collate>
   static std::pair<int64_t, BatchFn> erase(Dataset dataset, Collate collate) {
+    // A stream dataset (BatchRequestType size_t: "the next n examples") has no sample
+    // indices, so the global batch of a step could not be the same at every world size
+    // and a resume could not find its place.
+    static_assert(std::is_same_v<typename Dataset::BatchRequestType, c10::ArrayRef<size_t>>,
+                  "fsdp::Trainer needs a map-style torch::data dataset (get(index), size()); for a "
+                  "stream dataset, pass train_data(size, batch_of_indices_fn) instead");
     auto d = std::make_shared<Dataset>(std::move(dataset));
     const int64_t n = detail::dataset_size(*d);
     BatchFn fn = [d, collate](const std::vector<int64_t>& indices) -> Batch {
