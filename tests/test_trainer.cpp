@@ -117,6 +117,18 @@ Params full_parameters(TT::Model& m) {
   return out;
 }
 
+// A run resumed from the checkpoint of step `from` (b, by `resumed`) continues the
+// uninterrupted run (a, ending with parameters final_a) bit for bit: the same losses from
+// step from + 1 on and the same final parameters.
+void expect_continues_bitwise(const FitResult& a, const Params& final_a, const FitResult& b, TT& resumed,
+                              int64_t from) {
+  EXPECT_EQ(b.first_step, from);
+  ASSERT_EQ(b.losses.size(), a.losses.size() - size_t(from));
+  for (size_t i = 0; i < b.losses.size(); ++i) EXPECT_EQ(b.losses[i], a.losses[i + from]) << "step " << i + from + 1;
+  const Params final_b = full_parameters(*resumed.trained_model());
+  for (auto& [name, t] : final_a) EXPECT_TRUE(torch::equal(final_b.at(name), t)) << name;
+}
+
 /// Records the full parameters before the first step and after every step.
 struct Recorder : Callback {
   explicit Recorder(TT* t) : trainer(t) {}
@@ -463,11 +475,7 @@ TEST(Trainer, ResumeBitwiseAndAcrossWorldSizes) {
       auto c = std::make_shared<Counter>();
       resumed.callback(c);
       FitResult b = resumed.fit(pg);
-      EXPECT_EQ(b.first_step, 3);
-      ASSERT_EQ(b.losses.size(), 5u);
-      for (size_t i = 0; i < 5; ++i) EXPECT_EQ(b.losses[i], a.losses[i + 3]) << "step " << i + 4;
-      const Params final_b = full_parameters(*resumed.trained_model());
-      for (auto& [name, t] : final_a) EXPECT_TRUE(torch::equal(final_b.at(name), t)) << name;
+      expect_continues_bitwise(a, final_a, b, resumed, 3);
       EXPECT_EQ(c->steps, 8);  // 3 restored + 5 run
     });
     run_case("dropout: every rank's generator restored", [&] {
@@ -544,11 +552,7 @@ TEST(Trainer, ResumeUnderZero) {
     if (pg.rank() == 0) save_reference(a, final_a, test_dir() + "/reference_zero.pt");
     TT resumed = resume_trainer(ckpt + "2", ckpt + "/step-3", "", "zero2");
     FitResult b = resumed.fit(pg);
-    EXPECT_EQ(b.first_step, 3);
-    ASSERT_EQ(b.losses.size(), 5u);
-    for (size_t i = 0; i < 5; ++i) EXPECT_EQ(b.losses[i], a.losses[i + 3]) << "step " << i + 4;
-    const Params final_b = full_parameters(*resumed.trained_model());
-    for (auto& [name, t] : final_a) EXPECT_TRUE(torch::equal(final_b.at(name), t)) << name;
+    expect_continues_bitwise(a, final_a, b, resumed, 3);
   }, rank_options());
   for (int n : {3, 1}) {
     run_ranks(n, [&](dist::ProcessGroup& pg) {
@@ -602,11 +606,7 @@ TEST(Trainer, HybridShard) {
       const Params final_a = full_parameters(*full.trained_model());
       TT resumed = hybrid_trainer(ckpt + "2", ckpt + "/step-2");
       FitResult b = resumed.fit(pg);
-      EXPECT_EQ(b.first_step, 2);
-      ASSERT_EQ(b.losses.size(), 3u);
-      for (size_t i = 0; i < 3; ++i) EXPECT_EQ(b.losses[i], a.losses[i + 2]) << "step " << i + 3;
-      const Params final_b = full_parameters(*resumed.trained_model());
-      for (auto& [name, t] : final_a) EXPECT_TRUE(torch::equal(final_b.at(name), t)) << name;
+      expect_continues_bitwise(a, final_a, b, resumed, 2);
     });
   }, rank_options());
 }
