@@ -22,10 +22,6 @@ bool known_strategy(const std::string& n) {
   return false;
 }
 
-bool has_mixed_precision(const MixedPrecision& mp) {
-  return mp.param_dtype().has_value() || mp.reduce_dtype().has_value() || mp.buffer_dtype().has_value();
-}
-
 }  // namespace
 
 std::string trainer_options_error(const TrainerOptions& o, const TrainerParts& parts, int world_size) {
@@ -34,7 +30,7 @@ std::string trainer_options_error(const TrainerOptions& o, const TrainerParts& p
   if (!known_strategy(s))
     e << "unknown strategy '" << s
       << "'; use one of fsdp, full_shard, shard_grad_op, hybrid_shard, no_shard, zero1, zero2";
-  else if (o.strategy().is_zero() && has_mixed_precision(o.strategy().fsdp().mixed_precision()))
+  else if (o.strategy().is_zero() && o.strategy().fsdp().mixed_precision().enabled())
     // ZeRO leaves the model unwrapped, so nothing would apply FSDP's policy: training
     // would silently run in fp32.
     e << "strategy '" << s << "' does not use fsdp().mixed_precision() (the model is not wrapped); "
