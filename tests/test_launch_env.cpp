@@ -96,6 +96,31 @@ TEST(LaunchEnv, Slurm) {
   EXPECT_NE(msg.find("set MASTER_ADDR"), std::string::npos) << msg;
 }
 
+// A job whose nodes run different numbers of tasks: LOCAL_WORLD_SIZE is this node's entry of
+// the per-node counts ("2(x3),1": nodes 0-2 run 2 tasks, node 3 runs 1), the step's counts win
+// over the allocation's, and a node index beyond the list is an error naming both.
+TEST(LaunchEnv, SlurmTasksOnThisNode) {
+  auto on_node = [](const char* node, std::map<std::string, std::string> extra) {
+    std::map<std::string, std::string> vars{{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "7"},
+                                            {"SLURM_NODEID", node}, {"MASTER_ADDR", "h"}};
+    vars.insert(extra.begin(), extra.end());
+    return parse_launch_env(map_env(vars)).local_world_size;
+  };
+  const std::map<std::string, std::string> alloc{{"SLURM_TASKS_PER_NODE", "2(x3),1"}};
+  EXPECT_EQ(on_node("0", alloc), 2);
+  EXPECT_EQ(on_node("2", alloc), 2);
+  EXPECT_EQ(on_node("3", alloc), 1);
+  EXPECT_EQ(on_node("1", {{"SLURM_TASKS_PER_NODE", "3,1(x2),5"}}), 1);
+  EXPECT_EQ(on_node("3", {{"SLURM_TASKS_PER_NODE", "3,1(x2),5"}}), 5);
+  EXPECT_EQ(on_node("1", {{"SLURM_TASKS_PER_NODE", "4(x2)"}, {"SLURM_STEP_TASKS_PER_NODE", "3,1"}}), 1);
+  EXPECT_EQ(on_node("1", {{"SLURM_NTASKS_PER_NODE", "3"}}), 3);
+  auto msg = error_of([&] { on_node("4", alloc); });
+  EXPECT_NE(msg.find("SLURM_NODEID=4 but SLURM_TASKS_PER_NODE='2(x3),1' lists only 4 nodes"),
+            std::string::npos) << msg;
+  msg = error_of([&] { on_node("0", {{"SLURM_TASKS_PER_NODE", "2(3)"}}); });
+  EXPECT_NE(msg.find("cannot read SLURM_TASKS_PER_NODE='2(3)'"), std::string::npos) << msg;
+}
+
 TEST(LaunchEnv, SlurmNodeList) {
   EXPECT_EQ(fsdp::dist::slurm_first_host("node1"), "node1");
   EXPECT_EQ(fsdp::dist::slurm_first_host("node1,node2"), "node1");

@@ -67,17 +67,39 @@ bool truthy(const std::optional<std::string>& v) {
   return *v == "1" || *v == "True" || *v == "true" || *v == "TRUE" || *v == "yes";
 }
 
-// SLURM_TASKS_PER_NODE / SLURM_NTASKS_PER_NODE look like "4" or "2(x3),1": the
-// count for the first node is enough for LOCAL_WORLD_SIZE on homogeneous jobs.
-std::optional<int> slurm_tasks_on_first_node(const EnvLookup& env) {
-  for (const char* name : {"SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"}) {
+// Tasks on this rank's node. srun sets SLURM_STEP_TASKS_PER_NODE (this step) and
+// SLURM_TASKS_PER_NODE (the allocation) as one count per node in node order, runs compressed:
+// "4" or "2(x3),1" (nodes 0-2 run 2 tasks, node 3 runs 1), and SLURM_NODEID, this node's index.
+// A job whose nodes run different numbers of tasks needs the entry of this node, not the
+// first: LOCAL_WORLD_SIZE sizes the shared-memory groups and HYBRID_SHARD's default shard group.
+// SLURM_NTASKS_PER_NODE (set only with --ntasks-per-node) is the same count for every node.
+std::optional<int> slurm_tasks_on_this_node(const EnvLookup& env) {
+  const char* src = "Slurm";
+  const int node = get_int(env, "SLURM_NODEID", src).value_or(0);
+  for (const char* name : {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"}) {
     auto v = env(name);
     if (!v || v->empty()) continue;
-    size_t end = v->find_first_not_of("0123456789");
-    std::string head = v->substr(0, end);
-    if (!head.empty()) return std::stoi(head);
+    int first_node = 0;  // of the current run
+    std::stringstream runs(*v);
+    std::string run;
+    while (std::getline(runs, run, ',')) {
+      // "C" or "C(xR)"
+      const size_t paren = run.find('(');
+      const int count = parse_int(name, run.substr(0, paren), src);
+      int repeat = 1;
+      if (paren != std::string::npos) {
+        TORCH_CHECK(run.size() > paren + 3 && run.compare(paren, 2, "(x") == 0 && run.back() == ')',
+                    "fsdp: cannot read ", name, "='", *v, "' (expected counts like '2(x3),1')");
+        repeat = parse_int(name, run.substr(paren + 2, run.size() - paren - 3), src);
+      }
+      if (node < first_node + repeat) return count;
+      first_node += repeat;
+    }
+    TORCH_CHECK(false, "fsdp: SLURM_NODEID=", node, " but ", name, "='", *v, "' lists only ",
+                first_node, " nodes; launch with srun, which sets both, or with torchrun-style "
+                "RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE");
   }
-  return std::nullopt;
+  return get_int(env, "SLURM_NTASKS_PER_NODE", src);
 }
 
 }  // namespace
@@ -134,7 +156,7 @@ LaunchEnv parse_launch_env(const EnvLookup& env, const LaunchOverrides& ov) {
     out.rank = require_int(env, "SLURM_PROCID", src);
     out.world_size = require_int(env, "SLURM_NTASKS", src);
     out.local_rank = get_int(env, "SLURM_LOCALID", src).value_or(0);
-    out.local_world_size = slurm_tasks_on_first_node(env).value_or(out.world_size);
+    out.local_world_size = slurm_tasks_on_this_node(env).value_or(out.world_size);
     if (auto addr = env("MASTER_ADDR")) {
       out.master_addr = *addr;
     } else if (auto nodes = env("SLURM_JOB_NODELIST")) {

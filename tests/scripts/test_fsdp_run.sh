@@ -23,11 +23,7 @@ fail() {
   exit 1
 }
 pass() { echo "ok: $*"; }
-now() { date +%s.%N; }
-elapsed_since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }'; }
-less_than() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a < b) }'; }
-expect_eq() { [[ "$1" == "$2" ]] || fail "$3: expected '$2', got '$1'"; }
-expect_contains() { grep -qF -- "$2" "$1" || fail "$3: '$2' not found in $(basename "$1")"; }
+source "$(dirname "$0")/lib/expect.sh"
 # Runs fsdp-run with stdout/stderr to $OUT/$ERR and sets RC (the script itself keeps going).
 run() { RC=0; "$FSDP_RUN" "$@" >"$OUT" 2>"$ERR" || RC=$?; }
 # Our own processes whose command line contains $1, after giving them up to 1 s to disappear.
@@ -37,6 +33,15 @@ survivors() {
     sleep 0.1
   done
   pgrep -a -u "$(id -u)" -f "$1" || true
+}
+
+# wait_ranks PATTERN N: waits up to 5 s until N of our processes match ^PATTERN.
+wait_ranks() {
+  for _ in $(seq 50); do
+    [[ "$(pgrep -u "$(id -u)" -fc "^$1")" == "$2" ]] && return 0
+    sleep 0.1
+  done
+  fail "$2 ranks did not start within 5 s"
 }
 
 # --- 1. environment per rank ---------------------------------------------------------------
@@ -116,11 +121,7 @@ pass "rank killed by a signal"
 # --- 5. SIGTERM to fsdp-run stops every rank within the grace period -------------------------
 "$FSDP_RUN" --nproc 3 --grace-seconds 2 -- sh -c "trap 'echo got TERM; exit 0' TERM; sleep 63.$MARK & wait" >"$OUT" 2>"$ERR" &
 launcher=$!
-for _ in $(seq 50); do
-  [[ "$(pgrep -u "$(id -u)" -fc "^sleep 63.$MARK")" == 3 ]] && break
-  sleep 0.1
-done
-[[ "$(pgrep -u "$(id -u)" -fc "^sleep 63.$MARK")" == 3 ]] || fail "3 ranks did not start within 5 s"
+wait_ranks "sleep 63.$MARK" 3
 start="$(now)"
 kill -TERM "$launcher"
 RC=0; wait "$launcher" || RC=$?
@@ -136,11 +137,7 @@ pass "SIGTERM forwarded, stopped in ${took}s"
 # If fsdp-run itself is SIGKILLed, its ranks and their subprocesses die with it.
 "$FSDP_RUN" --nproc 2 -- sh -c "sleep 64.$MARK; echo done" >"$OUT" 2>"$ERR" &
 launcher=$!
-for _ in $(seq 50); do
-  [[ "$(pgrep -u "$(id -u)" -fc "^sleep 64.$MARK")" == 2 ]] && break
-  sleep 0.1
-done
-[[ "$(pgrep -u "$(id -u)" -fc "^sleep 64.$MARK")" == 2 ]] || fail "2 ranks did not start within 5 s"
+wait_ranks "sleep 64.$MARK" 2
 # (braces: keep bash's "Killed" job report out of the test log)
 { kill -KILL "$launcher"; wait "$launcher" || true; } 2>/dev/null
 left="$(survivors "64.$MARK")"

@@ -36,11 +36,7 @@ fail() {
 }
 pass() { echo "ok: $*"; }
 skip() { echo "SKIP: $*"; }
-now() { date +%s.%N; }
-elapsed_since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }'; }
-less_than() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a < b) }'; }
-expect_eq() { [[ "$1" == "$2" ]] || fail "$3: expected '$2', got '$1'"; }
-expect_contains() { grep -qF -- "$2" "$1" || fail "$3: '$2' not found in $(basename "$1")"; }
+source "$(dirname "$0")/lib/expect.sh"
 reset_logs() { rm -f "$WORK"/*.out "$WORK"/*.err; }
 
 # A free TCP port on loopback (the kernel picks it; a tiny race with other jobs is accepted).
@@ -139,34 +135,32 @@ else
 fi
 
 # --- (c) OpenMPI and Slurm variables on bare processes ----------------------------------------
-reset_logs
-port="$(free_port)"
-pids=()
-for r in 0 1; do
-  start_bare "ompi$r" 20 OMPI_COMM_WORLD_RANK=$r OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_LOCAL_RANK=$r \
-    OMPI_COMM_WORLD_LOCAL_SIZE=2 MASTER_PORT="$port" --
-  pids+=("$PID")
-done
-for r in 0 1; do
-  rc_of "${pids[$r]}"
-  expect_eq "$RC" 0 "OpenMPI rank $r: exit code"
-  expect_eq "$(cat "$WORK/ompi$r.out")" "$(smoke_line "$r" 2 "$r" openmpi 0)" "OpenMPI rank $r: output"
-done
+# bare_pair NAME SOURCE LABEL VARS_FN: ranks 0 and 1 as bare processes with the variables
+# `VARS_FN RANK PORT` prints (one fresh port for the pair); both must exit 0 printing the smoke
+# line of launcher source SOURCE.
+bare_pair() {
+  local name=$1 source=$2 label=$3 vars_fn=$4 port r
+  reset_logs
+  port="$(free_port)"
+  pids=()
+  for r in 0 1; do
+    # shellcheck disable=SC2046 # VARS_FN prints NAME=VALUE words
+    start_bare "$name$r" 20 $("$vars_fn" "$r" "$port") --
+    pids+=("$PID")
+  done
+  for r in 0 1; do
+    rc_of "${pids[$r]}"
+    expect_eq "$RC" 0 "$label rank $r: exit code"
+    expect_eq "$(cat "$WORK/$name$r.out")" "$(smoke_line "$r" 2 "$r" "$source" 0)" "$label rank $r: output"
+  done
+}
+ompi_vars() {
+  echo "OMPI_COMM_WORLD_RANK=$1 OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_LOCAL_RANK=$1 OMPI_COMM_WORLD_LOCAL_SIZE=2 MASTER_PORT=$2"
+}
+slurm_vars() { echo "SLURM_PROCID=$1 SLURM_NTASKS=2 SLURM_LOCALID=$1 SLURM_JOB_NODELIST=localhost MASTER_PORT=$2"; }
+bare_pair ompi openmpi OpenMPI ompi_vars
 pass "(c) OpenMPI variables (OMPI_COMM_WORLD_*, MASTER_PORT; master defaults to 127.0.0.1)"
-
-reset_logs
-port="$(free_port)"
-pids=()
-for r in 0 1; do
-  start_bare "slurm$r" 20 SLURM_PROCID=$r SLURM_NTASKS=2 SLURM_LOCALID=$r SLURM_JOB_NODELIST=localhost \
-    MASTER_PORT="$port" --
-  pids+=("$PID")
-done
-for r in 0 1; do
-  rc_of "${pids[$r]}"
-  expect_eq "$RC" 0 "Slurm rank $r: exit code"
-  expect_eq "$(cat "$WORK/slurm$r.out")" "$(smoke_line "$r" 2 "$r" slurm 0)" "Slurm rank $r: output"
-done
+bare_pair slurm slurm Slurm slurm_vars
 pass "(c) Slurm variables (SLURM_PROCID/NTASKS/LOCALID, SLURM_JOB_NODELIST=localhost as master)"
 
 # --- (d) fail-fast, bare processes ------------------------------------------------------------

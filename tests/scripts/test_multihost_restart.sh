@@ -21,6 +21,24 @@ RC=0
 [[ $RC == 0 ]] || fail "uninterrupted run: exit $RC"
 
 CK="$WORK/ckpt"
+# kill_and_wait WHAT: SIGKILLs $victim (rank 1 of the first attempt); the launcher must restart
+# the job and finish with exit 0.
+kill_and_wait() {
+  kill -KILL "$victim"
+  RC=0
+  wait "$launcher" || RC=$?
+  [[ $RC == 0 ]] || fail "$1: exit $RC after one killed rank"
+}
+# check_resumed WHAT LOG METRICS [LAST_STEP]: the restarted attempt (LOG) resumed from a checkpoint
+# >= step-10 (sets from), and its METRICS from there on equal the uninterrupted run's bitwise.
+check_resumed() {
+  local d
+  from="$(grep -o "resumed from $CK/step-[0-9]* at step [0-9]*" "$2" | awk '{ print $NF }')"
+  [[ "$from" =~ ^[0-9]+$ && "$from" -ge 10 ]] || fail "$1: the restarted attempt did not resume from a checkpoint >= step-10 ('$from')"
+  d="$(/usr/bin/python3 "$HERE/lib/resumed_losses.py" "$WORK/full.jsonl" "$3" "$from" ${4:+"$4"} 2>&1)" ||
+    fail "$1: restarted run differs from the uninterrupted one: $d"
+}
+
 "$BIN/fsdp-run" --nproc 2 --max-restarts 1 -- "$BIN/fsdp-train" "${FLAGS[@]}" --metrics "$WORK/restarted.jsonl" \
   --checkpoint-dir "$CK" --checkpoint-every 5 --keep-checkpoints 2 --resume auto >"$WORK/restarted.out" 2>&1 &
 launcher=$!
@@ -30,15 +48,10 @@ for pid in $(pgrep -P "$launcher" -x fsdp-train); do
   tr '\0' '\n' <"/proc/$pid/environ" | grep -qx "RANK=1" && victim="$pid"
 done
 [[ -n "$victim" ]] || fail "rank 1 of the first attempt not found"
-kill -KILL "$victim"
-RC=0
-wait "$launcher" || RC=$?
-[[ $RC == 0 ]] || fail "--max-restarts 1: exit $RC after one killed rank"
+kill_and_wait "--max-restarts 1"
 grep -q "fsdp-run: rank 1 (pid $victim) was killed by signal 9" "$WORK/restarted.out" || fail "the kill is not reported"
 grep -q "fsdp-run: restarting all 2 ranks (restart 1 of 1)" "$WORK/restarted.out" || fail "no restart line"
-from="$(grep -o "resumed from $CK/step-[0-9]* at step [0-9]*" "$WORK/restarted.out" | awk '{ print $NF }')"
-[[ "$from" =~ ^[0-9]+$ && "$from" -ge 10 ]] || fail "the restarted attempt did not resume from a checkpoint >= step-10 ('$from')"
-d="$(/usr/bin/python3 "$HERE/lib/resumed_losses.py" "$WORK/full.jsonl" "$WORK/restarted.jsonl" "$from" $STEPS 2>&1)" || fail "restarted run differs from the uninterrupted one: $d"
+check_resumed "--max-restarts 1" "$WORK/restarted.out" "$WORK/restarted.jsonl" "$STEPS"
 echo "ok: rank 1 killed, --max-restarts 1 resumed from step-$from; steps $((from + 1))-$STEPS and the final eval bitwise equal to an uninterrupted run"
 
 # The same under real torchrun (agent store, keys under /worker/attempt_<n>): it restarts the
@@ -63,13 +76,8 @@ else
       [[ "$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null)" == *"$CK"* ]] && victim="$pid"
   done
   [[ -n "$victim" ]] || fail "torchrun: rank 1 of the first attempt not found"
-  kill -KILL "$victim"
-  RC=0
-  wait "$launcher" || RC=$?
-  [[ $RC == 0 ]] || fail "torchrun --max_restarts 1: exit $RC after one killed rank"
-  from="$(grep -o "resumed from $CK/step-[0-9]* at step [0-9]*" "$WORK/torchrun.out" | awk '{ print $NF }')"
-  [[ "$from" =~ ^[0-9]+$ && "$from" -ge 10 ]] || fail "torchrun: the restarted attempt did not resume from a checkpoint >= step-10 ('$from')"
-  d="$(/usr/bin/python3 "$HERE/lib/resumed_losses.py" "$WORK/full.jsonl" "$WORK/torchrun.jsonl" "$from" 2>&1)" || fail "torchrun: restarted run differs from the uninterrupted one: $d"
+  kill_and_wait "torchrun --max_restarts 1"
+  check_resumed "torchrun" "$WORK/torchrun.out" "$WORK/torchrun.jsonl"
   echo "ok: torchrun --max_restarts 1: rank 1 killed, resumed from step-$from, later steps and final eval bitwise equal"
 fi
 echo "all restart checks passed"

@@ -4,8 +4,10 @@
 /// Launchers and the variables they set:
 ///   torchrun / fsdp-run : RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT
 ///                         (+ TORCHELASTIC_USE_AGENT_STORE, TORCHELASTIC_RESTART_COUNT)
-///   Slurm (srun)        : SLURM_PROCID SLURM_NTASKS SLURM_LOCALID SLURM_NTASKS_PER_NODE
-///                         SLURM_JOB_NODELIST (no MASTER_ADDR: first host of the node list)
+///   Slurm (srun)        : SLURM_PROCID SLURM_NTASKS SLURM_LOCALID SLURM_JOB_NODELIST
+///                         (no MASTER_ADDR: first host of the node list); local world size:
+///                         this node's (SLURM_NODEID) entry of SLURM_STEP_TASKS_PER_NODE or
+///                         SLURM_TASKS_PER_NODE ("2(x3),1"), else SLURM_NTASKS_PER_NODE
 ///   OpenMPI (mpirun)    : OMPI_COMM_WORLD_RANK OMPI_COMM_WORLD_SIZE
 ///                         OMPI_COMM_WORLD_LOCAL_RANK OMPI_COMM_WORLD_LOCAL_SIZE
 ///                         (no MASTER_ADDR: it must be set by the user)
