@@ -18,6 +18,7 @@
 #include "fsdp/trainer/memory_summary.h"
 #include "fsdp/trainer/metrics_log.h"
 #include "fsdp/trainer/progress.h"
+#include "fsdp/trainer/step_loss_reduction.h"
 
 namespace fsdp::trainer::detail {
 
@@ -324,6 +325,21 @@ FitResult run_training_loop(const TrainerOptions& o, const dist::ProcessGroup& p
   StepMetrics last;
   int64_t interval_samples = 0;
   auto t_interval = Clock::now();
+  StepLossReduction losses(pg);
+  // A step's metrics once its global loss is known: log, callbacks, progress.
+  auto emit = [&](const StepMetrics& sm) {
+    result.losses.push_back(sm.loss);
+    log.write_step(sm);
+    for (auto& cb : callbacks) cb->on_step_end(sm);
+    last = sm;
+    interval_samples += sm.samples;
+    if (sm.step % o.log_every_n_steps() == 0 || sm.step == total_steps) {
+      const double dt = std::chrono::duration<double>(Clock::now() - t_interval).count();
+      progress.report(sm.step, sm.loss, double(interval_samples) / std::max(dt, 1e-9));
+      t_interval = Clock::now();
+      interval_samples = 0;
+    }
+  };
   int64_t last_validated = -1;
   for (int64_t step = first_step; step < total_steps; ++step) {
     const auto t_step = Clock::now();
@@ -361,37 +377,28 @@ FitResult run_training_loop(const TrainerOptions& o, const dist::ProcessGroup& p
     if (model.fsdp && o.gradient_clip_val() > 0) model.fsdp->clip_grad_norm_(o.gradient_clip_val());
     opt.step();  // zero1/zero2 clip inside step() (ZeroOptions::clip_grad_norm)
     if (model.scheduler) model.scheduler->step();
-    auto t = torch::tensor({loss_sum}, torch::kFloat64);
-    dist::all_reduce(pg, t, dist::ReduceOp::Sum).wait();
-    const double step_loss = t.item<double>() / double(m);
-    result.losses.push_back(step_loss);
-
-    const auto now = Clock::now();
     StepMetrics sm;
     sm.step = step + 1;
     sm.epoch = epoch;
-    sm.loss = step_loss;
     sm.samples = m;
     sm.lr = lr;
-    sm.samples_per_s = double(m) / std::max(1e-9, std::chrono::duration<double>(now - t_step).count());
+    sm.samples_per_s = double(m) / std::max(1e-9, std::chrono::duration<double>(Clock::now() - t_step).count());
     if (want_memory) sm.memory = memory_now(model);
-    log.write_step(sm);
-    for (auto& cb : callbacks) cb->on_step_end(sm);
-    last = sm;
-    interval_samples += m;
-    if (sm.step % o.log_every_n_steps() == 0 || sm.step == total_steps) {
-      const double dt = std::chrono::duration<double>(Clock::now() - t_interval).count();
-      progress.report(sm.step, step_loss, double(interval_samples) / std::max(dt, 1e-9));
-      t_interval = Clock::now();
-      interval_samples = 0;
-    }
-    if (sm.step == total_steps || (o.checkpoint_interval() > 0 && sm.step % o.checkpoint_interval() == 0))
-      checkpoint(sm.step);
-    if (o.val_check_interval() > 0 && sm.step % o.val_check_interval() == 0) {
+    // The global loss arrives after the next step's optimizer step unless something
+    // between the steps needs it now ([Note: overlapped step loss]).
+    losses.start(sm, loss_sum, double(m));
+    const bool save_now =
+        sm.step == total_steps || (o.checkpoint_interval() > 0 && sm.step % o.checkpoint_interval() == 0);
+    const bool validate_now = o.val_check_interval() > 0 && sm.step % o.val_check_interval() == 0;
+    const size_t may_stay = o.overlap_step_metrics() && !save_now && !validate_now ? 1 : 0;
+    while (losses.in_flight() > may_stay) emit(losses.finish_oldest());
+    if (save_now) checkpoint(sm.step);
+    if (validate_now) {
       validate(sm.step);
       last_validated = sm.step;
     }
   }
+  while (losses.in_flight() > 0) emit(losses.finish_oldest());
   progress.finish();
   if (data.validation_step && last_validated != total_steps) validate(total_steps);
   result.last_step = total_steps;

@@ -24,6 +24,7 @@
 #include "fsdp/trainer/memory_summary.h"
 #include "fsdp/trainer/metrics_log.h"
 #include "fsdp/trainer/progress.h"
+#include "fsdp/trainer/step_loss_reduction.h"
 #include "models.h"
 #include "resume.h"
 #include "task.h"
@@ -293,6 +294,18 @@ int train(const TrainOptions& o, const dist::ProcessGroup& pg, FullyShardedBase*
   const auto t_start = Clock::now();
   auto t_interval = t_start;
   int64_t interval_steps = 0;
+  fsdp::trainer::StepLossReduction losses(pg);
+  // A reduced step: its metrics line, and the progress report on log steps.
+  auto emit = [&](const fsdp::trainer::StepMetrics& m) {
+    if (lead && metrics.enabled()) metrics.write_step(m);
+    if (m.step % o.log_every == 0 || m.step == total_steps) {
+      const auto now = Clock::now();
+      progress.report(m.step, m.loss, double(interval_steps * o.batch_size) /
+                                          std::chrono::duration<double>(now - t_interval).count());
+      t_interval = now;
+      interval_steps = 0;
+    }
+  };
   if (first_step == 0) checkpoint(0);  // a resumed run does not rewrite the checkpoint it started from
   for (int64_t s = first_step; s < total_steps; ++s) {
     const auto t_step = Clock::now();
@@ -306,32 +319,26 @@ int train(const TrainOptions& o, const dist::ProcessGroup& pg, FullyShardedBase*
     ++interval_steps;
 
     const int64_t step = s + 1;
+    // The previous step's loss, reduced while this step ran ([Note: overlapped step loss]).
+    if (losses.in_flight() > 0) emit(losses.finish_oldest());
     const bool log_now = step % o.log_every == 0 || step == total_steps;
+    const bool save_now = step == total_steps || (o.checkpoint_every > 0 && step % o.checkpoint_every == 0);
+    const bool eval_now = o.eval_every > 0 && step % o.eval_every == 0 && step != total_steps;
     if (loss_every_step || log_now) {
-      auto global = loss.detach().to(torch::kFloat64).reshape({1});
-      dist::all_reduce(pg, global, dist::ReduceOp::Avg).wait();
-      const double loss_value = global.item<double>();
-      const auto now = Clock::now();
-      if (lead && metrics.enabled()) {
-        fsdp::trainer::StepMetrics m;
-        m.step = step;
-        m.epoch = s / task.steps_per_epoch();
-        m.loss = loss_value;
-        m.samples = o.batch_size;
-        m.lr = o.effective_lr();
-        m.samples_per_s = double(o.batch_size) / std::chrono::duration<double>(now - t_step).count();
-        m.memory = memory_now();
-        metrics.write_step(m);
-      }
-      if (log_now) {
-        double dt = std::chrono::duration<double>(now - t_interval).count();
-        progress.report(step, loss_value, double(interval_steps * o.batch_size) / dt);
-        t_interval = now;
-        interval_steps = 0;
-      }
+      fsdp::trainer::StepMetrics m;
+      m.step = step;
+      m.epoch = s / task.steps_per_epoch();
+      m.samples = o.batch_size;
+      m.lr = o.effective_lr();
+      m.samples_per_s = double(o.batch_size) / std::chrono::duration<double>(Clock::now() - t_step).count();
+      if (lead && metrics.enabled()) m.memory = memory_now();
+      // The mean of the ranks' means, as ReduceOp::Avg gave it (the sum, then / world).
+      losses.start(m, loss.item<double>(), double(world));
+      // Checkpoints and evaluations report after the step's line: take it back now.
+      if (save_now || eval_now) emit(losses.finish_oldest());
     }
-    if (step == total_steps || (o.checkpoint_every > 0 && step % o.checkpoint_every == 0)) checkpoint(step);
-    if (o.eval_every > 0 && step % o.eval_every == 0 && step != total_steps) {
+    if (save_now) checkpoint(step);
+    if (eval_now) {
       const auto t0 = Clock::now();
       eval_and_report(step);
       paused_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
