@@ -13,8 +13,11 @@
 // The plain reads land in a buffer the size of the rank's bytes, touched
 // beforehand, as a load lands in the model's (already touched) parameter and
 // optimizer storage. Ratio = baseline seconds / checkpoint seconds (target >= 0.8).
+// Before every cold region (save, cold load, write, cold read) the bench waits until
+// the VM's free page reporting is quiet, so a load and its baseline allocate their page
+// cache from memory in the same state ([Note: settle before cold regions]).
 //
-//   bench_checkpoint [--params N] [--dir DIR] [--nproc P]
+//   bench_checkpoint [--params N] [--dir DIR] [--nproc P] [--reps R] [--settle-ms S]
 //
 // Without RANK in the environment it re-executes itself under fsdp-run (same bin
 // directory). Prints a table and JSON lines {op, ranks, bytes, seconds, gb_s,
@@ -40,6 +43,7 @@
 #include <filesystem>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <torch/torch.h>
@@ -129,6 +133,54 @@ void evict(const std::string& path) {
   ::close(fd);
 }
 
+// KiB of free guest memory this VM's kernel has handed back to the host so far (free page
+// reporting to the balloon device; a counter of the page_reporting module on the VMs this
+// project is measured on), -1 where there is no such counter. A page handed back costs a host
+// fault when the guest next touches it, and a cold read's page cache is such fresh memory.
+int64_t vm_reported_kib() {
+  std::FILE* f = std::fopen("/sys/module/page_reporting/parameters/reported_kib", "r");
+  if (!f) return -1;
+  long long kib = -1;
+  if (std::fscanf(f, "%lld", &kib) != 1) kib = -1;
+  std::fclose(f);
+  return kib;
+}
+
+// [Note: settle before cold regions]
+// Every cold region starts right after its input was evicted, which frees a rank file's worth
+// of page cache per rank. On a VM with free page reporting (the balloon device of the VMs
+// this project is measured on), the guest hands free memory back to the host in passes that
+// start ~2 s after enough memory was freed (Linux's PAGE_REPORTING_DELAY), and the guest's
+// first touch of a page handed back costs a host fault: measured here (anonymous memory,
+// fault + zero-fill) ~5.5-6.3 us per 4 KiB
+// page against ~2.9-3.4 us for a page freed a moment ago. A cold read's page cache is such
+// first-touched memory, whether it is read through read() or through a mapping. In the old
+// back-to-back order, which region paid it depended on the bench's own timing (where the
+// passes landed, and whether a region's page cache came from memory freed just before or
+// from memory handed back earlier): most often the first cold load of a run, sometimes a
+// later load or a plain read (docs/benchmarks.md, "first cold load"). So before every cold
+// region (save, load, write, read) the bench waits until the VM has stopped reporting (its
+// counter unchanged for settle_ms, at most 5x that; settle_ms where there is no counter):
+// a load and its baseline then start from the same state, as a resume does that loads a
+// checkpoint long after its pages left the page cache. --settle-ms 0 restores the old
+// back-to-back order (to compare with older builds).
+void settle(int64_t settle_ms) {
+  if (settle_ms <= 0) return;
+  const auto step = std::chrono::milliseconds(100);
+  int64_t last = vm_reported_kib(), quiet_ms = 0, waited_ms = 0;
+  if (last < 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(settle_ms));
+    return;
+  }
+  while (quiet_ms < settle_ms && waited_ms < 5 * settle_ms) {
+    std::this_thread::sleep_for(step);
+    waited_ms += 100;
+    const int64_t k = vm_reported_kib();
+    quiet_ms = k == last ? quiet_ms + 100 : 0;
+    last = k;
+  }
+}
+
 // The CRC-32 the library uses (libdeflate when present, zlib otherwise or with
 // FSDP_CKPT_ZLIB_CRC), so the cached-load baseline checksums as a load must.
 using Crc32Fn = unsigned long (*)(unsigned long, const void*, size_t);
@@ -171,12 +223,14 @@ void plain_read(const std::string& path, char* dst, int64_t n, bool crc) {
 }
 
 const char* kUsage =
-    "usage: bench_checkpoint [--params N] [--dir DIR] [--nproc P] [--reps R]\n"
+    "usage: bench_checkpoint [--params N] [--dir DIR] [--nproc P] [--reps R] [--settle-ms S]\n"
     "  --params N   model size in parameters (default 100000000)\n"
     "  --dir DIR    where the checkpoint and the plain files go (default /tmp)\n"
     "  --nproc P    ranks started under fsdp-run (default 4)\n"
     "  --reps R     repeat the cold and cached loads and their baselines R times in all\n"
-    "               (default 1); repetitions 2..R print one JSON line per op with \"rep\"\n";
+    "               (default 1); repetitions 2..R print one JSON line per op with \"rep\"\n"
+    "  --settle-ms S before each cold region, wait until this VM's free page reporting has been\n"
+    "               quiet for S ms (default 2500; 0: no wait, the order of older builds)\n";
 
 // --help prints the usage and exits 0; an unknown flag, a flag without its value or a
 // value that is not a positive number exits 2. Checked before any rank starts.
@@ -188,13 +242,15 @@ void check_args(int argc, char** argv) {
       std::exit(0);
     }
     std::string why;
-    if (a != "--params" && a != "--dir" && a != "--nproc" && a != "--reps") why = "unknown argument '" + a + "'";
+    if (a != "--params" && a != "--dir" && a != "--nproc" && a != "--reps" && a != "--settle-ms") why = "unknown argument '" + a + "'";
     else if (i + 1 >= argc) why = a + " needs a value";
     else if (a != "--dir") {
       const std::string v = argv[++i];
       char* end = nullptr;
       const long long n = std::strtoll(v.c_str(), &end, 10);
-      if (v.empty() || *end != '\0' || n < 1) why = a + " expects a positive integer, got '" + v + "'";
+      const long long least = a == "--settle-ms" ? 0 : 1;
+      if (v.empty() || *end != '\0' || n < least)
+        why = a + " expects " + (least ? "a positive" : "a non-negative") + " integer, got '" + v + "'";
     } else {
       ++i;
     }
@@ -236,19 +292,28 @@ int rank_main(int argc, char** argv) {
   if (rank == 0) fs::create_directories(dir);
   dist::barrier(pg);
   // Every timed region runs between barriers, so it ends when the slowest rank is done.
-  std::vector<double> cpu;  // this rank's CPU seconds of each timed region, in order
-  auto timed = [&](const std::function<void()>& f) {
+  std::vector<double> cpu;     // this rank's CPU seconds of each timed region, in order
+  std::vector<double> vm_mib;  // MiB the VM reported (handed back) during each region; -1: no counter
+  const int64_t settle_ms = std::stoll(arg(argc, argv, "--settle-ms", "2500"));
+  // A cold region first waits for the VM's page reporting to settle ([Note: settle before
+  // cold regions]); every rank has evicted its input by then (the first barrier).
+  auto timed = [&](const std::function<void()>& f, bool cold) {
     dist::barrier(pg);
+    if (cold && rank == 0) settle(settle_ms);
+    dist::barrier(pg);
+    const int64_t k0 = vm_reported_kib();
     const double t0 = now(), c0 = cpu_now();
     f();
     cpu.push_back(cpu_now() - c0);
     dist::barrier(pg);
-    return now() - t0;
+    const double s = now() - t0;
+    vm_mib.push_back(k0 < 0 ? -1.0 : (vm_reported_kib() - k0) / 1024.0);
+    return s;
   };
   auto peak_since = [&](const std::function<void()>& f, double* seconds) {
     const int64_t live_before = counter->live();
     counter->reset_peak();
-    *seconds = timed(f);
+    *seconds = timed(f, true);
     return counter->peak() - live_before;
   };
 
@@ -270,20 +335,20 @@ int rank_main(int argc, char** argv) {
   const int64_t load_extra = peak_since(
       [&] { load_rss = peak_rss_growth([&] { load_checkpoint(dir + "/ckpt", *model, &opt); }); }, &load_cold_s);
   const double resident_load_cached = resident_fraction(my_file);
-  load_cached_s = timed([&] { load_checkpoint(dir + "/ckpt", *model, &opt); });
+  load_cached_s = timed([&] { load_checkpoint(dir + "/ckpt", *model, &opt); }, false);
 
   // 3. The baselines: the same bytes per rank, one file per rank, same processes.
   const std::string plain = dir + "/plain_rank" + std::to_string(rank) + ".bin";
   auto data = at::empty({std::max<int64_t>(my_bytes, 1)}, at::kByte);
   char* buf = reinterpret_cast<char*>(data.data_ptr<uint8_t>());
   for (int64_t i = 0; i < my_bytes; ++i) buf[i] = static_cast<char>(i * 131 + (i >> 12));  // touched, not zero
-  const double write_s = timed([&] { plain_write(plain, buf, my_bytes); });
+  const double write_s = timed([&] { plain_write(plain, buf, my_bytes); }, true);
   evict(plain);
-  const double read_cold_s = timed([&] { plain_read(plain, buf, my_bytes, false); });
+  const double read_cold_s = timed([&] { plain_read(plain, buf, my_bytes, false); }, true);
   // Straight after the cold read, as the cached load follows the cold load: the
   // same page-cache history (pages read once, not yet promoted to the active list).
   const double resident_read_crc = resident_fraction(plain);
-  const double read_crc_s = timed([&] { plain_read(plain, buf, my_bytes, true); });
+  const double read_crc_s = timed([&] { plain_read(plain, buf, my_bytes, true); }, false);
 
   // 4. fsdp-ckpt consolidate (rank 0, one process) against copying the same
   // number of bytes out of the rank files into one file + fsync, through a 1 MiB
@@ -344,11 +409,12 @@ int rank_main(int argc, char** argv) {
       double s, cpu;
       const char* base;
       double bs, bcpu;
+      double vm, bvm;  // MiB the VM reported during the region and during its baseline
     };
     // Timed regions in order: save, load cold, load cached, write, read cold, read + CRC.
-    const Row rows[] = {{"save_cold", save_s, c[0], "write+fsync", write_s, c[3]},
-                        {"load_cold", load_cold_s, c[1], "read", read_cold_s, c[4]},
-                        {"load_cached", load_cached_s, c[2], "read+crc", read_crc_s, c[5]}};
+    const Row rows[] = {{"save_cold", save_s, c[0], "write+fsync", write_s, c[3], vm_mib[0], vm_mib[3]},
+                        {"load_cold", load_cold_s, c[1], "read", read_cold_s, c[4], vm_mib[1], vm_mib[4]},
+                        {"load_cached", load_cached_s, c[2], "read+crc", read_crc_s, c[5], vm_mib[2], vm_mib[5]}};
     std::printf("%-12s %9s %8s %8s   %-12s %9s %8s %8s %7s %9s\n", "op", "seconds", "GB/s", "cpu s", "baseline",
                 "seconds", "GB/s", "cpu s", "ratio", "cpu ratio");
     for (const auto& r : rows)
@@ -368,12 +434,19 @@ int rank_main(int argc, char** argv) {
     // this VM reclaims pages that look idle for 30 s; docs/benchmarks.md).
     std::printf("page-cache residency of the input (least-cached rank): load_cached %.3f, read+crc %.3f, "
                 "consolidate %.3f\n", resident[0].item<double>(), resident[1].item<double>(), resident_consolidate);
+    // Memory the VM handed back to the host during a region is memory a cold read may have
+    // to fault back in ([Note: settle before cold regions]).
+    if (vm_mib[0] >= 0)
+      std::printf("MiB this VM reported free to its host during each region (settle %ld ms): save %.0f, load_cold %.0f, "
+                  "load_cached %.0f, write %.0f, read %.0f, read+crc %.0f\n", (long)settle_ms, vm_mib[0], vm_mib[1],
+                  vm_mib[2], vm_mib[3], vm_mib[4], vm_mib[5]);
     for (const auto& r : rows)
       std::printf("{\"op\": \"%s\", \"ranks\": %d, \"bytes\": %ld, \"seconds\": %.4f, \"gb_s\": %.4f, "
                   "\"cpu_seconds\": %.4f, \"baseline\": \"%s\", \"baseline_seconds\": %.4f, "
-                  "\"baseline_gb_s\": %.4f, \"baseline_cpu_seconds\": %.4f, \"ratio\": %.3f, \"cpu_ratio\": %.3f}\n",
+                  "\"baseline_gb_s\": %.4f, \"baseline_cpu_seconds\": %.4f, \"ratio\": %.3f, \"cpu_ratio\": %.3f, "
+                  "\"settle_ms\": %ld, \"vm_reported_mib\": %.0f, \"baseline_vm_reported_mib\": %.0f}\n",
                   r.op, world, (long)bytes, r.s, gb / r.s, r.cpu, r.base, r.bs, gb / r.bs, r.bcpu, r.bs / r.s,
-                  r.bcpu / r.cpu);
+                  r.bcpu / r.cpu, (long)settle_ms, r.vm, r.bvm);
     std::printf("{\"op\": \"consolidate\", \"ranks\": 1, \"bytes\": %ld, \"seconds\": %.4f, \"gb_s\": %.4f, "
                 "\"cpu_seconds\": %.4f, \"baseline\": \"read+write+fsync\", \"baseline_seconds\": %.4f, "
                 "\"baseline_gb_s\": %.4f, \"baseline_cpu_seconds\": %.4f, \"ratio\": %.3f, \"cpu_ratio\": %.3f}\n",
@@ -387,26 +460,29 @@ int rank_main(int argc, char** argv) {
   const int reps = std::stoi(arg(argc, argv, "--reps", "1"));
   for (int rep = 2; rep <= reps; ++rep) {
     cpu.clear();
+    vm_mib.clear();
     evict(my_file);
     if (rank == 0) evict(dir + "/ckpt/metadata.json");
-    const double lc = timed([&] { load_checkpoint(dir + "/ckpt", *model, &opt); });
-    const double la = timed([&] { load_checkpoint(dir + "/ckpt", *model, &opt); });
+    const double lc = timed([&] { load_checkpoint(dir + "/ckpt", *model, &opt); }, true);
+    const double la = timed([&] { load_checkpoint(dir + "/ckpt", *model, &opt); }, false);
     evict(plain);
-    const double rc = timed([&] { plain_read(plain, buf, my_bytes, false); });
-    const double ra = timed([&] { plain_read(plain, buf, my_bytes, true); });
+    const double rc = timed([&] { plain_read(plain, buf, my_bytes, false); }, true);
+    const double ra = timed([&] { plain_read(plain, buf, my_bytes, true); }, false);
     auto rc_all = torch::tensor(cpu, torch::kDouble);
     dist::all_reduce(pg, rc_all).wait();
     const auto rcpu = rc_all.accessor<double, 1>();
     if (rank == 0) {
       const double gb = bytes / 1e9;
-      const struct { const char* op; double s, c; const char* base; double bs, bc; } rows2[] = {
-          {"load_cold", lc, rcpu[0], "read", rc, rcpu[2]}, {"load_cached", la, rcpu[1], "read+crc", ra, rcpu[3]}};
+      const struct { const char* op; double s, c; const char* base; double bs, bc, vm, bvm; } rows2[] = {
+          {"load_cold", lc, rcpu[0], "read", rc, rcpu[2], vm_mib[0], vm_mib[2]},
+          {"load_cached", la, rcpu[1], "read+crc", ra, rcpu[3], vm_mib[1], vm_mib[3]}};
       for (const auto& r : rows2)
         std::printf("{\"op\": \"%s\", \"rep\": %d, \"ranks\": %d, \"bytes\": %ld, \"seconds\": %.4f, \"gb_s\": %.4f, "
                     "\"cpu_seconds\": %.4f, \"baseline\": \"%s\", \"baseline_seconds\": %.4f, "
-                    "\"baseline_gb_s\": %.4f, \"baseline_cpu_seconds\": %.4f, \"ratio\": %.3f, \"cpu_ratio\": %.3f}\n",
+                    "\"baseline_gb_s\": %.4f, \"baseline_cpu_seconds\": %.4f, \"ratio\": %.3f, \"cpu_ratio\": %.3f, "
+                    "\"settle_ms\": %ld, \"vm_reported_mib\": %.0f, \"baseline_vm_reported_mib\": %.0f}\n",
                     r.op, rep, world, (long)bytes, r.s, gb / r.s, r.c, r.base, r.bs, gb / r.bs, r.bc, r.bs / r.s,
-                    r.bc / r.c);
+                    r.bc / r.c, (long)settle_ms, r.vm, r.bvm);
       std::fflush(stdout);
     }
   }

@@ -24,6 +24,7 @@
 #include "harness/counting_allocator.h"
 #include "harness/models.h"
 #include "harness/multirank.h"
+#include "harness/temp_dir.h"
 #include "models.h"  // fsdp-train's gpt (tools/fsdp_train)
 
 using namespace fsdp;
@@ -461,6 +462,31 @@ void rank0_load_cases(dist::ProcessGroup& pg) {
     }
   });
 
+  // HYBRID_SHARD, shard groups of 2 at 4 ranks: each unit is split over a group of 2
+  // and replicated in the other, so rank 0's values must reach both groups and each
+  // rank keep the piece of its place in its own group.
+  if (pg.size() == 4)
+    run_case("rank-0 pretrained load under hybrid_shard equals eager loading", [&] {
+      const auto h = Options(o).sharding_strategy(ShardingStrategy::HYBRID_SHARD).shard_group_size(2);
+      auto eager = FullyShardedDataParallel(build_gpt(cfg, 5), pg, h);
+      load_state_dict(*eager, load_full_state_dict(path));
+      auto zero = FullyShardedDataParallel(build_gpt(cfg, 5, &pg, &h), pg, h);
+      StateDict dict;
+      if (pg.rank() == 0) dict = map_full_state_dict(path);
+      load_state_dict_from_rank0(*zero, dict);
+      // Gathered within this rank's shard group: every group holds the whole model.
+      const auto z = fsdp::testing::full_params(zero);
+      expect_bitwise_equal(z, fsdp::testing::full_params(eager));
+      const StateDict file = load_full_state_dict(path);
+      for (const auto& [name, t] : z) EXPECT_TRUE(torch::equal(t, file[name])) << name;
+      // The shards too, not only what a gather makes of them: half of each unit here.
+      std::map<std::string, torch::Tensor> shards_eager, shards_zero;
+      for (const auto& p : eager->named_parameters()) shards_eager[p.key()] = p.value().detach().clone();
+      for (const auto& p : zero->named_parameters()) shards_zero[p.key()] = p.value().detach().clone();
+      expect_bitwise_equal(shards_zero, shards_eager);
+      EXPECT_EQ(zero->memory_stats().param_shard_bytes, eager->memory_stats().param_shard_bytes);
+    });
+
   run_case("rank-0 load: unsharded units and a mismatching dict", [&] {
     // NO_SHARD: every unit's shard is its whole flat buffer, broadcast in place.
     const auto no_shard = Options(o).sharding_strategy(ShardingStrategy::NO_SHARD);
@@ -499,6 +525,46 @@ TEST(ZeroInit, ShardedConstruction) {
     rank0_load_cases(pg);
   });
 }
+// Both readers of a full state dict file (load_full_state_dict reads it,
+// map_full_state_dict maps it) check what they unpickled in one place and fail with
+// the same words, naming themselves and the file.
+TEST(ZeroInit, StateDictFileOfAnotherKindFailsInBothReaders) {
+  const auto dir = fsdp::testing::TempDir::create("fsdp-unpickled-");
+  auto write = [&](const std::string& name, const c10::IValue& v) {
+    const std::string path = dir.path() + "/" + name;
+    const std::vector<char> bytes = torch::pickle_save(v);
+    std::ofstream(path, std::ios::binary).write(bytes.data(), std::streamsize(bytes.size()));
+    return path;
+  };
+  // (Two entries each: the 1.13 C++ unpickler rejects one-element lists and dicts.)
+  const std::string list = write("list.pt", c10::List<at::Tensor>({torch::zeros({2}), torch::ones({1})}));
+  c10::Dict<std::string, int64_t> ints;
+  ints.insert("a", 1);
+  ints.insert("b", 2);
+  const std::string not_tensors = write("ints.pt", ints);
+  const std::string garbage = dir.path() + "/garbage.pt";
+  std::ofstream(garbage) << "not a pickle";
+  for (const std::string fn : {"load_full_state_dict", "map_full_state_dict"}) {
+    auto read = [&](const std::string& path) {
+      return error_of([&] { fn == "map_full_state_dict" ? map_full_state_dict(path) : load_full_state_dict(path); });
+    };
+    std::string err = read(list);
+    EXPECT_NE(err.find("fsdp: " + fn + ": '" + list + "' holds a GenericList, not a dict of tensors (save it with "
+                       "torch.save(dict(model.state_dict()), path))"),
+              std::string::npos)
+        << err;
+    err = read(not_tensors);
+    EXPECT_NE(err.find("fsdp: " + fn + ": '" + not_tensors + "' has a non-string key or non-tensor value"),
+              std::string::npos)
+        << err;
+    if (fn == "load_full_state_dict") {  // (map_full_state_dict stops earlier: not a zip file)
+      err = read(garbage);
+      EXPECT_NE(err.find("fsdp: " + fn + ": cannot unpickle '" + garbage + "' ("), std::string::npos) << err;
+      EXPECT_NE(err.find("an OrderedDict with _metadata is not readable from C++"), std::string::npos) << err;
+    }
+  }
+}
+
 TEST(ZeroInit, Gpt16ConstructionPeakN2) { run_ranks(2, gpt16_cases); }
 TEST(ZeroInit, Gpt16ConstructionPeakN4) {
   run_ranks(4, [](dist::ProcessGroup& pg) {

@@ -66,4 +66,21 @@ ConstructionEstimate estimate_construction(const std::vector<int64_t>& unit_nume
   return e;
 }
 
+ModelStateEstimate estimate_zero_model_state(int64_t num_params, int world_size, int stage, int64_t param_bytes,
+                                             int64_t optim_bytes) {
+  TORCH_CHECK(num_params >= 0 && world_size >= 1 && (stage == 1 || stage == 2) && (param_bytes == 2 || param_bytes == 4) &&
+                  optim_bytes >= 0,
+              "fsdp: estimate_zero_model_state needs num_params >= 0, world_size >= 1, stage 1 or 2, param_bytes 2 "
+              "(bf16) or 4 (fp32) and optim_bytes >= 0; got ",
+              num_params, ", ", world_size, ", ", stage, ", ", param_bytes, ", ", optim_bytes);
+  const double psi = double(num_params), p = double(param_bytes), o = double(optim_bytes), n = world_size;
+  // Below fp32 the partition also holds fp32 masters and the fp32 reduced gradients.
+  const double partition_fp32 = param_bytes == 4 ? 0 : 4 * psi / n;
+  ModelStateEstimate e;
+  e.param_bytes = p * psi + partition_fp32;
+  e.grad_bytes = stage == 1 ? p * psi + partition_fp32 : 4 * psi / n;
+  e.optim_bytes = o * psi / n;
+  return e;
+}
+
 }  // namespace fsdp

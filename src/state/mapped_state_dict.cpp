@@ -15,6 +15,7 @@
 #include <torch/torch.h>
 
 #include "fsdp/state/rank0_load.h"
+#include "unpickled_dict.h"
 
 namespace fsdp {
 namespace detail {
@@ -103,24 +104,14 @@ StateDict map_full_state_dict(const std::string& path) {
     return at::DataPtr(mapping->base + offset, new std::shared_ptr<detail::FileMapping>(mapping),
                        &detail::delete_mapping_ref, at::kCPU);
   };
-  c10::IValue v;
-  try {
+  StateDict out = detail::unpickled_state_dict("map_full_state_dict", path, [&] {
     torch::jit::Unpickler unpickler(reader, nullptr, nullptr, read_record, c10::nullopt);
     unpickler.set_version(zip->version());
-    v = unpickler.parse_ivalue();
-  } catch (const c10::Error& e) {
-    TORCH_CHECK(false, "fsdp: map_full_state_dict: cannot unpickle '", path, "' (", e.what_without_backtrace(),
-                "). Save a plain dict from Python: torch.save(dict(model.state_dict()), path); an OrderedDict "
-                "with _metadata is not readable from C++");
-  }
-  TORCH_CHECK(v.isGenericDict(), "fsdp: map_full_state_dict: '", path, "' holds a ", v.tagKind(),
-              ", not a dict of tensors (save it with torch.save(dict(model.state_dict()), path))");
-  StateDict out;
-  for (const auto& kv : v.toGenericDict()) {
-    TORCH_CHECK(kv.key().isString() && kv.value().isTensor(), "fsdp: map_full_state_dict: '", path,
-                "' has a non-string key or non-tensor value");
-    const at::Tensor t = kv.value().toTensor();
-    const std::string& key = kv.key().toStringRef();
+    return unpickler.parse_ivalue();
+  });
+  for (const auto& kv : out) {
+    const at::Tensor& t = kv.value();
+    const std::string& key = kv.key();
     // A truncated file would fault (SIGBUS) on first touch: check the extent now.
     if (t.has_storage() && t.storage().nbytes() > 0) {
       const size_t begin = static_cast<const char*>(t.storage().data()) - mapping->base;
@@ -128,7 +119,6 @@ StateDict map_full_state_dict(const std::string& path) {
                   path, "' needs bytes [", begin, ", ", begin + t.storage().nbytes(), ") but the file has ",
                   mapping->size, " (truncated?)");
     }
-    out.insert(key, t);
   }
   return out;
 }

@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include "../fsdp/state_view.h"
+#include "unpickled_dict.h"
 
 namespace fsdp {
 
@@ -190,23 +191,7 @@ StateDict load_full_state_dict(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   TORCH_CHECK(in, "fsdp: load_full_state_dict: cannot read '", path, "'");
   std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  c10::IValue v;
-  try {
-    v = torch::pickle_load(bytes);
-  } catch (const c10::Error& e) {
-    TORCH_CHECK(false, "fsdp: load_full_state_dict: cannot unpickle '", path, "' (", e.what_without_backtrace(),
-                "). Save a plain dict from Python: torch.save(dict(model.state_dict()), path); an OrderedDict "
-                "with _metadata is not readable from C++");
-  }
-  TORCH_CHECK(v.isGenericDict(), "fsdp: load_full_state_dict: '", path, "' holds a ", v.tagKind(),
-              ", not a dict of tensors (save it with torch.save(model.state_dict(), path))");
-  StateDict out;
-  for (const auto& kv : v.toGenericDict()) {
-    TORCH_CHECK(kv.key().isString() && kv.value().isTensor(), "fsdp: load_full_state_dict: '", path,
-                "' has a non-string key or non-tensor value");
-    out.insert(kv.key().toStringRef(), kv.value().toTensor());
-  }
-  return out;
+  return detail::unpickled_state_dict("load_full_state_dict", path, [&] { return torch::pickle_load(bytes); });
 }
 
 }  // namespace fsdp

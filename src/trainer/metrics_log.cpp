@@ -1,17 +1,20 @@
-#include "metrics_log.h"
+#include "fsdp/trainer/metrics_log.h"
 
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <utility>
+
 #include <c10/util/Exception.h>
 #include <nlohmann/json.hpp>
 
-namespace fsdp::trainer::detail {
+namespace fsdp::trainer {
 
-MetricsLog::MetricsLog(const std::string& path, bool append) {
+MetricsLog::MetricsLog(const std::string& path, bool append, std::string validation_key)
+    : validation_key_(std::move(validation_key)) {
   if (path.empty()) return;
   out_.open(path, std::ios::out | (append ? std::ios::app : std::ios::trunc));
-  TORCH_CHECK(out_.good(), "fsdp::Trainer: metrics_file ", path, ": cannot open it for writing (does the directory exist?)");
+  TORCH_CHECK(out_.good(), "metrics file ", path, ": cannot open it for writing (does the directory exist?)");
   enabled_ = true;
 }
 
@@ -36,7 +39,7 @@ void MetricsLog::write_validation(const ValidationMetrics& m) {
   if (!enabled_) return;
   nlohmann::json values = nlohmann::json::object();
   for (const auto& [k, v] : m.values) values[k] = v;
-  nlohmann::json j = {{"step", m.step}, {"validation", values}, {"samples", m.samples}};
+  nlohmann::json j = {{"step", m.step}, {validation_key_, values}, {"samples", m.samples}};
   out_ << j.dump() << '\n' << std::flush;
 }
 
@@ -53,4 +56,4 @@ int64_t peak_rss_bytes() {
   return int64_t(ru.ru_maxrss) * 1024;  // KiB on Linux
 }
 
-}  // namespace fsdp::trainer::detail
+}  // namespace fsdp::trainer

@@ -1,10 +1,8 @@
-#include "progress.h"
+#include "fsdp/trainer/progress.h"
 
 #include <unistd.h>
 
-namespace fsdp::trainer::detail {
-
-namespace {
+namespace fsdp::trainer {
 
 void format_duration(double seconds, char* out, size_t size) {
   long s = seconds < 0 ? 0 : long(seconds + 0.5);
@@ -13,17 +11,15 @@ void format_duration(double seconds, char* out, size_t size) {
   else std::snprintf(out, size, "%lds", s);
 }
 
-}  // namespace
-
-Progress::Progress(int64_t total_steps, bool enabled)
-    : total_(total_steps), enabled_(enabled), tty_(isatty(STDERR_FILENO) == 1),
+Progress::Progress(int64_t total_steps, bool enabled, int64_t first_step)
+    : total_(total_steps), enabled_(enabled), tty_(isatty(STDERR_FILENO) == 1), first_step_(first_step),
       start_(std::chrono::steady_clock::now()) {}
 
 void Progress::report(int64_t step, double loss, double samples_per_s) {
   if (!enabled_) return;
-  if (first_step_ < 0) first_step_ = step - 1;  // a resumed run starts the clock at its first step
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  // ETA from the average step time so far: steadier than the last interval's.
+  // ETA from the average step time so far: steadier than the last interval's. The clock
+  // started at construction, before step first_step_ + 1.
   const int64_t done = step - first_step_;
   const double eta = done > 0 ? elapsed / double(done) * double(total_ - step) : 0;
   char eta_s[32];
@@ -57,4 +53,4 @@ void Progress::finish() {
   bar_open_ = false;
 }
 
-}  // namespace fsdp::trainer::detail
+}  // namespace fsdp::trainer

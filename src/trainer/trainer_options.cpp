@@ -30,6 +30,11 @@ std::string trainer_options_error(const TrainerOptions& o, const TrainerParts& p
   if (!known_strategy(s))
     e << "unknown strategy '" << s
       << "'; use one of fsdp, full_shard, shard_grad_op, hybrid_shard, no_shard, zero1, zero2";
+  else if (o.strategy().is_zero() && o.strategy().fsdp().mixed_precision().enabled())
+    // ZeRO leaves the model unwrapped, so nothing would apply FSDP's policy: training
+    // would silently run in fp32.
+    e << "strategy '" << s << "' does not use fsdp().mixed_precision() (the model is not wrapped); "
+      << "set Strategy::zero().param_dtype(torch::kBFloat16) for bf16 under ZeRO";
   else if (!parts.model)
     e << "no model: call Trainer::model(factory) with a function that builds the model";
   else if (!parts.optimizer)

@@ -10,14 +10,15 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
-#include "checkpoint_steps.h"
 #include "fsdp/dist/collectives.h"
-#include "fsdp/fsdp/memory_estimate.h"
 #include "fsdp/state/checkpoint.h"
 #include "fsdp/state/zero_checkpoint.h"
+#include "fsdp/trainer/checkpoint_dir.h"
 #include "fsdp/trainer/global_sampler.h"
-#include "metrics_log.h"
-#include "progress.h"
+#include "fsdp/trainer/memory_summary.h"
+#include "fsdp/trainer/metrics_log.h"
+#include "fsdp/trainer/progress.h"
+#include "fsdp/trainer/step_loss_reduction.h"
 
 namespace fsdp::trainer::detail {
 
@@ -70,40 +71,7 @@ std::map<std::string, std::string> as_map(const std::vector<std::pair<std::strin
   return {v.begin(), v.end()};
 }
 
-int64_t bytes_of(const at::Tensor& t) { return t.defined() ? t.numel() * int64_t(t.element_size()) : 0; }
-
-/// Sum of the optimizer's state tensors on this rank (they live on the parameter pieces).
-int64_t optimizer_state_bytes(const LoopModel& m) {
-  if (m.zero) return m.zero->get_memory_usage()[MemoryCategory::kOptimizerState];
-  int64_t total = 0;
-  for (auto& kv : m.optimizer->state()) {
-    auto* s = kv.second.get();
-    if (auto* a = dynamic_cast<torch::optim::AdamParamState*>(s))
-      total += bytes_of(a->exp_avg()) + bytes_of(a->exp_avg_sq()) + bytes_of(a->max_exp_avg_sq());
-    else if (auto* w = dynamic_cast<torch::optim::AdamWParamState*>(s))
-      total += bytes_of(w->exp_avg()) + bytes_of(w->exp_avg_sq()) + bytes_of(w->max_exp_avg_sq());
-    else if (auto* g = dynamic_cast<torch::optim::SGDParamState*>(s))
-      total += bytes_of(g->momentum_buffer());
-  }
-  return total;
-}
-
-MemorySample memory_now(const LoopModel& m) {
-  MemorySample s;
-  if (m.fsdp) {
-    const auto ms = m.fsdp->memory_stats();
-    s.param_bytes = ms.param_shard_bytes;
-    s.grad_bytes = ms.grad_shard_bytes;
-    s.unsharded_peak_bytes = ms.unsharded_peak_bytes;
-  } else {
-    const auto u = m.zero->get_memory_usage();
-    s.param_bytes = u[MemoryCategory::kParameterShards] + u[MemoryCategory::kMasterWeights];
-    s.grad_bytes = u[MemoryCategory::kGradients];
-  }
-  s.optim_bytes = optimizer_state_bytes(m);
-  s.rss_bytes = current_rss_bytes();
-  return s;
-}
+MemorySample memory_now(const LoopModel& m) { return model_memory(m.fsdp, *m.optimizer); }
 
 std::vector<double> learning_rates(torch::optim::Optimizer& opt) {
   std::vector<double> lrs;
@@ -149,54 +117,29 @@ void restore_rng(const CheckpointExtra& extra, const dist::ProcessGroup& pg) {
   gen.set_state(it->second.contiguous());
 }
 
-void format_bytes(double b, char* out, size_t n) {
-  const char* unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (b >= 1024 && u < 4) b /= 1024, ++u;
-  std::snprintf(out, n, u ? "%.2f %s" : "%.0f %s", b, unit[u]);
-}
-
 /// Rank 0 prints each rank's model-state bytes next to unsharded Adam training's 16 B
-/// per parameter and the ZeRO accounting for the strategy (fsdp-train's summary).
+/// per parameter and the ZeRO accounting for the strategy.
 void memory_summary(const TrainerOptions& o, const dist::ProcessGroup& pg, const LoopModel& m) {
-  const MemorySample s = memory_now(m);
-  const int n = pg.size();
-  auto rows = torch::zeros({n, 4}, torch::kFloat64);
-  rows[pg.rank()][0] = double(s.param_bytes);
-  rows[pg.rank()][1] = double(s.grad_bytes);
-  rows[pg.rank()][2] = double(s.optim_bytes);
-  rows[pg.rank()][3] = double(s.unsharded_peak_bytes);
-  dist::all_reduce(pg, rows, dist::ReduceOp::Sum).wait();
-  if (pg.rank() != 0) return;
   const std::string& name = o.strategy().name();
-  const double psi = double(m.num_params);
-  double zero = 0;
-  if (name == "zero1") zero = 8 * psi + 8 * psi / n;
-  else if (name == "zero2") zero = 4 * psi + 12 * psi / n;
-  else {
+  const int n = pg.size();
+  int group = 0;
+  bool bf16 = false;
+  if (o.strategy().is_zero()) {
+    bf16 = o.strategy().zero().param_dtype() == at::kBFloat16;
+  } else {
     const auto fo = o.strategy().resolved_fsdp();
-    const int group = fo.shard_group_size() > 0 ? fo.shard_group_size() : pg.local_world_size();
-    zero = estimate_model_state(m.num_params, n, fo.sharding_strategy(), group).total();
+    group = fo.shard_group_size() > 0 ? fo.shard_group_size() : pg.local_world_size();
   }
-  char z[32], u[32];
-  format_bytes(zero, z, sizeof z);
-  format_bytes(16 * psi, u, sizeof u);
-  std::fprintf(stderr, "fsdp::Trainer memory per rank (%lld parameters; unsharded Adam training holds %s; "
-              "ZeRO estimate for %s with Adam: %s):\n",
-              (long long)m.num_params, u, name.c_str(), z);
-  std::fprintf(stderr, "  %-6s %14s %14s %14s %16s %14s\n", "rank", "params", "grads", "optim state", "peak unsharded",
-              "model state");
-  auto acc = rows.accessor<double, 2>();
-  for (int r = 0; r < n; ++r) {
-    char a[32], b[32], c[32], d[32], t[32];
-    format_bytes(acc[r][0], a, sizeof a);
-    format_bytes(acc[r][1], b, sizeof b);
-    format_bytes(acc[r][2], c, sizeof c);
-    format_bytes(acc[r][3], d, sizeof d);
-    format_bytes(acc[r][0] + acc[r][1] + acc[r][2], t, sizeof t);
-    std::fprintf(stderr, "  %-6d %14s %14s %14s %16s %14s\n", r, a, b, c, d, t);
+  const double zero = model_state_estimate(name, m.num_params, n, group, bf16);
+  if (pg.rank() == 0) {
+    char z[32], u[32];
+    format_bytes(zero, z, sizeof z);
+    format_bytes(16 * double(m.num_params), u, sizeof u);
+    std::fprintf(stderr, "fsdp::Trainer memory per rank (%lld parameters; unsharded Adam training holds %s; "
+                 "ZeRO estimate for %s with Adam: %s):\n",
+                 (long long)m.num_params, u, name.c_str(), z);
   }
-  std::fflush(stderr);
+  print_memory_table(stderr, pg, memory_now(m));
 }
 
 }  // namespace
@@ -291,7 +234,7 @@ FitResult run_training_loop(const TrainerOptions& o, const dist::ProcessGroup& p
   result.first_step = first_step;
 
   MetricsLog log(lead ? o.metrics_file() : "", first_step > 0);
-  Progress progress(total_steps, o.progress() && lead);
+  Progress progress(total_steps, o.progress() && lead, first_step);
 
   // --- validation -------------------------------------------------------------
   auto validate = [&](int64_t step) {
@@ -382,6 +325,21 @@ FitResult run_training_loop(const TrainerOptions& o, const dist::ProcessGroup& p
   StepMetrics last;
   int64_t interval_samples = 0;
   auto t_interval = Clock::now();
+  StepLossReduction losses(pg);
+  // A step's metrics once its global loss is known: log, callbacks, progress.
+  auto emit = [&](const StepMetrics& sm) {
+    result.losses.push_back(sm.loss);
+    log.write_step(sm);
+    for (auto& cb : callbacks) cb->on_step_end(sm);
+    last = sm;
+    interval_samples += sm.samples;
+    if (sm.step % o.log_every_n_steps() == 0 || sm.step == total_steps) {
+      const double dt = std::chrono::duration<double>(Clock::now() - t_interval).count();
+      progress.report(sm.step, sm.loss, double(interval_samples) / std::max(dt, 1e-9));
+      t_interval = Clock::now();
+      interval_samples = 0;
+    }
+  };
   int64_t last_validated = -1;
   for (int64_t step = first_step; step < total_steps; ++step) {
     const auto t_step = Clock::now();
@@ -419,37 +377,28 @@ FitResult run_training_loop(const TrainerOptions& o, const dist::ProcessGroup& p
     if (model.fsdp && o.gradient_clip_val() > 0) model.fsdp->clip_grad_norm_(o.gradient_clip_val());
     opt.step();  // zero1/zero2 clip inside step() (ZeroOptions::clip_grad_norm)
     if (model.scheduler) model.scheduler->step();
-    auto t = torch::tensor({loss_sum}, torch::kFloat64);
-    dist::all_reduce(pg, t, dist::ReduceOp::Sum).wait();
-    const double step_loss = t.item<double>() / double(m);
-    result.losses.push_back(step_loss);
-
-    const auto now = Clock::now();
     StepMetrics sm;
     sm.step = step + 1;
     sm.epoch = epoch;
-    sm.loss = step_loss;
     sm.samples = m;
     sm.lr = lr;
-    sm.samples_per_s = double(m) / std::max(1e-9, std::chrono::duration<double>(now - t_step).count());
+    sm.samples_per_s = double(m) / std::max(1e-9, std::chrono::duration<double>(Clock::now() - t_step).count());
     if (want_memory) sm.memory = memory_now(model);
-    log.write_step(sm);
-    for (auto& cb : callbacks) cb->on_step_end(sm);
-    last = sm;
-    interval_samples += m;
-    if (sm.step % o.log_every_n_steps() == 0 || sm.step == total_steps) {
-      const double dt = std::chrono::duration<double>(Clock::now() - t_interval).count();
-      progress.report(sm.step, step_loss, double(interval_samples) / std::max(dt, 1e-9));
-      t_interval = Clock::now();
-      interval_samples = 0;
-    }
-    if (sm.step == total_steps || (o.checkpoint_interval() > 0 && sm.step % o.checkpoint_interval() == 0))
-      checkpoint(sm.step);
-    if (o.val_check_interval() > 0 && sm.step % o.val_check_interval() == 0) {
+    // The global loss arrives after the next step's optimizer step unless something
+    // between the steps needs it now ([Note: overlapped step loss]).
+    losses.start(sm, loss_sum, double(m));
+    const bool save_now =
+        sm.step == total_steps || (o.checkpoint_interval() > 0 && sm.step % o.checkpoint_interval() == 0);
+    const bool validate_now = o.val_check_interval() > 0 && sm.step % o.val_check_interval() == 0;
+    const size_t may_stay = o.overlap_step_metrics() && !save_now && !validate_now ? 1 : 0;
+    while (losses.in_flight() > may_stay) emit(losses.finish_oldest());
+    if (save_now) checkpoint(sm.step);
+    if (validate_now) {
       validate(sm.step);
       last_validated = sm.step;
     }
   }
+  while (losses.in_flight() > 0) emit(losses.finish_oldest());
   progress.finish();
   if (data.validation_step && last_validated != total_steps) validate(total_steps);
   result.last_step = total_steps;

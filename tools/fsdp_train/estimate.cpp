@@ -26,57 +26,30 @@ int64_t model_num_params(const TrainOptions& o) {
   return mlp_num_params(o.hidden);
 }
 
-void format_bytes(double bytes, char* out, size_t size) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (bytes >= 1024 && u < 4) {
-    bytes /= 1024;
-    ++u;
-  }
-  std::snprintf(out, size, u == 0 ? "%.0f %s" : "%.2f %s", bytes, units[u]);
-}
-
-void print_memory_estimate(std::FILE* out, int64_t psi, int n) {
-  struct Row {
-    const char* name;
-    const char* formula;
-    fsdp::ShardingStrategy strategy;
-  };
-  const Row rows[] = {
-      {"NO_SHARD", "16*P", fsdp::ShardingStrategy::NO_SHARD},
-      {"SHARD_GRAD_OP", "4*P + 12*P/N", fsdp::ShardingStrategy::SHARD_GRAD_OP},
-      {"FULL_SHARD", "16*P/N", fsdp::ShardingStrategy::FULL_SHARD},
-  };
-  std::fprintf(out, "model-state memory per rank, fp32 Adam, P = %lld parameters, N = %d ranks\n",
-               (long long)psi, n);
+void print_memory_estimate(std::FILE* out, int64_t psi, int n, bool bf16) {
+  std::fprintf(out, "model-state memory per rank, fp32 Adam, P = %lld parameters, N = %d ranks%s\n", (long long)psi, n,
+               bf16 ? " (bf16: the ZERO rows hold bf16 parameters and fp32 masters; FSDP keeps fp32 shards)" : "");
   std::fprintf(out, "%-14s %-14s %14s %14s %14s %14s\n", "strategy", "formula", "params", "grads",
                "optim state", "total");
-  for (const Row& r : rows) {
-    const auto e = fsdp::estimate_model_state(psi, n, r.strategy);
+  auto row = [&](const char* name, const char* formula, const fsdp::ModelStateEstimate& e) {
     char a[32], b[32], c[32], t[32];
     format_bytes(e.param_bytes, a, sizeof(a));
     format_bytes(e.grad_bytes, b, sizeof(b));
     format_bytes(e.optim_bytes, c, sizeof(c));
     format_bytes(e.total(), t, sizeof(t));
-    std::fprintf(out, "%-14s %-14s %14s %14s %14s %14s\n", r.name, r.formula, a, b, c, t);
-  }
-  // ZeRO without a wrapper (--strategy zero1|zero2): parameters stay replicated.
-  const double p = double(psi);
-  const struct {
-    const char* name;
-    const char* formula;
-    double params, grads, optim;
-  } zero_rows[] = {{"ZERO1", "8*P + 8*P/N", 4 * p, 4 * p, 8 * p / n}, {"ZERO2", "4*P + 12*P/N", 4 * p, 4 * p / n, 8 * p / n}};
-  for (const auto& r : zero_rows) {
-    char a[32], b[32], c[32], t[32];
-    format_bytes(r.params, a, sizeof(a));
-    format_bytes(r.grads, b, sizeof(b));
-    format_bytes(r.optim, c, sizeof(c));
-    format_bytes(r.params + r.grads + r.optim, t, sizeof(t));
-    std::fprintf(out, "%-14s %-14s %14s %14s %14s %14s\n", r.name, r.formula, a, b, c, t);
-  }
+    std::fprintf(out, "%-14s %-14s %14s %14s %14s %14s\n", name, formula, a, b, c, t);
+  };
+  using S = fsdp::ShardingStrategy;
+  row("NO_SHARD", "16*P", fsdp::estimate_model_state(psi, n, S::NO_SHARD));
+  row("SHARD_GRAD_OP", "4*P + 12*P/N", fsdp::estimate_model_state(psi, n, S::SHARD_GRAD_OP));
+  row("FULL_SHARD", "16*P/N", fsdp::estimate_model_state(psi, n, S::FULL_SHARD));
+  // ZeRO without a wrapper (--strategy zero1|zero2): parameters stay replicated; under
+  // --mixed-precision bf16 they are bf16 and the partition adds fp32 masters and gradients.
+  const int64_t p = bf16 ? 2 : 4;
+  row("ZERO1", bf16 ? "4*P + 16*P/N" : "8*P + 8*P/N", fsdp::estimate_zero_model_state(psi, n, 1, p));
+  row("ZERO2", bf16 ? "2*P + 16*P/N" : "4*P + 12*P/N", fsdp::estimate_zero_model_state(psi, n, 2, p));
   std::fprintf(out, "(excludes activations, transient unsharded buffers and flat-buffer padding; "
-                    "library function: fsdp::estimate_model_state)\n");
+                    "library functions: fsdp::estimate_model_state, fsdp::estimate_zero_model_state)\n");
 }
 
 void print_construction_estimate(std::FILE* out, const TrainOptions& o, int n) {

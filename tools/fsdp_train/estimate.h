@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 
+#include "fsdp/trainer/memory_summary.h"
 #include "options.h"
 
 namespace fsdp::train {
@@ -26,7 +27,8 @@ int64_t model_num_params(const TrainOptions& o);
 /// Parameters of one gpt block: 12*dim^2 + 13*dim.
 int64_t gpt_block_num_params(int64_t dim);
 
-void print_memory_estimate(std::FILE* out, int64_t num_params, int world_size);
+/// `bf16` (--mixed-precision bf16): the ZERO1 / ZERO2 rows with bf16 parameters.
+void print_memory_estimate(std::FILE* out, int64_t num_params, int world_size, bool bf16);
 
 /// The construction peak per rank for the run `o` describes (its model, --strategy,
 /// --eager-init), from fsdp::estimate_construction, and the training peak's predictable part
@@ -34,7 +36,7 @@ void print_memory_estimate(std::FILE* out, int64_t num_params, int world_size);
 /// "build peak" and "train peak".
 void print_construction_estimate(std::FILE* out, const TrainOptions& o, int world_size);
 
-/// "1.23 MiB" style.
-void format_bytes(double bytes, char* out, size_t size);
+/// "1.23 MiB" style (the library's, shared with the Trainer's memory summary).
+using fsdp::trainer::format_bytes;
 
 }  // namespace fsdp::train

@@ -56,7 +56,7 @@ int main(int argc, char** argv) {
   if (o.estimate_memory) {
     const char* rank = std::getenv("RANK");
     if (rank == nullptr || std::string(rank) == "0") {
-      print_memory_estimate(stdout, model_num_params(o), world);
+      print_memory_estimate(stdout, model_num_params(o), world, o.mixed_precision == "bf16");
       print_construction_estimate(stdout, o, world);
     }
     return 0;

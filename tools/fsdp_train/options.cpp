@@ -102,7 +102,7 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
   app.add_option("--log-every", o.log_every, "progress line every K steps")->capture_default_str();
   app.add_flag("--no-shuffle", no_shuffle,
                "step s uses samples (s*B+i) mod 60000 (gpt: consecutive windows instead of random ones)");
-  app.add_option("--metrics", o.metrics_path, "rank 0 writes JSON lines (per step and per eval)");
+  app.add_option("--metrics", o.metrics_path, "rank 0 writes JSON lines (per step and per eval; format: include/fsdp/trainer/metrics_log.h)");
   app.add_flag("--estimate-memory", o.estimate_memory,
                "print model-state bytes per rank for each strategy, this run's construction peak and "
                "training peak, and exit");

@@ -4,7 +4,7 @@
 #include <fstream>
 #include <string>
 
-#include "metrics.h"
+#include "fsdp/trainer/metrics_log.h"
 
 namespace fsdp::train {
 
@@ -22,7 +22,7 @@ int64_t peak_resident_bytes() {
     }
     status.ignore(1 << 20, '\n');
   }
-  return peak_rss_bytes();
+  return fsdp::trainer::peak_rss_bytes();
 }
 
 // VmHWM := VmRSS; false if the kernel does not allow it.
@@ -35,7 +35,7 @@ bool reset_peak_resident() {
 
 }  // namespace
 
-PhaseMemory::PhaseMemory() : base_(current_rss_bytes()) { exact_ = reset_peak_resident(); }
+PhaseMemory::PhaseMemory() : base_(fsdp::trainer::current_rss_bytes()) { exact_ = reset_peak_resident(); }
 
 void PhaseMemory::end_construction() {
   construction_peak_ = std::max<int64_t>(0, peak_resident_bytes() - base_);

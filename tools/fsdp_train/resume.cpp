@@ -1,7 +1,6 @@
 #include "resume.h"
 
 #include <cstdio>
-#include <fstream>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -9,7 +8,6 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
-#include <nlohmann/json.hpp>
 
 namespace fsdp::train {
 
@@ -43,10 +41,6 @@ std::vector<std::pair<std::string, std::string>> fixed_flags(const TrainOptions&
 
 }  // namespace
 
-std::string checkpoint_path(const std::string& dir, int64_t step) {
-  return dir + "/step-" + std::to_string(step);
-}
-
 fsdp::CheckpointExtra training_state(const TrainOptions& o, int64_t step) {
   fsdp::CheckpointExtra e;
   e.values[kMarkerKey] = "1";
@@ -76,24 +70,32 @@ std::string check_compatible(const TrainOptions& o, const std::map<std::string, 
 }
 
 std::string check_resume(const TrainOptions& o) {
-  // "auto" is resolved by rank 0 once the job runs (checkpoint_dir.h).
+  // "auto" is resolved by rank 0 once the job runs (newest_usable_checkpoint).
   if (o.resume.empty() || o.resume == "auto") return "";
   std::string dir = o.resume;
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-  std::ifstream in(dir + "/metadata.json");
-  if (!in) in = std::ifstream(dir + ".old/metadata.json");  // load_checkpoint's crash fallback
-  if (!in)
-    return "--resume " + o.resume + ": no checkpoint there (cannot read " + dir +
-           "/metadata.json); pass a directory that --checkpoint-dir DIR wrote, such as DIR/step-S";
-  std::map<std::string, std::string> values;
-  try {
-    auto meta = nlohmann::json::parse(in);
-    if (meta.contains("extra"))
-      for (auto& [k, v] : meta.at("extra").items()) values[k] = v.get<std::string>();
-  } catch (const std::exception& e) {
-    return "--resume " + o.resume + ": unreadable metadata.json (" + e.what() + ")";
+  std::vector<std::pair<std::string, std::string>> values;
+  std::string why;
+  if (!fsdp::trainer::read_checkpoint_values(dir, values, why)) {
+    const bool missing = why.rfind("no checkpoint there", 0) == 0;
+    return "--resume " + o.resume + ": " + why +
+           (missing ? "; pass a directory that --checkpoint-dir DIR wrote, such as DIR/step-S" : "");
   }
-  return check_compatible(o, values);
+  return check_compatible(o, std::map<std::string, std::string>(values.begin(), values.end()));
+}
+
+std::optional<int64_t> newest_usable_checkpoint(const TrainOptions& o, std::vector<std::string>& skipped,
+                                                int64_t below) {
+  const std::vector<int64_t> steps = fsdp::trainer::checkpoint_steps(o.checkpoint_dir);
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    if (*it >= below) continue;
+    TrainOptions candidate = o;
+    candidate.resume = checkpoint_path(o.checkpoint_dir, *it);
+    std::string err = check_resume(candidate);
+    if (err.empty()) return *it;
+    skipped.push_back(err);
+  }
+  return std::nullopt;
 }
 
 int64_t restore_training_state(const fsdp::CheckpointExtra& extra) {

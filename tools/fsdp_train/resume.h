@@ -12,16 +12,21 @@
 /// refused rather than taken from it, so the command line always says what runs.
 
 #include <cstdint>
+#include <limits>
 #include <map>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "fsdp/state/checkpoint.h"
+#include "fsdp/trainer/checkpoint_dir.h"
 #include "options.h"
 
 namespace fsdp::train {
 
-/// `dir`/step-`step`: the checkpoint after `step` optimizer steps.
-std::string checkpoint_path(const std::string& dir, int64_t step);
+/// `dir`/step-`step`: the checkpoint after `step` optimizer steps (the checkpoint
+/// directory's layout is the library's, include/fsdp/trainer/checkpoint_dir.h).
+using fsdp::trainer::checkpoint_path;
 
 /// The extras saved with the checkpoint after `step` steps (see [Note: training state]).
 fsdp::CheckpointExtra training_state(const TrainOptions& o, int64_t step);
@@ -33,6 +38,13 @@ std::string check_compatible(const TrainOptions& o, const std::map<std::string, 
 /// Empty if o.resume is empty, or names a checkpoint written by fsdp-train with flags `o`
 /// matches; else the message. Reads only its metadata.json (fast: before any rank starts).
 std::string check_resume(const TrainOptions& o);
+
+/// --resume auto on rank 0: the step of the newest complete checkpoint under
+/// o.checkpoint_dir, older than step `below`, that check_resume accepts for o (readable
+/// metadata, same model and data flags); nullopt if there is none. Each newer one passed over
+/// is described in `skipped`.
+std::optional<int64_t> newest_usable_checkpoint(const TrainOptions& o, std::vector<std::string>& skipped,
+                                                int64_t below = std::numeric_limits<int64_t>::max());
 
 /// Restores torch's CPU RNG from `extra` and returns the step the checkpoint was taken at.
 int64_t restore_training_state(const fsdp::CheckpointExtra& extra);

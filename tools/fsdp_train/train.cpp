@@ -10,7 +10,6 @@
 
 #include <torch/torch.h>
 
-#include "checkpoint_dir.h"
 #include "estimate.h"
 #include "phase_memory.h"
 #include "fsdp/dist/collectives.h"
@@ -22,9 +21,11 @@
 #include "fsdp/optim/cpu_adam.h"
 #include "fsdp/optim/zero_redundancy_optimizer.h"
 #include "fsdp/state/zero_checkpoint.h"
-#include "metrics.h"
+#include "fsdp/trainer/memory_summary.h"
+#include "fsdp/trainer/metrics_log.h"
+#include "fsdp/trainer/progress.h"
+#include "fsdp/trainer/step_loss_reduction.h"
 #include "models.h"
-#include "progress.h"
 #include "resume.h"
 #include "task.h"
 #include "text.h"
@@ -82,25 +83,6 @@ std::unique_ptr<torch::optim::Optimizer> make_zero_optimizer(const TrainOptions&
   return std::make_unique<zo::ZeroRedundancyOptimizer>(params, inner, options);
 }
 
-int64_t bytes_of(const torch::Tensor& t) { return t.defined() ? t.numel() * int64_t(t.element_size()) : 0; }
-
-/// Sum of the optimizer's state tensors on this rank (they live on the parameter shards).
-int64_t optimizer_state_bytes(torch::optim::Optimizer& opt) {
-  if (auto* zero = dynamic_cast<fsdp::optim::ZeroRedundancyOptimizer*>(&opt))
-    return zero->get_memory_usage()[fsdp::MemoryCategory::kOptimizerState];
-  int64_t total = 0;
-  for (auto& kv : opt.state()) {
-    auto* s = kv.second.get();
-    if (auto* a = dynamic_cast<torch::optim::AdamParamState*>(s))
-      total += bytes_of(a->exp_avg()) + bytes_of(a->exp_avg_sq()) + bytes_of(a->max_exp_avg_sq());
-    else if (auto* w = dynamic_cast<torch::optim::AdamWParamState*>(s))
-      total += bytes_of(w->exp_avg()) + bytes_of(w->exp_avg_sq()) + bytes_of(w->max_exp_avg_sq());
-    else if (auto* g = dynamic_cast<torch::optim::SGDParamState*>(s))
-      total += bytes_of(g->momentum_buffer());
-  }
-  return total;
-}
-
 struct EvalResult {
   double loss = 0, accuracy = 0;
   int64_t correct = 0, total = 0;  ///< predictions: images, or bytes of the windows
@@ -138,53 +120,48 @@ EvalResult evaluate(const Forward& forward, const dist::ProcessGroup& pg, const 
   return e;
 }
 
+/// The summary on stdout (rank 0 prints; collective for the memory table): the run, the
+/// final evaluation, training throughput, then each rank's model state next to the ZeRO
+/// accounting for the strategy, and its build and train resident peaks.
 void print_summary(const TrainOptions& o, const dist::ProcessGroup& pg, const Task& task, const EvalResult& e,
-                   int64_t steps, double train_seconds, int64_t num_params,
-                   const std::vector<std::vector<double>>& mem /* [rank][6] */, bool rss_exact) {
+                   int64_t steps, double train_seconds, int64_t num_params, const fsdp::trainer::MemorySample& memory,
+                   const PhaseMemory& phases) {
   const int n = pg.size();
-  std::printf("== fsdp-train summary: %s, %s, %d ranks x %d threads, %s (lr %g), global batch %lld ==\n",
-              o.model.c_str(), o.strategy.c_str(), n, o.threads, o.optimizer.c_str(), o.effective_lr(),
-              (long long)o.batch_size);
-  std::printf("%s accuracy: %.2f%% (%lld/%lld), %s loss %.4f\n", task.eval_name(), 100.0 * e.accuracy,
-              (long long)e.correct, (long long)e.total, task.eval_name(), e.loss);
-  std::printf("throughput: %.0f %s/s (%lld steps, %lld %s in %.1f s)\n", double(steps * o.batch_size) / train_seconds,
-              task.sample_name(), (long long)steps, (long long)(steps * o.batch_size), task.sample_name(),
-              train_seconds);
-  // The ZeRO accounting for this run's strategy (fsdp::estimate_model_state), next to what
-  // each rank measured.
-  const int group = o.shard_group_size > 0 ? o.shard_group_size : n;
-  const double psi = double(num_params);
-  const double zero = o.strategy == "zero1"   ? 8 * psi + 8 * psi / n
-                      : o.strategy == "zero2" ? 4 * psi + 12 * psi / n
-                                              : fsdp::estimate_model_state(num_params, n,
-                                                                           fsdp::parse_sharding_strategy(o.strategy),
-                                                                           group)
-                                                    .total();
-  char z[32];
-  format_bytes(zero, z, sizeof z);
-  std::printf("memory per rank (%lld parameters; unsharded Adam training holds 16 B/param = %lld B; "
-              "ZeRO estimate for %s: %s):\n",
-              (long long)num_params, (long long)(16 * num_params), o.strategy.c_str(), z);
-  std::printf("  %-6s %14s %14s %14s %16s %14s %16s %14s %14s\n", "rank", "params", "grads", "optim state",
-              "peak unsharded", "model state", "unsharded Adam", "build peak", "train peak");
-  for (int r = 0; r < n; ++r) {
-    char a[32], b[32], c[32], d[32], t[32], u[32], bp[32], tp[32];
-    format_bytes(mem[r][0], a, sizeof a);
-    format_bytes(mem[r][1], b, sizeof b);
-    format_bytes(mem[r][2], c, sizeof c);
-    format_bytes(mem[r][3], d, sizeof d);
-    format_bytes(mem[r][0] + mem[r][1] + mem[r][2], t, sizeof t);
-    format_bytes(16.0 * double(num_params), u, sizeof u);
-    format_bytes(mem[r][4], bp, sizeof bp);
-    format_bytes(mem[r][5], tp, sizeof tp);
-    std::printf("  %-6d %14s %14s %14s %16s %14s %16s %14s %14s\n", r, a, b, c, d, t, u, bp, tp);
+  const bool lead = pg.rank() == 0;
+  // Read before anything is printed: the peaks are of the run, not of the summary.
+  const std::vector<fsdp::trainer::MemoryColumn> columns = {{"unsharded Adam", 16.0 * double(num_params)},
+                                                            {"build peak", double(phases.construction_peak())},
+                                                            {"train peak", double(phases.training_peak())}};
+  if (lead) {
+    std::printf("== fsdp-train summary: %s, %s, %d ranks x %d threads, %s (lr %g), global batch %lld ==\n",
+                o.model.c_str(), o.strategy.c_str(), n, o.threads, o.optimizer.c_str(), o.effective_lr(),
+                (long long)o.batch_size);
+    std::printf("%s accuracy: %.2f%% (%lld/%lld), %s loss %.4f\n", task.eval_name(), 100.0 * e.accuracy,
+                (long long)e.correct, (long long)e.total, task.eval_name(), e.loss);
+    std::printf("throughput: %.0f %s/s (%lld steps, %lld %s in %.1f s)\n",
+                double(steps * o.batch_size) / train_seconds, task.sample_name(), (long long)steps,
+                (long long)(steps * o.batch_size), task.sample_name(), train_seconds);
+    // The ZeRO accounting for this run's strategy (bf16 parameters under zero1/zero2 with
+    // --mixed-precision bf16), next to what each rank measured.
+    const int group = o.shard_group_size > 0 ? o.shard_group_size : n;
+    const double zero = fsdp::trainer::model_state_estimate(o.strategy, num_params, n, group,
+                                                            o.mixed_precision == "bf16");
+    char z[32];
+    format_bytes(zero, z, sizeof z);
+    std::printf("memory per rank (%lld parameters; unsharded Adam training holds 16 B/param = %lld B; "
+                "ZeRO estimate for %s: %s):\n",
+                (long long)num_params, (long long)(16 * num_params), o.strategy.c_str(), z);
+    std::fflush(stdout);
   }
+  fsdp::trainer::print_memory_table(stdout, pg, memory, columns);
   // Resident memory, so it includes allocator slack, unlike the model-state columns;
   // --estimate-memory predicts the build peak.
-  std::printf("  (build peak / train peak: highest resident memory above the rank's resident set before the model "
-              "was built, while building and wrapping it / while training%s)\n",
-              rss_exact ? "" : "; the kernel's peak could not be reset, so these are the process's peaks so far");
-  std::fflush(stdout);
+  if (lead) {
+    std::printf("  (build peak / train peak: highest resident memory above the rank's resident set before the model "
+                "was built, while building and wrapping it / while training%s)\n",
+                phases.exact() ? "" : "; the kernel's peak could not be reset, so these are the process's peaks so far");
+    std::fflush(stdout);
+  }
 }
 
 /// Parameters of the unwrapped model, checked against the arithmetic --estimate-memory uses.
@@ -196,11 +173,6 @@ int64_t count_params(const TrainOptions& o, const torch::nn::Module& net) {
   return n;
 }
 
-/// Bytes of the model state of this rank, from the FSDP wrapper or the ZeRO optimizer.
-struct ModelMemory {
-  int64_t params = 0, grads = 0, unsharded_peak = 0;
-};
-
 /// The training loop shared by every model: `model` is the FSDP wrapper (parameters, units,
 /// memory, checkpoints), or null under zero1/zero2 (`opt` is then the
 /// ZeroRedundancyOptimizer); `forward` the typed forward.
@@ -211,20 +183,7 @@ int train(const TrainOptions& o, const dist::ProcessGroup& pg, FullyShardedBase*
   const bool lead = rank == 0;
   auto* zero_opt = dynamic_cast<fsdp::optim::ZeroRedundancyOptimizer*>(opt.get());
   TORCH_INTERNAL_ASSERT((fsdp_model != nullptr) != (zero_opt != nullptr));
-  auto memory_now = [&] {
-    ModelMemory m;
-    if (fsdp_model) {
-      auto ms = fsdp_model->memory_stats();
-      m.params = ms.param_shard_bytes;
-      m.grads = ms.grad_shard_bytes;
-      m.unsharded_peak = ms.unsharded_peak_bytes;
-    } else {
-      auto u = zero_opt->get_memory_usage();
-      m.params = u[fsdp::MemoryCategory::kParameterShards] + u[fsdp::MemoryCategory::kMasterWeights];
-      m.grads = u[fsdp::MemoryCategory::kGradients];
-    }
-    return m;
-  };
+  auto memory_now = [&] { return fsdp::trainer::model_memory(fsdp_model, *opt); };
 
   const int64_t total_steps = o.steps ? *o.steps : (o.epochs ? *o.epochs : default_epochs(o.model)) * task.steps_per_epoch();
   // --resume: weights, optimizer state (Adam moments and step counts), then the training
@@ -294,17 +253,18 @@ int train(const TrainOptions& o, const dist::ProcessGroup& pg, FullyShardedBase*
     else fsdp::save_checkpoint(path, *zero_opt, training_state(o, step));
     if (lead && o.keep_checkpoints > 0) {
       // After the save returned on rank 0, the new checkpoint is complete: the oldest can go.
-      std::string failed = prune_checkpoints(o.checkpoint_dir, o.keep_checkpoints);
+      std::string failed = fsdp::trainer::prune_checkpoints(o.checkpoint_dir, o.keep_checkpoints);
       if (!failed.empty()) std::fprintf(stderr, "fsdp-train: warning: --keep-checkpoints could not delete %s\n", failed.c_str());
     }
     paused_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
   };
   const int64_t local_batch = o.batch_size / world;
   const int64_t begin = rank * local_batch, end = begin + local_batch;
-  MetricsWriter metrics(lead ? o.metrics_path : "");
+  // The library's JSON-lines format, validation lines under "eval" (fsdp-train's key).
+  fsdp::trainer::MetricsLog metrics(lead ? o.metrics_path : "", /*append=*/false, "eval");
   // Every rank must take the same decision: --metrics is the same flag everywhere.
   const bool loss_every_step = !o.metrics_path.empty();
-  Progress progress(total_steps, o.log_every, lead);
+  fsdp::trainer::Progress progress(total_steps, lead, first_step);
   if (lead) {
     std::fprintf(stderr,
                  "fsdp-train: %s (%lld params, %zu units), %s, %d ranks, %s lr %g, global batch %lld, %lld steps\n",
@@ -322,7 +282,11 @@ int train(const TrainOptions& o, const dist::ProcessGroup& pg, FullyShardedBase*
       std::snprintf(line, sizeof line, "eval @ step %lld: %s loss %.4f  accuracy %.2f%%", (long long)step,
                     task.eval_name(), e.loss, 100.0 * e.accuracy);
       progress.note(line);
-      metrics.write_eval(step, e.loss, e.accuracy);
+      fsdp::trainer::ValidationMetrics vm;
+      vm.step = step;
+      vm.values = {{"loss", e.loss}, {"accuracy", e.accuracy}};
+      vm.samples = e.total;
+      metrics.write_validation(vm);
     }
     return e;
   };
@@ -330,7 +294,18 @@ int train(const TrainOptions& o, const dist::ProcessGroup& pg, FullyShardedBase*
   const auto t_start = Clock::now();
   auto t_interval = t_start;
   int64_t interval_steps = 0;
-  int64_t optim_bytes = -1;
+  fsdp::trainer::StepLossReduction losses(pg);
+  // A reduced step: its metrics line, and the progress report on log steps.
+  auto emit = [&](const fsdp::trainer::StepMetrics& m) {
+    if (lead && metrics.enabled()) metrics.write_step(m);
+    if (m.step % o.log_every == 0 || m.step == total_steps) {
+      const auto now = Clock::now();
+      progress.report(m.step, m.loss, double(interval_steps * o.batch_size) /
+                                          std::chrono::duration<double>(now - t_interval).count());
+      t_interval = now;
+      interval_steps = 0;
+    }
+  };
   if (first_step == 0) checkpoint(0);  // a resumed run does not rewrite the checkpoint it started from
   for (int64_t s = first_step; s < total_steps; ++s) {
     const auto t_step = Clock::now();
@@ -344,28 +319,26 @@ int train(const TrainOptions& o, const dist::ProcessGroup& pg, FullyShardedBase*
     ++interval_steps;
 
     const int64_t step = s + 1;
+    // The previous step's loss, reduced while this step ran ([Note: overlapped step loss]).
+    if (losses.in_flight() > 0) emit(losses.finish_oldest());
     const bool log_now = step % o.log_every == 0 || step == total_steps;
+    const bool save_now = step == total_steps || (o.checkpoint_every > 0 && step % o.checkpoint_every == 0);
+    const bool eval_now = o.eval_every > 0 && step % o.eval_every == 0 && step != total_steps;
     if (loss_every_step || log_now) {
-      auto global = loss.detach().to(torch::kFloat64).reshape({1});
-      dist::all_reduce(pg, global, dist::ReduceOp::Avg).wait();
-      const double loss_value = global.item<double>();
-      const auto now = Clock::now();
-      if (lead && metrics.enabled()) {
-        if (optim_bytes < 0) optim_bytes = optimizer_state_bytes(*opt);  // fixed after the first step
-        const ModelMemory mm = memory_now();
-        MemorySample m{mm.params, mm.grads, optim_bytes, mm.unsharded_peak, current_rss_bytes()};
-        double sps = double(o.batch_size) / std::chrono::duration<double>(now - t_step).count();
-        metrics.write_step(step, loss_value, o.effective_lr(), sps, m);
-      }
-      if (log_now) {
-        double dt = std::chrono::duration<double>(now - t_interval).count();
-        progress.report(step, loss_value, double(interval_steps * o.batch_size) / dt);
-        t_interval = now;
-        interval_steps = 0;
-      }
+      fsdp::trainer::StepMetrics m;
+      m.step = step;
+      m.epoch = s / task.steps_per_epoch();
+      m.samples = o.batch_size;
+      m.lr = o.effective_lr();
+      m.samples_per_s = double(o.batch_size) / std::chrono::duration<double>(Clock::now() - t_step).count();
+      if (lead && metrics.enabled()) m.memory = memory_now();
+      // The mean of the ranks' means, as ReduceOp::Avg gave it (the sum, then / world).
+      losses.start(m, loss.item<double>(), double(world));
+      // Checkpoints and evaluations report after the step's line: take it back now.
+      if (save_now || eval_now) emit(losses.finish_oldest());
     }
-    if (step == total_steps || (o.checkpoint_every > 0 && step % o.checkpoint_every == 0)) checkpoint(step);
-    if (o.eval_every > 0 && step % o.eval_every == 0 && step != total_steps) {
+    if (save_now) checkpoint(step);
+    if (eval_now) {
       const auto t0 = Clock::now();
       eval_and_report(step);
       paused_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
@@ -384,23 +357,7 @@ int train(const TrainOptions& o, const dist::ProcessGroup& pg, FullyShardedBase*
     else if (lead) tracer->dump(o.memory_trace);
   }
 
-  // Per-rank memory to rank 0: each rank fills its own row, a sum all-reduce assembles.
-  const ModelMemory ms = memory_now();
-  auto mem = torch::zeros({world, 6}, torch::kFloat64);
-  mem[rank][0] = double(ms.params);
-  mem[rank][1] = double(ms.grads);
-  mem[rank][2] = double(optimizer_state_bytes(*opt));
-  mem[rank][3] = double(ms.unsharded_peak);
-  mem[rank][4] = double(phases.construction_peak());
-  mem[rank][5] = double(phases.training_peak());
-  dist::all_reduce(pg, mem, dist::ReduceOp::Sum).wait();
-  if (lead) {
-    std::vector<std::vector<double>> rows(size_t(world), std::vector<double>(6));
-    auto acc = mem.accessor<double, 2>();
-    for (int r = 0; r < world; ++r)
-      for (int c = 0; c < 6; ++c) rows[size_t(r)][size_t(c)] = acc[r][c];
-    print_summary(o, pg, task, final_eval, steps_run, train_seconds, num_params, rows, phases.exact());
-  }
+  print_summary(o, pg, task, final_eval, steps_run, train_seconds, num_params, memory_now(), phases);
   dist::barrier(pg);
   return 0;
 }

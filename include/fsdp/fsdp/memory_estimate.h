@@ -29,6 +29,18 @@ ModelStateEstimate estimate_model_state(int64_t num_params, int world_size, Shar
                                         int shard_group_size = 0, int64_t param_bytes = 4,
                                         int64_t optim_bytes = 8);
 
+/// The same accounting for fsdp::optim::ZeroRedundancyOptimizer over an unwrapped model
+/// (parameters replicated), `stage` 1 or 2; p = param_bytes (2 with bf16 parameters,
+/// ZeroOptions::param_dtype, whose fp32 masters and fp32 reduced gradients then join
+/// each rank's partition, 4Ψ/N each), o = optim_bytes:
+///   stage 1  fp32: 4Ψ params + 4Ψ grads + oΨ/N      bf16: (2Ψ + 4Ψ/N) + (2Ψ + 4Ψ/N) + oΨ/N
+///   stage 2  fp32: 4Ψ params + 4Ψ/N grads + oΨ/N    bf16: (2Ψ + 4Ψ/N) + 4Ψ/N + oΨ/N
+/// With Adam: fp32 8Ψ + 8Ψ/N and 4Ψ + 12Ψ/N; bf16 4Ψ + 16Ψ/N and 2Ψ + 16Ψ/N (what
+/// tests/test_zero_optimizer.cpp measures within 5%). Masters are counted as parameters,
+/// as ZeroRedundancyOptimizer::get_memory_usage does.
+ModelStateEstimate estimate_zero_model_state(int64_t num_params, int world_size, int stage, int64_t param_bytes = 4,
+                                             int64_t optim_bytes = 8);
+
 /// Peak parameter bytes one rank holds while a model is built and wrapped by
 /// FullyShardedDataParallel (allocator-counted: what tests/test_zero_init.cpp
 /// measures). `unit_numels`: the parameters of each unit below the root, in

@@ -64,7 +64,10 @@
 /// Progress, validation results and the memory summary go to stderr (rank 0), so
 /// stdout stays the program's. The memory summary (end of fit) prints each rank's parameter, gradient
 /// and optimizer-state bytes next to what unsharded Adam training holds (16 B per
-/// parameter).
+/// parameter) and the ZeRO estimate for the strategy (bf16-aware under zero1/zero2).
+/// The file format, the progress lines, the table and the checkpoint directory are
+/// public pieces a hand-written loop can reuse (metrics_log.h, progress.h,
+/// memory_summary.h, checkpoint_dir.h); fsdp-train does.
 
 #include <cstdint>
 #include <filesystem>
@@ -324,6 +327,12 @@ class Trainer {
 
   template <typename Dataset, typename Collate>
   static std::pair<int64_t, BatchFn> erase(Dataset dataset, Collate collate) {
+    // A stream dataset (BatchRequestType size_t: "the next n examples") has no sample
+    // indices, so the global batch of a step could not be the same at every world size
+    // and a resume could not find its place.
+    static_assert(std::is_same_v<typename Dataset::BatchRequestType, c10::ArrayRef<size_t>>,
+                  "fsdp::Trainer needs a map-style torch::data dataset (get(index), size()); for a "
+                  "stream dataset, pass train_data(size, batch_of_indices_fn) instead");
     auto d = std::make_shared<Dataset>(std::move(dataset));
     const int64_t n = detail::dataset_size(*d);
     BatchFn fn = [d, collate](const std::vector<int64_t>& indices) -> Batch {

@@ -1,4 +1,4 @@
-#include "checkpoint_steps.h"
+#include "fsdp/trainer/checkpoint_dir.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -7,7 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace fsdp::trainer::detail {
+namespace fsdp::trainer {
 
 namespace fs = std::filesystem;
 
@@ -59,4 +59,4 @@ bool read_checkpoint_values(const std::string& dir, std::vector<std::pair<std::s
   return true;
 }
 
-}  // namespace fsdp::trainer::detail
+}  // namespace fsdp::trainer

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# A/B of two builds on one bench_strategies rank-mode configuration: alternates the two
+# binaries (A, then B, then B, then A, ...: each pair swaps who goes first, so load that
+# rises or falls during a pair hits both alike) and prints every pair's step_ms and the
+# median of the B/A ratios. On a shared machine one run's time is noise; the median of
+# alternating pairs is the figure to compare (docs/benchmarks.md).
+#
+#   A=/work/main/build/bin B=build/bin bash bench/ab_strategies.sh 8 -- --model transformer \
+#       --strategy full_shard --optim cpuadam --prefetch default --shard-group 0 --bucket-mb 0 \
+#       --steps 30 --warmup 5
+#
+# A and B are directories holding fsdp-run and bench_strategies. NPROC (default 2) ranks,
+# OMP_NUM_THREADS=1. Ratio < 1: B is faster.
+set -euo pipefail
+
+usage() {
+  echo "usage: A=<bin dir> B=<bin dir> [NPROC=2] bash bench/ab_strategies.sh PAIRS -- <bench_strategies rank-mode args>" >&2
+  exit 2
+}
+[[ $# -ge 2 && "$2" == "--" ]] || usage
+pairs=$1
+shift 2
+[[ "$pairs" =~ ^[1-9][0-9]*$ ]] || usage
+: "${A:?A=<bin dir> missing}" "${B:?B=<bin dir> missing}"
+nproc=${NPROC:-2}
+for d in "$A" "$B"; do
+  [[ -x "$d/fsdp-run" && -x "$d/bench_strategies" ]] || { echo "ab_strategies: $d lacks fsdp-run or bench_strategies" >&2; exit 2; }
+done
+
+# step_ms of one run of binary dir $1 (rank 0's JSON line).
+step_ms() {
+  local dir=$1 out
+  shift
+  out=$(OMP_NUM_THREADS=1 "$dir/fsdp-run" --nproc "$nproc" -- "$dir/bench_strategies" "$@" 2>&1) || {
+    echo "ab_strategies: run of $dir failed:" >&2
+    echo "$out" >&2
+    exit 1
+  }
+  echo "$out" | sed -n 's/.*"step_ms": \([0-9.]*\).*/\1/p' | head -n 1
+}
+
+ratios=()
+for ((i = 1; i <= pairs; ++i)); do
+  if ((i % 2)); then
+    a=$(step_ms "$A" "$@"); b=$(step_ms "$B" "$@")
+  else
+    b=$(step_ms "$B" "$@"); a=$(step_ms "$A" "$@")
+  fi
+  [[ -n "$a" && -n "$b" ]] || { echo "ab_strategies: no step_ms in a run's output" >&2; exit 1; }
+  r=$(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.3f", b / a }')
+  ratios+=("$r")
+  echo "pair $i: A $a ms  B $b ms  B/A $r  (load $(cut -d' ' -f1 /proc/loadavg))"
+done
+median=$(printf '%s\n' "${ratios[@]}" | sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else printf "%.3f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }')
+echo "median B/A over $pairs pairs: $median  (ratios: ${ratios[*]})"
