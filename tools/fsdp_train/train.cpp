@@ -311,11 +311,18 @@ int train(const TrainOptions& o, const dist::ProcessGroup& pg, FullyShardedBase*
     const auto t_step = Clock::now();
     Batch batch = task.train_batch(s, begin, end);
 
+    const auto tb = Clock::now();
     opt->zero_grad();
+    const auto tz = Clock::now();
     auto loss = task_loss(forward(batch.inputs), batch.targets);
+    const auto tf = Clock::now();
     loss.backward();
+    const auto tbw = Clock::now();
     opt->step();
+    const auto to = Clock::now();
     if (tracer) tracer->step();
+    if (getenv("PHASES")) { auto ms=[](auto a, auto b){return std::chrono::duration<double,std::milli>(b-a).count();};
+      std::fprintf(stderr, "PHASE r%d s%lld data %.2f zero %.2f fwd %.2f bwd %.2f opt %.2f prev_tail %.2f\n", rank, (long long)s, ms(t_step,tb), ms(tb,tz), ms(tz,tf), ms(tf,tbw), ms(tbw,to), 0.0); }
     ++interval_steps;
 
     const int64_t step = s + 1;
