@@ -5,13 +5,16 @@
 // equal to the ring all-reduce of every reduced shard); parameter memory per
 // rank is half of NO_SHARD's; shard_group_size 4 gives FULL_SHARD's result and
 // traffic shape, 1 gives NO_SHARD's. With bucket_cap_mb the results are
-// bit-identical and the traffic the same; the replica all-reduce runs while
-// backward continues (checked through the trace, whose collective spans also name
-// the transport: shared memory here, Gloo under FSDP_SHARED_MEMORY=0).
+// bit-identical and the traffic the same; the replica all-reduce starts as soon as
+// the shard group's reduce-scatter is complete and runs while backward continues
+// (checked through the trace, whose collective spans also name the transport:
+// shared memory here, Gloo under FSDP_SHARED_MEMORY=0).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cstdlib>
+#include <thread>
 
 #include "fsdp/dist/collectives.h"
 #include "harness/models.h"
@@ -100,6 +103,17 @@ void expect_close(const std::map<std::string, torch::Tensor>& got, const std::ma
   }
   std::cout << "[close] worst rel. L2 " << worst << " (bound " << tol << ")\n";
 }
+
+// The identity, whose backward sleeps 300 ms: a stretch of backward with no unit in it.
+struct SlowBackward : torch::autograd::Function<SlowBackward> {
+  static torch::Tensor forward(torch::autograd::AutogradContext*, torch::Tensor x) { return x.clone(); }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
+                                                 torch::autograd::variable_list grads) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    return {grads[0]};
+  }
+};
+torch::Tensor slow_backward_identity(torch::Tensor x) { return SlowBackward::apply(x); }
 
 Options hybrid(int g, WrapPolicy policy) {
   return Options().sharding_strategy(ShardingStrategy::HYBRID_SHARD).shard_group_size(g).auto_wrap_policy(policy);
@@ -205,9 +219,9 @@ void hybrid_cases(dist::ProcessGroup& pg) {
 
   run_case("replica-all-reduce-overlaps-backward", [&] {
     // MLP units reduce in the order 4, 2, 0. The replica all-reduce of unit 4
-    // starts when unit 2's reduction needs the slot (4's reduce-scatter is then
-    // complete) and is waited for only when unit 0's reduction needs it: unit
-    // 0's whole backward runs while it is in flight. (A blocking replica
+    // starts once 4's reduce-scatter is complete (at the latest when unit 2's
+    // reduction needs the slot) and is waited for only at the end of backward:
+    // unit 0's whole backward runs while it is in flight. (A blocking replica
     // all-reduce would end before backward 0 begins.)
     auto spans_of = [&](double cap) {
       auto model = FullyShardedDataParallel(make_mlp(), pg, hybrid(2, always_wrap_policy()).bucket_cap_mb(cap)
@@ -260,6 +274,56 @@ void hybrid_cases(dist::ProcessGroup& pg) {
     EXPECT_EQ(replicas, 1);
     find(b, "reduce 4+2+0");
     find(b, "replica_all_reduce 4+2+0");
+  });
+
+  run_case("replica-all-reduce-starts-before-next-unit", [&] {
+    // [Note: replica chain]: a unit's replica all-reduce starts once its reduce-scatter
+    // is complete, not when the next unit's reduction is issued. Units reduce in the
+    // order 5, 3, 0; between unit 3's reduction and unit 0's backward sits a layer whose
+    // backward sleeps 300 ms (no parameters, so no unit of its own). Unit 3's replica
+    // all-reduce must begin during that sleep, before unit 0's backward begins. Without
+    // the chain it began only when unit 0's reduction was issued, after its backward.
+    auto make = [] {
+      torch::manual_seed(0);
+      return torch::nn::Sequential(torch::nn::Linear(13, 32), torch::nn::Functional(slow_backward_identity),
+                                   torch::nn::ReLU(), torch::nn::Linear(32, 17), torch::nn::ReLU(),
+                                   torch::nn::Linear(17, 5));
+    };
+    auto model = FullyShardedDataParallel(make(), pg, hybrid(2, always_wrap_policy()).bucket_cap_mb(0)
+                                                          .trace_dir(worker_scratch_dir() + "/trace_chain"));
+    torch::optim::SGD o(model->parameters(), 0.05);
+    std::vector<TraceSpan> spans;
+    for (int s = 0; s < 2; ++s) {
+      model->clear_trace();
+      auto [x, y] = global_batch(s, 16);
+      o.zero_grad();
+      torch::mse_loss(model->forward(rank_slice(x, pg.rank(), 4)), rank_slice(y, pg.rank(), 4)).backward();
+      o.step();
+      spans = model->trace_spans();
+    }
+    auto find = [&](const std::string& name) {
+      for (const auto& s : spans)
+        if (s.name == name) return s;
+      ADD_FAILURE() << "no span '" << name << "'";
+      return TraceSpan{};
+    };
+    const auto rep = find("replica_all_reduce 3");
+    EXPECT_GT(rep.begin_seq, find("reduce 3").end_seq);  // after the shard group's sum
+    EXPECT_LT(rep.begin_seq, find("backward 0").begin_seq)
+        << "unit 3's replica all-reduce began " << (rep.begin_us - find("backward 0").begin_us)
+        << " us after unit 0's backward";
+    // And the results are the single-process ones (the chain changes when, not what).
+    auto ref = make();
+    torch::optim::SGD ro(ref->parameters(), 0.05);
+    for (int s = 0; s < 2; ++s) {
+      auto [x, y] = global_batch(s, 16);
+      ro.zero_grad();
+      torch::mse_loss(ref->forward(x), y).backward();
+      ro.step();
+    }
+    std::map<std::string, torch::Tensor> want;
+    for (const auto& p : ref->named_parameters()) want[p.key()] = p.value().detach().clone();
+    expect_close(full_params(model), want, kParityTol);
   });
 
   run_case("bad-shard-group-size", [&] {

@@ -470,6 +470,41 @@ TEST(Trainer, ResumeBitwiseAndAcrossWorldSizes) {
       EXPECT_EQ(n, 8);
     }
 
+    run_case("overlapped step metrics: same losses and lines, one step late, before each checkpoint", [&] {
+      // Events in order: t = a training step began, e<s> = on_step_end(s), c<s> = on_checkpoint(s).
+      struct Events : Callback {
+        std::string seq;
+        void on_step_end(const trainer::StepMetrics& m) override { seq += " e" + std::to_string(m.step); }
+        void on_checkpoint(const std::string&, int64_t step) override { seq += " c" + std::to_string(step); }
+      };
+      const std::string metrics_o = test_dir() + "/metrics_overlap.jsonl";
+      TT t = resume_trainer(ckpt + "_overlap", "", metrics_o);
+      t.options().overlap_step_metrics(true);
+      auto events = std::make_shared<Events>();
+      t.callback(events);
+      t.training_step([events](TT::Model& model, torch::data::Example<>& b) {
+        events->seq += " t";
+        return torch::mse_loss(model.forward(b.data), b.target);
+      });
+      FitResult o = t.fit(pg);
+      ASSERT_EQ(o.losses.size(), a.losses.size());
+      for (size_t i = 0; i < a.losses.size(); ++i) EXPECT_EQ(o.losses[i], a.losses[i]) << "step " << i + 1;
+      // Step s's metrics arrive after step s+1's training step, except that a checkpoint
+      // (steps 3, 6, 8) first takes every pending one back.
+      EXPECT_EQ(events->seq, " t t e1 t e2 e3 c3 t t e4 t e5 e6 c6 t t e7 e8 c8");
+      if (pg.rank() == 0) {
+        std::ifstream in(metrics_o);
+        std::string line;
+        int64_t n = 0;
+        while (std::getline(in, line)) {
+          auto j = nlohmann::json::parse(line);
+          ++n;
+          EXPECT_EQ(j.at("step").get<int64_t>(), n);
+          EXPECT_EQ(j.at("loss").get<double>(), a.losses[size_t(n - 1)]);
+        }
+        EXPECT_EQ(n, 8);
+      }
+    });
     run_case("same world size: bitwise", [&] {
       TT resumed = resume_trainer(ckpt + "2", ckpt + "/step-3");
       auto c = std::make_shared<Counter>();

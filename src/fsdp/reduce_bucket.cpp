@@ -17,6 +17,7 @@ struct GradReducer::Reduction {
   at::Tensor input;              // [rows, sum of chunks], flattened; freed once reduced
   at::Tensor output;             // the concatenated shards (the input itself when unsharded)
   dist::CommHandle handle;
+  std::shared_ptr<ReplicaChain::Link> link;  // HYBRID_SHARD: the chain holds the scatter
   std::string label;             // "<unit>" or "<unit>+<unit>+..." for the trace
   Tracer::Mark mark;
 };
@@ -52,6 +53,7 @@ GradReducer::GradReducer(dist::ProcessGroup reduce_group, dist::ProcessGroup rep
     : reduce_pg_(std::move(reduce_group)), replica_pg_(std::move(replica_group)), tracer_(tracer), pool_(pool),
       former_(cap_bytes), max_scattering_(max_scattering) {
   TORCH_INTERNAL_ASSERT(max_scattering_ >= 1);
+  if (replica_pg_.defined() && replica_pg_.size() > 1) chain_ = std::make_unique<ReplicaChain>(replica_pg_, tracer_);
 }
 
 GradReducer::~GradReducer() = default;
@@ -86,11 +88,11 @@ void GradReducer::complete_in_flight() {
 }
 
 void GradReducer::complete_oldest_scatter() {
-  // Completing it starts its replica all-reduce, which then overlaps what follows.
+  // Under HYBRID_SHARD it then waits for its replica all-reduce (finish).
   std::unique_ptr<Reduction> r = std::move(scattering_.front());
   scattering_.pop_front();
   complete_scatter(*r);
-  if (r->phase == Reduction::Phase::REPLICATING) replicating_ = std::move(r);
+  if (r->phase == Reduction::Phase::REPLICATING) replicating_.push_back(std::move(r));
 }
 
 void GradReducer::issue_open_bucket() {
@@ -98,7 +100,17 @@ void GradReducer::issue_open_bucket() {
   std::vector<Unit*> members = std::move(open_);
   open_.clear();
   complete_in_flight();
-  scattering_.push_back(issue(std::move(members)));
+  std::unique_ptr<Reduction> r = issue(std::move(members));
+  if (chain_) hand_to_chain(*r);
+  scattering_.push_back(std::move(r));
+}
+
+void GradReducer::hand_to_chain(Reduction& r) {
+  // [Note: replica chain]: the chain's thread waits for the reduce-scatter and issues
+  // the replica all-reduce the moment it completes, while backward goes on.
+  r.link = chain_->push(std::move(r.handle), r.output, r.label, r.mark);
+  r.handle = dist::CommHandle();
+  r.mark = Tracer::Mark();  // the chain closes the reduce-scatter's span
 }
 
 std::unique_ptr<GradReducer::Reduction> GradReducer::issue(std::vector<Unit*> members) {
@@ -141,24 +153,26 @@ std::unique_ptr<GradReducer::Reduction> GradReducer::issue(std::vector<Unit*> me
 
 void GradReducer::complete_scatter(Reduction& r) {
   TORCH_INTERNAL_ASSERT(r.phase == Reduction::Phase::SCATTERING);
+  if (r.link) {
+    complete_chained_scatter(r);
+    return;
+  }
   r.handle.wait();
   tracer_->end("reduce " + r.label, Tracer::kReduce, r.mark, dist::to_string(r.handle.path()));
   r.handle = dist::CommHandle();
   if (!r.output.is_same(r.input)) r.input = at::Tensor();  // the flat gradients are freed once reduced
-  if (replica_pg_.defined() && replica_pg_.size() > 1) {
-    // [Note: hybrid groups]: the shard group summed these shards over the shard
-    // group; summing them over the replica group completes the sum over the
-    // world. At most one replica all-reduce in flight.
-    if (replicating_) {
-      complete_replication(*replicating_);
-      replicating_.reset();
-    }
-    r.mark = tracer_->begin();
-    r.handle = dist::all_reduce(replica_pg_, r.output, dist::ReduceOp::Sum);
-    r.phase = Reduction::Phase::REPLICATING;
-    return;
-  }
   deliver(r);
+}
+
+void GradReducer::complete_chained_scatter(Reduction& r) {
+  // The reduce-scatter is complete once the chain has issued the replica all-reduce
+  // ([Note: hybrid groups]: summing the shard group's sums over the replica group
+  // completes the sum over the world); usually that happened while backward ran.
+  dist::CommPath scatter_path = dist::CommPath::Local;
+  r.handle = chain_->scattered(*r.link, &r.mark, &scatter_path);
+  r.link.reset();
+  if (!r.output.is_same(r.input)) r.input = at::Tensor();  // the flat gradients are freed once reduced
+  r.phase = Reduction::Phase::REPLICATING;
 }
 
 void GradReducer::complete_replication(Reduction& r) {
@@ -182,17 +196,16 @@ void GradReducer::deliver(Reduction& r) {
 void GradReducer::finish() {
   former_.clear();
   issue_open_bucket();
-  // The older reduction first: collectives complete in the order issued.
-  if (replicating_) {
-    complete_replication(*replicating_);
-    replicating_.reset();
-  }
-  while (!scattering_.empty()) {
-    complete_oldest_scatter();  // a replica all-reduce it starts waits for the previous one
-    if (replicating_) {
-      complete_replication(*replicating_);
-      replicating_.reset();
+  // Oldest first (every replicating reduction is older than every scattering one):
+  // collectives complete in the order issued. Meanwhile the chain's thread issues the
+  // replica all-reduces of the reductions still scattering as they complete.
+  while (!replicating_.empty() || !scattering_.empty()) {
+    if (replicating_.empty()) {
+      complete_oldest_scatter();
+      continue;
     }
+    complete_replication(*replicating_.front());
+    replicating_.pop_front();
   }
 }
 
@@ -201,7 +214,7 @@ int64_t GradReducer::transient_bytes() const {
   // Flat-sized inputs only, as a unit counts its own flat gradient; the
   // shard-sized outputs become the gradient pieces.
   for (const auto& r : scattering_) b += nbytes(r->input);
-  if (replicating_) b += nbytes(replicating_->input);
+  for (const auto& r : replicating_) b += nbytes(r->input);
   return b;
 }
 

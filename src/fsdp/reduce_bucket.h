@@ -43,11 +43,13 @@
 // nothing, and the main thread no longer waits for one unit's all-reduce
 // before it can flatten and issue the next (measured in docs/benchmarks.md,
 // bench_strategies). Collectives complete in the order issued. Under
-// HYBRID_SHARD a reduction that leaves SCATTERING starts its replica
-// all-reduce, which runs while backward computes the next units; it is
-// completed when the next reduction leaves SCATTERING (at most one
-// REPLICATING, holding a shard-sized buffer) or at the end of backward, before
-// any gradient piece is assigned.
+// HYBRID_SHARD with more than one replica, a reduction's replica all-reduce is
+// issued by the ReplicaChain's thread as soon as its reduce-scatter completes
+// ([Note: replica chain] in replica_chain.h); leaving SCATTERING on the
+// backward thread takes that all-reduce back (REPLICATING). Every REPLICATING
+// reduction (each holds only its shard-sized output, which becomes the
+// gradient pieces anyway) is completed at the end of backward, oldest first,
+// before any gradient piece is assigned, so backward never waits for the link.
 
 #include <deque>
 #include <memory>
@@ -60,6 +62,7 @@
 #include "fsdp/dist/collectives.h"
 #include "buffer_pool.h"
 #include "fsdp/fsdp/trace.h"
+#include "replica_chain.h"
 
 namespace fsdp::detail {
 
@@ -134,6 +137,8 @@ class GradReducer {
   void issue_open_bucket();
   std::unique_ptr<Reduction> issue(std::vector<Unit*> members);
   void complete_scatter(Reduction& r);      // SCATTERING -> REPLICATING or DONE
+  void hand_to_chain(Reduction& r);         // HYBRID_SHARD: the chain completes its scatter
+  void complete_chained_scatter(Reduction& r);  // SCATTERING -> REPLICATING, from the chain
   void complete_replication(Reduction& r);  // REPLICATING -> DONE
   void deliver(Reduction& r);               // members adopt their shards
 
@@ -144,7 +149,8 @@ class GradReducer {
   std::vector<Unit*> open_;      // the open bucket, in reduction order
   int max_scattering_;
   std::deque<std::unique_ptr<Reduction>> scattering_;  // oldest first
-  std::unique_ptr<Reduction> replicating_;
+  std::deque<std::unique_ptr<Reduction>> replicating_;  // oldest first (HYBRID_SHARD)
+  std::unique_ptr<ReplicaChain> chain_;  // HYBRID_SHARD with a replica group of > 1 ranks
 };
 
 }  // namespace fsdp::detail

@@ -5,7 +5,8 @@
 #
 #   FSDP_BIN_DIR=build/bin bash tests/scripts/measure_multihost.sh [RATE...]   (default: 100mbit 1gbit)
 #   env: SHORT=3 LONG=13 (fsdp-train steps of the two runs), STRATEGIES="hybrid_shard full_shard
-#        no_shard", BENCH=1 (0: skip bench_strategies and bench_collectives across the hosts)
+#        no_shard", BENCH=1 (0: skip bench_strategies and bench_collectives across the hosts),
+#        BENCH_MODELS="mlp transformer" (bench_strategies' models)
 #
 # Per RATE ("none": uncapped):
 #   link     a plain TCP stream each way at once for 4 s (tests/scripts/lib/tcp_stream.py): payload
@@ -22,8 +23,9 @@
 #            (over the whole model: a sharded rank's optimizer does 1/4 of that). 150 steps each, so
 #            that the four overlap for most of their steps even when their start-ups differ by seconds.
 #   target   step <= 1.25 x max(compute-only step, link bound) (issue 13)
-#   BENCH=1  bench_strategies' rank mode across the hosts (its mlp 784-1024-1024-10, batch 128,
-#            one unit per Linear) per strategy: compute-only = its ceiling (forward + backward of
+#   BENCH=1  bench_strategies' rank mode across the hosts per model (its mlp 784-1024-1024-10, batch
+#            128, one unit per Linear, the first Linear 43% of the bytes and reduced last; its
+#            transformer, one unit per block and projection) and strategy: compute-only = its ceiling (forward + backward of
 #            the plain model, every rank at once) + its optimizer over the owned parameters, both
 #            measured in the same rank processes, every rank at once; bytes per step ~= the run's
 #            counters / the FSDP steps it ran (start-up included); and bench_collectives at 1 MiB.
@@ -37,6 +39,7 @@ SHORT="${SHORT:-3}"
 LONG="${LONG:-13}"
 read -r -a STRATS <<<"${STRATEGIES:-hybrid_shard full_shard no_shard}"
 BENCH="${BENCH:-1}"
+read -r -a BENCH_MODELS <<<"${BENCH_MODELS:-mlp transformer}"
 require_tools fsdp-run fsdp-train
 [[ "$BENCH" == 1 ]] && require_tools bench_strategies bench_collectives
 HIDDEN=512
@@ -91,18 +94,21 @@ for rate in "${RATES[@]}"; do
     done
   done
   if [[ "$BENCH" == 1 ]]; then
-    for strategy in "${STRATS[@]}"; do
-      group=()
-      [[ $strategy == hybrid_shard ]] && group=(--shard-group 2)
-      # 1 warm-up step + steps x rounds timed (fewer on the slow link, where a step takes seconds).
-      bsteps=10 brounds=2
-      [[ $rate == 100mbit ]] && bsteps=4 brounds=1
-      measured "bench.$rate.$strategy" bench "\"rate\": \"$rate\", \"strategy\": \"$strategy\", \"fsdp_steps\": $((1 + bsteps * brounds))," \
-        "$BIN/bench_strategies" --model mlp --strategy "$strategy" "${group[@]}" --optim adam --steps $bsteps --warmup 1 \
-        --rounds $brounds
-      line="$(sed -n 's/^\[rank0\]: \({.*}\)$/\1/p' "$WORK/bench.$rate.$strategy.h0.out" | tail -n 1)"
-      [[ -n "$line" ]] || fail "bench_strategies $strategy printed no JSON line"
-      echo "{\"kind\": \"bench_result\", \"name\": \"bench.$rate.$strategy\", \"result\": $line}" >>"$RECS"
+    for model in "${BENCH_MODELS[@]}"; do
+      for strategy in "${STRATS[@]}"; do
+        group=()
+        [[ $strategy == hybrid_shard ]] && group=(--shard-group 2)
+        # 1 warm-up step + steps x rounds timed (fewer on the slow link, where a step takes seconds).
+        bsteps=10 brounds=2
+        [[ $rate == 100mbit ]] && bsteps=4 brounds=1
+        name="bench.$rate.$model.$strategy"
+        measured "$name" bench "\"rate\": \"$rate\", \"model\": \"$model\", \"strategy\": \"$strategy\", \"fsdp_steps\": $((1 + bsteps * brounds))," \
+          "$BIN/bench_strategies" --model "$model" --strategy "$strategy" "${group[@]}" --optim adam --steps $bsteps \
+          --warmup 1 --rounds $brounds
+        line="$(sed -n 's/^\[rank0\]: \({.*}\)$/\1/p' "$WORK/$name.h0.out" | tail -n 1)"
+        [[ -n "$line" ]] || fail "bench_strategies $model $strategy printed no JSON line"
+        echo "{\"kind\": \"bench_result\", \"name\": \"$name\", \"result\": $line}" >>"$RECS"
+      done
     done
     measured "collectives.$rate" collectives "\"rate\": \"$rate\"," \
       "$BIN/bench_collectives" --sizes-mb 1 --reps-small 5 --warmup 1

@@ -194,7 +194,8 @@ class TrainHooks : public fsdp::trainer::Callback {
 
 /// fsdp-train's flags as the library loop's options: the Task's batches, fsdp-train's
 /// evaluation, its metrics format (truncated on resume, validation under "eval") and its
-/// name on messages; step-0 saved with --checkpoint-dir; the summary is fsdp-train's own.
+/// name on messages; step-0 saved with --checkpoint-dir; each step's loss reduced while
+/// the next step runs (its callbacks only record); the summary is fsdp-train's own.
 fsdp::trainer::TrainerOptions loop_options(const TrainOptions& o, int64_t total_steps) {
   return fsdp::trainer::TrainerOptions()
       .strategy(fsdp::trainer::Strategy(o.strategy))
@@ -214,6 +215,7 @@ fsdp::trainer::TrainerOptions loop_options(const TrainOptions& o, int64_t total_
       .log_name("fsdp-train")
       .progress(true)
       .log_every_n_steps(o.log_every)
+      .overlap_step_metrics(true)
       .memory_summary(false);
 }
 

@@ -116,6 +116,16 @@ struct TrainerOptions {
   /// Rank 0 prints progress on stderr every log_every_n_steps steps (a bar on a terminal).
   TORCH_ARG(bool, progress) = true;
   TORCH_ARG(int64_t, log_every_n_steps) = 10;
+  /// false (default): each step waits for the all-reduce of its own global loss, and
+  /// on_step_end(s) runs before step s+1 starts, so a callback sees the model as step s
+  /// left it. true: the all-reduce runs while the next step computes, off the critical
+  /// path (across hosts it is a network round trip per step: ~10% of a step at 1 Gbit/s
+  /// in docs/benchmarks.md); on_step_end, the metrics line and the progress report of
+  /// step s then come after step s+1's optimizer step (still before any checkpoint or
+  /// validation of step s, and all before fit returns). For runs whose callbacks only
+  /// record metrics (fsdp-train sets it). See [Note: overlapped step loss] in
+  /// step_loss_reduction.h.
+  TORCH_ARG(bool, overlap_step_metrics) = false;
   /// Rank 0 prints the per-rank memory summary at the end of fit.
   TORCH_ARG(bool, memory_summary) = true;
   /// Ranks per node. 0: under a launcher, whatever it started; otherwise 1. Without a

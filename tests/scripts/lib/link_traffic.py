@@ -183,7 +183,7 @@ def report(path, hidden, header):
             step = res["step_ms"] / 1e3
             comp_b = (res["ceiling_ms"] + res["optimizer_ms"]) / 1e3
             link_s = max(tx / bps["tx"], rx / bps["rx"])
-            rows.append({"source": "bench_strategies", "rate": rate, "strategy": b["strategy"], "step_s": round(step, 5),
+            rows.append({"source": "bench_strategies " + b.get("model", "mlp"), "rate": rate, "strategy": b["strategy"], "step_s": round(step, 5),
                          "compute_only_s": round(comp_b, 5), "link_bound_s": round(link_s, 5),
                          "vs_bound": round(step / max(comp_b, link_s), 3),
                          "tx_payload_bytes": round(tx), "rx_payload_bytes": round(rx), "bench": res})
