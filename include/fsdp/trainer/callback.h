@@ -23,7 +23,7 @@ struct MemorySample {
 struct StepMetrics {
   int64_t step = 0;   ///< optimizer steps done, 1-based (the step just finished)
   int64_t epoch = 0;  ///< 0-based epoch the step belongs to
-  double loss = 0;    ///< mean loss over the step's global batch (every micro-batch, every rank)
+  double loss = 0;    ///< mean loss over the step's global batch (every micro-batch, every rank; [Note: step loss])
   int64_t samples = 0;  ///< samples in the global batch (less than global_batch_size for a short last batch)
   double lr = 0;      ///< learning rate of parameter group 0 used by this step
   double samples_per_s = 0;

@@ -67,7 +67,9 @@
 /// parameter) and the ZeRO estimate for the strategy (bf16-aware under zero1/zero2).
 /// The file format, the progress lines, the table and the checkpoint directory are
 /// public pieces a hand-written loop can reuse (metrics_log.h, progress.h,
-/// memory_summary.h, checkpoint_dir.h); fsdp-train does.
+/// memory_summary.h, checkpoint_dir.h). fsdp-train runs this loop itself
+/// (training_loop.h) with its own model, optimizer, batch sampler, validation loop and
+/// resume check: the hooks batch_sampler, validation_loop and resume_check below.
 
 #include <cstdint>
 #include <filesystem>
