@@ -119,6 +119,28 @@ Options hybrid(int g, WrapPolicy policy) {
   return Options().sharding_strategy(ShardingStrategy::HYBRID_SHARD).shard_group_size(g).auto_wrap_policy(policy);
 }
 
+// Two SGD steps of `model` on the global batches of 16 (this rank's slice of 4); the
+// trace spans of the second (the first step also records the unit order).
+template <typename Model>
+std::vector<TraceSpan> second_step_spans(Model& model, const dist::ProcessGroup& pg) {
+  torch::optim::SGD o(model->parameters(), 0.05);
+  for (int s = 0; s < 2; ++s) {
+    model->clear_trace();
+    auto [x, y] = global_batch(s, 16);
+    o.zero_grad();
+    torch::mse_loss(model->forward(rank_slice(x, pg.rank(), 4)), rank_slice(y, pg.rank(), 4)).backward();
+    o.step();
+  }
+  return model->trace_spans();
+}
+
+TraceSpan find_span(const std::vector<TraceSpan>& spans, const std::string& name) {
+  for (const auto& s : spans)
+    if (s.name == name) return s;
+  ADD_FAILURE() << "no span '" << name << "'";
+  return TraceSpan{};
+}
+
 void hybrid_cases(dist::ProcessGroup& pg) {
   ASSERT_EQ(pg.size(), 4);
   auto mlp = [] { return make_mlp(); };
@@ -226,22 +248,9 @@ void hybrid_cases(dist::ProcessGroup& pg) {
     auto spans_of = [&](double cap) {
       auto model = FullyShardedDataParallel(make_mlp(), pg, hybrid(2, always_wrap_policy()).bucket_cap_mb(cap)
                                                                 .trace_dir(worker_scratch_dir() + "/trace"));
-      torch::optim::SGD o(model->parameters(), 0.05);
-      for (int s = 0; s < 2; ++s) {
-        model->clear_trace();
-        auto [x, y] = global_batch(s, 16);
-        o.zero_grad();
-        torch::mse_loss(model->forward(rank_slice(x, pg.rank(), 4)), rank_slice(y, pg.rank(), 4)).backward();
-        o.step();
-      }
-      return model->trace_spans();
+      return second_step_spans(model, pg);
     };
-    auto find = [](const std::vector<TraceSpan>& spans, const std::string& name) {
-      for (const auto& s : spans)
-        if (s.name == name) return s;
-      ADD_FAILURE() << "no span '" << name << "'";
-      return TraceSpan{};
-    };
+    const auto find = find_span;
     auto t = spans_of(0);
     // Each collective span names the transport that moved it: the four ranks share this
     // host, so the shard groups and the replica groups run on shared memory, unless
@@ -291,22 +300,8 @@ void hybrid_cases(dist::ProcessGroup& pg) {
     };
     auto model = FullyShardedDataParallel(make(), pg, hybrid(2, always_wrap_policy()).bucket_cap_mb(0)
                                                           .trace_dir(worker_scratch_dir() + "/trace_chain"));
-    torch::optim::SGD o(model->parameters(), 0.05);
-    std::vector<TraceSpan> spans;
-    for (int s = 0; s < 2; ++s) {
-      model->clear_trace();
-      auto [x, y] = global_batch(s, 16);
-      o.zero_grad();
-      torch::mse_loss(model->forward(rank_slice(x, pg.rank(), 4)), rank_slice(y, pg.rank(), 4)).backward();
-      o.step();
-      spans = model->trace_spans();
-    }
-    auto find = [&](const std::string& name) {
-      for (const auto& s : spans)
-        if (s.name == name) return s;
-      ADD_FAILURE() << "no span '" << name << "'";
-      return TraceSpan{};
-    };
+    const std::vector<TraceSpan> spans = second_step_spans(model, pg);
+    auto find = [&](const std::string& name) { return find_span(spans, name); };
     const auto rep = find("replica_all_reduce 3");
     EXPECT_GT(rep.begin_seq, find("reduce 3").end_seq);  // after the shard group's sum
     EXPECT_LT(rep.begin_seq, find("backward 0").begin_seq)

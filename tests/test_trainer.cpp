@@ -437,6 +437,20 @@ TT resume_trainer(const std::string& ckpt, const std::string& resume, const std:
   return t;
 }
 
+/// The metrics file's lines, checked to be one per step, in order, with the run's losses.
+std::vector<nlohmann::json> expect_step_lines(const std::string& path, const std::vector<double>& losses) {
+  std::ifstream in(path);
+  std::vector<nlohmann::json> lines;
+  for (std::string line; std::getline(in, line);) {
+    lines.push_back(nlohmann::json::parse(line));
+    const size_t n = lines.size();
+    EXPECT_EQ(lines.back().at("step").get<int64_t>(), int64_t(n));
+    if (n <= losses.size()) EXPECT_EQ(lines.back().at("loss").get<double>(), losses[n - 1]) << "step " << n;
+  }
+  EXPECT_EQ(lines.size(), losses.size()) << path;
+  return lines;
+}
+
 void save_reference(const FitResult& r, const Params& p, const std::string& path) {
   std::vector<torch::Tensor> ts = {torch::tensor(r.losses, torch::kFloat64)};
   for (auto& [name, t] : p) ts.push_back(t);
@@ -456,18 +470,11 @@ TEST(Trainer, ResumeBitwiseAndAcrossWorldSizes) {
     const Params final_a = full_parameters(*full.trained_model());
     if (pg.rank() == 0) save_reference(a, final_a, test_dir() + "/reference.pt");
     if (pg.rank() == 0) {
-      std::ifstream in(metrics);
-      std::string line;
-      int64_t n = 0;
-      while (std::getline(in, line)) {
-        auto j = nlohmann::json::parse(line);
-        ++n;
-        EXPECT_EQ(j.at("step").get<int64_t>(), n);
-        EXPECT_EQ(j.at("loss").get<double>(), a.losses[size_t(n - 1)]);
-        EXPECT_GT(j.at("memory").at("param_bytes").get<int64_t>(), 0);
-        EXPECT_EQ(j.at("samples").get<int64_t>(), n % 4 == 0 ? 2 : kBatch);
+      const auto lines = expect_step_lines(metrics, a.losses);
+      for (size_t i = 0; i < lines.size(); ++i) {
+        EXPECT_GT(lines[i].at("memory").at("param_bytes").get<int64_t>(), 0);
+        EXPECT_EQ(lines[i].at("samples").get<int64_t>(), (i + 1) % 4 == 0 ? 2 : kBatch);
       }
-      EXPECT_EQ(n, 8);
     }
 
     run_case("overlapped step metrics: same losses and lines, one step late, before each checkpoint", [&] {
@@ -492,18 +499,7 @@ TEST(Trainer, ResumeBitwiseAndAcrossWorldSizes) {
       // Step s's metrics arrive after step s+1's training step, except that a checkpoint
       // (steps 3, 6, 8) first takes every pending one back.
       EXPECT_EQ(events->seq, " t t e1 t e2 e3 c3 t t e4 t e5 e6 c6 t t e7 e8 c8");
-      if (pg.rank() == 0) {
-        std::ifstream in(metrics_o);
-        std::string line;
-        int64_t n = 0;
-        while (std::getline(in, line)) {
-          auto j = nlohmann::json::parse(line);
-          ++n;
-          EXPECT_EQ(j.at("step").get<int64_t>(), n);
-          EXPECT_EQ(j.at("loss").get<double>(), a.losses[size_t(n - 1)]);
-        }
-        EXPECT_EQ(n, 8);
-      }
+      if (pg.rank() == 0) expect_step_lines(metrics_o, a.losses);
     });
     run_case("same world size: bitwise", [&] {
       TT resumed = resume_trainer(ckpt + "2", ckpt + "/step-3");

@@ -12,6 +12,7 @@
 #include <torch/torch.h>
 
 #include "fsdp/fsdp/fully_sharded.h"
+#include "fsdp/memory/optimizer_state_bytes.h"
 
 namespace fsdp {
 
@@ -106,8 +107,6 @@ int64_t counted_allocations() {
 namespace {
 std::mutex tracers_mutex;
 std::set<MemoryTracer*> live_tracers;
-
-int64_t bytes_of(const at::Tensor& t) { return t.defined() ? t.numel() * int64_t(t.element_size()) : 0; }
 }  // namespace
 
 MemoryTracer::MemoryTracer(FullyShardedBase& model, torch::optim::Optimizer* optimizer)
@@ -126,22 +125,7 @@ MemoryTracer::~MemoryTracer() {
 }
 
 int64_t MemoryTracer::optimizer_state_bytes() const {
-  if (optimizer_ == nullptr) return 0;
-  int64_t b = 0;
-  for (const auto& kv : optimizer_->state()) {
-    const auto* s = kv.second.get();
-    if (auto* a = dynamic_cast<const torch::optim::AdamParamState*>(s))
-      b += bytes_of(a->exp_avg()) + bytes_of(a->exp_avg_sq()) + bytes_of(a->max_exp_avg_sq());
-    else if (auto* w = dynamic_cast<const torch::optim::AdamWParamState*>(s))
-      b += bytes_of(w->exp_avg()) + bytes_of(w->exp_avg_sq()) + bytes_of(w->max_exp_avg_sq());
-    else if (auto* g = dynamic_cast<const torch::optim::SGDParamState*>(s))
-      b += bytes_of(g->momentum_buffer());
-    else if (auto* r = dynamic_cast<const torch::optim::RMSpropParamState*>(s))
-      b += bytes_of(r->square_avg()) + bytes_of(r->momentum_buffer()) + bytes_of(r->grad_avg());
-    else if (auto* d = dynamic_cast<const torch::optim::AdagradParamState*>(s))
-      b += bytes_of(d->sum());
-  }
-  return b;
+  return optimizer_ == nullptr ? 0 : memory::optimizer_state_bytes(*optimizer_);
 }
 
 MemoryUsage MemoryTracer::get_memory_usage() {

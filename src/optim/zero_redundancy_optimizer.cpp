@@ -16,6 +16,7 @@
 
 #include "clear_grads.h"
 #include "fsdp/dist/collectives.h"
+#include "fsdp/memory/optimizer_state_bytes.h"
 #include "zero_grad_reducer.h"
 #include "zero_layout.h"
 
@@ -122,18 +123,6 @@ void for_each_bucket(int num_buckets, int window, Issue issue, Done done) {
   while (!in_flight.empty()) retire();
 }
 
-int64_t state_bytes(const torch::optim::OptimizerParamState& s) {
-  auto n = [](const at::Tensor& t) { return t.defined() ? static_cast<int64_t>(t.nbytes()) : int64_t{0}; };
-  if (auto* a = dynamic_cast<const torch::optim::AdamParamState*>(&s))
-    return n(a->exp_avg()) + n(a->exp_avg_sq()) + n(a->max_exp_avg_sq());
-  if (auto* a = dynamic_cast<const torch::optim::AdamWParamState*>(&s))
-    return n(a->exp_avg()) + n(a->exp_avg_sq()) + n(a->max_exp_avg_sq());
-  if (auto* a = dynamic_cast<const torch::optim::SGDParamState*>(&s)) return n(a->momentum_buffer());
-  if (auto* a = dynamic_cast<const torch::optim::AdagradParamState*>(&s)) return n(a->sum());
-  if (auto* a = dynamic_cast<const torch::optim::RMSpropParamState*>(&s))
-    return n(a->square_avg()) + n(a->momentum_buffer()) + n(a->grad_avg());
-  return 0;  // unknown state class: not counted (documented in get_memory_usage)
-}
 
 }  // namespace
 
@@ -598,10 +587,7 @@ MemoryUsage ZeroRedundancyOptimizer::get_memory_usage() const {
   if (m.stage1_partition.defined()) grads += static_cast<int64_t>(m.stage1_partition.nbytes());
   u[MemoryCategory::kGradients] = grads;
   if (m.master.defined()) u[MemoryCategory::kMasterWeights] = static_cast<int64_t>(m.master.nbytes());
-  int64_t state = 0;
-  for (const auto& kv : m.inner->state())
-    if (kv.second) state += state_bytes(*kv.second);
-  u[MemoryCategory::kOptimizerState] = state;
+  u[MemoryCategory::kOptimizerState] = memory::optimizer_state_bytes(*m.inner);
   return u;
 }
 

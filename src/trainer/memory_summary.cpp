@@ -9,31 +9,16 @@
 
 #include "fsdp/dist/collectives.h"
 #include "fsdp/fsdp/memory_estimate.h"
+#include "fsdp/memory/optimizer_state_bytes.h"
 #include "fsdp/optim/zero_redundancy_optimizer.h"
 #include "fsdp/trainer/metrics_log.h"
 
 namespace fsdp::trainer {
 
-namespace {
-
-int64_t bytes_of(const at::Tensor& t) { return t.defined() ? t.numel() * int64_t(t.element_size()) : 0; }
-
-}  // namespace
-
 int64_t optimizer_state_bytes(torch::optim::Optimizer& opt) {
   if (auto* zero = dynamic_cast<optim::ZeroRedundancyOptimizer*>(&opt))
     return zero->get_memory_usage()[MemoryCategory::kOptimizerState];
-  int64_t total = 0;
-  for (auto& kv : opt.state()) {
-    auto* s = kv.second.get();
-    if (auto* a = dynamic_cast<torch::optim::AdamParamState*>(s))
-      total += bytes_of(a->exp_avg()) + bytes_of(a->exp_avg_sq()) + bytes_of(a->max_exp_avg_sq());
-    else if (auto* w = dynamic_cast<torch::optim::AdamWParamState*>(s))
-      total += bytes_of(w->exp_avg()) + bytes_of(w->exp_avg_sq()) + bytes_of(w->max_exp_avg_sq());
-    else if (auto* g = dynamic_cast<torch::optim::SGDParamState*>(s))
-      total += bytes_of(g->momentum_buffer());
-  }
-  return total;
+  return memory::optimizer_state_bytes(opt);
 }
 
 MemorySample model_memory(FullyShardedBase* fsdp, torch::optim::Optimizer& opt) {
