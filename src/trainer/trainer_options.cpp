@@ -81,6 +81,8 @@ std::string trainer_options_error(const TrainerOptions& o, const TrainerParts& p
     e << "gradient_clip_val must be >= 0 (0: off), got " << o.gradient_clip_val();
   else if (o.checkpoint_interval() > 0 && o.checkpoint_dir().empty())
     e << "checkpoint_interval " << o.checkpoint_interval() << " needs a checkpoint_dir";
+  else if (o.checkpoint_at_start() && o.checkpoint_dir().empty())
+    e << "checkpoint_at_start needs a checkpoint_dir";
   else if (o.resume() == "auto" && o.checkpoint_dir().empty())
     e << "resume(\"auto\") looks under checkpoint_dir, which is empty; set checkpoint_dir";
   else if (o.devices() < 0 || o.num_nodes() < 1)
