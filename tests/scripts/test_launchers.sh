@@ -163,25 +163,38 @@ pass "(c) OpenMPI variables (OMPI_COMM_WORLD_*, MASTER_PORT; master defaults to 
 bare_pair slurm slurm Slurm slurm_vars
 pass "(c) Slurm variables (SLURM_PROCID/NTASKS/LOCALID, SLURM_JOB_NODELIST=localhost as master)"
 
+# three_bare NAME SMOKE_ARGS...: ranks 0-2 of one job as bare processes (no launcher) on a
+# fresh port, output in $WORK/NAME<r>.{out,err}; their pids in PIDS.
+three_bare() {
+  local name="$1" r port
+  shift
+  port="$(free_port)"
+  PIDS=()
+  for r in 0 1 2; do
+    start_bare "$name$r" 30 RANK=$r WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT="$port" -- "$@"
+    PIDS+=("$PID")
+  done
+}
+# peers_failed NAME WHEN: ranks 0 and 1 of three_bare NAME exited non-zero by themselves (not
+# killed by their timeout) with the library's error; WHEN says after what.
+peers_failed() {
+  local name="$1" when="$2" r rc
+  for r in 0 1; do
+    rc_of "${PIDS[$r]}"
+    rc=$RC
+    [[ "$rc" != 0 && "$rc" != 124 && "$rc" != 137 ]] ||
+      fail "rank $r should fail by itself $when, exit code $rc (124/137: killed by timeout)"
+    expect_contains "$WORK/$name$r.err" "failed on rank $r of 3" "rank $r's error $when (exit code $rc)"
+  done
+}
+
 # --- (d) fail-fast, bare processes ------------------------------------------------------------
 reset_logs
-port="$(free_port)"
-pids=()
 start=$(now)
-for r in 0 1 2; do
-  start_bare "failfast$r" 30 RANK=$r WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT="$port" -- \
-    --fail-rank 2 --timeout-ms 5000
-  pids+=("$PID")
-done
-rc_of "${pids[2]}"
+three_bare failfast --fail-rank 2 --timeout-ms 5000
+rc_of "${PIDS[2]}"
 expect_eq "$RC" 3 "--fail-rank 2: exit code of rank 2"
-for r in 0 1; do
-  rc_of "${pids[$r]}"
-  rc=$RC
-  [[ "$rc" != 0 && "$rc" != 124 && "$rc" != 137 ]] ||
-    fail "rank $r should fail by itself after rank 2 exited, exit code $rc (124/137: killed by timeout)"
-  expect_contains "$WORK/failfast$r.err" "failed on rank $r of 3" "rank $r's error after rank 2 exited (exit code $rc)"
-done
+peers_failed failfast "after rank 2 exited"
 t="$(elapsed_since "$start")"
 less_than "$t" 10 || fail "ranks 0 and 1 took ${t}s to fail after rank 2 exited (timeout 5 s)"
 pass "(d) fail-fast without launcher: rank 2 exited 3, ranks 0 and 1 failed with the library's error in ${t}s"
@@ -200,24 +213,12 @@ pass "(e) fail-fast under fsdp-run: exit code $rc after ${t}s, '$(grep -E '^fsdp
 
 # --- (f) a hanging rank: the collective timeout fires ---------------------------------------------
 reset_logs
-port="$(free_port)"
-pids=()
 start=$(now)
-for r in 0 1 2; do
-  start_bare "hang$r" 30 RANK=$r WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT="$port" -- \
-    --hang-rank 2 --timeout-ms 2000
-  pids+=("$PID")
-done
-for r in 0 1; do
-  rc_of "${pids[$r]}"
-  rc=$RC
-  [[ "$rc" != 0 && "$rc" != 124 && "$rc" != 137 ]] ||
-    fail "rank $r should time out while rank 2 hangs, exit code $rc (124/137: killed by timeout)"
-  expect_contains "$WORK/hang$r.err" "failed on rank $r of 3" "rank $r's error while rank 2 hangs (exit code $rc)"
-  expect_contains "$WORK/hang$r.err" "timeout 2000 ms" "rank $r's error while rank 2 hangs"
-done
+three_bare hang --hang-rank 2 --timeout-ms 2000
+peers_failed hang "while rank 2 hangs"
+for r in 0 1; do expect_contains "$WORK/hang$r.err" "timeout 2000 ms" "rank $r's error while rank 2 hangs"; done
 t="$(elapsed_since "$start")"
-kill "${pids[2]}" 2>/dev/null || true  # `timeout` passes the TERM on to the hanging rank
-rc_of "${pids[2]}"
+kill "${PIDS[2]}" 2>/dev/null || true  # `timeout` passes the TERM on to the hanging rank
+rc_of "${PIDS[2]}"
 less_than "$t" 12 || fail "ranks 0 and 1 took ${t}s to time out (timeout 2 s)"
 pass "(f) hanging rank 2: ranks 0 and 1 failed by the 2 s collective timeout in ${t}s (incl. startup)"
