@@ -447,6 +447,10 @@ FitResult run_training_loop(const TrainerOptions& o, const dist::ProcessGroup& p
     if (validate_now) {
       validate(sm.step);
       last_validated = sm.step;
+      // The next progress report's rate counts training only (the steps reported so far
+      // are all emitted: validate_now drained them).
+      t_interval = Clock::now();
+      interval_samples = 0;
     }
   }
   while (losses.in_flight() > 0) emit(losses.finish_oldest());
