@@ -642,6 +642,105 @@ TEST(Trainer, HybridShard) {
   }, rank_options());
 }
 
+// The hooks for a program with its own data order, evaluation and checkpoint extras
+// (fsdp-train uses all three), at 2 ranks:
+//  * batch_sampler: step s trains on the sampler's samples, not the GlobalSampler's:
+//    checked step by step against the single-process reference on the sampler's indices
+//    (5 a step, so the rank parts of 2 and 3 are weighed by count), and each rank gets its
+//    contiguous part of them, in the sampler's order;
+//  * validation_loop: runs at val_check_interval and after the last step with the module
+//    in eval(); its metric (here with a slicing of its own: rank r takes samples r, r+N,
+//    ...) reaches FitResult, checked against the reference's on the final parameters;
+//  * resume_check: a checkpoint it refuses fails an explicit resume with its message and
+//    is passed over by resume("auto"); one it accepts is resumed.
+TEST(Trainer, BatchSamplerValidationLoopResumeCheck) {
+  run_ranks(2, [](dist::ProcessGroup& pg) {
+    auto sampler = [](int64_t s) {
+      std::vector<int64_t> idx;
+      for (int64_t i = 0; i < 5; ++i) idx.push_back((s * 7 + i * 3 + 2) % kSamples);
+      return idx;
+    };
+    const RegressionSet data(kSamples), val(13, 99);
+    auto custom_trainer = [&](TrainerOptions o, std::vector<std::vector<int64_t>>* seen) {
+      TT t = make_trainer(o.strategy(by_block("full_shard")).global_batch_size(6).seed(3));
+      t.train_data(kSamples, TT::BatchFn([&data, seen](const std::vector<int64_t>& idx) {
+         if (seen) seen->push_back(idx);
+         auto i = torch::tensor(idx, torch::kLong);
+         return torch::data::Example<>{data.x().index_select(0, i), data.y().index_select(0, i)};
+       })).batch_sampler(4, sampler);
+      return t;
+    };
+    run_case("batch_sampler and validation_loop", [&] {
+      std::vector<std::vector<int64_t>> seen;
+      TT t = custom_trainer(TrainerOptions().max_steps(4).val_check_interval(3), &seen);
+      std::vector<int64_t> validated;
+      t.validation_loop([&](TT::Model& m, const dist::ProcessGroup& g, int64_t step) {
+        EXPECT_FALSE(m.training());
+        validated.push_back(step);
+        auto idx = torch::arange(g.rank(), 13, g.size(), torch::kLong);
+        auto err = m.forward(val.x().index_select(0, idx)) - val.y().index_select(0, idx);
+        auto sums = torch::tensor({err.pow(2).sum().item<double>(), double(err.numel())}, torch::kFloat64);
+        dist::all_reduce(g, sums, dist::ReduceOp::Sum).wait();
+        trainer::ValidationMetrics vm;
+        vm.values["mse"] = sums[0].item<double>() / sums[1].item<double>();
+        vm.samples = 13;
+        return vm;
+      });
+      auto rec = std::make_shared<Recorder>(&t);
+      t.callback(rec);
+      FitResult r = t.fit(pg);
+      ASSERT_EQ(r.losses.size(), 4u);
+      ASSERT_EQ(seen.size(), 4u);
+      EXPECT_EQ(validated, (std::vector<int64_t>{3, 4}));
+      for (int64_t s = 0; s < 4; ++s) {
+        const auto want = sampler(s);
+        const auto [lo, hi] = trainer::contiguous_part(5, 2, pg.rank());
+        EXPECT_EQ(seen[size_t(s)], std::vector<int64_t>(want.begin() + lo, want.begin() + hi)) << "step " << s + 1;
+        EXPECT_EQ(rec->samples[size_t(s)], 5);
+        auto [after, loss] = reference_step(rec->states[size_t(s)], want);
+        EXPECT_NEAR(r.losses[size_t(s)], loss, 1e-6 * std::abs(loss)) << "step " << s + 1;
+        for (auto& [name, p] : after)
+          EXPECT_LT(rel_diff(rec->states[size_t(s + 1)].at(name), p), 1e-6) << "step " << s + 1 << ": " << name;
+      }
+      auto ref = TinyTransformer(13, 24, 5, 2);
+      torch::NoGradGuard g;
+      for (auto& p : ref->named_parameters()) p.value().copy_(rec->states.back().at(p.key()));
+      const double mse = (ref->forward(val.x()) - val.y()).pow(2).mean().item<double>();
+      EXPECT_NEAR(r.validation.at("mse"), mse, 1e-6 * mse);
+    });
+    run_case("resume_check", [&] {
+      struct Tag : Callback {
+        void on_save_checkpoint(CheckpointExtra& e) override { e.values["tag"] = "a"; }
+      };
+      const std::string dir = test_dir() + "/resume_check";
+      TT first = custom_trainer(TrainerOptions().max_steps(2).checkpoint_dir(dir), nullptr);
+      first.callback(std::make_shared<Tag>());
+      first.fit(pg);
+      auto want_tag = [](std::string tag) {
+        return [tag](const std::string& d, const std::map<std::string, std::string>& saved) {
+          const std::string was = saved.count("tag") ? saved.at("tag") : "(none)";
+          return was == tag ? std::string() : d + " has tag " + was + ", this run wants " + tag;
+        };
+      };
+      TT refused = custom_trainer(TrainerOptions().max_steps(4).resume(dir + "/step-2"), nullptr);
+      refused.resume_check(want_tag("b"));
+      try {
+        refused.fit(pg);
+        ADD_FAILURE() << "a checkpoint the resume check refuses was resumed";
+      } catch (const c10::Error& e) {
+        EXPECT_NE(std::string(e.what()).find(dir + "/step-2 has tag a, this run wants b"), std::string::npos)
+            << e.what();
+      }
+      TT fresh = custom_trainer(TrainerOptions().max_steps(3).checkpoint_dir(dir).resume("auto"), nullptr);
+      fresh.resume_check(want_tag("b"));
+      EXPECT_EQ(fresh.fit(pg).first_step, 0);  // step-2 passed over: no usable checkpoint
+      TT resumed = custom_trainer(TrainerOptions().max_steps(4).resume(dir + "/step-2"), nullptr);
+      resumed.resume_check(want_tag("a"));
+      EXPECT_EQ(resumed.fit(pg).first_step, 2);
+    });
+  }, rank_options());
+}
+
 TEST(Trainer, BadOptionsFailOnEveryRank) {
   run_ranks(2, [](dist::ProcessGroup& pg) {
     auto expect_error = [&](TT& t, const std::string& want) {

@@ -43,7 +43,11 @@ std::string trainer_options_error(const TrainerOptions& o, const TrainerParts& p
     e << "no training dataset: call Trainer::train_data(dataset)";
   else if (!parts.training_step)
     e << "no training step: call Trainer::training_step(fn) with a function (model, batch) -> loss";
-  else if (parts.validation_step != parts.val_data)
+  else if (parts.validation_loop && (parts.validation_step || parts.val_data))
+    e << "both a validation loop and val_data/validation_step: give one of the two";
+  else if (parts.batch_sampler && parts.sampler_steps_per_epoch <= 0)
+    e << "the batch sampler's steps per epoch must be positive, got " << parts.sampler_steps_per_epoch;
+  else if (!parts.validation_loop && parts.validation_step != parts.val_data)
     e << (parts.val_data ? "validation data but no validation step: call Trainer::validation_step(fn)"
                          : "a validation step but no validation data: call Trainer::val_data(dataset)");
   else if (o.global_batch_size() <= 0)
@@ -62,7 +66,7 @@ std::string trainer_options_error(const TrainerOptions& o, const TrainerParts& p
       << "; set max_steps > 0 or max_epochs > 0";
   else if (parts.train_size <= 0)
     e << "the training dataset is empty (size " << parts.train_size << ")";
-  else if (o.last_batch() == LastBatch::kDrop && parts.train_size < o.global_batch_size())
+  else if (!parts.batch_sampler && o.last_batch() == LastBatch::kDrop && parts.train_size < o.global_batch_size())
     e << "the training dataset has " << parts.train_size << " samples, fewer than one global batch of "
       << o.global_batch_size() << ", and last_batch is kDrop: nothing would train; use LastBatch::kShort "
       << "or a smaller global_batch_size";
@@ -77,6 +81,8 @@ std::string trainer_options_error(const TrainerOptions& o, const TrainerParts& p
     e << "gradient_clip_val must be >= 0 (0: off), got " << o.gradient_clip_val();
   else if (o.checkpoint_interval() > 0 && o.checkpoint_dir().empty())
     e << "checkpoint_interval " << o.checkpoint_interval() << " needs a checkpoint_dir";
+  else if (o.checkpoint_at_start() && o.checkpoint_dir().empty())
+    e << "checkpoint_at_start needs a checkpoint_dir";
   else if (o.resume() == "auto" && o.checkpoint_dir().empty())
     e << "resume(\"auto\") looks under checkpoint_dir, which is empty; set checkpoint_dir";
   else if (o.devices() < 0 || o.num_nodes() < 1)

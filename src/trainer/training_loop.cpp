@@ -135,9 +135,9 @@ void memory_summary(const TrainerOptions& o, const dist::ProcessGroup& pg, const
     char z[32], u[32];
     format_bytes(zero, z, sizeof z);
     format_bytes(16 * double(m.num_params), u, sizeof u);
-    std::fprintf(stderr, "fsdp::Trainer memory per rank (%lld parameters; unsharded Adam training holds %s; "
+    std::fprintf(stderr, "%s memory per rank (%lld parameters; unsharded Adam training holds %s; "
                  "ZeRO estimate for %s with Adam: %s):\n",
-                 (long long)m.num_params, u, name.c_str(), z);
+                 o.log_name().c_str(), (long long)m.num_params, u, name.c_str(), z);
   }
   print_memory_table(stderr, pg, memory_now(m));
 }
@@ -150,10 +150,17 @@ FitResult run_training_loop(const TrainerOptions& o, const dist::ProcessGroup& p
   const int rank = pg.rank(), world = pg.size();
   const bool lead = rank == 0;
   const int64_t k = o.accumulate_grad_batches();
+  const char* name = o.log_name().c_str();
+  // The global batch of each step: the user's batch sampler, or the GlobalSampler.
   GlobalSampler sampler(data.train_size, o.global_batch_size(), o.shuffle(), o.seed(),
                         o.last_batch() == LastBatch::kDrop);
-  const int64_t steps_per_epoch = sampler.steps_per_epoch();
-  TORCH_INTERNAL_ASSERT(steps_per_epoch > 0);
+  const int64_t steps_per_epoch = data.batch_indices ? data.steps_per_epoch : sampler.steps_per_epoch();
+  TORCH_CHECK(steps_per_epoch > 0, name, ": the batch sampler's steps per epoch must be positive, got ",
+              steps_per_epoch);
+  auto batch_of_step = [&](int64_t step) {
+    if (data.batch_indices) return data.batch_indices(step);
+    return sampler.batch_indices(step / steps_per_epoch, step % steps_per_epoch);
+  };
   const int64_t total_steps = o.max_steps() > 0 ? o.max_steps() : o.max_epochs() * steps_per_epoch;
   torch::optim::Optimizer& opt = *model.optimizer;
   const std::vector<double> initial_lrs = learning_rates(opt);
@@ -163,6 +170,11 @@ FitResult run_training_loop(const TrainerOptions& o, const dist::ProcessGroup& p
   std::optional<CheckpointExtra> extra;
   // Both families write the same directory format (docs/checkpoint-format.md), so a
   // ZeRO checkpoint resumes under FSDP and the other way round.
+  // The user's check (its own settings, named its way) first, then the data order's.
+  auto check_resume = [&](const std::string& dir, const std::map<std::string, std::string>& saved) {
+    std::string why = data.resume_check ? data.resume_check(dir, saved) : "";
+    return why.empty() ? incompatibility(o, data.train_size, dir, saved) : why;
+  };
   auto load_model_checkpoint = [&](const std::string& dir) {
     return model.zero ? load_checkpoint(dir, *model.zero) : load_checkpoint(dir, *model.fsdp, &opt);
   };
@@ -181,15 +193,15 @@ FitResult run_training_loop(const TrainerOptions& o, const dist::ProcessGroup& p
           const std::string dir = checkpoint_path(o.checkpoint_dir(), *it);
           std::vector<std::pair<std::string, std::string>> values;
           std::string why;
-          if (read_checkpoint_values(dir, values, why)) why = incompatibility(o, data.train_size, dir, as_map(values));
+          if (read_checkpoint_values(dir, values, why)) why = check_resume(dir, as_map(values));
           if (why.empty()) {
             chosen.fill_(*it);
             break;
           }
-          std::fprintf(stderr, "fsdp::Trainer: resume auto: skipped %s: %s\n", dir.c_str(), why.c_str());
+          std::fprintf(stderr, "%s: resume auto: skipped %s: %s\n", name, dir.c_str(), why.c_str());
         }
         if (chosen.item<int64_t>() < 0)
-          std::fprintf(stderr, "fsdp::Trainer: resume auto: no usable checkpoint under %s; starting fresh\n",
+          std::fprintf(stderr, "%s: resume auto: no usable checkpoint under %s; starting fresh\n", name,
                        o.checkpoint_dir().c_str());
       }
       dist::broadcast(pg, chosen, 0).wait();
@@ -204,7 +216,7 @@ FitResult run_training_loop(const TrainerOptions& o, const dist::ProcessGroup& p
       } catch (const c10::Error& e) {
         const std::string why = e.what_without_backtrace();
         if (why.rfind("fsdp: load_checkpoint('", 0) != 0) throw;
-        if (lead) std::fprintf(stderr, "fsdp::Trainer: resume auto: skipped: %s\n", why.c_str());
+        if (lead) std::fprintf(stderr, "%s: resume auto: skipped: %s\n", name, why.c_str());
       }
     }
   } else if (!o.resume().empty()) {
@@ -213,13 +225,12 @@ FitResult run_training_loop(const TrainerOptions& o, const dist::ProcessGroup& p
   }
   int64_t first_step = 0;
   if (extra) {
-    const std::string why = incompatibility(o, data.train_size, result.resumed_from, extra->values);
-    TORCH_CHECK(why.empty(), "fsdp::Trainer (rank ", rank, "): resume: ", why);
+    const std::string why = check_resume(result.resumed_from, extra->values);
+    TORCH_CHECK(why.empty(), name, " (rank ", rank, "): resume: ", why);
     first_step = std::stoll(extra->values.at(kStepKey));
-    TORCH_CHECK(first_step <= total_steps, "fsdp::Trainer: resume: ", result.resumed_from, " is at step ", first_step,
-                " but this run has only ", total_steps, " steps in all (max_steps / max_epochs count from the "
-                "run's start); ask for more than ",
-                first_step);
+    TORCH_CHECK(first_step <= total_steps, name, ": resume ", result.resumed_from, ": the checkpoint is at step ",
+                first_step, " but this run has only ", total_steps,
+                " steps in all (max_steps / max_epochs count from the run's start); ask for more than ", first_step);
     restore_rng(*extra, pg);
     if (model.scheduler) {
       // The scheduler's position: replay its steps from the initial learning rates,
@@ -233,16 +244,16 @@ FitResult run_training_loop(const TrainerOptions& o, const dist::ProcessGroup& p
   }
   result.first_step = first_step;
 
-  MetricsLog log(lead ? o.metrics_file() : "", first_step > 0);
+  MetricsLog log(lead ? o.metrics_file() : "", first_step > 0 && o.metrics_append_on_resume(),
+                 o.metrics_validation_key());
   Progress progress(total_steps, o.progress() && lead, first_step);
 
   // --- validation -------------------------------------------------------------
-  auto validate = [&](int64_t step) {
-    ValidationMetrics vm;
-    vm.step = step;
-    if (!data.validation_step) return vm;
-    torch::NoGradGuard no_grad;
-    model.module->eval();
+  // Validations and checkpoints between steps: not training time (FitResult::train_seconds).
+  double paused_seconds = 0;
+  // The validation step over the validation set: global batches of val_batch_size,
+  // each cut into contiguous rank parts; per-key means weighted by the parts' counts.
+  auto run_validation_step = [&](ValidationMetrics& vm) {
     const int64_t n = data.val_size, per = o.val_batch_size() > 0 ? o.val_batch_size() : o.global_batch_size();
     std::vector<std::string> keys;
     std::vector<double> sums;
@@ -259,11 +270,11 @@ FitResult run_training_loop(const TrainerOptions& o, const dist::ProcessGroup& p
         for (auto& kv : values) keys.push_back(kv.first);
         sums.assign(keys.size(), 0.0);
       }
-      TORCH_CHECK(values.size() == keys.size(), "fsdp::Trainer (rank ", rank,
+      TORCH_CHECK(values.size() == keys.size(), name, " (rank ", rank,
                   "): the validation step returned different keys in different batches; return the same keys");
       size_t i = 0;
       for (auto& [key, v] : values) {
-        TORCH_CHECK(key == keys[i], "fsdp::Trainer (rank ", rank, "): the validation step returned key '", key,
+        TORCH_CHECK(key == keys[i], name, " (rank ", rank, "): the validation step returned key '", key,
                     "' where an earlier batch had '", keys[i], "'; return the same keys in every batch");
         sums[i++] += v * double(mine);
       }
@@ -275,25 +286,44 @@ FitResult run_training_loop(const TrainerOptions& o, const dist::ProcessGroup& p
     auto acc = t.accessor<double, 1>();
     vm.samples = int64_t(acc[int64_t(keys.size())] + 0.5);
     for (size_t i = 0; i < keys.size(); ++i) vm.values[keys[i]] = acc[int64_t(i)] / double(std::max<int64_t>(vm.samples, 1));
+  };
+  const bool has_validation = bool(data.validation_loop) || bool(data.validation_step);
+  auto validate = [&](int64_t step) {
+    if (!has_validation) return;
+    const auto t0 = Clock::now();
+    ValidationMetrics vm;
+    vm.step = step;
+    torch::NoGradGuard no_grad;
+    model.module->eval();
+    if (data.validation_loop) {
+      vm = data.validation_loop(step);
+      vm.step = step;
+    } else {
+      run_validation_step(vm);
+    }
     model.module->train();
     log.write_validation(vm);
     if (lead && o.progress()) {
-      std::string line = "validation after step " + std::to_string(step) + ":";
-      char buf[64];
-      for (auto& [key, v] : vm.values) {
-        std::snprintf(buf, sizeof buf, " %s %.4f", key.c_str(), v);
-        line += buf;
+      std::string line = vm.note;
+      if (line.empty()) {
+        line = "validation after step " + std::to_string(step) + ":";
+        char buf[64];
+        for (auto& [key, v] : vm.values) {
+          std::snprintf(buf, sizeof buf, " %s %.4f", key.c_str(), v);
+          line += buf;
+        }
       }
       progress.note(line.c_str());
     }
     for (auto& cb : callbacks) cb->on_validation_end(vm);
     result.validation = vm.values;
-    return vm;
+    paused_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
   };
 
   // --- checkpoints ------------------------------------------------------------
   auto checkpoint = [&](int64_t step) {
     if (o.checkpoint_dir().empty()) return;
+    const auto t0 = Clock::now();
     CheckpointExtra e;
     e.values[kMarkerKey] = "1";
     e.values[kStepKey] = std::to_string(step);
@@ -308,9 +338,10 @@ FitResult run_training_loop(const TrainerOptions& o, const dist::ProcessGroup& p
     if (lead && o.keep_checkpoints() > 0) {
       const std::string failed = prune_checkpoints(o.checkpoint_dir(), o.keep_checkpoints());
       if (!failed.empty())
-        std::fprintf(stderr, "fsdp::Trainer: warning: keep_checkpoints could not delete %s\n", failed.c_str());
+        std::fprintf(stderr, "%s: warning: keep_checkpoints could not delete %s\n", name, failed.c_str());
     }
     for (auto& cb : callbacks) cb->on_checkpoint(dir, step);
+    paused_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
   };
 
   // --- training ---------------------------------------------------------------
@@ -319,9 +350,13 @@ FitResult run_training_loop(const TrainerOptions& o, const dist::ProcessGroup& p
   start.world_size = world;
   start.first_step = first_step;
   start.total_steps = total_steps;
+  start.resumed_from = result.resumed_from;
   for (auto& cb : callbacks) cb->on_train_start(start);
+  // A resumed run does not rewrite the checkpoint it started from.
+  if (o.checkpoint_at_start() && first_step == 0) checkpoint(0);
   model.module->train();
-  const bool want_memory = !o.metrics_file().empty() || !callbacks.empty();
+  bool want_memory = lead && !o.metrics_file().empty();
+  for (auto& cb : callbacks) want_memory = want_memory || cb->needs_memory();
   StepMetrics last;
   int64_t interval_samples = 0;
   auto t_interval = Clock::now();
@@ -341,11 +376,14 @@ FitResult run_training_loop(const TrainerOptions& o, const dist::ProcessGroup& p
     }
   };
   int64_t last_validated = -1;
+  paused_seconds = 0;
+  const auto t_train = Clock::now();
   for (int64_t step = first_step; step < total_steps; ++step) {
     const auto t_step = Clock::now();
-    const int64_t epoch = step / steps_per_epoch, in_epoch = step % steps_per_epoch;
-    const std::vector<int64_t> batch = sampler.batch_indices(epoch, in_epoch);
+    const int64_t epoch = step / steps_per_epoch;
+    const std::vector<int64_t> batch = batch_of_step(step);
     const int64_t m = int64_t(batch.size());
+    TORCH_CHECK(m > 0, name, ": the batch sampler gave step ", step, " no samples; give every step at least one");
     const double lr = opt.param_groups().at(0).options().get_lr();
     zero_grad(model);
     // Micro-batches with samples (all of them unless the batch has fewer than k).
@@ -354,7 +392,8 @@ FitResult run_training_loop(const TrainerOptions& o, const dist::ProcessGroup& p
       auto part = contiguous_part(m, k, j);
       if (part.second > part.first) micro.push_back(part);
     }
-    double loss_sum = 0;  // sum over this rank's samples of the per-sample loss
+    double loss_sum = 0;   // sum over this rank's samples of the per-sample loss
+    double means_sum = 0;  // sum over this rank's micro-batches of their mean losses
     for (size_t j = 0; j < micro.size(); ++j) {
       const auto [a, b] = micro[j];
       const auto [lo, hi] = contiguous_part(b - a, world, rank);
@@ -368,15 +407,20 @@ FitResult run_training_loop(const TrainerOptions& o, const dist::ProcessGroup& p
       std::unique_ptr<FullyShardedBase::NoSyncGuard> no_sync;
       if (model.fsdp && j + 1 < micro.size()) no_sync = model.fsdp->no_sync();
       at::Tensor loss = data.train_step(idx);
-      TORCH_CHECK(loss.defined() && loss.numel() == 1 && loss.requires_grad(), "fsdp::Trainer (rank ", rank,
+      TORCH_CHECK(loss.defined() && loss.numel() == 1 && loss.requires_grad(), name, " (rank ", rank,
                   "): the training step must return the scalar mean loss of its batch, attached to the graph; got ",
                   loss.defined() ? loss.sizes() : at::IntArrayRef{});
       (weight == 1.0 ? loss : loss * weight).backward();
-      if (mine > 0) loss_sum += loss.item<double>() * double(mine);
+      if (mine > 0) {
+        const double mean = loss.item<double>();
+        loss_sum += mean * double(mine);
+        means_sum += mean;
+      }
     }
     if (model.fsdp && o.gradient_clip_val() > 0) model.fsdp->clip_grad_norm_(o.gradient_clip_val());
     opt.step();  // zero1/zero2 clip inside step() (ZeroOptions::clip_grad_norm)
     if (model.scheduler) model.scheduler->step();
+    for (auto& cb : callbacks) cb->on_optimizer_step(step + 1);
     StepMetrics sm;
     sm.step = step + 1;
     sm.epoch = epoch;
@@ -386,7 +430,14 @@ FitResult run_training_loop(const TrainerOptions& o, const dist::ProcessGroup& p
     if (want_memory) sm.memory = memory_now(model);
     // The global loss arrives after the next step's optimizer step unless something
     // between the steps needs it now ([Note: overlapped step loss]).
-    losses.start(sm, loss_sum, double(m));
+    // [Note: step loss] With equal parts (m divisible by k x world) the step's loss is
+    // the plain mean of the parts' means: each rank's mean of its micro-batch means,
+    // then the mean over ranks (ReduceOp::Avg's sum / world). That is the mean over
+    // the global batch, rounded as data-parallel PyTorch (and fsdp-train's tests'
+    // reference) computes it; with k = 1 a rank's value is its loss as returned.
+    // Unequal parts (a short last batch) weigh each rank's samples by count instead.
+    if (m % (k * world) == 0) losses.start(sm, means_sum / double(k), double(world));
+    else losses.start(sm, loss_sum, double(m));
     const bool save_now =
         sm.step == total_steps || (o.checkpoint_interval() > 0 && sm.step % o.checkpoint_interval() == 0);
     const bool validate_now = o.val_check_interval() > 0 && sm.step % o.val_check_interval() == 0;
@@ -396,11 +447,16 @@ FitResult run_training_loop(const TrainerOptions& o, const dist::ProcessGroup& p
     if (validate_now) {
       validate(sm.step);
       last_validated = sm.step;
+      // The next progress report's rate counts training only (the steps reported so far
+      // are all emitted: validate_now drained them).
+      t_interval = Clock::now();
+      interval_samples = 0;
     }
   }
   while (losses.in_flight() > 0) emit(losses.finish_oldest());
+  result.train_seconds = std::chrono::duration<double>(Clock::now() - t_train).count() - paused_seconds;
   progress.finish();
-  if (data.validation_step && last_validated != total_steps) validate(total_steps);
+  if (last_validated != total_steps) validate(total_steps);
   result.last_step = total_steps;
   if (o.memory_summary()) memory_summary(o, pg, model);
   if (result.losses.empty()) last.step = total_steps;

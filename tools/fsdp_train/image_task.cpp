@@ -79,12 +79,14 @@ class ImageTask : public Task {
   explicit ImageTask(const TrainOptions& o)
       : train_(to_tensors(load_split(o.data_dir, "train"))),
         test_(to_tensors(load_split(o.data_dir, "t10k"))),
-        sampler_(train_.labels.size(0), o.batch_size, o.shuffle, o.seed) {}
+        sampler_(train_.labels.size(0), o.batch_size, o.shuffle, o.seed), batch_(o.batch_size) {}
 
   int64_t steps_per_epoch() const override { return sampler_.steps_per_epoch(); }
 
-  Batch train_batch(int64_t step, int64_t begin, int64_t end) override {
-    auto idx = torch::tensor(sampler_.indices(step, begin, end), torch::kInt64);
+  int64_t train_size() const override { return train_.labels.size(0); }
+  std::vector<int64_t> train_indices(int64_t step) override { return sampler_.indices(step, 0, batch_); }
+  Batch train_samples(const std::vector<int64_t>& indices) const override {
+    auto idx = torch::tensor(indices, torch::kInt64);
     return {train_.pixels.index_select(0, idx).to(torch::kFloat32).div_(255.0), train_.labels.index_select(0, idx)};
   }
 
@@ -100,6 +102,7 @@ class ImageTask : public Task {
  private:
   TensorSplit train_, test_;
   Sampler sampler_;
+  int64_t batch_;
 };
 
 }  // namespace

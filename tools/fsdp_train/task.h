@@ -1,6 +1,8 @@
 #pragma once
 /// What a model trains on: the global batch of every step and the evaluation set. The
-/// training loop (train.cpp) is the same for every model; a Task supplies the data.
+/// training loop (the library's, fsdp::trainer::detail::run_training_loop, driven by
+/// train.cpp) is the same for every model; a Task supplies the data: its batch sampler
+/// (train_indices) and its samples (train_samples).
 ///  * image task (mlp, cnn): Fashion-MNIST, see [Note: image batches] in image_task.cpp.
 ///  * text task (gpt): windows of a byte string, see [Note: text windows] in text_task.cpp.
 /// Targets are class indices, one per row of the logits flattened to [-1, classes]
@@ -8,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include <torch/types.h>
 
@@ -25,9 +28,13 @@ class Task {
 
   /// Optimizer steps in one epoch (one pass over the training data).
   virtual int64_t steps_per_epoch() const = 0;
-  /// Samples [begin, end) of step `step`'s (0-based) global batch: the same on every rank
-  /// for the same arguments, so rank r asks for its rank slice.
-  virtual Batch train_batch(int64_t step, int64_t begin, int64_t end) = 0;
+  /// Training samples (images; window starts) that train_indices draws from.
+  virtual int64_t train_size() const = 0;
+  /// The sample indices of step `step`'s (0-based) global batch, in order: the same on
+  /// every rank. The loop gives rank r of N the contiguous rank slice [r*B/N, (r+1)*B/N).
+  virtual std::vector<int64_t> train_indices(int64_t step) = 0;
+  /// The samples `indices` (of train_indices) as one batch.
+  virtual Batch train_samples(const std::vector<int64_t>& indices) const = 0;
 
   /// Items of the evaluation set (images; windows).
   virtual int64_t eval_size() const = 0;

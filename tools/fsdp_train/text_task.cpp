@@ -37,21 +37,22 @@ class TextTask : public Task {
 
   int64_t steps_per_epoch() const override { return std::max<int64_t>(1, train_bytes_ / (batch_ * context_)); }
 
-  Batch train_batch(int64_t step, int64_t begin, int64_t end) override {
+  int64_t train_size() const override { return train_windows_.size(0); }
+  std::vector<int64_t> train_indices(int64_t step) override {
     const uint64_t starts = uint64_t(train_windows_.size(0));  // n - T
     std::vector<int64_t> idx;
-    idx.reserve(size_t(end - begin));
+    idx.reserve(size_t(batch_));
     if (shuffle_) {
       std::seed_seq seq{uint64_t(seed_), uint64_t(seed_ >> 32), uint64_t(step)};
       std::mt19937_64 rng(seq);
-      for (int64_t i = 0; i < end; ++i) {
-        const int64_t start = int64_t(rng() % starts);  // drawn on every rank for i < begin too
-        if (i >= begin) idx.push_back(start);
-      }
+      for (int64_t i = 0; i < batch_; ++i) idx.push_back(int64_t(rng() % starts));
     } else {
-      for (int64_t i = begin; i < end; ++i) idx.push_back(int64_t(uint64_t((step * batch_ + i) * context_) % starts));
+      for (int64_t i = 0; i < batch_; ++i) idx.push_back(int64_t(uint64_t((step * batch_ + i) * context_) % starts));
     }
-    return split(train_windows_.index_select(0, torch::tensor(idx, torch::kInt64)));
+    return idx;
+  }
+  Batch train_samples(const std::vector<int64_t>& indices) const override {
+    return split(train_windows_.index_select(0, torch::tensor(indices, torch::kInt64)));
   }
 
   int64_t eval_size() const override { return eval_windows_.size(0); }

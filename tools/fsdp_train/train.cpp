@@ -1,11 +1,11 @@
 #include "train.h"
 
-#include <chrono>
 #include <cstdio>
 #include <functional>
-#include <limits>
+#include <map>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include <torch/torch.h>
@@ -20,11 +20,8 @@
 #include "fsdp/memory/memory_tracer.h"
 #include "fsdp/optim/cpu_adam.h"
 #include "fsdp/optim/zero_redundancy_optimizer.h"
-#include "fsdp/state/zero_checkpoint.h"
 #include "fsdp/trainer/memory_summary.h"
-#include "fsdp/trainer/metrics_log.h"
-#include "fsdp/trainer/progress.h"
-#include "fsdp/trainer/step_loss_reduction.h"
+#include "fsdp/trainer/training_loop.h"
 #include "models.h"
 #include "resume.h"
 #include "task.h"
@@ -35,7 +32,6 @@ namespace fsdp::train {
 namespace {
 
 namespace dist = fsdp::dist;
-using Clock = std::chrono::steady_clock;
 
 using Forward = std::function<torch::Tensor(const torch::Tensor&)>;
 
@@ -173,69 +169,69 @@ int64_t count_params(const TrainOptions& o, const torch::nn::Module& net) {
   return n;
 }
 
-/// The training loop shared by every model: `model` is the FSDP wrapper (parameters, units,
-/// memory, checkpoints), or null under zero1/zero2 (`opt` is then the
-/// ZeroRedundancyOptimizer); `forward` the typed forward.
-int train(const TrainOptions& o, const dist::ProcessGroup& pg, FullyShardedBase* fsdp_model,
+/// fsdp-train's side of the library's loop: the header's "resumed from" line, the
+/// memory tracer's optimizer steps, and its own extras in every checkpoint.
+class TrainHooks : public fsdp::trainer::Callback {
+ public:
+  TrainHooks(const TrainOptions& o, bool lead, fsdp::MemoryTracer* tracer) : o_(o), lead_(lead), tracer_(tracer) {}
+  void on_train_start(const fsdp::trainer::TrainStart& start) override {
+    if (lead_ && !start.resumed_from.empty())
+      std::fprintf(stderr, "fsdp-train: resumed from %s at step %lld\n", start.resumed_from.c_str(),
+                   (long long)start.first_step);
+  }
+  void on_optimizer_step(int64_t) override {
+    if (tracer_) tracer_->step();
+  }
+  void on_save_checkpoint(fsdp::CheckpointExtra& extra) override { add_training_state(o_, extra); }
+  // Only --metrics (rank 0, written by the loop) reads the per-step memory.
+  bool needs_memory() const override { return false; }
+
+ private:
+  const TrainOptions& o_;
+  bool lead_;
+  fsdp::MemoryTracer* tracer_;
+};
+
+/// fsdp-train's flags as the library loop's options: the Task's batches, fsdp-train's
+/// evaluation, its metrics format (truncated on resume, validation under "eval") and its
+/// name on messages; step-0 saved with --checkpoint-dir; each step's loss reduced while
+/// the next step runs (its callbacks only record); the summary is fsdp-train's own.
+fsdp::trainer::TrainerOptions loop_options(const TrainOptions& o, int64_t total_steps) {
+  return fsdp::trainer::TrainerOptions()
+      .strategy(fsdp::trainer::Strategy(o.strategy))
+      .max_steps(total_steps)
+      .global_batch_size(o.batch_size)
+      .shuffle(o.shuffle)
+      .seed(o.seed)
+      .val_check_interval(o.eval_every)
+      .checkpoint_dir(o.checkpoint_dir)
+      .checkpoint_interval(o.checkpoint_every)
+      .keep_checkpoints(o.keep_checkpoints)
+      .checkpoint_at_start(true)
+      .resume(o.resume)
+      .metrics_file(o.metrics_path)
+      .metrics_append_on_resume(false)
+      .metrics_validation_key("eval")
+      .log_name("fsdp-train")
+      .progress(true)
+      .log_every_n_steps(o.log_every)
+      .overlap_step_metrics(true)
+      .memory_summary(false);
+}
+
+/// Trains with the library's loop (fsdp::trainer::detail::run_training_loop), then
+/// reports. `fsdp_model` is the FSDP wrapper (parameters, units, memory, checkpoints), or
+/// null under zero1/zero2 (`opt` is then the ZeroRedundancyOptimizer); `module` the
+/// unwrapped model; `forward` the typed forward.
+int train(const TrainOptions& o, const dist::ProcessGroup& pg, FullyShardedBase* fsdp_model, torch::nn::Module& module,
           std::unique_ptr<torch::optim::Optimizer> opt, const Forward& forward, Task& task, int64_t num_params,
           const PhaseMemory& phases) {
   const int rank = pg.rank(), world = pg.size();
   const bool lead = rank == 0;
   auto* zero_opt = dynamic_cast<fsdp::optim::ZeroRedundancyOptimizer*>(opt.get());
   TORCH_INTERNAL_ASSERT((fsdp_model != nullptr) != (zero_opt != nullptr));
-  auto memory_now = [&] { return fsdp::trainer::model_memory(fsdp_model, *opt); };
-
   const int64_t total_steps = o.steps ? *o.steps : (o.epochs ? *o.epochs : default_epochs(o.model)) * task.steps_per_epoch();
-  // --resume: weights, optimizer state (Adam moments and step counts), then the training
-  // state (see [Note: training state] in resume.h). Any world size and strategy.
-  int64_t first_step = 0;
-  std::string resume = o.resume;
-  const bool auto_resume = resume == "auto";
-  std::optional<fsdp::CheckpointExtra> extra;
-  // Steps of the checkpoints --resume auto may still choose: older than the last one tried.
-  int64_t below = std::numeric_limits<int64_t>::max();
-  for (;;) {
-    if (auto_resume) {
-      // Rank 0 chooses and tells the others, so that all load the same checkpoint even while
-      // the directory changes or where it differs between machines.
-      auto chosen = torch::full({1}, int64_t(-1), torch::kLong);
-      if (lead) {
-        std::vector<std::string> skipped;
-        if (auto step = newest_usable_checkpoint(o, skipped, below)) chosen.fill_(*step);
-        for (const auto& why : skipped) std::fprintf(stderr, "fsdp-train: --resume auto: skipped: %s\n", why.c_str());
-        if (chosen.item<int64_t>() < 0)
-          std::fprintf(stderr, "fsdp-train: --resume auto: no usable checkpoint under %s; starting fresh\n",
-                       o.checkpoint_dir.c_str());
-      }
-      dist::broadcast(pg, chosen, 0).wait();
-      const int64_t step = chosen.item<int64_t>();
-      resume = step < 0 ? "" : checkpoint_path(o.checkpoint_dir, step);
-      below = step;
-    }
-    if (resume.empty()) break;
-    try {
-      // The same directory format either way: a zero checkpoint resumes under FSDP and back.
-      extra = fsdp_model ? fsdp::load_checkpoint(resume, *fsdp_model, opt.get())
-                         : fsdp::load_checkpoint(resume, *zero_opt);
-      break;
-    } catch (const c10::Error& e) {
-      // A load that fails (a damaged or missing tensor file on any rank) throws the same
-      // error on every rank and changes nothing anywhere ([Note: atomic load] in
-      // src/state/checkpoint.cpp), so under --resume auto every rank passes over it together
-      // and tries the next older checkpoint. Other errors (a lost peer) end the run.
-      const std::string why = e.what_without_backtrace();
-      if (!auto_resume || why.rfind("fsdp: load_checkpoint('", 0) != 0) throw;
-      if (lead) std::fprintf(stderr, "fsdp-train: --resume auto: skipped: %s\n", why.c_str());
-    }
-  }
-  if (extra) {
-    std::string err = check_compatible(o, extra->values);
-    TORCH_CHECK(err.empty(), err);
-    first_step = restore_training_state(*extra);
-    TORCH_CHECK(first_step <= total_steps, "--resume ", resume, ": the checkpoint is at step ", first_step,
-                " but this run has only ", total_steps, " steps in all (--steps and --epochs count from the run's "
-                "start); ask for more than ", first_step);
-  }
+
   // --memory-trace: samples at every unit boundary and optimizer step.
   std::unique_ptr<fsdp::MemoryTracer> tracer;
   if (!o.memory_trace.empty()) {
@@ -243,128 +239,54 @@ int train(const TrainOptions& o, const dist::ProcessGroup& pg, FullyShardedBase*
                 "apply to --strategy ", o.strategy, " (use full_shard, shard_grad_op, no_shard or hybrid_shard)");
     tracer = std::make_unique<fsdp::MemoryTracer>(*fsdp_model, opt.get());
   }
-  double paused_seconds = 0;  // evaluations and checkpoints: not training throughput
-  auto checkpoint = [&](int64_t step) {
-    if (o.checkpoint_dir.empty()) return;
-    const auto t0 = Clock::now();
-    // save_checkpoint creates <dir>/step-S.tmp's parents; atomic rename at the end.
-    const std::string path = checkpoint_path(o.checkpoint_dir, step);
-    if (fsdp_model) fsdp::save_checkpoint(path, *fsdp_model, opt.get(), training_state(o, step));
-    else fsdp::save_checkpoint(path, *zero_opt, training_state(o, step));
-    if (lead && o.keep_checkpoints > 0) {
-      // After the save returned on rank 0, the new checkpoint is complete: the oldest can go.
-      std::string failed = fsdp::trainer::prune_checkpoints(o.checkpoint_dir, o.keep_checkpoints);
-      if (!failed.empty()) std::fprintf(stderr, "fsdp-train: warning: --keep-checkpoints could not delete %s\n", failed.c_str());
-    }
-    paused_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
-  };
-  const int64_t local_batch = o.batch_size / world;
-  const int64_t begin = rank * local_batch, end = begin + local_batch;
-  // The library's JSON-lines format, validation lines under "eval" (fsdp-train's key).
-  fsdp::trainer::MetricsLog metrics(lead ? o.metrics_path : "", /*append=*/false, "eval");
-  // Every rank must take the same decision: --metrics is the same flag everywhere.
-  const bool loss_every_step = !o.metrics_path.empty();
-  fsdp::trainer::Progress progress(total_steps, lead, first_step);
-  if (lead) {
+  if (lead)
     std::fprintf(stderr,
                  "fsdp-train: %s (%lld params, %zu units), %s, %d ranks, %s lr %g, global batch %lld, %lld steps\n",
                  o.model.c_str(), (long long)num_params, fsdp_model ? fsdp_model->unit_paths().size() : size_t{0},
-                 o.strategy.c_str(), world,
-                 o.optimizer.c_str(), o.effective_lr(), (long long)o.batch_size, (long long)total_steps);
-    if (!resume.empty())
-      std::fprintf(stderr, "fsdp-train: resumed from %s at step %lld\n", resume.c_str(), (long long)first_step);
-  }
+                 o.strategy.c_str(), world, o.optimizer.c_str(), o.effective_lr(), (long long)o.batch_size,
+                 (long long)total_steps);
 
-  auto eval_and_report = [&](int64_t step) {
-    EvalResult e = evaluate(forward, pg, task);
-    if (lead) {
-      char line[200];
-      std::snprintf(line, sizeof line, "eval @ step %lld: %s loss %.4f  accuracy %.2f%%", (long long)step,
-                    task.eval_name(), e.loss, 100.0 * e.accuracy);
-      progress.note(line);
-      fsdp::trainer::ValidationMetrics vm;
-      vm.step = step;
-      vm.values = {{"loss", e.loss}, {"accuracy", e.accuracy}};
-      vm.samples = e.total;
-      metrics.write_validation(vm);
-    }
-    return e;
+  fsdp::trainer::detail::LoopModel lm;
+  lm.fsdp = fsdp_model;
+  lm.zero = zero_opt;
+  lm.optimizer = opt.get();
+  lm.module = &module;
+  lm.num_params = num_params;
+  fsdp::trainer::detail::LoopData data;
+  data.train_size = task.train_size();
+  data.steps_per_epoch = task.steps_per_epoch();
+  data.batch_indices = [&task](int64_t step) { return task.train_indices(step); };
+  data.train_step = [&](const std::vector<int64_t>& indices) {
+    Batch batch = task.train_samples(indices);
+    return task_loss(forward(batch.inputs), batch.targets);
   };
-
-  const auto t_start = Clock::now();
-  auto t_interval = t_start;
-  int64_t interval_steps = 0;
-  fsdp::trainer::StepLossReduction losses(pg);
-  // A reduced step: its metrics line, and the progress report on log steps.
-  auto emit = [&](const fsdp::trainer::StepMetrics& m) {
-    if (lead && metrics.enabled()) metrics.write_step(m);
-    if (m.step % o.log_every == 0 || m.step == total_steps) {
-      const auto now = Clock::now();
-      progress.report(m.step, m.loss, double(interval_steps * o.batch_size) /
-                                          std::chrono::duration<double>(now - t_interval).count());
-      t_interval = now;
-      interval_steps = 0;
-    }
+  EvalResult last_eval;
+  data.validation_loop = [&](int64_t step) {
+    last_eval = evaluate(forward, pg, task);
+    fsdp::trainer::ValidationMetrics vm;
+    vm.values = {{"loss", last_eval.loss}, {"accuracy", last_eval.accuracy}};
+    vm.samples = last_eval.total;
+    char line[200];
+    std::snprintf(line, sizeof line, "eval @ step %lld: %s loss %.4f  accuracy %.2f%%", (long long)step,
+                  task.eval_name(), last_eval.loss, 100.0 * last_eval.accuracy);
+    vm.note = line;
+    return vm;
   };
-  if (first_step == 0) checkpoint(0);  // a resumed run does not rewrite the checkpoint it started from
-  for (int64_t s = first_step; s < total_steps; ++s) {
-    const auto t_step = Clock::now();
-    Batch batch = task.train_batch(s, begin, end);
+  data.resume_check = [&o](const std::string& dir, const std::map<std::string, std::string>& saved) {
+    TrainOptions candidate = o;
+    candidate.resume = dir;
+    return check_compatible(candidate, saved);
+  };
+  const fsdp::trainer::FitResult r = fsdp::trainer::detail::run_training_loop(
+      loop_options(o, total_steps), pg, lm, data, {std::make_shared<TrainHooks>(o, lead, tracer.get())});
 
-    const auto tb = Clock::now();
-    opt->zero_grad();
-    const auto tz = Clock::now();
-    auto loss = task_loss(forward(batch.inputs), batch.targets);
-    const auto tf = Clock::now();
-    loss.backward();
-    const auto tbw = Clock::now();
-    opt->step();
-    const auto to = Clock::now();
-    if (tracer) tracer->step();
-    if (getenv("PHASES")) { auto ms=[](auto a, auto b){return std::chrono::duration<double,std::milli>(b-a).count();};
-      std::fprintf(stderr, "PHASE r%d s%lld data %.2f zero %.2f fwd %.2f bwd %.2f opt %.2f prev_tail %.2f\n", rank, (long long)s, ms(t_step,tb), ms(tb,tz), ms(tz,tf), ms(tf,tbw), ms(tbw,to), 0.0); }
-    ++interval_steps;
-
-    const int64_t step = s + 1;
-    // The previous step's loss, reduced while this step ran ([Note: overlapped step loss]).
-    if (losses.in_flight() > 0) emit(losses.finish_oldest());
-    const bool log_now = step % o.log_every == 0 || step == total_steps;
-    const bool save_now = step == total_steps || (o.checkpoint_every > 0 && step % o.checkpoint_every == 0);
-    const bool eval_now = o.eval_every > 0 && step % o.eval_every == 0 && step != total_steps;
-    if (loss_every_step || log_now) {
-      fsdp::trainer::StepMetrics m;
-      m.step = step;
-      m.epoch = s / task.steps_per_epoch();
-      m.samples = o.batch_size;
-      m.lr = o.effective_lr();
-      m.samples_per_s = double(o.batch_size) / std::chrono::duration<double>(Clock::now() - t_step).count();
-      if (lead && metrics.enabled()) m.memory = memory_now();
-      // The mean of the ranks' means, as ReduceOp::Avg gave it (the sum, then / world).
-      losses.start(m, loss.item<double>(), double(world));
-      // Checkpoints and evaluations report after the step's line: take it back now.
-      if (save_now || eval_now) emit(losses.finish_oldest());
-    }
-    if (save_now) checkpoint(step);
-    if (eval_now) {
-      const auto t0 = Clock::now();
-      eval_and_report(step);
-      paused_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
-      t_interval = Clock::now();
-      interval_steps = 0;
-    }
-  }
-  const int64_t steps_run = total_steps - first_step;
-  const double train_seconds = std::chrono::duration<double>(Clock::now() - t_start).count() - paused_seconds;
-  progress.finish();
-
-  EvalResult final_eval = eval_and_report(total_steps);
   if (tracer) {
     const auto at = o.memory_trace.find("{rank}");
     if (at != std::string::npos) tracer->dump(std::string(o.memory_trace).replace(at, 6, std::to_string(rank)));
     else if (lead) tracer->dump(o.memory_trace);
   }
-
-  print_summary(o, pg, task, final_eval, steps_run, train_seconds, num_params, memory_now(), phases);
+  print_summary(o, pg, task, last_eval, r.last_step - r.first_step, r.train_seconds, num_params,
+                fsdp::trainer::model_memory(fsdp_model, *opt), phases);
   dist::barrier(pg);
   return 0;
 }
@@ -407,8 +329,8 @@ int run_rank(const TrainOptions& o) {
       const int64_t num_params = count_params(o, *gpt);
       auto opt = make_zero_optimizer(o, pg, gpt.ptr());
       phases.end_construction();
-      return train(o, pg, nullptr, std::move(opt), [&](const torch::Tensor& x) { return gpt->forward(x); }, *task,
-                   num_params, phases);
+      return train(o, pg, nullptr, *gpt, std::move(opt), [&](const torch::Tensor& x) { return gpt->forward(x); },
+                   *task, num_params, phases);
     }
     auto task = make_image_task(o);
     PhaseMemory phases;
@@ -419,8 +341,8 @@ int run_rank(const TrainOptions& o) {
     phases.end_construction();
     // Under bf16 the parameters are bf16: cast the images as FSDP's cast_forward_inputs does.
     const auto dtype = o.mixed_precision == "bf16" ? torch::kBFloat16 : torch::kFloat;
-    return train(o, pg, nullptr, std::move(opt), [&](const torch::Tensor& x) { return net->forward(x.to(dtype)); },
-                 *task, num_params, phases);
+    return train(o, pg, nullptr, *net, std::move(opt),
+                 [&](const torch::Tensor& x) { return net->forward(x.to(dtype)); }, *task, num_params, phases);
   }
 
   // Library options shared by every model; the wrap policy is the model's.
@@ -458,7 +380,7 @@ int run_rank(const TrainOptions& o) {
                   "resident set before it, peak RSS so far %.1f MiB (rank 0)\n",
                   o.eager_init ? "eager" : "sharded", (long long)units_at_construction,
                   double(phases.construction_peak()) / (1 << 20), double(phases.run_peak()) / (1 << 20));
-    const int rc = train(o, pg, model.get(), make_optimizer(o, model->parameters()),
+    const int rc = train(o, pg, model.get(), *gpt, make_optimizer(o, model->parameters()),
                          [&](const torch::Tensor& x) { return model->forward(x); }, *task, num_params, phases);
     if (rank == 0) std::printf("peak RSS over the run %.1f MiB (rank 0)\n", double(phases.run_peak()) / (1 << 20));
     return rc;
@@ -472,7 +394,7 @@ int run_rank(const TrainOptions& o) {
       net, pg,
       fsdp::Options(base).auto_wrap_policy(fsdp::size_based_policy(o.min_num_params)));
   phases.end_construction();
-  return train(o, pg, model.get(), make_optimizer(o, model->parameters()),
+  return train(o, pg, model.get(), *net, make_optimizer(o, model->parameters()),
                [&](const torch::Tensor& x) { return model->forward(x); }, *task, num_params, phases);
 }
 

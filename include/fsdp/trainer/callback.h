@@ -23,7 +23,7 @@ struct MemorySample {
 struct StepMetrics {
   int64_t step = 0;   ///< optimizer steps done, 1-based (the step just finished)
   int64_t epoch = 0;  ///< 0-based epoch the step belongs to
-  double loss = 0;    ///< mean loss over the step's global batch (every micro-batch, every rank)
+  double loss = 0;    ///< mean loss over the step's global batch (every micro-batch, every rank; [Note: step loss])
   int64_t samples = 0;  ///< samples in the global batch (less than global_batch_size for a short last batch)
   double lr = 0;      ///< learning rate of parameter group 0 used by this step
   double samples_per_s = 0;
@@ -36,6 +36,9 @@ struct ValidationMetrics {
   /// the validation step returned, weighted by the samples of each rank's part.
   std::map<std::string, double> values;
   int64_t samples = 0;
+  /// The progress line for this validation (rank 0, stderr). Empty: the loop's own,
+  /// "validation after step S: <key> <value> ...". A validation_loop may set it.
+  std::string note;
 };
 
 /// What on_train_start is told.
@@ -43,6 +46,7 @@ struct TrainStart {
   int rank = 0, world_size = 1;
   int64_t first_step = 0;   ///< the step training continues from (0 fresh; S after resuming step-S)
   int64_t total_steps = 0;  ///< the step it ends at
+  std::string resumed_from;  ///< the checkpoint directory resumed from ("" when none)
 };
 
 class Callback {
@@ -50,6 +54,11 @@ class Callback {
   virtual ~Callback() = default;
   /// After the model, optimizer and a resumed checkpoint are in place.
   virtual void on_train_start(const TrainStart& start) {}
+  /// Right after the optimizer (and LR scheduler) stepped for step `step` (1-based),
+  /// before anything else of the step's end: a hook that must see every optimizer step
+  /// at the moment it happens (fsdp::MemoryTracer::step), which on_step_end, called
+  /// once the step's loss is known, does not promise. Its time counts as training time.
+  virtual void on_optimizer_step(int64_t step) {}
   virtual void on_step_end(const StepMetrics& metrics) {}
   virtual void on_validation_end(const ValidationMetrics& metrics) {}
   /// After checkpoint `dir` (the state after `step` steps) is complete on disk.
@@ -60,6 +69,9 @@ class Callback {
   virtual void on_save_checkpoint(CheckpointExtra& extra) {}
   /// The extras of the checkpoint being resumed, on every rank, before on_train_start.
   virtual void on_load_checkpoint(const CheckpointExtra& extra) {}
+  /// Whether this callback reads StepMetrics::memory. The loop samples it (which reads
+  /// /proc/self/statm) only for a metrics file or a callback that says true.
+  virtual bool needs_memory() const { return true; }
 };
 
 }  // namespace fsdp::trainer

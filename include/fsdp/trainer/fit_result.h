@@ -19,6 +19,10 @@ struct FitResult {
   std::vector<double> losses;
   /// The last validation's metrics (empty without validation).
   std::map<std::string, double> validation;
+  /// Wall time of this call's training steps, from the first step's start to the last
+  /// step's end, less the validations and checkpoints between them: what a throughput
+  /// (samples of last_step - first_step steps / train_seconds) should divide by.
+  double train_seconds = 0;
 };
 
 }  // namespace fsdp::trainer

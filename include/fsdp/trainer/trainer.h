@@ -67,7 +67,9 @@
 /// parameter) and the ZeRO estimate for the strategy (bf16-aware under zero1/zero2).
 /// The file format, the progress lines, the table and the checkpoint directory are
 /// public pieces a hand-written loop can reuse (metrics_log.h, progress.h,
-/// memory_summary.h, checkpoint_dir.h); fsdp-train does.
+/// memory_summary.h, checkpoint_dir.h). fsdp-train runs this loop itself
+/// (training_loop.h) with its own model, optimizer, batch sampler, validation loop and
+/// resume check: the hooks batch_sampler, validation_loop and resume_check below.
 
 #include <cstdint>
 #include <filesystem>
@@ -179,6 +181,12 @@ class Trainer {
   using ValidationStep = std::function<std::map<std::string, double>(Model&, Batch&)>;
   /// The batch of samples `indices` (the type-erased form of a dataset).
   using BatchFn = std::function<Batch(const std::vector<int64_t>& indices)>;
+  /// Global step (0-based, from the run's start) -> the sample indices of its global batch.
+  using BatchSampler = std::function<std::vector<int64_t>(int64_t step)>;
+  /// A whole validation of one's own (collective): the global metrics after step `step`.
+  using ValidationLoop = std::function<ValidationMetrics(Model&, const dist::ProcessGroup&, int64_t step)>;
+  /// "" if a checkpoint's extra values continue this run, else why not (see resume_check).
+  using ResumeCheck = std::function<std::string(const std::string& dir, const std::map<std::string, std::string>&)>;
 
   explicit Trainer(TrainerOptions options = {}) : options_(std::move(options)) {}
 
@@ -239,6 +247,35 @@ class Trainer {
   }
   Trainer& validation_step(ValidationStep step) {
     validation_step_ = std::move(step);
+    return *this;
+  }
+  /// Which samples meet in each step, instead of the GlobalSampler's shuffled epochs
+  /// (torch's batch_sampler): `sampler(step)` returns the indices of step `step`'s
+  /// global batch, the same on every rank and a pure function of the step (a resumed
+  /// run asks for the steps after its checkpoint only). The Trainer still cuts each
+  /// batch into micro-batches and contiguous rank parts ([Note: global batches], steps
+  /// 3-4). `steps_per_epoch` counts epochs for max_epochs and the metrics. A sampler of
+  /// its own is not recorded in checkpoints: record what fixes it in
+  /// Callback::on_save_checkpoint and refuse a mismatch with resume_check.
+  Trainer& batch_sampler(int64_t steps_per_epoch, BatchSampler sampler) {
+    sampler_steps_per_epoch_ = steps_per_epoch;
+    batch_sampler_ = std::move(sampler);
+    return *this;
+  }
+  /// Validation of one's own instead of val_data + validation_step: `loop(model, pg,
+  /// step)` runs on every rank when a validation is due (val_check_interval, and after
+  /// the last step), with the module in eval() and under NoGradGuard, and returns the
+  /// global metrics (it reduces over `pg` itself): for metrics that are not means of
+  /// per-batch means, or a slicing of the validation set of its own.
+  Trainer& validation_loop(ValidationLoop loop) {
+    validation_loop_ = std::move(loop);
+    return *this;
+  }
+  /// Checks a checkpoint's extra values (on_save_checkpoint's included) before resuming
+  /// from it, before the Trainer's own data-order check: a refused checkpoint is
+  /// skipped under resume("auto") with the message, and fails an explicit resume.
+  Trainer& resume_check(ResumeCheck check) {
+    resume_check_ = std::move(check);
     return *this;
   }
   Trainer& callback(std::shared_ptr<Callback> cb) {
@@ -305,6 +342,11 @@ class Trainer {
         Batch b = val_batch_(indices);
         return validation_step_(*model_, b);
       };
+    if (validation_loop_)
+      data.validation_loop = [this, &pg](int64_t step) { return validation_loop_(*model_, pg, step); };
+    data.batch_indices = batch_sampler_;
+    data.steps_per_epoch = sampler_steps_per_epoch_;
+    data.resume_check = resume_check_;
     return detail::run_training_loop(options_, pg, lm, data, callbacks_);
   }
 
@@ -320,6 +362,9 @@ class Trainer {
     p.train_data = bool(train_batch_);
     p.val_data = bool(val_batch_);
     p.validation_step = bool(validation_step_);
+    p.validation_loop = bool(validation_loop_);
+    p.batch_sampler = bool(batch_sampler_);
+    p.sampler_steps_per_epoch = sampler_steps_per_epoch_;
     p.train_size = train_size_;
     p.val_size = val_size_;
     return p;
@@ -410,6 +455,10 @@ class Trainer {
   BatchFn train_batch_, val_batch_;
   TrainingStep training_step_;
   ValidationStep validation_step_;
+  BatchSampler batch_sampler_;
+  int64_t sampler_steps_per_epoch_ = 0;
+  ValidationLoop validation_loop_;
+  ResumeCheck resume_check_;
   std::vector<std::shared_ptr<Callback>> callbacks_;
   std::filesystem::path scratch_;
 

@@ -95,11 +95,24 @@ struct TrainerOptions {
   TORCH_ARG(int64_t, checkpoint_interval) = 0;
   /// Keep only the newest K complete checkpoints (0 keeps all).
   TORCH_ARG(int64_t, keep_checkpoints) = 2;
+  /// A fresh run (not a resumed one) also saves the initial state as `step-0` before
+  /// the first step, so a run that dies before its first checkpoint_interval resumes
+  /// from the initial weights rather than starting afresh (fsdp-train does).
+  TORCH_ARG(bool, checkpoint_at_start) = false;
   /// "": start fresh. "auto": continue from the newest usable checkpoint under
   /// checkpoint_dir (none: start fresh). Otherwise a checkpoint directory to continue from.
   TORCH_ARG(std::string, resume) = "";
   /// JSON lines written by rank 0: one per step, one per validation (see metrics in trainer.h).
   TORCH_ARG(std::string, metrics_file) = "";
+  /// A resumed run appends to metrics_file (the lines of the steps before the
+  /// checkpoint stay). false: it truncates the file, which then holds this run's
+  /// steps only (fsdp-train's --metrics; a restarted job then has no duplicate steps).
+  TORCH_ARG(bool, metrics_append_on_resume) = true;
+  /// The key validation lines of metrics_file hold their values under.
+  TORCH_ARG(std::string, metrics_validation_key) = "validation";
+  /// What the loop's own messages on stderr and its errors start with ("fsdp-train"
+  /// for that tool), so that a program's messages carry the program's name.
+  TORCH_ARG(std::string, log_name) = "fsdp::Trainer";
   /// Rank 0 prints progress on stderr every log_every_n_steps steps (a bar on a terminal).
   TORCH_ARG(bool, progress) = true;
   TORCH_ARG(int64_t, log_every_n_steps) = 10;
@@ -133,7 +146,9 @@ struct TrainerOptions {
 struct TrainerParts {
   bool model = false, optimizer = false, training_step = false;
   bool train_data = false, val_data = false, validation_step = false;
+  bool validation_loop = false, batch_sampler = false;
   int64_t train_size = 0, val_size = 0;
+  int64_t sampler_steps_per_epoch = 0;  ///< given with the batch sampler
 };
 
 /// Empty if `o` and `parts` can train at `world_size` ranks (0: not known yet, skip

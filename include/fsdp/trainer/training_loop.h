@@ -4,7 +4,9 @@
 /// progress, memory summary), compiled once into the library. trainer.h builds the
 /// model and the optimizer with the user's types and hands them over as a
 /// LoopModel; the datasets and the user's steps arrive as functions of sample
-/// indices (LoopData). Users call Trainer, not this.
+/// indices (LoopData). Users call Trainer; a program that builds its model and
+/// optimizer itself and keeps its own data order and evaluation (fsdp-train) calls
+/// run_training_loop directly with the LoopData hooks below.
 
 #include <cstdint>
 #include <functional>
@@ -44,6 +46,30 @@ struct LoopData {
   std::function<at::Tensor(const std::vector<int64_t>& indices)> train_step;
   /// The user's validation step (empty: none), run under NoGradGuard: per-key means.
   std::function<std::map<std::string, double>(const std::vector<int64_t>& indices)> validation_step;
+
+  /// Optional batch sampler (Trainer::batch_sampler): the sample indices of global step
+  /// `step`'s (0-based, counted from the run's start) global batch, the same on every
+  /// rank. Empty: GlobalSampler over train_size with the options' seed, shuffle and
+  /// last_batch ([Note: global batches], steps 1-2). Either way the loop cuts the batch
+  /// into micro-batches and contiguous rank parts (steps 3-4), so rank r of N trains on
+  /// indices [r*m/N, (r+1)*m/N) of an m-sample batch (k = 1).
+  std::function<std::vector<int64_t>(int64_t step)> batch_indices;
+  /// With batch_indices: optimizer steps per epoch (max_epochs and the metrics' epoch).
+  int64_t steps_per_epoch = 0;
+
+  /// Optional validation of one's own (Trainer::validation_loop), instead of
+  /// validation_step over val_size: runs on every rank when a validation is due (it may
+  /// slice and reduce the validation set as it likes, collectively) and returns the
+  /// global metrics, the same on every rank. Run with the module in eval() and under
+  /// NoGradGuard; its time is not training time (FitResult::train_seconds).
+  std::function<ValidationMetrics(int64_t step)> validation_loop;
+
+  /// Optional resume check (Trainer::resume_check), run on every rank before the
+  /// loop's own check of the data-order values: "" if a checkpoint's extra values
+  /// (`saved`, what on_save_checkpoint added included) continue this run, else why not,
+  /// naming the setting and the fix. Under resume "auto" a refused checkpoint is passed
+  /// over with that message; an explicit resume fails with it.
+  std::function<std::string(const std::string& dir, const std::map<std::string, std::string>& saved)> resume_check;
 };
 
 /// Runs fit() on this rank. Collective over `pg`. Options must have passed
