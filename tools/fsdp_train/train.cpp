@@ -139,7 +139,8 @@ void print_summary(const TrainOptions& o, const dist::ProcessGroup& pg, const Ta
                 (long long)(steps * o.batch_size), task.sample_name(), train_seconds);
     // The ZeRO accounting for this run's strategy (bf16 parameters under zero1/zero2 with
     // --mixed-precision bf16), next to what each rank measured.
-    const int group = o.shard_group_size > 0 ? o.shard_group_size : n;
+    // HYBRID_SHARD's default shard group is the ranks of one host, as the wrapper resolves it.
+    const int group = o.shard_group_size > 0 ? o.shard_group_size : pg.local_world_size();
     const double zero = fsdp::trainer::model_state_estimate(o.strategy, num_params, n, group,
                                                             o.mixed_precision == "bf16");
     char z[32];
