@@ -605,6 +605,41 @@ TEST(Trainer, ResumeUnderZero) {
   }
 }
 
+// bf16 compute (FSDP's MixedPrecision, ZeRO's param_dtype) keeps fp32 masters and
+// Adam moments: a run resumed from step 3 continues the uninterrupted one bit for bit.
+TEST(Trainer, ResumeUnderBf16) {
+  run_ranks(2, [&](dist::ProcessGroup& pg) {
+    const std::vector<Strategy> strategies = {
+        Strategy("full_shard").fsdp(fsdp::Options()
+                                        .auto_wrap_policy(module_type_policy<BlockImpl>())
+                                        .mixed_precision(fsdp::MixedPrecision().param_dtype(torch::kBFloat16))),
+        Strategy("zero2").zero(optim::ZeroOptions().param_dtype(torch::kBFloat16))};
+    for (const auto& strategy : strategies) {
+      run_case(strategy.name() + " bf16", [&] {
+        const std::string ckpt = test_dir() + "/resume_bf16_" + strategy.name();
+        auto bf16_trainer = [&](const std::string& dir, const std::string& resume) {
+          TT t = resume_trainer(dir, resume);
+          t.options().strategy(strategy);
+          t.training_step([](TT::Model& model, torch::data::Example<>& b) {
+            // ZeRO's bf16 parameters take bf16 inputs (FSDP casts them itself).
+            auto out = model.forward(model.fsdp() ? b.data : b.data.to(torch::kBFloat16));
+            EXPECT_EQ(out.scalar_type(), torch::kBFloat16);
+            return torch::mse_loss(out.to(torch::kFloat), b.target);
+          });
+          return t;
+        };
+        TT full = bf16_trainer(ckpt, "");
+        FitResult a = full.fit(pg);
+        ASSERT_EQ(a.losses.size(), 8u);
+        const Params final_a = full_parameters(*full.trained_model());
+        TT resumed = bf16_trainer(ckpt + "2", ckpt + "/step-3");
+        FitResult b = resumed.fit(pg);
+        expect_continues_bitwise(a, final_a, b, resumed, 3);
+      });
+    }
+  }, rank_options());
+}
+
 // HYBRID_SHARD at 4 ranks in shard groups of 2 (replicated across the two groups),
 // with 2 micro-batches per step: step by step against the reference, each rank
 // holding half of the parameters (not a quarter, as FULL_SHARD's groups of 4 would:
