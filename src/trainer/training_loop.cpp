@@ -55,7 +55,10 @@ std::vector<std::pair<std::string, std::string>> fixed_values(const TrainerOptio
 std::string incompatibility(const TrainerOptions& o, int64_t train_size, const std::string& dir,
                             const std::map<std::string, std::string>& saved) {
   if (saved.count(kMarkerKey) == 0 || saved.count(kStepKey) == 0)
-    return dir + " was not written by fsdp::Trainer (no " + kStepKey + " in its extras)";
+    return dir + " holds no training-loop state (no " + kStepKey +
+           " in its extras): it was saved outside fsdp::Trainer's loop (by fsdp::save_checkpoint directly, or by "
+           "fsdp-train before it ran on that loop), so the step, data order and generators to continue from are "
+           "unknown; start afresh, or load only its weights with fsdp::load_checkpoint";
   for (const auto& [key, value] : fixed_values(o, train_size)) {
     auto it = saved.find(key);
     const std::string was = it == saved.end() ? "(not recorded)" : it->second;
