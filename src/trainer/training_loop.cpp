@@ -154,6 +154,7 @@ FitResult run_training_loop(const TrainerOptions& o, const dist::ProcessGroup& p
   const bool lead = rank == 0;
   const int64_t k = o.accumulate_grad_batches();
   const char* name = o.log_name().c_str();
+  const char* flag = o.resume_name().c_str();
   // The global batch of each step: the user's batch sampler, or the GlobalSampler.
   GlobalSampler sampler(data.train_size, o.global_batch_size(), o.shuffle(), o.seed(),
                         o.last_batch() == LastBatch::kDrop);
@@ -196,15 +197,17 @@ FitResult run_training_loop(const TrainerOptions& o, const dist::ProcessGroup& p
           const std::string dir = checkpoint_path(o.checkpoint_dir(), *it);
           std::vector<std::pair<std::string, std::string>> values;
           std::string why;
+          // Every reason names the checkpoint: the loop's and the hook's say which they refused.
           if (read_checkpoint_values(dir, values, why)) why = check_resume(dir, as_map(values));
+          else why = std::string(flag) + " " + dir + ": " + why;
           if (why.empty()) {
             chosen.fill_(*it);
             break;
           }
-          std::fprintf(stderr, "%s: resume auto: skipped %s: %s\n", name, dir.c_str(), why.c_str());
+          std::fprintf(stderr, "%s: %s auto: skipped: %s\n", name, flag, why.c_str());
         }
         if (chosen.item<int64_t>() < 0)
-          std::fprintf(stderr, "%s: resume auto: no usable checkpoint under %s; starting fresh\n", name,
+          std::fprintf(stderr, "%s: %s auto: no usable checkpoint under %s; starting fresh\n", name, flag,
                        o.checkpoint_dir().c_str());
       }
       dist::broadcast(pg, chosen, 0).wait();
@@ -219,7 +222,7 @@ FitResult run_training_loop(const TrainerOptions& o, const dist::ProcessGroup& p
       } catch (const c10::Error& e) {
         const std::string why = e.what_without_backtrace();
         if (why.rfind("fsdp: load_checkpoint('", 0) != 0) throw;
-        if (lead) std::fprintf(stderr, "%s: resume auto: skipped: %s\n", name, why.c_str());
+        if (lead) std::fprintf(stderr, "%s: %s auto: skipped: %s\n", name, flag, why.c_str());
       }
     }
   } else if (!o.resume().empty()) {

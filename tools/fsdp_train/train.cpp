@@ -214,6 +214,7 @@ fsdp::trainer::TrainerOptions loop_options(const TrainOptions& o, int64_t total_
       .metrics_append_on_resume(false)
       .metrics_validation_key("eval")
       .log_name("fsdp-train")
+      .resume_name("--resume")
       .progress(true)
       .log_every_n_steps(o.log_every)
       .overlap_step_metrics(true)

@@ -67,8 +67,8 @@ struct LoopData {
   /// Optional resume check (Trainer::resume_check), run on every rank before the
   /// loop's own check of the data-order values: "" if a checkpoint's extra values
   /// (`saved`, what on_save_checkpoint added included) continue this run, else why not,
-  /// naming the setting and the fix. Under resume "auto" a refused checkpoint is passed
-  /// over with that message; an explicit resume fails with it.
+  /// naming the checkpoint `dir`, the setting and the fix. Under resume "auto" a refused
+  /// checkpoint is passed over with that message; an explicit resume fails with it.
   std::function<std::string(const std::string& dir, const std::map<std::string, std::string>& saved)> resume_check;
 };
 
