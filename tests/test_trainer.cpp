@@ -129,6 +129,20 @@ void expect_continues_bitwise(const FitResult& a, const Params& final_a, const F
   for (auto& [name, t] : final_a) EXPECT_TRUE(torch::equal(final_b.at(name), t)) << name;
 }
 
+// make(ckpt, "") trained uninterrupted for `steps` steps, then make(ckpt + "2",
+// ckpt + "/step-<from>"): the resumed run continues the uninterrupted one bit for bit.
+template <typename Make>
+void expect_resume_bitwise(dist::ProcessGroup& pg, const Make& make, const std::string& ckpt, int64_t from,
+                           size_t steps) {
+  TT full = make(ckpt, "");
+  FitResult a = full.fit(pg);
+  ASSERT_EQ(a.losses.size(), steps);
+  const Params final_a = full_parameters(*full.trained_model());
+  TT resumed = make(ckpt + "2", ckpt + "/step-" + std::to_string(from));
+  FitResult b = resumed.fit(pg);
+  expect_continues_bitwise(a, final_a, b, resumed, from);
+}
+
 /// Records the full parameters before the first step and after every step.
 struct Recorder : Callback {
   explicit Recorder(TT* t) : trainer(t) {}
@@ -628,13 +642,7 @@ TEST(Trainer, ResumeUnderBf16) {
           });
           return t;
         };
-        TT full = bf16_trainer(ckpt, "");
-        FitResult a = full.fit(pg);
-        ASSERT_EQ(a.losses.size(), 8u);
-        const Params final_a = full_parameters(*full.trained_model());
-        TT resumed = bf16_trainer(ckpt + "2", ckpt + "/step-3");
-        FitResult b = resumed.fit(pg);
-        expect_continues_bitwise(a, final_a, b, resumed, 3);
+        expect_resume_bitwise(pg, bf16_trainer, ckpt, 3, 8);
       });
     }
   }, rank_options());
@@ -666,13 +674,7 @@ TEST(Trainer, HybridShard) {
             .checkpoint_interval(2);
         return t;
       };
-      TT full = hybrid_trainer(ckpt, "");
-      FitResult a = full.fit(pg);
-      ASSERT_EQ(a.losses.size(), 5u);
-      const Params final_a = full_parameters(*full.trained_model());
-      TT resumed = hybrid_trainer(ckpt + "2", ckpt + "/step-2");
-      FitResult b = resumed.fit(pg);
-      expect_continues_bitwise(a, final_a, b, resumed, 2);
+      expect_resume_bitwise(pg, hybrid_trainer, ckpt, 2, 5);
     });
   }, rank_options());
 }
