@@ -1,5 +1,7 @@
 // Collectives at world sizes 1-4 against values computed by hand, including flat
 // buffers that need padding, the bytes each op reports, and sub-groups.
+#include <cmath>
+#include <thread>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -292,6 +294,7 @@ void shm_cases(dist::ProcessGroup& pg) {
     // all-gather stage).
     const int64_t chunk = 3 * slot + 7, numel = 5 * slot + 3;
     dist::shm_slot_counters().reset();
+    dist::shm_in_place_counters().reset();
     auto flat = torch::empty({chunk * n});
     dist::all_gather_into(pg, flat, rank_values(chunk, r)).wait();
     auto out = torch::empty({chunk});
@@ -302,6 +305,7 @@ void shm_cases(dist::ProcessGroup& pg) {
     EXPECT_EQ(dist::shm_slot_counters().reduce_scatter.load(), 4 * chunk * (n - 1));
     EXPECT_EQ(dist::shm_slot_counters().all_reduce.load(), 4 * numel);
     EXPECT_EQ(dist::shm_slot_counters().broadcast.load(), 0);
+    EXPECT_EQ(dist::shm_in_place_counters().total(), 0);  // ordinary tensors: copied into the slots
     // Over Gloo nothing goes through the slots.
     dist::set_comm_shared_memory(false);
     dist::shm_slot_counters().reset();
@@ -309,6 +313,72 @@ void shm_cases(dist::ProcessGroup& pg) {
     dist::all_gather_into(pg, flat, rank_values(chunk, r)).wait();
     dist::set_comm_shared_memory(true);
     EXPECT_EQ(dist::shm_slot_counters().total(), 0);
+  });
+  run_case("shm: buffers in the exchange arena are read in place, and held until read", [&] {
+    // A flat buffer from allocate_collective_buffer lies in this rank's exchange arena:
+    // peers copy (or sum) straight from it, so nothing goes through the slots, with the
+    // same results as the copying path. Sizes cross the ring (16 slots).
+    auto arena_tensor = [&](int64_t numel) {
+      const size_t nbytes = static_cast<size_t>(numel) * sizeof(float);
+      c10::Storage st(c10::Storage::use_byte_size_t(), nbytes, dist::allocate_collective_buffer(pg, nbytes),
+                      /*allocator=*/nullptr, /*resizable=*/false);
+      return torch::empty({0}).set_(st, 0, {numel}, {1});
+    };
+    for (int64_t chunk : {slot - 1, 20 * slot + 3}) {
+      dist::shm_slot_counters().reset();
+      dist::shm_in_place_counters().reset();
+      auto flat = arena_tensor(chunk * n);
+      flat.fill_(-1.0f);
+      dist::all_gather_into(pg, flat, rank_values(chunk, r)).wait();
+      for (int q = 0; q < n; ++q) {
+        EXPECT_TRUE(torch::equal(flat.slice(0, q * chunk, (q + 1) * chunk), rank_values(chunk, q))) << q;
+      }
+      auto src = arena_tensor(chunk * n);
+      src.copy_(random_flat(chunk * n, r));
+      auto out = torch::full({chunk}, -1.0f);
+      dist::reduce_scatter(pg, out, src).wait();
+      EXPECT_TRUE(torch::equal(out, reference_chunk(chunk, n, r))) << "chunk " << chunk;
+      auto t = arena_tensor(chunk);
+      t.copy_(random_flat(chunk, r));
+      auto sum = random_flat(chunk, 0);
+      for (int q = 1; q < n; ++q) sum = sum + random_flat(chunk, q);
+      dist::all_reduce(pg, t).wait();
+      EXPECT_TRUE(torch::equal(t, sum)) << "chunk " << chunk;
+      // Published as much as the copying path would, all of it in place.
+      EXPECT_EQ(dist::shm_slot_counters().all_gather.load(), 4 * chunk);
+      EXPECT_EQ(dist::shm_slot_counters().reduce_scatter.load(), 4 * chunk * (n - 1));
+      EXPECT_EQ(dist::shm_slot_counters().all_reduce.load(), 4 * chunk);
+      EXPECT_EQ(dist::shm_in_place_counters().total(), dist::shm_slot_counters().total())
+          << "bytes were copied into the slots: not read in place";
+    }
+    // The writer's wait returns only once every peer has read its pieces: rank 0 scribbles
+    // over and frees its buffers at once, while the others start reading 100 ms late.
+    const int64_t chunk = 4 * slot + 1;
+    for (int round = 0; round < 3; ++round) {
+      auto flat = arena_tensor(chunk * n);
+      auto src = arena_tensor(chunk * n);
+      src.copy_(random_flat(chunk * n, r + round));
+      auto out = torch::empty({chunk});
+      auto hg = dist::all_gather_into(pg, flat, rank_values(chunk, r + round));
+      auto hr = dist::reduce_scatter(pg, out, src);
+      if (r != 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      hg.wait();
+      hr.wait();
+      for (int q = 0; q < n; ++q) {
+        EXPECT_TRUE(torch::equal(flat.slice(0, q * chunk, (q + 1) * chunk), rank_values(chunk, q + round)))
+            << "round " << round << ", chunk of rank " << q;
+      }
+      auto expect = random_flat(chunk * n, round).slice(0, r * chunk, (r + 1) * chunk).clone();
+      for (int q = 1; q < n; ++q) expect = expect + random_flat(chunk * n, q + round).slice(0, r * chunk, (r + 1) * chunk);
+      EXPECT_TRUE(torch::equal(out, expect)) << "round " << round;
+      if (r == 0) {
+        flat.fill_(std::nanf(""));
+        src.fill_(std::nanf(""));
+        flat = torch::Tensor();
+        src = torch::Tensor();
+      }
+      dist::barrier(pg);
+    }
   });
   std::vector<int> all(n);
   for (int q = 0; q < n; ++q) all[q] = q;

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include <ATen/ATen.h>
+#include <c10/core/CPUAllocator.h>
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
@@ -22,6 +23,11 @@ CommCounters& comm_counters() {
 }
 
 CommCounters& shm_slot_counters() {
+  static CommCounters counters;
+  return counters;
+}
+
+CommCounters& shm_in_place_counters() {
   static CommCounters counters;
   return counters;
 }
@@ -55,6 +61,13 @@ void CommHandle::wait() {
 }
 
 int64_t comm_cached_bytes() { return detail::GroupCommState::cached_bytes(); }
+
+at::DataPtr allocate_collective_buffer(const ProcessGroup& g, size_t nbytes) {
+  if (g.defined() && g.size() > 1 && g.transport()) {
+    if (at::DataPtr p = g.transport()->allocate_direct(nbytes)) return p;
+  }
+  return c10::GetAllocator(c10::DeviceType::CPU)->allocate(nbytes);
+}
 
 namespace {
 

@@ -106,6 +106,8 @@ detail::TransportConfig transport_config(const InitOptions& options, int rank) {
                 "unset it for the default (", detail::kDefaultShmSlotBytes >> 10, ")");
     config.shm_slot_bytes = int64_t(kib) << 10;
   }
+  const char* direct_env = std::getenv("FSDP_SHM_DIRECT");
+  config.shm_direct = !(direct_env && std::string(direct_env) == "0");
   return config;
 }
 

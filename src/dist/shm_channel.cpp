@@ -40,6 +40,17 @@
 // Bytes cross memory twice (into the ring, out of it), against four kernel copies and
 // two TCP stacks over loopback.
 //
+// In place ([Note: exchange arena] in shm_arena.cpp): when what a piece's readers take
+// already lies in the writer's exchange arena (FSDP allocates its flat buffers there), the
+// writer publishes the piece's offset in the slot header (src_off) instead of copying it
+// into the slot; for an all-gather it first copies its shard into its own chunk of the
+// output, which is what the readers take. Readers copy or sum from the arena as they
+// would from the slot, so the bytes cross memory once. The slot still orders the stream
+// (same piece numbers, same layout), but the piece now lives in the writer's buffer, so
+// the writer's stage completes only when every reader has released its in-place pieces:
+// the writer cannot free or overwrite the buffer before its peers have read it. Each
+// writer decides per piece; readers follow what the slot says, so a channel mixes both.
+//
 // Progress: there is no thread. Issuing an operation writes what fits in the ring and
 // reads what is already there; wait() moves everything the rest of the way. An operation
 // larger than the ring therefore needs its peers to be waiting (or issuing) to finish,
@@ -86,6 +97,7 @@
 
 #include "process_gone.h"
 #include "row_sum.h"
+#include "shm_arena.h"
 #include "shm_engine.h"
 #include "tensor_bytes.h"
 
@@ -111,6 +123,9 @@ struct alignas(64) SegHeader {
 struct alignas(64) SlotHeader {
   std::atomic<uint64_t> seq;           // piece number held, 0 = none yet
   std::atomic<uint32_t> readers_left;  // readers that have not released it
+  // -1: the piece's bytes are in the slot. Else they are at this offset of the writer's
+  // exchange arena (written before seq is published, read after it is seen).
+  int64_t src_off = -1;
 };
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free &&
@@ -268,6 +283,10 @@ struct Write {
   // from the slot just written (still in cache) so that the shard is read once; null
   // when the shard already is that chunk.
   char* own_dst = nullptr;
+  // >= 0: published in place ([Note: exchange arena]): the readers take the bytes from
+  // this offset of our arena (the all-gather's own chunk once filled, or the
+  // reduce-scatter's source), and the slot carries no data.
+  int64_t arena_off = -1;
 };
 
 // One step this rank takes from its peers' rings, in order.
@@ -284,7 +303,13 @@ struct Stage {
   std::vector<Write> writes;
   std::vector<Read> reads;
   size_t next_write = 0, next_read = 0;
-  bool complete() const { return next_write == writes.size() && next_read == reads.size(); }
+  // Pieces published in place, in order: the stage is complete only once every reader
+  // has released them, because until then they read our memory.
+  std::vector<uint64_t> in_place;
+  size_t next_release = 0;
+  bool complete() const {
+    return next_write == writes.size() && next_read == reads.size() && next_release == in_place.size();
+  }
 };
 
 // Chunk p of a buffer: bytes [off[p], off[p] + len[p]).
@@ -328,7 +353,8 @@ struct ShmOp {
   at::ScalarType dtype = at::kFloat;
   ReduceOp reduce = ReduceOp::Sum;
   std::vector<at::Tensor> keep;    // what the pieces point into
-  std::atomic<int64_t>* written = nullptr;  // this op's counter in shm_slot_counters()
+  std::atomic<int64_t>* written = nullptr;   // this op's counter in shm_slot_counters()
+  std::atomic<int64_t>* in_place = nullptr;  // and in shm_in_place_counters()
   bool done = false;
 };
 
@@ -377,8 +403,16 @@ bool ShmChannel::progress_locked() {
         const int s = static_cast<int>((w.piece - 1) % nslots_);
         SlotHeader* sh = mine.slot(s);
         if (sh->readers_left.load(std::memory_order_acquire) != 0) break;
-        std::memcpy(mine.data(s), w.src, static_cast<size_t>(w.bytes));
-        if (w.own_dst) std::memcpy(w.own_dst, mine.data(s), static_cast<size_t>(w.bytes));
+        if (w.arena_off >= 0) {
+          if (w.own_dst) std::memcpy(w.own_dst, w.src, static_cast<size_t>(w.bytes));
+          sh->src_off = w.arena_off;
+          st.in_place.push_back(w.piece);
+          *op.in_place += w.bytes;
+        } else {
+          std::memcpy(mine.data(s), w.src, static_cast<size_t>(w.bytes));
+          if (w.own_dst) std::memcpy(w.own_dst, mine.data(s), static_cast<size_t>(w.bytes));
+          sh->src_off = -1;
+        }
         *op.written += w.bytes;
         sh->readers_left.store(w.reader < 0 ? size_ - 1 : 1, std::memory_order_relaxed);
         sh->seq.store(w.piece, std::memory_order_release);
@@ -406,8 +440,13 @@ bool ShmChannel::progress_locked() {
           }
         }
         if (!ready) break;
-        auto data_of = [&](int w, uint64_t piece) {
-          return segs_[w]->data(static_cast<int>((piece - 1) % nslots_));
+        auto data_of = [&](int w, uint64_t piece) -> const char* {
+          const int s = static_cast<int>((piece - 1) % nslots_);
+          const int64_t off = segs_[w]->slot(s)->src_off;
+          if (off < 0) return segs_[w]->data(s);
+          TORCH_INTERNAL_ASSERT(arenas_[w] && off + r.bytes <= arenas_[w]->bytes(),
+                                "fsdp: a peer published a piece outside its exchange arena");
+          return arenas_[w]->base() + off;
         };
         if (r.kind == Read::Kind::Copy) {
           std::memcpy(r.dst, data_of(r.pieces[0].first, r.pieces[0].second), static_cast<size_t>(r.bytes));
@@ -425,6 +464,17 @@ bool ShmChannel::progress_locked() {
           if (sh->readers_left.fetch_sub(1, std::memory_order_acq_rel) == 1) ring(segs_[w]->hdr());
         }
         ++st.next_read;
+        moved = true;
+      }
+      // Releases of our in-place pieces, in order (a slot taken by a later piece was
+      // released before it).
+      while (st.next_release < st.in_place.size()) {
+        const uint64_t piece = st.in_place[st.next_release];
+        const SlotHeader* sh = mine.slot(static_cast<int>((piece - 1) % nslots_));
+        if (sh->seq.load(std::memory_order_acquire) == piece &&
+            sh->readers_left.load(std::memory_order_acquire) != 0)
+          break;
+        ++st.next_release;
         moved = true;
       }
       if (!st.complete()) break;
@@ -460,7 +510,8 @@ namespace {
 // `dst` at the chunk's offset. reduce: chunk p of every rank's `src` goes to rank p, which
 // reduces them into `dst` (its own chunk's output).
 void build_stage(Stage& st, bool gather, int me, int n, const Geometry& geo, int64_t slot,
-                 std::vector<uint64_t>& assigned, const char* src, char* dst, bool via_temp) {
+                 std::vector<uint64_t>& assigned, const char* src, char* dst, bool via_temp,
+                 const ShmArena* arena) {
   std::vector<std::vector<PieceDesc>> lay(static_cast<size_t>(n));
   for (int w = 0; w < n; ++w) lay[w] = layout(gather, w, n, geo, slot);
   const uint64_t my_base = assigned[me];
@@ -468,7 +519,10 @@ void build_stage(Stage& st, bool gather, int me, int n, const Geometry& geo, int
     const auto& d = lay[me][k];
     const char* from = gather ? src + d.off : src + geo.off[d.chunk] + d.off;
     char* own = gather ? dst + geo.off[me] + d.off : nullptr;
-    st.writes.push_back({from, d.len, my_base + k + 1, d.reader, own == from ? nullptr : own});
+    // In place when what the readers take lies in our arena: the gathered own chunk
+    // (filled from the shard first), or the reduce-scatter's source.
+    const int64_t arena_off = arena ? arena->offset_of(gather ? own : from, d.len) : -1;
+    st.writes.push_back({from, d.len, my_base + k + 1, d.reader, own == from ? nullptr : own, arena_off});
   }
   if (gather) {
     // Interleaved by offset so that every peer's stream drains evenly.
@@ -512,6 +566,7 @@ std::shared_ptr<ShmOp> ShmChannel::all_gather(const at::Tensor& flat, const at::
   auto op = std::make_shared<ShmOp>();
   op->name = "all_gather";
   op->written = &shm_slot_counters().all_gather;
+  op->in_place = &shm_in_place_counters().all_gather;
   op->dtype = flat.scalar_type();
   op->keep = {flat, shard};
   const int64_t c = nbytes(shard);
@@ -524,7 +579,8 @@ std::shared_ptr<ShmOp> ShmChannel::all_gather(const at::Tensor& flat, const at::
   {
     std::lock_guard<std::mutex> lock(engine_->mutex());  // assigned_ is shared with progress
     build_stage(op->stages.back(), true, rank_, size_, geo, slot_bytes_, assigned_,
-                static_cast<const char*>(shard.data_ptr()), static_cast<char*>(flat.data_ptr()), false);
+                static_cast<const char*>(shard.data_ptr()), static_cast<char*>(flat.data_ptr()), false,
+                own_arena_.get());
   }
   return issue(std::move(op));
 }
@@ -533,6 +589,7 @@ std::shared_ptr<ShmOp> ShmChannel::reduce_scatter(const at::Tensor& out, const a
   auto op = std::make_shared<ShmOp>();
   op->name = "reduce_scatter";
   op->written = &shm_slot_counters().reduce_scatter;
+  op->in_place = &shm_in_place_counters().reduce_scatter;
   op->dtype = flat.scalar_type();
   op->reduce = rop;
   op->keep = {out, flat};
@@ -546,7 +603,8 @@ std::shared_ptr<ShmOp> ShmChannel::reduce_scatter(const at::Tensor& out, const a
   {
     std::lock_guard<std::mutex> lock(engine_->mutex());
     build_stage(op->stages.back(), false, rank_, size_, geo, slot_bytes_, assigned_,
-                static_cast<const char*>(flat.data_ptr()), static_cast<char*>(out.data_ptr()), false);
+                static_cast<const char*>(flat.data_ptr()), static_cast<char*>(out.data_ptr()), false,
+                own_arena_.get());
   }
   return issue(std::move(op));
 }
@@ -555,6 +613,7 @@ std::shared_ptr<ShmOp> ShmChannel::all_reduce(const at::Tensor& t, ReduceOp rop)
   auto op = std::make_shared<ShmOp>();
   op->name = "all_reduce";
   op->written = &shm_slot_counters().all_reduce;
+  op->in_place = &shm_in_place_counters().all_reduce;
   op->dtype = t.scalar_type();
   op->reduce = rop;
   op->keep = {t};
@@ -571,13 +630,20 @@ std::shared_ptr<ShmOp> ShmChannel::all_reduce(const at::Tensor& t, ReduceOp rop)
   {
     std::lock_guard<std::mutex> lock(engine_->mutex());
     // Stage 1 reduces into our own chunk of t, which is also our row: via the temporary.
+    // In place, stage 1 lets the peers read our rows of t while we write our own chunk
+    // (which no peer reads in stage 1); stage 2 overwrites row p only with what peer p
+    // published after its stage 1, i.e. after it read our row p.
     build_stage(op->stages[0], false, rank_, size_, geo, slot_bytes_, assigned_, base,
-                base + geo.off[rank_], true);
+                base + geo.off[rank_], true, own_arena_.get());
     // Stage 2 gathers the reduced chunks back into t.
     build_stage(op->stages[1], true, rank_, size_, geo, slot_bytes_, assigned_, base + geo.off[rank_],
-                base, false);
+                base, false, own_arena_.get());
   }
   return issue(std::move(op));
+}
+
+at::DataPtr ShmChannel::allocate_direct(size_t nbytes) {
+  return own_arena_ ? own_arena_->allocate(nbytes) : at::DataPtr();
 }
 
 std::string ShmChannel::peer_problem() const {
@@ -616,7 +682,8 @@ std::string ShmChannel::blocking_peers(const ShmOp& op) const {
     os << "no data from ";
     for (size_t i = 0; i < waiting.size(); ++i) os << (i ? ", " : "") << peer_names_[waiting[i]];
   } else {
-    os << "peers did not take the data this rank wrote (its ring stayed full)";
+    os << "peers did not take the data this rank wrote (its ring stayed full, or pieces it published in "
+          "place were not released)";
   }
   return os.str();
 }
@@ -709,7 +776,7 @@ void ShmChannel::wait(ShmOp& op) {
 // Set-up
 
 std::shared_ptr<ShmChannel> make_shm_channel(const ProcessGroup& g, std::shared_ptr<ShmEngine> engine,
-                                             int64_t slot_bytes) {
+                                             int64_t slot_bytes, bool direct) {
   TORCH_INTERNAL_ASSERT(engine != nullptr && slot_bytes > 0);
   const int n = g.size(), me = g.rank();
   if (n == 1) return nullptr;
@@ -729,14 +796,25 @@ std::shared_ptr<ShmChannel> make_shm_channel(const ProcessGroup& g, std::shared_
   ch->nslots_ = nslots;
   ch->assigned_.assign(static_cast<size_t>(n), 0);
   ch->segs_.resize(static_cast<size_t>(n));
+  ch->arenas_.resize(static_cast<size_t>(n));
   for (int p = 0; p < n; ++p) ch->peer_names_.push_back(g.describe_peer(p));
 
-  std::string name, why;
+  std::string name, why, arena_why;
   ch->segs_[me] = create_segment(nslots, slot_bytes, nonce, &name, &why);
+  std::shared_ptr<ShmArena> arena;
+  if (direct) {
+    std::lock_guard<std::mutex> lock(engine->mutex());
+    arena = engine->own_arena_locked(&arena_why);
+  }
   const std::string host = host_identity();
   std::ostringstream mine;
   if (ch->segs_[me]) {
-    mine << "ok " << host << " " << name << " " << nonce;
+    mine << "ok " << host << " " << name << " " << nonce << " ";
+    if (arena) {
+      mine << ::getpid() << " " << arena->fd() << " " << arena->nonce();
+    } else {
+      mine << "- - -";
+    }
   } else {
     mine << "no " << host;
   }
@@ -746,20 +824,28 @@ std::shared_ptr<ShmChannel> make_shm_channel(const ProcessGroup& g, std::shared_
   for (int p = 0; p < n && ok; ++p) {
     if (p == me) continue;
     std::istringstream is(str_of(store->get(prefix + "seg/" + std::to_string(p))));
-    std::string status, their_host, their_name;
+    std::string status, their_host, their_name, apid, afd, anonce;
     uint64_t their_nonce = 0;
-    is >> status >> their_host >> their_name >> their_nonce;
+    is >> status >> their_host >> their_name >> their_nonce >> apid >> afd >> anonce;
     if (status != "ok" || their_host != host) {
       ok = false;  // another host, or the peer could not create its segment
       break;
     }
     ch->segs_[p] = open_segment(their_name, their_nonce, nslots, slot_bytes, &why);
     ok = ch->segs_[p] != nullptr;
+    if (ok && apid != "-" && arena_why.empty()) {
+      std::lock_guard<std::mutex> lock(engine->mutex());
+      ch->arenas_[p] = engine->peer_arena_locked(std::stoi(apid), std::stoi(afd), std::stoull(anonce), &arena_why);
+    }
   }
-  store->set(prefix + "ok/" + std::to_string(me), bytes_of(ok ? "1" : "0"));
-  bool all_ok = true;
+  // Verdict: segments mapped ("1"), and every published arena mapped too ("1 1").
+  const bool arenas_ok = ok && arena_why.empty();
+  store->set(prefix + "ok/" + std::to_string(me), bytes_of(ok ? (arenas_ok ? "1 1" : "1 0") : "0"));
+  bool all_ok = true, all_arenas = true;
   for (int p = 0; p < n; ++p) {
-    all_ok &= str_of(store->get(prefix + "ok/" + std::to_string(p))) == "1";
+    const std::string v = str_of(store->get(prefix + "ok/" + std::to_string(p)));
+    all_ok &= v.rfind("1", 0) == 0;
+    all_arenas &= v == "1 1";
   }
   // Every member has mapped our segment or given up: the name is no longer needed.
   if (!name.empty()) ::shm_unlink(name.c_str());
@@ -771,6 +857,16 @@ std::shared_ptr<ShmChannel> make_shm_channel(const ProcessGroup& g, std::shared_
     return nullptr;
   }
   ch->temp_.reset(new char[static_cast<size_t>(slot_bytes)]);
+  // In-place pieces only where every member can read every arena: otherwise the rings.
+  if (all_arenas) {
+    ch->own_arena_ = std::move(arena);
+  } else {
+    ch->arenas_.assign(static_cast<size_t>(n), nullptr);
+    if (me == 0 && direct) {
+      std::fprintf(stderr, "fsdp: group '%s' copies through its shared-memory rings only: %s\n", g.name().c_str(),
+                   arena_why.empty() ? "a peer could not map an exchange arena" : arena_why.c_str());
+    }
+  }
   std::lock_guard<std::mutex> lock(engine->mutex());
   engine->add_locked(ch.get());
   ch->engine_ = std::move(engine);

@@ -17,6 +17,7 @@ namespace fsdp::dist::detail {
 struct ShmOp;
 struct ShmSegment;
 
+class ShmArena;
 class ShmEngine;
 
 /// One group's rings: this rank's (it writes) and every peer's (it reads). Issue calls
@@ -46,10 +47,16 @@ class ShmChannel {
   int rank() const { return rank_; }
   int size() const { return size_; }
 
+  /// Memory in this process's exchange arena, which every peer of the channel has mapped:
+  /// collectives whose source lies there are read by the peers in place ([Note: exchange
+  /// arena] in shm_arena.cpp). An empty DataPtr when the channel copies through its rings
+  /// only (FSDP_SHM_DIRECT=0, or some member could not map some arena) or the arena is full.
+  at::DataPtr allocate_direct(size_t nbytes);
+
  private:
   friend std::shared_ptr<ShmChannel> make_shm_channel(const ProcessGroup& g,
                                                       std::shared_ptr<ShmEngine> engine,
-                                                      int64_t slot_bytes);
+                                                      int64_t slot_bytes, bool direct);
   friend class ShmEngine;
   ShmChannel() = default;
 
@@ -72,6 +79,10 @@ class ShmChannel {
   uint64_t published_ = 0;          // pieces this rank has published
   std::vector<std::shared_ptr<ShmOp>> pending_;  // issue order
   std::unique_ptr<char[]> temp_;  // one slot of scratch for sums into an aliased output
+  // [Note: exchange arena]: ours (null unless every member mapped every member's arena
+  // and in-place pieces are on) and the peers' by group rank, read where a slot says so.
+  std::shared_ptr<ShmArena> own_arena_;
+  std::vector<std::shared_ptr<ShmArena>> arenas_;
   std::string broken_;            // set when a wait failed: later calls fail at once
 };
 
@@ -79,8 +90,9 @@ class ShmChannel {
 /// (every member must pass the same value), or nullptr when some member is on another
 /// host, cannot map the others' segments, or the group has one rank (every member gets
 /// the same answer). Collective over `g`: it exchanges segment names through the group's
-/// store.
+/// store. `direct`: publish pieces that lie in this process's exchange arena in place
+/// (FSDP_SHM_DIRECT, on unless "0"); every member maps the others' arenas regardless.
 std::shared_ptr<ShmChannel> make_shm_channel(const ProcessGroup& g, std::shared_ptr<ShmEngine> engine,
-                                             int64_t slot_bytes);
+                                             int64_t slot_bytes, bool direct);
 
 }  // namespace fsdp::dist::detail

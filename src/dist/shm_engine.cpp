@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "shm_arena.h"
 #include "shm_channel.h"
 
 namespace fsdp::dist::detail {
@@ -34,6 +35,26 @@ bool ShmEngine::progress() {
 bool ShmEngine::pending() {
   std::lock_guard<std::mutex> lock(mu_);
   return pending_locked();
+}
+
+std::shared_ptr<ShmArena> ShmEngine::own_arena_locked(std::string* why) {
+  if (!own_arena_ && !own_arena_failed_) {
+    own_arena_ = ShmArena::create(why);
+    own_arena_failed_ = own_arena_ == nullptr;
+  } else if (own_arena_failed_) {
+    *why = "this rank could not create its exchange arena earlier";
+  }
+  return own_arena_;
+}
+
+std::shared_ptr<ShmArena> ShmEngine::peer_arena_locked(int pid, int fd, uint64_t nonce, std::string* why) {
+  auto& slot = peer_arenas_[{pid, fd, nonce}];
+  auto a = slot.lock();
+  if (!a) {
+    a = ShmArena::open(pid, fd, nonce, why);
+    slot = a;
+  }
+  return a;
 }
 
 }  // namespace fsdp::dist::detail

@@ -18,11 +18,16 @@
 //
 // One lock serialises the channels' state and the progress of all of them; collectives
 // are issued from one thread anyway.
+#include <map>
+#include <memory>
 #include <mutex>
+#include <string>
+#include <tuple>
 #include <vector>
 
 namespace fsdp::dist::detail {
 
+class ShmArena;
 class ShmChannel;
 
 class ShmEngine {
@@ -46,9 +51,18 @@ class ShmEngine {
   bool progress();
   bool pending();
 
+  /// This process's exchange arena ([Note: exchange arena] in shm_arena.cpp), created on
+  /// first use; nullptr (and `why`) when /dev/shm cannot hold it.
+  std::shared_ptr<ShmArena> own_arena_locked(std::string* why);
+  /// A peer's exchange arena, mapped once per process while some channel holds it.
+  std::shared_ptr<ShmArena> peer_arena_locked(int pid, int fd, uint64_t nonce, std::string* why);
+
  private:
   std::mutex mu_;
   std::vector<ShmChannel*> channels_;  // live channels; each removes itself when destroyed
+  std::shared_ptr<ShmArena> own_arena_;
+  bool own_arena_failed_ = false;
+  std::map<std::tuple<int, int, uint64_t>, std::weak_ptr<ShmArena>> peer_arenas_;
 };
 
 }  // namespace fsdp::dist::detail

@@ -60,6 +60,8 @@ CommHandle ShmTransport::broadcast(const ProcessGroup& g, const at::Tensor& t, i
 
 void ShmTransport::barrier(const ProcessGroup& g) { gloo_->barrier(g); }
 
+at::DataPtr ShmTransport::allocate_direct(size_t nbytes) { return channel_->allocate_direct(nbytes); }
+
 void ShmTransport::wait(const c10::intrusive_ptr<c10d::Work>& work, const ProcessGroup& g,
                         const std::string& op) {
   gloo_->wait(work, g, op);

@@ -76,6 +76,10 @@ class Transport {
   /// shared-memory operations of the world keep moving meanwhile.
   virtual void wait(const c10::intrusive_ptr<c10d::Work>& work, const ProcessGroup& g,
                     const std::string& op) = 0;
+  /// Memory that this transport's peers read in place when a collective's source lies
+  /// in it; an empty DataPtr when it has none (dist::allocate_collective_buffer falls
+  /// back to ordinary memory).
+  virtual at::DataPtr allocate_direct(size_t /*nbytes*/) { return {}; }
 };
 
 /// Slots of 256 KiB: big enough that the per-piece handshake (two atomics, maybe a futex
@@ -91,6 +95,9 @@ struct TransportConfig {
   /// Slot size of the shared-memory rings: FSDP_SHM_SLOT_KIB (tuning; every rank must
   /// agree, or the group falls back to Gloo naming the mismatch), else the default.
   int64_t shm_slot_bytes = kDefaultShmSlotBytes;
+  /// Pieces that lie in the exchange arena are read by peers in place (FSDP_SHM_DIRECT
+  /// is not "0"; [Note: exchange arena] in shm_arena.cpp).
+  bool shm_direct = true;
 };
 
 /// The transport of the new group `g` (rank, size, name, store and peer table set).

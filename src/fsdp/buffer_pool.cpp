@@ -21,6 +21,7 @@ struct BufferPool::State {
 
   int max_idle;
   size_t min_block_bytes;
+  std::function<at::DataPtr(size_t)> allocate_block;  // empty: the CPU allocator
   mutable std::mutex mu;
   std::vector<Block> idle;
 
@@ -60,7 +61,8 @@ at::DataPtr BufferPool::allocate(size_t nbytes) {
     }
   }
   if (!block.mem) {
-    block.mem = c10::GetAllocator(c10::DeviceType::CPU)->allocate(nbytes);
+    block.mem = state_->allocate_block ? state_->allocate_block(nbytes)
+                                       : c10::GetAllocator(c10::DeviceType::CPU)->allocate(nbytes);
     block.capacity = nbytes;
   }
   void* data = block.mem.get();
@@ -73,6 +75,11 @@ at::Tensor BufferPool::empty(int64_t numel, const at::TensorOptions& options) {
   c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, allocate(nbytes), /*allocator=*/nullptr,
                        /*resizable=*/false);
   return at::empty({0}, options).set_(storage, 0, {numel}, {1});
+}
+
+void BufferPool::set_block_allocator(std::function<at::DataPtr(size_t)> allocate_block) {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  state_->allocate_block = std::move(allocate_block);
 }
 
 int64_t BufferPool::idle_bytes() const {

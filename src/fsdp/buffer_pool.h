@@ -24,8 +24,14 @@
 // FullyShardedBase::empty_cache() releases them (the CPU analogue of CUDA's
 // reserved-but-unallocated memory). Leases outlive the pool safely: a block
 // returned after the pool is gone is simply freed.
+//
+// New blocks come from the block allocator: the CPU allocator by default; the
+// runtime sets dist::allocate_collective_buffer for its groups, so that on one host
+// the peers read these buffers in place ([Note: exchange arena] in
+// src/dist/shm_arena.cpp).
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include <ATen/ATen.h>
@@ -40,6 +46,9 @@ class BufferPool {
   at::DataPtr allocate(size_t nbytes);
   /// A 1-D tensor of `numel` elements of `options` on pooled memory (contents undefined).
   at::Tensor empty(int64_t numel, const at::TensorOptions& options);
+
+  /// Where new blocks come from (set before the first allocation).
+  void set_block_allocator(std::function<at::DataPtr(size_t)> allocate_block);
 
   /// Bytes of idle blocks held, and releasing them.
   int64_t idle_bytes() const;

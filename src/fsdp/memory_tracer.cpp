@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "fsdp/dist/collectives.h"
 #include "fsdp/fsdp/fully_sharded.h"
 #include "fsdp/memory/optimizer_state_bytes.h"
 
@@ -40,6 +41,9 @@ class CountingAllocator final : public c10::Allocator {
     return {data, data, &CountingAllocator::release, device};
   }
   int64_t allocations() const { return allocations_.load(std::memory_order_relaxed); }
+  // Blocks FSDP takes from the exchange arena instead (dist::allocate_collective_buffer):
+  // host memory of the same buffers, counted alike.
+  void add_external(int64_t delta) const { live_ += delta; }
   c10::DeleterFnPtr raw_deleter() const override { return &CountingAllocator::release; }
   int64_t live() const { return live_; }
 
@@ -87,6 +91,8 @@ void enable_allocator_counting() {
     auto* c = new CountingAllocator(c10::GetCPUAllocator());  // lives as long as the process
     counter = c;  // before any block can be released through it
     c10::SetCPUAllocator(c, /*priority=*/100);
+    c->add_external(dist::collective_buffer_bytes());
+    dist::add_collective_buffer_observer([](int64_t delta) { counter.load()->add_external(delta); });
   });
 }
 

@@ -53,6 +53,9 @@ Runtime::Runtime(dist::ProcessGroup pg, ResolvedOptions options) : pg_(std::move
   reduce_pg_ = o.reduce_group().defined() ? o.reduce_group() : shard_pg_.new_subgroup(all);
   TORCH_INTERNAL_ASSERT(reduce_pg_.size() == n, "reduce group of ", reduce_pg_.size(), " ranks over a shard group of ",
                         n, " passed resolve_options");
+  // On one host the peers read the gathered and reduced buffers in place ([Note: exchange
+  // arena]); every group of the world shares the process's arena.
+  pool_.set_block_allocator([g = gather_pg_](size_t nbytes) { return dist::allocate_collective_buffer(g, nbytes); });
   tracer_ = std::make_unique<Tracer>(options_.trace_dir, pg_.global_rank());
   // [Note: reductions in flight]
   const int max_scattering = o.sharding_strategy() == ShardingStrategy::NO_SHARD ? 2 : 1;

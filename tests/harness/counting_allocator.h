@@ -10,6 +10,8 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 
+#include "fsdp/dist/collectives.h"
+
 namespace fsdp::testing {
 
 // The DataPtr it returns has the data pointer as its context, as ATen's scratch
@@ -34,6 +36,15 @@ class CountingAllocator final : public c10::Allocator {
     return {data, data, &CountingAllocator::release, device};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &CountingAllocator::release; }
+  // Blocks of the exchange arena (dist::allocate_collective_buffer): host memory the
+  // library keeps like any other, counted alike (install_counting_allocator wires it).
+  void add_external(int64_t delta) const {
+    live_ += delta;
+    int64_t seen = peak_.load();
+    while (live_.load() > seen && !peak_.compare_exchange_weak(seen, live_.load())) {
+    }
+  }
+  static void observe_external(int64_t delta) { instance()->add_external(delta); }
   int64_t live() const { return live_; }
   int64_t peak() const { return peak_; }
   void reset_peak() { peak_ = live_.load(); }
@@ -77,6 +88,8 @@ inline CountingAllocator* install_counting_allocator() {
   static CountingAllocator* counter = [] {
     auto* c = new CountingAllocator(c10::GetCPUAllocator());
     c10::SetCPUAllocator(c, /*priority=*/100);
+    c->add_external(dist::collective_buffer_bytes());
+    dist::add_collective_buffer_observer(&CountingAllocator::observe_external);
     return c;
   }();
   return counter;

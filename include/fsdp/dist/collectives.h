@@ -112,6 +112,22 @@ void set_comm_shared_memory(bool on);
 bool comm_shared_memory();
 /// Bytes of scratch buffers kept between calls by live groups (see "Memory" above).
 int64_t comm_cached_bytes();
+
+/// Memory for a buffer that collectives on `g` will read: on a shared-memory group, a
+/// block of this process's exchange arena, which the peers have mapped, so an
+/// all-gather (its output's own chunk), reduce-scatter or all-reduce on a flat buffer
+/// there is read by the peers in place, one copy per byte instead of two ([Note:
+/// exchange arena] in src/dist/shm_arena.cpp). Otherwise (Gloo, one rank,
+/// FSDP_SHM_DIRECT=0, the arena or /dev/shm full) ordinary CPU memory. Either way the
+/// DataPtr frees it. Tensors elsewhere take the copying path, with the same results.
+at::DataPtr allocate_collective_buffer(const ProcessGroup& g, size_t nbytes);
+/// Live bytes of this process's exchange-arena blocks (what allocate_collective_buffer
+/// handed out and is not yet freed; ordinary CPU memory it returned is the CPU
+/// allocator's). Memory accounting that wraps the CPU allocator adds these through an
+/// observer, called with +bytes when a block is handed out and -bytes when it is freed
+/// (on the freeing thread). Observers are added once and stay for the process.
+int64_t collective_buffer_bytes();
+void add_collective_buffer_observer(void (*observer)(int64_t delta));
 /// In place, every rank gets the reduction.
 CommHandle all_reduce(const ProcessGroup& g, const at::Tensor& t, ReduceOp op = ReduceOp::Sum);
 /// In place, from `root` (a rank of g).
@@ -129,12 +145,17 @@ struct CommCounters {
   void reset() { all_gather = 0; reduce_scatter = 0; all_reduce = 0; broadcast = 0; }
 };
 CommCounters& comm_counters();
-/// Bytes this process wrote into its shared-memory ring slots, per op, counted where the
-/// copy happens (each slot is then read by one peer, or by every peer for all-gather data).
-/// A measurement of the shared-memory transport, to compare with comm_counters() volumes:
-/// all-gather writes the shard once, reduce-scatter (N-1)/N of the flat buffer, all-reduce
-/// the tensor once (its reduce-scatter stage (N-1)/N, its all-gather stage this rank's
-/// chunk). `broadcast` stays 0 (broadcast goes through Gloo).
+/// Bytes this process published to its peers through its shared-memory ring slots, per
+/// op, counted where the piece is published (each slot is then read by one peer, or by
+/// every peer for all-gather data): copied into the slot, or published in place from the
+/// exchange arena (see shm_in_place_counters). A measurement of the shared-memory
+/// transport, to compare with comm_counters() volumes: all-gather publishes the shard once,
+/// reduce-scatter (N-1)/N of the flat buffer, all-reduce the tensor once (its
+/// reduce-scatter stage (N-1)/N, its all-gather stage this rank's chunk). `broadcast`
+/// stays 0 (broadcast goes through Gloo).
 CommCounters& shm_slot_counters();
+/// The part of shm_slot_counters() published in place: peers read it from this rank's
+/// exchange arena, and nothing was copied into a slot (see allocate_collective_buffer).
+CommCounters& shm_in_place_counters();
 
 }  // namespace fsdp::dist

@@ -43,7 +43,9 @@ struct InitOptions {
   /// cannot map each other's segments, use Gloo. Sub-groups inherit this setting. The
   /// environment variable FSDP_SHARED_MEMORY=0 turns it off as well; FSDP_SHM_SLOT_KIB
   /// sets the size of a ring slot in KiB (tuning, default 256; every rank must use the
-  /// same). Both are read once, here.
+  /// same); FSDP_SHM_DIRECT=0 stops this rank publishing pieces in place from its
+  /// exchange arena (dist::allocate_collective_buffer), so that they are copied through
+  /// the rings (for comparisons). All are read once, here.
   TORCH_ARG(bool, shared_memory) = true;
 };
 
