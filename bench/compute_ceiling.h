@@ -91,5 +91,29 @@ inline double memcpy_bytes_per_s(const dist::ProcessGroup& pg, int64_t block_byt
   return block_bytes / (ms * 1e-3);
 }
 
+/// memcpy bandwidth (bytes/s) of `block_bytes` blocks that are not in any cache: before
+/// each copy, this rank walks `evict_bytes` of other memory (not timed), as a step's
+/// working set (unsharded parameters, gradients, optimizer state: tens of MB per rank)
+/// evicts a shard between its uses. Every rank copies at once; the slowest rank's
+/// total copy time counts. A second figure beside memcpy_bytes_per_s, for reading the
+/// bound, not part of it.
+inline double memcpy_uncached_bytes_per_s(const dist::ProcessGroup& pg, int64_t block_bytes, int64_t evict_bytes,
+                                          int reps) {
+  std::vector<char> src(static_cast<size_t>(block_bytes), 1), dst(static_cast<size_t>(block_bytes), 0);
+  std::vector<char> other(static_cast<size_t>(evict_bytes), 2);
+  double seconds = 0;
+  dist::barrier(pg);
+  for (int i = 0; i < reps; ++i) {
+    for (size_t j = 0; j < other.size(); j += 64) other[j] = static_cast<char>(other[j] + 1);
+    const auto t0 = std::chrono::steady_clock::now();
+    std::memcpy(dst.data(), src.data(), src.size());
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    src[static_cast<size_t>(i)] = dst[static_cast<size_t>(i) + 1];  // the copies depend on each other
+  }
+  auto el = torch::tensor({seconds}, torch::kDouble);
+  dist::all_reduce(pg, el, dist::ReduceOp::Max).wait();
+  return block_bytes * static_cast<double>(reps) / el.item<double>();
+}
+
 }  // namespace bench
 }  // namespace fsdp

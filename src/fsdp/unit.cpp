@@ -1,5 +1,8 @@
 #include "unit.h"
 
+#include <algorithm>
+#include <cstring>
+
 #include <ATen/ScalarOps.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
@@ -329,6 +332,30 @@ void Unit::adopt_reduced_shard(at::Tensor shard) {
   if (reduced_shard_.scalar_type() != flat_->grad_dtype()) reduced_shard_ = reduced_shard_.to(flat_->grad_dtype());
 }
 
+namespace {
+
+// Whether every byte of `t` is zero: true for a gradient the user zeroed
+// (Optimizer::zero_grad fills with +0), so that finish_iteration need not add it.
+// Adding +0 changes no value: x + 0 == x bit for bit for every x but -0, which
+// becomes +0 (equal in value). The scan reads the piece once and stops at the
+// first nonzero block, where the add reads the piece and the new gradient and
+// writes the sum: on the step's memory-bound path that is one pass instead of three.
+bool all_bits_zero(const at::Tensor& t) {
+  if (!t.is_contiguous() || t.device().type() != c10::DeviceType::CPU) return false;
+  static const char zeros[4096] = {};
+  const char* p = static_cast<const char*>(t.data_ptr());
+  size_t left = static_cast<size_t>(t.numel()) * t.element_size();
+  while (left > 0) {
+    const size_t n = std::min(left, sizeof zeros);
+    if (std::memcmp(p, zeros, n) != 0) return false;
+    p += n;
+    left -= n;
+  }
+  return true;
+}
+
+}  // namespace
+
 void Unit::finish_iteration() {
   auto& entries = flat_->entries();
   TORCH_INTERNAL_ASSERT(!flat_grad_.defined(), "unit '", label(), "' finishes with an unreduced flat gradient");
@@ -339,7 +366,7 @@ void Unit::finish_iteration() {
     for (size_t i = 0; i < entries.size(); ++i) {
       if (!entries[i].param.requires_grad()) continue;
       at::Tensor piece = storage_alias(flat_->piece_of(reduced_shard_, i));
-      if (stashed(i).defined()) piece.add_(stashed(i).view(piece.sizes()));
+      if (stashed(i).defined() && !all_bits_zero(stashed(i))) piece.add_(stashed(i).view(piece.sizes()));
       entries[i].param.mutable_grad() = piece;
     }
   } else {
