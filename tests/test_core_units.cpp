@@ -295,6 +295,27 @@ class NoOpGradHook : public torch::autograd::FunctionPostHook {
   size_t entry_;
 };
 
+// Blocks from a block allocator (the exchange arena) are kept whatever their size:
+// the arena punches a freed block's pages out, so freeing a small one every step
+// cost syscalls and page faults. Small blocks of the CPU allocator are not kept.
+TEST(BufferPool, KeepsSmallBlocksOfABlockAllocatorOnly) {
+  int blocks = 0;
+  fsdp::detail::BufferPool arena_like{4, 1 << 20};
+  arena_like.set_block_allocator([&](size_t n) {
+    ++blocks;
+    return c10::GetAllocator(c10::DeviceType::CPU)->allocate(n);
+  });
+  for (int i = 0; i < 3; ++i) arena_like.allocate(41000);  // each freed at once
+  EXPECT_EQ(blocks, 1);
+  EXPECT_EQ(arena_like.idle_bytes(), 41000);
+
+  fsdp::detail::BufferPool cpu{4, 1 << 20};
+  cpu.allocate(41000);
+  EXPECT_EQ(cpu.idle_bytes(), 0);  // glibc reuses it from its heap
+  cpu.allocate(2 << 20);
+  EXPECT_EQ(cpu.idle_bytes(), 2 << 20);
+}
+
 struct UnitFixture {
   fsdp::detail::BufferPool pool{4, 1024};
   fsdp::Tracer tracer{"", 0};  // disabled
@@ -396,6 +417,25 @@ TEST(UnitLifecycle, WholeIterationWithRealGradients) {
   u.finish_iteration();
   EXPECT_TRUE(torch::allclose(e[0].param.grad(), 2 * x0 / 3));
   EXPECT_TRUE(torch::allclose(e[1].param.grad(), 2 * x1 / 3));
+
+  // A third after the user zeroed one piece and left a single nonzero element, the
+  // last, in the other: the zeroed piece is this iteration's gradient alone, bit for
+  // bit (skipped, not added), the other still has its element added.
+  const at::Tensor first0 = x0 / 2 / 1.5;  // the first iteration's computation
+  e[0].param.mutable_grad().zero_();
+  e[1].param.mutable_grad().zero_();
+  e[1].param.mutable_grad()[2] = 5;
+  u.begin_forward(true, hook);
+  auto loss3 = (e[0].param * x0).sum() + (e[1].param * x1).sum();
+  u.end_forward(true, false);
+  u.stash_grads();
+  u.begin_backward();
+  loss3.backward();
+  u.flatten_grads(false);
+  u.adopt_reduced_shard(u.take_flat_grad());
+  u.finish_iteration();
+  EXPECT_TRUE(torch::equal(e[0].param.grad(), first0));
+  EXPECT_TRUE(torch::allclose(e[1].param.grad(), x1 / 3 + torch::tensor({0.f, 0.f, 5.f})));
 }
 
 TEST(UnitLifecycle, NoSyncAccumulatesWithoutReduction) {

@@ -27,7 +27,8 @@ struct BufferPool::State {
 
   void give_back(Block b) {
     std::lock_guard<std::mutex> lock(mu);
-    if (b.capacity < min_block_bytes || static_cast<int>(idle.size()) >= max_idle) return;  // b frees
+    const bool small = b.capacity < min_block_bytes && !allocate_block;
+    if (small || static_cast<int>(idle.size()) >= max_idle) return;  // b frees
     idle.push_back(std::move(b));
   }
 

@@ -18,8 +18,13 @@
 //     twice its size (so a small unit never pins a large block), else a new
 //     block of exactly the requested size;
 //   - a freed block is kept if fewer than max_idle blocks are idle, else
-//     released; blocks below min_block_bytes are never kept (glibc reuses
-//     those from its heap without faults).
+//     released; blocks below min_block_bytes from the CPU allocator are never
+//     kept (glibc reuses those from its heap without faults). Blocks from a
+//     block allocator are kept whatever their size: the exchange arena reserves
+//     a block's pages when it hands it out and punches them out when it is
+//     freed, so a small block freed every step cost two syscalls and a page
+//     fault per page on this rank and on every peer reading it (the mlp's
+//     41 KB last unit: twice per step before this).
 // Idle blocks are FSDP memory too: MemoryStats::cached_bytes reports them and
 // FullyShardedBase::empty_cache() releases them (the CPU analogue of CUDA's
 // reserved-but-unallocated memory). Leases outlive the pool safely: a block
