@@ -230,13 +230,15 @@ void Runtime::plan_backward() {
   reduce_order_.assign(pre_forward_order_.rbegin(), pre_forward_order_.rend());
   gather_ptr_ = 0;
   reduce_ptr_ = 0;
-  // [Note: last unit stays gathered]
-  kept_after_forward_ = nullptr;
-  for (auto it = post_forward_order_.rbegin(); it != post_forward_order_.rend(); ++it)
-    if (!(*it)->is_root()) {
-      kept_after_forward_ = *it;
-      break;
-    }
+  // [Note: last unit stays gathered]: the first non-root unit of the backward
+  // order, and with BACKWARD_PRE the second, which that unit's backward prefetches.
+  const size_t keep = options_.options.backward_prefetch() == BackwardPrefetch::BACKWARD_PRE ? 2 : 1;
+  kept_after_forward_.clear();
+  for (auto it = post_forward_order_.rbegin(); it != post_forward_order_.rend() && kept_after_forward_.size() < keep;
+       ++it)
+    if (!(*it)->is_root() && std::find(kept_after_forward_.begin(), kept_after_forward_.end(), *it) ==
+                                 kept_after_forward_.end())
+      kept_after_forward_.push_back(*it);
 }
 
 void Runtime::ensure_final_callback() {

@@ -11,9 +11,10 @@ Words:
     FULL_SHARD    every all-gather and reduce-scatter is direct (each rank sends its chunk
                   P_u/N to every peer: gloo_p2p.cpp, gloo_alltoall.cpp), so a collective of
                   unit u moves N * K * P_u/N = K P_u across; per step forward gather,
-                  backward gather (less the unit that finished forward last, kept gathered
-                  from the second step: [Note: last unit stays gathered]) and reduce-scatter:
-                  K (3 sum(P_u) - P_last)
+                  backward gather (less the two units that finished forward last, kept
+                  gathered from the second step under the default --backward-prefetch pre:
+                  [Note: last unit stays gathered]) and reduce-scatter:
+                  K (3 sum(P_u) - P_last - P_second_last)
     HYBRID_SHARD  shard group = a host (shared memory, nothing crosses); the reduced shard
                   P_u/K of each rank is all-reduced with its replica on the other host by
                   Gloo's ring at 2 ranks (each sends half, then its reduced half): 2 P_u/K per
@@ -25,7 +26,7 @@ Words:
                 sums of the whole gradient (all-reduce between two hosts: S/2 sent + S/2
                 reduced back) or half of the parameters (an all-gather receives S/2, a
                 reduce-scatter sends S/2): NO_SHARD, HYBRID_SHARD S; FULL_SHARD
-                (2 S - S_last)/2 + S/2 (two gathers, one reduce-scatter)
+                (2 S - S_last - S_second_last)/2 + S/2 (two gathers, one reduce-scatter)
 All three volumes are symmetric: each direction carries half.
 """
 
@@ -49,7 +50,7 @@ def volume(strategy, hidden, per_host=2):
     u = units(hidden)
     if strategy == "full_shard":
         p = [ELEM * padded(x, n) for x in u]
-        return k * (3 * sum(p) - p[-1])
+        return k * (3 * sum(p) - p[-1] - p[-2])
     if strategy == "hybrid_shard":
         return 2 * sum(ELEM * padded(x, k) for x in u)
     if strategy == "no_shard":
@@ -61,7 +62,7 @@ def lower_bound_per_direction(strategy, hidden):
     u = units(hidden)
     s = ELEM * sum(u)
     if strategy == "full_shard":
-        return (2 * s - ELEM * u[-1]) / 2 + s / 2
+        return (2 * s - ELEM * (u[-1] + u[-2])) / 2 + s / 2
     return s
 
 
