@@ -405,16 +405,20 @@ TEST(UnitLifecycle, WholeIterationWithRealGradients) {
   EXPECT_TRUE(torch::allclose(e[0].param.grad(), x0 / 3));
   EXPECT_TRUE(torch::allclose(e[1].param.grad(), x1 / 3));
 
+  // Another whole iteration, its reduction the identity as above.
+  auto iterate = [&] {
+    u.begin_forward(true, hook);
+    auto l = (e[0].param * x0).sum() + (e[1].param * x1).sum();
+    u.end_forward(true, false);
+    u.stash_grads();
+    u.begin_backward();
+    l.backward();
+    u.flatten_grads(false);
+    u.adopt_reduced_shard(u.take_flat_grad());
+    u.finish_iteration();
+  };
   // A second iteration accumulates onto the first's gradient pieces.
-  u.begin_forward(true, hook);
-  auto loss2 = (e[0].param * x0).sum() + (e[1].param * x1).sum();
-  u.end_forward(true, false);
-  u.stash_grads();
-  u.begin_backward();
-  loss2.backward();
-  u.flatten_grads(false);
-  u.adopt_reduced_shard(u.take_flat_grad());
-  u.finish_iteration();
+  iterate();
   EXPECT_TRUE(torch::allclose(e[0].param.grad(), 2 * x0 / 3));
   EXPECT_TRUE(torch::allclose(e[1].param.grad(), 2 * x1 / 3));
 
@@ -425,15 +429,7 @@ TEST(UnitLifecycle, WholeIterationWithRealGradients) {
   e[0].param.mutable_grad().zero_();
   e[1].param.mutable_grad().zero_();
   e[1].param.mutable_grad()[2] = 5;
-  u.begin_forward(true, hook);
-  auto loss3 = (e[0].param * x0).sum() + (e[1].param * x1).sum();
-  u.end_forward(true, false);
-  u.stash_grads();
-  u.begin_backward();
-  loss3.backward();
-  u.flatten_grads(false);
-  u.adopt_reduced_shard(u.take_flat_grad());
-  u.finish_iteration();
+  iterate();
   EXPECT_TRUE(torch::equal(e[0].param.grad(), first0));
   EXPECT_TRUE(torch::allclose(e[1].param.grad(), x1 / 3 + torch::tensor({0.f, 0.f, 5.f})));
 }
