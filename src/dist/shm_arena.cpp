@@ -35,9 +35,11 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <vector>
 #include <random>
 #include <sstream>
+#include <vector>
+
+#include "tensor_bytes.h"
 
 namespace fsdp::dist::detail {
 
@@ -60,8 +62,6 @@ struct Lease {
   int64_t off, len;
   int64_t counted;  // bytes asked for: what a CPU allocator's counter would count
 };
-
-int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 // Accounting of live blocks (dist::collective_buffer_bytes and its observers).
 std::atomic<int64_t> g_live{0};
@@ -104,12 +104,7 @@ std::shared_ptr<ShmArena> ShmArena::create(std::string* why) {
     *why = std::string("cannot create the exchange arena in /dev/shm: ") + std::strerror(err);
     return nullptr;
   }
-  std::shared_ptr<ShmArena> a(new ShmArena());
-  a->fd_ = fd;
-  a->owner_ = true;
-  a->nonce_ = nonce;
-  a->base_ = base;
-  a->bytes_ = kArenaBytes;
+  std::shared_ptr<ShmArena> a(new ShmArena(fd, /*owner=*/true, nonce, base));
   a->free_[kPage] = kArenaBytes - kPage;
   auto* h = reinterpret_cast<ArenaHeader*>(base);
   h->nonce = nonce;
@@ -137,11 +132,7 @@ std::shared_ptr<ShmArena> ShmArena::open(int pid, int fd, uint64_t nonce, std::s
     ::close(my);
     return nullptr;
   }
-  std::shared_ptr<ShmArena> a(new ShmArena());
-  a->fd_ = my;
-  a->nonce_ = nonce;
-  a->base_ = base;
-  a->bytes_ = kArenaBytes;
+  std::shared_ptr<ShmArena> a(new ShmArena(my, /*owner=*/false, nonce, base));
   const auto* h = reinterpret_cast<const ArenaHeader*>(base);
   if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) != kArenaMagic || h->nonce != nonce || h->bytes != kArenaBytes) {
     *why = path + " is not the peer's exchange arena (another PID namespace, or a recycled pid?)";
@@ -149,6 +140,9 @@ std::shared_ptr<ShmArena> ShmArena::open(int pid, int fd, uint64_t nonce, std::s
   }
   return a;
 }
+
+ShmArena::ShmArena(int fd, bool owner, uint64_t nonce, char* base)
+    : fd_(fd), owner_(owner), nonce_(nonce), base_(base), bytes_(kArenaBytes) {}
 
 ShmArena::~ShmArena() {
   if (base_) ::munmap(base_, static_cast<size_t>(bytes_));

@@ -38,7 +38,8 @@ class ShmArena : public std::enable_shared_from_this<ShmArena> {
   at::DataPtr allocate(size_t nbytes);
 
  private:
-  ShmArena() = default;
+  // A mapping of kArenaBytes at `base` of the file `fd`, which this object then owns.
+  ShmArena(int fd, bool owner, uint64_t nonce, char* base);
   void release(int64_t off, int64_t len);
 
   int fd_ = -1;

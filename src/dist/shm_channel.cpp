@@ -132,8 +132,6 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free &&
                   std::atomic<uint64_t>::is_always_lock_free,
               "shared-memory atomics must be lock-free (address-free)");
 
-int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-
 int64_t data_offset(int nslots) {
   return round_up(int64_t(sizeof(SegHeader)) + nslots * int64_t(sizeof(SlotHeader)), 4096);
 }

@@ -48,7 +48,7 @@ std::shared_ptr<ShmArena> ShmEngine::own_arena_locked(std::string* why) {
 }
 
 std::shared_ptr<ShmArena> ShmEngine::peer_arena_locked(int pid, int fd, uint64_t nonce, std::string* why) {
-  auto& slot = peer_arenas_[{pid, fd, nonce}];
+  auto& slot = peer_arenas_[nonce];
   auto a = slot.lock();
   if (!a) {
     a = ShmArena::open(pid, fd, nonce, why);

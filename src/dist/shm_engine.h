@@ -22,7 +22,6 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <tuple>
 #include <vector>
 
 namespace fsdp::dist::detail {
@@ -62,7 +61,7 @@ class ShmEngine {
   std::vector<ShmChannel*> channels_;  // live channels; each removes itself when destroyed
   std::shared_ptr<ShmArena> own_arena_;
   bool own_arena_failed_ = false;
-  std::map<std::tuple<int, int, uint64_t>, std::weak_ptr<ShmArena>> peer_arenas_;
+  std::map<uint64_t, std::weak_ptr<ShmArena>> peer_arenas_;  // by nonce, which names an arena
 };
 
 }  // namespace fsdp::dist::detail

@@ -6,6 +6,9 @@
 
 namespace fsdp::dist::detail {
 
+/// `x` rounded up to a multiple of `m` (segment and arena block lengths to pages).
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
 inline int64_t nbytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
 
 /// Whether the bytes of two contiguous tensors overlap.

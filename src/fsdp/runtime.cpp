@@ -236,9 +236,7 @@ void Runtime::plan_backward() {
   kept_after_forward_.clear();
   for (auto it = post_forward_order_.rbegin(); it != post_forward_order_.rend() && kept_after_forward_.size() < keep;
        ++it)
-    if (!(*it)->is_root() && std::find(kept_after_forward_.begin(), kept_after_forward_.end(), *it) ==
-                                 kept_after_forward_.end())
-      kept_after_forward_.push_back(*it);
+    if (!(*it)->is_root()) kept_after_forward_.push_back(*it);  // each unit is there once
 }
 
 void Runtime::ensure_final_callback() {
