@@ -135,6 +135,7 @@ struct Case {
   bool overlap = false;
   bool scheduler = false;
   bool state_dict = false;  // consolidate, compare with the reference's state, reload
+  bool zero_in_place = false;  // zero_grad(false): gradients zeroed and accumulated into in place
 };
 
 // Rank s % (n + 1) uses the branch at step s; at s % (n + 1) == n no rank does.
@@ -182,6 +183,10 @@ void check_case(dist::ProcessGroup& pg, const Case& c) {
     std::unique_ptr<torch::optim::StepLR> sched;
     if (c.scheduler) sched = std::make_unique<torch::optim::StepLR>(opt, 1, 0.5);
 
+    // Under zero_grad(false) a parameter no rank used keeps a zero gradient and is
+    // stepped (torch::optim's rule), which the reference would have to mimic: every
+    // rank uses the branch every step instead.
+    auto uses = [&](int s, int r) { return c.zero_in_place || uses_branch(s, r, n); };
     // Bit-identical to the reference without clipping (see the file header).
     const bool exact = c.clip == 0;
     const double tol = 1e-5;
@@ -197,7 +202,7 @@ void check_case(dist::ProcessGroup& pg, const Case& c) {
         auto [x, y] = global_batch(10 * s + mb, kPerRank * n);
         for (int r = 0; r < n; ++r) {
           set_grads_to_none(*ref);
-          torch::mse_loss(ref->forward(rank_slice(x, r, n), uses_branch(s, r, n)), rank_slice(y, r, n)).backward();
+          torch::mse_loss(ref->forward(rank_slice(x, r, n), uses(s, r)), rank_slice(y, r, n)).backward();
           for (auto& p : ref_params) g[r][mb].push_back(p.grad().defined() ? p.grad().clone() : torch::Tensor());
         }
       }
@@ -235,20 +240,20 @@ void check_case(dist::ProcessGroup& pg, const Case& c) {
       auto branch_before = ref->branch->weight.detach().clone();
       ref_opt->step();
       if (ref_sched) ref_sched->step();
-      if (branch_unused(s, n)) ASSERT_TRUE(torch::equal(branch_before, ref->branch->weight));
+      if (branch_unused(s, n) && !c.zero_in_place) ASSERT_TRUE(torch::equal(branch_before, ref->branch->weight));
 
-      opt.zero_grad();
+      opt.zero_grad(/*set_to_none=*/!c.zero_in_place);
       auto ours_before = model->branch->weight.detach().clone();
       for (int mb = 0; mb < c.accum; ++mb) {
         auto [x, y] = global_batch(10 * s + mb, kPerRank * n);
-        torch::mse_loss(model->forward(rank_slice(x, rank, n), uses_branch(s, rank, n)), rank_slice(y, rank, n))
+        torch::mse_loss(model->forward(rank_slice(x, rank, n), uses(s, rank)), rank_slice(y, rank, n))
             .backward();
         if (c.stage == 2)
           for (auto& p : model->parameters()) EXPECT_FALSE(p.grad().defined()) << "stage 2 keeps no full gradient";
       }
       opt.step();
       if (sched) sched->step();
-      if (branch_unused(s, n))
+      if (branch_unused(s, n) && !c.zero_in_place)
         EXPECT_TRUE(torch::equal(ours_before, model->branch->weight)) << "unused everywhere: must be skipped";
       if (c.clip > 0) EXPECT_GT(opt.last_grad_norm(), c.clip) << "the case should clip";
 
@@ -257,6 +262,10 @@ void check_case(dist::ProcessGroup& pg, const Case& c) {
         if (exact) {
           EXPECT_TRUE(torch::equal(ours, p.value())) << "step " << s << " " << p.key() << " rel "
                                                      << rel_diff(ours, p.value());
+          // Stage 1 all-reduce leaves every rank the averaged gradients, as DDP does (our
+          // grad() shares the reduced bucket's memory).
+          if (c.stage == 1 && c.reduction == Stage1Reduction::kAllReduce && p.value().grad().defined())
+            EXPECT_TRUE(torch::equal(ours.grad(), p.value().grad())) << "step " << s << " grad of " << p.key();
         } else {
           EXPECT_LT(rel_diff(ours, p.value()), tol) << "step " << s << " " << p.key();
         }
@@ -324,7 +333,7 @@ void check_case(dist::ProcessGroup& pg, const Case& c) {
 // A case is its name: '/'-separated words, each setting one field of Case (so a name
 // cannot drift from what it runs): stage1 | stage2, all_reduce | reduce_scatter,
 // sgd | adamw | cpu_adam, accum<k>, clip, overlap, lr (a StepLR scheduler),
-// state_dict, bucket<elements>, one-bucket.
+// state_dict, bucket<elements>, one-bucket, zero_in_place.
 Case parse_case(const std::string& name) {
   Case c;
   c.name = name;
@@ -345,6 +354,7 @@ Case parse_case(const std::string& name) {
     else if (w == "overlap") c.overlap = true;
     else if (w == "lr") c.scheduler = true;
     else if (w == "state_dict") c.state_dict = true;
+    else if (w == "zero_in_place") c.zero_in_place = true;
     else if (w == "one-bucket") c.bucket = 1024 * 1024;
     else if (w.rfind("bucket", 0) == 0) c.bucket = number_after("bucket");
     else throw std::invalid_argument("parse_case: unknown word '" + w + "' in '" + name + "'");
@@ -358,6 +368,7 @@ const char* const kParityCases[] = {
     "stage1/all_reduce/adamw/accum2/clip/overlap/lr",
     "stage1/reduce_scatter/adamw/bucket64/clip",
     "stage1/reduce_scatter/sgd/accum2",
+    "stage1/all_reduce/adamw/accum2/zero_in_place",
     "stage2/sgd/accum2/state_dict",
     "stage2/adamw/accum2/clip/overlap",
     "stage2/adamw/one-bucket/state_dict",

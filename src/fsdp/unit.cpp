@@ -8,6 +8,8 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include "../memory/storage_alias.h"
+
 namespace fsdp::detail {
 
 const char* to_string(UnitState s) {
@@ -48,18 +50,6 @@ bool unit_transition_allowed(UnitState from, UnitState to) {
   }
   return false;
 }
-
-namespace {
-
-// A tensor on the same memory as `view` that autograd does not know as a view:
-// optimizers call grad.detach_() in zero_grad, which views refuse. Gradient
-// pieces share the reduced shard's memory this way, with no copy.
-at::Tensor storage_alias(const at::Tensor& view) {
-  at::NoGradGuard no_grad;
-  return at::empty({0}, view.options()).set_(view.storage(), view.storage_offset(), view.sizes(), view.strides());
-}
-
-}  // namespace
 
 Unit::Unit(UnitContext context, int index, std::string path, std::unique_ptr<FlatParameter> flat, bool is_root,
            bool reshard_after_forward)

@@ -14,6 +14,7 @@
 
 #include <torch/torch.h>
 
+#include "../memory/storage_alias.h"
 #include "clear_grads.h"
 #include "fsdp/dist/collectives.h"
 #include "fsdp/memory/optimizer_state_bytes.h"
@@ -380,9 +381,18 @@ torch::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
         for (int i = lb.first_param; i < lb.end_param; ++i) {
           const auto& slot = layout.params()[i];
           at::Tensor& g = m.params[i].mutable_grad();
+          at::Tensor reduced = buffers[b].narrow(0, slot.bucket_offset, slot.numel).view(m.params[i].sizes());
+          if (reduced.scalar_type() == m.params[i].scalar_type()) {
+            // The gradient becomes its part of the reduced bucket, as under DDP's
+            // gradient_as_bucket_view: no pass copying the bucket back (the step is bound
+            // by passes over memory), and the gradient it replaces is freed. Contiguous, so
+            // the pieces below are views of grad().
+            g = fsdp::detail::storage_alias(reduced);
+            continue;
+          }
           // Contiguous, so that the pieces below are views of grad().
           if (!g.defined() || !g.is_contiguous()) g = at::empty_like(m.params[i], at::MemoryFormat::Contiguous);
-          g.copy_(buffers[b].narrow(0, slot.bucket_offset, slot.numel).view(g.sizes()));
+          g.copy_(reduced);
         }
         if (m.mixed())
           m.stage1_partition.narrow(0, lb.local_offset, lb.chunk)
