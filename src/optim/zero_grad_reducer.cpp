@@ -34,8 +34,12 @@ class ZeroGradHook : public torch::autograd::FunctionPostHook {
 
 ZeroGradReducer::ZeroGradReducer(std::vector<at::Tensor> params, std::vector<std::string> names,
                                  const ZeroLayout& layout, Config config)
-    : params_(std::move(params)), names_(std::move(names)), layout_(layout), config_(std::move(config)) {
+    : params_(std::move(params)), names_(std::move(names)), layout_(layout), config_(std::move(config)),
+      // At most two buckets reducing and one filling; a fourth spares a block when
+      // bucket sizes differ.
+      pool_(/*max_idle=*/4, /*min_block_bytes=*/0) {
   TORCH_INTERNAL_ASSERT(params_.size() == layout_.params().size() && names_.size() == params_.size());
+  pool_.set_block_allocator([g = config_.group](size_t n) { return dist::allocate_collective_buffer(g, n); });
   buckets_.resize(layout_.buckets().size());
   arrived_.assign(params_.size(), 0);
   used_.assign(params_.size(), 0);
@@ -99,7 +103,7 @@ void ZeroGradReducer::on_grad(size_t i) {
               "' has no dense gradient of ", slot.numel, " elements after AccumulateGrad");
   const ZeroBucket& lb = layout_.buckets()[b];
   if (k.state == BucketState::EMPTY) {
-    k.buffer = at::empty({lb.padded}, params_[i].options().dtype(config_.comm_dtype));
+    k.buffer = pool_.empty(lb.padded, params_[i].options().dtype(config_.comm_dtype));
     if (lb.padded > lb.numel) k.buffer.narrow(0, lb.numel, lb.padded - lb.numel).zero_();
     transition(b, BucketState::FILLING, "on_grad");
   }
@@ -161,7 +165,7 @@ void ZeroGradReducer::finish_backward() {
     Bucket& k = buckets_[b];
     const ZeroBucket& lb = layout_.buckets()[b];
     if (k.state == BucketState::EMPTY) {
-      k.buffer = at::zeros({lb.padded}, params_[lb.first_param].options().dtype(config_.comm_dtype));
+      k.buffer = pool_.empty(lb.padded, params_[lb.first_param].options().dtype(config_.comm_dtype)).zero_();
     } else if (k.state == BucketState::FILLING) {
       const auto& slots = layout_.params();
       for (int i = lb.first_param; i < lb.end_param; ++i)

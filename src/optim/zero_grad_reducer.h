@@ -30,6 +30,7 @@
 
 #include <ATen/ATen.h>
 
+#include "../fsdp/buffer_pool.h"
 #include "fsdp/dist/collectives.h"
 #include "zero_layout.h"
 
@@ -71,7 +72,10 @@ class ZeroGradReducer : public std::enable_shared_from_this<ZeroGradReducer> {
   void clear();
   /// Zeroes the partition, keeps the used flags (zero_grad(false)).
   void zero();
-  int64_t bytes() const;  // partition and bucket buffers alive
+  /// Partition and bucket buffers alive. Not the (at most four) freed bucket buffers the
+  /// pool keeps for the next backward, as DeepSpeed keeps its reduction buffers: memory
+  /// the allocator holds beyond the gradients (MemoryCategory::kOther).
+  int64_t bytes() const;
 
  private:
   enum class BucketState { EMPTY, FILLING, READY, REDUCING };
@@ -102,6 +106,9 @@ class ZeroGradReducer : public std::enable_shared_from_this<ZeroGradReducer> {
   at::Tensor partition_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::vector<uintptr_t> hook_keys_;
+  // Bucket buffers, on memory the peers read in place ([Note: exchange arena] in
+  // src/dist/shm_arena.cpp) and kept between steps ([Note: buffer pool]).
+  fsdp::detail::BufferPool pool_;
 };
 
 }  // namespace fsdp::optim::detail

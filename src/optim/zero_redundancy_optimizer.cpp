@@ -60,6 +60,19 @@ struct ZeroRedundancyOptimizer::Impl {
 
 namespace {
 
+// The flat parameter buffer, zeroed, on memory the group's collectives read in place
+// (dist::allocate_collective_buffer): on one host the peers copy each all-gathered chunk
+// straight from it instead of through the shared-memory rings, one copy per byte
+// instead of two. It lives as long as the optimizer, so the exchange arena's per-block
+// cost (reserving the pages) is paid once. Elsewhere (Gloo, other devices) ordinary memory.
+at::Tensor collective_zeros(const dist::ProcessGroup& pg, int64_t numel, const at::TensorOptions& o) {
+  if (!o.device().is_cpu()) return at::zeros({numel}, o);
+  const size_t nbytes = static_cast<size_t>(numel) * c10::elementSize(c10::typeMetaToScalarType(o.dtype()));
+  c10::Storage st(c10::Storage::use_byte_size_t(), nbytes, dist::allocate_collective_buffer(pg, nbytes),
+                  /*allocator=*/nullptr, /*resizable=*/false);
+  return at::empty({0}, o).set_(st, 0, {numel}, {1}).zero_();
+}
+
 void validate(const ZeroOptions& o) {
   TORCH_CHECK(o.process_group().defined(),
               "ZeroRedundancyOptimizer: ZeroOptions::process_group is not set; pass "
@@ -240,7 +253,7 @@ void ZeroRedundancyOptimizer::construct(std::vector<torch::optim::OptimizerParam
   m.layout = std::make_unique<ZeroLayout>(numels, world, m.options.reduce_bucket_size());
   const auto popts = trainable.empty() ? at::TensorOptions().dtype(at::kFloat)
                                        : trainable.front().param.options().requires_grad(false);
-  m.flat = at::zeros({m.layout->flat_numel()}, popts);
+  m.flat = collective_zeros(m.pg, m.layout->flat_numel(), popts);
   for (size_t i = 0; i < m.params.size(); ++i) {
     at::Tensor& p = m.params[i];
     const auto& slot = m.layout->params()[i];
@@ -264,7 +277,7 @@ void ZeroRedundancyOptimizer::construct(std::vector<torch::optim::OptimizerParam
       m.master.narrow(0, lb.local_offset, lb.chunk)
           .copy_(m.flat.narrow(0, m.layout->chunk_offset(static_cast<int>(b), rank), lb.chunk));
     }
-    m.flat = m.flat.to(dtype);
+    m.flat = collective_zeros(m.pg, m.flat.numel(), m.flat.options().dtype(dtype)).copy_(m.flat);
     for (size_t i = 0; i < m.params.size(); ++i) {
       const auto& slot = m.layout->params()[i];
       m.params[i].set_data(m.flat.narrow(0, slot.flat_offset, slot.numel).view(m.params[i].sizes()));
@@ -358,6 +371,10 @@ torch::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
     auto issue = [&](int b) {
       const auto& lb = layout.buckets()[b];
       if (lb.padded == 0) return dist::CommHandle();
+      // Ordinary memory, not the exchange arena: these buffers become the gradients and
+      // are freed by zero_grad, before backward allocates the next ones; a pool of arena
+      // blocks would hold them through backward (4Ψ more at the peak), and fresh arena
+      // blocks fault their pages in every step.
       at::Tensor buf = at::empty({lb.padded}, copts);
       if (lb.padded > lb.numel) buf.narrow(0, lb.numel, lb.padded - lb.numel).zero_();
       for (int i = lb.first_param; i < lb.end_param; ++i) {
