@@ -712,6 +712,20 @@ void peak_memory_cases(dist::ProcessGroup& pg) {
       const double live = static_cast<double>(counter->live() - base - static_cast<int64_t>(x.nbytes()));
       EXPECT_NEAR(reported, live, 0.03 * live) << "get_memory_usage " << reported << " vs allocator " << live;
       opt.step();
+      // The freed bucket buffers kept for the next step (reported as "other") are what
+      // empty_cache() hands back to the allocator, byte for byte.
+      opt.zero_grad();
+      auto kept = opt.get_memory_usage();
+      const int64_t other = kept[fsdp::MemoryCategory::kOther];
+      EXPECT_GT(other, 0) << "no freed bucket buffer kept after the step";
+      // A bucket holds at least one parameter: here a 512x512 weight, above the 64K cap.
+      const int64_t largest_bucket = int64_t(512) * 512 * (bf16 ? 2 : 4);
+      EXPECT_LE(other, 4 * (largest_bucket + 4096)) << "more than four buckets kept";
+      const int64_t before = counter->live();
+      opt.empty_cache();
+      EXPECT_EQ(before - counter->live(), other) << "empty_cache released other than get_memory_usage reported";
+      auto after = opt.get_memory_usage();
+      EXPECT_EQ(after[fsdp::MemoryCategory::kOther], 0);
       std::printf("[zero memory] %s stage %d N=%d: peak %.1f MB, accounting %.1f MB (%+.2f%%)\n",
                   bf16 ? "bf16" : "fp32", stage, n, peak / 1e6,
                   expected / 1e6, 100.0 * (peak - expected) / expected);

@@ -76,6 +76,9 @@ class ZeroGradReducer : public std::enable_shared_from_this<ZeroGradReducer> {
   /// pool keeps for the next backward, as DeepSpeed keeps its reduction buffers: memory
   /// the allocator holds beyond the gradients (MemoryCategory::kOther).
   int64_t bytes() const;
+  /// The freed bucket buffers the pool keeps, and releasing them.
+  int64_t idle_bytes() const { return pool_.idle_bytes(); }
+  void release_idle() { pool_.release_idle(); }
 
  private:
   enum class BucketState { EMPTY, FILLING, READY, REDUCING };

@@ -184,8 +184,13 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
   /// Bytes this rank holds, by category: parameters (full replicas, and frozen ones),
   /// gradients (stage 1: grad() tensors; stage 2: the partition and buckets in flight),
   /// fp32 master partition (mixed precision), optimizer state (the tensors of Adam,
-  /// AdamW, CPUAdam, SGD, Adagrad and RMSprop states; other state classes count 0).
+  /// AdamW, CPUAdam, SGD, Adagrad and RMSprop states; other state classes count 0),
+  /// and other: the freed bucket buffers kept for the next step (at most four buckets
+  /// per stage-1 step or stage-2 backward), which empty_cache() releases.
   MemoryUsage get_memory_usage() const;
+  /// Releases the freed bucket buffers kept for the next step (MemoryCategory::kOther
+  /// in get_memory_usage()); the next step allocates them again.
+  void empty_cache();
 
   /// Layout facts ([Note: ZeRO partition layout]).
   int64_t flat_numel() const;
