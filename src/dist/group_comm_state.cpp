@@ -12,13 +12,13 @@ namespace {
 // Sum of every live GroupCommState's idle buffer (comm_cached_bytes()).
 std::atomic<int64_t> g_cached_bytes{0};
 
-int64_t nbytes(const at::Tensor& t) {
+int64_t defined_nbytes(const at::Tensor& t) {
   return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
 }
 
 }  // namespace
 
-GroupCommState::~GroupCommState() { g_cached_bytes -= nbytes(idle_); }
+GroupCommState::~GroupCommState() { g_cached_bytes -= defined_nbytes(idle_); }
 
 int GroupCommState::reserve_tags(int count) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -34,8 +34,8 @@ int GroupCommState::reserve_tags(int count) {
 at::Tensor GroupCommState::acquire_scratch(int64_t bytes) {
   if (bytes >= kCacheMinBytes) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (nbytes(idle_) >= bytes) {
-      g_cached_bytes -= nbytes(idle_);
+    if (defined_nbytes(idle_) >= bytes) {
+      g_cached_bytes -= defined_nbytes(idle_);
       return std::move(idle_);  // leaves idle_ undefined: leased
     }
   }
@@ -43,10 +43,10 @@ at::Tensor GroupCommState::acquire_scratch(int64_t bytes) {
 }
 
 void GroupCommState::release_scratch(at::Tensor buffer) {
-  if (nbytes(buffer) < kCacheMinBytes) return;
+  if (defined_nbytes(buffer) < kCacheMinBytes) return;
   std::lock_guard<std::mutex> lock(mu_);
-  if (nbytes(idle_) < nbytes(buffer)) {
-    g_cached_bytes += nbytes(buffer) - nbytes(idle_);
+  if (defined_nbytes(idle_) < defined_nbytes(buffer)) {
+    g_cached_bytes += defined_nbytes(buffer) - defined_nbytes(idle_);
     idle_ = std::move(buffer);
   }
 }
