@@ -12,9 +12,8 @@ namespace {
 // Sum of every live GroupCommState's idle buffer (comm_cached_bytes()).
 std::atomic<int64_t> g_cached_bytes{0};
 
-int64_t defined_nbytes(const at::Tensor& t) {
-  return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
-}
+// Tensor::nbytes(), and 0 for the undefined (leased or never cached) idle buffer.
+int64_t defined_nbytes(const at::Tensor& t) { return t.defined() ? static_cast<int64_t>(t.nbytes()) : 0; }
 
 }  // namespace
 

@@ -191,9 +191,8 @@ void ZeroRedundancyOptimizer::construct(std::vector<torch::optim::OptimizerParam
                                         InnerOptimizerFactory make_inner) {
   Impl& m = *impl_;
   validate(m.options);
-  m.stage1_pool.set_block_allocator(
-      [g = m.options.process_group()](size_t n) { return dist::allocate_collective_buffer(g, n); });
   m.pg = m.options.process_group();
+  m.stage1_pool.set_block_allocator([g = m.pg](size_t n) { return dist::allocate_collective_buffer(g, n); });
   if (m.options.dynamic_loss_scale())
     m.scaler = std::make_unique<precision::DynamicGradScaler>(*m.options.dynamic_loss_scale());
   const int rank = m.rank(), world = m.pg.size();
