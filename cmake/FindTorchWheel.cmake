@@ -1,0 +1,46 @@
+# libtorch from the torch wheel of a Python (scripts/bootstrap.sh installs a pinned one into
+# the checkout's .venv). A plain `cmake -S . -B build` finds it; on machines with PyTorch
+# preinstalled, -DFSDP_PYTHON=python3 picks that one instead.
+#
+# Sets FSDP_PYTHON_EXECUTABLE (the interpreter, absolute), FSDP_TORCH_VERSION (e.g. 2.11.0+cu130), FSDP_TORCH_LIB_DIR (the wheel's torch/lib) and
+# FSDP_TORCH_CUDA (ON when the wheel's libtorch was built with CUDA), and puts the wheel's
+# CMake package on CMAKE_PREFIX_PATH.
+if(EXISTS "${CMAKE_SOURCE_DIR}/.venv/bin/python")
+  set(_fsdp_default_python "${CMAKE_SOURCE_DIR}/.venv/bin/python")
+else()
+  set(_fsdp_default_python "python3")
+endif()
+set(FSDP_PYTHON "${_fsdp_default_python}" CACHE STRING
+    "Python whose torch wheel provides libtorch (default: the checkout's .venv)")
+
+execute_process(
+  COMMAND "${FSDP_PYTHON}" -c
+    "import torch, torch.utils, os; print(torch.utils.cmake_prefix_path); print(torch.__version__); print(os.path.join(os.path.dirname(torch.__file__), 'lib')); print(int(torch.version.cuda is not None)); import sys; print(sys.executable)"
+  OUTPUT_VARIABLE _fsdp_torch_info
+  ERROR_VARIABLE _fsdp_torch_err
+  RESULT_VARIABLE _fsdp_torch_rc
+  OUTPUT_STRIP_TRAILING_WHITESPACE)
+if(NOT _fsdp_torch_rc EQUAL 0)
+  message(FATAL_ERROR
+    "fsdp: cannot import torch with FSDP_PYTHON='${FSDP_PYTHON}': ${_fsdp_torch_err}\n"
+    "Run scripts/bootstrap.sh (it installs the pinned torch wheel into .venv), or pass "
+    "-DFSDP_PYTHON=/path/to/python whose torch is 2.x.")
+endif()
+string(REPLACE "\n" ";" _fsdp_torch_info "${_fsdp_torch_info}")
+list(GET _fsdp_torch_info 0 _fsdp_torch_prefix)
+list(GET _fsdp_torch_info 1 FSDP_TORCH_VERSION)
+list(GET _fsdp_torch_info 2 FSDP_TORCH_LIB_DIR)
+list(GET _fsdp_torch_info 3 _fsdp_torch_cuda)
+# The interpreter as an absolute path: tests and benchmarks run it by that path.
+list(GET _fsdp_torch_info 4 FSDP_PYTHON_EXECUTABLE)
+if(FSDP_TORCH_VERSION VERSION_LESS "2.11")
+  message(FATAL_ERROR "fsdp: torch ${FSDP_TORCH_VERSION} from ${FSDP_PYTHON} is older than 2.11, "
+                      "the oldest libtorch fsdp-cpp supports; run scripts/bootstrap.sh")
+endif()
+if(_fsdp_torch_cuda)
+  set(FSDP_TORCH_CUDA ON)
+else()
+  set(FSDP_TORCH_CUDA OFF)
+endif()
+list(PREPEND CMAKE_PREFIX_PATH "${_fsdp_torch_prefix}")
+message(STATUS "fsdp: libtorch ${FSDP_TORCH_VERSION} from ${FSDP_PYTHON} (CUDA: ${FSDP_TORCH_CUDA})")
