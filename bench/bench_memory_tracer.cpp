@@ -147,7 +147,7 @@ int rank_main(const Args& a) {
       allocations_before = fsdp::memory::counted_allocations();
     }
     const auto t0 = std::chrono::steady_clock::now();
-    opt.zero_grad();
+    opt.zero_grad(/*set_to_none=*/false);
     torch::mse_loss(model->forward(x), y).backward();
     opt.step();
     if (tracer) tracer->step();

@@ -237,12 +237,12 @@ int rank_main(const Args& a) {
   }
   auto forward = [&](const torch::Tensor& in) { return zero ? unwrapped->forward(in) : model->forward(in); };
   // ZeroRedundancyOptimizer::zero_grad hides the base class's (not virtual in libtorch).
-  auto zero_grad = [&] { zero ? zero->zero_grad() : opt->zero_grad(); };
+  auto zero_grad = [&] { zero ? zero->zero_grad(/*set_to_none=*/true) : opt->zero_grad(/*set_to_none=*/false); };
   auto gen = at::detail::createCPUGenerator(1 + pg.rank());
   auto x = at::randn({per, 784}, gen);
   auto y = at::randint(0, 10, {per}, gen, torch::kLong);
   auto step = [&] {
-    zero_grad();
+    zero_grad(/*set_to_none=*/false);
     torch::nn::functional::cross_entropy(forward(x), y).backward();
     opt->step();
   };
@@ -331,7 +331,7 @@ int rank_main(const Args& a) {
     fsdp::dist::barrier(pg);
     for (int i = 0; i < a.steps; ++i) {
       auto t = clock::now();
-      opt->zero_grad();
+      opt->zero_grad(/*set_to_none=*/false);
       zero += ms_since(t);
       t = clock::now();
       auto loss = torch::nn::functional::cross_entropy(model->forward(x), y);

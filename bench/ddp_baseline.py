@@ -66,7 +66,7 @@ def worker(rank, args, init_file, queue):
     y = torch.randint(0, 10, (per,), generator=gen)
 
     def step():
-        opt.zero_grad()
+        opt.zero_grad(set_to_none=False)
         F.cross_entropy(model(x), y).backward()
         opt.step()
 

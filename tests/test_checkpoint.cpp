@@ -70,7 +70,7 @@ Model wrap(uint64_t seed, dist::ProcessGroup& pg, ShardingStrategy s, bool wrap_
 void train(Model& m, torch::optim::Optimizer& opt, int64_t from, int64_t to, const dist::ProcessGroup& pg) {
   for (int64_t s = from; s < to; ++s) {
     auto [x, y] = global_batch(s, kBatch);
-    opt.zero_grad();
+    opt.zero_grad(/*set_to_none=*/false);
     // .to(kFloat): a no-op except under bf16 mixed precision.
     auto loss = torch::mse_loss(m->forward(rank_slice(x, pg.rank(), pg.size())).to(torch::kFloat),
                                 rank_slice(y, pg.rank(), pg.size()));
@@ -370,7 +370,7 @@ RankState rank_state(Model& m, torch::optim::Optimizer& opt) {
   RankState s;
   for (const auto& p : m->parameters()) s.tensors.push_back(p.detach().clone());
   for (const auto& p : opt.param_groups()[0].params()) {
-    auto it = opt.state().find(c10::guts::to_string(p.unsafeGetTensorImpl()));
+    auto it = opt.state().find(p.unsafeGetTensorImpl());
     if (it == opt.state().end()) {
       s.steps.push_back(-1);
       continue;
@@ -484,7 +484,7 @@ void failed_load_changes_nothing(dist::ProcessGroup& pg) {
       std::vector<const void*> ptrs;
       for (const auto& p : opt->param_groups()[0].params())
         ptrs.push_back(static_cast<torch::optim::AdamParamState&>(
-                           *opt->state().at(c10::guts::to_string(p.unsafeGetTensorImpl())))
+                           *opt->state().at(p.unsafeGetTensorImpl()))
                            .exp_avg()
                            .data_ptr());
       return ptrs;
@@ -718,7 +718,7 @@ TEST(OptimStateDict, FullMatchesUnshardedAdamAndScatterContinues) {
     torch::optim::Adam ref_opt(ref->parameters(), torch::optim::AdamOptions(1e-2));
     for (int64_t s = 0; s < kSaveStep; ++s) {
       auto [x, y] = global_batch(s, kBatch);
-      ref_opt.zero_grad();
+      ref_opt.zero_grad(/*set_to_none=*/false);
       torch::mse_loss(ref->forward(x), y).backward();
       ref_opt.step();
     }
@@ -726,7 +726,7 @@ TEST(OptimStateDict, FullMatchesUnshardedAdamAndScatterContinues) {
     run_case("full dict equals unsharded Adam", [&] {
       for (const auto& p : ref->named_parameters()) {
         auto& st = static_cast<torch::optim::AdamParamState&>(
-            *ref_opt.state().at(c10::guts::to_string(p.value().unsafeGetTensorImpl())));
+            *ref_opt.state().at(p.value().unsafeGetTensorImpl()));
         ASSERT_TRUE(osd.state.count(p.key())) << p.key();
         const auto& got = osd.state.at(p.key());
         EXPECT_EQ(got.at("step").item<int64_t>(), kSaveStep);
@@ -859,7 +859,7 @@ template <typename Fwd>
 void train_tied(Fwd&& forward, torch::optim::Optimizer& opt, int64_t from, int64_t to, int rank, int world) {
   for (int64_t s = from; s < to; ++s) {
     auto [x, y] = tied_batch(s);
-    opt.zero_grad();
+    opt.zero_grad(/*set_to_none=*/false);
     torch::mse_loss(forward(rank_slice(x, rank, world)), rank_slice(y, rank, world)).backward();
     opt.step();
   }

@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "fsdp/optim/cpu_adam.h"
+#include "fsdp/optim/group_options.h"
+#include "fsdp/optim/zero_redundancy_optimizer.h"
 // White-box: the SIMD target list and the target override for the per-target test.
 #include "../src/optim/kernels/adam_kernel.h"
 
@@ -71,7 +73,7 @@ struct Fields {
 };
 Fields state_of(const Optimizer& opt, const torch::Tensor& p) {
   const auto& st = opt.state();
-  auto it = st.find(c10::guts::to_string(p.unsafeGetTensorImpl()));
+  auto it = st.find(p.unsafeGetTensorImpl());
   EXPECT_NE(it, st.end());
   if (it == st.end()) return {};
   if (auto* s = dynamic_cast<const torch::optim::AdamWParamState*>(it->second.get())) {
@@ -232,6 +234,46 @@ TEST(CPUAdam, SeveralParamGroupsWithDifferentOptions) {
       run_lockstep(ours, pa, *ref, pb, 100, 2000);
       expect_close(ours, pa, *ref, pb, "groups");
     }
+  }
+}
+
+// A parameter group's own options survive construction on every libtorch 2.x: newer
+// releases' add_param_group replaces options of types it does not know (CPUAdamOptions) by
+// the defaults, and takes a known type's value equal to that type's own default (AdamW's
+// weight_decay 1e-2, lr 1e-3) as unset.
+TEST(ParamGroups, OwnOptionsSurviveConstruction) {
+  auto a = torch::zeros({3}, torch::requires_grad());
+  auto b = torch::zeros({2}, torch::requires_grad());
+  {
+    std::vector<torch::optim::OptimizerParamGroup> groups;
+    groups.emplace_back(std::vector<torch::Tensor>{a},
+                        std::make_unique<CPUAdamOptions>(CPUAdamOptions(0.5).weight_decay(0.25)));
+    groups.emplace_back(std::vector<torch::Tensor>{b});
+    CPUAdam opt(groups, CPUAdamOptions(1e-3).weight_decay(0.01));
+    const auto& own = static_cast<const CPUAdamOptions&>(opt.param_groups()[0].options());
+    const auto& dflt = static_cast<const CPUAdamOptions&>(opt.param_groups()[1].options());
+    EXPECT_EQ(own.lr(), 0.5);
+    EXPECT_EQ(own.weight_decay(), 0.25);
+    EXPECT_EQ(dflt.lr(), 1e-3);
+    EXPECT_EQ(dflt.weight_decay(), 0.01);
+  }
+  {
+    std::vector<torch::optim::OptimizerParamGroup> groups;
+    groups.emplace_back(std::vector<torch::Tensor>{a}, std::make_unique<torch::optim::AdamWOptions>(
+                                                           torch::optim::AdamWOptions(1e-3).weight_decay(1e-2)));
+    groups.emplace_back(std::vector<torch::Tensor>{b});
+    auto inner = fsdp::optim::inner_optimizer<torch::optim::AdamW>(
+        torch::optim::AdamWOptions(0.1).weight_decay(0.5))(groups);
+    const auto& own = static_cast<const torch::optim::AdamWOptions&>(inner->param_groups()[0].options());
+    const auto& dflt = static_cast<const torch::optim::AdamWOptions&>(inner->param_groups()[1].options());
+    EXPECT_EQ(own.lr(), 1e-3);
+    EXPECT_EQ(own.weight_decay(), 1e-2);
+    EXPECT_EQ(dflt.lr(), 0.1);
+    EXPECT_EQ(dflt.weight_decay(), 0.5);
+    // The same through the public helper, on an optimizer the user builds.
+    torch::optim::AdamW plain(groups, torch::optim::AdamWOptions(0.1).weight_decay(0.5));
+    fsdp::optim::keep_group_options(plain, groups);
+    EXPECT_EQ(static_cast<const torch::optim::AdamWOptions&>(plain.param_groups()[0].options()).weight_decay(), 1e-2);
   }
 }
 
@@ -484,17 +526,17 @@ TEST(CPUAdam, StateEntriesAreTorchAdamParamState) {
   torch::optim::Adam theirs(pb, torch::optim::AdamOptions(1e-2));
   run_lockstep(ours, pa, theirs, pb, 10, 12000);
   for (auto& p : pa) {
-    const auto key = c10::guts::to_string(p.unsafeGetTensorImpl());
+    const auto key = p.unsafeGetTensorImpl();
     ASSERT_NE(dynamic_cast<torch::optim::AdamParamState*>(ours.state().at(key).get()), nullptr);
   }
   for (size_t i = 0; i < pa.size(); ++i) {
     // OptimizerParamState::clone() shares the tensors: copy them too.
     const auto& src = static_cast<const torch::optim::AdamParamState&>(
-        *ours.state().at(c10::guts::to_string(pa[i].unsafeGetTensorImpl())));
+        *ours.state().at(pa[i].unsafeGetTensorImpl()));
     auto copy = std::make_unique<torch::optim::AdamParamState>(src);
     copy->exp_avg(src.exp_avg().clone());
     copy->exp_avg_sq(src.exp_avg_sq().clone());
-    theirs.state()[c10::guts::to_string(pb[i].unsafeGetTensorImpl())] = std::move(copy);
+    theirs.state()[pb[i].unsafeGetTensorImpl()] = std::move(copy);
     pb[i].detach().copy_(pa[i].detach());
   }
   run_lockstep(ours, pa, theirs, pb, 10, 12100);
@@ -624,7 +666,7 @@ TEST(CPUAdamErrors, UnsupportedDtypesAndLayouts) {
   {
     auto ps = make_params({{4}}, 19);
     CPUAdam opt(ps);
-    opt.state()[c10::guts::to_string(ps[0].unsafeGetTensorImpl())] =
+    opt.state()[ps[0].unsafeGetTensorImpl()] =
         std::make_unique<torch::optim::AdamWParamState>();
     ps[0].mutable_grad() = torch::ones({4});
     expect_error([&] { opt.step(); }, {"AdamParamState", "copy_adam_state"});

@@ -113,11 +113,11 @@ void no_sync_case(dist::ProcessGroup& pg, const std::string& name, Make make, co
       }
       auto ref0 = snapshot(*ref);
       auto got0 = full_params(model);
-      ref_opt.zero_grad();
+      ref_opt.zero_grad(/*set_to_none=*/false);
       torch::mse_loss(ref->forward(torch::cat(xs)), torch::cat(ys)).backward();
       ref_opt.step();
 
-      opt.zero_grad();
+      opt.zero_grad(/*set_to_none=*/false);
       for (int i = 0; i < k; ++i) {
         auto x = rank_slice(xs[i], pg.rank(), pg.size());
         auto y = rank_slice(ys[i], pg.rank(), pg.size());
@@ -160,12 +160,12 @@ void clip_case(dist::ProcessGroup& pg, const std::string& name, Make make, const
       auto [x, y] = global_batch(s, 12);
       auto ref0 = snapshot(*ref);
       auto got0 = full_params(model);
-      ref_opt.zero_grad();
+      ref_opt.zero_grad(/*set_to_none=*/false);
       torch::mse_loss(ref->forward(x), y).backward();
       const double ref_norm = torch::nn::utils::clip_grad_norm_(ref->parameters(), max_norm, norm_type);
       ref_opt.step();
 
-      opt.zero_grad();
+      opt.zero_grad(/*set_to_none=*/false);
       torch::mse_loss(model->forward(rank_slice(x, pg.rank(), pg.size())), rank_slice(y, pg.rank(), pg.size()))
           .backward();
       const double norm = model->clip_grad_norm_(max_norm, norm_type).item().toDouble();
@@ -210,15 +210,15 @@ void eval_case(dist::ProcessGroup& pg, const std::string& name, Make make, const
         // iteration starts from a clean sharded state.
         (void)model->forward(rank_slice(x, pg.rank(), pg.size()));
       }
-      ref_opt.zero_grad();
+      ref_opt.zero_grad(/*set_to_none=*/false);
       auto ref_loss = torch::mse_loss(ref->forward(x), y);
       ref_loss.backward();
       // Step 3 zeroes the gradients between forward and backward (a common
       // order): the previous step's gradient pieces must be the ones zeroed.
-      if (s != 3) opt.zero_grad();
+      if (s != 3) opt.zero_grad(/*set_to_none=*/false);
       auto loss = torch::mse_loss(model->forward(rank_slice(x, pg.rank(), pg.size())),
                                   rank_slice(y, pg.rank(), pg.size()));
-      if (s == 3) opt.zero_grad();
+      if (s == 3) opt.zero_grad(/*set_to_none=*/false);
       loss.backward();
       if (s == 1) {
         // Between backward and step: gradient pieces must survive the evaluation
@@ -307,7 +307,7 @@ void unused_branch_case(dist::ProcessGroup& pg, const std::string& name, Shardin
       auto got0 = full_params(model);
       // Global loss: mean over micro-batches and ranks of the ranks' losses, each
       // with its own branch usage.
-      ref_opt.zero_grad();
+      ref_opt.zero_grad(/*set_to_none=*/false);
       torch::Tensor ref_loss = torch::zeros({});
       for (int i = 0; i < micro; ++i) {
         auto [x, y] = global_batch(10 * s + i, 12);
@@ -317,7 +317,7 @@ void unused_branch_case(dist::ProcessGroup& pg, const std::string& name, Shardin
       (ref_loss / (n * micro)).backward();
       ref_opt.step();
 
-      opt.zero_grad();
+      opt.zero_grad(/*set_to_none=*/false);
       for (int i = 0; i < micro; ++i) {
         auto [x, y] = global_batch(10 * s + i, 12);
         auto run = [&] {
@@ -366,10 +366,10 @@ void frozen_case(dist::ProcessGroup& pg, const std::string& name, Make make, con
     torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
     for (int s = 0; s < 4; ++s) {
       auto [x, y] = global_batch(s, 12);
-      ref_opt.zero_grad();
+      ref_opt.zero_grad(/*set_to_none=*/false);
       torch::mse_loss(ref->forward(x), y).backward();
       ref_opt.step();
-      opt.zero_grad();
+      opt.zero_grad(/*set_to_none=*/false);
       torch::mse_loss(model->forward(rank_slice(x, pg.rank(), pg.size())), rank_slice(y, pg.rank(), pg.size()))
           .backward();
       for (const auto& p : model->named_parameters()) {
@@ -505,10 +505,10 @@ void construction_cases(dist::ProcessGroup& pg) {
       torch::optim::AdamW opt(params, torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
       for (int s = 0; s < 4; ++s) {
         auto [x, y] = global_batch(s, 12);
-        ref_opt.zero_grad();
+        ref_opt.zero_grad(/*set_to_none=*/false);
         torch::mse_loss(ref->forward(x), y).backward();
         ref_opt.step();
-        opt.zero_grad();
+        opt.zero_grad(/*set_to_none=*/false);
         torch::mse_loss(model->forward(rank_slice(x, pg.rank(), pg.size())), rank_slice(y, pg.rank(), pg.size()))
             .backward();
         opt.step();
@@ -552,7 +552,7 @@ void memory_case(dist::ProcessGroup& pg, const std::string& name, Make make, con
     torch::optim::Adam opt(model->parameters(), 1e-2);
     for (int s = 0; s < 2; ++s) {
       auto [x, y] = global_batch(s, 12);
-      opt.zero_grad();
+      opt.zero_grad(/*set_to_none=*/false);
       model->reset_peak_memory_stats();
       auto loss = torch::mse_loss(model->forward(rank_slice(x, pg.rank(), n)), rank_slice(y, pg.rank(), n));
       auto mid = model->memory_stats();

@@ -53,7 +53,7 @@ void memory_cases(dist::ProcessGroup& pg) {
         torch::optim::Adam opt(model->parameters(), 1e-3);
         auto x = torch::randn({8, 256});
         for (int step = 0; step < 2; ++step) {
-          opt.zero_grad();
+          opt.zero_grad(/*set_to_none=*/false);
           model->forward(x).square().mean().backward();
           opt.step();
         }
@@ -93,7 +93,7 @@ void memory_cases(dist::ProcessGroup& pg) {
         // Peak during a step: model state plus the units in flight and activations.
         counter->reset_peak();
         const int64_t before = counter->live();
-        opt.zero_grad();
+        opt.zero_grad(/*set_to_none=*/false);
         model->forward(x).square().mean().backward();
         opt.step();
         const int64_t step_peak = counter->peak() - before;
@@ -136,7 +136,7 @@ void page_fault_cases(dist::ProcessGroup& pg) {
       torch::optim::Adam opt(model->parameters(), 1e-3);
       auto x = torch::randn({64, 784});
       auto step = [&] {
-        opt.zero_grad();
+        opt.zero_grad(/*set_to_none=*/false);
         model->forward(x).square().mean().backward();
         opt.step();
       };

@@ -30,7 +30,7 @@ std::map<std::string, torch::Tensor> reference_sgd(int steps, double lr = 0.1) {
   torch::optim::SGD opt(ref->parameters(), lr);
   for (int s = 0; s < steps; ++s) {
     auto [x, y] = global_batch(s, 12);
-    opt.zero_grad();
+    opt.zero_grad(/*set_to_none=*/false);
     torch::mse_loss(ref->forward(x), y).backward();
     opt.step();
   }
@@ -44,7 +44,7 @@ void train_sgd(FullyShardedDataParallel<Impl>& model, dist::ProcessGroup& pg, in
   torch::optim::SGD opt(model->parameters(), lr);
   for (int s = 0; s < steps; ++s) {
     auto [x, y] = global_batch(s, 12);
-    opt.zero_grad();
+    opt.zero_grad(/*set_to_none=*/false);
     torch::mse_loss(model->forward(rank_slice(x, pg.rank(), pg.size())), rank_slice(y, pg.rank(), pg.size()))
         .backward();
     opt.step();

@@ -43,7 +43,7 @@ void check_parity(dist::ProcessGroup& pg, const std::string& name, ModelFactory 
     std::vector<double> ref_losses;
     for (int s = 0; s < steps; ++s) {
       auto [x, y] = global_batch(s, batch);
-      ref_opt->zero_grad();
+      ref_opt->zero_grad(/*set_to_none=*/false);
       torch::Tensor loss = torch::mse_loss(ref->forward(x), y);
       loss.backward();
       ref_opt->step();
@@ -56,7 +56,7 @@ void check_parity(dist::ProcessGroup& pg, const std::string& name, ModelFactory 
     auto optim = make_optimizer(opt, *model);
     for (int s = 0; s < steps; ++s) {
       auto [x, y] = global_batch(s, batch);
-      optim->zero_grad();
+      optim->zero_grad(/*set_to_none=*/false);
       torch::Tensor loss = torch::mse_loss(model->forward(rank_slice(x, pg.rank(), pg.size())),
                                   rank_slice(y, pg.rank(), pg.size()));
       loss.backward();

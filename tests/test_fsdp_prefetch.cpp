@@ -45,7 +45,7 @@ std::vector<TraceSpan> traced_iteration(dist::ProcessGroup& pg, Options options)
   for (int s = 0; s < 2; ++s) {
     if (s == 1) model->clear_trace();
     auto [x, y] = global_batch(s, 8);
-    opt.zero_grad();
+    opt.zero_grad(/*set_to_none=*/false);
     torch::mse_loss(model->forward(rank_slice(x, pg.rank(), pg.size())), rank_slice(y, pg.rank(), pg.size()))
         .backward();
     opt.step();
@@ -60,7 +60,7 @@ std::map<std::string, torch::Tensor> train(dist::ProcessGroup& pg, ModelFactory 
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-2));
   for (int s = 0; s < steps; ++s) {
     auto [x, y] = global_batch(s, 8);
-    opt.zero_grad();
+    opt.zero_grad(/*set_to_none=*/false);
     torch::mse_loss(model->forward(rank_slice(x, pg.rank(), pg.size())), rank_slice(y, pg.rank(), pg.size()))
         .backward();
     opt.step();
@@ -146,7 +146,7 @@ void prefetch_cases(dist::ProcessGroup& pg) {
     torch::optim::AdamW opt(ref->parameters(), torch::optim::AdamWOptions(1e-2));
     for (int s = 0; s < 4; ++s) {
       auto [x, y] = global_batch(s, 8);
-      opt.zero_grad();
+      opt.zero_grad(/*set_to_none=*/false);
       torch::mse_loss(ref->forward(x), y).backward();
       opt.step();
     }

@@ -56,7 +56,7 @@ Written slot_bytes_of_step(Model& model, torch::optim::SGD& opt, dist::ProcessGr
   auto [x, y] = global_batch(step, 12);
   dist::barrier(pg);
   dist::shm_slot_counters().reset();
-  opt.zero_grad();
+  opt.zero_grad(/*set_to_none=*/false);
   torch::mse_loss(model->forward(rank_slice(x, pg.rank(), pg.size())), rank_slice(y, pg.rank(), pg.size()))
       .backward();
   opt.step();

@@ -114,7 +114,7 @@ std::vector<torch::Tensor> snapshot_adam(torch::optim::Adam& opt) {
   std::vector<torch::Tensor> out;
   for (auto& g : opt.param_groups())
     for (auto& p : g.params()) {
-      auto it = opt.state().find(c10::guts::to_string(p.unsafeGetTensorImpl()));
+      auto it = opt.state().find(p.unsafeGetTensorImpl());
       if (it == opt.state().end()) continue;
       auto& st = static_cast<torch::optim::AdamParamState&>(*it->second);
       out.push_back(st.exp_avg().clone());
@@ -146,7 +146,7 @@ TEST(GradScaler, InfOnOneRankSkipsTheStepEverywhere) {
         const int64_t batch = 6 * pg.size();
         for (int s = 0; s < 4; ++s) {
           auto [x, y] = global_batch(s, batch);
-          opt.zero_grad();
+          opt.zero_grad(/*set_to_none=*/false);
           auto loss = torch::mse_loss(model->forward(rank_slice(x, pg.rank(), pg.size())),
                                       rank_slice(y, pg.rank(), pg.size()));
           scaler.scale(loss).backward();
@@ -171,7 +171,7 @@ TEST(GradScaler, InfOnOneRankSkipsTheStepEverywhere) {
             EXPECT_TRUE(bit_equal(adam_before, snapshot_adam(opt))) << "Adam state changed";
             EXPECT_EQ(scaler.get_scale(), 512);  // hysteresis 1: backed off at once
           } else {
-            ref_opt.zero_grad();
+            ref_opt.zero_grad(/*set_to_none=*/false);
             torch::mse_loss(ref->forward(x), y).backward();
             ref_opt.step();
           }

@@ -51,7 +51,7 @@ RunResult train(dist::ProcessGroup& pg, ModelFactory make, Options options, Opt 
   dist::comm_counters().reset();
   for (int s = 0; s < steps; ++s) {
     auto [x, y] = global_batch(s, batch);
-    optim->zero_grad();
+    optim->zero_grad(/*set_to_none=*/false);
     // (.to(kFloat): under mixed precision the output is bf16)
     auto loss = torch::mse_loss(model->forward(rank_slice(x, pg.rank(), pg.size())).to(torch::kFloat),
                                 rank_slice(y, pg.rank(), pg.size()));
@@ -73,7 +73,7 @@ std::map<std::string, torch::Tensor> reference(ModelFactory make, Opt opt, int s
   auto o = make_optimizer(opt, *ref.ptr());
   for (int s = 0; s < steps; ++s) {
     auto [x, y] = global_batch(s, batch);
-    o->zero_grad();
+    o->zero_grad(/*set_to_none=*/false);
     torch::mse_loss(ref->forward(x), y).backward();
     o->step();
   }
@@ -127,7 +127,7 @@ std::vector<TraceSpan> second_step_spans(Model& model, const dist::ProcessGroup&
   for (int s = 0; s < 2; ++s) {
     model->clear_trace();
     auto [x, y] = global_batch(s, 16);
-    o.zero_grad();
+    o.zero_grad(/*set_to_none=*/false);
     torch::mse_loss(model->forward(rank_slice(x, pg.rank(), 4)), rank_slice(y, pg.rank(), 4)).backward();
     o.step();
   }
@@ -312,7 +312,7 @@ void hybrid_cases(dist::ProcessGroup& pg) {
     torch::optim::SGD ro(ref->parameters(), 0.05);
     for (int s = 0; s < 2; ++s) {
       auto [x, y] = global_batch(s, 16);
-      ro.zero_grad();
+      ro.zero_grad(/*set_to_none=*/false);
       torch::mse_loss(ref->forward(x), y).backward();
       ro.step();
     }

@@ -53,7 +53,7 @@ void tracer_cases(dist::ProcessGroup& pg) {
     MemoryTracer tracer(*model, &opt);
     for (int step = 0; step < 2; ++step) {
       auto [x, y] = fsdp::testing::global_batch(step, 8);
-      opt.zero_grad();
+      opt.zero_grad(/*set_to_none=*/false);
       torch::mse_loss(model->forward(fsdp::testing::rank_slice(x, pg.rank(), n)),
                       fsdp::testing::rank_slice(y, pg.rank(), n))
           .backward();

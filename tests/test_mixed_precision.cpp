@@ -45,7 +45,7 @@ Result train_reference(Factory make, int steps) {
   Result r;
   for (int s = 0; s < steps; ++s) {
     auto [x, y] = batch_of(s);
-    opt.zero_grad();
+    opt.zero_grad(/*set_to_none=*/false);
     torch::Tensor loss = torch::mse_loss(ref->forward(x), y);
     loss.backward();
     opt.step();
@@ -62,7 +62,7 @@ Result train_fsdp(dist::ProcessGroup& pg, Factory make, const Options& options, 
   Result r;
   for (int s = 0; s < steps; ++s) {
     auto [x, y] = batch_of(s);
-    opt.zero_grad();
+    opt.zero_grad(/*set_to_none=*/false);
     torch::Tensor out = model->forward(rank_slice(x, pg.rank(), pg.size()));
     torch::Tensor loss = torch::mse_loss(out.to(torch::kFloat), rank_slice(y, pg.rank(), pg.size()));
     loss.backward();
@@ -151,7 +151,7 @@ std::map<std::string, torch::Tensor> sgd_reference(int world, at::ScalarType red
     auto [x, y] = batch_of(s);
     std::vector<torch::Tensor> sum(params.size());
     for (int r = 0; r < world; ++r) {
-      opt.zero_grad();
+      opt.zero_grad(/*set_to_none=*/false);
       torch::mse_loss(ref->forward(rank_slice(x, r, world)), rank_slice(y, r, world)).backward();
       for (size_t i = 0; i < params.size(); ++i) {
         auto g = params[i].grad().to(reduce);
@@ -275,7 +275,7 @@ void run_all(dist::ProcessGroup& pg) {
         torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(lr));
         for (int s = 0; s < steps; ++s) {
           auto [x, y] = batch_of(s);
-          opt.zero_grad();
+          opt.zero_grad(/*set_to_none=*/false);
           torch::mse_loss(model->forward(rank_slice(x, pg.rank(), pg.size())), rank_slice(y, pg.rank(), pg.size()))
               .backward();
           opt.step();
@@ -403,7 +403,7 @@ void run_all(dist::ProcessGroup& pg) {
     // Several iterations: the re-acquired grad accumulators fire exactly once each.
     for (int s = 1; s < 4; ++s) {
       auto [xs, ys] = batch_of(s);
-      opt.zero_grad();
+      opt.zero_grad(/*set_to_none=*/false);
       torch::mse_loss(model->forward(rank_slice(xs, pg.rank(), pg.size())).to(torch::kFloat),
                       rank_slice(ys, pg.rank(), pg.size()))
           .backward();
@@ -425,7 +425,7 @@ void run_all(dist::ProcessGroup& pg) {
     double loss_fsdp = 0, loss_ref = 0;
     for (int s = 0; s < steps; ++s) {
       auto [x, y] = batch_of(s);
-      ref_opt.zero_grad();
+      ref_opt.zero_grad(/*set_to_none=*/false);
       torch::Tensor ref_loss = torch::zeros({});
       for (int r = 0; r < pg.size(); ++r)
         ref_loss = ref_loss + torch::mse_loss(ref->forward(rank_slice(x, r, pg.size())), rank_slice(y, r, pg.size()));
@@ -433,7 +433,7 @@ void run_all(dist::ProcessGroup& pg) {
       ref_loss.backward();
       ref_opt.step();
       loss_ref = ref_loss.item<double>();
-      opt.zero_grad();
+      opt.zero_grad(/*set_to_none=*/false);
       auto loss = torch::mse_loss(model->forward(rank_slice(x, pg.rank(), pg.size())).to(torch::kFloat),
                                   rank_slice(y, pg.rank(), pg.size()));
       loss.backward();

@@ -50,7 +50,7 @@ Run train(dist::ProcessGroup& pg, ModelFactory make, Options options, int steps 
   const int n = pg.size();
   for (int s = 0; s < steps; ++s) {
     model->clear_trace();
-    opt.zero_grad();
+    opt.zero_grad(/*set_to_none=*/false);
     for (int i = 0; i < micro; ++i) {
       auto [x, y] = global_batch(10 * s + i, 12);
       auto run = [&] {
@@ -77,7 +77,7 @@ Params reference(ModelFactory make, int steps = 4, int micro = 1) {
   auto ref = make();
   torch::optim::AdamW opt(ref->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
   for (int s = 0; s < steps; ++s) {
-    opt.zero_grad();
+    opt.zero_grad(/*set_to_none=*/false);
     for (int i = 0; i < micro; ++i) {
       auto [x, y] = global_batch(10 * s + i, 12);
       (torch::mse_loss(ref->forward(x), y) / micro).backward();
@@ -259,14 +259,14 @@ void unused_branch_cases(dist::ProcessGroup& pg) {
         torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
         for (int s = 0; s < 3; ++s) {
           auto [x, y] = global_batch(s, 12);
-          ref_opt.zero_grad();
+          ref_opt.zero_grad(/*set_to_none=*/false);
           torch::Tensor ref_loss = torch::zeros({});
           for (int r = 0; r < n; ++r)
             ref_loss = ref_loss + torch::mse_loss(ref->forward(rank_slice(x, r, n), uses(r)), rank_slice(y, r, n));
           (ref_loss / n).backward();
           ref_opt.step();
           model->clear_trace();
-          opt.zero_grad();
+          opt.zero_grad(/*set_to_none=*/false);
           torch::mse_loss(model->forward(rank_slice(x, pg.rank(), n), uses(pg.rank())), rank_slice(y, pg.rank(), n))
               .backward();
           opt.step();

@@ -108,7 +108,7 @@ TEST(StateMemory, FullRank0OnlySaveAndConsolidate) {
       auto x = torch::randn({6, 256});
       model->forward(x).sum().backward();
       opt.step();
-      opt.zero_grad();
+      opt.zero_grad(/*set_to_none=*/false);
     };
     for (const bool shared_memory : {true, false}) {
       const std::string transport = shared_memory ? "shared memory" : "Gloo";

@@ -126,7 +126,7 @@ struct TiedImpl : torch::nn::Module {
 };
 
 struct WarningCollector : c10::WarningHandler {
-  void process(const c10::SourceLocation&, const std::string& msg, const bool) override { messages.push_back(msg); }
+  void process(const c10::Warning& warning) override { messages.push_back(warning.msg()); }
   std::vector<std::string> messages;
 };
 
@@ -160,8 +160,8 @@ void zero_init_cases(dist::ProcessGroup& pg) {
         auto [x, y] = fsdp::testing::global_batch(step, 8);
         x = fsdp::testing::rank_slice(x, pg.rank(), pg.size());
         y = fsdp::testing::rank_slice(y, pg.rank(), pg.size());
-        opt_zero.zero_grad();
-        opt_eager.zero_grad();
+        opt_zero.zero_grad(/*set_to_none=*/false);
+        opt_eager.zero_grad(/*set_to_none=*/false);
         auto loss_zero = torch::mse_loss(zero->forward(x).to(torch::kFloat), y);
         auto loss_eager = torch::mse_loss(eager->forward(x).to(torch::kFloat), y);
         EXPECT_TRUE(torch::equal(loss_zero, loss_eager)) << "step " << step;
@@ -251,7 +251,7 @@ void zero_init_cases(dist::ProcessGroup& pg) {
     // Sequential entries are invisible to the context: it warns.
     WarningCollector warnings;
     {
-      c10::Warning::WarningHandlerGuard guard(&warnings);
+      c10::WarningUtils::WarningHandlerGuard guard(&warnings);
       ZeroInitContext ctx(pg, o);
       auto mlp = fsdp::testing::make_mlp();
     }
@@ -371,8 +371,8 @@ void gpt16_cases(dist::ProcessGroup& pg) {
     torch::optim::Adam opt_zero(zero->parameters(), 1e-3), opt_eager(eager->parameters(), 1e-3);
     for (int step = 0; step < 2; ++step) {
       auto [x, y] = gpt_batch(step, cfg, pg.rank(), n);
-      opt_zero.zero_grad();
-      opt_eager.zero_grad();
+      opt_zero.zero_grad(/*set_to_none=*/false);
+      opt_eager.zero_grad(/*set_to_none=*/false);
       auto loss_zero = torch::cross_entropy_loss(zero->forward(x).reshape({-1, cfg.vocab}), y.reshape({-1}));
       auto loss_eager = torch::cross_entropy_loss(eager->forward(x).reshape({-1, cfg.vocab}), y.reshape({-1}));
       EXPECT_TRUE(torch::equal(loss_zero, loss_eager)) << "step " << step;

@@ -313,10 +313,10 @@ void check_case(dist::ProcessGroup& pg, const Case& c) {
       load_consolidated_state_dict(opt2, mine);
       auto [x, y] = global_batch(999, kPerRank * n);
       auto xs = rank_slice(x, rank, n), ys = rank_slice(y, rank, n);
-      opt.zero_grad();
+      opt.zero_grad(/*set_to_none=*/true);
       torch::mse_loss(model->forward(xs, true), ys).backward();
       opt.step();
-      opt2.zero_grad();
+      opt2.zero_grad(/*set_to_none=*/true);
       torch::mse_loss(model2->forward(xs, true), ys).backward();
       opt2.step();
       auto a = model->parameters(), b = model2->parameters();
@@ -545,7 +545,7 @@ void check_mixed_case(dist::ProcessGroup& pg, const Case& c) {
         for (size_t i = 0; i < mp.size(); ++i) cp[i].copy_(mp[i]);
       }
 
-      opt.zero_grad();
+      opt.zero_grad(/*set_to_none=*/true);
       for (int mb = 0; mb < c.accum; ++mb) {
         auto [x, y] = global_batch(10 * s + mb, kPerRank * n);
         bf16_mse(model->forward(rank_slice(x, rank, n).to(bf16), uses_branch(s, rank, n)), rank_slice(y, rank, n).to(bf16))
@@ -588,7 +588,7 @@ void scaler_cases(dist::ProcessGroup& pg) {
         auto xs = rank_slice(x, rank, n), ys = rank_slice(y, rank, n);
         const bool inf_step = s == 1 || s == 2;
         if (!inf_step) {
-          a.zero_grad();
+          a.zero_grad(/*set_to_none=*/true);
           a.backward(torch::mse_loss(plain->forward(xs, true), ys));
           a.step();
           EXPECT_TRUE(a.last_step_applied());
@@ -600,7 +600,7 @@ void scaler_cases(dist::ProcessGroup& pg) {
           before_state.push_back(st.exp_avg().clone());
           before_state.push_back(st.exp_avg_sq().clone());
         }
-        b.zero_grad();
+        b.zero_grad(/*set_to_none=*/true);
         auto loss = torch::mse_loss(scaled->forward(xs, true), ys);
         // One element of one rank's gradient: branch.bias[0] on rank s % n.
         if (inf_step && rank == s % n) loss = loss + scaled->branch->bias[0] * std::numeric_limits<float>::infinity();
@@ -691,7 +691,7 @@ void peak_memory_cases(dist::ProcessGroup& pg) {
                                       bf16 ? c10::optional<at::ScalarType>(at::kBFloat16) : c10::nullopt));
       auto x = torch::randn({2, 512}, bf16 ? at::kBFloat16 : at::kFloat);
       auto train_step = [&] {
-        opt.zero_grad();
+        opt.zero_grad(/*set_to_none=*/true);
         model->forward(x).square().mean().backward();
         opt.step();
       };
@@ -705,7 +705,7 @@ void peak_memory_cases(dist::ProcessGroup& pg) {
           << "stage " << stage << " peak " << peak << " B, ZeRO accounting " << expected << " B (Ψ=" << psi
           << ", N=" << n << ")";
       // The optimizer's own accounting at the same moment of the next step's backward end.
-      opt.zero_grad();
+      opt.zero_grad(/*set_to_none=*/true);
       model->forward(x).square().mean().backward();
       auto u = opt.get_memory_usage();
       const double reported = static_cast<double>(u.total());
@@ -714,7 +714,7 @@ void peak_memory_cases(dist::ProcessGroup& pg) {
       opt.step();
       // The freed bucket buffers kept for the next step (reported as "other") are what
       // empty_cache() hands back to the allocator, byte for byte.
-      opt.zero_grad();
+      opt.zero_grad(/*set_to_none=*/true);
       auto kept = opt.get_memory_usage();
       const int64_t other = kept[fsdp::MemoryCategory::kOther];
       EXPECT_GT(other, 0) << "no freed bucket buffer kept after the step";
@@ -834,11 +834,11 @@ std::unique_ptr<ZeroRedundancyOptimizer> zero(dist::ProcessGroup& pg, TinyTransf
       ZeroOptions().process_group(pg).stage(stage).reduce_bucket_size(100).module(m.ptr()));
 }
 void train_zero(dist::ProcessGroup& pg, TinyTransformer& m, ZeroRedundancyOptimizer& opt, int64_t from, int64_t to) {
-  train(pg, [&](const torch::Tensor& x) { return m->forward(x); }, [&] { opt.step(); opt.zero_grad(); }, from, to);
+  train(pg, [&](const torch::Tensor& x) { return m->forward(x); }, [&] { opt.step(); opt.zero_grad(/*set_to_none=*/true); }, from, to);
 }
 using Fsdp = FullyShardedDataParallel<TinyTransformerImpl>;
 void train_fsdp(dist::ProcessGroup& pg, Fsdp& m, torch::optim::Optimizer& opt, int64_t from, int64_t to) {
-  train(pg, [&](const torch::Tensor& x) { return m->forward(x); }, [&] { opt.step(); opt.zero_grad(); }, from, to);
+  train(pg, [&](const torch::Tensor& x) { return m->forward(x); }, [&] { opt.step(); opt.zero_grad(/*set_to_none=*/false); }, from, to);
 }
 
 std::map<std::string, torch::Tensor> params_of(torch::nn::Module& m) {
@@ -953,7 +953,7 @@ TEST(ZeroOptimizer, FacadeDrivesZeroAndFsdpAlike) {
         auto loss = torch::mse_loss(out, rank_slice(y, rank, n));
         // One element of one rank's gradients becomes inf: the output's first entry.
         if ((s == 1 || s == 2) && rank == s % n) loss = loss + out.view({-1})[0] * std::numeric_limits<float>::infinity();
-        t.zero_grad();
+        t.zero_grad(/*set_to_none=*/true);
         t.backward(loss);
         return t.step();
       };
@@ -964,7 +964,7 @@ TEST(ZeroOptimizer, FacadeDrivesZeroAndFsdpAlike) {
         EXPECT_EQ(train_step(fsdp_loop, [&](const torch::Tensor& x) { return wrapped->forward(x); }, s), !inf_step);
         if (!inf_step) {
           auto [x, y] = global_batch(s, kPerRank * n);
-          popt.zero_grad();
+          popt.zero_grad(/*set_to_none=*/false);
           torch::mse_loss(plain->forward(rank_slice(x, rank, n)), rank_slice(y, rank, n)).backward();
           popt.step();
         }

@@ -356,7 +356,7 @@ int run(const Args& a) {
     for (auto& batch : *loader) {
       if (skip > 0) { --skip; continue; }
       if (step == a.steps) break;
-      optimizer.zero_grad();
+      optimizer.zero_grad(/*set_to_none=*/false);
       auto loss = torch::nn::functional::cross_entropy(model->forward(batch.data), batch.target);
       loss.backward();
       optimizer.step();

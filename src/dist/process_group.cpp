@@ -214,7 +214,15 @@ c10::intrusive_ptr<::c10d::ProcessGroup> make_gloo(const c10::intrusive_ptr<::c1
   // collective in flight per direction; more only competes for the 1-2 cores a
   // rank typically has on CPU jobs.
   opts->threads = 2;
-  return c10::make_intrusive<::c10d::ProcessGroupGloo>(store, rank, size, opts);
+  // In libtorch 2.x Gloo is a c10d::Backend; a ProcessGroup dispatches each collective to
+  // the backend registered for its tensors' device. Gloo serves CPU and CUDA tensors alike
+  // (it stages CUDA tensors through host memory), as torch.distributed's "cpu:gloo,cuda:gloo".
+  auto backend = c10::make_intrusive<::c10d::ProcessGroupGloo>(store, rank, size, opts);
+  auto pg = c10::make_intrusive<::c10d::ProcessGroup>(store, rank, size);
+  pg->setDefaultBackend(::c10d::ProcessGroup::BackendType::GLOO);
+  pg->setBackend(c10::kCPU, ::c10d::ProcessGroup::BackendType::GLOO, backend);
+  pg->setBackend(c10::kCUDA, ::c10d::ProcessGroup::BackendType::GLOO, backend);
+  return pg;
 }
 
 }  // namespace

@@ -27,7 +27,7 @@ namespace {
 class CountingAllocator final : public c10::Allocator {
  public:
   explicit CountingAllocator(c10::Allocator* base) : base_(base) {}
-  c10::DataPtr allocate(size_t n) const override {
+  c10::DataPtr allocate(size_t n) override {
     c10::DataPtr inner = base_->allocate(n);
     void* data = inner.get();
     const c10::Device device = inner.device();
@@ -45,6 +45,9 @@ class CountingAllocator final : public c10::Allocator {
   // host memory of the same buffers, counted alike.
   void add_external(int64_t delta) const { live_ += delta; }
   c10::DeleterFnPtr raw_deleter() const override { return &CountingAllocator::release; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
   int64_t live() const { return live_; }
 
  private:

@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "kernels/adam_kernel.h"
+#include "fsdp/optim/group_options.h"
 #include "param_state_key.h"
 
 namespace fsdp {
@@ -34,6 +35,7 @@ constexpr int64_t kChunkAlign = 64;
 constexpr int64_t kGrainElements = 32768;
 
 using optim::detail::param_state_key;
+using optim::detail::ParamStateKey;
 
 void check_options(const CPUAdamOptions& o, const std::string& where) {
   TORCH_CHECK(o.lr() >= 0, "CPUAdam: invalid learning rate: ", o.lr(), where,
@@ -154,7 +156,8 @@ void CPUAdamOptions::set_lr(const double lr) { this->lr(lr); }
 
 CPUAdam::CPUAdam(std::vector<torch::optim::OptimizerParamGroup> param_groups,
                  CPUAdamOptions defaults)
-    : Optimizer(std::move(param_groups), std::make_unique<CPUAdamOptions>(defaults)) {
+    : Optimizer(param_groups, std::make_unique<CPUAdamOptions>(defaults)) {
+  keep_group_options(*this, param_groups);
   check_options(defaults, " (default options)");
   for (size_t g = 0; g < param_groups_.size(); ++g) {
     check_options(static_cast<const CPUAdamOptions&>(param_groups_[g].options()),
@@ -185,7 +188,7 @@ torch::Tensor CPUAdam::step(LossClosure closure) {
       TORCH_CHECK(!grad.is_sparse(), "CPUAdam does not support sparse gradients",
                   describe(g, i, p), "; densify them first (grad.to_dense())");
 
-      const std::string key = param_state_key(p);
+      const ParamStateKey key = param_state_key(p);
       auto it = state_.find(key);
       if (it == state_.end()) {
         auto fresh = std::make_unique<AdamParamState>();

@@ -7,7 +7,6 @@
 
 #include <torch/torch.h>
 
-#include "clear_grads.h"
 
 namespace fsdp::optim {
 
@@ -61,7 +60,7 @@ bool TrainingFacade::step() {
 
 void TrainingFacade::zero_grad(bool set_to_none) {
   if (zero_) return zero_->zero_grad(set_to_none);
-  detail::clear_grads(opt_->param_groups(), set_to_none);
+  opt_->zero_grad(set_to_none);
 }
 
 double TrainingFacade::loss_scale() const {

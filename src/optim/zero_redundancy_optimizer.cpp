@@ -15,7 +15,6 @@
 #include <torch/torch.h>
 
 #include "../memory/storage_alias.h"
-#include "clear_grads.h"
 #include "fsdp/dist/collectives.h"
 #include "fsdp/memory/optimizer_state_bytes.h"
 #include "zero_grad_reducer.h"
@@ -337,7 +336,7 @@ void ZeroRedundancyOptimizer::construct(std::vector<torch::optim::OptimizerParam
   // resolved options, which step() hands back down (LR schedulers act here).
   defaults_ = m.inner->defaults().clone();
   for (size_t g = 0; g < groups.size(); ++g)
-    add_param_group(torch::optim::OptimizerParamGroup(groups[g].params(), ig[g].options().clone()));
+    add_param_group_keeping_options(*this, torch::optim::OptimizerParamGroup(groups[g].params(), ig[g].options().clone()));
 
   if (m.options.stage() == 2) {
     ZeroGradReducer::Config c;
@@ -577,11 +576,11 @@ void ZeroRedundancyOptimizer::zero_grad(bool set_to_none) {
   Impl& m = *impl_;
   if (m.reducer) {
     TORCH_CHECK(!m.reducer->in_backward(), "ZeroRedundancyOptimizer (rank ", m.rank(),
-                "): zero_grad() during backward");
+                "): zero_grad during backward");
     if (set_to_none) m.reducer->clear();
     else m.reducer->zero();
   }
-  detail::clear_grads(param_groups_, set_to_none);
+  torch::optim::Optimizer::zero_grad(set_to_none);
 }
 
 void ZeroRedundancyOptimizer::save(torch::serialize::OutputArchive&) const {

@@ -95,14 +95,11 @@ void zero_grad(const LoopModel& m) {
   // traffic that is two passes over the gradient shard fewer (docs/benchmarks.md,
   // "The step is bound by memory traffic"). Values are the same; only a -0 gradient
   // element stays -0 where +0 + -0 gave +0.
-  // ZeroRedundancyOptimizer::zero_grad hides the non-virtual torch one, which fills
-  // with zeros in libtorch 1.13.
   if (m.zero) {
     m.zero->zero_grad(/*set_to_none=*/true);
     return;
   }
-  for (auto& group : m.optimizer->param_groups())
-    for (auto& p : group.params()) p.mutable_grad() = at::Tensor();
+  m.optimizer->zero_grad(/*set_to_none=*/true);
 }
 
 /// Every rank's torch CPU generator state, one row per rank (collective).

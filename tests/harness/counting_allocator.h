@@ -20,7 +20,7 @@ namespace fsdp::testing {
 class CountingAllocator final : public c10::Allocator {
  public:
   explicit CountingAllocator(c10::Allocator* base) : base_(base) { instance() = this; }
-  c10::DataPtr allocate(size_t n) const override {
+  c10::DataPtr allocate(size_t n) override {
     c10::DataPtr inner = base_->allocate(n);
     void* data = inner.get();
     const c10::Device device = inner.device();
@@ -36,6 +36,9 @@ class CountingAllocator final : public c10::Allocator {
     return {data, data, &CountingAllocator::release, device};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &CountingAllocator::release; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
   // Blocks of the exchange arena (dist::allocate_collective_buffer): host memory the
   // library keeps like any other, counted alike (install_counting_allocator wires it).
   void add_external(int64_t delta) const {

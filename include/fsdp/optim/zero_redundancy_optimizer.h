@@ -63,6 +63,7 @@
 #include <torch/optim/optimizer.h>
 
 #include "fsdp/dist/process_group.h"
+#include "fsdp/optim/group_options.h"
 #include "fsdp/memory/memory_usage.h"
 #include "fsdp/precision/grad_scaler.h"
 
@@ -130,7 +131,9 @@ using InnerOptimizerFactory =
 template <typename Opt, typename OptOptions>
 InnerOptimizerFactory inner_optimizer(OptOptions defaults) {
   return [defaults](std::vector<torch::optim::OptimizerParamGroup> groups) {
-    return std::unique_ptr<torch::optim::Optimizer>(new Opt(std::move(groups), defaults));
+    auto opt = std::unique_ptr<torch::optim::Optimizer>(new Opt(groups, defaults));
+    keep_group_options(*opt, groups);
+    return opt;
   };
 }
 
@@ -166,9 +169,9 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
   precision::GradScalerState loss_scaler_state() const;
   void load_loss_scaler_state(const precision::GradScalerState& state);
 
-  /// Hides torch::optim::Optimizer::zero_grad(), which is not virtual in libtorch 1.13:
-  /// call it on this class. Stage 1: as torch's (set_to_none resets grad()); stage 2:
-  /// clears the gradient partition (set_to_none) or zeroes it.
+  /// Hides torch::optim::Optimizer::zero_grad(bool), which is not virtual: call it on this
+  /// class. Stage 1: as torch's (set_to_none resets grad(), else zeroes it in place);
+  /// stage 2: also clears the gradient partition (set_to_none) or zeroes it.
   void zero_grad(bool set_to_none = true);
 
   /// Refused (each rank's state covers only its pieces): use fsdp::consolidate_state_dict.

@@ -32,7 +32,7 @@ opt = torch.optim.Adam(net.parameters(), lr=lr)
 for s in range(steps):
     i = torch.tensor([(s * B + k) % len(labels) for k in range(B)])  # --no-shuffle
     loss = F.cross_entropy(net(pixels[i].float().div_(255.0)), labels[i])
-    opt.zero_grad()
+    opt.zero_grad(set_to_none=False)
     loss.backward()
     opt.step()
     print(repr(loss.item()))

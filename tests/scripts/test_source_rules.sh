@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Rules of the sources that the compiler cannot check.
+#  1. zero_grad states what it does. libtorch 2.x's Optimizer::zero_grad() sets gradients to
+#     none by default where 1.13's zeroed them in place (Python's default changed the same
+#     way), so a bare zero_grad() would silently change meaning with the version: every call
+#     in C++ code and in our Python passes set_to_none explicitly. Comments are not code.
+set -euo pipefail
+SRC="${FSDP_SOURCE_DIR:?set FSDP_SOURCE_DIR to the source tree}"
+cd "$SRC"
+status=0
+
+bare_zero_grad() {  # DIR...
+  # C++: code before any // comment, and not a /// or * doc line; Python: code before any #.
+  grep -rnE --include='*.cpp' --include='*.h' 'zero_grad\(\)' "$@" |
+    grep -vE '^[^:]+:[0-9]+:\s*(//|\*)' | grep -vE '//.*zero_grad\(\)' || true
+  grep -rnE --include='*.py' 'zero_grad\(\)' "$@" | grep -vE '^[^:]+:[0-9]+:\s*#' || true
+}
+
+found="$(bare_zero_grad src include tools tests bench examples)"
+if [[ -n "$found" ]]; then
+  echo "FAIL: zero_grad() without set_to_none (say zero_grad(/*set_to_none=*/true|false), Python zero_grad(set_to_none=...)):"
+  echo "$found"
+  status=1
+else
+  echo "ok: every zero_grad call says set_to_none"
+fi
+
+# The rule's own check: a planted bare call is found.
+plant="$(mktemp -d "$SRC/tests/.plant.XXXXXX")"
+trap 'rm -rf "$plant"' EXIT
+printf 'void f(torch::optim::Optimizer& o) { o.zero_grad(); }\n' >"$plant/planted.cpp"
+printf 'opt.zero_grad()  # planted\n' >"$plant/planted.py"
+if [[ "$(bare_zero_grad "$plant" | grep -c planted)" == 2 ]]; then
+  echo "ok: planted bare zero_grad() calls (C++ and Python) are found"
+else
+  echo "FAIL: the check does not find planted bare zero_grad() calls"
+  status=1
+fi
+
+((status == 0)) && echo "PASS: test_source_rules"
+exit "$status"
