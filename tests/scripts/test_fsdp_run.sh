@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # fsdp-run, the launcher: per-rank environment, output prefixing, fail-fast, signal handling,
-# CLI errors, and the agent store it serves under --max-restarts (checked with Python torch's
-# own TCPStore client). Runs in well under 30 s; every check fails with a message saying what
-# it saw.
+# CLI errors, and the agent store it serves under --max-restarts (checked with the TCPStore
+# client of FSDP_PYTHON's torch). Runs in about 30 s, most of it Python importing torch; every
+# check fails with a message saying what it saw.
 set -euo pipefail
 
 FSDP_RUN="${FSDP_BIN_DIR:?set FSDP_BIN_DIR to the bin directory of a build}/fsdp-run"
@@ -184,14 +184,17 @@ expect_contains "$OUT" "usage: fsdp-run" "--help text"
 pass "command-line errors"
 
 # --- 7. the agent store (--max-restarts) speaks libtorch's TCPStore protocol ------------------
-# The client is c10d's own (Python torch 1.13's TCPStore, the same code every C++ rank runs):
-# every request type Python exposes (all but CHECK, which neither Python nor any rank of this
-# project sends), a WAIT released by another rank's SET, and a store that
-# outlives the first attempt (attempt 1 reads what attempt 0 wrote).
-PY=/usr/bin/python3
+# The client is c10d's own (the Python torch of FSDP_PYTHON: its TCPStore is the same code every
+# C++ rank runs): every request type Python exposes (set, get, add, compare_set, check, wait
+# with and without a timeout, num_keys, delete_key, append, multi_get, multi_set, the queue
+# requests, list_keys, and barrier where the torch has it), WAITs released by another rank's
+# SET and queue push, a WAIT that times out (CANCEL_WAIT), and a store that outlives the first
+# attempt (attempt 1 reads what attempt 0 wrote). Runs with any torch 2.x wheel:
+# FSDP_PYTHON=/path/to/venv/bin/python.
+PY="${FSDP_PYTHON:-python3}"
 if ! "$PY" -c 'import torch.distributed' 2>/dev/null; then
-  [[ "${CI:-}" == true ]] && fail "agent store: Python torch is missing and CI=true (install python3-torch)"
-  echo "SKIP: agent store: Python torch not found (install python3-torch)"
+  [[ "${CI:-}" == true ]] && fail "agent store: $PY has no torch and CI=true (set FSDP_PYTHON to a Python with torch)"
+  echo "SKIP: agent store: $PY has no torch (set FSDP_PYTHON to a Python with torch)"
 else
   cat >"$WORK/store_client.py" <<'PYEOF'
 import datetime, os, sys, time
@@ -200,30 +203,63 @@ rank, attempt = int(os.environ["RANK"]), int(os.environ["TORCHELASTIC_RESTART_CO
 assert os.environ["TORCHELASTIC_USE_AGENT_STORE"] == "True", os.environ["TORCHELASTIC_USE_AGENT_STORE"]
 s = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
                   timeout=datetime.timedelta(seconds=20))
+has_barrier = hasattr(s, "barrier")  # torch >= 2.15
+# Keys attempt 0 leaves (Python's TCPStore adds "/" to each; list_keys takes it off again).
+kept = {"count", "cs", "late", "log", "m1", "m2"} | ({"met"} if has_barrier else set())
 if attempt == 0:
     total = s.add("count", 1)
     assert total in (1, 2), total
+    if has_barrier:
+        s.barrier("met", 2)  # both ranks are here
     if rank == 0:
         assert s.compare_set("cs", "", "first") == b"first"
         assert s.compare_set("cs", "wrong", "x") == b"first"
         assert s.compare_set("cs", "first", "second") == b"second"
         assert s.compare_set("absent", "expected", "d") == b"expected"
         s.set("tmp", "1")
+        assert s.check(["tmp", "cs"]) and not s.check(["tmp", "absent"])
         assert s.delete_key("tmp") and not s.delete_key("tmp")
+        s.append("log", "a")
+        s.append("log", "bc")
+        assert s.get("log") == b"abc", s.get("log")
+        s.multi_set(["m1", "m2"], ["x", b"\x00y"])
+        assert s.multi_get(["m2", "m1"]) == [b"\x00y", b"x"]
+        s.queue_push("q", "one")
+        s.queue_push("q", b"two")
+        assert s.queue_len("q") == 2 and s.queue_len("none") == 0
+        assert s.queue_pop("q") == b"one"
+        try:
+            s.queue_pop("none", block=False)
+            raise AssertionError("queue_pop of an empty queue returned")
+        except dist.QueueEmptyError:
+            pass
+        t0 = time.monotonic()
+        try:
+            s.wait(["never"], datetime.timedelta(milliseconds=300))
+            raise AssertionError("wait for a key nobody sets returned")
+        except dist.DistStoreError as e:
+            assert "timeout" in str(e), e
+        assert time.monotonic() - t0 < 5, "a timed-out wait took long to cancel"
+        assert s.get("cs") == b"second"  # the connection still works after CANCEL_WAIT
         print("attempt 0 ok", flush=True)  # before rank 1 can go on and fail
         time.sleep(0.5)  # rank 1 is waiting for "late" by now
         s.set("late", b"\x00v" * 40000)  # 80 kB: arrives in several reads
+        time.sleep(0.3)  # and then for a pop of "jobs"
+        s.queue_push("jobs", "job")
         time.sleep(60)  # stopped when rank 1 fails
     else:
-        s.wait(["late"])
+        s.wait(["late"], datetime.timedelta(seconds=20))
         assert s.get("late") == b"\x00v" * 40000
         assert s.get("cs") == b"second"
+        assert s.queue_pop("jobs") == b"job"  # blocks until rank 0 pushes
         print("attempt 0 ok", flush=True)
         sys.exit(3)  # the failure that makes fsdp-run restart both ranks
 else:
     s.wait(["count"])
     assert s.get("count") == b"2", s.get("count")  # still there: the store outlived attempt 0
-    assert s.num_keys() == 3, s.num_keys()  # count, cs, late
+    assert set(s.list_keys()) == kept, s.list_keys()
+    assert s.num_keys() == len(kept), s.num_keys()  # queues are not keys
+    assert s.queue_len("q") == 1, s.queue_len("q")  # so did the queue
     print(f"attempt {attempt} ok", flush=True)
 PYEOF
   run --nproc 2 --max-restarts 1 -- "$PY" "$WORK/store_client.py"
@@ -232,7 +268,50 @@ PYEOF
   expect_contains "$ERR" "fsdp-run: rank 1 (pid" "agent store: the failure report"
   expect_contains "$ERR" "fsdp-run: restarting all 2 ranks (restart 1 of 1)" "agent store: the restart line"
   ! grep -q "agent store:" "$ERR" || fail "agent store: it complained: $(grep "agent store:" "$ERR")"
-  pass "agent store: c10d's TCPStore client (set, get, add, compare_set, wait, delete_key, num_keys) across a restart"
+  pass "agent store: c10d's TCPStore client ($("$PY" -c 'import torch; print(torch.__version__)')), every request type, across a restart"
+
+  # A client that is not a libtorch 2.x TCPStore client is refused at once, with one line
+  # naming it, and the store goes on serving the others. Each raw client prints its own port.
+  cat >"$WORK/store_refusals.py" <<'PYEOF'
+import datetime, os, socket, struct, time
+import torch.distributed as dist
+port = int(os.environ["MASTER_PORT"])
+VALIDATE = b"\x00" + struct.pack("<I", 0x3C85F7CE)
+def refused(name, payload):
+    c = socket.create_connection(("127.0.0.1", port))
+    c.settimeout(5)
+    print(f"{name} {c.getsockname()[1]}", flush=True)
+    t0 = time.monotonic()
+    c.sendall(payload)
+    try:
+        got = c.recv(64)
+    except ConnectionResetError:
+        got = b""
+    except socket.timeout:
+        raise AssertionError(f"{name}: still connected after 5 s")
+    took = time.monotonic() - t0
+    assert got == b"" and took < 2, (name, got, took)
+    c.close()
+refused("bad-magic", b"\x00" + struct.pack("<I", 0x12345678))
+refused("no-handshake", b"\x01" + struct.pack("<Q", 1) + b"k")  # as a libtorch 1.x SET starts
+refused("unknown-type", VALIDATE + b"\x63")
+c = socket.create_connection(("127.0.0.1", port))  # a raw PING is answered
+c.sendall(VALIDATE + b"\x0d" + struct.pack("<I", 0xC0FFEE))
+assert c.recv(4) == struct.pack("<I", 0xC0FFEE)
+s = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=5))
+s.set("after", "ok")
+assert s.get("after") == b"ok"
+PYEOF
+  run --nproc 1 --max-restarts 1 -- "$PY" "$WORK/store_refusals.py"
+  expect_eq "$RC" 0 "agent store refusals: exit code"
+  for case in "bad-magic:opened with magic 0x12345678" "no-handshake:sent request type 1 before VALIDATE" "unknown-type:sent request type 99,"; do
+    port="$(sed -n "s/^\[rank0\]: ${case%%:*} //p" "$OUT")"
+    [[ -n "$port" ]] || fail "agent store refusals: no port printed for ${case%%:*}"
+    grep -q "^fsdp-run: agent store: client 127.0.0.1:$port ${case#*:}.*; disconnecting it$" "$ERR" \
+      || fail "agent store refusals: no line for ${case%%:*} (client port $port)"
+  done
+  expect_eq "$(grep -c "agent store:" "$ERR")" 3 "agent store refusals: lines on stderr"
+  pass "agent store: a bad magic, a missing handshake and an unknown request type are refused at once"
 fi
 
 echo "PASS: test_fsdp_run"

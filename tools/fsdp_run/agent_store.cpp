@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -20,89 +21,10 @@
 
 namespace fsdp::launcher {
 
+namespace wire = store_wire;
+using store_wire::Reader;
+
 namespace {
-
-// Request types of libtorch 1.13's TCPStore (c10d's QueryType enum, in its order).
-enum Request : std::uint8_t {
-  kSet = 0,
-  kCompareSet = 1,
-  kGet = 2,
-  kAdd = 3,
-  kCheck = 4,
-  kWait = 5,
-  kGetNumKeys = 6,
-  kWatchKey = 7,
-  kDeleteKey = 8,
-};
-constexpr std::uint8_t kReady = 0, kNotReady = 1;  // CHECK replies
-constexpr std::uint8_t kStopWaiting = 0;            // WAIT reply
-
-// Bounds on what one request may announce, so a stray client (a port scan, another
-// protocol) cannot make the launcher allocate without limit; real requests are far smaller.
-constexpr std::uint64_t kMaxItemBytes = std::uint64_t{1} << 30;
-constexpr std::uint64_t kMaxKeysPerRequest = std::uint64_t{1} << 20;
-
-/// Reads the arguments of one request from a buffer that may not hold all of it yet. Every
-/// getter returns false when the bytes are not there (yet); `malformed` says whether they
-/// never will be.
-class Reader {
- public:
-  Reader(const std::string& buf, std::size_t pos) : buf_(buf), pos_(pos) {}
-  std::size_t pos() const { return pos_; }
-  bool malformed() const { return malformed_; }
-
-  template <typename T>
-  bool value(T& out) {
-    if (buf_.size() - pos_ < sizeof(T)) return false;
-    std::memcpy(&out, buf_.data() + pos_, sizeof(T));  // c10d sends native (x86-64: LE) bytes
-    pos_ += sizeof(T);
-    return true;
-  }
-  bool bytes(std::string& out) {
-    std::uint64_t n = 0;
-    const std::size_t start = pos_;
-    if (!value(n)) return false;
-    if (n > kMaxItemBytes) {
-      malformed_ = true;
-      return false;
-    }
-    if (buf_.size() - pos_ < n) {
-      pos_ = start;
-      return false;
-    }
-    out.assign(buf_, pos_, static_cast<std::size_t>(n));
-    pos_ += static_cast<std::size_t>(n);
-    return true;
-  }
-  bool keys(std::vector<std::string>& out) {
-    std::uint64_t n = 0;
-    if (!value(n)) return false;
-    if (n > kMaxKeysPerRequest) {
-      malformed_ = true;
-      return false;
-    }
-    out.resize(static_cast<std::size_t>(n));
-    for (auto& key : out) {
-      if (!bytes(key)) return false;
-    }
-    return true;
-  }
-
- private:
-  const std::string& buf_;
-  std::size_t pos_;
-  bool malformed_ = false;
-};
-
-template <typename T>
-void append_value(std::string& out, T v) {
-  out.append(reinterpret_cast<const char*>(&v), sizeof(T));
-}
-
-void append_bytes(std::string& out, const std::string& v) {
-  append_value<std::uint64_t>(out, v.size());
-  out += v;
-}
 
 std::string peer_name(int fd) {
   sockaddr_storage addr{};
@@ -198,18 +120,7 @@ void AgentStore::serve() {
       auto it = clients_.find(id);
       if (it == clients_.end()) continue;
       Client& c = it->second;
-      bool gone = false;
-      char buf[64 * 1024];
-      for (;;) {
-        const ssize_t n = ::read(c.fd, buf, sizeof(buf));
-        if (n > 0) {
-          c.in.append(buf, static_cast<std::size_t>(n));
-          continue;
-        }
-        if (n < 0 && errno == EINTR) continue;
-        gone = n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK);
-        break;
-      }
+      const bool gone = !receive(c);
       // A client may send its last request and close at once (a SET before exiting): answer
       // what arrived before dropping it.
       if (!handle_input(id, c) || gone) drop(id);
@@ -234,7 +145,21 @@ void AgentStore::accept_clients() {
     ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     Client c;
     c.fd = fd;
+    c.peer = peer_name(fd);
     clients_.emplace(next_id_++, std::move(c));
+  }
+}
+
+bool AgentStore::receive(Client& c) {
+  char buf[64 * 1024];
+  for (;;) {
+    const ssize_t n = ::read(c.fd, buf, sizeof(buf));
+    if (n > 0) {
+      c.in.append(buf, static_cast<std::size_t>(n));
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
   }
 }
 
@@ -243,7 +168,7 @@ bool AgentStore::handle_input(std::uint64_t id, Client& c) {
   for (;;) {
     std::size_t end = start;
     const Parsed parsed = handle_one(id, c, start, end);
-    if (parsed == Parsed::Malformed) return false;
+    if (parsed == Parsed::Refused) return false;
     if (parsed == Parsed::Incomplete) break;
     start = end;
   }
@@ -254,129 +179,291 @@ bool AgentStore::handle_input(std::uint64_t id, Client& c) {
 AgentStore::Parsed AgentStore::handle_one(std::uint64_t id, Client& c, std::size_t start,
                                           std::size_t& end) {
   Reader r(c.in, start);
-  auto incomplete = [&] {
-    if (!r.malformed()) return Parsed::Incomplete;
-    warn("client " + peer_name(c.fd) + " sent a request announcing more than 1 GiB or 2^20 "
-         "keys, which is not libtorch 1.13's TCPStore protocol; disconnecting it");
-    return Parsed::Malformed;
-  };
   std::uint8_t type = 0;
   if (!r.value(type)) return Parsed::Incomplete;
-  switch (type) {
-    case kSet: {
-      std::string key, value;
-      if (!r.bytes(key) || !r.bytes(value)) return incomplete();
-      set_value(key, std::move(value));
-      break;
+  Parsed parsed;
+  if (!c.validated) {
+    if (type != wire::kValidate) {
+      return refuse(c, "sent request type " + std::to_string(type) + " before VALIDATE, the " +
+                           "first request of libtorch 2.x's TCPStore protocol (a libtorch 1.x " +
+                           "rank? build every rank against libtorch 2.x)");
     }
-    case kCompareSet: {
-      std::string key, expected, desired;
-      if (!r.bytes(key) || !r.bytes(expected) || !r.bytes(desired)) return incomplete();
-      auto it = values_.find(key);
-      std::string now;
-      if (it == values_.end()) {
-        if (expected.empty()) {
-          now = desired;
-          set_value(key, std::move(desired));
-        } else {
-          now = expected;
-        }
-      } else {
-        if (it->second == expected) it->second = std::move(desired);
-        now = it->second;
-      }
-      append_bytes(c.out, now);
-      break;
-    }
-    case kGet: {
-      std::string key;
-      if (!r.bytes(key)) return incomplete();
-      auto it = values_.find(key);
-      if (it == values_.end()) {
-        // c10d's clients WAIT for a key before they GET it, so only a foreign client lands here.
-        warn("client " + peer_name(c.fd) + " asked for key '" + key +
-             "', which is not set; disconnecting it");
-        return Parsed::Malformed;
-      }
-      append_bytes(c.out, it->second);
-      break;
-    }
-    case kAdd: {
-      std::string key;
-      std::int64_t delta = 0;
-      if (!r.bytes(key) || !r.value(delta)) return incomplete();
-      std::int64_t sum = delta;
-      auto it = values_.find(key);
-      if (it != values_.end()) {
-        errno = 0;
-        char* stop = nullptr;
-        const long long old = std::strtoll(it->second.c_str(), &stop, 10);
-        if (errno != 0 || it->second.empty() || stop != it->second.c_str() + it->second.size()) {
-          warn("client " + peer_name(c.fd) + " added to key '" + key +
-               "', whose value is not a number; disconnecting it");
-          return Parsed::Malformed;
-        }
-        sum += old;
-      }
-      set_value(key, std::to_string(sum));
-      append_value<std::int64_t>(c.out, sum);
-      break;
-    }
-    case kCheck: {
-      std::vector<std::string> keys;
-      if (!r.keys(keys)) return incomplete();
-      const bool all = std::all_of(keys.begin(), keys.end(),
-                                   [this](const std::string& k) { return values_.count(k) > 0; });
-      append_value<std::uint8_t>(c.out, all ? kReady : kNotReady);
-      break;
-    }
-    case kWait: {
-      std::vector<std::string> keys;
-      if (!r.keys(keys)) return incomplete();
-      int missing = 0;
-      for (const auto& key : keys) {
-        if (values_.count(key) > 0) continue;
-        waiting_[key].push_back(id);
-        ++missing;
-      }
-      if (missing == 0) {
-        append_value<std::uint8_t>(c.out, kStopWaiting);
-      } else {
-        c.awaited = missing;
-      }
-      break;
-    }
-    case kGetNumKeys: append_value<std::int64_t>(c.out, static_cast<std::int64_t>(values_.size())); break;
-    case kDeleteKey: {
-      std::string key;
-      if (!r.bytes(key)) return incomplete();
-      append_value<std::int64_t>(c.out, static_cast<std::int64_t>(values_.erase(key)));
-      break;
-    }
-    case kWatchKey:
-      warn("client " + peer_name(c.fd) + " asked to watch a key (TCPStore::watchKey), which "
-           "fsdp-run's store does not serve; disconnecting it. Launch with torchrun to use it");
-      return Parsed::Malformed;
-    default:
-      warn("client " + peer_name(c.fd) + " sent request type " + std::to_string(type) +
-           ", which is not libtorch 1.13's TCPStore protocol; disconnecting it");
-      return Parsed::Malformed;
+    parsed = handshake(c, r);
+  } else {
+    parsed = answer(type, id, c, r);
   }
-  end = r.pos();
+  if (parsed == Parsed::Done) end = r.pos();
+  return parsed;
+}
+
+AgentStore::Parsed AgentStore::handshake(Client& c, Reader& r) {
+  std::uint32_t magic = 0;
+  if (!r.value(magic)) return Parsed::Incomplete;
+  if (magic != wire::kValidationMagic) {
+    char hex[16];
+    std::snprintf(hex, sizeof(hex), "0x%08X", magic);
+    return refuse(c, std::string("opened with magic ") + hex + ", not 0x3C85F7CE of the " +
+                         "libtorch 2.x TCPStore protocol this store speaks (build every rank " +
+                         "against libtorch 2.x)");
+  }
+  c.validated = true;
   return Parsed::Done;
+}
+
+AgentStore::Parsed AgentStore::answer(std::uint8_t type, std::uint64_t id, Client& c, Reader& r) {
+  std::string key, value;
+  switch (type) {
+    case wire::kSet:
+      if (!r.bytes(key) || !r.bytes(value)) return shortfall(c, r);
+      set_value(key, std::move(value));
+      return Parsed::Done;
+    case wire::kCompareSet: return on_compare_set(c, r);
+    case wire::kGet: return on_get(c, r, false);
+    case wire::kMultiGet: return on_get(c, r, true);
+    case wire::kAdd: return on_add(c, r);
+    case wire::kCheck: {
+      std::vector<std::string> keys;
+      if (!r.keys(keys)) return shortfall(c, r);
+      const bool all = std::all_of(keys.begin(), keys.end(),
+                                   [this](const std::string& k) { return present(k); });
+      wire::put_value<std::uint8_t>(c.out, all ? wire::kReady : wire::kNotReady);
+      return Parsed::Done;
+    }
+    case wire::kWait: return on_wait(id, c, r);
+    case wire::kCancelWait: return on_cancel_wait(id, c);
+    case wire::kGetNumKeys:
+      wire::put_value<std::int64_t>(c.out, static_cast<std::int64_t>(values_.size()));
+      return Parsed::Done;
+    case wire::kDeleteKey:
+      if (!r.bytes(key)) return shortfall(c, r);
+      wire::put_value<std::int64_t>(c.out, static_cast<std::int64_t>(values_.erase(key)));
+      return Parsed::Done;
+    case wire::kAppend:
+      if (!r.bytes(key) || !r.bytes(value)) return shortfall(c, r);
+      set_value(key, values_[key] + value);
+      return Parsed::Done;
+    case wire::kMultiSet: return on_multi_set(c, r);
+    case wire::kPing: {
+      std::uint32_t nonce = 0;
+      if (!r.value(nonce)) return Parsed::Incomplete;
+      wire::put_value(c.out, nonce);
+      return Parsed::Done;
+    }
+    case wire::kQueuePush:
+      if (!r.bytes(key) || !r.bytes(value)) return shortfall(c, r);
+      queues_[key].push_back(std::move(value));
+      release_waiters(key, /*all=*/false);  // one pop per push
+      return Parsed::Done;
+    case wire::kQueuePop: return on_queue_pop(c, r);
+    case wire::kQueueLen: {
+      if (!r.bytes(key)) return shortfall(c, r);
+      auto q = queues_.find(key);
+      wire::put_value<std::int64_t>(
+          c.out, q == queues_.end() ? 0 : static_cast<std::int64_t>(q->second.size()));
+      return Parsed::Done;
+    }
+    case wire::kListKeys:
+      wire::put_value<std::int64_t>(c.out, static_cast<std::int64_t>(values_.size()));
+      for (const auto& kv : values_) wire::put_bytes(c.out, kv.first);
+      return Parsed::Done;
+    case wire::kBarrier: return on_barrier(id, c, r);
+    case wire::kValidate: return refuse(c, "sent VALIDATE again (c10d sends it once, first)");
+    default:
+      return refuse(c, "sent request type " + std::to_string(type) + ", which is not in the " +
+                           "libtorch 2.x TCPStore protocol this store speaks (torch 2.11 to " +
+                           "2.15; launch with torchrun for a newer client's requests)");
+  }
+}
+
+AgentStore::Parsed AgentStore::on_compare_set(Client& c, Reader& r) {
+  std::string key, expected, desired;
+  if (!r.bytes(key) || !r.bytes(expected) || !r.bytes(desired)) return shortfall(c, r);
+  auto it = values_.find(key);
+  if (it == values_.end()) {
+    if (!expected.empty()) {  // nothing stored; c10d replies `expected` all the same
+      wire::put_bytes(c.out, expected);
+      return Parsed::Done;
+    }
+    set_value(key, desired);
+  } else if (it->second == expected) {
+    set_value(key, std::move(desired));
+  }
+  wire::put_bytes(c.out, values_[key]);
+  return Parsed::Done;
+}
+
+AgentStore::Parsed AgentStore::on_get(Client& c, Reader& r, bool multi) {
+  std::vector<std::string> keys(1);
+  if (!(multi ? r.keys(keys) : r.bytes(keys[0]))) return shortfall(c, r);
+  std::string reply;
+  for (const auto& key : keys) {
+    auto it = values_.find(key);
+    if (it == values_.end()) {
+      // c10d's clients WAIT for keys before they GET them, so only a foreign client lands here.
+      return refuse(c, "asked for key '" + key + "', which is not set");
+    }
+    wire::put_bytes(reply, it->second);
+  }
+  c.out += reply;
+  return Parsed::Done;
+}
+
+AgentStore::Parsed AgentStore::on_add(Client& c, Reader& r) {
+  std::string key;
+  std::int64_t delta = 0;
+  if (!r.bytes(key) || !r.value(delta)) return shortfall(c, r);
+  std::int64_t sum = 0;
+  if (!stored_count(key, sum)) {
+    return refuse(c, "added to key '" + key + "', whose value is not a number");
+  }
+  sum += delta;
+  set_value(key, std::to_string(sum));
+  wire::put_value<std::int64_t>(c.out, sum);
+  return Parsed::Done;
+}
+
+AgentStore::Parsed AgentStore::on_wait(std::uint64_t id, Client& c, Reader& r) {
+  std::vector<std::string> keys;
+  if (!r.keys(keys)) return shortfall(c, r);
+  int missing = 0;
+  for (const auto& key : keys) {
+    if (present(key)) continue;
+    waiting_[key].push_back(id);
+    ++missing;
+  }
+  if (missing == 0) {
+    wire::put_value<std::uint8_t>(c.out, wire::kStopWaiting);
+  } else {
+    c.awaited = missing;
+  }
+  return Parsed::Done;
+}
+
+AgentStore::Parsed AgentStore::on_cancel_wait(std::uint64_t id, Client& c) {
+  // Sent when the client's WAIT (or BARRIER) timed out. A STOP_WAITING already queued goes
+  // out first; the client reads past it.
+  forget_waits(id);
+  wire::put_value<std::uint8_t>(c.out, wire::kWaitCanceled);
+  return Parsed::Done;
+}
+
+AgentStore::Parsed AgentStore::on_multi_set(Client& c, Reader& r) {
+  std::uint64_t n = 0;
+  if (!r.count(n)) return shortfall(c, r);
+  std::vector<std::pair<std::string, std::string>> items(static_cast<std::size_t>(n));
+  for (auto& [key, value] : items) {
+    if (!r.bytes(key) || !r.bytes(value)) return shortfall(c, r);
+  }
+  // Only a whole request is applied: its first items must not be set again when the rest
+  // arrives.
+  for (auto& [key, value] : items) set_value(key, std::move(value));
+  return Parsed::Done;
+}
+
+AgentStore::Parsed AgentStore::on_queue_pop(Client& c, Reader& r) {
+  std::string key;
+  if (!r.bytes(key)) return shortfall(c, r);
+  auto q = queues_.find(key);
+  if (q == queues_.end() || q->second.empty()) {
+    wire::put_value<std::int64_t>(c.out, 0);  // the client raises QueueEmptyError
+    return Parsed::Done;
+  }
+  wire::put_value<std::int64_t>(c.out, static_cast<std::int64_t>(q->second.size()));
+  wire::put_bytes(c.out, q->second.front());
+  q->second.pop_front();
+  if (q->second.empty()) queues_.erase(q);
+  return Parsed::Done;
+}
+
+AgentStore::Parsed AgentStore::on_barrier(std::uint64_t id, Client& c, Reader& r) {
+  std::string key;
+  std::int64_t world_size = 0;
+  if (!r.bytes(key) || !r.value(world_size)) return shortfall(c, r);
+  std::int64_t arrived = 0;
+  if (!stored_count(key, arrived)) {
+    return refuse(c, "reached barrier '" + key + "', whose value is not a number");
+  }
+  ++arrived;
+  set_value(key, std::to_string(arrived));
+  if (arrived < world_size) {
+    barriers_[key].push_back(id);
+    return Parsed::Done;
+  }
+  wire::put_value<std::uint8_t>(c.out, wire::kStopWaiting);
+  auto b = barriers_.find(key);
+  if (b == barriers_.end()) return Parsed::Done;
+  for (std::uint64_t other : b->second) {
+    auto o = clients_.find(other);
+    if (o != clients_.end()) wire::put_value<std::uint8_t>(o->second.out, wire::kStopWaiting);
+  }
+  barriers_.erase(b);
+  return Parsed::Done;
+}
+
+AgentStore::Parsed AgentStore::shortfall(const Client& c, const Reader& r) const {
+  if (!r.malformed()) return Parsed::Incomplete;
+  return refuse(c, "sent a request announcing more than 1 GiB or 2^20 items, which no "
+                   "TCPStore client sends");
+}
+
+AgentStore::Parsed AgentStore::refuse(const Client& c, const std::string& why) const {
+  warn("client " + c.peer + " " + why + "; disconnecting it");
+  return Parsed::Refused;
+}
+
+bool AgentStore::stored_count(const std::string& key, std::int64_t& n) const {
+  n = 0;
+  auto it = values_.find(key);
+  if (it == values_.end()) return true;
+  const std::string& text = it->second;
+  errno = 0;
+  char* stop = nullptr;
+  n = std::strtoll(text.c_str(), &stop, 10);
+  return errno == 0 && !text.empty() && stop == text.c_str() + text.size();
+}
+
+bool AgentStore::present(const std::string& key) const {
+  if (values_.count(key) > 0) return true;
+  auto q = queues_.find(key);
+  return q != queues_.end() && !q->second.empty();
 }
 
 void AgentStore::set_value(const std::string& key, std::string value) {
   values_[key] = std::move(value);
+  release_waiters(key, /*all=*/true);
+}
+
+void AgentStore::release_waiters(const std::string& key, bool all) {
   auto it = waiting_.find(key);
   if (it == waiting_.end()) return;
-  for (std::uint64_t id : it->second) {
-    auto c = clients_.find(id);
-    if (c != clients_.end() && --c->second.awaited == 0) {
-      append_value<std::uint8_t>(c->second.out, kStopWaiting);
+  std::vector<std::uint64_t> released;
+  if (all) {
+    released.swap(it->second);
+  } else {
+    released.push_back(it->second.front());
+    it->second.erase(it->second.begin());
+  }
+  if (it->second.empty()) waiting_.erase(it);
+  for (std::uint64_t id : released) count_released(id);
+}
+
+void AgentStore::count_released(std::uint64_t id) {
+  auto c = clients_.find(id);
+  if (c != clients_.end() && --c->second.awaited == 0) {
+    wire::put_value<std::uint8_t>(c->second.out, wire::kStopWaiting);
+  }
+}
+
+void AgentStore::forget_waits(std::uint64_t id) {
+  for (auto* lists : {&waiting_, &barriers_}) {
+    for (auto w = lists->begin(); w != lists->end();) {
+      auto& ids = w->second;
+      ids.erase(std::remove(ids.begin(), ids.end(), id), ids.end());
+      w = ids.empty() ? lists->erase(w) : std::next(w);
     }
   }
-  waiting_.erase(it);
+  auto c = clients_.find(id);
+  if (c != clients_.end()) c->second.awaited = 0;
 }
 
 void AgentStore::flush(Client& c) {
@@ -398,12 +485,8 @@ void AgentStore::drop(std::uint64_t id) {
   auto it = clients_.find(id);
   if (it == clients_.end()) return;
   if (it->second.fd >= 0) ::close(it->second.fd);
+  forget_waits(id);
   clients_.erase(it);
-  for (auto w = waiting_.begin(); w != waiting_.end();) {
-    auto& ids = w->second;
-    ids.erase(std::remove(ids.begin(), ids.end(), id), ids.end());
-    w = ids.empty() ? waiting_.erase(w) : std::next(w);
-  }
 }
 
 }  // namespace fsdp::launcher
