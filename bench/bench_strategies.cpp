@@ -237,12 +237,12 @@ int rank_main(const Args& a) {
   }
   auto forward = [&](const torch::Tensor& in) { return zero ? unwrapped->forward(in) : model->forward(in); };
   // ZeroRedundancyOptimizer::zero_grad hides the base class's (not virtual in libtorch).
-  auto zero_grad = [&] { zero ? zero->zero_grad(/*set_to_none=*/true) : opt->zero_grad(/*set_to_none=*/false); };
+  auto clear_grads = [&] { zero ? zero->zero_grad(/*set_to_none=*/true) : opt->zero_grad(/*set_to_none=*/false); };
   auto gen = at::detail::createCPUGenerator(1 + pg.rank());
   auto x = at::randn({per, 784}, gen);
   auto y = at::randint(0, 10, {per}, gen, torch::kLong);
   auto step = [&] {
-    zero_grad(/*set_to_none=*/false);
+    clear_grads();
     torch::nn::functional::cross_entropy(forward(x), y).backward();
     opt->step();
   };
