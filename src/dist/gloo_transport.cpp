@@ -67,8 +67,10 @@ CommHandle GlooTransport::broadcast(const ProcessGroup& g, const at::Tensor& t, 
 }
 
 void GlooTransport::barrier(const ProcessGroup& g) {
-  // Gloo's barrier honours the group's timeout; wait() words its failure.
-  wait(g.c10d()->barrier(), g, "barrier");
+  // Gloo's barrier honours the group's timeout; wait() words its failure. Called on the
+  // backend: c10d::ProcessGroup::barrier keeps a one-byte tensor in a static for good,
+  // memory no rank could account for.
+  wait(g.c10d()->getBackend(c10::kCPU)->barrier(), g, "barrier");
 }
 
 void GlooTransport::wait(const c10::intrusive_ptr<c10d::Work>& work, const ProcessGroup& g,

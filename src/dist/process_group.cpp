@@ -257,7 +257,7 @@ ProcessGroup ProcessGroup::new_subgroup(std::vector<int> ranks) {
   // peer is still reading: "Connection closed by peer". torch.distributed.new_group
   // waits on a store barrier for the same reason.
   try {
-    pg->barrier()->wait(state_->timeout);
+    pg->getBackend(c10::kCPU)->barrier()->wait(state_->timeout);  // not ProcessGroup::barrier: see GlooTransport::barrier
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "fsdp: rank ", rank(), " of group '", name(), "' could not complete sub-group '",
                 sub.str(), "': ", e.what(), "; every member must create sub-groups in the same order");

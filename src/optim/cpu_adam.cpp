@@ -339,8 +339,33 @@ void CPUAdam::save(torch::serialize::OutputArchive& archive) const {
   torch::optim::serialize<AdamParamState, CPUAdamOptions>(archive, *this);
 }
 
+namespace {
+
+// Whether param group `g` of an optimizer archive carries CPUAdam's own options (an archive of
+// torch::optim::Adam or AdamW does not).
+bool archive_group_has_cpu_adam_options(torch::serialize::InputArchive& archive, size_t g) {
+  torch::serialize::InputArchive groups, group, options;
+  archive.read("param_groups", groups);
+  groups.read("param_groups/" + std::to_string(g), group);
+  group.read("options", options);
+  c10::IValue unused;
+  return options.try_read("adamw_mode", unused);
+}
+
+}  // namespace
+
 void CPUAdam::load(torch::serialize::InputArchive& archive) {
+  // torch's loader replaces every group's options by the archive's, starting from
+  // CPUAdamOptions' defaults: loading torch's Adam or AdamW state would reset adamw_mode,
+  // maximize and fused. Those stay this optimizer's own unless the archive is a CPUAdam's.
+  std::vector<CPUAdamOptions> before;
+  for (const auto& group : param_groups_) before.push_back(static_cast<const CPUAdamOptions&>(group.options()));
   torch::optim::serialize<AdamParamState, CPUAdamOptions>(archive, *this);
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    if (archive_group_has_cpu_adam_options(archive, g)) continue;
+    auto& now = static_cast<CPUAdamOptions&>(param_groups_[g].options());
+    now.adamw_mode(before[g].adamw_mode()).maximize(before[g].maximize()).fused(before[g].fused());
+  }
 }
 
 void CPUAdam::set_copy_out(const torch::Tensor& param, torch::Tensor out) {
