@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <sstream>
@@ -506,6 +507,42 @@ TEST(CPUAdam, StateRoundTripThroughTorchSaveLoad) {
       in.load_from(buffer);
       to.load(in);
     });
+  }
+}
+
+// Optimizer archives that libtorch 1.13's torch::save wrote (tests/fixtures/ckpt-1.13/optim,
+// README there): their state keys are hex TensorImpl addresses, which libtorch 2.x's own
+// loader reads as 0. CPUAdam loads them (its own and torch::optim::Adam's) onto the right
+// parameters, and the next step gives what 1.13 gave.
+TEST(CPUAdam, LoadsLibtorch113Archives) {
+  const char* src = std::getenv("FSDP_SOURCE_DIR");
+  if (src == nullptr) GTEST_SKIP() << "FSDP_SOURCE_DIR is not set (ctest sets it)";
+  const std::string dir = std::string(src) + "/tests/fixtures/ckpt-1.13/optim/";
+  torch::serialize::InputArchive expected;
+  expected.load_from(dir + "optim_expected.pt");
+  auto tensor = [&](const std::string& key) {
+    torch::Tensor t;
+    expected.read(key, t);
+    return t;
+  };
+  for (const std::string which : {"cpu_adam", "adam"}) {
+    SCOPED_TRACE(which + ".pt into CPUAdam");
+    std::vector<torch::Tensor> params;
+    for (int i = 0; i < 2; ++i)
+      params.push_back(tensor(which + ".param" + std::to_string(i) + ".after3").clone().requires_grad_());
+    CPUAdam opt(params, CPUAdamOptions(0.01));
+    torch::load(opt, dir + which + ".pt");
+    for (int i = 0; i < 2; ++i) {
+      const auto& st = dynamic_cast<const torch::optim::AdamParamState&>(*opt.state().at(params[i].unsafeGetTensorImpl()));
+      EXPECT_EQ(st.step(), 3);
+      EXPECT_TRUE(st.exp_avg().equal(tensor(which + ".exp_avg" + std::to_string(i))));
+      EXPECT_TRUE(st.exp_avg_sq().equal(tensor(which + ".exp_avg_sq" + std::to_string(i))));
+      params[i].mutable_grad() = tensor(which + ".grad" + std::to_string(i) + ".step4");
+    }
+    opt.step();
+    for (int i = 0; i < 2; ++i) {
+      EXPECT_LT(rel_diff(params[i].detach(), tensor(which + ".param" + std::to_string(i) + ".after4")), 1e-6);
+    }
   }
 }
 

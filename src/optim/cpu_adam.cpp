@@ -17,6 +17,7 @@
 
 #include "kernels/adam_kernel.h"
 #include "fsdp/optim/group_options.h"
+#include "optimizer_archive.h"
 #include "param_state_key.h"
 
 namespace fsdp {
@@ -339,33 +340,28 @@ void CPUAdam::save(torch::serialize::OutputArchive& archive) const {
   torch::optim::serialize<AdamParamState, CPUAdamOptions>(archive, *this);
 }
 
-namespace {
-
-// Whether param group `g` of an optimizer archive carries CPUAdam's own options (an archive of
-// torch::optim::Adam or AdamW does not).
-bool archive_group_has_cpu_adam_options(torch::serialize::InputArchive& archive, size_t g) {
-  torch::serialize::InputArchive groups, group, options;
-  archive.read("param_groups", groups);
-  groups.read("param_groups/" + std::to_string(g), group);
-  group.read("options", options);
-  c10::IValue unused;
-  return options.try_read("adamw_mode", unused);
-}
-
-}  // namespace
-
 void CPUAdam::load(torch::serialize::InputArchive& archive) {
-  // torch's loader replaces every group's options by the archive's, starting from
-  // CPUAdamOptions' defaults: loading torch's Adam or AdamW state would reset adamw_mode,
-  // maximize and fused. Those stay this optimizer's own unless the archive is a CPUAdam's.
-  std::vector<CPUAdamOptions> before;
-  for (const auto& group : param_groups_) before.push_back(static_cast<const CPUAdamOptions&>(group.options()));
-  torch::optim::serialize<AdamParamState, CPUAdamOptions>(archive, *this);
-  for (size_t g = 0; g < param_groups_.size(); ++g) {
-    if (archive_group_has_cpu_adam_options(archive, g)) continue;
-    auto& now = static_cast<CPUAdamOptions&>(param_groups_[g].options());
-    now.adamw_mode(before[g].adamw_mode()).maximize(before[g].maximize()).fused(before[g].fused());
-  }
+  // Through our reader, not torch::optim::serialize: it also reads libtorch 1.x archives
+  // (see optimizer_archive.h). Options come from the archive, but adamw_mode, maximize and
+  // fused stay this optimizer's own unless the archive is a CPUAdam's (torch's Adam and
+  // AdamW archives lack them).
+  detail::OptimizerArchiveReaders read;
+  read.state = [](torch::serialize::InputArchive& a) {
+    auto state = std::make_unique<AdamParamState>();
+    state->serialize(a);
+    return std::unique_ptr<torch::optim::OptimizerParamState>(std::move(state));
+  };
+  read.options = [this](size_t g, torch::serialize::InputArchive& a) {
+    auto& options = static_cast<CPUAdamOptions&>(param_groups_[g].options());
+    c10::IValue own;
+    const bool from_cpu_adam = a.try_read("adamw_mode", own);
+    CPUAdamOptions loaded = options;
+    loaded.serialize(a);
+    if (!from_cpu_adam) loaded.adamw_mode(options.adamw_mode()).maximize(options.maximize()).fused(options.fused());
+    check_options(loaded, " (param group " + std::to_string(g) + " of the loaded archive)");
+    options = loaded;
+  };
+  detail::load_optimizer_archive(archive, *this, read);
 }
 
 void CPUAdam::set_copy_out(const torch::Tensor& param, torch::Tensor out) {
