@@ -117,7 +117,7 @@ void prefetch_cases(dist::ProcessGroup& pg) {
     ASSERT_EQ(path, dir + "/trace_rank" + std::to_string(pg.rank()) + ".json");
     // 3 units x (forward, backward, reduce, 2 gathers) = 15 complete events.
     const std::string cmd =
-        "python3 -c \"import json,sys; d=json.load(open(sys.argv[1])); "
+        "\"${FSDP_PYTHON:-python3}\" -c \"import json,sys; d=json.load(open(sys.argv[1])); "
         "x=[e for e in d['traceEvents'] if e['ph']=='X']; "
         "n={e['name'].split()[0] for e in x}; "
         "sys.exit(0 if len(x)==15 and n=={'all_gather','reduce','forward','backward'} "

@@ -33,13 +33,13 @@ for ((i = 1; i <= PAIRS; i++)); do
       m="$WORK/m.$i.$w.$s.jsonl"
       two_host_job "ab.$i.$w.$s" "$BIN/fsdp-train" --strategy "$s" --hidden 512 --steps "$STEPS" --no-shuffle \
         --timeout 120 --metrics "$m"
-      step="$(/usr/bin/python3 -c "import sys; sys.path.insert(0, '$HERE/lib'); import link_traffic as t; print(round(t.step_seconds('$m', 64), 5))")"
+      step="$("$PY" -c "import sys; sys.path.insert(0, '$HERE/lib'); import link_traffic as t; print(round(t.step_seconds('$m', 64), 5))")"
       line="{\"pair\": $i, \"build\": \"$w\", \"strategy\": \"$s\", \"rate\": \"$RATE\", \"step_s\": $step, \"load\": $(cut -d' ' -f1 /proc/loadavg)}"
       echo "$line" | tee -a "$RES"
     done
   done
 done
-/usr/bin/python3 - "$RES" <<'PY'
+"$PY" - "$RES" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 for s in sorted({r["strategy"] for r in rows}):

@@ -75,13 +75,13 @@ for rate in "${RATES[@]}"; do
   sim_host_rate 1 "$rate"
   # Calibration: a stream each way at once, as the collectives use the link.
   for i in 0 1; do
-    sim_host_run "$i" /usr/bin/python3 "$HERE/lib/tcp_stream.py" serve 29600 >"$WORK/cal.$rate.h$i.json" &
+    sim_host_run "$i" "$PY" "$HERE/lib/tcp_stream.py" serve 29600 >"$WORK/cal.$rate.h$i.json" &
     pids[i]=$!
   done
   sleep 0.5
-  sim_host_run 0 /usr/bin/python3 "$HERE/lib/tcp_stream.py" send "${SIM_ADDR[1]}" 29600 4 &
+  sim_host_run 0 "$PY" "$HERE/lib/tcp_stream.py" send "${SIM_ADDR[1]}" 29600 4 &
   s0=$!
-  sim_host_run 1 /usr/bin/python3 "$HERE/lib/tcp_stream.py" send "${SIM_ADDR[0]}" 29600 4
+  sim_host_run 1 "$PY" "$HERE/lib/tcp_stream.py" send "${SIM_ADDR[0]}" 29600 4
   wait "$s0" "${pids[0]}" "${pids[1]}" || fail "the calibration stream at $rate failed"
   # Host 1 receives what host 0 sends (host 1's rx direction) and the other way round.
   echo "{\"kind\": \"link\", \"rate\": \"$rate\", \"rx\": $(cat "$WORK/cal.$rate.h1.json"), \"tx\": $(cat "$WORK/cal.$rate.h0.json")}" >>"$RECS"
@@ -119,4 +119,4 @@ for rate in "${RATES[@]}"; do
 done
 
 echo "load average: $(cat /proc/loadavg) (the machine is shared: times are upper bounds)"
-/usr/bin/python3 "$HERE/lib/link_traffic.py" report "$RECS" $HIDDEN "$HEADER"
+"$PY" "$HERE/lib/link_traffic.py" report "$RECS" $HIDDEN "$HEADER"

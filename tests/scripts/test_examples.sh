@@ -7,6 +7,8 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/lib/installed_package.sh"
+# shellcheck source=lib/python.sh
+source "$here/lib/python.sh"
 examples_dir=${FSDP_SOURCE_DIR:-$(cd "$here/../.." && pwd)}/examples
 work=$(mktemp -d /tmp/fsdp-examples-XXXXXX)
 trap 'rm -rf "$work"' EXIT
@@ -40,14 +42,14 @@ for dir in "$examples_dir"/*/; do
   run full
   grep -q '^\[rank0\]: .* 2 ranks' "$rundir/full.err" \
     || { cat "$rundir/full.err"; echo "FAIL: $name with no arguments did not report 2 ranks on stderr"; exit 1; }
-  python3 "$here/lib/losses_fall.py" "$rundir/full.jsonl"
-  steps=$(python3 -c 'import json,sys; print(max(j["step"] for j in map(json.loads, open(sys.argv[1])) if "loss" in j))' "$rundir/full.jsonl")
+  "$PY" "$here/lib/losses_fall.py" "$rundir/full.jsonl"
+  steps=$("$PY" -c 'import json,sys; print(max(j["step"] for j in map(json.loads, open(sys.argv[1])) if "loss" in j))' "$rundir/full.jsonl")
 
   # 2. Stop at step K (not a multiple of anything the example might align to), resume to the end.
   k=$((steps / 2 + 3))
   run first --steps "$k" --checkpoint-dir ckpt
   run resumed --steps "$steps" --checkpoint-dir ckpt --resume auto
-  python3 - "$rundir/full.jsonl" "$rundir/first.jsonl" "$k" <<'PY'
+  "$PY" - "$rundir/full.jsonl" "$rundir/first.jsonl" "$k" <<'PY'
 import json, sys
 full = {j["step"]: j["loss"] for j in map(json.loads, open(sys.argv[1])) if "loss" in j}
 first = {j["step"]: j["loss"] for j in map(json.loads, open(sys.argv[2])) if "loss" in j}
@@ -56,7 +58,7 @@ assert sorted(first) == list(range(1, k + 1)), f"the stopped run wrote steps {so
 bad = [f"step {s}: {first[s]!r} vs {full[s]!r}" for s in first if first[s] != full[s]]
 assert not bad, "the stopped run's losses differ from the full run's: " + "; ".join(bad[:3])
 PY
-  python3 "$here/lib/resumed_losses.py" "$rundir/full.jsonl" "$rundir/resumed.jsonl" "$k" "$steps" \
+  "$PY" "$here/lib/resumed_losses.py" "$rundir/full.jsonl" "$rundir/resumed.jsonl" "$k" "$steps" \
     || { echo "FAIL: $name resumed at step $k does not continue the uninterrupted run"; exit 1; }
   echo "ok: $name ($steps steps; resumed after step $k equals the uninterrupted run; build ${built}s, runs $((SECONDS - t0 - built))s)"
   passed=$((passed + 1))

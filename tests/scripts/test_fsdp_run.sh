@@ -24,6 +24,9 @@ fail() {
 }
 pass() { echo "ok: $*"; }
 source "$(dirname "$0")/lib/expect.sh"
+# PY (the build's Python), py_has
+# shellcheck source=lib/python.sh
+source "$(dirname "$0")/lib/python.sh"
 # Runs fsdp-run with stdout/stderr to $OUT/$ERR and sets RC (the script itself keeps going).
 run() { RC=0; "$FSDP_RUN" "$@" >"$OUT" 2>"$ERR" || RC=$?; }
 # Our own processes whose command line contains $1, after giving them up to 1 s to disappear.
@@ -191,10 +194,9 @@ pass "command-line errors"
 # SET and queue push, a WAIT that times out (CANCEL_WAIT), and a store that outlives the first
 # attempt (attempt 1 reads what attempt 0 wrote). Runs with any torch 2.x wheel:
 # FSDP_PYTHON=/path/to/venv/bin/python.
-PY="${FSDP_PYTHON:-python3}"
-if ! "$PY" -c 'import torch.distributed' 2>/dev/null; then
-  [[ "${CI:-}" == true ]] && fail "agent store: $PY has no torch and CI=true (set FSDP_PYTHON to a Python with torch)"
-  echo "SKIP: agent store: $PY has no torch (set FSDP_PYTHON to a Python with torch)"
+if ! py_has torch.distributed; then
+  [[ "${CI:-}" == true ]] && fail "agent store: $PY has no torch and CI=true ($PY_MISSING)"
+  echo "SKIP: agent store: $PY has no torch ($PY_MISSING)"
 else
   cat >"$WORK/store_client.py" <<'PYEOF'
 import datetime, os, sys, time

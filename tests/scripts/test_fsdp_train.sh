@@ -13,7 +13,7 @@ source "$(dirname "$0")/lib/fsdp_train_test.sh"
 # Prints the losses of a metrics file, one per line, after checking every line's schema;
 # $2: the number of step lines expected (default 30).
 losses() {
-  /usr/bin/python3 - "$1" "${2:-30}" <<'PY'
+  "$PY" - "$1" "${2:-30}" <<'PY'
 import json, sys
 want = int(sys.argv[2])
 steps, evals = [], []
@@ -165,12 +165,12 @@ grep -q "P = 55072 parameters" "$OUT" || fail "--estimate-memory --model gpt: wr
 pass "--estimate-memory counts the cnn and the gpt"
 
 # --- 5. cnn and gpt; every model against unsharded PyTorch ------------------------------
-# Reference: unsharded single-process PyTorch (/usr/bin/python3, torch 1.13) builds the same
+# Reference: unsharded single-process PyTorch ($PY: the torch wheel the build links) builds the same
 # model in the same order from the same seed (libtorch and PyTorch share the CPU generator and
 # the init functions, so the initial weights are identical), trains it on the global batch of
 # each --no-shuffle step, and prints one loss per step. At REF_WORLD=1 that is plain PyTorch;
 # at REF_WORLD=2 it computes the two rank slices' gradients one after the other and averages
-# them in the library's order, so that float sums round alike. With one BLAS thread on both
+# them in the library's order, so that float sums round alike. With one thread on both
 # sides the mlp and the cnn then agree to the bit for 30 steps: any wrong init, data window,
 # gradient factor or optimizer update shows. The gpt's attention is written differently here
 # (a tril mask): its losses agree to rounding only (measured 4.9e-8 over 10 steps).
@@ -180,7 +180,7 @@ reference() {  # reference mlp|cnn <steps> <batch> <lr> | reference gpt <steps> 
   # REF_WORLD=N: the global batch is split into N rank slices whose gradients are reduced
   # as the library does (each divided by the predivide factor, summed in rank order, divided
   # by the rest of N, in the reduce dtype); the loss is the mean of the slices' losses.
-  /usr/bin/python3 - "$DATA" "$@" <<'PY'
+  "$PY" - "$DATA" "$@" <<'PY'
 import copy, gzip, math, os, sys
 import numpy as np
 import torch
@@ -190,8 +190,8 @@ import torch.nn.functional as F
 data_dir, model, steps, B, lr = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
 opt_name, wd = os.environ.get("REF_OPT", "adam"), float(os.environ.get("REF_WD", "0"))
 mp, W = os.environ.get("REF_MP", "none"), int(os.environ.get("REF_WORLD", "1"))
-assert os.environ.get("OMP_NUM_THREADS") == "1" and os.environ.get("OPENBLAS_NUM_THREADS") == "1", \
-    "set OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 before torch loads (GEMM rounding follows the thread count)"
+assert os.environ.get("OMP_NUM_THREADS") == "1" and os.environ.get("MKL_NUM_THREADS") == "1", \
+    "set OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 before torch loads (GEMM rounding follows the thread count)"
 torch.set_num_threads(1)
 torch.manual_seed(0)
 if model in ("mlp", "cnn"):
@@ -287,7 +287,7 @@ PY
 REF_STEPS=10
 REF_TOL=1e-6
 compare_losses() {
-  /usr/bin/python3 -c '
+  "$PY" -c '
 import sys
 a = [float(l) for l in open(sys.argv[1]) if not l.startswith("eval")]
 b = [float(l) for l in open(sys.argv[2])]
@@ -323,7 +323,7 @@ exact mlp_nproc1 "$WORK/mlp1.ref"
 # The final weights too: the step-30 checkpoint, consolidated, against PyTorch's.
 "$FSDP_BIN_DIR/fsdp-ckpt" consolidate "$WORK/mlp1ck/step-30" "$WORK/mlp1.pt" >/dev/null ||
   fail "fsdp-ckpt consolidate of the --nproc 1 run failed (build target fsdp-ckpt)"
-/usr/bin/python3 -c '
+"$PY" -c '
 import sys, torch
 a, b = torch.load(sys.argv[1]), torch.load(sys.argv[2])
 assert list(a) == list(b), (list(a), list(b))
@@ -403,7 +403,7 @@ CK="$WORK/ckpt"
 # same_losses A B TOL [noeval]: the step lines of B (steps s..2K) and its eval equal A's (TOL 0:
 # exactly); noeval: B's eval (at another step) is not compared.
 same_losses() {
-  /usr/bin/python3 -c '
+  "$PY" -c '
 import json, sys
 def read(p):
     steps, ev = {}, None

@@ -9,7 +9,7 @@
 set -euo pipefail
 # shellcheck source=lib/script_test.sh
 source "$(dirname "$0")/lib/script_test.sh"
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 require_tools fsdp-train fsdp-run
 TRAIN="$BIN/fsdp-train"
 GPL=/usr/share/common-licenses/GPL-3
@@ -21,7 +21,7 @@ MODEL=(--model gpt --layers 16 --dim 256 --heads 4 --context 16 --text "$WORK/te
 
 # --- 1. the estimate against the closed form -------------------------------------------------
 "$TRAIN" --estimate-memory "${MODEL[@]}" --nproc 2 >"$OUT" 2>&1 || fail "--estimate-memory: exit $?"
-/usr/bin/python3 - "$OUT" <<'PY' || fail "--estimate-memory: construction rows differ from the closed form"
+"$PY" - "$OUT" <<'PY' || fail "--estimate-memory: construction rows differ from the closed form"
 import re, sys
 text = open(sys.argv[1]).read()
 d, layers, context, n = 256, 16, 16, 2
@@ -48,7 +48,7 @@ SHARDED_EST=$(awk '/^  sharded \(ZeroInitContext/ {print $4}' "$OUT")
 # --- 2. measured build peak, sharded and eager -----------------------------------------------
 # Prints "<build peak rank 0 MiB> <rank 1> <loss>" from a summary.
 peaks() {
-  /usr/bin/python3 - "$1" <<'PY'
+  "$PY" - "$1" <<'PY'
 import re, sys
 text = open(sys.argv[1]).read()
 rows = re.findall(r"^\[rank0\]:\s+(\d)\s+.*?([\d.]+) MiB\s+([\d.]+) MiB\s*$", text, re.M)
@@ -68,7 +68,7 @@ for mode in sharded eager; do
 done
 # Resident memory exceeds the allocator's count by malloc's and libtorch's slack (measured
 # +3.5 MiB sharded, +5.5 MiB eager): 8 MiB allowed; the eager run holds the whole model.
-/usr/bin/python3 - "$SHARDED_EST" ${BUILD[sharded]} ${BUILD[eager]} <<'PY' || fail "build peaks: sharded ${BUILD[sharded]} MiB, eager ${BUILD[eager]} MiB, estimate $SHARDED_EST MiB"
+"$PY" - "$SHARDED_EST" ${BUILD[sharded]} ${BUILD[eager]} <<'PY' || fail "build peaks: sharded ${BUILD[sharded]} MiB, eager ${BUILD[eager]} MiB, estimate $SHARDED_EST MiB"
 import sys
 est, s0, s1, e0, e1 = map(float, sys.argv[1:])
 model = 12771840 * 4 / 2**20

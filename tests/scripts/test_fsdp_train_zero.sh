@@ -11,7 +11,7 @@ source "$(dirname "$0")/lib/fsdp_train_test.sh"
 
 # Losses (repr) of a metrics file, one per line; checks the memory keys; $2: strategy.
 losses() {
-  /usr/bin/python3 - "$1" "$2" <<'PY'
+  "$PY" - "$1" "$2" <<'PY'
 import json, sys
 steps = [json.loads(l) for l in open(sys.argv[1])]
 steps = [j for j in steps if "eval" not in j]
@@ -73,7 +73,7 @@ for variant in "zero1:" "zero2:--mixed-precision bf16"; do
   run $flags --steps $((2 * K)) --checkpoint-dir "$CK/$s" --checkpoint-every 2 --resume auto --keep-checkpoints 3 --metrics "$WORK/$s.resumed.jsonl"
   [[ $RC == 0 ]] || fail "$s: --resume auto: exit $RC"
   grep -q "resumed from $CK/$s/step-$K at step $K" "$OUT" || fail "$s: no 'resumed from .../step-$K' line"
-  d="$(/usr/bin/python3 "$RESUMED" "$WORK/$s.full.jsonl" "$WORK/$s.resumed.jsonl" $K $((2 * K)) 2>&1)" ||
+  d="$("$PY" "$RESUMED" "$WORK/$s.full.jsonl" "$WORK/$s.resumed.jsonl" $K $((2 * K)) 2>&1)" ||
     fail "$s: the resumed run differs from the uninterrupted one: $d"
   [[ "$(ls "$CK/$s" | sort -V | tr '\n' ' ')" == "step-6 step-8 step-$((2 * K)) " ]] ||
     fail "$s: --keep-checkpoints 3 left: $(ls "$CK/$s" | tr '\n' ' ')"
@@ -85,7 +85,7 @@ for variant in "zero1:6:full_shard:4" "zero1:6:no_shard:1" "fsdp:$K:zero2:4"; do
   IFS=: read -r from at to n <<<"$variant"
   run --strategy "$to" --nproc "$n" --no-shuffle --steps $((2 * K)) --resume "$CK/$from/step-$at" --metrics "$WORK/x-$to-$n.jsonl"
   [[ $RC == 0 ]] || fail "$from step-$at under $to at $n ranks: exit $RC"
-  d="$(/usr/bin/python3 "$RESUMED" --rtol 1e-6 "$WORK/zero1.full.jsonl" "$WORK/x-$to-$n.jsonl" "$at" $((2 * K)) 2>&1)" ||
+  d="$("$PY" "$RESUMED" --rtol 1e-6 "$WORK/zero1.full.jsonl" "$WORK/x-$to-$n.jsonl" "$at" $((2 * K)) 2>&1)" ||
     fail "$from step-$at under $to at $n ranks differs from the uninterrupted zero1 run: $d"
   pass "$from (2 ranks) step-$at continued under $to at $n ranks: steps $((at + 1))-$((2 * K)) and eval within $d relative of the uninterrupted run"
 done

@@ -13,8 +13,9 @@ set -euo pipefail
 BIN="${FSDP_BIN_DIR:?set FSDP_BIN_DIR to the bin directory of a build}"
 SMOKE="$BIN/dist_smoke"
 FSDP_RUN="$BIN/fsdp-run"
-TORCHRUN=/usr/bin/torchrun
-PYTHON=/usr/bin/python3
+# PY, TORCHRUN (the build's Python and its torchrun), py_has
+# shellcheck source=lib/python.sh
+source "$(dirname "$0")/lib/python.sh"
 for exe in "$SMOKE" "$FSDP_RUN"; do
   [[ -x "$exe" ]] || { echo "FAIL: $exe is not an executable (build targets dist_smoke, fsdp-run)"; exit 1; }
 done
@@ -41,8 +42,8 @@ reset_logs() { rm -f "$WORK"/*.out "$WORK"/*.err; }
 
 # A free TCP port on loopback (the kernel picks it; a tiny race with other jobs is accepted).
 free_port() {
-  if [[ -x "$PYTHON" ]]; then
-    "$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+  if command -v "$PY" >/dev/null; then
+    "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
     return
   fi
   local p
@@ -92,15 +93,14 @@ done
 pass "(a) fsdp-run --nproc 2 and 3: every rank checked all_reduce, all_gather_into, reduce_scatter"
 
 # --- (b) torchrun ---------------------------------------------------------------------------
-# Debian's torchrun (Python 3.11) needs --redirects/--tee to start --no_python binaries.
-# torch 1.13's --standalone uses the c10d rendezvous: ranks get MASTER_ADDR=localhost and
-# TORCHELASTIC_USE_AGENT_STORE=False (rank 0 serves the store). The static rendezvous
-# (--master-addr/--master-port, no --rdzv-backend) is the one whose agent serves the store,
-# with TORCHELASTIC_USE_AGENT_STORE=True: all ranks connect as clients under
+# --standalone uses the c10d rendezvous (MASTER_ADDR=localhost); torch 1.13 had rank 0 serve
+# the store there (TORCHELASTIC_USE_AGENT_STORE=False), 2.x has the agent serve it (True).
+# The static rendezvous (--master-addr/--master-port, no --rdzv-backend) has the agent serve
+# the store, TORCHELASTIC_USE_AGENT_STORE=True: all ranks connect as clients under
 # /worker/attempt_0. Both are checked.
-if [[ ! -x "$TORCHRUN" ]]; then
-  [[ "${CI:-}" == "true" ]] && fail "$TORCHRUN is missing and CI=true (install python3-torch)"
-  skip "(b) $TORCHRUN not found (install python3-torch); torchrun checks skipped"
+if ! py_has torch.distributed.run; then
+  [[ "${CI:-}" == "true" ]] && fail "$PY has no torchrun (torch.distributed.run) and CI=true ($PY_MISSING)"
+  skip "(b) $PY has no torchrun (torch.distributed.run; $PY_MISSING); torchrun checks skipped"
 else
   check_torchrun_lines() {  # $1 = description, $2 = expected agent_store or "any"
     local r line
@@ -117,7 +117,7 @@ else
   }
   reset_logs
   rc=0
-  timeout -k 5 60 "$TORCHRUN" --standalone --nproc_per_node 2 --no_python --redirects 9:0 --tee 9:0 \
+  timeout -k 5 60 "${TORCHRUN[@]}" --standalone --nproc_per_node 2 --no_python \
     "$SMOKE" >"$WORK/torchrun.out" 2>"$WORK/torchrun.err" || rc=$?
   expect_eq "$rc" 0 "torchrun --standalone: exit code"
   check_torchrun_lines "torchrun --standalone" any
@@ -126,8 +126,8 @@ else
 
   reset_logs
   rc=0
-  timeout -k 5 60 "$TORCHRUN" --nnodes 1 --nproc_per_node 2 --master_addr 127.0.0.1 \
-    --master_port "$(free_port)" --no_python --redirects 9:0 --tee 9:0 \
+  timeout -k 5 60 "${TORCHRUN[@]}" --nnodes 1 --nproc_per_node 2 --master_addr 127.0.0.1 \
+    --master_port "$(free_port)" --no_python \
     "$SMOKE" >"$WORK/torchrun.out" 2>"$WORK/torchrun.err" || rc=$?
   expect_eq "$rc" 0 "torchrun static rendezvous: exit code"
   check_torchrun_lines "torchrun static rendezvous" 1

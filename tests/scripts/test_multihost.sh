@@ -30,8 +30,8 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 source "$HERE/lib/two_hosts.sh"
 require_tools fsdp-run fsdp-train fsdp-ckpt
 require_fashion_mnist
-# One BLAS thread per rank: 4 ranks share the 2 cores.
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+# One thread per rank (OpenMP and MKL): 4 ranks share the 2 cores.
+export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 # launch NAME ARGS...: one fsdp-run per host in the background, output in $WORK/NAME.h<i>.out;
 # sets PIDS. HOST1_ENV=NAME=VALUE adds one variable on host 1 only, BOTH_ENV=NAME=VALUE one
@@ -79,15 +79,13 @@ srun_like() {
 }
 # torchrun_launch NAME ARGS...: `torchrun --nnodes 2 --node_rank I ...` on each host (the
 # static rendezvous: node 0's torchrun serves the store). Output and PIDS as launch's.
-TORCHRUN=/usr/bin/torchrun
 torchrun_launch() {
   local name="$1" i
   shift
   PIDS=()
   for i in 0 1; do
-    # Debian's torchrun (Python 3.11) needs --redirects/--tee to start --no_python binaries.
-    sim_host_run "$i" "$TORCHRUN" --nnodes 2 --node_rank "$i" --master_addr "${SIM_ADDR[0]}" --master_port "$PORT" \
-      --nproc_per_node 2 --no_python --redirects 9:0 --tee 9:0 \
+    sim_host_run "$i" "${TORCHRUN[@]}" --nnodes 2 --node_rank "$i" --master_addr "${SIM_ADDR[0]}" --master_port "$PORT" \
+      --nproc_per_node 2 --no_python \
       "$BIN/fsdp-train" "$@" >"$WORK/$name.h$i.out" 2>&1 &
     PIDS+=($!)
   done
@@ -189,14 +187,14 @@ STEPS=10
 BATCH=48
 REF="$WORK/ref"
 mkdir -p "$REF"
-/usr/bin/python3 "$HERE/lib/mlp_reference.py" "$DATA" $((2 * STEPS)) $BATCH 0.001 "$REF" >"$WORK/mlp.ref" ||
+"$PY" "$HERE/lib/mlp_reference.py" "$DATA" $((2 * STEPS)) $BATCH 0.001 "$REF" >"$WORK/mlp.ref" ||
   fail "the PyTorch reference failed"
 # same_as_reference NAME METRICS CHECKPOINT STEPS [FIRST]: the losses of steps FIRST..STEPS (default
 # 1) in METRICS and the weights in CHECKPOINT (after STEPS steps) against the reference; prints
 # the largest differences.
 same_as_reference() {
   "$BIN/fsdp-ckpt" consolidate "$3" "$WORK/$1.pt" >/dev/null || fail "$1: fsdp-ckpt consolidate $3 failed"
-  /usr/bin/python3 -c '
+  "$PY" -c '
 import json, sys, torch
 metrics, ref, got_pt, want_pt, steps, first = sys.argv[1:5] + [int(x) for x in sys.argv[5:7]]
 a = {j["step"]: j["loss"] for j in map(json.loads, open(metrics)) if "eval" not in j}
@@ -216,7 +214,7 @@ print("losses %.2g, weights %.2g" % (max(rel.values()), max(w.values())))
 # of collective span to the transport it must name, e.g. "all_gather=shm reduce=shm
 # replica_all_reduce=gloo"; every kind listed occurs on every rank, no other kind occurs.
 check_transports() {
-  /usr/bin/python3 -c '
+  "$PY" -c '
 import glob, json, sys
 want = dict(kv.split("=") for kv in sys.argv[2].split())
 files = sorted(glob.glob(sys.argv[1] + "/trace_rank*.json"))
@@ -263,11 +261,11 @@ for strategy in hybrid_shard full_shard shard_grad_op no_shard; do
       [[ "$RCS" == "0 0" ]] || fail "$strategy (Slurm variables): exit codes (host 0, host 1) = $RCS";;
     no_shard)
       how="torchrun"
-      if [[ -x "$TORCHRUN" ]]; then
+      if py_has torch.distributed.run; then
         torchrun_launch "$strategy" "${flags[@]}"
       else
-        [[ "${CI:-}" == true ]] && fail "$TORCHRUN is missing and CI=true (install python3-torch)"
-        echo "note: $TORCHRUN not found (install python3-torch): NO_SHARD started with fsdp-run instead"
+        [[ "${CI:-}" == true ]] && fail "$PY has no torchrun (torch.distributed.run) and CI=true ($PY_MISSING)"
+        echo "note: $PY has no torchrun ($PY_MISSING): NO_SHARD started with fsdp-run instead"
         how="fsdp-run"
         launch "$strategy" "${flags[@]}"
       fi
@@ -313,7 +311,7 @@ wait_all
 grep -q "resumed from $CK/step-15 at step 15" "$WORK/resumed.h0.out" || fail "resume auto: no 'resumed from $CK/step-15' line"
 grep -q "resume auto: skipped: --resume $CK/step-20: unreadable metadata.json" "$WORK/resumed.h0.out" ||
   fail "resume auto: the corrupted step-20 is not reported"
-d="$(/usr/bin/python3 -c '
+d="$("$PY" -c '
 import json, sys
 def steps(p):
     return {j["step"]: j["loss"] for j in map(json.loads, open(p)) if "eval" not in j}
@@ -389,7 +387,7 @@ wait_all
 [[ "$RCS" == "0 0" ]] || fail "cutsave: resuming after the cut: launcher exit codes $RCS"
 grep -q "resumed from $CUTCK/step-$((cut_step - 1)) at step $((cut_step - 1))" "$WORK/cutresume.h0.out" ||
   fail "cutsave: --resume auto did not continue from step-$((cut_step - 1)) (the save of step $cut_step was cut)"
-d="$(/usr/bin/python3 -c '
+d="$("$PY" -c '
 import json, sys
 def steps(p):
     return {j["step"]: j["loss"] for j in map(json.loads, open(p)) if "eval" not in j}

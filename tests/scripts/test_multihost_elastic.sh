@@ -79,7 +79,7 @@ done
 from="$(grep -o "resumed from $CK/step-[0-9]* at step [0-9]*" "$WORK/restarted.h0.out" | awk '{ print $NF }')"
 [[ "$from" =~ ^[0-9]+$ && "$from" -ge 10 && "$from" -lt $STEPS ]] ||
   fail "the restarted attempt did not resume from a checkpoint >= step-10 ('$from')"
-d="$(/usr/bin/python3 "$HERE/lib/resumed_losses.py" "$WORK/full.jsonl" "$WORK/restarted.jsonl" "$from" $STEPS 2>&1)" || fail "restarted run differs from the uninterrupted one: $d"
+d="$("$PY" "$HERE/lib/resumed_losses.py" "$WORK/full.jsonl" "$WORK/restarted.jsonl" "$from" $STEPS 2>&1)" || fail "restarted run differs from the uninterrupted one: $d"
 # The final checkpoints: every shard file (with HYBRID_SHARD one per rank of the first replica:
 # its shard of the weights and of the Adam state; rank 0's also the RNG state) byte for byte.
 final_a="$WORK/ck_full/step-$STEPS" final_b="$CK/step-$STEPS"

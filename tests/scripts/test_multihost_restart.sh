@@ -35,7 +35,7 @@ check_resumed() {
   local d
   from="$(grep -o "resumed from $CK/step-[0-9]* at step [0-9]*" "$2" | awk '{ print $NF }')"
   [[ "$from" =~ ^[0-9]+$ && "$from" -ge 10 ]] || fail "$1: the restarted attempt did not resume from a checkpoint >= step-10 ('$from')"
-  d="$(/usr/bin/python3 "$HERE/lib/resumed_losses.py" "$WORK/full.jsonl" "$3" "$from" ${4:+"$4"} 2>&1)" ||
+  d="$("$PY" "$HERE/lib/resumed_losses.py" "$WORK/full.jsonl" "$3" "$from" ${4:+"$4"} 2>&1)" ||
     fail "$1: restarted run differs from the uninterrupted one: $d"
 }
 
@@ -56,14 +56,12 @@ echo "ok: rank 1 killed, --max-restarts 1 resumed from step-$from; steps $((from
 
 # The same under real torchrun (agent store, keys under /worker/attempt_<n>): it restarts the
 # group itself and fsdp-train recovers the same way.
-TORCHRUN=/usr/bin/torchrun
-if [[ ! -x "$TORCHRUN" ]]; then
-  [[ "${CI:-}" == true ]] && fail "$TORCHRUN is missing and CI=true (install python3-torch)"
-  echo "SKIP: $TORCHRUN not found (install python3-torch); torchrun restart not checked"
+if ! py_has torch.distributed.run; then
+  [[ "${CI:-}" == true ]] && fail "$PY has no torchrun (torch.distributed.run) and CI=true ($PY_MISSING)"
+  echo "SKIP: $PY has no torchrun ($PY_MISSING); torchrun restart not checked"
 else
   rm -rf "$CK"
-  # Debian's torchrun (Python 3.11) needs --redirects/--tee to start --no_python binaries.
-  timeout -k 5 300 "$TORCHRUN" --standalone --nproc_per_node 2 --max_restarts 1 --no_python --redirects 9:0 --tee 9:0 \
+  timeout -k 5 300 "${TORCHRUN[@]}" --standalone --nproc_per_node 2 --max_restarts 1 --no_python \
     "$BIN/fsdp-train" "${FLAGS[@]}" --metrics "$WORK/torchrun.jsonl" --checkpoint-dir "$CK" --checkpoint-every 5 \
     --keep-checkpoints 2 --resume auto >"$WORK/torchrun.out" 2>&1 &
   launcher=$!

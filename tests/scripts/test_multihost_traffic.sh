@@ -24,7 +24,7 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 source "$HERE/lib/two_hosts.sh"
 require_tools fsdp-run fsdp-train
 require_fashion_mnist
-[[ -x /usr/bin/python3 ]] || { echo "FAIL: python3 is needed for the arithmetic (apt-get install python3)"; exit 1; }
+command -v "$PY" >/dev/null || { echo "FAIL: $PY is needed for the arithmetic ($PY_MISSING)"; exit 1; }
 
 FAIL_TAIL=15
 HIDDEN=512
@@ -55,8 +55,8 @@ for strategy in full_shard hybrid_shard no_shard; do
   done
 done
 # The model the volumes are computed for is the one that trained.
-params="$(/usr/bin/python3 -c "import sys; sys.path.insert(0, '$HERE/lib'); import link_traffic as t; print(sum(t.units($HIDDEN)))")"
+params="$("$PY" -c "import sys; sys.path.insert(0, '$HERE/lib'); import link_traffic as t; print(sum(t.units($HIDDEN)))")"
 grep -q "fsdp-train: mlp ($params params, " "$WORK/full_shard.$SHORT.h0.out" ||
   fail "fsdp-train's mlp does not have the $params parameters of link_traffic.units($HIDDEN)"
-/usr/bin/python3 "$HERE/lib/link_traffic.py" check "$RUNS" $HIDDEN "$HEADER" $FRAMING || fail "traffic on the link differs from the volumes (raw runs: $(cat "$RUNS"))"
+"$PY" "$HERE/lib/link_traffic.py" check "$RUNS" $HIDDEN "$HEADER" $FRAMING || fail "traffic on the link differs from the volumes (raw runs: $(cat "$RUNS"))"
 echo "all traffic checks passed"

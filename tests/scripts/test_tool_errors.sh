@@ -6,6 +6,8 @@
 set -euo pipefail
 
 BIN="${FSDP_BIN_DIR:?set FSDP_BIN_DIR to the bin directory of a build}"
+# shellcheck source=lib/python.sh
+source "$(dirname "$0")/lib/python.sh"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 OUT="$WORK/out"
@@ -53,7 +55,7 @@ pass "fsdp-train --resume of a corrupted checkpoint: $(grep -m1 -o 'fsdp-train: 
 # --- fsdp-train: the survivor of a killed peer -----------------------------------------------
 # Two ranks started by hand (no launcher to stop the survivor); rank 1 is SIGKILLed once
 # rank 0 has trained a few steps. Rank 0 must fail naming rank 1, in one line, no backtrace.
-port="$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+port="$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 pids=()
 for r in 0 1; do
   (export RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port

@@ -24,6 +24,6 @@ two_host_job trace "$BIN/fsdp-train" --strategy "$STRATEGY" --hidden 512 --steps
   --timeout 120 --metrics "$WORK/metrics.jsonl"
 for r in 0 2; do
   echo "rank $r ($RATE, $STRATEGY):"
-  /usr/bin/python3 "$HERE/lib/trace_timeline.py" "$FSDP_TRACE/trace_rank$r.json"
+  "$PY" "$HERE/lib/trace_timeline.py" "$FSDP_TRACE/trace_rank$r.json"
 done
 echo "load average: $(cat /proc/loadavg)"

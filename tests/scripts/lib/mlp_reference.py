@@ -5,10 +5,16 @@ generator and the init functions, so the initial weights are identical), trains 
 on the whole global batch of each step and prints one loss per step. With SAVE_DIR it also
 writes the weights after every fifth step, SAVE_DIR/step-<S>.pt (torch.save of the state
 dict: the keys and layout of `fsdp-ckpt consolidate`).
-usage: python3 mlp_reference.py DATA_DIR STEPS BATCH LR [SAVE_DIR]
+One thread (OpenMP and MKL, set before torch loads, and torch.set_num_threads(1)): GEMM
+rounding follows the thread count, and the library's ranks run one each.
+usage: $FSDP_PYTHON mlp_reference.py DATA_DIR STEPS BATCH LR [SAVE_DIR]
 """
 import gzip
+import os
 import sys
+
+os.environ["OMP_NUM_THREADS"] = "1"
+os.environ["MKL_NUM_THREADS"] = "1"
 
 import numpy as np
 import torch

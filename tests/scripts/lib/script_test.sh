@@ -13,8 +13,12 @@
 #   now                     seconds since the epoch, with nanoseconds
 #   wait_for SECONDS CMD... polls CMD every 50 ms until it succeeds (status 0) or SECONDS pass (1)
 #   has_lines FILE N        FILE exists with at least N lines
+#   PY, TORCHRUN, py_has    the Python and torchrun to use (lib/python.sh)
 
 BIN="${FSDP_BIN_DIR:?set FSDP_BIN_DIR to the bin directory of a build}"
+# PY, TORCHRUN, py_has
+# shellcheck source=python.sh
+source "$(dirname "${BASH_SOURCE[0]}")/python.sh"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 
