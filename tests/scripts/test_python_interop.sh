@@ -1,18 +1,24 @@
 #!/usr/bin/env bash
-# Full state dicts between the library and Python PyTorch (Debian's python3-torch
-# under /usr/bin/python3), both ways: C++ save -> Python torch.load + strict
+# Full state dicts between the library and Python PyTorch (the torch wheel the build
+# links, under $FSDP_PYTHON), both ways: C++ save -> Python torch.load + strict
 # load_state_dict into the equivalent torch.nn model (same outputs); Python
 # torch.save(state_dict) -> C++ load_state_dict, and -> rank 0's map_full_state_dict +
 # load_state_dict_from_rank0 at 2 ranks (same outputs).
+# Every torch.load here is the default one, weights_only=True since torch 2.6: what the
+# library writes must load without trusting the file, so its pickles carry no TorchScript
+# globals (torch.jit._pickle.restore_type_tag, which torch::pickle_save writes for a dict,
+# or build_intlist and the other specialised lists), only what torch.save itself writes.
 set -euo pipefail
 BIN=${FSDP_BIN_DIR:?FSDP_BIN_DIR must point at the build bin directory}
-PY=/usr/bin/python3
-# One BLAS thread, set before torch loads (torch.set_num_threads does not reach
-# OpenBLAS): the outputs compared here then round as the C++ side's do.
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-if ! "$PY" -c 'import torch' 2>/dev/null; then
-  if [ "${CI:-}" = "true" ]; then echo "FAIL: $PY has no torch (install python3-torch)"; exit 1; fi
-  echo "SKIP: $PY has no torch (install Debian's python3-torch)"; exit 0
+# PY (the build's Python), py_has
+# shellcheck source=lib/python.sh
+source "$(dirname "$0")/lib/python.sh"
+# One thread, set before torch loads (the wheel's MKL and OpenMP start one per core): the
+# outputs compared here then round as the C++ side's do.
+export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+if ! py_has torch; then
+  if [ "${CI:-}" = "true" ]; then echo "FAIL: $PY has no torch ($PY_MISSING)"; exit 1; fi
+  echo "SKIP: $PY has no torch ($PY_MISSING)"; exit 0
 fi
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
@@ -23,6 +29,7 @@ MODEL='torch.nn.Sequential(torch.nn.Linear(13,32), torch.nn.ReLU(), torch.nn.Lin
 "$BIN/state_dict_interop" save "$T/cpp_model.pt" "$T/cpp_out.pt"
 "$PY" - "$T" <<PYEOF
 import sys, torch
+torch.set_num_threads(1)
 t = sys.argv[1]
 sd = torch.load(t + "/cpp_model.pt")
 assert type(sd) is dict, type(sd)
@@ -39,6 +46,7 @@ PYEOF
 # 2. Python -> C++
 "$PY" - "$T" <<PYEOF
 import sys, torch
+torch.set_num_threads(1)
 t = sys.argv[1]
 torch.manual_seed(7)
 m = $MODEL
@@ -66,6 +74,7 @@ grep -q "param 2.weight \[17, 32\] float32 2176 B (+" "$T/inspect.txt"
 "$BIN/fsdp-ckpt" consolidate "$T/ckpt" "$T/consolidated.pt"
 "$PY" - "$T" <<PYEOF
 import sys, torch
+torch.set_num_threads(1)
 t = sys.argv[1]
 c = torch.load(t + "/consolidated.pt")
 f = torch.load(t + "/full.pt")
@@ -91,6 +100,7 @@ PYEOF
 "$BIN/fsdp-ckpt" consolidate "$T/tied" "$T/tied_consolidated.pt"
 "$PY" - "$T" <<PYEOF
 import sys, torch
+torch.set_num_threads(1)
 t = sys.argv[1]
 class Holder(torch.nn.Module):
     def __init__(self, w):
