@@ -28,7 +28,9 @@ while [[ $# -gt 0 ]]; do
 done
 TRAIN="$BIN/fsdp-train"
 [[ -x "$TRAIN" && -x "$BIN/fsdp-run" ]] || { echo "bench_construction.sh: build fsdp-train and fsdp-run into $BIN" >&2; exit 1; }
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+# The arithmetic below: the build's Python (any python3 does).
+PY="${FSDP_PYTHON:-python3}"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 head -c 400 /usr/share/common-licenses/GPL-3 >"$WORK/text.txt"
@@ -53,7 +55,7 @@ for mode in sharded eager; do
   "$TRAIN" "${MODEL[@]}" --batch-size "$NPROC" --steps 1 --optimizer sgd --nproc "$NPROC" "${flag[@]}" \
     >"$WORK/$mode" 2>&1 || { tail -n 20 "$WORK/$mode" >&2; echo "bench_construction.sh: the $mode run failed" >&2; exit 1; }
   secs=$(( $(date +%s) - start ))
-  /usr/bin/python3 - "$WORK/$mode" "$mode" "$secs" "$PSI" "$NPROC" <<'PY'
+  "$PY" - "$WORK/$mode" "$mode" "$secs" "$PSI" "$NPROC" <<'PY'
 import json, re, sys
 text, mode, secs, psi, n = open(sys.argv[1]).read(), sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 mib = lambda s: float(s)
@@ -70,7 +72,7 @@ print(json.dumps({"bench": "construction", "mode": mode, "params": psi, "ranks":
                   "rank0_rss_run_peak_mib": float(run.group(1)), "seconds": secs}))
 PY
 done | tee "$WORK/json"
-/usr/bin/python3 - "$WORK/json" <<'PY'
+"$PY" - "$WORK/json" <<'PY'
 import json, sys
 runs = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
 print("\n| construction | build peak per rank (MiB above start) | train peak per rank (MiB above start) | rank 0 peak RSS after build | rank 0 peak RSS over the run |")

@@ -19,9 +19,12 @@
 // with gradient buckets (bucket_cap_mb 25; FULL_SHARD also 4); with --cpu-adam also NO_SHARD and
 // FULL_SHARD with fsdp::optim::CPUAdam; ZERO1 and ZERO2 (the model unwrapped,
 // fsdp::optim::ZeroRedundancyOptimizer with default options) with Adam, and ZERO2 with
-// CPUAdam under --cpu-adam. Then it runs bench/ddp_baseline.py under /usr/bin/python3
-// (Debian's torch) at N=2 on the same model, batch, optimizer and thread count, plain DDP
-// and DDP + torch.distributed.optim.ZeroRedundancyOptimizer. --zero-targets runs only
+// CPUAdam under --cpu-adam. Then it runs bench/ddp_baseline.py under $FSDP_PYTHON (default:
+// the Python whose torch wheel the build links) at N=2 on the same model, batch, optimizer
+// and thread count (one per rank): plain DDP, DDP + torch.distributed.optim.ZeroRedundancyOptimizer,
+// and FSDP2 (fully_shard per unit and root on a CPU mesh, Gloo), whose samples/s the
+// FULL_SHARD rows are compared with at the end, over shared memory and over Gloo/TCP
+// (FSDP_SHARED_MEMORY=0, FSDP2's transport). --zero-targets runs only
 // the rows issue 14's speed targets compare (NO_SHARD+CPUAdam, ZERO2+CPUAdam, ZERO1,
 // ZERO2, ZERO2 with overlap_communication, Python ZeRO) and prints each target's ratio per round (median and fastest). It prints a table, then one JSON object per line. Rank mode runs under any
 // launcher, also across hosts (`fsdp-run --nnodes 2 ... --nproc 2 -- bench_strategies --model
@@ -74,6 +77,9 @@
 
 #ifndef FSDP_SOURCE_DIR
 #define FSDP_SOURCE_DIR "."
+#endif
+#ifndef FSDP_PYTHON_EXECUTABLE
+#define FSDP_PYTHON_EXECUTABLE "python3"
 #endif
 
 namespace {
@@ -491,11 +497,13 @@ int launcher_main(const Args& a) {
         keep_fastest(json_lines(cmd.str()));
       }
       if (a.python) {
-        // Python DDP, and DDP + torch.distributed.optim.ZeroRedundancyOptimizer (Adam).
-        for (const char* extra : {"", " --zero"}) {
-          if (a.zero_targets && !*extra) continue;
+        // Python DDP, DDP + torch.distributed.optim.ZeroRedundancyOptimizer (Adam), and FSDP2.
+        const char* py = std::getenv("FSDP_PYTHON");
+        for (const char* extra : {"", " --zero", " --fsdp2"}) {
+          if (a.zero_targets && std::strcmp(extra, " --zero") != 0) continue;
           std::ostringstream cmd;
-          cmd << "OMP_NUM_THREADS=1 /usr/bin/python3 " << FSDP_SOURCE_DIR << "/bench/ddp_baseline.py --model " << m
+          cmd << "OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 " << fsdp::bench::shell_quote(py && *py ? py : FSDP_PYTHON_EXECUTABLE)
+              << " " << FSDP_SOURCE_DIR << "/bench/ddp_baseline.py --model " << m
               << " --world 2 --steps " << a.steps << " --warmup " << a.warmup << extra;
           keep_fastest(json_lines(cmd.str()));
         }
@@ -519,7 +527,7 @@ int launcher_main(const Args& a) {
     if (ddp > 0) std::snprintf(ratio, sizeof ratio, "%.2fx", sps / ddp);
     if (!opt.empty() && std::stod(opt) > 0)
       std::snprintf(ring, sizeof ring, "%.3f", std::stod(field(r, "bytes_communicated")) / std::stod(opt));
-    // Python DDP rows carry no ceiling.
+    // Python rows (DDP, ZeRO, FSDP2) carry no ceiling.
     auto or_dash = [&](const char* key) { const std::string v = field(r, key); return v.empty() ? std::string("-") : v; };
     std::printf("| %s | %s | %s | %.1f | %.0f | %s | %s | %s | %s | %s | %.2f | %s | %.2f | %.2f | %.2f | %.0f |\n",
                 field(r, "model").c_str(), field(r, "strategy").c_str(), field(r, "world_size").c_str(),
@@ -530,14 +538,18 @@ int launcher_main(const Args& a) {
                 std::stod(field(r, "optim_bytes")) * mb, std::stod(field(r, "peak_rss_bytes")) * mb);
   }
   for (const auto& r : results) std::printf("%s\n", r.c_str());
-  // Issue 14's speed targets as ratios of samples/s between two rows measured in the
-  // same run: per round (the rows of one round ran one after the other, so load that
+  // Issue 14's and issue 31's speed targets as ratios of samples/s between two rows measured
+  // in the same run: per round (the rows of one round ran one after the other, so load that
   // comes and goes hits both alike), their median, and the ratio of the fastest runs.
+  // Issue 31: FULL_SHARD against PyTorch's FSDP2 over Gloo/TCP, FSDP2's own transport
+  // (FSDP_SHARED_MEMORY=0), and with the shared-memory transport.
   struct Target { const char* name; const char* num; const char* den; double goal; };
   const Target targets[] = {{"zero2+cpuadam_vs_no_shard+cpuadam", "ZERO2+CPUAdam", "NO_SHARD+CPUAdam", 0.95},
                             {"zero1_vs_python_zero", "ZERO1", "PYTHON_DDP+ZERO", 1.5},
                             {"zero2_vs_python_zero", "ZERO2", "PYTHON_DDP+ZERO", 1.5},
-                            {"zero2+overlap_vs_python_zero", "ZERO2+overlap", "PYTHON_DDP+ZERO", 1.5}};
+                            {"zero2+overlap_vs_python_zero", "ZERO2+overlap", "PYTHON_DDP+ZERO", 1.5},
+                            {"full_shard+gloo-tcp_vs_python_fsdp2", "FULL_SHARD+gloo-tcp", "PYTHON_FSDP2", 2.0},
+                            {"full_shard_vs_python_fsdp2", "FULL_SHARD", "PYTHON_FSDP2", 3.0}};
   auto sps_of = [&](const std::vector<std::string>& lines, const std::string& model, const std::string& strategy) {
     for (const auto& l : lines)
       if (field(l, "model") == model && field(l, "strategy") == strategy) return std::stod(field(l, "samples_per_s"));

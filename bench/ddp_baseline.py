@@ -1,5 +1,5 @@
-#!/usr/bin/python3
-"""Python PyTorch DDP baseline for bench_strategies (not a test).
+#!/usr/bin/env python3
+"""Python PyTorch DDP and FSDP2 baselines for bench_strategies (not a test).
 
 Trains the same models as bench/bench_strategies.cpp (MLP 784-1024-1024-10, or the
 transformer-like stack: Linear 784->256, 4 blocks of [x + Linear(LayerNorm(x)),
@@ -9,12 +9,24 @@ loopback. Prints one JSON object (rank 0) with the same keys as bench_strategies
 With --zero the optimizer is torch.distributed.optim.ZeroRedundancyOptimizer over Adam
 (PyTorch's ZeRO-1: each rank steps the parameters assigned to it and broadcasts them),
 still under DDP, as its documentation pairs them.
-Run with Debian's interpreter: /usr/bin/python3 bench/ddp_baseline.py --model mlp
+With --fsdp2 the model is PyTorch's FSDP2 instead of DDP: torch.distributed.fsdp.fully_shard
+on a 1-D CPU device mesh (Gloo) over every child of the Sequential that holds parameters
+(each Linear of the mlp; each block and each projection of the transformer: the units
+bench_strategies gives its FULL_SHARD rows), then on the root, with the defaults
+(reshard_after_forward=True: FULL_SHARD), and plain Adam over the sharded parameters.
+Run with the Python whose torch the build links (bench_strategies runs $FSDP_PYTHON):
+  .venv/bin/python bench/ddp_baseline.py --model mlp [--zero | --fsdp2]
 """
 import argparse
 import datetime
 import json
 import os
+
+# One intra-op thread per rank, as the C++ ranks run: the wheel's torch otherwise starts one
+# OpenMP/MKL thread per core in each rank. Set before torch loads; the spawned workers
+# inherit it, and each also calls torch.set_num_threads(1).
+os.environ["OMP_NUM_THREADS"] = "1"
+os.environ["MKL_NUM_THREADS"] = "1"
 import queue as queue_module
 import resource
 import sys
@@ -54,7 +66,17 @@ def worker(rank, args, init_file, queue):
     dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=args.world,
                             timeout=datetime.timedelta(seconds=60))
     torch.manual_seed(0)
-    model = nn.parallel.DistributedDataParallel(make_model(args.model))
+    if args.fsdp2:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        mesh = init_device_mesh("cpu", (args.world,))
+        model = make_model(args.model)
+        for child in model:
+            if any(True for _ in child.parameters()):
+                fully_shard(child, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+    else:
+        model = nn.parallel.DistributedDataParallel(make_model(args.model))
     if args.zero:
         from torch.distributed.optim import ZeroRedundancyOptimizer
         opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=1e-3)
@@ -81,18 +103,29 @@ def worker(rank, args, init_file, queue):
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
     if rank == 0:
         n = args.world
-        param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+
+        def local_bytes(t):  # FSDP2's parameters, gradients and Adam moments are DTensors: this rank's shard
+            t = t.to_local() if hasattr(t, "to_local") else t
+            return t.numel() * t.element_size()
+
+        param_bytes = sum(local_bytes(p) for p in model.parameters())
+        grad_bytes = sum(local_bytes(p.grad) for p in model.parameters() if p.grad is not None)
         local = opt.optim if args.zero else opt  # ZeRO: this rank's partition only
-        optim_bytes = sum(t.numel() * t.element_size() for s in local.state.values()
+        optim_bytes = sum(local_bytes(t) for s in local.state.values()
                           for k, t in s.items() if torch.is_tensor(t) and k != "step")
         step_s = elapsed.item() / args.steps
+        # DDP all-reduces every gradient once (ring): 2 Psi (N-1)/N; ZeRO adds the broadcast
+        # of every rank's updated parameters (Psi (N-1)/N each); FSDP2 (FULL_SHARD) gathers
+        # every unit in forward and again in backward and reduce-scatters its gradients:
+        # 3 Psi (N-1)/N, Psi the whole model's bytes (a DTensor's numel is the global one).
+        # Not measured.
+        psi = sum(p.numel() * p.element_size() for p in model.parameters())
+        strategy = "PYTHON_FSDP2" if args.fsdp2 else "PYTHON_DDP+ZERO" if args.zero else "PYTHON_DDP"
         queue.put({
-            "model": args.model, "strategy": "PYTHON_DDP+ZERO" if args.zero else "PYTHON_DDP", "world_size": n,
+            "model": args.model, "strategy": strategy, "world_size": n,
             "step_ms": round(step_s * 1e3, 3), "samples_per_s": round(args.batch / step_s, 1),
-            # DDP all-reduces every gradient once (ring): 2 Psi (N-1)/N; ZeRO adds the
-            # broadcast of every rank's updated parameters (Psi (N-1)/N each). Not measured.
-            "bytes_communicated": int((3 if args.zero else 2) * param_bytes * (n - 1) / n),
-            "param_bytes": param_bytes, "grad_bytes": param_bytes, "optim_bytes": optim_bytes,
+            "bytes_communicated": int((3 if args.zero or args.fsdp2 else 2) * psi * (n - 1) / n),
+            "param_bytes": param_bytes, "grad_bytes": grad_bytes, "optim_bytes": optim_bytes,
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         })
     dist.destroy_process_group()
@@ -106,7 +139,10 @@ def main():
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--zero", action="store_true", help="torch.distributed.optim.ZeroRedundancyOptimizer over Adam")
+    ap.add_argument("--fsdp2", action="store_true", help="FSDP2 (fully_shard per unit and root) instead of DDP")
     args = ap.parse_args()
+    if args.zero and args.fsdp2:
+        ap.error("--zero and --fsdp2 exclude each other")
     # A worker that dies without a result (seen now and then at start-up on the
     # loaded VM: the process vanishes with no traceback) would leave the other
     # waiting for it forever; notice it, stop the survivors and try again.
