@@ -4,7 +4,8 @@
 # Builds only the benchmarks and fsdp-run, then runs bench_strategies' rows one at a time in
 # rank mode under fsdp-run (the configurations bench_strategies' launcher mode runs, in the same
 # order), each under a time limit, until the budget is spent; then Python DDP (bench/
-# ddp_baseline.py) under the machine's torch, as bench_strategies does under /usr/bin/python3.
+# ddp_baseline.py: DDP, DDP + ZeRO, FSDP2) under the machine's torch, as bench_strategies does
+# under $FSDP_PYTHON.
 #
 #   bash scripts/gpu_bench.sh
 #
@@ -114,8 +115,9 @@ for m in $MODELS; do
       --bucket-mb "$bucket" --steps "$STEPS" --warmup "$WARMUP"
   done
   if [[ "${BENCH_PYTHON:-1}" == 1 ]]; then
-    for extra in "" --zero; do
-      run_row "$m python_ddp${extra:+ +zero} N=2" env OMP_NUM_THREADS=1 "$PY" "$FSDP_ROOT/bench/ddp_baseline.py" \
+    for extra in "" --zero --fsdp2; do
+      case "$extra" in --zero) label=python_ddp+zero ;; --fsdp2) label=python_fsdp2 ;; *) label=python_ddp ;; esac
+      run_row "$m $label N=2" env OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 "$PY" "$FSDP_ROOT/bench/ddp_baseline.py" \
         --model "$m" --world 2 --steps "$STEPS" --warmup "$WARMUP" $extra
     done
   fi
