@@ -5,7 +5,7 @@ per sample in time order, with optimizer steps marked.
 
     tools/plot_memory_trace.py memory.jsonl memory.png [--rank R]
 
-Needs matplotlib (Debian: python3-matplotlib, installed by scripts/bootstrap.sh).
+Needs matplotlib (scripts/bootstrap.sh installs it into .venv: run it with .venv/bin/python).
 """
 import argparse
 import json

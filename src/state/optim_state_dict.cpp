@@ -11,6 +11,7 @@
 #include "../fsdp/state_view.h"
 #include "fsdp/dist/collectives.h"
 #include "optim_state.h"
+#include "unpickled_dict.h"
 
 namespace fsdp {
 
@@ -268,7 +269,7 @@ void save_optim_state_dict(const OptimStateDict& osd, const std::string& path) {
   c10::impl::GenericDict top(c10::StringType::get(), c10::AnyType::get());
   top.insert("state", state);
   top.insert("param_groups", groups);
-  const std::vector<char> bytes = torch::pickle_save(c10::IValue(top));
+  const std::vector<char> bytes = detail::pickle_save_untagged(c10::IValue(top));
   std::ofstream out(path, std::ios::binary);
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   TORCH_CHECK(out, "fsdp: save_optim_state_dict: cannot write '", path, "'");

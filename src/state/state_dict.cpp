@@ -180,7 +180,7 @@ void load_state_dict(FullyShardedBase& model, const StateDict& dict) {
 void save_full_state_dict(const StateDict& dict, const std::string& path) {
   c10::Dict<std::string, at::Tensor> d;
   for (const auto& kv : dict) d.insert(kv.key(), kv.value().detach().cpu().contiguous());
-  const std::vector<char> bytes = torch::pickle_save(c10::IValue(d));
+  const std::vector<char> bytes = detail::pickle_save_untagged(c10::IValue(d));
   std::ofstream out(path, std::ios::binary);
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   out.close();

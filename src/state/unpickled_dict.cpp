@@ -1,6 +1,9 @@
 #include "unpickled_dict.h"
 
 #include <c10/util/Exception.h>
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/serialization/export.h>
+#include <torch/csrc/jit/serialization/pickler.h>
 
 namespace fsdp::detail {
 
@@ -21,6 +24,23 @@ StateDict unpickled_state_dict(const char* fn, const std::string& path, const st
                 "' has a non-string key or non-tensor value");
     out.insert(kv.key().toStringRef(), kv.value().toTensor());
   }
+  return out;
+}
+
+std::vector<char> pickle_save_untagged(const c10::IValue& value) {
+  std::vector<char> pickle;
+  torch::jit::Pickler pickler([&](const char* b, size_t n) { pickle.insert(pickle.end(), b, b + n); }, nullptr,
+                              nullptr, nullptr, nullptr, /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(value);
+  pickler.stop();
+  std::vector<char> out;
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* p, size_t n) {
+    out.insert(out.end(), static_cast<const char*>(p), static_cast<const char*>(p) + n);
+    return n;
+  });
+  torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(), writer);
+  writer.writeEndOfFile();
   return out;
 }
 

@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 #include <ATen/core/ivalue.h>
 
@@ -18,5 +19,12 @@ namespace fsdp::detail {
 /// (the 1.13 C++ unpickler rejects an OrderedDict), a value that is not a dict, or
 /// an entry that is not string -> tensor; each says how to save a readable file.
 StateDict unpickled_state_dict(const char* fn, const std::string& path, const std::function<c10::IValue()>& unpickle);
+
+/// torch::pickle_save's archive (what torch.save writes), pickled without TorchScript type
+/// tags: torch::pickle_save tags every dict with torch.jit._pickle.restore_type_tag, which
+/// torch.load's default weights_only=True (torch >= 2.6) refuses. libtorch's pickle_load
+/// reads either. Lists of int, float, bool or Tensor would still be written with
+/// torch.jit._pickle.build_*list: keep them out of what is saved (use generic lists).
+std::vector<char> pickle_save_untagged(const c10::IValue& value);
 
 }  // namespace fsdp::detail

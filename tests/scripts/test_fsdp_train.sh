@@ -379,6 +379,14 @@ for variant in "sgd:--optimizer sgd:sgd:0.05:0" "sgd_nproc1:--optimizer sgd --np
   losses "$WORK/$name.jsonl" >"$WORK/$name.losses" || fail "$name: bad metrics file"
   world=2; [[ $flags == *"--nproc 1"* ]] && world=1
   REF_WORLD=$world REF_OPT=$ref_opt REF_WD=$wd reference mlp 30 64 "$lr" >"$WORK/$name.ref" || fail "$name: the PyTorch reference failed"
+  if [[ $name == cpu_adam ]]; then
+    # CPUAdam's fused kernel rounds as libtorch 1.13's Adam did; the wheel's ATen kernels
+    # (vectorised addcmul/addcdiv) round some elements differently: close, not bitwise.
+    d="$(compare_losses "$WORK/$name.losses" "$WORK/$name.ref" 1e-6 30 2>&1)" ||
+      fail "$name: losses differ from the unsharded PyTorch reference by 1e-6 or more: $d"
+    pass "mlp $flags: 30 steps within $d relative of PyTorch's torch.optim.${ref_opt}"
+    continue
+  fi
   exact "$name" "$WORK/$name.ref"
   pass "mlp $flags: 30 steps equal PyTorch's torch.optim.${ref_opt} to the bit"
 done
