@@ -3,7 +3,8 @@
 # preinstalled, -DFSDP_PYTHON=python3 picks that one instead.
 #
 # Sets FSDP_PYTHON_EXECUTABLE (the interpreter, absolute), FSDP_TORCH_VERSION (e.g. 2.11.0+cu130), FSDP_TORCH_LIB_DIR (the wheel's torch/lib) and
-# FSDP_TORCH_CUDA (ON when the wheel's libtorch was built with CUDA), and puts the wheel's
+# FSDP_TORCH_CUDA (ON when the wheel's libtorch was built with CUDA), FSDP_TORCH_CUDA_LIB_DIRS
+# (the wheel's nvidia-* library directories), and puts the wheel's
 # CMake package on CMAKE_PREFIX_PATH.
 if(EXISTS "${CMAKE_SOURCE_DIR}/.venv/bin/python")
   set(_fsdp_default_python "${CMAKE_SOURCE_DIR}/.venv/bin/python")
@@ -43,4 +44,9 @@ else()
   set(FSDP_TORCH_CUDA OFF)
 endif()
 list(PREPEND CMAKE_PREFIX_PATH "${_fsdp_torch_prefix}")
+# The CUDA libraries the wheel's libtorch_cuda loads (nvidia-* packages beside torch). The
+# linker resolves libtorch_cuda's own dependencies against these, not against a CUDA toolkit
+# installed on the machine, whose NCCL may be older than the one the wheel was built with.
+get_filename_component(_fsdp_site_packages "${FSDP_TORCH_LIB_DIR}/../.." ABSOLUTE)
+file(GLOB FSDP_TORCH_CUDA_LIB_DIRS LIST_DIRECTORIES true "${_fsdp_site_packages}/nvidia/*/lib")
 message(STATUS "fsdp: libtorch ${FSDP_TORCH_VERSION} from ${FSDP_PYTHON} (CUDA: ${FSDP_TORCH_CUDA})")

@@ -216,7 +216,8 @@ TEST(CPUAdam, SeveralParamGroupsWithDifferentOptions) {
                                                 .eps(1e-6)));
         g.emplace_back(split(pb, 6, pb.size()));
         ref = std::make_unique<torch::optim::AdamW>(
-            std::move(g), torch::optim::AdamWOptions(2e-3).weight_decay(0.02));
+            g, torch::optim::AdamWOptions(2e-3).weight_decay(0.02));
+        fsdp::optim::keep_group_options(*ref, g);  // the reference as the groups say, on every 2.x
       } else {
         std::vector<torch::optim::OptimizerParamGroup> g;
         g.emplace_back(split(pb, 0, 3), std::make_unique<torch::optim::AdamOptions>(
@@ -228,7 +229,8 @@ TEST(CPUAdam, SeveralParamGroupsWithDifferentOptions) {
                                                 .eps(1e-6)));
         g.emplace_back(split(pb, 6, pb.size()));
         ref = std::make_unique<torch::optim::Adam>(
-            std::move(g), torch::optim::AdamOptions(2e-3).weight_decay(0.02));
+            g, torch::optim::AdamOptions(2e-3).weight_decay(0.02));
+        fsdp::optim::keep_group_options(*ref, g);
       }
       CPUAdam ours(std::move(ga),
                    CPUAdamOptions(2e-3).weight_decay(0.02).adamw_mode(adamw).fused(fused));

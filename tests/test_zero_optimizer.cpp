@@ -106,12 +106,15 @@ const torch::optim::SGDOptions kSgd = torch::optim::SGDOptions(0.05).momentum(0.
 
 std::unique_ptr<torch::optim::Optimizer> make_reference_optimizer(Opt opt, torch::nn::Module& m) {
   auto groups = make_groups(opt, m);
+  std::unique_ptr<torch::optim::Optimizer> ref;
   switch (opt) {
-    case Opt::SGD: return std::make_unique<torch::optim::SGD>(groups, kSgd);
-    case Opt::AdamW: return std::make_unique<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(1e-2));
-    case Opt::CPUAdam: return std::make_unique<fsdp::optim::CPUAdam>(groups, fsdp::optim::CPUAdamOptions(1e-2));
+    case Opt::SGD: ref = std::make_unique<torch::optim::SGD>(groups, kSgd); break;
+    case Opt::AdamW: ref = std::make_unique<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(1e-2)); break;
+    case Opt::CPUAdam: ref = std::make_unique<fsdp::optim::CPUAdam>(groups, fsdp::optim::CPUAdamOptions(1e-2)); break;
   }
-  return nullptr;
+  // The groups' options as given on every 2.x (the ZeRO side keeps them through inner_optimizer).
+  fsdp::optim::keep_group_options(*ref, groups);
+  return ref;
 }
 
 fsdp::optim::InnerOptimizerFactory make_factory(Opt opt) {

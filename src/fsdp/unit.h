@@ -53,6 +53,7 @@
 
 #include <ATen/ATen.h>
 
+#include "../memory/grad_accumulator_handle.h"
 #include "buffer_pool.h"
 #include "flat_param.h"
 #include "fsdp/dist/collectives.h"
@@ -176,7 +177,7 @@ class Unit {
   bool has_frozen_params_ = false;
   std::vector<bool> fired_flags_;
   size_t fired_ = 0;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keep hooks alive
+  std::vector<memory::GradAccumulatorHandle> accumulators_;  // keep hooks alive
   // Pieces from before this iteration, set aside at backward start; nullopt: not set aside.
   std::optional<std::vector<at::Tensor>> stashed_grads_;
 

@@ -31,6 +31,7 @@
 #include <ATen/ATen.h>
 
 #include "../fsdp/buffer_pool.h"
+#include "../memory/grad_accumulator_handle.h"
 #include "fsdp/dist/collectives.h"
 #include "zero_layout.h"
 
@@ -107,7 +108,7 @@ class ZeroGradReducer : public std::enable_shared_from_this<ZeroGradReducer> {
   std::vector<size_t> in_flight_;  // oldest first
   bool callback_queued_ = false;
   at::Tensor partition_;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<memory::GradAccumulatorHandle> accumulators_;
   std::vector<uintptr_t> hook_keys_;
   // Bucket buffers, on memory the peers read in place ([Note: exchange arena] in
   // src/dist/shm_arena.cpp) and kept between steps ([Note: buffer pool]).
