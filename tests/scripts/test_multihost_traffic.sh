@@ -5,7 +5,7 @@
 # everything between the hosts passes (tx and rx, packets and bytes).
 #
 # fsdp-train's mlp on 2 hosts x 2 ranks, one `fsdp-run --nnodes 2` per host, uncapped link:
-# FULL_SHARD (groups span the hosts: 2 (3 sum P_u - P_last) per step), HYBRID_SHARD (shard group =
+# FULL_SHARD (groups span the hosts: 2 (3 sum P_u - P_last - P_second_last) per step), HYBRID_SHARD (shard group =
 # a host on shared memory; only the replica all-reduce crosses: 2 S) and NO_SHARD (Gloo's ring
 # over 4 ranks crosses twice: 3 S). Per step = (run of LONG steps - run of SHORT steps) / (LONG -
 # SHORT): start-up, the final evaluation and the rendezvous cancel; what runs for as long as the

@@ -48,8 +48,8 @@
 /// (include/fsdp/state/zero_state_dict.h); checkpoint directories in FSDP's format,
 /// loadable by FSDP and from FSDP at any world size: fsdp::save_checkpoint /
 /// load_checkpoint (include/fsdp/state/zero_checkpoint.h). fsdp-train: --strategy
-/// zero1 | zero2. Not done yet (issue 14): FSDP models driven by the same facade, the
-/// stage-1 option of reducing every micro-batch (stage 1 always defers).
+/// zero1 | zero2. fsdp::optim::TrainingFacade drives this optimizer and FSDP models alike.
+/// Stage 1 always defers the reduction to step(); reducing every micro-batch is not offered.
 
 #include <cstdint>
 #include <functional>

@@ -1,6 +1,6 @@
 #pragma once
 /// Options of fsdp::trainer::Trainer (libtorch TORCH_ARG style: chained setters),
-/// checked once, up front, on every rank by validate_trainer_options.
+/// checked once, up front, on every rank by trainer_options_error.
 ///
 ///     auto o = fsdp::trainer::TrainerOptions()
 ///                  .strategy(fsdp::trainer::Strategy("full_shard")
@@ -31,7 +31,7 @@ namespace fsdp::trainer {
 ///    optimizer, with `zero()` (its process_group, stage, module and
 ///    clip_grad_norm are set by the Trainer).
 /// The name is a string so that a command line can pass it through; an unknown
-/// name is an error of validate_trainer_options, on every rank.
+/// name is an error of trainer_options_error, on every rank.
 struct Strategy {
   Strategy() = default;
   /* implicit */ Strategy(std::string name) : name_(std::move(name)) {}
@@ -145,7 +145,7 @@ struct TrainerOptions {
   TORCH_ARG(int, threads) = 0;
 };
 
-/// What the Trainer was given besides the options, for validate_trainer_options.
+/// What the Trainer was given besides the options, for trainer_options_error.
 struct TrainerParts {
   bool model = false, optimizer = false, training_step = false;
   bool train_data = false, val_data = false, validation_step = false;

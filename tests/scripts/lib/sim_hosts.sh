@@ -5,7 +5,7 @@
 # use TCP between hosts and shared memory can only pair ranks of the same host.
 #
 #   source tests/scripts/lib/sim_hosts.sh
-#   sim_hosts_require           # SKIP (exit 0) as a non-root user, FAIL under CI=true
+#   sim_hosts_require           # SKIP (exit 77, which ctest counts as skipped) as a non-root user, FAIL under CI=true
 #   sim_hosts_create 2          # hosts 0..1, addresses in SIM_ADDR[i]; removed at exit
 #   sim_host_run 0 cmd args...  # runs cmd "on" host 0 (foreground; add & to background)
 #   sim_host_bytes 0            # bytes sent + received by host 0's link so far
@@ -26,7 +26,7 @@ SIM_SUBNET=10.77.0
 
 _sim_fail() {
   if [[ "${CI:-}" == true ]]; then echo "FAIL: $*" >&2; exit 1; fi
-  echo "SKIP: $*"; exit 0
+  echo "SKIP: $*"; exit 77  # ctest: SKIP_RETURN_CODE, reported as skipped
 }
 
 # Exits the test (SKIP, or FAIL under CI=true) when simulated hosts cannot be made here.
