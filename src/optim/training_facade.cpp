@@ -7,7 +7,6 @@
 
 #include <torch/torch.h>
 
-
 namespace fsdp::optim {
 
 TrainingFacade::TrainingFacade(ZeroRedundancyOptimizer& opt) : zero_(&opt) {}

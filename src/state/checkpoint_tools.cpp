@@ -10,12 +10,12 @@
 #include <filesystem>
 #include <sstream>
 
-#include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/torch.h>
 
 #include "checkpoint_format.h"
 #include "checkpoint_zip.h"
 #include "fsdp/state/checkpoint_testing.h"
+#include "unpickled_dict.h"
 
 namespace fsdp {
 
@@ -152,12 +152,11 @@ void consolidate_checkpoint(const std::string& dir, const std::string& out) {
     dict.insert(a.key(), dict.at(canonical));
   }
   std::vector<char> pickle;
-  torch::jit::Pickler pickler([&](const char* b, size_t n) { pickle.insert(pickle.end(), b, b + n); }, nullptr,
-                              nullptr, nullptr, nullptr, /*tag_aggregates=*/false);
-  pickler.protocol();
-  pickler.pushIValue(c10::IValue(dict));
-  pickler.stop();
-  TORCH_INTERNAL_ASSERT(pickler.tensorData().size() == items.size());
+  {
+    detail::UntaggedPickle p = detail::pickle_untagged(c10::IValue(dict));
+    TORCH_INTERNAL_ASSERT(p.tensors.size() == items.size());
+    pickle = std::move(p.bytes);
+  }
   dict = c10::impl::GenericDict(c10::StringType::get(), c10::TensorType::get());
 
   // 2. The zip archive (see [Note: why not PyTorchStreamWriter]): data.pkl,

@@ -27,19 +27,25 @@ StateDict unpickled_state_dict(const char* fn, const std::string& path, const st
   return out;
 }
 
-std::vector<char> pickle_save_untagged(const c10::IValue& value) {
-  std::vector<char> pickle;
-  torch::jit::Pickler pickler([&](const char* b, size_t n) { pickle.insert(pickle.end(), b, b + n); }, nullptr,
-                              nullptr, nullptr, nullptr, /*tag_aggregates=*/false);
+UntaggedPickle pickle_untagged(const c10::IValue& value) {
+  UntaggedPickle out;
+  torch::jit::Pickler pickler([&](const char* b, size_t n) { out.bytes.insert(out.bytes.end(), b, b + n); },
+                              nullptr, nullptr, nullptr, nullptr, /*tag_aggregates=*/false);
   pickler.protocol();
   pickler.pushIValue(value);
   pickler.stop();
+  out.tensors = pickler.tensorData();
+  return out;
+}
+
+std::vector<char> pickle_save_untagged(const c10::IValue& value) {
+  const UntaggedPickle pickle = pickle_untagged(value);
   std::vector<char> out;
   caffe2::serialize::PyTorchStreamWriter writer([&](const void* p, size_t n) {
     out.insert(out.end(), static_cast<const char*>(p), static_cast<const char*>(p) + n);
     return n;
   });
-  torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(), writer);
+  torch::jit::writeArchiveAndTensors("data", pickle.bytes.data(), pickle.bytes.size(), pickle.tensors, writer);
   writer.writeEndOfFile();
   return out;
 }

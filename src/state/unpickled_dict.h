@@ -20,6 +20,15 @@ namespace fsdp::detail {
 /// an entry that is not string -> tensor; each says how to save a readable file.
 StateDict unpickled_state_dict(const char* fn, const std::string& path, const std::function<c10::IValue()>& unpickle);
 
+/// `value` pickled as torch.save pickles it, without TorchScript type tags (see
+/// pickle_save_untagged): the pickle's bytes, and the tensors whose storages it refers to as
+/// records data/0, data/1, ... in that order.
+struct UntaggedPickle {
+  std::vector<char> bytes;
+  std::vector<at::Tensor> tensors;
+};
+UntaggedPickle pickle_untagged(const c10::IValue& value);
+
 /// torch::pickle_save's archive (what torch.save writes), pickled without TorchScript type
 /// tags: torch::pickle_save tags every dict with torch.jit._pickle.restore_type_tag, which
 /// torch.load's default weights_only=True (torch >= 2.6) refuses. libtorch's pickle_load
