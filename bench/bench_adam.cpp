@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "../src/optim/kernels/adam_kernel.h"
+#include "optim/kernels/adam_kernel.h"
 #include "fsdp/optim/cpu_adam.h"
 
 namespace fsdp_bench {

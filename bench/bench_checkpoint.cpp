@@ -49,8 +49,8 @@
 #include <torch/torch.h>
 
 #include "common/tool_error.h"
-#include "fsdp/dist/collectives.h"
-#include "fsdp/fsdp/fully_sharded.h"
+#include "fsdp/comm/collectives.h"
+#include "fsdp/core/fully_sharded.h"
 #include "fsdp/state/checkpoint.h"
 #include "fsdp/state/checkpoint_testing.h"
 #include "fsdp/state/checkpoint_tools.h"
@@ -271,7 +271,7 @@ int rank_main(int argc, char** argv) {
   auto* counter = fsdp::testing::install_counting_allocator();
   const int64_t target = std::stoll(arg(argc, argv, "--params", "100000000"));
   const std::string dir = arg(argc, argv, "--dir", "/tmp") + "/bench_checkpoint";
-  auto pg = dist::init_process_group(dist::InitOptions());
+  auto pg = comm::init_process_group(comm::InitOptions());
   const int rank = pg.rank(), world = pg.size();
 
   // Sequential of D x D layers, one unit each; D = 2048 gives 4.2M per layer.
@@ -290,7 +290,7 @@ int rank_main(int argc, char** argv) {
 
   if (rank == 0) fs::remove_all(dir);
   if (rank == 0) fs::create_directories(dir);
-  dist::barrier(pg);
+  comm::barrier(pg);
   // Every timed region runs between barriers, so it ends when the slowest rank is done.
   std::vector<double> cpu;     // this rank's CPU seconds of each timed region, in order
   std::vector<double> vm_mib;  // MiB the VM reported (handed back) during each region; -1: no counter
@@ -298,14 +298,14 @@ int rank_main(int argc, char** argv) {
   // A cold region first waits for the VM's page reporting to settle ([Note: settle before
   // cold regions]); every rank has evicted its input by then (the first barrier).
   auto timed = [&](const std::function<void()>& f, bool cold) {
-    dist::barrier(pg);
+    comm::barrier(pg);
     if (cold && rank == 0) settle(settle_ms);
-    dist::barrier(pg);
+    comm::barrier(pg);
     const int64_t k0 = vm_reported_kib();
     const double t0 = now(), c0 = cpu_now();
     f();
     cpu.push_back(cpu_now() - c0);
-    dist::barrier(pg);
+    comm::barrier(pg);
     const double s = now() - t0;
     vm_mib.push_back(k0 < 0 ? -1.0 : (vm_reported_kib() - k0) / 1024.0);
     return s;
@@ -391,12 +391,12 @@ int rank_main(int argc, char** argv) {
   }
 
   auto extra = torch::tensor({save_extra, load_extra, load_rss, my_bytes}, torch::kLong);
-  dist::all_reduce(pg, extra, dist::ReduceOp::Max).wait();
+  comm::all_reduce(pg, extra, comm::ReduceOp::Max).wait();
   auto cpu_all = torch::tensor(cpu, torch::kDouble);  // summed over ranks
-  dist::all_reduce(pg, cpu_all).wait();
+  comm::all_reduce(pg, cpu_all).wait();
   // The least-cached rank's input of each "cached" region (mincore just before it).
   auto resident = torch::tensor({-resident_load_cached, -resident_read_crc}, torch::kDouble);
-  dist::all_reduce(pg, resident, dist::ReduceOp::Max).wait();
+  comm::all_reduce(pg, resident, comm::ReduceOp::Max).wait();
   resident = -resident;
   const auto c = cpu_all.accessor<double, 1>();
   if (rank == 0) {
@@ -469,7 +469,7 @@ int rank_main(int argc, char** argv) {
     const double rc = timed([&] { plain_read(plain, buf, my_bytes, false); }, true);
     const double ra = timed([&] { plain_read(plain, buf, my_bytes, true); }, false);
     auto rc_all = torch::tensor(cpu, torch::kDouble);
-    dist::all_reduce(pg, rc_all).wait();
+    comm::all_reduce(pg, rc_all).wait();
     const auto rcpu = rc_all.accessor<double, 1>();
     if (rank == 0) {
       const double gb = bytes / 1e9;
@@ -487,7 +487,7 @@ int rank_main(int argc, char** argv) {
     }
   }
   data = at::Tensor();
-  dist::barrier(pg);
+  comm::barrier(pg);
   if (rank == 0) fs::remove_all(dir);
   return 0;
 }

@@ -1,4 +1,4 @@
-// bench_collectives: bus bandwidth of fsdp::dist's all-gather and reduce-scatter against
+// bench_collectives: bus bandwidth of fsdp::comm's all-gather and reduce-scatter against
 // Gloo's own all-reduce, measured in the same run on the same buffer.
 //
 // Usage:
@@ -28,12 +28,12 @@
 //
 // Ops timed (the first four are the report; the rest explain it):
 //   gloo_allreduce   pg.c10d()->allreduce on the flat buffer: the baseline
-//   all_reduce       fsdp::dist::all_reduce
-//   all_gather_into  fsdp::dist::all_gather_into(flat, shard)
-//   reduce_scatter   fsdp::dist::reduce_scatter(out, flat)
+//   all_reduce       fsdp::comm::all_reduce
+//   all_gather_into  fsdp::comm::all_gather_into(flat, shard)
+//   reduce_scatter   fsdp::comm::reduce_scatter(out, flat)
 //                    (these three go through shared memory when every rank is on this host,
 //                    which bench ranks are: [Note: shared-memory transport] in
-//                    src/dist/shm_channel.cpp)
+//                    src/comm/shm/shm_channel.cpp)
 //   *_gloo           the same three calls with the shared-memory transport switched off
 //                    (set_comm_shared_memory(false)): our Gloo paths, described next
 //   gloo_alltoall    reduce_scatter's transfer alone: c10d alltoall_base into a buffer
@@ -47,7 +47,7 @@
 //                    receive buffer costs; above glibc's mmap threshold (32 MiB at most)
 //                    that is page faults every time
 // reduce_scatter and all_gather_into are built from Gloo send/recv (see
-// src/dist/gloo_p2p.cpp), in segments of --segment-kb (default 4096); reduce_scatter
+// src/comm/gloo/gloo_p2p.cpp), in segments of --segment-kb (default 4096); reduce_scatter
 // overlaps the sum of each segment with the transfer of the next and keeps a large receive
 // buffer per group; all_gather_into receives straight into the chunk views. At N >= 3, flat
 // buffers up to --alltoall-kb (default 2048; 0: never) go through Gloo's alltoall instead.
@@ -69,13 +69,13 @@
 #include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
-#include "fsdp/dist/collectives.h"
-#include "fsdp/dist/process_group.h"
+#include "fsdp/comm/collectives.h"
+#include "fsdp/comm/process_group.h"
 #include "bench_launch.h"
 
 namespace {
 
-namespace dist = fsdp::dist;
+namespace comm = fsdp::comm;
 using Clock = std::chrono::steady_clock;
 
 struct Args {
@@ -226,12 +226,12 @@ std::string fmt(const char* f, double v) {
 }
 
 int rank_main(const Args& args) {
-  auto pg = dist::init_process_group(
-      dist::InitOptions().timeout(std::chrono::milliseconds(args.timeout_ms)));
+  auto pg = comm::init_process_group(
+      comm::InitOptions().timeout(std::chrono::milliseconds(args.timeout_ms)));
   const int n = pg.size();
   const int rank = pg.rank();
-  dist::set_comm_segment_bytes(int64_t(args.segment_kb) * 1024);
-  dist::set_comm_alltoall_max_bytes(int64_t(args.alltoall_kb) * 1024);
+  comm::set_comm_segment_bytes(int64_t(args.segment_kb) * 1024);
+  comm::set_comm_alltoall_max_bytes(int64_t(args.alltoall_kb) * 1024);
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   const auto f32 = at::TensorOptions().dtype(at::kFloat);
 
@@ -246,7 +246,7 @@ int rank_main(const Args& args) {
   std::vector<Row> rows;
 
   for (int mb : args.sizes_mb) {
-    const int64_t numel = dist::padded_numel(int64_t(mb) * 1024 * 1024 / 4, n);
+    const int64_t numel = comm::padded_numel(int64_t(mb) * 1024 * 1024 / 4, n);
     const double bytes = double(numel) * 4.0;
     const int64_t chunk = numel / n;
     // Zeros: sums stay zero, so repeated all-reduces never reach inf or denormals.
@@ -260,22 +260,22 @@ int rank_main(const Args& args) {
                      std::vector<at::Tensor> t{flat};
                      pg.c10d()->allreduce(t)->wait(pg.timeout());
                    }});
-    ops.push_back({"all_reduce", true, 2.0, [&] { dist::all_reduce(pg, flat).wait(); }});
+    ops.push_back({"all_reduce", true, 2.0, [&] { comm::all_reduce(pg, flat).wait(); }});
     ops.push_back({"all_gather_into", true, 1.0,
-                   [&] { dist::all_gather_into(pg, flat, shard).wait(); }});
+                   [&] { comm::all_gather_into(pg, flat, shard).wait(); }});
     ops.push_back({"reduce_scatter", true, 1.0,
-                   [&] { dist::reduce_scatter(pg, out, flat).wait(); }});
+                   [&] { comm::reduce_scatter(pg, out, flat).wait(); }});
     auto over_gloo = [](const std::function<void()>& f) {
-      dist::set_comm_shared_memory(false);
+      comm::set_comm_shared_memory(false);
       f();
-      dist::set_comm_shared_memory(true);
+      comm::set_comm_shared_memory(true);
     };
     ops.push_back({"all_reduce_gloo", false, 2.0,
-                   [&] { over_gloo([&] { dist::all_reduce(pg, flat).wait(); }); }});
+                   [&] { over_gloo([&] { comm::all_reduce(pg, flat).wait(); }); }});
     ops.push_back({"all_gather_gloo", false, 1.0,
-                   [&] { over_gloo([&] { dist::all_gather_into(pg, flat, shard).wait(); }); }});
+                   [&] { over_gloo([&] { comm::all_gather_into(pg, flat, shard).wait(); }); }});
     ops.push_back({"reduce_scatter_gloo", false, 1.0,
-                   [&] { over_gloo([&] { dist::reduce_scatter(pg, out, flat).wait(); }); }});
+                   [&] { over_gloo([&] { comm::reduce_scatter(pg, out, flat).wait(); }); }});
     ops.push_back({"gloo_alltoall", false, 1.0, [&] {
                      std::vector<int64_t> equal;
                      pg.c10d()->alltoall_base(received, flat, equal, equal)->wait(pg.timeout());
@@ -306,7 +306,7 @@ int rank_main(const Args& args) {
     double* tp = times.data_ptr<double>();
     for (int r = 0; r < reps; ++r) {
       for (size_t o = 0; o < ops.size(); ++o) {
-        dist::barrier(pg);
+        comm::barrier(pg);
         auto t0 = Clock::now();
         ops[o].run();
         tp[o * reps + r] = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -369,7 +369,7 @@ int rank_main(const Args& args) {
     }
     std::fflush(stdout);
   }
-  dist::barrier(pg);
+  comm::barrier(pg);
   return 0;
 }
 

@@ -38,7 +38,7 @@ MODEL=(--model gpt --layers "$LAYERS" --dim "$DIM" --heads "$HEADS" --context 16
 
 "$TRAIN" --estimate-memory "${MODEL[@]}" --nproc "$NPROC" >"$WORK/estimate"
 PSI=$(sed -n 's/.*P = \([0-9]*\) parameters.*/\1/p' "$WORK/estimate")
-EST_SHARDED=$(awk '/^  sharded \(ZeroInitContext/ {print $4, $5}' "$WORK/estimate")
+EST_SHARDED=$(awk '/^  sharded \(ShardedInitContext/ {print $4, $5}' "$WORK/estimate")
 EST_EAGER=$(awk '/^  eager \(--eager-init\)/ {print $3, $4}' "$WORK/estimate")
 need_kib=$(( PSI * 4 * NPROC * 3 / 2 / 1024 + NPROC * 400 * 1024 ))
 avail_kib=$(awk '/^MemAvailable:/ {print $2}' /proc/meminfo)

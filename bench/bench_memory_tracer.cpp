@@ -1,4 +1,4 @@
-// What the memory tracer (include/fsdp/memory/memory_tracer.h) costs per training step:
+// What the memory tracer (include/fsdp/core/memory_tracer.h) costs per training step:
 // issue 15 asks for < 2%, cheap enough to leave on.
 //
 // Each run is one process group of --nproc ranks training the same FULL_SHARD model (a
@@ -30,10 +30,10 @@
 
 #include "bench_launch.h"
 #include "common/tool_error.h"
-#include "fsdp/dist/collectives.h"
-#include "fsdp/dist/process_group.h"
-#include "fsdp/fsdp/fully_sharded.h"
-#include "fsdp/memory/memory_tracer.h"
+#include "fsdp/comm/collectives.h"
+#include "fsdp/comm/process_group.h"
+#include "fsdp/core/fully_sharded.h"
+#include "fsdp/core/memory_tracer.h"
 
 namespace {
 
@@ -128,7 +128,7 @@ int rank_main(const Args& a) {
   TORCH_CHECK(!a.mode.empty(), "bench_memory_tracer: the ranks need --mode (the launcher sets it)");
   if (on) fsdp::memory::enable_allocator_counting();  // before any tensor, as fsdp-train does
   at::set_num_threads(a.threads);
-  auto pg = fsdp::dist::init_process_group();
+  auto pg = fsdp::comm::init_process_group();
   torch::manual_seed(0);
   auto net = std::make_shared<NetImpl>(a.dim, a.layers);
   auto model = fsdp::FullyShardedDataParallel(
@@ -143,7 +143,7 @@ int rank_main(const Args& a) {
   int64_t allocations_before = 0;
   for (int s = 0; s < a.warmup + a.steps; ++s) {
     if (s == a.warmup) {
-      fsdp::dist::barrier(pg);
+      fsdp::comm::barrier(pg);
       allocations_before = fsdp::memory::counted_allocations();
     }
     const auto t0 = std::chrono::steady_clock::now();
@@ -156,7 +156,7 @@ int rank_main(const Args& a) {
   }
   // The slowest rank's step times (every rank waits for it in the collectives anyway).
   auto t = torch::tensor(ms, torch::kFloat64);
-  fsdp::dist::all_reduce(pg, t, fsdp::dist::ReduceOp::Max).wait();
+  fsdp::comm::all_reduce(pg, t, fsdp::comm::ReduceOp::Max).wait();
   std::vector<double> slowest(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
   std::sort(slowest.begin(), slowest.end());
   // What one sample's bookkeeping costs, without the noise of the steps around it:

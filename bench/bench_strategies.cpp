@@ -38,7 +38,7 @@
 //
 // Measured per configuration: step_ms = (slowest rank's wall time for `steps` steps
 // between two barriers) / steps; bytes_communicated = bytes this rank sent through
-// fsdp::dist per step (comm_counters; rank 0); param/grad/optim bytes on rank 0 after
+// fsdp::comm per step (comm_counters; rank 0); param/grad/optim bytes on rank 0 after
 // the run (memory_stats and the optimizer's exp_avg/exp_avg_sq); peak_rss_bytes =
 // rank 0's ru_maxrss. ring_optimum_bytes is the per-rank ring optimum for the
 // strategy (2Psi(N-1)/N for NO_SHARD and SHARD_GRAD_OP, 3Psi(N-1)/N for FULL_SHARD;
@@ -67,9 +67,9 @@
 
 #include <torch/torch.h>
 
-#include "fsdp/dist/collectives.h"
-#include "fsdp/dist/process_group.h"
-#include "fsdp/fsdp/fully_sharded.h"
+#include "fsdp/comm/collectives.h"
+#include "fsdp/comm/process_group.h"
+#include "fsdp/core/fully_sharded.h"
 #include "fsdp/optim/cpu_adam.h"
 #include "fsdp/optim/zero_redundancy_optimizer.h"
 #include "bench_launch.h"
@@ -198,7 +198,7 @@ torch::nn::Sequential make_model(const std::string& name) {
 
 int rank_main(const Args& a) {
   at::set_num_threads(1);
-  auto pg = fsdp::dist::init_process_group();
+  auto pg = fsdp::comm::init_process_group();
   const int n = pg.size();
   const int64_t global_batch = 128, per = global_batch / n;
   // zero1 / zero2: the model unwrapped, fsdp::optim::ZeroRedundancyOptimizer (default
@@ -272,10 +272,10 @@ int rank_main(const Args& a) {
   int64_t bytes = 0;
   for (int round = 0; round < std::max(1, a.rounds); ++round) {
     const double c = plain.ms(pg, a.steps);
-    fsdp::dist::barrier(pg);
-    fsdp::dist::comm_counters().reset();
+    fsdp::comm::barrier(pg);
+    fsdp::comm::comm_counters().reset();
     const double s = fsdp::bench::timed_together_ms(pg, a.steps, step);
-    bytes = fsdp::dist::comm_counters().total() / a.steps;
+    bytes = fsdp::comm::comm_counters().total() / a.steps;
     ceiling_ms = round == 0 ? c : std::min(ceiling_ms, c);
     step_ms = round == 0 ? s : std::min(step_ms, s);
   }
@@ -334,7 +334,7 @@ int rank_main(const Args& a) {
     auto ms_since = [](clock::time_point t) { return std::chrono::duration<double, std::milli>(clock::now() - t).count(); };
     double zero = 0, fwd = 0, bwd = 0, optim = 0, plain_zero = 0, plain_fwd = 0, plain_bwd = 0;
     model->clear_trace();  // with FSDP_TRACE set: the spans of these steps only
-    fsdp::dist::barrier(pg);
+    fsdp::comm::barrier(pg);
     for (int i = 0; i < a.steps; ++i) {
       auto t = clock::now();
       opt->zero_grad(/*set_to_none=*/false);
@@ -361,7 +361,7 @@ int rank_main(const Args& a) {
     auto plain_model = make_model(a.model);
     for (int i = 0; i < a.warmup + 1; ++i)
       torch::nn::functional::cross_entropy(plain_model->forward(x), y).backward();
-    fsdp::dist::barrier(pg);
+    fsdp::comm::barrier(pg);
     for (int i = 0; i < a.steps; ++i) {
       auto t = clock::now();
       for (auto& p : plain_model->parameters()) p.mutable_grad().zero_();
@@ -373,7 +373,7 @@ int rank_main(const Args& a) {
       loss.backward();
       plain_bwd += ms_since(t);
     }
-    fsdp::dist::barrier(pg);
+    fsdp::comm::barrier(pg);
     const double k = 1.0 / a.steps;
     if (pg.rank() == 0)
       std::printf("{\"breakdown\": \"%s %s\", \"zero_grad_ms\": %.3f, \"forward_ms\": %.3f, \"backward_ms\": %.3f, "

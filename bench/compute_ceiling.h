@@ -21,9 +21,9 @@
 
 #include <torch/torch.h>
 
-#include "fsdp/dist/collectives.h"
-#include "fsdp/dist/process_group.h"
-#include "fsdp/fsdp/host_memory.h"
+#include "fsdp/comm/collectives.h"
+#include "fsdp/comm/process_group.h"
+#include "fsdp/core/host_memory.h"
 #include "fsdp/optim/cpu_adam.h"
 
 namespace fsdp {
@@ -31,13 +31,13 @@ namespace bench {
 
 /// Mean ms per repetition of `body` over `reps`, the slowest rank's, every rank
 /// starting together after a barrier.
-inline double timed_together_ms(const dist::ProcessGroup& pg, int reps, const std::function<void()>& body) {
-  dist::barrier(pg);
+inline double timed_together_ms(const comm::ProcessGroup& pg, int reps, const std::function<void()>& body) {
+  comm::barrier(pg);
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < reps; ++i) body();
   auto el = torch::tensor({std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()},
                           torch::kDouble);
-  dist::all_reduce(pg, el, dist::ReduceOp::Max).wait();
+  comm::all_reduce(pg, el, comm::ReduceOp::Max).wait();
   return el.item<double>() * 1e3 / reps;
 }
 
@@ -56,7 +56,7 @@ class PlainComputeProbe {
       if (p.grad().defined()) p.mutable_grad().zero_();
     torch::nn::functional::cross_entropy(model_->forward(x_), y_).backward();
   }
-  double ms(const dist::ProcessGroup& pg, int steps) {
+  double ms(const comm::ProcessGroup& pg, int steps) {
     return timed_together_ms(pg, steps, [this] { step(); });
   }
 
@@ -67,7 +67,7 @@ class PlainComputeProbe {
 
 /// One optimizer step over `numel` fp32 parameters (one tensor, as a flat shard is),
 /// with CPUAdam ("cpuadam") or torch::optim::Adam ("adam"), lr 1e-3.
-inline double optimizer_step_ms(const dist::ProcessGroup& pg, const std::string& optim, int64_t numel, int steps) {
+inline double optimizer_step_ms(const comm::ProcessGroup& pg, const std::string& optim, int64_t numel, int steps) {
   if (numel <= 0) return 0;
   auto p = torch::randn({numel}).requires_grad_(true);
   p.mutable_grad() = torch::randn({numel});
@@ -80,7 +80,7 @@ inline double optimizer_step_ms(const dist::ProcessGroup& pg, const std::string&
 
 /// memcpy bandwidth (bytes/s) with every rank copying `block_bytes` blocks at once,
 /// between pre-faulted buffers; `total_bytes` copied per rank.
-inline double memcpy_bytes_per_s(const dist::ProcessGroup& pg, int64_t block_bytes, int64_t total_bytes) {
+inline double memcpy_bytes_per_s(const comm::ProcessGroup& pg, int64_t block_bytes, int64_t total_bytes) {
   std::vector<char> src(static_cast<size_t>(block_bytes), 1), dst(static_cast<size_t>(block_bytes), 0);
   const int reps = static_cast<int>(std::max<int64_t>(1, total_bytes / block_bytes));
   std::memcpy(dst.data(), src.data(), src.size());
@@ -97,12 +97,12 @@ inline double memcpy_bytes_per_s(const dist::ProcessGroup& pg, int64_t block_byt
 /// evicts a shard between its uses. Every rank copies at once; the slowest rank's
 /// total copy time counts. A second figure beside memcpy_bytes_per_s, for reading the
 /// bound, not part of it.
-inline double memcpy_uncached_bytes_per_s(const dist::ProcessGroup& pg, int64_t block_bytes, int64_t evict_bytes,
+inline double memcpy_uncached_bytes_per_s(const comm::ProcessGroup& pg, int64_t block_bytes, int64_t evict_bytes,
                                           int reps) {
   std::vector<char> src(static_cast<size_t>(block_bytes), 1), dst(static_cast<size_t>(block_bytes), 0);
   std::vector<char> other(static_cast<size_t>(evict_bytes), 2);
   double seconds = 0;
-  dist::barrier(pg);
+  comm::barrier(pg);
   for (int i = 0; i < reps; ++i) {
     for (size_t j = 0; j < other.size(); j += 64) other[j] = static_cast<char>(other[j] + 1);
     const auto t0 = std::chrono::steady_clock::now();
@@ -111,7 +111,7 @@ inline double memcpy_uncached_bytes_per_s(const dist::ProcessGroup& pg, int64_t 
     src[static_cast<size_t>(i)] = dst[static_cast<size_t>(i) + 1];  // the copies depend on each other
   }
   auto el = torch::tensor({seconds}, torch::kDouble);
-  dist::all_reduce(pg, el, dist::ReduceOp::Max).wait();
+  comm::all_reduce(pg, el, comm::ReduceOp::Max).wait();
   return block_bytes * static_cast<double>(reps) / el.item<double>();
 }
 

@@ -16,7 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
-#include "fsdp/dist/collectives.h"
+#include "fsdp/comm/collectives.h"
 #include "fsdp/optim/cpu_adam.h"
 #include "fsdp/state/checkpoint.h"
 #include "fsdp/state/checkpoint_testing.h"
@@ -61,13 +61,13 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& kind,
   return std::make_unique<torch::optim::SGD>(m->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
 }
 
-Model wrap(uint64_t seed, dist::ProcessGroup& pg, ShardingStrategy s, bool wrap_all) {
+Model wrap(uint64_t seed, comm::ProcessGroup& pg, ShardingStrategy s, bool wrap_all) {
   auto opts = Options().sharding_strategy(s);
   if (wrap_all) opts.auto_wrap_policy(always_wrap_policy());
   return Model(make_transformer(seed), pg, opts);
 }
 
-void train(Model& m, torch::optim::Optimizer& opt, int64_t from, int64_t to, const dist::ProcessGroup& pg) {
+void train(Model& m, torch::optim::Optimizer& opt, int64_t from, int64_t to, const comm::ProcessGroup& pg) {
   for (int64_t s = from; s < to; ++s) {
     auto [x, y] = global_batch(s, kBatch);
     opt.zero_grad(/*set_to_none=*/false);
@@ -98,7 +98,7 @@ std::vector<torch::Tensor> values(const std::map<std::string, torch::Tensor>& p)
 // Phase 1 at N=4 (FULL_SHARD, every block a unit): train, save, continue; record
 // the state at the save and after the uninterrupted run, and reload at N=4 into a
 // fresh model (other seed): bitwise equal continuation.
-void save_phase(dist::ProcessGroup& pg) {
+void save_phase(comm::ProcessGroup& pg) {
   for (const std::string kind : kOptimizers) {
     run_case("save " + kind, [&] {
       const std::string dir = test_dir() + "/" + kind;
@@ -127,7 +127,7 @@ void save_phase(dist::ProcessGroup& pg) {
       auto p2 = full_params(m2);
       for (const auto& kv : final_params)
         EXPECT_TRUE(torch::equal(kv.second, p2.at(kv.first))) << kind << " " << kv.first << " differs after reload at N=4";
-      dist::barrier(pg);
+      comm::barrier(pg);
     });
   }
   run_case("HYBRID_SHARD: the first replica group writes; loads under FULL_SHARD", [&] {
@@ -145,7 +145,7 @@ void save_phase(dist::ProcessGroup& pg) {
     load_checkpoint(dir, *m2, opt2.get());
     auto got = full_params(m2);
     for (const auto& kv : expected) EXPECT_TRUE(torch::equal(got.at(kv.first), kv.second)) << kv.first;
-    dist::barrier(pg);
+    comm::barrier(pg);
   });
 }
 
@@ -156,7 +156,7 @@ struct LoadConfig {
 
 // Phase 2 at N=M: load the N=4 checkpoint under each config; parameters equal the
 // saved ones exactly, and the continued run equals the uninterrupted one.
-void load_phase(dist::ProcessGroup& pg, const std::vector<LoadConfig>& configs) {
+void load_phase(comm::ProcessGroup& pg, const std::vector<LoadConfig>& configs) {
   for (const std::string kind : kOptimizers) {
     // CPUAdam shares Adam's state layout: one world size is enough for it.
     if (kind == "cpu_adam" && pg.size() != 2) continue;
@@ -215,16 +215,16 @@ std::string error_of(const std::function<void()>& fn) {
 
 TEST(Checkpoint, ReshardAcrossWorldSizesAndStrategies) {
   run_ranks(4, save_phase, rank_options());
-  run_ranks(1, [](dist::ProcessGroup& pg) {
+  run_ranks(1, [](comm::ProcessGroup& pg) {
     load_phase(pg, {{ShardingStrategy::FULL_SHARD, false}, {ShardingStrategy::NO_SHARD, true}});
   }, rank_options());
-  run_ranks(2, [](dist::ProcessGroup& pg) {
+  run_ranks(2, [](comm::ProcessGroup& pg) {
     load_phase(pg, {{ShardingStrategy::SHARD_GRAD_OP, true}, {ShardingStrategy::NO_SHARD, false}});
   }, rank_options());
-  run_ranks(3, [](dist::ProcessGroup& pg) { load_phase(pg, {{ShardingStrategy::FULL_SHARD, true}}); },
+  run_ranks(3, [](comm::ProcessGroup& pg) { load_phase(pg, {{ShardingStrategy::FULL_SHARD, true}}); },
             rank_options());
   // Under NO_SHARD one replica writes: a 2-rank NO_SHARD save has one shard file.
-  run_ranks(2, [](dist::ProcessGroup& pg) {
+  run_ranks(2, [](comm::ProcessGroup& pg) {
     run_case("no_shard one writer", [&] {
       const std::string dir = test_dir() + "/no_shard";
       auto m = wrap(0, pg, ShardingStrategy::NO_SHARD, true);
@@ -244,12 +244,12 @@ TEST(Checkpoint, ReshardAcrossWorldSizesAndStrategies) {
 // Parameters and Adam moments must come back bit for bit.
 TEST(Checkpoint, MegabyteRecordsLoadBitwiseAtAnotherWorldSize) {
   using Lin = FullyShardedDataParallel<torch::nn::LinearImpl>;
-  auto make = [](int seed, dist::ProcessGroup& pg) {
+  auto make = [](int seed, comm::ProcessGroup& pg) {
     torch::manual_seed(seed);
     return Lin(torch::nn::Linear(1001, 1003), pg, Options());  // 1,005,006 elements: 1.34 MB pieces at N=3
   };
   const std::string dir = test_dir() + "/large";
-  run_ranks(3, [&](dist::ProcessGroup& pg) {
+  run_ranks(3, [&](comm::ProcessGroup& pg) {
     auto m = make(0, pg);
     torch::optim::Adam opt(m->parameters(), torch::optim::AdamOptions(1e-2));
     torch::manual_seed(100 + pg.rank());
@@ -263,7 +263,7 @@ TEST(Checkpoint, MegabyteRecordsLoadBitwiseAtAnotherWorldSize) {
       save_optim_state_dict(osd, dir + ".optim.pt");
     }
   }, rank_options());
-  run_ranks(2, [&](dist::ProcessGroup& pg) {
+  run_ranks(2, [&](comm::ProcessGroup& pg) {
     auto m = make(1, pg);
     torch::optim::Adam opt(m->parameters(), torch::optim::AdamOptions(1e-2));
     load_checkpoint(dir, *m, &opt);
@@ -289,20 +289,20 @@ TEST(Checkpoint, MegabyteRecordsLoadBitwiseAtAnotherWorldSize) {
 }
 
 TEST(Checkpoint, CorruptionAndTruncationNameTheFile) {
-  run_ranks(2, [](dist::ProcessGroup& pg) {
+  run_ranks(2, [](comm::ProcessGroup& pg) {
     const std::string dir = test_dir() + "/c";
     auto m = wrap(0, pg, ShardingStrategy::FULL_SHARD, true);
     auto opt = make_optimizer("adam", m);
     train(m, *opt, 0, 2, pg);
     save_checkpoint(dir, *m, opt.get());
-    dist::barrier(pg);
+    comm::barrier(pg);
     if (pg.rank() == 0) {
       fs::copy(dir, dir + "_flip");
       fs::copy(dir, dir + "_cut");
       flip_byte(dir + "_flip/shard_rank00001.bin", 100);
       fs::resize_file(dir + "_cut/shard_rank00000.bin", fs::file_size(dir + "_cut/shard_rank00000.bin") - 9);
     }
-    dist::barrier(pg);
+    comm::barrier(pg);
     run_case("flipped byte", [&] {
       auto m2 = wrap(1, pg, ShardingStrategy::FULL_SHARD, true);
       auto opt2 = make_optimizer("adam", m2);
@@ -400,7 +400,7 @@ void expect_same_state(const RankState& got, const RankState& want, const std::s
 // intact: each load must throw on every rank, naming rank B and the file or
 // item, and change nothing anywhere; training then continues exactly like a
 // reference that never tried to load; the intact checkpoint still loads bitwise.
-void failed_load_changes_nothing(dist::ProcessGroup& pg) {
+void failed_load_changes_nothing(comm::ProcessGroup& pg) {
   const int bad = pg.size() - 1;
   const std::string dir = test_dir() + "/atomic" + std::to_string(pg.size());
   char file[64];
@@ -430,7 +430,7 @@ void failed_load_changes_nothing(dist::ProcessGroup& pg) {
     meta["items"]["head.bias"]["shape"] = nlohmann::json::array({6});  // 5 in the model
     std::ofstream(mf) << meta.dump(1);
   }
-  dist::barrier(pg);
+  comm::barrier(pg);
   const RankState before = rank_state(m, *opt);
   struct Fault {
     const char* name;
@@ -506,7 +506,7 @@ TEST(Checkpoint, FailedLoadOnOneRankChangesNothingOnAnyRank) {
 namespace {
 // The save at step 5 dies on every rank after its third record.
 void crashing_save() {
-  run_ranks(2, [](dist::ProcessGroup& pg) {
+  run_ranks(2, [](comm::ProcessGroup& pg) {
     fsdp::detail::set_checkpoint_record_hook([](int64_t written) {
       if (written == 3) ::_exit(86);
     });
@@ -519,7 +519,7 @@ void crashing_save() {
 }  // namespace
 
 TEST(Checkpoint, KilledSaveLeavesPreviousLoadable) {
-  run_ranks(2, [](dist::ProcessGroup& pg) {
+  run_ranks(2, [](comm::ProcessGroup& pg) {
     const std::string dir = test_dir() + "/k";
     auto m = wrap(0, pg, ShardingStrategy::FULL_SHARD, true);
     auto opt = make_optimizer("adam", m);
@@ -531,7 +531,7 @@ TEST(Checkpoint, KilledSaveLeavesPreviousLoadable) {
   if (is_worker()) crashing_save();
   else EXPECT_NONFATAL_FAILURE(crashing_save(), "exit 86");
   EXPECT_TRUE(is_worker() || fs::exists(test_dir() + "/k.tmp")) << "the crashed save should have left its temp dir";
-  run_ranks(3, [](dist::ProcessGroup& pg) {
+  run_ranks(3, [](comm::ProcessGroup& pg) {
     run_case("previous checkpoint intact", [&] {
       const std::string dir = test_dir() + "/k";
       auto m = wrap(5, pg, ShardingStrategy::FULL_SHARD, false);
@@ -540,10 +540,10 @@ TEST(Checkpoint, KilledSaveLeavesPreviousLoadable) {
       auto got = values(full_params(m));
       auto expected = load_params(dir + ".expected.pt");
       for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(torch::equal(got[i], expected[i])) << i;
-      dist::barrier(pg);
+      comm::barrier(pg);
       // A crash between the two renames leaves only <dir>.old: still loadable.
       if (pg.rank() == 0) fs::rename(dir, dir + ".old");
-      dist::barrier(pg);
+      comm::barrier(pg);
       auto m2 = wrap(6, pg, ShardingStrategy::FULL_SHARD, true);
       load_checkpoint(dir, *m2, nullptr);
       auto got2 = values(full_params(m2));
@@ -564,7 +564,7 @@ TEST(Checkpoint, KilledSaveLeavesPreviousLoadable) {
 // not see rank 0's directory and the fix, and leaves nothing behind. With one path the
 // same ranks save.
 TEST(Checkpoint, SaveRefusesADirectoryNotSharedByAllRanks) {
-  run_ranks(2, [](dist::ProcessGroup& pg) {
+  run_ranks(2, [](comm::ProcessGroup& pg) {
     const std::string base = test_dir() + "/unshared", elsewhere = base + "_node1";
     auto m = wrap(0, pg, ShardingStrategy::FULL_SHARD, true);
     auto opt = make_optimizer("adam", m);
@@ -574,9 +574,9 @@ TEST(Checkpoint, SaveRefusesADirectoryNotSharedByAllRanks) {
     EXPECT_NE(err.find("rank 0 [pid"), std::string::npos) << err;  // the writer of the probe
     EXPECT_NE(err.find("but rank 1 [pid"), std::string::npos) << err;  // the rank that does not see it
     EXPECT_NE(err.find("must be on a file system shared by all nodes"), std::string::npos) << err;
-    dist::barrier(pg);
+    comm::barrier(pg);
     for (const auto& p : {base, base + ".tmp", elsewhere, elsewhere + ".tmp"}) EXPECT_FALSE(fs::exists(p)) << p;
-    dist::barrier(pg);  // every rank has looked before rank 0 creates base.tmp again
+    comm::barrier(pg);  // every rank has looked before rank 0 creates base.tmp again
     save_checkpoint(base, *m, opt.get());
     EXPECT_TRUE(fs::exists(base + "/metadata.json"));
     EXPECT_EQ(std::distance(fs::directory_iterator(base), fs::directory_iterator()), 3)
@@ -587,7 +587,7 @@ TEST(Checkpoint, SaveRefusesADirectoryNotSharedByAllRanks) {
 // FULL state dicts and summon_full_params at N=3, against apply_with_full_params
 // and against the plain (unwrapped) model.
 TEST(StateDict, FullRank0OnlyLoadAndSummon) {
-  run_ranks(3, [](dist::ProcessGroup& pg) {
+  run_ranks(3, [](comm::ProcessGroup& pg) {
     auto m = wrap(0, pg, ShardingStrategy::FULL_SHARD, true);
     auto opt = make_optimizer("adam", m);
     train(m, *opt, 0, 2, pg);
@@ -656,7 +656,7 @@ TEST(StateDict, FullRank0OnlyLoadAndSummon) {
       auto m4 = wrap(6, pg, ShardingStrategy::FULL_SHARD, false);
       const auto err = error_of([&] { load_sharded_state_dict(*m4, sharded); });
       auto refused = torch::tensor({err.empty() ? int64_t{0} : int64_t{1}});
-      dist::all_reduce(pg, refused).wait();
+      comm::all_reduce(pg, refused).wait();
       EXPECT_GE(refused.item<int64_t>(), 1) << "no rank noticed the other layout";
       if (!err.empty()) {
         EXPECT_NE(err.find("load_checkpoint"), std::string::npos) << err;
@@ -691,7 +691,7 @@ TEST(StateDict, FullRank0OnlyLoadAndSummon) {
       const auto shape = ref.at("head.weight").sizes().vec();
       // apply_with_full_params would otherwise gather again and, at its end,
       // point the parameters back at their shards under this open guard.
-      const auto err = error_of([&] { m->apply_with_full_params([](torch::nn::Module&) {}); });
+      const auto err = error_of([&] { fsdp::apply_with_full_params(*m, [](torch::nn::Module&) {}); });
       EXPECT_NE(err.find("apply_with_full_params"), std::string::npos) << err;
       EXPECT_NE(err.find("rank " + std::to_string(pg.rank())), std::string::npos) << err;
       EXPECT_NE(err.find("summon_full_params"), std::string::npos) << err;
@@ -709,7 +709,7 @@ TEST(StateDict, FullRank0OnlyLoadAndSummon) {
 // trained on the global batches; scatter / shard+load into other strategies
 // continue like the original; rekeying round-trips.
 TEST(OptimStateDict, FullMatchesUnshardedAdamAndScatterContinues) {
-  run_ranks(3, [](dist::ProcessGroup& pg) {
+  run_ranks(3, [](comm::ProcessGroup& pg) {
     auto m = wrap(0, pg, ShardingStrategy::FULL_SHARD, true);
     auto opt = make_optimizer("adam", m);
     train(m, *opt, 0, kSaveStep, pg);
@@ -789,7 +789,7 @@ TEST(OptimStateDict, FullMatchesUnshardedAdamAndScatterContinues) {
 // Under mixed precision (bf16 compute) the FULL state dict, summon_full_params
 // and checkpoints carry the fp32 master values (the shards), not bf16 copies.
 TEST(StateDict, MixedPrecisionKeepsFullPrecision) {
-  run_ranks(2, [](dist::ProcessGroup& pg) {
+  run_ranks(2, [](comm::ProcessGroup& pg) {
     auto opts = Options().auto_wrap_policy(always_wrap_policy()).mixed_precision(
         MixedPrecision().param_dtype(torch::kBFloat16));
     Model m(make_transformer(0), pg, opts);
@@ -872,7 +872,7 @@ void train_tied(Fwd&& forward, torch::optim::Optimizer& opt, int64_t from, int64
 // accepts either or both names. Reference: the unsharded model trained on the
 // global batch.
 TEST(StateDict, TiedParametersUnderEveryName) {
-  run_ranks(2, [](dist::ProcessGroup& pg) {
+  run_ranks(2, [](comm::ProcessGroup& pg) {
     TiedModel m(TiedNet(0), pg, Options().sharding_strategy(ShardingStrategy::FULL_SHARD));
     torch::optim::Adam opt(m->parameters(), torch::optim::AdamOptions(1e-2));
     train_tied([&](const torch::Tensor& x) { return m->forward(x); }, opt, 0, 3, pg.rank(), pg.size());

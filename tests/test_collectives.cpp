@@ -6,9 +6,9 @@
 #include <torch/torch.h>
 #include <ATen/CPUGeneratorImpl.h>
 
-#include "fsdp/dist/collectives.h"
+#include "fsdp/comm/collectives.h"
 #include "harness/multirank.h"
-#include "../src/dist/kernels/row_sum_kernel.h"
+#include "comm/kernels/row_sum_kernel.h"
 
 using namespace fsdp;
 using fsdp::testing::run_case;
@@ -41,53 +41,53 @@ torch::Tensor reference_chunk(int64_t chunk, int n, int r, torch::Dtype dtype = 
 }
 
 // Segmenting, buffer reuse and calls in flight on several groups.
-void pipeline_cases(dist::ProcessGroup& pg) {
+void pipeline_cases(comm::ProcessGroup& pg) {
   const int n = pg.size();
   const int r = pg.rank();
-  const int64_t default_segment = dist::comm_segment_bytes();
+  const int64_t default_segment = comm::comm_segment_bytes();
   EXPECT_EQ(default_segment, int64_t(4) << 20);
 
-  const int64_t default_alltoall = dist::comm_alltoall_max_bytes();
+  const int64_t default_alltoall = comm::comm_alltoall_max_bytes();
   EXPECT_EQ(default_alltoall, int64_t(2) << 20);
   // These small buffers take the alltoall path at N >= 3 by default; first over
   // send/recv (alltoall off), then by default.
   for (int64_t alltoall_max : {int64_t(0), default_alltoall}) {
-  dist::set_comm_alltoall_max_bytes(alltoall_max);
+  comm::set_comm_alltoall_max_bytes(alltoall_max);
   const std::string path = alltoall_max == 0 ? " (send/recv)" : " (default path)";
   // 16-element segments: chunks just below, at and above one segment, and many.
-  dist::set_comm_segment_bytes(64);
+  comm::set_comm_segment_bytes(64);
   for (int64_t chunk : {1, 15, 16, 17, 31, 32, 33, 16 * 37 + 5}) {
     run_case("reduce_scatter segments chunk=" + std::to_string(chunk) + path, [&] {
       auto flat = random_flat(chunk * n, r);
       auto out = torch::full({chunk}, -1.0f);
-      dist::reduce_scatter(pg, out, flat).wait();
+      comm::reduce_scatter(pg, out, flat).wait();
       EXPECT_TRUE(torch::equal(out, reference_chunk(chunk, n, r))) << "chunk " << chunk;
       auto avg = torch::empty({chunk}, torch::kDouble);
-      dist::reduce_scatter(pg, avg, random_flat(chunk * n, r, torch::kDouble), dist::ReduceOp::Avg)
+      comm::reduce_scatter(pg, avg, random_flat(chunk * n, r, torch::kDouble), comm::ReduceOp::Avg)
           .wait();
       EXPECT_TRUE(torch::equal(avg, reference_chunk(chunk, n, r, torch::kDouble) / n));
       // bf16 travels as bytes (see [Note: bf16 over Gloo]) and sums in bf16, rank order.
       auto low = torch::empty({chunk}, torch::kBFloat16);
-      dist::reduce_scatter(pg, low, random_flat(chunk * n, r, torch::kBFloat16)).wait();
+      comm::reduce_scatter(pg, low, random_flat(chunk * n, r, torch::kBFloat16)).wait();
       EXPECT_TRUE(torch::equal(low, reference_chunk(chunk, n, r, torch::kBFloat16)));
       auto low_flat = torch::zeros({chunk * n}, torch::kBFloat16);
-      dist::all_gather_into(pg, low_flat, rank_values(chunk, r).to(torch::kBFloat16)).wait();
+      comm::all_gather_into(pg, low_flat, rank_values(chunk, r).to(torch::kBFloat16)).wait();
       for (int q = 0; q < n; ++q) {
         EXPECT_TRUE(torch::equal(low_flat.slice(0, q * chunk, (q + 1) * chunk),
                                  rank_values(chunk, q).to(torch::kBFloat16)));
       }
       auto gathered = torch::full({chunk * n}, -1.0f);
-      dist::comm_counters().reset();
-      dist::all_gather_into(pg, gathered, rank_values(chunk, r)).wait();
+      comm::comm_counters().reset();
+      comm::all_gather_into(pg, gathered, rank_values(chunk, r)).wait();
       for (int q = 0; q < n; ++q) {
         EXPECT_TRUE(torch::equal(gathered.slice(0, q * chunk, (q + 1) * chunk), rank_values(chunk, q)))
             << "chunk of rank " << q;
       }
-      EXPECT_EQ(dist::comm_counters().all_gather.load(), 4 * chunk * (n - 1));
+      EXPECT_EQ(comm::comm_counters().all_gather.load(), 4 * chunk * (n - 1));
       // The shard may be this rank's own chunk of the flat buffer (in-place gather).
       auto inplace = torch::full({chunk * n}, -1.0f);
       inplace.slice(0, r * chunk, (r + 1) * chunk).copy_(rank_values(chunk, r));
-      dist::all_gather_into(pg, inplace, inplace.slice(0, r * chunk, (r + 1) * chunk)).wait();
+      comm::all_gather_into(pg, inplace, inplace.slice(0, r * chunk, (r + 1) * chunk)).wait();
       EXPECT_TRUE(torch::equal(inplace, gathered));
     });
   }
@@ -97,33 +97,33 @@ void pipeline_cases(dist::ProcessGroup& pg) {
     for (int target : {r, (r + 1) % n}) {
       auto flat = random_flat(chunk * n, r);
       auto out = flat.slice(0, target * chunk, (target + 1) * chunk);
-      dist::reduce_scatter(pg, out, flat).wait();
+      comm::reduce_scatter(pg, out, flat).wait();
       EXPECT_TRUE(torch::equal(out, reference_chunk(chunk, n, r))) << "target chunk " << target;
     }
   });
   // A segment size that is not a multiple of the element size rounds down.
-  dist::set_comm_segment_bytes(70);
+  comm::set_comm_segment_bytes(70);
   run_case("reduce_scatter segment of 70 bytes" + path, [&] {
     const int64_t chunk = 100;
     auto out = torch::empty({chunk});
-    dist::reduce_scatter(pg, out, random_flat(chunk * n, r)).wait();
+    comm::reduce_scatter(pg, out, random_flat(chunk * n, r)).wait();
     EXPECT_TRUE(torch::equal(out, reference_chunk(chunk, n, r)));
   });
-  dist::set_comm_segment_bytes(default_segment);
+  comm::set_comm_segment_bytes(default_segment);
   }
-  dist::set_comm_alltoall_max_bytes(default_alltoall);
-  EXPECT_THROW(dist::set_comm_segment_bytes(0), c10::Error);
-  EXPECT_THROW(dist::set_comm_alltoall_max_bytes(-1), c10::Error);
+  comm::set_comm_alltoall_max_bytes(default_alltoall);
+  EXPECT_THROW(comm::set_comm_segment_bytes(0), c10::Error);
+  EXPECT_THROW(comm::set_comm_alltoall_max_bytes(-1), c10::Error);
 
   run_case("default segment: one element either side of 4 MiB per chunk", [&] {
     for (int64_t chunk : {(int64_t(1) << 20) - 1, (int64_t(1) << 20) + 1}) {
       auto out = torch::empty({chunk});
-      dist::comm_counters().reset();
-      dist::reduce_scatter(pg, out, random_flat(chunk * n, r)).wait();
+      comm::comm_counters().reset();
+      comm::reduce_scatter(pg, out, random_flat(chunk * n, r)).wait();
       EXPECT_TRUE(torch::equal(out, reference_chunk(chunk, n, r))) << "chunk " << chunk;
-      EXPECT_EQ(dist::comm_counters().reduce_scatter.load(), 4 * chunk * (n - 1));
+      EXPECT_EQ(comm::comm_counters().reduce_scatter.load(), 4 * chunk * (n - 1));
       auto flat = torch::full({chunk * n}, -1.0f);
-      dist::all_gather_into(pg, flat, rank_values(chunk, r)).wait();
+      comm::all_gather_into(pg, flat, rank_values(chunk, r)).wait();
       for (int q = 0; q < n; ++q) {
         EXPECT_TRUE(torch::equal(flat.slice(0, q * chunk, (q + 1) * chunk), rank_values(chunk, q)));
       }
@@ -139,63 +139,63 @@ void pipeline_cases(dist::ProcessGroup& pg) {
     // Flat buffers of ~8n/(n-1) MiB: send/recv, receive buffers of (n-1)*chunk floats
     // (1 MiB and more are kept by the group).
     const int64_t big = (int64_t(2) << 20) / (n - 1) + 7;
-    dist::set_comm_segment_bytes(int64_t(1) << 20);
-    const int64_t before = dist::comm_cached_bytes();
+    comm::set_comm_segment_bytes(int64_t(1) << 20);
+    const int64_t before = comm::comm_cached_bytes();
     for (int64_t chunk : {big, big / 2 + 3, int64_t(5), big + 1000, big}) {
       auto out = torch::empty({chunk});
-      dist::reduce_scatter(g, out, random_flat(chunk * n, r)).wait();
+      comm::reduce_scatter(g, out, random_flat(chunk * n, r)).wait();
       EXPECT_TRUE(torch::equal(out, reference_chunk(chunk, n, r))) << "chunk " << chunk;
     }
     // One idle buffer, the largest: (n-1)*(big+1000) floats.
-    EXPECT_EQ(dist::comm_cached_bytes() - before, 4 * (n - 1) * (big + 1000));
-    dist::set_comm_segment_bytes(default_segment);
+    EXPECT_EQ(comm::comm_cached_bytes() - before, 4 * (n - 1) * (big + 1000));
+    comm::set_comm_segment_bytes(default_segment);
   });
 
   run_case("the small-buffer path at its threshold, and the buffer it keeps", [&] {
     // What the group keeps tells the path: alltoall leases a scratch of the flat size,
     // send/recv a receive buffer of (n-1)/n of it (all-gather none).
-    const int64_t limit = dist::comm_alltoall_max_bytes();
+    const int64_t limit = comm::comm_alltoall_max_bytes();
     for (int64_t chunk : {limit / 4 / n, limit / 4 / n + 1}) {
       const bool small = n > 2 && 4 * n * chunk <= limit;
       auto g = pg.new_subgroup(all);
-      const int64_t before = dist::comm_cached_bytes();
+      const int64_t before = comm::comm_cached_bytes();
       auto out = torch::empty({chunk});
-      dist::reduce_scatter(g, out, random_flat(chunk * n, r)).wait();
+      comm::reduce_scatter(g, out, random_flat(chunk * n, r)).wait();
       EXPECT_TRUE(torch::equal(out, reference_chunk(chunk, n, r))) << "chunk " << chunk;
-      EXPECT_EQ(dist::comm_cached_bytes() - before, 4 * chunk * (small ? n : n - 1))
+      EXPECT_EQ(comm::comm_cached_bytes() - before, 4 * chunk * (small ? n : n - 1))
           << "chunk " << chunk;
       auto avg = torch::empty({chunk});
-      dist::reduce_scatter(g, avg, random_flat(chunk * n, r), dist::ReduceOp::Avg).wait();
+      comm::reduce_scatter(g, avg, random_flat(chunk * n, r), comm::ReduceOp::Avg).wait();
       EXPECT_TRUE(torch::equal(avg, reference_chunk(chunk, n, r) / n));
       // All-gather, also in place; the scratch it leases is the same size (or none).
       auto flat = torch::full({chunk * n}, -1.0f);
       flat.slice(0, r * chunk, (r + 1) * chunk).copy_(rank_values(chunk, r));
-      dist::comm_counters().reset();
-      dist::all_gather_into(g, flat, flat.slice(0, r * chunk, (r + 1) * chunk)).wait();
-      EXPECT_EQ(dist::comm_counters().all_gather.load(), 4 * chunk * (n - 1));
+      comm::comm_counters().reset();
+      comm::all_gather_into(g, flat, flat.slice(0, r * chunk, (r + 1) * chunk)).wait();
+      EXPECT_EQ(comm::comm_counters().all_gather.load(), 4 * chunk * (n - 1));
       for (int q = 0; q < n; ++q) {
         EXPECT_TRUE(torch::equal(flat.slice(0, q * chunk, (q + 1) * chunk), rank_values(chunk, q)));
       }
-      EXPECT_EQ(dist::comm_cached_bytes() - before, 4 * chunk * (small ? n : n - 1));
+      EXPECT_EQ(comm::comm_cached_bytes() - before, 4 * chunk * (small ? n : n - 1));
     }
   });
 
   run_case("collectives in flight on two groups and twice on one", [&] {
     auto g1 = pg.new_subgroup(all);
     auto g2 = pg.new_subgroup(all);
-    const int64_t before = dist::comm_cached_bytes();
+    const int64_t before = comm::comm_cached_bytes();
     {
       const int64_t big = (int64_t(2) << 20) / (n - 1) + 1;
-      dist::set_comm_segment_bytes(int64_t(1) << 20);
+      comm::set_comm_segment_bytes(int64_t(1) << 20);
       auto f1 = random_flat(big * n, r), f2 = random_flat(big * n, r);
       auto o1 = torch::empty({big}), o2 = torch::empty({big}), o3 = torch::empty({big});
       auto gathered = torch::full({big * n}, -1.0f);
       // Two large reduce-scatters on g1 (the second finds no idle buffer), one on g2,
       // and an all-gather on g2, waited in an order different from the issue order.
-      auto h1 = dist::reduce_scatter(g1, o1, f1);
-      auto h2 = dist::reduce_scatter(g2, o2, f2);
-      auto h3 = dist::all_gather_into(g2, gathered, rank_values(big, r));
-      auto h4 = dist::reduce_scatter(g1, o3, f1.clone());
+      auto h1 = comm::reduce_scatter(g1, o1, f1);
+      auto h2 = comm::reduce_scatter(g2, o2, f2);
+      auto h3 = comm::all_gather_into(g2, gathered, rank_values(big, r));
+      auto h4 = comm::reduce_scatter(g1, o3, f1.clone());
       h4.wait();
       h2.wait();
       h3.wait();
@@ -207,22 +207,22 @@ void pipeline_cases(dist::ProcessGroup& pg) {
       for (int q = 0; q < n; ++q) {
         EXPECT_TRUE(torch::equal(gathered.slice(0, q * big, (q + 1) * big), rank_values(big, q)));
       }
-      dist::set_comm_segment_bytes(default_segment);
-      EXPECT_EQ(dist::comm_cached_bytes() - before, 2 * 4 * (n - 1) * big);
+      comm::set_comm_segment_bytes(default_segment);
+      EXPECT_EQ(comm::comm_cached_bytes() - before, 2 * 4 * (n - 1) * big);
     }
     // Groups gone: their buffers go with them (noticed on the next call).
-    g1 = dist::ProcessGroup();
-    g2 = dist::ProcessGroup();
+    g1 = comm::ProcessGroup();
+    g2 = comm::ProcessGroup();
     auto t = torch::ones({n});
-    dist::reduce_scatter(pg, t.slice(0, r, r + 1).clone(), t).wait();
-    EXPECT_EQ(dist::comm_cached_bytes(), before);
+    comm::reduce_scatter(pg, t.slice(0, r, r + 1).clone(), t).wait();
+    EXPECT_EQ(comm::comm_cached_bytes(), before);
   });
 }
 
 // The shared-memory transport's own geometry: chunks around one slot (256 KiB) and
 // larger than the whole ring (16 slots), all-reduce chunks of zero elements, every
 // reduction, and operations in flight on several groups waited out of order.
-void shm_cases(dist::ProcessGroup& pg) {
+void shm_cases(comm::ProcessGroup& pg) {
   const int n = pg.size();
   const int r = pg.rank();
   if (n < 2) return;
@@ -231,21 +231,21 @@ void shm_cases(dist::ProcessGroup& pg) {
   for (int64_t chunk : {slot - 1, slot, slot + 1, 20 * slot + 3}) {
     run_case("shm: reduce_scatter and all_gather chunk=" + std::to_string(chunk), [&] {
       auto out = torch::full({chunk}, -1.0f);
-      dist::comm_counters().reset();
-      dist::reduce_scatter(pg, out, random_flat(chunk * n, r)).wait();
+      comm::comm_counters().reset();
+      comm::reduce_scatter(pg, out, random_flat(chunk * n, r)).wait();
       EXPECT_TRUE(torch::equal(out, reference_chunk(chunk, n, r)));
-      EXPECT_EQ(dist::comm_counters().reduce_scatter.load(), 4 * chunk * (n - 1));
+      EXPECT_EQ(comm::comm_counters().reduce_scatter.load(), 4 * chunk * (n - 1));
       auto avg = torch::empty({chunk}, torch::kDouble);
-      dist::reduce_scatter(pg, avg, random_flat(chunk * n, r, torch::kDouble), dist::ReduceOp::Avg).wait();
+      comm::reduce_scatter(pg, avg, random_flat(chunk * n, r, torch::kDouble), comm::ReduceOp::Avg).wait();
       EXPECT_TRUE(torch::equal(avg, reference_chunk(chunk, n, r, torch::kDouble) / n));
       auto low = torch::empty({chunk}, torch::kBFloat16);
-      dist::reduce_scatter(pg, low, random_flat(chunk * n, r, torch::kBFloat16)).wait();
+      comm::reduce_scatter(pg, low, random_flat(chunk * n, r, torch::kBFloat16)).wait();
       EXPECT_TRUE(torch::equal(low, reference_chunk(chunk, n, r, torch::kBFloat16)));
       auto flat = torch::full({chunk * n}, -1.0f);
-      dist::all_gather_into(pg, flat, rank_values(chunk, r)).wait();
+      comm::all_gather_into(pg, flat, rank_values(chunk, r)).wait();
       auto inplace = torch::full({chunk * n}, -1.0f);
       inplace.slice(0, r * chunk, (r + 1) * chunk).copy_(rank_values(chunk, r));
-      dist::all_gather_into(pg, inplace, inplace.slice(0, r * chunk, (r + 1) * chunk)).wait();
+      comm::all_gather_into(pg, inplace, inplace.slice(0, r * chunk, (r + 1) * chunk)).wait();
       for (int q = 0; q < n; ++q) {
         EXPECT_TRUE(torch::equal(flat.slice(0, q * chunk, (q + 1) * chunk), rank_values(chunk, q))) << q;
       }
@@ -257,7 +257,7 @@ void shm_cases(dist::ProcessGroup& pg) {
     for (int target : {r, (r + 1) % n}) {
       auto flat = random_flat(chunk * n, r);
       auto out = flat.slice(0, target * chunk, (target + 1) * chunk);
-      dist::reduce_scatter(pg, out, flat).wait();
+      comm::reduce_scatter(pg, out, flat).wait();
       EXPECT_TRUE(torch::equal(out, reference_chunk(chunk, n, r))) << "target chunk " << target;
     }
   });
@@ -271,19 +271,19 @@ void shm_cases(dist::ProcessGroup& pg) {
         sum_d = sum_d + random_flat(numel, q, torch::kDouble);
         mx = torch::maximum(mx, random_flat(numel, q));
       }
-      dist::comm_counters().reset();
+      comm::comm_counters().reset();
       auto t = random_flat(numel, r);
-      dist::all_reduce(pg, t).wait();
+      comm::all_reduce(pg, t).wait();
       EXPECT_TRUE(torch::equal(t, sum)) << "numel " << numel;
-      EXPECT_EQ(dist::comm_counters().all_reduce.load(), 2 * 4 * numel * (n - 1) / n);
+      EXPECT_EQ(comm::comm_counters().all_reduce.load(), 2 * 4 * numel * (n - 1) / n);
       auto d = random_flat(numel, r, torch::kDouble);
-      dist::all_reduce(pg, d, dist::ReduceOp::Avg).wait();
+      comm::all_reduce(pg, d, comm::ReduceOp::Avg).wait();
       EXPECT_TRUE(torch::equal(d, sum_d / n)) << "numel " << numel;
       auto m = random_flat(numel, r);
-      dist::all_reduce(pg, m, dist::ReduceOp::Max).wait();
+      comm::all_reduce(pg, m, comm::ReduceOp::Max).wait();
       EXPECT_TRUE(torch::equal(m, mx)) << "numel " << numel;
       auto i = torch::full({numel}, int64_t(r + 1), torch::kLong);
-      dist::all_reduce(pg, i).wait();
+      comm::all_reduce(pg, i).wait();
       EXPECT_TRUE(torch::equal(i, torch::full({numel}, int64_t(n * (n + 1) / 2), torch::kLong)));
     }
   });
@@ -293,26 +293,26 @@ void shm_cases(dist::ProcessGroup& pg) {
     // (its peers' chunks in the reduce-scatter stage, its own reduced chunk in the
     // all-gather stage).
     const int64_t chunk = 3 * slot + 7, numel = 5 * slot + 3;
-    dist::shm_slot_counters().reset();
-    dist::shm_in_place_counters().reset();
+    comm::shm_slot_counters().reset();
+    comm::shm_in_place_counters().reset();
     auto flat = torch::empty({chunk * n});
-    dist::all_gather_into(pg, flat, rank_values(chunk, r)).wait();
+    comm::all_gather_into(pg, flat, rank_values(chunk, r)).wait();
     auto out = torch::empty({chunk});
-    dist::reduce_scatter(pg, out, random_flat(chunk * n, r)).wait();
+    comm::reduce_scatter(pg, out, random_flat(chunk * n, r)).wait();
     auto t = random_flat(numel, r);
-    dist::all_reduce(pg, t).wait();
-    EXPECT_EQ(dist::shm_slot_counters().all_gather.load(), 4 * chunk);
-    EXPECT_EQ(dist::shm_slot_counters().reduce_scatter.load(), 4 * chunk * (n - 1));
-    EXPECT_EQ(dist::shm_slot_counters().all_reduce.load(), 4 * numel);
-    EXPECT_EQ(dist::shm_slot_counters().broadcast.load(), 0);
-    EXPECT_EQ(dist::shm_in_place_counters().total(), 0);  // ordinary tensors: copied into the slots
+    comm::all_reduce(pg, t).wait();
+    EXPECT_EQ(comm::shm_slot_counters().all_gather.load(), 4 * chunk);
+    EXPECT_EQ(comm::shm_slot_counters().reduce_scatter.load(), 4 * chunk * (n - 1));
+    EXPECT_EQ(comm::shm_slot_counters().all_reduce.load(), 4 * numel);
+    EXPECT_EQ(comm::shm_slot_counters().broadcast.load(), 0);
+    EXPECT_EQ(comm::shm_in_place_counters().total(), 0);  // ordinary tensors: copied into the slots
     // Over Gloo nothing goes through the slots.
-    dist::set_comm_shared_memory(false);
-    dist::shm_slot_counters().reset();
-    dist::all_reduce(pg, t).wait();
-    dist::all_gather_into(pg, flat, rank_values(chunk, r)).wait();
-    dist::set_comm_shared_memory(true);
-    EXPECT_EQ(dist::shm_slot_counters().total(), 0);
+    comm::set_comm_shared_memory(false);
+    comm::shm_slot_counters().reset();
+    comm::all_reduce(pg, t).wait();
+    comm::all_gather_into(pg, flat, rank_values(chunk, r)).wait();
+    comm::set_comm_shared_memory(true);
+    EXPECT_EQ(comm::shm_slot_counters().total(), 0);
   });
   run_case("shm: buffers in the exchange arena are read in place, and held until read", [&] {
     // A flat buffer from allocate_collective_buffer lies in this rank's exchange arena:
@@ -320,35 +320,35 @@ void shm_cases(dist::ProcessGroup& pg) {
     // same results as the copying path. Sizes cross the ring (16 slots).
     auto arena_tensor = [&](int64_t numel) {
       const size_t nbytes = static_cast<size_t>(numel) * sizeof(float);
-      c10::Storage st(c10::Storage::use_byte_size_t(), nbytes, dist::allocate_collective_buffer(pg, nbytes),
+      c10::Storage st(c10::Storage::use_byte_size_t(), nbytes, comm::allocate_collective_buffer(pg, nbytes),
                       /*allocator=*/nullptr, /*resizable=*/false);
       return torch::empty({0}).set_(st, 0, {numel}, {1});
     };
     for (int64_t chunk : {slot - 1, 20 * slot + 3}) {
-      dist::shm_slot_counters().reset();
-      dist::shm_in_place_counters().reset();
+      comm::shm_slot_counters().reset();
+      comm::shm_in_place_counters().reset();
       auto flat = arena_tensor(chunk * n);
       flat.fill_(-1.0f);
-      dist::all_gather_into(pg, flat, rank_values(chunk, r)).wait();
+      comm::all_gather_into(pg, flat, rank_values(chunk, r)).wait();
       for (int q = 0; q < n; ++q) {
         EXPECT_TRUE(torch::equal(flat.slice(0, q * chunk, (q + 1) * chunk), rank_values(chunk, q))) << q;
       }
       auto src = arena_tensor(chunk * n);
       src.copy_(random_flat(chunk * n, r));
       auto out = torch::full({chunk}, -1.0f);
-      dist::reduce_scatter(pg, out, src).wait();
+      comm::reduce_scatter(pg, out, src).wait();
       EXPECT_TRUE(torch::equal(out, reference_chunk(chunk, n, r))) << "chunk " << chunk;
       auto t = arena_tensor(chunk);
       t.copy_(random_flat(chunk, r));
       auto sum = random_flat(chunk, 0);
       for (int q = 1; q < n; ++q) sum = sum + random_flat(chunk, q);
-      dist::all_reduce(pg, t).wait();
+      comm::all_reduce(pg, t).wait();
       EXPECT_TRUE(torch::equal(t, sum)) << "chunk " << chunk;
       // Published as much as the copying path would, all of it in place.
-      EXPECT_EQ(dist::shm_slot_counters().all_gather.load(), 4 * chunk);
-      EXPECT_EQ(dist::shm_slot_counters().reduce_scatter.load(), 4 * chunk * (n - 1));
-      EXPECT_EQ(dist::shm_slot_counters().all_reduce.load(), 4 * chunk);
-      EXPECT_EQ(dist::shm_in_place_counters().total(), dist::shm_slot_counters().total())
+      EXPECT_EQ(comm::shm_slot_counters().all_gather.load(), 4 * chunk);
+      EXPECT_EQ(comm::shm_slot_counters().reduce_scatter.load(), 4 * chunk * (n - 1));
+      EXPECT_EQ(comm::shm_slot_counters().all_reduce.load(), 4 * chunk);
+      EXPECT_EQ(comm::shm_in_place_counters().total(), comm::shm_slot_counters().total())
           << "bytes were copied into the slots: not read in place";
     }
     // The writer's wait returns only once every peer has read its pieces: rank 0 scribbles
@@ -359,8 +359,8 @@ void shm_cases(dist::ProcessGroup& pg) {
       auto src = arena_tensor(chunk * n);
       src.copy_(random_flat(chunk * n, r + round));
       auto out = torch::empty({chunk});
-      auto hg = dist::all_gather_into(pg, flat, rank_values(chunk, r + round));
-      auto hr = dist::reduce_scatter(pg, out, src);
+      auto hg = comm::all_gather_into(pg, flat, rank_values(chunk, r + round));
+      auto hr = comm::reduce_scatter(pg, out, src);
       if (r != 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
       hg.wait();
       hr.wait();
@@ -377,7 +377,7 @@ void shm_cases(dist::ProcessGroup& pg) {
         flat = torch::Tensor();
         src = torch::Tensor();
       }
-      dist::barrier(pg);
+      comm::barrier(pg);
     }
   });
   std::vector<int> all(n);
@@ -391,13 +391,13 @@ void shm_cases(dist::ProcessGroup& pg) {
     auto o1 = torch::empty({big}), o3 = torch::empty({big});
     auto t = random_flat(big, r);
     auto gathered = torch::full({big * n}, -1.0f);
-    auto h1 = dist::reduce_scatter(g1, o1, f1);
-    auto h2 = dist::all_reduce(g2, t);
-    auto h3 = dist::all_gather_into(g2, gathered, rank_values(big, r));
-    auto h4 = dist::reduce_scatter(g1, o3, f2);
+    auto h1 = comm::reduce_scatter(g1, o1, f1);
+    auto h2 = comm::all_reduce(g2, t);
+    auto h3 = comm::all_gather_into(g2, gathered, rank_values(big, r));
+    auto h4 = comm::reduce_scatter(g1, o3, f2);
     // A Gloo operation waited while all of these are pending: the wait keeps feeding them.
     auto b = rank_values(5, r);
-    dist::broadcast(pg, b, n - 1).wait();
+    comm::broadcast(pg, b, n - 1).wait();
     EXPECT_TRUE(torch::equal(b, rank_values(5, n - 1)));
     h4.wait();
     h2.wait();
@@ -416,40 +416,40 @@ void shm_cases(dist::ProcessGroup& pg) {
 }
 
 // Every case against hand-computed values; run once per transport (`via`).
-void basic_cases(dist::ProcessGroup& pg, const std::string& via) {
+void basic_cases(comm::ProcessGroup& pg, const std::string& via) {
   const int n = pg.size();
   const int r = pg.rank();
 
   // Sizes that do and do not divide by the world size; padded to a multiple.
   for (int64_t numel : {1, 5, 64, 1001}) {
-    const int64_t padded = dist::padded_numel(numel, n);
+    const int64_t padded = comm::padded_numel(numel, n);
     const int64_t chunk = padded / n;
     run_case(via + "all_gather numel=" + std::to_string(numel), [&] {
       auto shard = rank_values(chunk, r);
       auto flat = torch::full({padded}, -1.0f);
-      dist::comm_counters().reset();
-      dist::all_gather_into(pg, flat, shard).wait();
+      comm::comm_counters().reset();
+      comm::all_gather_into(pg, flat, shard).wait();
       for (int src = 0; src < n; ++src) {
         EXPECT_TRUE(torch::equal(flat.slice(0, src * chunk, (src + 1) * chunk), rank_values(chunk, src)))
             << "chunk of rank " << src;
       }
-      EXPECT_EQ(dist::comm_counters().all_gather.load(), int64_t(4) * chunk * (n - 1));
+      EXPECT_EQ(comm::comm_counters().all_gather.load(), int64_t(4) * chunk * (n - 1));
     });
     run_case(via + "reduce_scatter sum numel=" + std::to_string(numel), [&] {
       auto flat = rank_values(padded, r);
       auto out = torch::empty({chunk});
-      dist::comm_counters().reset();
-      dist::reduce_scatter(pg, out, flat, dist::ReduceOp::Sum).wait();
+      comm::comm_counters().reset();
+      comm::reduce_scatter(pg, out, flat, comm::ReduceOp::Sum).wait();
       // sum over ranks q of (i + 1000 (q+1)) for i in my chunk
       auto idx = torch::arange(r * chunk, (r + 1) * chunk, torch::kDouble);
       auto expected = (idx * n + 1000.0 * n * (n + 1) / 2).to(torch::kFloat);
       EXPECT_TRUE(torch::equal(out, expected)) << out << expected;
-      EXPECT_EQ(dist::comm_counters().reduce_scatter.load(), int64_t(4) * chunk * (n - 1));
+      EXPECT_EQ(comm::comm_counters().reduce_scatter.load(), int64_t(4) * chunk * (n - 1));
     });
     run_case(via + "reduce_scatter avg numel=" + std::to_string(numel), [&] {
       auto flat = rank_values(padded, r, torch::kDouble);
       auto out = torch::empty({chunk}, torch::kDouble);
-      dist::reduce_scatter(pg, out, flat, dist::ReduceOp::Avg).wait();
+      comm::reduce_scatter(pg, out, flat, comm::ReduceOp::Avg).wait();
       auto idx = torch::arange(r * chunk, (r + 1) * chunk, torch::kDouble);
       auto expected = idx + 1000.0 * (n + 1) / 2;
       EXPECT_TRUE(torch::allclose(out, expected, 0, 1e-9)) << out << expected;
@@ -457,19 +457,19 @@ void basic_cases(dist::ProcessGroup& pg, const std::string& via) {
   }
   run_case(via + "all_reduce", [&] {
     auto t = rank_values(7, r);
-    dist::comm_counters().reset();
-    dist::all_reduce(pg, t, dist::ReduceOp::Sum).wait();
+    comm::comm_counters().reset();
+    comm::all_reduce(pg, t, comm::ReduceOp::Sum).wait();
     auto expected = (torch::arange(7, torch::kDouble) * n + 1000.0 * n * (n + 1) / 2).to(torch::kFloat);
     EXPECT_TRUE(torch::equal(t, expected));
-    EXPECT_EQ(dist::comm_counters().all_reduce.load(), 2 * 28 * (n - 1) / n);
+    EXPECT_EQ(comm::comm_counters().all_reduce.load(), 2 * 28 * (n - 1) / n);
     auto a = torch::full({3}, double(r + 1), torch::kDouble);
-    dist::all_reduce(pg, a, dist::ReduceOp::Avg).wait();
+    comm::all_reduce(pg, a, comm::ReduceOp::Avg).wait();
     EXPECT_DOUBLE_EQ(a[0].item<double>(), (n + 1) / 2.0);
   });
   run_case(via + "broadcast", [&] {
     for (int root = 0; root < n; ++root) {
       auto t = rank_values(9, r);
-      dist::broadcast(pg, t, root).wait();
+      comm::broadcast(pg, t, root).wait();
       EXPECT_TRUE(torch::equal(t, rank_values(9, root))) << "root " << root;
     }
   });
@@ -477,8 +477,8 @@ void basic_cases(dist::ProcessGroup& pg, const std::string& via) {
     // Several collectives in flight at once complete independently.
     auto a = rank_values(n * 3, r), b = torch::empty({n * 3});
     auto s = rank_values(2, r), out = torch::empty({2});
-    auto h1 = dist::all_gather_into(pg, b, rank_values(3, r));
-    auto h2 = dist::reduce_scatter(pg, out, rank_values(2 * n, r));
+    auto h1 = comm::all_gather_into(pg, b, rank_values(3, r));
+    auto h2 = comm::reduce_scatter(pg, out, rank_values(2 * n, r));
     h2.wait();
     h1.wait();
     h1.wait();  // idempotent
@@ -486,7 +486,7 @@ void basic_cases(dist::ProcessGroup& pg, const std::string& via) {
   });
   run_case(via + "bad sizes are rejected with the group name", [&] {
     try {
-      dist::all_gather_into(pg, torch::empty({n * 2 + 1}), torch::empty({2}));
+      comm::all_gather_into(pg, torch::empty({n * 2 + 1}), torch::empty({2}));
       ADD_FAILURE() << "no error";
     } catch (const c10::Error& e) {
       EXPECT_NE(std::string(e.what()).find("group 'world'"), std::string::npos) << e.what();
@@ -501,12 +501,12 @@ void basic_cases(dist::ProcessGroup& pg, const std::string& via) {
         EXPECT_EQ(block.size(), 2);
         EXPECT_EQ(block.rank(), r % 2);
         auto t = torch::full({1}, float(r));
-        dist::all_reduce(block, t).wait();
+        comm::all_reduce(block, t).wait();
         const int base = r / 2 * 2;
         EXPECT_EQ(t.item<float>(), float(base + base + 1));
         auto strided = pg.split_strided(2);
         auto u = torch::full({1}, float(r));
-        dist::all_reduce(strided, u).wait();
+        comm::all_reduce(strided, u).wait();
         float expect = 0;
         for (int q = r % 2; q < n; q += 2) expect += q;
         EXPECT_EQ(u.item<float>(), expect);
@@ -521,21 +521,21 @@ void basic_cases(dist::ProcessGroup& pg, const std::string& via) {
         EXPECT_EQ(g.rank(), r - 1);
         EXPECT_EQ(g.global_ranks(), tail);
         auto t = torch::ones({2});
-        dist::all_reduce(g, t).wait();
+        comm::all_reduce(g, t).wait();
         EXPECT_EQ(t[0].item<float>(), float(n - 1));
       }
     });
   }
 }
 
-void collective_cases(dist::ProcessGroup& pg) {
+void collective_cases(comm::ProcessGroup& pg) {
   basic_cases(pg, "[shm] ");
-  dist::set_comm_shared_memory(false);
+  comm::set_comm_shared_memory(false);
   basic_cases(pg, "[gloo] ");
   pipeline_cases(pg);  // segments, alltoall and kept buffers: the Gloo path's own
-  dist::set_comm_shared_memory(true);
+  comm::set_comm_shared_memory(true);
   shm_cases(pg);
-  dist::barrier(pg);
+  comm::barrier(pg);
 }
 
 }  // namespace
@@ -556,7 +556,7 @@ TEST(Collectives, RowSumKernelMatchesAtenOrder) {
           AT_DISPATCH_FLOATING_TYPES(dtype, "test", [&] {
             std::vector<const scalar_t*> ptrs;
             for (auto& row : rows) ptrs.push_back(row.data_ptr<scalar_t>());
-            fsdp::dist::kernels::sum_rows(got.data_ptr<scalar_t>(), ptrs.data(), nrows, len, threads);
+            fsdp::comm::kernels::sum_rows(got.data_ptr<scalar_t>(), ptrs.data(), nrows, len, threads);
           });
           EXPECT_TRUE(torch::equal(got, expected))
               << dtype << " rows " << nrows << " len " << len << " threads " << threads;

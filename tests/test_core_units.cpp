@@ -1,8 +1,8 @@
 // The core's arithmetic and state machines in one process, no ranks: the pieces
-// of a padded flat buffer (src/fsdp/flat_param.h) for N ranks against values
-// worked out by hand, bucket formation (src/fsdp/reduce_bucket.h) against
+// of a padded flat buffer (src/core/flat_param.h) for N ranks against values
+// worked out by hand, bucket formation (src/core/reduce_bucket.h) against
 // hand-made buckets, the gradient division against torch.distributed.fsdp's
-// rule, and the unit lifecycle (src/fsdp/unit.h): its transition table against
+// rule, and the unit lifecycle (src/core/unit.h): its transition table against
 // the drawing in the header, and one NO_SHARD unit driven through a whole
 // iteration with a real backward.
 #include <gtest/gtest.h>
@@ -14,11 +14,11 @@
 #include <vector>
 
 // White-box: internal headers of the core.
-#include "../src/fsdp/flat_param.h"
-#include "../src/fsdp/reduce_bucket.h"
-#include "../src/fsdp/resolved_options.h"
-#include "../src/fsdp/unit.h"
-#include "fsdp/dist/collectives.h"
+#include "core/flat_param.h"
+#include "core/reduce_bucket.h"
+#include "core/resolved_options.h"
+#include "core/unit.h"
+#include "fsdp/comm/collectives.h"
 
 namespace {
 
@@ -55,11 +55,11 @@ struct Piece {
 // ---- pieces of the padded flat buffer ----
 
 TEST(FlatPieces, PaddedNumel) {
-  EXPECT_EQ(fsdp::dist::padded_numel(15, 4), 16);
-  EXPECT_EQ(fsdp::dist::padded_numel(16, 4), 16);
-  EXPECT_EQ(fsdp::dist::padded_numel(15, 1), 15);
-  EXPECT_EQ(fsdp::dist::padded_numel(1, 3), 3);
-  EXPECT_EQ(fsdp::dist::padded_numel(0, 3), 0);
+  EXPECT_EQ(fsdp::comm::padded_numel(15, 4), 16);
+  EXPECT_EQ(fsdp::comm::padded_numel(16, 4), 16);
+  EXPECT_EQ(fsdp::comm::padded_numel(15, 1), 15);
+  EXPECT_EQ(fsdp::comm::padded_numel(1, 3), 3);
+  EXPECT_EQ(fsdp::comm::padded_numel(0, 3), 0);
 }
 
 // Sizes 5, 3 (as 3x1) and 7 over 4 ranks: 15 elements, padded to 16, chunks of

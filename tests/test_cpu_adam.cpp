@@ -17,7 +17,7 @@
 #include "fsdp/optim/group_options.h"
 #include "fsdp/optim/zero_redundancy_optimizer.h"
 // White-box: the SIMD target list and the target override for the per-target test.
-#include "../src/optim/kernels/adam_kernel.h"
+#include "optim/kernels/adam_kernel.h"
 
 namespace {
 

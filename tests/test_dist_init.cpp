@@ -16,7 +16,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "fsdp/dist/collectives.h"
+#include "fsdp/comm/collectives.h"
 #include "harness/multirank.h"
 
 using namespace fsdp;
@@ -39,20 +39,20 @@ int free_port() {
 }
 
 // Rank 0 picks a port and tells the others through the harness's group.
-int shared_port(dist::ProcessGroup& pg) {
+int shared_port(comm::ProcessGroup& pg) {
   auto t = torch::zeros({1}, torch::kLong);
   if (pg.rank() == 0) t.fill_(free_port());
-  dist::broadcast(pg, t, 0).wait();
+  comm::broadcast(pg, t, 0).wait();
   return static_cast<int>(t.item<int64_t>());
 }
 
-dist::InitOptions tcp_options(int rank, int world, int port, std::chrono::milliseconds timeout) {
-  dist::LaunchOverrides ov;
+comm::InitOptions tcp_options(int rank, int world, int port, std::chrono::milliseconds timeout) {
+  comm::LaunchOverrides ov;
   ov.rank = rank;
   ov.world_size = world;
   ov.master_addr = "127.0.0.1";
   ov.master_port = port;
-  return dist::InitOptions().overrides(ov).timeout(timeout);
+  return comm::InitOptions().overrides(ov).timeout(timeout);
 }
 
 std::string error_of(const std::function<void()>& f) {
@@ -71,23 +71,23 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 }  // namespace
 
 TEST(DistInit, TcpStoreServedByRankZero) {
-  run_ranks(3, [](dist::ProcessGroup& harness) {
+  run_ranks(3, [](comm::ProcessGroup& harness) {
     const int port = shared_port(harness);
-    auto pg = dist::init_process_group(tcp_options(harness.rank(), 3, port, std::chrono::seconds(20)));
+    auto pg = comm::init_process_group(tcp_options(harness.rank(), 3, port, std::chrono::seconds(20)));
     EXPECT_EQ(pg.rank(), harness.rank());
     EXPECT_EQ(pg.size(), 3);
     auto t = torch::ones({4});
-    dist::all_reduce(pg, t).wait();
+    comm::all_reduce(pg, t).wait();
     EXPECT_EQ(t[0].item<float>(), 3.0f);
     EXPECT_NE(pg.describe_peer(1).find("pid"), std::string::npos);
-    dist::barrier(pg);
+    comm::barrier(pg);
   });
 }
 
 TEST(DistInit, TorchrunAgentStore) {
   // The "agent" (here: a store served by the harness rank 0) listens on the port;
   // every rank connects as a client under /worker/attempt_<restart count>.
-  run_ranks(2, [](dist::ProcessGroup& harness) {
+  run_ranks(2, [](comm::ProcessGroup& harness) {
     const int port = shared_port(harness);
     c10::intrusive_ptr<c10d::TCPStore> agent;
     if (harness.rank() == 0) {
@@ -97,30 +97,30 @@ TEST(DistInit, TorchrunAgentStore) {
       o.waitWorkers = false;
       agent = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", o);
     }
-    dist::barrier(harness);
+    comm::barrier(harness);
     setenv("RANK", std::to_string(harness.rank()).c_str(), 1);
     setenv("WORLD_SIZE", "2", 1);
     setenv("MASTER_ADDR", "127.0.0.1", 1);
     setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
     setenv("TORCHELASTIC_USE_AGENT_STORE", "True", 1);
     setenv("TORCHELASTIC_RESTART_COUNT", "4", 1);
-    auto pg = dist::init_process_group(dist::InitOptions().timeout(std::chrono::seconds(20)));
+    auto pg = comm::init_process_group(comm::InitOptions().timeout(std::chrono::seconds(20)));
     EXPECT_TRUE(pg.launch_env().use_agent_store);
     auto t = torch::ones({2});
-    dist::all_reduce(pg, t).wait();
+    comm::all_reduce(pg, t).wait();
     EXPECT_EQ(t[0].item<float>(), 2.0f);
     if (agent) {
       // Our keys live under the attempt prefix Python uses.
       EXPECT_TRUE(agent->check({"/worker/attempt_4/fsdp/init/world_size"}));
       EXPECT_FALSE(agent->check({"fsdp/init/world_size"}));
     }
-    dist::barrier(pg);
-    dist::barrier(harness);
+    comm::barrier(pg);
+    comm::barrier(harness);
   });
 }
 
 TEST(DistInit, WorldSizeMismatchFailsFastOnEveryRank) {
-  run_ranks(2, [](dist::ProcessGroup& harness) {
+  run_ranks(2, [](comm::ProcessGroup& harness) {
     const int port = shared_port(harness);
     const int claimed_world = harness.rank() == 0 ? 2 : 3;
     // Rank 0 registers first so the mismatch is seen by rank 1: rank 1 waits on the
@@ -141,7 +141,7 @@ TEST(DistInit, WorldSizeMismatchFailsFastOnEveryRank) {
     }
     auto start = std::chrono::steady_clock::now();
     auto msg = error_of([&] {
-      dist::init_process_group(tcp_options(harness.rank(), claimed_world, port, std::chrono::seconds(3)));
+      comm::init_process_group(tcp_options(harness.rank(), claimed_world, port, std::chrono::seconds(3)));
     });
     EXPECT_FALSE(msg.empty()) << "rank " << harness.rank() << " did not fail";
     EXPECT_LT(seconds_since(start), 10.0);
@@ -157,10 +157,10 @@ TEST(DistInit, WorldSizeMismatchFailsFastOnEveryRank) {
 TEST(DistInit, RankClaimedTwice) {
   // Two processes both say RANK=0 on a shared store (agent store or FileStore):
   // the second is told at once; the first times out waiting for rank 1.
-  run_ranks(2, [](dist::ProcessGroup& harness) {
+  run_ranks(2, [](comm::ProcessGroup& harness) {
     auto path = torch::zeros({1}, torch::kLong);
     if (harness.rank() == 0) path.fill_(static_cast<int64_t>(::getpid()));
-    dist::broadcast(harness, path, 0).wait();
+    comm::broadcast(harness, path, 0).wait();
     const std::string file = "/tmp/fsdp-claim-" + std::to_string(path.item<int64_t>());
     // Rank 1 claims second: it waits on the same file until rank 0's claim is there
     // (numWorkers -1: this extra handle never removes the file).
@@ -169,12 +169,12 @@ TEST(DistInit, RankClaimedTwice) {
       handshake = std::make_unique<c10d::FileStore>(file, -1);
       handshake->wait({"fsdp/init/rank_claims/0"}, std::chrono::seconds(30));
     }
-    dist::LaunchOverrides ov;
+    comm::LaunchOverrides ov;
     ov.rank = 0;
     ov.world_size = 2;
     auto start = std::chrono::steady_clock::now();
     auto msg = error_of([&] {
-      dist::init_process_group(dist::InitOptions().overrides(ov).file_store_path(file).timeout(
+      comm::init_process_group(comm::InitOptions().overrides(ov).file_store_path(file).timeout(
           std::chrono::seconds(3)));
     });
     EXPECT_LT(seconds_since(start), 10.0);
@@ -183,7 +183,7 @@ TEST(DistInit, RankClaimedTwice) {
     } else {
       EXPECT_NE(msg.find("are all 2 ranks running"), std::string::npos) << msg;
     }
-    dist::barrier(harness);
+    comm::barrier(harness);
     if (harness.rank() == 0) ::unlink(file.c_str());
   });
 }
@@ -196,9 +196,9 @@ void dead_rank_is_named(const std::vector<std::string>& env) {
   fsdp::testing::RankOptions opts;
   opts.collective_timeout = std::chrono::milliseconds(60000);
   opts.extra_env = env;
-  run_ranks(3, [](dist::ProcessGroup& pg) {
+  run_ranks(3, [](comm::ProcessGroup& pg) {
     auto pid = torch::full({1}, static_cast<int64_t>(::getpid()));
-    dist::broadcast(pg, pid, 2).wait();
+    comm::broadcast(pg, pid, 2).wait();
     if (pg.rank() == 2) fsdp::testing::exit_worker_now();
     // No wait for the harness to reap rank 2: an exited rank that is not reaped yet
     // (a zombie) must be named too (process_gone.h).
@@ -206,7 +206,7 @@ void dead_rank_is_named(const std::vector<std::string>& env) {
     auto msg = error_of([&] {
       for (int i = 0; i < 3; ++i) {
         auto t = torch::ones({1 << 16});
-        dist::all_reduce(pg, t).wait();
+        comm::all_reduce(pg, t).wait();
       }
     });
     const double took = seconds_since(start);
@@ -226,13 +226,13 @@ TEST(DistInit, SharedMemoryStallIsNamedAndPeersFailFast) {
   // raised its failure flag, instead of waiting out its own timeout.
   fsdp::testing::RankOptions opts;
   opts.collective_timeout = std::chrono::milliseconds(3000);
-  run_ranks(2, [](dist::ProcessGroup& pg) {
+  run_ranks(2, [](comm::ProcessGroup& pg) {
     ASSERT_NE(pg.shm_channel(), nullptr);
     // Rank 0 leaves this file once it has given up; rank 1 calls its next collective
     // only then (a handshake, not a sleep that has to outlast rank 0's timeout).
     const std::string gave_up = fsdp::testing::worker_scratch_dir() + "/rank0-gave-up";
     auto t = torch::ones({1 << 20});
-    dist::all_reduce(pg, t).wait();  // both present: works
+    comm::all_reduce(pg, t).wait();  // both present: works
     EXPECT_EQ(t[0].item<float>(), 2.0f);
     if (pg.rank() == 1) {
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
@@ -242,7 +242,7 @@ TEST(DistInit, SharedMemoryStallIsNamedAndPeersFailFast) {
       }
     }
     auto start = std::chrono::steady_clock::now();
-    auto msg = error_of([&] { dist::all_reduce(pg, t).wait(); });
+    auto msg = error_of([&] { comm::all_reduce(pg, t).wait(); });
     const double took = seconds_since(start);
     EXPECT_NE(msg.find("all_reduce on group 'world' failed on rank " + std::to_string(pg.rank())),
               std::string::npos) << msg;
@@ -259,7 +259,7 @@ TEST(DistInit, SharedMemoryStallIsNamedAndPeersFailFast) {
       EXPECT_NE(msg.find("gave up on the group"), std::string::npos) << msg;
     }
     // The channel stays failed: later calls say so at once.
-    auto again = error_of([&] { dist::all_gather_into(pg, torch::empty({4}), torch::ones({2})).wait(); });
+    auto again = error_of([&] { comm::all_gather_into(pg, torch::empty({4}), torch::ones({2})).wait(); });
     EXPECT_NE(again.find("shared-memory transport failed earlier"), std::string::npos) << again;
   }, opts);
 }
@@ -268,12 +268,12 @@ TEST(DistInit, SharedMemoryCanBeTurnedOff) {
   // FSDP_SHARED_MEMORY=0: no channel, and collectives go through Gloo.
   fsdp::testing::RankOptions opts;
   opts.extra_env = {"FSDP_SHARED_MEMORY=0"};
-  run_ranks(2, [](dist::ProcessGroup& pg) {
+  run_ranks(2, [](comm::ProcessGroup& pg) {
     EXPECT_EQ(pg.shm_channel(), nullptr);
     auto sub = pg.new_subgroup({0, 1});
     EXPECT_EQ(sub.shm_channel(), nullptr);
     auto t = torch::full({3}, float(pg.rank() + 1));
-    dist::all_reduce(sub, t).wait();
+    comm::all_reduce(sub, t).wait();
     EXPECT_TRUE(torch::equal(t, torch::full({3}, 3.0f)));
   }, opts);
 }
@@ -286,7 +286,7 @@ TEST(DistInit, BadShmSlotSizeIsRefusedBeforeRendezvous) {
     ::setenv("FSDP_SHM_SLOT_KIB", bad, 1);
     const auto start = std::chrono::steady_clock::now();
     const auto msg = error_of([&] {
-      dist::init_process_group(tcp_options(0, 2, port, std::chrono::seconds(20)));
+      comm::init_process_group(tcp_options(0, 2, port, std::chrono::seconds(20)));
     });
     EXPECT_LT(seconds_since(start), 5.0) << bad;
     EXPECT_NE(msg.find("FSDP_SHM_SLOT_KIB='" + std::string(bad) + "' is not a slot size in KiB"),

@@ -12,7 +12,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "fsdp/dist/collectives.h"
+#include "fsdp/comm/collectives.h"
 #include "harness/models.h"
 #include "harness/multirank.h"
 
@@ -69,12 +69,12 @@ void expect_same_update(const ParamMap& got0, const ParamMap& got1, const ParamM
   }
 }
 
-bool pieces_expected(const Options& o, const dist::ProcessGroup& pg) {
+bool pieces_expected(const Options& o, const comm::ProcessGroup& pg) {
   return o.sharding_strategy() != ShardingStrategy::NO_SHARD && pg.size() > 1;
 }
 
 template <typename Impl>
-void expect_pieces(FullyShardedDataParallel<Impl>& m, const Options& o, const dist::ProcessGroup& pg,
+void expect_pieces(FullyShardedDataParallel<Impl>& m, const Options& o, const comm::ProcessGroup& pg,
                    const std::string& what) {
   if (!pieces_expected(o, pg)) return;
   for (const auto& p : m->named_parameters()) EXPECT_EQ(p.value().dim(), 1) << what << ": " << p.key();
@@ -95,7 +95,7 @@ Options tf_options(ShardingStrategy s) { return Options().sharding_strategy(s).a
 //    concatenated batch.
 
 template <typename Make>
-void no_sync_case(dist::ProcessGroup& pg, const std::string& name, Make make, const Options& opts,
+void no_sync_case(comm::ProcessGroup& pg, const std::string& name, Make make, const Options& opts,
                   bool use_no_sync) {
   run_case(name, [&] {
     const int k = 3, rounds = 2;
@@ -148,7 +148,7 @@ void no_sync_case(dist::ProcessGroup& pg, const std::string& name, Make make, co
 // 2. clip_grad_norm_ == torch::nn::utils::clip_grad_norm_ on the reference.
 
 template <typename Make>
-void clip_case(dist::ProcessGroup& pg, const std::string& name, Make make, const Options& opts,
+void clip_case(comm::ProcessGroup& pg, const std::string& name, Make make, const Options& opts,
                double max_norm, double norm_type) {
   run_case(name, [&] {
     const double lr = 0.2;
@@ -180,7 +180,7 @@ void clip_case(dist::ProcessGroup& pg, const std::string& name, Make make, const
 // 3 + 7. Evaluation between steps (also between backward and step), identity.
 
 template <typename Make>
-void eval_case(dist::ProcessGroup& pg, const std::string& name, Make make, const Options& opts) {
+void eval_case(comm::ProcessGroup& pg, const std::string& name, Make make, const Options& opts) {
   run_case(name, [&] {
     auto ref = make();
     torch::optim::AdamW ref_opt(ref->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
@@ -228,7 +228,7 @@ void eval_case(dist::ProcessGroup& pg, const std::string& name, Make make, const
       ref_opt.step();
       opt.step();
       auto l = loss.detach().to(torch::kDouble).reshape({1});
-      dist::all_reduce(pg, l, dist::ReduceOp::Avg).wait();
+      comm::all_reduce(pg, l, comm::ReduceOp::Avg).wait();
       EXPECT_NEAR(l.item().toDouble(), ref_loss.item().toDouble(), 1e-5 * ref_loss.item().toDouble()) << "step " << s;
       evaluate("after step " + std::to_string(s));
     }
@@ -289,7 +289,7 @@ struct SeqBranchNetImpl : torch::nn::Module {
 TORCH_MODULE(SeqBranchNet);
 
 template <typename Make>
-void unused_branch_case(dist::ProcessGroup& pg, const std::string& name, ShardingStrategy strategy, Make make,
+void unused_branch_case(comm::ProcessGroup& pg, const std::string& name, ShardingStrategy strategy, Make make,
                         std::vector<std::string> expected_units, std::function<bool(int rank)> uses_branch,
                         int micro = 1, bool use_no_sync = false) {
   run_case(name, [&] {
@@ -351,7 +351,7 @@ void unused_branch_case(dist::ProcessGroup& pg, const std::string& name, Shardin
 // 5. Frozen parameters under AdamW with weight decay.
 
 template <typename Make>
-void frozen_case(dist::ProcessGroup& pg, const std::string& name, Make make, const Options& opts,
+void frozen_case(comm::ProcessGroup& pg, const std::string& name, Make make, const Options& opts,
                  const std::string& frozen_prefix) {
   run_case(name, [&] {
     auto ref = make();
@@ -438,7 +438,7 @@ void expect_error(Fn fn, std::vector<std::string> needles, const std::string& wh
 // train()/eval() on the wrapper reach the user's root module too, not only the
 // children the wrapper registers: a root forward that reads is_training() (dropout
 // written in the root, a Trainer's eval) must see the mode the user set.
-void train_mode_case(dist::ProcessGroup& pg) {
+void train_mode_case(comm::ProcessGroup& pg) {
   run_case("train-eval/root", [&] {
     torch::manual_seed(0);
     auto m = torch::nn::Sequential(torch::nn::Linear(13, 32), torch::nn::Dropout(0.5), torch::nn::Linear(32, 5));
@@ -452,7 +452,7 @@ void train_mode_case(dist::ProcessGroup& pg) {
   });
 }
 
-void construction_cases(dist::ProcessGroup& pg) {
+void construction_cases(comm::ProcessGroup& pg) {
   if (pg.size() > 1) {
     run_case("construct/different-models", [&] {
       torch::manual_seed(0);
@@ -462,7 +462,7 @@ void construction_cases(dist::ProcessGroup& pg) {
                    {"differs", "rank 1", "0.weight"}, "different models");
       // The group is still usable: the check did not leave a collective behind.
       auto t = torch::ones({1});
-      dist::all_reduce(pg, t).wait();
+      comm::all_reduce(pg, t).wait();
       EXPECT_EQ(t.item().toFloat(), pg.size());
     });
   }
@@ -525,7 +525,7 @@ void construction_cases(dist::ProcessGroup& pg) {
 // 8. memory_stats against closed forms.
 
 template <typename Make>
-void memory_case(dist::ProcessGroup& pg, const std::string& name, Make make, const Options& opts) {
+void memory_case(comm::ProcessGroup& pg, const std::string& name, Make make, const Options& opts) {
   run_case(name, [&] {
     const int64_t n = pg.size();
     auto ref = make();
@@ -641,7 +641,7 @@ TinyTransformer make_frozen_transformer() {
   return t;
 }
 
-void all_cases(dist::ProcessGroup& pg) {
+void all_cases(comm::ProcessGroup& pg) {
   auto mlp = [] { return make_mlp(); };
   auto tf = [] { return make_transformer(); };
   for (auto strategy : kStrategies) {

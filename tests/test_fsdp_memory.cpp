@@ -14,10 +14,10 @@
 
 #include <c10/core/CPUAllocator.h>
 
-#include "fsdp/dist/collectives.h"
-#include "fsdp/fsdp/fully_sharded.h"
-#include "fsdp/fsdp/host_memory.h"
-#include "fsdp/fsdp/memory_estimate.h"
+#include "fsdp/comm/collectives.h"
+#include "fsdp/core/fully_sharded.h"
+#include "fsdp/core/host_memory.h"
+#include "fsdp/core/memory_estimate.h"
 #include "harness/counting_allocator.h"
 #include "harness/multirank.h"
 
@@ -38,7 +38,7 @@ torch::nn::Sequential make_model() {
   return s;
 }
 
-void memory_cases(dist::ProcessGroup& pg) {
+void memory_cases(comm::ProcessGroup& pg) {
   auto* counter = install_counting_allocator();
   const int n = pg.size();
   const int64_t unit_numel = 256 * 256 + 256;
@@ -60,7 +60,7 @@ void memory_cases(dist::ProcessGroup& pg) {
         // Gloo's worker thread drops its reference to a finished collective's
         // tensors (e.g. the last reduction's buffers) shortly after wait()
         // returns; let it, so only what FSDP itself keeps is counted.
-        dist::barrier(pg);
+        comm::barrier(pg);
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
         const int64_t input_bytes = x.numel() * 4;
         const int64_t expected = strategy == ShardingStrategy::NO_SHARD ? 16 * psi : 16 * 4 * chunk;
@@ -126,7 +126,7 @@ long minor_faults() {
 // faults 1,024 pages each time it is freshly mapped, so a bound of 256 per
 // step catches any unit-sized buffer that is mapped afresh every step (what
 // remains is small allocations and Gloo's own buffers: ~20-80 per step).
-void page_fault_cases(dist::ProcessGroup& pg) {
+void page_fault_cases(comm::ProcessGroup& pg) {
   for (auto strategy : {ShardingStrategy::FULL_SHARD, ShardingStrategy::NO_SHARD}) {
     run_case(std::string("steady-state page faults ") + to_string(strategy), [&] {
       torch::manual_seed(0);

@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "fsdp/dist/collectives.h"
+#include "fsdp/comm/collectives.h"
 #include "harness/models.h"
 #include "harness/multirank.h"
 
@@ -40,7 +40,7 @@ std::map<std::string, torch::Tensor> reference_sgd(int steps, double lr = 0.1) {
 }
 
 template <typename Impl>
-void train_sgd(FullyShardedDataParallel<Impl>& model, dist::ProcessGroup& pg, int steps, double lr = 0.1) {
+void train_sgd(FullyShardedDataParallel<Impl>& model, comm::ProcessGroup& pg, int steps, double lr = 0.1) {
   torch::optim::SGD opt(model->parameters(), lr);
   for (int s = 0; s < steps; ++s) {
     auto [x, y] = global_batch(s, 12);
@@ -60,7 +60,7 @@ void expect_matches(const std::map<std::string, torch::Tensor>& got,
   }
 }
 
-void option_cases(dist::ProcessGroup& pg) {
+void option_cases(comm::ProcessGroup& pg) {
   const int n = pg.size();
   const auto want = reference_sgd(4);
 
@@ -98,20 +98,20 @@ void option_cases(dist::ProcessGroup& pg) {
     std::vector<int> all(n);
     for (int r = 0; r < n; ++r) all[r] = r;
     auto reduce = pg.new_subgroup(all);
-    dist::comm_counters().reset();
+    comm::comm_counters().reset();
     auto model = FullyShardedDataParallel(make_mlp(0), pg,
                                           Options().reduce_group(reduce).auto_wrap_policy(always_wrap_policy()));
     train_sgd(model, pg, 4);
     expect_matches(full_params(model), want, "custom reduce group");
     if (n > 1) {
-      EXPECT_GT(dist::comm_counters().reduce_scatter.load(), 0);
+      EXPECT_GT(comm::comm_counters().reduce_scatter.load(), 0);
       // A group of another size is refused with both sizes.
       auto smaller = pg.new_subgroup({0});
       if (pg.rank() == 0) {
         expect_error([&] { FullyShardedDataParallel(make_mlp(0), pg, Options().reduce_group(smaller)); },
                      "reduce_group has 1 ranks", "small reduce group");
       }
-      dist::barrier(pg);
+      comm::barrier(pg);
     }
   });
 

@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "fsdp/dist/collectives.h"
+#include "fsdp/comm/collectives.h"
 #include "harness/models.h"
 #include "harness/multirank.h"
 
@@ -34,7 +34,7 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(Opt opt, torch::nn::Modu
 }
 
 template <typename ModelFactory>
-void check_parity(dist::ProcessGroup& pg, const std::string& name, ModelFactory make, Options options,
+void check_parity(comm::ProcessGroup& pg, const std::string& name, ModelFactory make, Options options,
                   Opt opt, int steps = 6, int64_t batch = 12) {
   run_case(name, [&] {
     // Reference: unsharded, one process, global batch.
@@ -63,7 +63,7 @@ void check_parity(dist::ProcessGroup& pg, const std::string& name, ModelFactory 
       optim->step();
       // The global loss is the mean of the ranks' losses (equal slices).
       auto l = loss.detach().to(torch::kDouble).reshape({1});
-      dist::all_reduce(pg, l, dist::ReduceOp::Avg).wait();
+      comm::all_reduce(pg, l, comm::ReduceOp::Avg).wait();
       EXPECT_NEAR(l.item<double>(), ref_losses[s], 1e-5 * std::abs(ref_losses[s]) + 1e-7) << "step " << s;
       // Outside forward/backward parameters are pieces (1-D) unless NO_SHARD.
       if (options.sharding_strategy() != ShardingStrategy::NO_SHARD && pg.size() > 1) {
@@ -83,7 +83,7 @@ void check_parity(dist::ProcessGroup& pg, const std::string& name, ModelFactory 
   });
 }
 
-void parity_cases(dist::ProcessGroup& pg) {
+void parity_cases(comm::ProcessGroup& pg) {
   for (auto strategy : {ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP, ShardingStrategy::NO_SHARD}) {
     const std::string s = to_string(strategy);
     for (Opt opt : {Opt::SGD, Opt::AdamW}) {
@@ -105,7 +105,7 @@ TEST(FsdpParity, WorldSizes1To4) {
 }
 
 TEST(FsdpParity, UnitsFollowThePolicy) {
-  run_ranks(2, [](dist::ProcessGroup& pg) {
+  run_ranks(2, [](comm::ProcessGroup& pg) {
     auto m = FullyShardedDataParallel(make_mlp(), pg, Options().auto_wrap_policy(always_wrap_policy()));
     // ReLUs have no parameters: no units for them; the root holds nothing.
     EXPECT_EQ(m->unit_paths(), (std::vector<std::string>{"0", "2", "4"}));

@@ -11,7 +11,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "fsdp/dist/collectives.h"
+#include "fsdp/comm/collectives.h"
 #include "harness/models.h"
 #include "harness/multirank.h"
 
@@ -39,7 +39,7 @@ Options mlp_options(BackwardPrefetch bp, bool fp) {
 
 // Two training iterations of the MLP (units "0", "2", "4"); returns the spans
 // of the second (the forward prefetch needs the first iteration's order).
-std::vector<TraceSpan> traced_iteration(dist::ProcessGroup& pg, Options options) {
+std::vector<TraceSpan> traced_iteration(comm::ProcessGroup& pg, Options options) {
   auto model = FullyShardedDataParallel(make_mlp(), pg, options);
   torch::optim::SGD opt(model->parameters(), 0.05);
   for (int s = 0; s < 2; ++s) {
@@ -54,7 +54,7 @@ std::vector<TraceSpan> traced_iteration(dist::ProcessGroup& pg, Options options)
 }
 
 template <typename ModelFactory>
-std::map<std::string, torch::Tensor> train(dist::ProcessGroup& pg, ModelFactory make, Options options,
+std::map<std::string, torch::Tensor> train(comm::ProcessGroup& pg, ModelFactory make, Options options,
                                            int steps = 4) {
   auto model = FullyShardedDataParallel(make(), pg, options);
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-2));
@@ -68,7 +68,7 @@ std::map<std::string, torch::Tensor> train(dist::ProcessGroup& pg, ModelFactory 
   return full_params(model);
 }
 
-void prefetch_cases(dist::ProcessGroup& pg) {
+void prefetch_cases(comm::ProcessGroup& pg) {
   // Backward order of the MLP's units is 4, 2, 0 (reverse forward).
   run_case("backward-none", [&] {
     auto t = traced_iteration(pg, mlp_options(BackwardPrefetch::NONE, false));

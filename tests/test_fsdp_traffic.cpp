@@ -1,5 +1,5 @@
 // FSDP's traffic, measured where the bytes move: over the shared-memory transport,
-// dist::shm_slot_counters() counts the bytes each rank copies into its ring slots
+// comm::shm_slot_counters() counts the bytes each rank copies into its ring slots
 // (at the memcpy), independently of comm_counters(), which adds a formula at call
 // time. One training step of an MLP with one unit per Linear (13-32-17-5: 448, 561
 // and 90 parameters; the root holds none) at N = 2 and 3 (a world size that pads
@@ -21,7 +21,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "fsdp/dist/collectives.h"
+#include "fsdp/comm/collectives.h"
 #include "harness/models.h"
 #include "harness/multirank.h"
 
@@ -40,7 +40,7 @@ constexpr int64_t kElem = 4;  // fp32
 int64_t kept_chunks(int64_t g) {
   int64_t b = 0;
   for (size_t i = kUnitNumel.size() - 2; i < kUnitNumel.size(); ++i)
-    b += kElem * dist::padded_numel(kUnitNumel[i], g) / g;
+    b += kElem * comm::padded_numel(kUnitNumel[i], g) / g;
   return b;
 }
 
@@ -52,26 +52,26 @@ struct Written {
 // the barriers (over Gloo, not counted) make sure no write of the previous step is
 // still pending and every write of this one has been read.
 template <typename Model>
-Written slot_bytes_of_step(Model& model, torch::optim::SGD& opt, dist::ProcessGroup& pg, int step) {
+Written slot_bytes_of_step(Model& model, torch::optim::SGD& opt, comm::ProcessGroup& pg, int step) {
   auto [x, y] = global_batch(step, 12);
-  dist::barrier(pg);
-  dist::shm_slot_counters().reset();
+  comm::barrier(pg);
+  comm::shm_slot_counters().reset();
   opt.zero_grad(/*set_to_none=*/false);
   torch::mse_loss(model->forward(rank_slice(x, pg.rank(), pg.size())), rank_slice(y, pg.rank(), pg.size()))
       .backward();
   opt.step();
-  dist::barrier(pg);
-  const auto& c = dist::shm_slot_counters();
+  comm::barrier(pg);
+  const auto& c = comm::shm_slot_counters();
   return {c.all_gather.load(), c.reduce_scatter.load(), c.all_reduce.load(), c.broadcast.load()};
 }
 
-void traffic_cases(dist::ProcessGroup& pg) {
+void traffic_cases(comm::ProcessGroup& pg) {
   const int64_t n = pg.size();
   ASSERT_NE(pg.shm_channel(), nullptr) << "the test needs the shared-memory transport (one host)";
   int64_t psi = 0, psi_padded = 0;
   for (int64_t numel : kUnitNumel) {
     psi += kElem * numel;
-    psi_padded += kElem * dist::padded_numel(numel, n);
+    psi_padded += kElem * comm::padded_numel(numel, n);
   }
   // [Note: last unit stays gathered]: from the second step the last two units of the
   // forward (the first of the backward, and the one its BACKWARD_PRE prefetch gathers)
@@ -86,7 +86,7 @@ void traffic_cases(dist::ProcessGroup& pg) {
                                                               .auto_wrap_policy(always_wrap_policy()));
     torch::optim::SGD opt(model->parameters(), 0.05);
     // First step: no forward order recorded yet, so every unit is re-gathered in
-    // backward ([Note: last unit stays gathered] in src/fsdp/runtime.h).
+    // backward ([Note: last unit stays gathered] in src/core/runtime.h).
     const Written first = slot_bytes_of_step(model, opt, pg, 0);
     EXPECT_EQ(first.all_gather, 2 * psi_padded / n);
     EXPECT_EQ(first.reduce_scatter, psi_padded * (n - 1) / n);
@@ -138,11 +138,11 @@ void traffic_cases(dist::ProcessGroup& pg) {
 
   run_case("over Gloo nothing goes through the slots", [&] {
     // The counters measure the shared-memory transport only; TCP traffic is not counted here.
-    dist::set_comm_shared_memory(false);
+    comm::set_comm_shared_memory(false);
     auto model = FullyShardedDataParallel(make_mlp(), pg, Options().auto_wrap_policy(always_wrap_policy()));
     torch::optim::SGD opt(model->parameters(), 0.05);
     const Written w = slot_bytes_of_step(model, opt, pg, 0);
-    dist::set_comm_shared_memory(true);
+    comm::set_comm_shared_memory(true);
     EXPECT_EQ(w.all_gather + w.reduce_scatter + w.all_reduce + w.broadcast, 0);
   });
 }
@@ -151,13 +151,13 @@ void traffic_cases(dist::ProcessGroup& pg) {
 // shard group (3Ψ(g-1)/g) plus the all-reduce of the reduced shard across replicas
 // (2(Ψ/g)(R-1)/R). At R=2 every all-reduce slot is read by the one other replica,
 // so the bytes written are the bytes delivered.
-void hybrid_traffic_case(dist::ProcessGroup& pg) {
+void hybrid_traffic_case(comm::ProcessGroup& pg) {
   ASSERT_EQ(pg.size(), 4);
   const int64_t g = 2, replicas = 2;
   int64_t psi = 0, psi_padded = 0;
   for (int64_t numel : kUnitNumel) {
     psi += kElem * numel;
-    psi_padded += kElem * dist::padded_numel(numel, g);
+    psi_padded += kElem * comm::padded_numel(numel, g);
   }
   const int64_t last_chunk = kept_chunks(g);
   run_case("HYBRID_SHARD g=2: 3Ψ(g-1)/g in the shard group + 2(Ψ/g)(R-1)/R across replicas", [&] {

@@ -15,7 +15,7 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
-#include "fsdp/dist/process_group.h"
+#include "fsdp/comm/process_group.h"
 #include "harness/multirank.h"
 
 using fsdp::testing::run_case;
@@ -54,9 +54,9 @@ TEST(GlooAbi, BackendWeAllocateServesOneRank) {
   EXPECT_TRUE(t[0].equal(torch::arange(5, torch::kFloat)));
 }
 
-// Every c10d call the library makes on Gloo (src/dist: gloo_transport, gloo_p2p,
+// Every c10d call the library makes on Gloo (src/comm: gloo_transport, gloo_p2p,
 // gloo_alltoall, process_group), through the c10d::ProcessGroup the library builds.
-void every_gloo_path(fsdp::dist::ProcessGroup& pg) {
+void every_gloo_path(fsdp::comm::ProcessGroup& pg) {
   const int n = pg.size(), r = pg.rank();
   auto& c = pg.c10d();
   ASSERT_EQ(c->getBackend(c10::kCPU)->getBackendName(), "gloo");

@@ -135,7 +135,7 @@ bool bit_equal(const std::vector<torch::Tensor>& a, const std::vector<torch::Ten
 
 TEST(GradScaler, InfOnOneRankSkipsTheStepEverywhere) {
   for (int world : {2, 3}) {
-    run_ranks(world, [](dist::ProcessGroup& pg) {
+    run_ranks(world, [](comm::ProcessGroup& pg) {
       run_case("skip_and_resume", [&] {
         auto ref = make_mlp(5);
         torch::optim::Adam ref_opt(ref->parameters(), 1e-2);

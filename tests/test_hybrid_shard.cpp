@@ -16,7 +16,7 @@
 #include <cstdlib>
 #include <thread>
 
-#include "fsdp/dist/collectives.h"
+#include "fsdp/comm/collectives.h"
 #include "harness/models.h"
 #include "harness/multirank.h"
 
@@ -43,12 +43,12 @@ struct RunResult {
 // Trains `steps` steps on this rank's slice of the global batch (no clipping, so
 // the comm counters hold the training traffic only).
 template <typename ModelFactory>
-RunResult train(dist::ProcessGroup& pg, ModelFactory make, Options options, Opt opt, int steps = 5,
+RunResult train(comm::ProcessGroup& pg, ModelFactory make, Options options, Opt opt, int steps = 5,
                 int64_t batch = 16) {
   auto model = FullyShardedDataParallel(make(), pg, options);
   auto optim = make_optimizer(opt, *model);
   RunResult r;
-  dist::comm_counters().reset();
+  comm::comm_counters().reset();
   for (int s = 0; s < steps; ++s) {
     auto [x, y] = global_batch(s, batch);
     optim->zero_grad(/*set_to_none=*/false);
@@ -58,9 +58,9 @@ RunResult train(dist::ProcessGroup& pg, ModelFactory make, Options options, Opt 
     loss.backward();
     optim->step();
   }
-  r.all_reduce_bytes = dist::comm_counters().all_reduce;
-  r.reduce_scatter_bytes = dist::comm_counters().reduce_scatter;
-  r.all_gather_bytes = dist::comm_counters().all_gather;
+  r.all_reduce_bytes = comm::comm_counters().all_reduce;
+  r.reduce_scatter_bytes = comm::comm_counters().reduce_scatter;
+  r.all_gather_bytes = comm::comm_counters().all_gather;
   r.mem = model->memory_stats();
   for (auto& p : model->parameters()) r.max_param_dim = std::max<int64_t>(r.max_param_dim, p.dim());
   r.full = full_params(model);
@@ -122,7 +122,7 @@ Options hybrid(int g, WrapPolicy policy) {
 // Two SGD steps of `model` on the global batches of 16 (this rank's slice of 4); the
 // trace spans of the second (the first step also records the unit order).
 template <typename Model>
-std::vector<TraceSpan> second_step_spans(Model& model, const dist::ProcessGroup& pg) {
+std::vector<TraceSpan> second_step_spans(Model& model, const comm::ProcessGroup& pg) {
   torch::optim::SGD o(model->parameters(), 0.05);
   for (int s = 0; s < 2; ++s) {
     model->clear_trace();
@@ -141,7 +141,7 @@ TraceSpan find_span(const std::vector<TraceSpan>& spans, const std::string& name
   return TraceSpan{};
 }
 
-void hybrid_cases(dist::ProcessGroup& pg) {
+void hybrid_cases(comm::ProcessGroup& pg) {
   ASSERT_EQ(pg.size(), 4);
   auto mlp = [] { return make_mlp(); };
   auto tf = [] { return make_transformer(); };

@@ -2,11 +2,11 @@
 // OpenMPI, explicit overrides, and the documented error messages.
 #include <gtest/gtest.h>
 
-#include "fsdp/dist/launch_env.h"
+#include "fsdp/comm/launch_env.h"
 
-using fsdp::dist::LaunchSource;
-using fsdp::dist::map_env;
-using fsdp::dist::parse_launch_env;
+using fsdp::comm::LaunchSource;
+using fsdp::comm::map_env;
+using fsdp::comm::parse_launch_env;
 
 namespace {
 
@@ -122,10 +122,10 @@ TEST(LaunchEnv, SlurmTasksOnThisNode) {
 }
 
 TEST(LaunchEnv, SlurmNodeList) {
-  EXPECT_EQ(fsdp::dist::slurm_first_host("node1"), "node1");
-  EXPECT_EQ(fsdp::dist::slurm_first_host("node1,node2"), "node1");
-  EXPECT_EQ(fsdp::dist::slurm_first_host("node[003-005]"), "node003");
-  EXPECT_EQ(fsdp::dist::slurm_first_host("a[7,9-10]-ib"), "a7-ib");
+  EXPECT_EQ(fsdp::comm::slurm_first_host("node1"), "node1");
+  EXPECT_EQ(fsdp::comm::slurm_first_host("node1,node2"), "node1");
+  EXPECT_EQ(fsdp::comm::slurm_first_host("node[003-005]"), "node003");
+  EXPECT_EQ(fsdp::comm::slurm_first_host("a[7,9-10]-ib"), "a7-ib");
 }
 
 TEST(LaunchEnv, OpenMPI) {
@@ -150,7 +150,7 @@ TEST(LaunchEnv, OpenMPI) {
 }
 
 TEST(LaunchEnv, ExplicitOverridesEnvironment) {
-  fsdp::dist::LaunchOverrides ov;
+  fsdp::comm::LaunchOverrides ov;
   ov.rank = 1;
   ov.world_size = 3;
   ov.master_port = 4000;

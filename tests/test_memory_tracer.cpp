@@ -1,4 +1,4 @@
-// Memory tracer (include/fsdp/memory/memory_tracer.h) at N=2: which samples are
+// Memory tracer (include/fsdp/core/memory_tracer.h) at N=2: which samples are
 // taken (every unit's four boundaries once per step, one per optimizer step),
 // and their categories against closed forms computed from the model's shapes:
 // parameter shards = sum over units of padded_numel / N x 4 B, Adam state = 2 x
@@ -14,9 +14,9 @@
 #include <tuple>
 #include <string>
 
-#include "fsdp/dist/collectives.h"
-#include "fsdp/fsdp/fully_sharded.h"
-#include "fsdp/memory/memory_tracer.h"
+#include "fsdp/comm/collectives.h"
+#include "fsdp/core/fully_sharded.h"
+#include "fsdp/core/memory_tracer.h"
 #include "harness/models.h"
 #include "harness/multirank.h"
 
@@ -26,7 +26,7 @@ using fsdp::testing::run_ranks;
 
 namespace {
 
-void tracer_cases(dist::ProcessGroup& pg) {
+void tracer_cases(comm::ProcessGroup& pg) {
   memory::enable_allocator_counting();
   run_case("samples and categories", [&] {
     const int n = pg.size();
@@ -43,8 +43,8 @@ void tracer_cases(dist::ProcessGroup& pg) {
     for (size_t i = 0; i < paths.size(); ++i) {
       int64_t numel = 0;
       for (const auto& name : model->unit_parameter_names(i)) numel += numel_of.at(name);
-      padded_bytes[paths[i]] = dist::padded_numel(numel, n) * 4;
-      shard_bytes += dist::padded_numel(numel, n) / n * 4;
+      padded_bytes[paths[i]] = comm::padded_numel(numel, n) * 4;
+      shard_bytes += comm::padded_numel(numel, n) / n * 4;
     }
     int64_t piece_bytes = 0;
     for (const auto& p : model->parameters()) piece_bytes += p.numel() * 4;

@@ -11,7 +11,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "fsdp/dist/collectives.h"
+#include "fsdp/comm/collectives.h"
 #include "harness/models.h"
 #include "harness/multirank.h"
 
@@ -56,7 +56,7 @@ Result train_reference(Factory make, int steps) {
 }
 
 template <typename Factory>
-Result train_fsdp(dist::ProcessGroup& pg, Factory make, const Options& options, int steps) {
+Result train_fsdp(comm::ProcessGroup& pg, Factory make, const Options& options, int steps) {
   auto model = FullyShardedDataParallel(make(), pg, options);
   torch::optim::Adam opt(model->parameters(), 1e-3);
   Result r;
@@ -68,7 +68,7 @@ Result train_fsdp(dist::ProcessGroup& pg, Factory make, const Options& options, 
     loss.backward();
     opt.step();
     auto global = loss.detach().reshape({1}).clone();
-    dist::all_reduce(pg, global, dist::ReduceOp::Avg).wait();
+    comm::all_reduce(pg, global, comm::ReduceOp::Avg).wait();
     r.final_loss = global.item<double>();
   }
   for (auto& p : model->parameters()) EXPECT_EQ(p.scalar_type(), torch::kFloat);
@@ -219,7 +219,7 @@ ScaledForward scaled_reference(const torch::Tensor& x, std::optional<at::ScalarT
   return r;
 }
 
-void run_all(dist::ProcessGroup& pg) {
+void run_all(comm::ProcessGroup& pg) {
   const auto reference = train_reference([] { return make_mlp(7); }, kSteps);
   struct Config {
     const char* name;
@@ -359,10 +359,10 @@ void run_all(dist::ProcessGroup& pg) {
     auto bytes_of_forward = [&](MixedPrecision mp) {
       auto model = FullyShardedDataParallel(make_mlp(7), pg, mp_options(ShardingStrategy::FULL_SHARD, mp));
       auto [x, y] = batch_of(0);
-      dist::comm_counters().reset();
+      comm::comm_counters().reset();
       torch::NoGradGuard no_grad;
       model->forward(rank_slice(x, pg.rank(), pg.size()));
-      return dist::comm_counters().all_gather.load();
+      return comm::comm_counters().all_gather.load();
     };
     const int64_t fp32 = bytes_of_forward(MixedPrecision());
     const int64_t bf16 = bytes_of_forward(MixedPrecision().param_dtype(torch::kBFloat16));
@@ -439,7 +439,7 @@ void run_all(dist::ProcessGroup& pg) {
       loss.backward();
       opt.step();
       auto global = loss.detach().reshape({1}).clone();
-      dist::all_reduce(pg, global, dist::ReduceOp::Avg).wait();
+      comm::all_reduce(pg, global, comm::ReduceOp::Avg).wait();
       loss_fsdp = global.item<double>();
     }
     auto* bn = model->module()->ptr(1)->as<torch::nn::BatchNorm1d>();

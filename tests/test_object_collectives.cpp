@@ -1,11 +1,11 @@
-// broadcast_object / all_gather_object (src/dist/object_collectives.h) at world
+// broadcast_object / all_gather_object (src/comm/object_collectives.h) at world
 // sizes 1-3 against the strings each rank made: lengths that differ by rank,
 // empty strings, and bytes a C string would cut (NUL, 0xff).
 #include <gtest/gtest.h>
 
 #include <string>
 
-#include "../src/dist/object_collectives.h"
+#include "comm/object_collectives.h"
 #include "harness/multirank.h"
 
 using namespace fsdp;
@@ -21,10 +21,10 @@ std::string message_of(int r) {
   return s;
 }
 
-void object_cases(dist::ProcessGroup& pg) {
+void object_cases(comm::ProcessGroup& pg) {
   const int n = pg.size();
   run_case("all_gather_object", [&] {
-    const auto all = dist::all_gather_object(pg, message_of(pg.rank()));
+    const auto all = comm::all_gather_object(pg, message_of(pg.rank()));
     ASSERT_EQ(static_cast<int>(all.size()), n);
     for (int r = 0; r < n; ++r) EXPECT_EQ(all[r], message_of(r)) << "rank " << r << "'s string";
   });
@@ -32,9 +32,9 @@ void object_cases(dist::ProcessGroup& pg) {
     for (int root = 0; root < n; ++root) {
       // Non-root ranks pass something else, which must be ignored.
       const std::string mine = pg.rank() == root ? message_of(root + 1) : std::string(7, 'x');
-      EXPECT_EQ(dist::broadcast_object(pg, mine, root), message_of(root + 1)) << "root " << root;
+      EXPECT_EQ(comm::broadcast_object(pg, mine, root), message_of(root + 1)) << "root " << root;
     }
-    EXPECT_EQ(dist::broadcast_object(pg, pg.rank() == 0 ? std::string() : std::string("not empty")), "");
+    EXPECT_EQ(comm::broadcast_object(pg, pg.rank() == 0 ? std::string() : std::string("not empty")), "");
   });
 }
 

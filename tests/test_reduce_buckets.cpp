@@ -1,5 +1,5 @@
 // Gradient reduction buckets (Options::bucket_cap_mb, [Note: reduce buckets] in
-// src/fsdp/reduce_bucket.h). At N=2 and N=3 (padded chunks), for FULL_SHARD,
+// src/core/reduce_bucket.h). At N=2 and N=3 (padded chunks), for FULL_SHARD,
 // SHARD_GRAD_OP and NO_SHARD, MLP and nested transformer:
 //  - bucketed training equals single-process training on the global batch
 //    (relative L2 < 2e-6) and is bit-identical to training without buckets over
@@ -43,7 +43,7 @@ std::vector<std::string> reduce_spans(const std::vector<TraceSpan>& spans) {
 // AdamW steps on this rank's slice of the global batch; `micro` micro-batches
 // per step, all but the last under no_sync when `use_no_sync`.
 template <typename ModelFactory>
-Run train(dist::ProcessGroup& pg, ModelFactory make, Options options, int steps = 4, int micro = 1,
+Run train(comm::ProcessGroup& pg, ModelFactory make, Options options, int steps = 4, int micro = 1,
           bool use_no_sync = false) {
   auto model = FullyShardedDataParallel(make(), pg, options.trace_dir(worker_scratch_dir() + "/trace"));
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
@@ -121,7 +121,7 @@ std::string join(const std::vector<std::string>& v) {
 constexpr double kMidCapMb = 2620.0 / (1024 * 1024);
 constexpr double kTinyCapMb = 100.0 / (1024 * 1024);
 
-void parity_cases(dist::ProcessGroup& pg) {
+void parity_cases(comm::ProcessGroup& pg) {
   const int n = pg.size();
   auto mlp = [] { return make_mlp(); };
   auto tf = [] { return make_transformer(); };
@@ -240,7 +240,7 @@ struct BranchNetImpl : torch::nn::Module {
 };
 TORCH_MODULE(BranchNet);
 
-void unused_branch_cases(dist::ProcessGroup& pg) {
+void unused_branch_cases(comm::ProcessGroup& pg) {
   const int n = pg.size();
   auto make = [] {
     torch::manual_seed(7);
@@ -286,7 +286,7 @@ void unused_branch_cases(dist::ProcessGroup& pg) {
   }
 }
 
-void invalid_cap_cases(dist::ProcessGroup& pg) {
+void invalid_cap_cases(comm::ProcessGroup& pg) {
   run_case("invalid-cap", [&] {
     for (double cap : {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity(), 1e300}) {
       try {
@@ -305,7 +305,7 @@ void invalid_cap_cases(dist::ProcessGroup& pg) {
   });
 }
 
-void all_cases(dist::ProcessGroup& pg) {
+void all_cases(comm::ProcessGroup& pg) {
   invalid_cap_cases(pg);
   parity_cases(pg);
   unused_branch_cases(pg);

@@ -19,8 +19,9 @@
 
 #include <torch/torch.h>
 
-#include "fsdp/dist/collectives.h"
+#include "fsdp/comm/collectives.h"
 #include "fsdp/state/checkpoint.h"
+#include "fsdp/state/summon_full_params.h"
 #include "fsdp/state/checkpoint_tools.h"
 #include "fsdp/state/state_dict.h"
 #include "harness/counting_allocator.h"
@@ -79,7 +80,7 @@ TEST(StateMemory, FullRank0OnlySaveAndConsolidate) {
   const std::string dir = tmp.path();
   RankOptions opts;
   opts.extra_env = {"FSDP_STATE_MEM_DIR=" + dir};
-  run_ranks(kWorld, [dir](dist::ProcessGroup& pg) {
+  run_ranks(kWorld, [dir](comm::ProcessGroup& pg) {
     auto* counter = install_counting_allocator();
     torch::manual_seed(0);
     torch::nn::Sequential net;
@@ -90,7 +91,7 @@ TEST(StateMemory, FullRank0OnlySaveAndConsolidate) {
     // chunks of 21,931 floats) + 350,896 gradient storage (the reduced shards the
     // gradient pieces alias) + 2 x 350,896 Adam moments + 789,516 idle pool blocks (3
     // unit-sized blocks the step freed and the pool keeps for the next one; [Note:
-    // buffer pool] in src/fsdp/buffer_pool.h). A state dict, gathered or not, leaves
+    // buffer pool] in src/memory/buffer_pool.h). A state dict, gathered or not, leaves
     // all of it as it was: on ranks != 0 the same 2,193,100 B before and after.
     // An earlier version allowed a unit-sized leftover on ranks != 0 and hid a
     // release of about two units behind a warm-up state_dict call. Both were Gloo
@@ -100,7 +101,7 @@ TEST(StateMemory, FullRank0OnlySaveAndConsolidate) {
     // wait() returned, and late when that thread shares the pinned core with a busy
     // main thread; the next collective's wait let it run. Since 4d78412 Gloo gets
     // non-owning views and the handle owns the tensors until the work completes
-    // (AlltoallLease in src/dist/gloo_alltoall.cpp); handing Gloo the owning tensors
+    // (AlltoallLease in src/comm/gloo/gloo_alltoall.cpp); handing Gloo the owning tensors
     // again makes this test fail on some rank in every run (checked three times). The
     // bounds below are exact for what stays (nothing; the dict) on both transports,
     // measured from right after the step, without a warm-up call.
@@ -112,15 +113,15 @@ TEST(StateMemory, FullRank0OnlySaveAndConsolidate) {
     };
     for (const bool shared_memory : {true, false}) {
       const std::string transport = shared_memory ? "shared memory" : "Gloo";
-      dist::set_comm_shared_memory(shared_memory);  // every rank, same order
+      comm::set_comm_shared_memory(shared_memory);  // every rank, same order
       step();
       run_case("after a step over " + transport + ": only training state and pool blocks", [&] {
         const auto stats = model->memory_stats();
         EXPECT_EQ(stats.unsharded_bytes, 0);
         EXPECT_EQ(counter->live(),
-                  training_state_bytes(model->parameters(), opt) + stats.cached_bytes + dist::comm_cached_bytes())
+                  training_state_bytes(model->parameters(), opt) + stats.cached_bytes + comm::comm_cached_bytes())
             << "the step left buffers behind (pool idle " << stats.cached_bytes << " B, comm cached "
-            << dist::comm_cached_bytes() << " B)";
+            << comm::comm_cached_bytes() << " B)";
       });
       run_case("FULL rank0_only over " + transport, [&] {
         const int64_t before = counter->live();
@@ -150,11 +151,11 @@ TEST(StateMemory, FullRank0OnlySaveAndConsolidate) {
         // The bound can fail: gathering everything at once costs the whole model.
         const int64_t before2 = counter->live();
         counter->reset_peak();
-        model->apply_with_full_params([](torch::nn::Module&) {});
+        fsdp::apply_with_full_params(*model, [](torch::nn::Module&) {});
         EXPECT_GT(counter->peak() - before2, kModelBytes) << "the comparison run should exceed the bound";
       });
     }
-    dist::set_comm_shared_memory(true);
+    comm::set_comm_shared_memory(true);
     run_case("save_checkpoint copies nothing", [&] {
       const int64_t before = counter->live();
       counter->reset_peak();

@@ -20,8 +20,9 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
-#include "fsdp/dist/collectives.h"
+#include "fsdp/comm/collectives.h"
 #include "fsdp/trainer/global_sampler.h"
+#include "fsdp/state/summon_full_params.h"
 #include "fsdp/trainer/trainer.h"
 #include "harness/models.h"
 #include "harness/multirank.h"
@@ -100,7 +101,7 @@ Params full_parameters(TT::Model& m) {
   };
   auto* zero = dynamic_cast<optim::ZeroRedundancyOptimizer*>(&m.optimizer());
   if (m.fsdp()) {
-    m.fsdp()->apply_with_full_params(grab);
+    fsdp::apply_with_full_params(*m.fsdp(), grab);
   } else if (zero && zero->options().param_dtype()) {
     const auto trainable = zero->trainable_parameters();
     std::vector<torch::Tensor> flat;
@@ -108,7 +109,7 @@ Params full_parameters(TT::Model& m) {
     for (const auto& piece : zero->local_pieces())
       flat[size_t(piece.param)].narrow(0, piece.offset, piece.numel).copy_(piece.tensor);
     for (size_t i = 0; i < trainable.size(); ++i) {
-      dist::all_reduce(zero->options().process_group(), flat[i], dist::ReduceOp::Sum).wait();
+      comm::all_reduce(zero->options().process_group(), flat[i], comm::ReduceOp::Sum).wait();
       out[trainable[i].name] = flat[i].view(trainable[i].param.sizes());
     }
   } else {
@@ -132,7 +133,7 @@ void expect_continues_bitwise(const FitResult& a, const Params& final_a, const F
 // make(ckpt, "") trained uninterrupted for `steps` steps, then make(ckpt + "2",
 // ckpt + "/step-<from>"): the resumed run continues the uninterrupted one bit for bit.
 template <typename Make>
-void expect_resume_bitwise(dist::ProcessGroup& pg, const Make& make, const std::string& ckpt, int64_t from,
+void expect_resume_bitwise(comm::ProcessGroup& pg, const Make& make, const std::string& ckpt, int64_t from,
                            size_t steps) {
   TT full = make(ckpt, "");
   FitResult a = full.fit(pg);
@@ -207,7 +208,7 @@ constexpr double kBf16UpdateBound = 2e-2, kBf16LossBound = 5e-3, kBf16UpdateFloo
 /// fp32: validation on 13 held-out samples in validation batches of 5 (parts of 1-3
 /// samples per rank), mean squared error and mean absolute error, checked against
 /// the whole set.
-void parity_case(dist::ProcessGroup& pg, const std::string& name, const Parity& c) {
+void parity_case(comm::ProcessGroup& pg, const std::string& name, const Parity& c) {
   run_case(name, [&] {
     TT t = make_trainer(TrainerOptions().strategy(c.strategy).global_batch_size(c.batch).accumulate_grad_batches(c.k)
                             .max_steps(c.steps).seed(3).val_batch_size(5).gradient_clip_val(c.clip)
@@ -297,7 +298,7 @@ Strategy by_block(const std::string& name) {
   return Strategy(name).fsdp(fsdp::Options().auto_wrap_policy(module_type_policy<BlockImpl>()));
 }
 
-void parity_case(dist::ProcessGroup& pg, const std::string& strategy, int64_t k, int64_t steps, bool drop = false,
+void parity_case(comm::ProcessGroup& pg, const std::string& strategy, int64_t k, int64_t steps, bool drop = false,
                  double clip = 0) {
   Parity c;
   c.strategy = by_block(strategy);
@@ -347,7 +348,7 @@ class PairSet : public torch::data::datasets::Dataset<PairSet, Pair> {
   RegressionSet data_{kSamples};
 };
 
-void dataset_types_case(dist::ProcessGroup& pg) {
+void dataset_types_case(comm::ProcessGroup& pg) {
   run_case("dataset types", [&] {
     auto opts = TrainerOptions().global_batch_size(kBatch).max_steps(5).seed(3).progress(false).memory_summary(false);
     auto sgd = [](std::vector<torch::Tensor> p) {
@@ -389,18 +390,18 @@ void dataset_types_case(dist::ProcessGroup& pg) {
 
 TEST(Trainer, MatchesSingleProcessStepByStep) {
   // 6 steps = one epoch of 4 (the 4th short) and two steps of the next epoch.
-  run_ranks(1, [](dist::ProcessGroup& pg) {
+  run_ranks(1, [](comm::ProcessGroup& pg) {
     parity_case(pg, "full_shard", 1, 6);
     dataset_types_case(pg);
   }, rank_options());
-  run_ranks(2, [](dist::ProcessGroup& pg) {
+  run_ranks(2, [](comm::ProcessGroup& pg) {
     parity_case(pg, "full_shard", 1, 6);
     parity_case(pg, "full_shard", 3, 6);  // accumulation: 3 micro-batches of 2 == one batch of 6
     parity_case(pg, "no_shard", 1, 4, /*drop=*/true);  // 3 steps an epoch: step 4 is epoch 1's first
     parity_case(pg, "zero2", 3, 4);
     parity_case(pg, "full_shard", 3, 4, false, /*clip=*/0.05);
   }, rank_options());
-  run_ranks(3, [](dist::ProcessGroup& pg) {
+  run_ranks(3, [](comm::ProcessGroup& pg) {
     parity_case(pg, "full_shard", 1, 6);  // short batch of 2 on 3 ranks: rank 0 weighs 0
     parity_case(pg, "shard_grad_op", 2, 4);
     parity_case(pg, "zero1", 1, 4, false, /*clip=*/0.05);
@@ -411,7 +412,7 @@ TEST(Trainer, MatchesSingleProcessStepByStep) {
 // (ZeroOptions::param_dtype, with fp32 masters), at N=2, step by step against the
 // fp32 reference within bf16's bounds (see kBf16UpdateBound).
 TEST(Trainer, MixedPrecisionBf16) {
-  run_ranks(2, [](dist::ProcessGroup& pg) {
+  run_ranks(2, [](comm::ProcessGroup& pg) {
     Parity c;
     c.bf16 = true;
     c.steps = 4;  // the 4th is the short batch of 2
@@ -473,7 +474,7 @@ void save_reference(const FitResult& r, const Params& p, const std::string& path
 
 TEST(Trainer, ResumeBitwiseAndAcrossWorldSizes) {
   const std::string ckpt = test_dir() + "/resume";
-  run_ranks(2, [&](dist::ProcessGroup& pg) {
+  run_ranks(2, [&](comm::ProcessGroup& pg) {
     // Uninterrupted run, with checkpoints at steps 3, 6 and 8, and the metrics file.
     const std::string metrics = test_dir() + "/metrics.jsonl";
     TT full = resume_trainer(ckpt, "", metrics);
@@ -565,7 +566,7 @@ TEST(Trainer, ResumeBitwiseAndAcrossWorldSizes) {
   // At 3 ranks (SHARD_GRAD_OP) and at 1 (NO_SHARD) from the 2-rank FULL_SHARD checkpoint:
   // the same samples meet in every step.
   for (int n : {3, 1}) {
-    run_ranks(n, [&](dist::ProcessGroup& pg) {
+    run_ranks(n, [&](comm::ProcessGroup& pg) {
       const std::string strategy = pg.size() == 3 ? "shard_grad_op" : "no_shard";
       std::vector<torch::Tensor> ref;
       torch::load(ref, test_dir() + "/reference.pt");
@@ -589,7 +590,7 @@ TEST(Trainer, ResumeBitwiseAndAcrossWorldSizes) {
 // zero2 at the same world size, and under zero1 at 3 ranks and full_shard at 1 rank.
 TEST(Trainer, ResumeUnderZero) {
   const std::string ckpt = test_dir() + "/resume_zero";
-  run_ranks(2, [&](dist::ProcessGroup& pg) {
+  run_ranks(2, [&](comm::ProcessGroup& pg) {
     TT full = resume_trainer(ckpt, "", "", "zero2");
     FitResult a = full.fit(pg);
     ASSERT_EQ(a.losses.size(), 8u);
@@ -600,7 +601,7 @@ TEST(Trainer, ResumeUnderZero) {
     expect_continues_bitwise(a, final_a, b, resumed, 3);
   }, rank_options());
   for (int n : {3, 1}) {
-    run_ranks(n, [&](dist::ProcessGroup& pg) {
+    run_ranks(n, [&](comm::ProcessGroup& pg) {
       const std::string strategy = pg.size() == 3 ? "zero1" : "full_shard";
       std::vector<torch::Tensor> ref;
       torch::load(ref, test_dir() + "/reference_zero.pt");
@@ -622,7 +623,7 @@ TEST(Trainer, ResumeUnderZero) {
 // bf16 compute (FSDP's MixedPrecision, ZeRO's param_dtype) keeps fp32 masters and
 // Adam moments: a run resumed from step 3 continues the uninterrupted one bit for bit.
 TEST(Trainer, ResumeUnderBf16) {
-  run_ranks(2, [&](dist::ProcessGroup& pg) {
+  run_ranks(2, [&](comm::ProcessGroup& pg) {
     const std::vector<Strategy> strategies = {
         Strategy("full_shard").fsdp(fsdp::Options()
                                         .auto_wrap_policy(module_type_policy<BlockImpl>())
@@ -655,7 +656,7 @@ TEST(Trainer, ResumeUnderBf16) {
 // bit for bit.
 TEST(Trainer, HybridShard) {
   const std::string ckpt = test_dir() + "/resume_hybrid";
-  run_ranks(4, [&](dist::ProcessGroup& pg) {
+  run_ranks(4, [&](comm::ProcessGroup& pg) {
     Strategy hybrid = by_block("hybrid_shard");
     hybrid.fsdp().shard_group_size(2);
     Parity c;
@@ -691,7 +692,7 @@ TEST(Trainer, HybridShard) {
 //  * resume_check: a checkpoint it refuses fails an explicit resume with its message and
 //    is passed over by resume("auto"); one it accepts is resumed.
 TEST(Trainer, BatchSamplerValidationLoopResumeCheck) {
-  run_ranks(2, [](dist::ProcessGroup& pg) {
+  run_ranks(2, [](comm::ProcessGroup& pg) {
     auto sampler = [](int64_t s) {
       std::vector<int64_t> idx;
       for (int64_t i = 0; i < 5; ++i) idx.push_back((s * 7 + i * 3 + 2) % kSamples);
@@ -711,13 +712,13 @@ TEST(Trainer, BatchSamplerValidationLoopResumeCheck) {
       std::vector<std::vector<int64_t>> seen;
       TT t = custom_trainer(TrainerOptions().max_steps(4).val_check_interval(3), &seen);
       std::vector<int64_t> validated;
-      t.validation_loop([&](TT::Model& m, const dist::ProcessGroup& g, int64_t step) {
+      t.validation_loop([&](TT::Model& m, const comm::ProcessGroup& g, int64_t step) {
         EXPECT_FALSE(m.training());
         validated.push_back(step);
         auto idx = torch::arange(g.rank(), 13, g.size(), torch::kLong);
         auto err = m.forward(val.x().index_select(0, idx)) - val.y().index_select(0, idx);
         auto sums = torch::tensor({err.pow(2).sum().item<double>(), double(err.numel())}, torch::kFloat64);
-        dist::all_reduce(g, sums, dist::ReduceOp::Sum).wait();
+        comm::all_reduce(g, sums, comm::ReduceOp::Sum).wait();
         trainer::ValidationMetrics vm;
         vm.values["mse"] = sums[0].item<double>() / sums[1].item<double>();
         vm.samples = 13;
@@ -779,7 +780,7 @@ TEST(Trainer, BatchSamplerValidationLoopResumeCheck) {
 }
 
 TEST(Trainer, BadOptionsFailOnEveryRank) {
-  run_ranks(2, [](dist::ProcessGroup& pg) {
+  run_ranks(2, [](comm::ProcessGroup& pg) {
     auto expect_error = [&](TT& t, const std::string& want) {
       try {
         t.fit(pg);

@@ -28,9 +28,9 @@
 #include <string>
 #include <vector>
 
-#include "fsdp/dist/collectives.h"
+#include "fsdp/comm/collectives.h"
 #include "fsdp/optim/cpu_adam.h"
-#include "fsdp/optim/training_facade.h"
+#include "fsdp/trainer/training_facade.h"
 #include "fsdp/optim/zero_redundancy_optimizer.h"
 #include "fsdp/state/zero_checkpoint.h"
 #include "fsdp/state/zero_state_dict.h"
@@ -40,8 +40,8 @@
 #include "harness/temp_dir.h"
 
 // White-box: the layout's arithmetic; the reference optimizer's state by parameter.
-#include "../src/optim/zero_layout.h"
-#include "../src/state/optim_state.h"
+#include "optim/zero_layout.h"
+#include "state/optim_state.h"
 
 using namespace fsdp;
 using namespace fsdp::testing;
@@ -152,7 +152,7 @@ void set_grads_to_none(torch::nn::Module& m) {
   for (auto& p : m.parameters()) p.mutable_grad().reset();
 }
 
-void check_case(dist::ProcessGroup& pg, const Case& c) {
+void check_case(comm::ProcessGroup& pg, const Case& c) {
   run_case(c.name, [&] {
     const int n = pg.size(), rank = pg.rank();
     // Reference: one process computing every rank's gradients (see the file header).
@@ -383,15 +383,15 @@ const char* const kMixedCases[] = {
     "stage1/reduce_scatter/sgd/accum2",
 };
 
-void check_mixed_case(dist::ProcessGroup& pg, const Case& c);
+void check_mixed_case(comm::ProcessGroup& pg, const Case& c);
 
-void parity_cases(dist::ProcessGroup& pg) {
+void parity_cases(comm::ProcessGroup& pg) {
   for (const char* name : kParityCases) check_case(pg, parse_case(name));
   for (const char* name : kMixedCases) check_mixed_case(pg, parse_case(name));
 }
 
 // Options and misuse are refused before anything changes, with the fix in the message.
-void refusal_cases(dist::ProcessGroup& pg) {
+void refusal_cases(comm::ProcessGroup& pg) {
   auto expect_error = [](const std::function<void()>& f, const std::string& needle) {
     try {
       f();
@@ -433,7 +433,7 @@ void refusal_cases(dist::ProcessGroup& pg) {
 
 // Allocator-free accounting by tensor sizes: after a stage-2 AdamW step the gradients
 // are gone, the optimizer state is two moments of this rank's pieces.
-void memory_cases(dist::ProcessGroup& pg) {
+void memory_cases(comm::ProcessGroup& pg) {
   run_case("memory/stage2", [&] {
     auto model = make_net();
     ZeroRedundancyOptimizer opt(model->parameters(),
@@ -465,12 +465,12 @@ void memory_cases(dist::ProcessGroup& pg) {
 // does the same casts in one process: a bf16 copy of the model computes every rank's
 // gradients, which are reduced as the transport reduces them (stage 2: bf16 rows summed
 // in rank order in bf16, / N, widened into the fp32 partition; stage 1 all-reduce: bf16
-// summed in fp32 and rounded once, as dist::all_reduce does for bf16), an fp32 model
+// summed in fp32 and rounded once, as comm::all_reduce does for bf16), an fp32 model
 // steps, and its values rounded to bf16 are the next forward's. Bit-identical.
 // mse_loss has no bf16 kernel on CPU.
 torch::Tensor bf16_mse(const torch::Tensor& out, const torch::Tensor& target) { return (out - target).square().mean(); }
 
-void check_mixed_case(dist::ProcessGroup& pg, const Case& c) {
+void check_mixed_case(comm::ProcessGroup& pg, const Case& c) {
   run_case("bf16/" + c.name, [&] {
     const int n = pg.size(), rank = pg.rank();
     const auto bf16 = torch::kBFloat16;
@@ -567,7 +567,7 @@ void check_mixed_case(dist::ProcessGroup& pg, const Case& c) {
 // scaled run equals an unscaled one bit for bit. An inf in one element of one rank's
 // gradient (only its owner sees it after the reduction) makes every rank skip:
 // parameters and optimizer state unchanged, the scaler as DynamicGradScaler says.
-void scaler_cases(dist::ProcessGroup& pg) {
+void scaler_cases(comm::ProcessGroup& pg) {
   for (int stage : {1, 2}) {
     run_case("loss_scale/stage" + std::to_string(stage), [&] {
       const int n = pg.size(), rank = pg.rank();
@@ -636,7 +636,7 @@ void scaler_cases(dist::ProcessGroup& pg) {
 
 // Buffers: broadcast from rank 0 at construction, and after every step with sync_buffers
 // (BatchNorm running statistics, which per-rank batches make differ).
-void buffer_cases(dist::ProcessGroup& pg) {
+void buffer_cases(comm::ProcessGroup& pg) {
   run_case("sync_buffers", [&] {
     const int rank = pg.rank(), n = pg.size();
     torch::manual_seed(0);
@@ -651,7 +651,7 @@ void buffer_cases(dist::ProcessGroup& pg) {
                                 ZeroOptions().process_group(pg).stage(2).module(model.ptr()).sync_buffers(true));
     auto same_as_rank0 = [&](const torch::Tensor& t) {
       auto copy = t.detach().clone();
-      dist::broadcast(pg, copy, 0).wait();
+      comm::broadcast(pg, copy, 0).wait();
       return torch::equal(copy, t);
     };
     EXPECT_TRUE(same_as_rank0(bn->running_mean)) << "buffers not broadcast at construction";
@@ -676,7 +676,7 @@ void buffer_cases(dist::ProcessGroup& pg) {
 //   stage 2 = 2Ψ + 4Ψ/N (fp32 gradient partition) + 12Ψ/N.
 // Buckets of 64K elements, a batch of 2: buckets, one layer's gradient in flight,
 // Adam's per-piece temporaries and activations stay near 1% of the total.
-void peak_memory_cases(dist::ProcessGroup& pg) {
+void peak_memory_cases(comm::ProcessGroup& pg) {
   auto* counter = install_counting_allocator();
   const int n = pg.size();
   for (bool bf16 : {false, true})
@@ -779,7 +779,7 @@ TEST(ZeroLayout, PiecesTileEveryParameterOnce) {
 
 TEST(ZeroOptimizer, ParityWithSingleProcess) {
   for (int n = 1; n <= 3; ++n)
-    run_ranks(n, [](dist::ProcessGroup& pg) {
+    run_ranks(n, [](comm::ProcessGroup& pg) {
       parity_cases(pg);
       if (pg.size() == 2) {
         refusal_cases(pg);
@@ -789,7 +789,7 @@ TEST(ZeroOptimizer, ParityWithSingleProcess) {
       if (pg.size() >= 2) scaler_cases(pg);
     });
   // N=4: one exact case per stage (every bucket padded, buckets cutting parameters).
-  run_ranks(4, [](dist::ProcessGroup& pg) {
+  run_ranks(4, [](comm::ProcessGroup& pg) {
     for (const char* name : {"stage1/reduce_scatter/sgd/accum2", "stage2/cpu_adam/bucket7/lr"})
       check_case(pg, parse_case(name));
   });
@@ -823,7 +823,7 @@ RankOptions rank_options() {
 torch::optim::AdamOptions adam() { return torch::optim::AdamOptions(1e-2); }
 
 template <typename Forward, typename Step>
-void train(const dist::ProcessGroup& pg, Forward forward, Step step, int64_t from, int64_t to) {
+void train(const comm::ProcessGroup& pg, Forward forward, Step step, int64_t from, int64_t to) {
   for (int64_t s = from; s < to; ++s) {
     auto [x, y] = global_batch(s, kBatch);
     torch::mse_loss(forward(rank_slice(x, pg.rank(), pg.size())), rank_slice(y, pg.rank(), pg.size())).backward();
@@ -831,16 +831,16 @@ void train(const dist::ProcessGroup& pg, Forward forward, Step step, int64_t fro
   }
 }
 
-std::unique_ptr<ZeroRedundancyOptimizer> zero(dist::ProcessGroup& pg, TinyTransformer& m, int stage) {
+std::unique_ptr<ZeroRedundancyOptimizer> zero(comm::ProcessGroup& pg, TinyTransformer& m, int stage) {
   return std::make_unique<ZeroRedundancyOptimizer>(
       m->parameters(), fsdp::optim::inner_optimizer<torch::optim::Adam>(adam()),
       ZeroOptions().process_group(pg).stage(stage).reduce_bucket_size(100).module(m.ptr()));
 }
-void train_zero(dist::ProcessGroup& pg, TinyTransformer& m, ZeroRedundancyOptimizer& opt, int64_t from, int64_t to) {
+void train_zero(comm::ProcessGroup& pg, TinyTransformer& m, ZeroRedundancyOptimizer& opt, int64_t from, int64_t to) {
   train(pg, [&](const torch::Tensor& x) { return m->forward(x); }, [&] { opt.step(); opt.zero_grad(/*set_to_none=*/true); }, from, to);
 }
 using Fsdp = FullyShardedDataParallel<TinyTransformerImpl>;
-void train_fsdp(dist::ProcessGroup& pg, Fsdp& m, torch::optim::Optimizer& opt, int64_t from, int64_t to) {
+void train_fsdp(comm::ProcessGroup& pg, Fsdp& m, torch::optim::Optimizer& opt, int64_t from, int64_t to) {
   train(pg, [&](const torch::Tensor& x) { return m->forward(x); }, [&] { opt.step(); opt.zero_grad(/*set_to_none=*/false); }, from, to);
 }
 
@@ -867,7 +867,7 @@ void expect_reference(const std::map<std::string, torch::Tensor>& got, const std
 TEST(ZeroOptimizer, CheckpointsCrossFsdpAndWorldSizes) {
   using namespace xckpt;
   const std::string dir = test_dir();
-  run_ranks(2, [&](dist::ProcessGroup& pg) {
+  run_ranks(2, [&](comm::ProcessGroup& pg) {
     run_case("zero2 N=2: save, continue, reload bitwise", [&] {
       auto m = make_transformer(0);
       auto opt = zero(pg, m, 2);
@@ -884,10 +884,10 @@ TEST(ZeroOptimizer, CheckpointsCrossFsdpAndWorldSizes) {
       train_zero(pg, m2, *opt2, kSave, kEnd);
       for (const auto& kv : params_of(*m2))
         EXPECT_TRUE(torch::equal(kv.second, reference.at(kv.first))) << kv.first << " differs after reload at N=2";
-      dist::barrier(pg);
+      comm::barrier(pg);
     });
   }, rank_options());
-  run_ranks(4, [&](dist::ProcessGroup& pg) {
+  run_ranks(4, [&](comm::ProcessGroup& pg) {
     run_case("FULL_SHARD N=4 <- zero2 N=2", [&] {
       Fsdp m(make_transformer(7), pg, Options().auto_wrap_policy(always_wrap_policy()));
       torch::optim::Adam opt(m->parameters(), adam());
@@ -897,7 +897,7 @@ TEST(ZeroOptimizer, CheckpointsCrossFsdpAndWorldSizes) {
       expect_reference(full_params(m), "FULL_SHARD at N=4 from zero2 at N=2");
     });
   }, rank_options());
-  run_ranks(3, [&](dist::ProcessGroup& pg) {
+  run_ranks(3, [&](comm::ProcessGroup& pg) {
     run_case("zero1 N=3 <- FULL_SHARD N=4", [&] {
       auto m = make_transformer(7);
       auto opt = zero(pg, m, 1);
@@ -907,7 +907,7 @@ TEST(ZeroOptimizer, CheckpointsCrossFsdpAndWorldSizes) {
       expect_reference(params_of(*m), "zero1 at N=3 from FULL_SHARD at N=4");
     });
   }, rank_options());
-  run_ranks(1, [&](dist::ProcessGroup& pg) {
+  run_ranks(1, [&](comm::ProcessGroup& pg) {
     run_case("NO_SHARD N=1 <- zero1 N=3", [&] {
       Fsdp m(make_transformer(7), pg, Options().sharding_strategy(ShardingStrategy::NO_SHARD));
       torch::optim::Adam opt(m->parameters(), adam());
@@ -922,7 +922,7 @@ TEST(ZeroOptimizer, PeakModelStateMemory) {
   for (int n : {2, 3}) run_ranks(n, peak_memory_cases);
 }
 
-// One loop for both families (fsdp/optim/training_facade.h): the same function trains
+// One loop for both families (fsdp/trainer/training_facade.h): the same function trains
 // a ZeRO-2 optimizer on the unwrapped MLP and FSDP NO_SHARD + Adam on a wrapped copy,
 // LowLevelZero's scaler on both, with an inf injected into one rank's loss at steps 1
 // and 2: both skip those steps on every rank and back off once (hysteresis 2), and
@@ -933,7 +933,7 @@ TEST(ZeroOptimizer, PeakModelStateMemory) {
 TEST(ZeroOptimizer, FacadeDrivesZeroAndFsdpAlike) {
   using fsdp::optim::FacadeOptions;
   using fsdp::optim::TrainingFacade;
-  run_ranks(2, [](dist::ProcessGroup& pg) {
+  run_ranks(2, [](comm::ProcessGroup& pg) {
     run_case("facade", [&] {
       const int n = pg.size(), rank = pg.rank();
       auto scaler = ZeroOptions::low_level_zero_scaler();

@@ -41,10 +41,10 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
-#include "fsdp/dist/collectives.h"
-#include "fsdp/dist/process_group.h"
-#include "fsdp/fsdp/fully_sharded.h"
-#include "fsdp/fsdp/wrappable.h"
+#include "fsdp/comm/collectives.h"
+#include "fsdp/comm/process_group.h"
+#include "fsdp/core/fully_sharded.h"
+#include "fsdp/core/wrappable.h"
 #include "fsdp/state/checkpoint.h"
 
 namespace fs = std::filesystem;
@@ -107,7 +107,7 @@ Args parse_args(int argc, char** argv) {
 
 // ---- 1. launching -----------------------------------------------------------------------
 
-/// True when a launcher that fsdp::dist::init_process_group understands placed this process.
+/// True when a launcher that fsdp::comm::init_process_group understands placed this process.
 bool under_launcher() {
   return std::getenv("RANK") || std::getenv("WORLD_SIZE") || std::getenv("SLURM_PROCID") ||
          std::getenv("OMPI_COMM_WORLD_RANK");
@@ -265,7 +265,7 @@ int64_t restore_training_state(const fsdp::CheckpointExtra& e, const std::string
 
 /// The checkpoint to resume from, the same on every rank: rank 0 looks, then tells the others
 /// (on several machines their views of the directory may differ for a moment).
-std::string checkpoint_to_resume(const Args& a, const fsdp::dist::ProcessGroup& pg) {
+std::string checkpoint_to_resume(const Args& a, const fsdp::comm::ProcessGroup& pg) {
   if (a.resume != "auto") return a.resume;
   const fs::path latest = fs::path(a.checkpoint_dir) / "latest";
   auto found = torch::zeros({1}, torch::kInt32);
@@ -275,7 +275,7 @@ std::string checkpoint_to_resume(const Args& a, const fsdp::dist::ProcessGroup& 
     const bool exists = fs::exists(latest / "metadata.json") || fs::exists(fs::path(latest.string() + ".old") / "metadata.json");
     found.fill_(exists ? 1 : 0);
   }
-  fsdp::dist::broadcast(pg, found, 0).wait();
+  fsdp::comm::broadcast(pg, found, 0).wait();
   return found.item<int>() ? latest.string() : "";
 }
 
@@ -291,7 +291,7 @@ std::string fmt(double v) {
 }
 
 int run(const Args& a) {
-  auto pg = fsdp::dist::init_process_group();  // from fsdp-run's / torchrun's / srun's environment
+  auto pg = fsdp::comm::init_process_group();  // from fsdp-run's / torchrun's / srun's environment
   const int rank = pg.rank(), world = pg.size();
   if (kGlobalBatch % world != 0)
     throw std::invalid_argument("the global batch of " + std::to_string(kGlobalBatch) +
@@ -300,7 +300,7 @@ int run(const Args& a) {
 
   // Data: rank 0 writes the file on first use; the others wait for it at the barrier.
   if (rank == 0 && !fs::exists(a.data)) write_csv(a.data);
-  fsdp::dist::barrier(pg);
+  fsdp::comm::barrier(pg);
   CsvDataset train(a.data, 0, kTrainRows), test(a.data, kTrainRows, kTrainRows + kTestRows);
 
   // Model: the same seed on every rank gives every rank the same initial weights.
@@ -363,7 +363,7 @@ int run(const Args& a) {
       ++step;
       // The step's loss over the global batch: the mean of the ranks' means (equal shares).
       auto global = loss.detach().reshape({1}).clone();
-      fsdp::dist::all_reduce(pg, global).wait();
+      fsdp::comm::all_reduce(pg, global).wait();
       if (rank == 0)
         print_json_line("{\"step\": " + std::to_string(step) + ", \"loss\": " + fmt(global.item<float>() / world) + "}");
       if (step == a.steps || (a.checkpoint_every > 0 && step % a.checkpoint_every == 0)) save(step);
@@ -379,7 +379,7 @@ int run(const Args& a) {
     namespace F = torch::nn::functional;
     auto sums = torch::stack({F::cross_entropy(logits, y, F::CrossEntropyFuncOptions().reduction(torch::kSum)),
                               logits.argmax(1).eq(y).sum().to(torch::kFloat)});
-    fsdp::dist::all_reduce(pg, sums).wait();
+    fsdp::comm::all_reduce(pg, sums).wait();
     if (rank == 0)
       print_json_line("{\"step\": " + std::to_string(step) + ", \"eval\": {\"loss\": " +
                       fmt(sums[0].item<float>() / kTestRows) + ", \"accuracy\": " +

@@ -32,7 +32,7 @@
 
 #include <torch/torch.h>
 
-#include "fsdp/fsdp/wrappable.h"
+#include "fsdp/core/wrappable.h"
 #include "fsdp/trainer/trainer.h"
 
 namespace fs = std::filesystem;
@@ -181,7 +181,7 @@ struct BlockImpl : torch::nn::Module {
 };
 
 /// Each block is declared as fsdp::Wrappable<BlockImpl> so that FSDP can make it a unit;
-/// built inside the Trainer's ZeroInitContext, each block is sharded as soon as it exists.
+/// built inside the Trainer's ShardedInitContext, each block is sharded as soon as it exists.
 struct NetImpl : torch::nn::Module {
   NetImpl(int64_t in, int64_t dim, int64_t classes, int blocks_count) {
     embed = register_module("embed", torch::nn::Linear(in, dim));

@@ -15,7 +15,7 @@
 #include <cmath>
 #include <sstream>
 
-#include "kernels/adam_kernel.h"
+#include "optim/kernels/adam_kernel.h"
 #include "fsdp/optim/group_options.h"
 #include "optimizer_archive.h"
 #include "param_state_key.h"

@@ -1,7 +1,7 @@
 // ZeroRedundancyOptimizer: construction (flat buffer, broadcast, pieces, inner
 // optimizer), step (reduce, find unused, clip, inner step, all-gather), zero_grad and
 // memory accounting. The layout is zero_layout.h; stage 2's backward is
-// zero_grad_reducer.h.
+// zero_bucket_reducer.h.
 #include "fsdp/optim/zero_redundancy_optimizer.h"
 
 #include <algorithm>
@@ -14,21 +14,21 @@
 
 #include <torch/torch.h>
 
-#include "../memory/storage_alias.h"
-#include "fsdp/dist/collectives.h"
+#include "memory/storage_alias.h"
+#include "fsdp/comm/collectives.h"
 #include "fsdp/memory/optimizer_state_bytes.h"
-#include "zero_grad_reducer.h"
+#include "zero_bucket_reducer.h"
 #include "zero_layout.h"
 
 namespace fsdp::optim {
 
-using detail::ZeroGradReducer;
+using detail::ZeroBucketReducer;
 using detail::ZeroLayout;
 using detail::ZeroPiece;
 
 struct ZeroRedundancyOptimizer::Impl {
   ZeroOptions options;
-  dist::ProcessGroup pg;
+  comm::ProcessGroup pg;
   // Trainable parameters in flat order ([Note: ZeRO partition layout]).
   std::vector<at::Tensor> params;
   std::vector<std::string> names;   // for messages
@@ -41,7 +41,7 @@ struct ZeroRedundancyOptimizer::Impl {
   std::vector<ZeroPiece> pieces;            // this rank's
   std::vector<at::Tensor> piece_tensors;    // views of `flat`, what the inner optimizer steps
   std::unique_ptr<torch::optim::Optimizer> inner;
-  std::shared_ptr<ZeroGradReducer> reducer;  // stage 2
+  std::shared_ptr<ZeroBucketReducer> reducer;  // stage 2
   at::Tensor stage1_partition;               // stage 1, reduce-scatter variant, inside step()
   // Stage 1's bucket buffers, on the exchange arena: see [Note: stage 1 buckets].
   fsdp::detail::BufferPool stage1_pool{/*max_idle=*/4, /*min_block_bytes=*/0};
@@ -79,14 +79,14 @@ struct ZeroRedundancyOptimizer::Impl {
 namespace {
 
 // The flat parameter buffer, zeroed, on memory the group's collectives read in place
-// (dist::allocate_collective_buffer): on one host the peers copy each all-gathered chunk
+// (comm::allocate_collective_buffer): on one host the peers copy each all-gathered chunk
 // straight from it instead of through the shared-memory rings, one copy per byte
 // instead of two. It lives as long as the optimizer, so the exchange arena's per-block
 // cost (reserving the pages) is paid once. Elsewhere (Gloo, other devices) ordinary memory.
-at::Tensor collective_zeros(const dist::ProcessGroup& pg, int64_t numel, const at::TensorOptions& o) {
+at::Tensor collective_zeros(const comm::ProcessGroup& pg, int64_t numel, const at::TensorOptions& o) {
   if (!o.device().is_cpu()) return at::zeros({numel}, o);
   const size_t nbytes = static_cast<size_t>(numel) * c10::elementSize(c10::typeMetaToScalarType(o.dtype()));
-  c10::Storage st(c10::Storage::use_byte_size_t(), nbytes, dist::allocate_collective_buffer(pg, nbytes),
+  c10::Storage st(c10::Storage::use_byte_size_t(), nbytes, comm::allocate_collective_buffer(pg, nbytes),
                   /*allocator=*/nullptr, /*resizable=*/false);
   return at::empty({0}, o).set_(st, 0, {numel}, {1}).zero_();
 }
@@ -95,7 +95,7 @@ void validate(const ZeroOptions& o) {
   TORCH_CHECK(o.process_group().defined(),
               "ZeroRedundancyOptimizer: ZeroOptions::process_group is not set; pass "
               "ZeroOptions().process_group(pg) with the data-parallel group "
-              "(fsdp::dist::init_process_group())");
+              "(fsdp::comm::init_process_group())");
   TORCH_CHECK(o.stage() == 1 || o.stage() == 2, "ZeroRedundancyOptimizer: stage must be 1 (optimizer state "
               "sharded) or 2 (gradients sharded too), got ", o.stage());
   TORCH_CHECK(o.reduce_bucket_size() > 0, "ZeroRedundancyOptimizer: reduce_bucket_size must be > 0 elements, got ",
@@ -122,19 +122,19 @@ void validate(const ZeroOptions& o) {
 }
 
 // In place from rank 0, for tensors of any layout.
-void broadcast_from_rank0(const dist::ProcessGroup& pg, const at::Tensor& t) {
+void broadcast_from_rank0(const comm::ProcessGroup& pg, const at::Tensor& t) {
   if (pg.size() == 1 || !t.defined() || t.numel() == 0) return;
   at::Tensor d = t.detach();
   if (d.is_contiguous()) {
-    dist::broadcast(pg, d, 0).wait();
+    comm::broadcast(pg, d, 0).wait();
   } else {
     at::Tensor c = d.contiguous();
-    dist::broadcast(pg, c, 0).wait();
+    comm::broadcast(pg, c, 0).wait();
     d.copy_(c);
   }
 }
 
-void broadcast_buffers(const dist::ProcessGroup& pg, torch::nn::Module& m) {
+void broadcast_buffers(const comm::ProcessGroup& pg, torch::nn::Module& m) {
   for (auto& b : m.buffers()) broadcast_from_rank0(pg, b);
 }
 
@@ -142,7 +142,7 @@ void broadcast_buffers(const dist::ProcessGroup& pg, torch::nn::Module& m) {
 // at most `window` in flight, and calls `done(b)` once bucket b's collective completed.
 template <typename Issue, typename Done>
 void for_each_bucket(int num_buckets, int window, Issue issue, Done done) {
-  std::deque<std::pair<int, dist::CommHandle>> in_flight;
+  std::deque<std::pair<int, comm::CommHandle>> in_flight;
   auto retire = [&] {
     in_flight.front().second.wait();
     done(in_flight.front().first);
@@ -191,7 +191,7 @@ void ZeroRedundancyOptimizer::construct(std::vector<torch::optim::OptimizerParam
   Impl& m = *impl_;
   validate(m.options);
   m.pg = m.options.process_group();
-  m.stage1_pool.set_block_allocator([g = m.pg](size_t n) { return dist::allocate_collective_buffer(g, n); });
+  m.stage1_pool.set_block_allocator([g = m.pg](size_t n) { return comm::allocate_collective_buffer(g, n); });
   if (m.options.dynamic_loss_scale())
     m.scaler = std::make_unique<precision::DynamicGradScaler>(*m.options.dynamic_loss_scale());
   const int rank = m.rank(), world = m.pg.size();
@@ -339,12 +339,12 @@ void ZeroRedundancyOptimizer::construct(std::vector<torch::optim::OptimizerParam
     add_param_group_keeping_options(*this, torch::optim::OptimizerParamGroup(groups[g].params(), ig[g].options().clone()));
 
   if (m.options.stage() == 2) {
-    ZeroGradReducer::Config c;
+    ZeroBucketReducer::Config c;
     c.group = m.pg;
     c.comm_dtype = m.comm_dtype();
     c.grad_dtype = m.grad_dtype();
     c.overlap = m.options.overlap_communication();
-    m.reducer = std::make_shared<ZeroGradReducer>(m.params, m.names, *m.layout, c);
+    m.reducer = std::make_shared<ZeroBucketReducer>(m.params, m.names, *m.layout, c);
     m.reducer->install_hooks();
   }
 
@@ -389,7 +389,7 @@ torch::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
       m.stage1_partition = at::empty({layout.partition_numel()}, m.flat.options().dtype(m.grad_dtype()));
     auto issue = [&](int b) {
       const auto& lb = layout.buckets()[b];
-      if (lb.padded == 0) return dist::CommHandle();
+      if (lb.padded == 0) return comm::CommHandle();
       at::Tensor buf = m.stage1_pool.empty(lb.padded, copts);  // [Note: stage 1 buckets]
       if (lb.padded > lb.numel) buf.narrow(0, lb.numel, lb.padded - lb.numel).zero_();
       for (int i = lb.first_param; i < lb.end_param; ++i) {
@@ -400,12 +400,12 @@ torch::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
         else dst.zero_();
       }
       buffers[b] = buf;
-      if (all_reduce_variant) return dist::all_reduce(m.pg, buf, dist::ReduceOp::Avg);
+      if (all_reduce_variant) return comm::all_reduce(m.pg, buf, comm::ReduceOp::Avg);
       at::Tensor slice = m.stage1_partition.narrow(0, lb.local_offset, lb.chunk);
-      if (slice.scalar_type() == buf.scalar_type()) return dist::reduce_scatter(m.pg, slice, buf, dist::ReduceOp::Avg);
+      if (slice.scalar_type() == buf.scalar_type()) return comm::reduce_scatter(m.pg, slice, buf, comm::ReduceOp::Avg);
       // Reduced in the communication dtype, widened into the partition by done().
       outs[b] = at::empty({lb.chunk}, copts);
-      return dist::reduce_scatter(m.pg, outs[b], buf, dist::ReduceOp::Avg);
+      return comm::reduce_scatter(m.pg, outs[b], buf, comm::ReduceOp::Avg);
     };
     auto done = [&](int b) {
       const auto& lb = layout.buckets()[b];
@@ -479,7 +479,7 @@ torch::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
   local[nparams] = local_tail[0];
   local.push_back(local_tail[1]);
   at::Tensor agreed = torch::tensor(local, at::TensorOptions().dtype(at::kDouble));
-  if (m.pg.size() > 1) dist::all_reduce(m.pg, agreed, dist::ReduceOp::Sum).wait();
+  if (m.pg.size() > 1) comm::all_reduce(m.pg, agreed, comm::ReduceOp::Sum).wait();
   auto a = agreed.accessor<double, 1>();
   for (size_t k = 0; k < m.pieces.size(); ++k)
     if (a[m.pieces[k].param] == 0) m.piece_tensors[k].mutable_grad().reset();
@@ -543,8 +543,8 @@ void ZeroRedundancyOptimizer::all_gather_parameters() {
   if (m.pg.size() == 1) return;
   auto gather = [&](int b) {
     const auto& lb = layout.buckets()[b];
-    if (lb.padded == 0) return dist::CommHandle();
-    return dist::all_gather_into(m.pg, m.flat.narrow(0, lb.flat_offset, lb.padded),
+    if (lb.padded == 0) return comm::CommHandle();
+    return comm::all_gather_into(m.pg, m.flat.narrow(0, lb.flat_offset, lb.padded),
                                  m.flat.narrow(0, layout.chunk_offset(b, m.rank()), lb.chunk));
   };
   for_each_bucket(nbuckets, m.window(), gather, [](int) {});

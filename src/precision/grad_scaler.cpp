@@ -5,7 +5,7 @@
 
 #include <torch/torch.h>
 
-#include "fsdp/dist/collectives.h"
+#include "fsdp/comm/collectives.h"
 
 namespace fsdp::precision {
 
@@ -72,7 +72,7 @@ void DynamicGradScaler::load_state(const GradScalerState& s) {
   state_ = s;
 }
 
-ShardedGradScaler::ShardedGradScaler(dist::ProcessGroup group, DynamicGradScalerOptions options)
+ShardedGradScaler::ShardedGradScaler(comm::ProcessGroup group, DynamicGradScalerOptions options)
     : group_(std::move(group)), scaler_(options) {}
 
 at::Tensor ShardedGradScaler::scale(const at::Tensor& loss) const { return loss * scaler_.scale(); }
@@ -92,7 +92,7 @@ void ShardedGradScaler::unscale_(torch::optim::Optimizer& optimizer) {
       // A single reduction catches inf and nan (nan propagates, inf stays inf).
       if (!std::isfinite(grad.sum(at::kDouble).item<double>())) flag.fill_(1);
     }
-  if (group_.defined() && group_.size() > 1) dist::all_reduce(group_, flag, dist::ReduceOp::Max).wait();
+  if (group_.defined() && group_.size() > 1) comm::all_reduce(group_, flag, comm::ReduceOp::Max).wait();
   found_inf_ = flag.item<float>() != 0;
   unscaled_ = true;
 }

@@ -12,11 +12,11 @@
 
 #include <torch/torch.h>
 
-#include "../dist/object_collectives.h"
-#include "../fsdp/state_view.h"
+#include "comm/object_collectives.h"
+#include "core/state_view.h"
 #include "checkpoint_format.h"
 #include "checkpoint_subject.h"
-#include "fsdp/dist/collectives.h"
+#include "fsdp/comm/collectives.h"
 #include "optim_state.h"
 #include "shared_directory.h"
 
@@ -31,10 +31,10 @@ namespace {
 
 // Every rank learns whether any rank failed, so no rank waits for a peer that
 // gave up; the failing rank's own error is rethrown by that rank.
-void agree_or_throw(const dist::ProcessGroup& pg, const std::string& my_error, const char* what) {
+void agree_or_throw(const comm::ProcessGroup& pg, const std::string& my_error, const char* what) {
   auto flags = torch::zeros({pg.size()}, torch::kLong);
   flags[pg.rank()] = my_error.empty() ? 0 : 1;
-  if (pg.size() > 1) dist::all_reduce(pg, flags).wait();
+  if (pg.size() > 1) comm::all_reduce(pg, flags).wait();
   TORCH_CHECK(my_error.empty(), my_error);
   for (int r = 0; r < pg.size(); ++r)
     TORCH_CHECK(flags[r].item<int64_t>() == 0, "fsdp: ", what, " failed on rank ", r,
@@ -135,7 +135,7 @@ void state::save_checkpoint_of(const std::string& dir, const CheckpointSubject& 
   agree_or_throw(pg, error, "save_checkpoint");
 
   // 2. Rank 0 writes the metadata and renames the directory into place.
-  const auto parts = dist::all_gather_object(pg, mine.dump());
+  const auto parts = comm::all_gather_object(pg, mine.dump());
   if (rank == 0) {
     try {
       json meta;
@@ -464,15 +464,15 @@ void verify_in_file_order(LoadPlan& plan, state::format::MappedRecords& records)
 
 // Step 2 of [Note: atomic load]: returns when every rank prepared its part;
 // otherwise throws, on every rank, what failed where.
-void agree_to_commit(const dist::ProcessGroup& pg, const std::string& my_error, const std::string& dir) {
+void agree_to_commit(const comm::ProcessGroup& pg, const std::string& my_error, const std::string& dir) {
   const int world = pg.size();
   std::vector<std::string> errors{my_error};
   if (world > 1) {
     auto flags = torch::zeros({world}, torch::kLong);
     flags.data_ptr<int64_t>()[pg.rank()] = my_error.empty() ? 0 : 1;
-    dist::all_reduce(pg, flags).wait();
+    comm::all_reduce(pg, flags).wait();
     if (flags.sum().item<int64_t>() == 0) return;
-    errors = dist::all_gather_object(pg, my_error);  // every rank takes this branch
+    errors = comm::all_gather_object(pg, my_error);  // every rank takes this branch
   } else if (my_error.empty()) {
     return;
   }

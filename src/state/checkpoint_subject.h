@@ -20,14 +20,14 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
-#include "../fsdp/state_view.h"
-#include "fsdp/dist/process_group.h"
+#include "core/state_view.h"
+#include "fsdp/comm/process_group.h"
 #include "fsdp/state/checkpoint.h"
 
 namespace fsdp::state {
 
 struct CheckpointSubject {
-  dist::ProcessGroup group;
+  comm::ProcessGroup group;
   std::string strategy;  // recorded in the metadata ("FULL_SHARD", "zero2", ...)
   std::vector<detail::LocalPiece> pieces;
   torch::nn::Module* module = nullptr;

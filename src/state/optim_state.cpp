@@ -4,7 +4,7 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
-#include "../optim/param_state_key.h"
+#include "optim/param_state_key.h"
 #include "fsdp/optim/cpu_adam.h"
 
 namespace fsdp::state {

@@ -7,9 +7,9 @@
 #include <torch/serialize.h>
 #include <torch/torch.h>
 
-#include "../dist/object_collectives.h"
-#include "../fsdp/state_view.h"
-#include "fsdp/dist/collectives.h"
+#include "comm/object_collectives.h"
+#include "core/state_view.h"
+#include "fsdp/comm/collectives.h"
 #include "optim_state.h"
 #include "unpickled_dict.h"
 
@@ -74,7 +74,7 @@ OptimStateDict full_optim_state_dict(FullyShardedBase& model, const torch::optim
       a[kNumKinds + i] = 1;
       a[kNumKinds + n + i] = st[i]->step;
     }
-    if (sharded && pg.size() > 1) dist::all_reduce(pg, agreed, dist::ReduceOp::Max).wait();
+    if (sharded && pg.size() > 1) comm::all_reduce(pg, agreed, comm::ReduceOp::Max).wait();
     for (int k = 0; k < kNumKinds; ++k) {
       if (!a[k]) continue;
       at::Tensor full;
@@ -190,7 +190,7 @@ void scatter_full_optim_state_dict(const OptimStateDict& full_on_rank0, FullySha
     desc["groups"] = json::array();
     for (const auto& g : full_on_rank0.param_groups) desc["groups"].push_back({{"lr", g.lr}, {"params", g.params}});
   }
-  desc = json::parse(dist::broadcast_object(pg, pg.rank() == 0 ? desc.dump() : std::string()));
+  desc = json::parse(comm::broadcast_object(pg, pg.rank() == 0 ? desc.dump() : std::string()));
   OptimStateDict mine;
   for (const auto& g : desc["groups"])
     mine.param_groups.push_back({g["lr"].get<double>(), g["params"].get<std::vector<std::string>>()});
@@ -211,7 +211,7 @@ void scatter_full_optim_state_dict(const OptimStateDict& full_on_rank0, FullySha
       } else {
         t = torch::empty({p.numel}, p.param.options().requires_grad(false));
       }
-      if (pg.size() > 1) dist::broadcast(pg, t, 0).wait();
+      if (pg.size() > 1) comm::broadcast(pg, t, 0).wait();
       mine.state[p.name][k.get<std::string>()] = t.slice(0, p.begin, p.end).clone();
     }
   }

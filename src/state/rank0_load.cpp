@@ -8,9 +8,9 @@
 
 #include <torch/torch.h>
 
-#include "../dist/object_collectives.h"
-#include "../fsdp/state_view.h"
-#include "fsdp/dist/collectives.h"
+#include "comm/object_collectives.h"
+#include "core/state_view.h"
+#include "fsdp/comm/collectives.h"
 #include "mapped_state_dict.h"
 
 namespace fsdp {
@@ -88,13 +88,13 @@ void fill_unit(detail::StateView& view, size_t u, const at::Tensor& flat, const 
 
 void load_state_dict_from_rank0(FullyShardedBase& model, const StateDict& rank0_dict) {
   detail::StateView view(model);
-  const dist::ProcessGroup& pg = view.group();
+  const comm::ProcessGroup& pg = view.group();
   const bool root = pg.rank() == 0;
   // Every rank checks that the model is idle (same answer everywhere) before the
   // first collective.
   const std::vector<detail::LocalPiece> pieces = view.local_pieces("load_state_dict_from_rank0");
   const std::string error =
-      dist::broadcast_object(pg, root ? check_dict(rank0_dict, pieces, view.module()) : std::string(), 0);
+      comm::broadcast_object(pg, root ? check_dict(rank0_dict, pieces, view.module()) : std::string(), 0);
   TORCH_CHECK(error.empty(), "fsdp: load_state_dict_from_rank0 (rank ", pg.rank(), "): rank 0's dict does not match "
               "the model: ", error, ". Nothing was loaded on any rank");
 
@@ -113,7 +113,7 @@ void load_state_dict_from_rank0(FullyShardedBase& model, const StateDict& rank0_
     if (!view.sharded(u)) {
       // The shard is the whole flat buffer: filled on rank 0, broadcast in place.
       if (root) fill_unit(view, u, view.shard(u), rank0_dict, piece_of);
-      dist::broadcast(pg, view.shard(u), 0).wait();
+      comm::broadcast(pg, view.shard(u), 0).wait();
       continue;
     }
     if (!buffer.defined() || buffer.dtype() != view.flat_options(u).dtype())
@@ -123,7 +123,7 @@ void load_state_dict_from_rank0(FullyShardedBase& model, const StateDict& rank0_
       full.zero_();  // padding
       fill_unit(view, u, full, rank0_dict, piece_of);
     }
-    dist::broadcast(pg, full, 0).wait();
+    comm::broadcast(pg, full, 0).wait();
     const auto& entries = view.entries(u);
     for (size_t i = 0; i < entries.size(); ++i) {
       const detail::LocalPiece& p = *piece_of.at(entries[i].param.unsafeGetTensorImpl());
@@ -138,7 +138,7 @@ void load_state_dict_from_rank0(FullyShardedBase& model, const StateDict& rank0_
       p.param.detach().copy_(src.reshape(p.param.sizes()));
       detail::release_mapped_pages({src});
     }
-    dist::broadcast(pg, p.param.detach(), 0).wait();
+    comm::broadcast(pg, p.param.detach(), 0).wait();
   }
   for (const auto& b : view.module().named_buffers()) {
     if (root) {
@@ -146,7 +146,7 @@ void load_state_dict_from_rank0(FullyShardedBase& model, const StateDict& rank0_
       b.value().copy_(src.reshape(b.value().sizes()));
       detail::release_mapped_pages({src});
     }
-    dist::broadcast(pg, b.value(), 0).wait();
+    comm::broadcast(pg, b.value(), 0).wait();
   }
 }
 

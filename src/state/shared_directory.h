@@ -22,7 +22,7 @@
 #include <chrono>
 #include <string>
 
-#include "fsdp/dist/process_group.h"
+#include "fsdp/comm/process_group.h"
 
 namespace fsdp::state {
 
@@ -32,7 +32,7 @@ constexpr std::chrono::milliseconds kProbeWait{3000};
 /// every rank sees rank 0's probe file in `dir`, else the error every rank should raise
 /// (the same on all ranks; it names `what` and `shown_dir`, the path the user gave).
 /// The probe file is removed either way.
-std::string check_shared_directory(const dist::ProcessGroup& pg, const std::string& dir,
+std::string check_shared_directory(const comm::ProcessGroup& pg, const std::string& dir,
                                    const std::string& shown_dir, const char* what);
 
 }  // namespace fsdp::state

@@ -7,7 +7,7 @@
 #include <torch/serialize.h>
 #include <torch/torch.h>
 
-#include "../fsdp/state_view.h"
+#include "core/state_view.h"
 #include "unpickled_dict.h"
 
 namespace fsdp {

@@ -2,7 +2,7 @@
 
 #include <torch/torch.h>
 
-#include "../fsdp/state_view.h"
+#include "core/state_view.h"
 
 namespace fsdp {
 
@@ -36,13 +36,10 @@ SummonFullParams::~SummonFullParams() noexcept(false) {
   buffers_.clear();
 }
 
-// Defined here rather than with the rest of FullyShardedBase: it is
-// SummonFullParams with write-back around a call, and the FSDP core does not
-// depend on the state layer.
-void FullyShardedBase::apply_with_full_params(const std::function<void(torch::nn::Module&)>& fn) {
-  SummonFullParams full(*this, SummonFullParamsOptions().writeback(true), "apply_with_full_params");
+void apply_with_full_params(FullyShardedBase& model, const std::function<void(torch::nn::Module&)>& fn) {
+  SummonFullParams full(model, SummonFullParamsOptions().writeback(true), "apply_with_full_params");
   torch::NoGradGuard no_grad;
-  fn(*model_);
+  fn(*model.module_ptr());
 }
 
 }  // namespace fsdp

@@ -8,7 +8,7 @@
 
 #include <torch/torch.h>
 
-#include "fsdp/dist/collectives.h"
+#include "fsdp/comm/collectives.h"
 #include "optim_state.h"
 
 namespace fsdp {
@@ -34,7 +34,7 @@ at::ScalarType piece_dtype(const optim::ZeroRedundancyOptimizer& opt, const at::
 }  // namespace
 
 OptimStateDict consolidate_state_dict(optim::ZeroRedundancyOptimizer& opt, int to) {
-  const dist::ProcessGroup& pg = opt.options().process_group();
+  const comm::ProcessGroup& pg = opt.options().process_group();
   TORCH_CHECK(to >= 0 && to < pg.size(), "fsdp::consolidate_state_dict: rank ", to, " is outside group '",
               pg.name(), "' of size ", pg.size());
   const auto params = opt.trainable_parameters();
@@ -60,7 +60,7 @@ OptimStateDict consolidate_state_dict(optim::ZeroRedundancyOptimizer& opt, int t
     f[pieces[k].param][0] = mask | (1 << kNumStateNames);  // the high bit: "has state"
     f[pieces[k].param][1] = static_cast<double>(local[k]->step);
   }
-  if (pg.size() > 1 && np > 0) dist::all_reduce(pg, facts, dist::ReduceOp::Max).wait();
+  if (pg.size() > 1 && np > 0) comm::all_reduce(pg, facts, comm::ReduceOp::Max).wait();
 
   OptimStateDict out;
   const bool keep = pg.rank() == to;
@@ -77,7 +77,7 @@ OptimStateDict consolidate_state_dict(optim::ZeroRedundancyOptimizer& opt, int t
       const int k = piece_of[i];
       if (k >= 0 && local[k] && local[k]->tensors.count(kStateNames[j]))
         full.narrow(0, pieces[k].offset, pieces[k].numel).copy_(local[k]->tensors.at(kStateNames[j]).reshape({-1}));
-      if (pg.size() > 1) dist::all_reduce(pg, full, dist::ReduceOp::Sum).wait();
+      if (pg.size() > 1) comm::all_reduce(pg, full, comm::ReduceOp::Sum).wait();
       if (keep) entry[kStateNames[j]] = full.view(param.sizes());
     }
     if (keep) out.state[params[i].name] = std::move(entry);

@@ -39,7 +39,7 @@ bool executable(const std::string& path) { return !path.empty() && access(path.c
 }  // namespace
 
 bool under_launcher() {
-  // The same variables fsdp::dist::parse_launch_env reads (launch_env.h).
+  // The same variables fsdp::comm::parse_launch_env reads (launch_env.h).
   return std::getenv("RANK") != nullptr || std::getenv("WORLD_SIZE") != nullptr ||
          std::getenv("SLURM_PROCID") != nullptr || std::getenv("OMPI_COMM_WORLD_RANK") != nullptr;
 }

@@ -7,8 +7,8 @@
 #include <torch/optim/sgd.h>
 #include <torch/torch.h>
 
-#include "fsdp/dist/collectives.h"
-#include "fsdp/fsdp/memory_estimate.h"
+#include "fsdp/comm/collectives.h"
+#include "fsdp/core/memory_estimate.h"
 #include "fsdp/memory/optimizer_state_bytes.h"
 #include "fsdp/optim/zero_redundancy_optimizer.h"
 #include "fsdp/trainer/metrics_log.h"
@@ -55,7 +55,7 @@ void format_bytes(double b, char* out, size_t n) {
   std::snprintf(out, n, u ? "%.2f %s" : "%.0f %s", b, unit[u]);
 }
 
-void print_memory_table(std::FILE* out, const dist::ProcessGroup& pg, const MemorySample& sample,
+void print_memory_table(std::FILE* out, const comm::ProcessGroup& pg, const MemorySample& sample,
                         const std::vector<MemoryColumn>& extra) {
   std::vector<std::string> names = {"params", "grads", "optim state", "peak unsharded", "model state"};
   std::vector<double> mine = {double(sample.param_bytes), double(sample.grad_bytes), double(sample.optim_bytes),
@@ -69,7 +69,7 @@ void print_memory_table(std::FILE* out, const dist::ProcessGroup& pg, const Memo
   const int n = pg.size(), cols = int(mine.size());
   auto rows = torch::zeros({n, cols}, torch::kFloat64);
   rows[pg.rank()].copy_(torch::tensor(mine, torch::kFloat64));
-  dist::all_reduce(pg, rows, dist::ReduceOp::Sum).wait();
+  comm::all_reduce(pg, rows, comm::ReduceOp::Sum).wait();
   if (pg.rank() != 0) return;
   // Two spaces more than the header, at least 14: room for "1023.99 MiB".
   std::vector<int> width;

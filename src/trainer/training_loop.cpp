@@ -10,7 +10,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
-#include "fsdp/dist/collectives.h"
+#include "fsdp/comm/collectives.h"
 #include "fsdp/state/checkpoint.h"
 #include "fsdp/state/zero_checkpoint.h"
 #include "fsdp/trainer/checkpoint_dir.h"
@@ -103,7 +103,7 @@ void zero_grad(const LoopModel& m) {
 }
 
 /// Every rank's torch CPU generator state, one row per rank (collective).
-at::Tensor gather_rng_states(const dist::ProcessGroup& pg) {
+at::Tensor gather_rng_states(const comm::ProcessGroup& pg) {
   at::Tensor state;
   {
     auto gen = at::detail::getDefaultCPUGenerator();
@@ -113,11 +113,11 @@ at::Tensor gather_rng_states(const dist::ProcessGroup& pg) {
   // Bytes as doubles (exact) through one sum all-reduce: each rank fills its row.
   auto rows = torch::zeros({pg.size(), state.numel()}, torch::kFloat64);
   rows[pg.rank()].copy_(state.to(torch::kFloat64));
-  dist::all_reduce(pg, rows, dist::ReduceOp::Sum).wait();
+  comm::all_reduce(pg, rows, comm::ReduceOp::Sum).wait();
   return rows.to(torch::kUInt8);
 }
 
-void restore_rng(const CheckpointExtra& extra, const dist::ProcessGroup& pg) {
+void restore_rng(const CheckpointExtra& extra, const comm::ProcessGroup& pg) {
   auto w = extra.values.find(kWorldKey);
   const int saved_world = w == extra.values.end() ? 0 : std::stoi(w->second);
   const int source = saved_world == pg.size() ? pg.rank() : 0;
@@ -130,7 +130,7 @@ void restore_rng(const CheckpointExtra& extra, const dist::ProcessGroup& pg) {
 
 /// Rank 0 prints each rank's model-state bytes next to unsharded Adam training's 16 B
 /// per parameter and the ZeRO accounting for the strategy.
-void memory_summary(const TrainerOptions& o, const dist::ProcessGroup& pg, const LoopModel& m) {
+void memory_summary(const TrainerOptions& o, const comm::ProcessGroup& pg, const LoopModel& m) {
   const std::string& name = o.strategy().name();
   const int n = pg.size();
   int group = 0;
@@ -155,7 +155,7 @@ void memory_summary(const TrainerOptions& o, const dist::ProcessGroup& pg, const
 
 }  // namespace
 
-FitResult run_training_loop(const TrainerOptions& o, const dist::ProcessGroup& pg, const LoopModel& model,
+FitResult run_training_loop(const TrainerOptions& o, const comm::ProcessGroup& pg, const LoopModel& model,
                             const LoopData& data, const std::vector<std::shared_ptr<Callback>>& callbacks) {
   TORCH_INTERNAL_ASSERT(model.optimizer && model.module && (model.fsdp != nullptr) != (model.zero != nullptr));
   const int rank = pg.rank(), world = pg.size();
@@ -218,7 +218,7 @@ FitResult run_training_loop(const TrainerOptions& o, const dist::ProcessGroup& p
           std::fprintf(stderr, "%s: %s auto: no usable checkpoint under %s; starting fresh\n", name, flag,
                        o.checkpoint_dir().c_str());
       }
-      dist::broadcast(pg, chosen, 0).wait();
+      comm::broadcast(pg, chosen, 0).wait();
       const int64_t step = chosen.item<int64_t>();
       if (step < 0) break;
       below = step;
@@ -296,7 +296,7 @@ FitResult run_training_loop(const TrainerOptions& o, const dist::ProcessGroup& p
     }
     sums.push_back(double(count));
     auto t = torch::tensor(sums, torch::kFloat64);
-    dist::all_reduce(pg, t, dist::ReduceOp::Sum).wait();
+    comm::all_reduce(pg, t, comm::ReduceOp::Sum).wait();
     auto acc = t.accessor<double, 1>();
     vm.samples = int64_t(acc[int64_t(keys.size())] + 0.5);
     for (size_t i = 0; i < keys.size(); ++i) vm.values[keys[i]] = acc[int64_t(i)] / double(std::max<int64_t>(vm.samples, 1));

@@ -10,7 +10,7 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 
-#include "fsdp/dist/collectives.h"
+#include "fsdp/comm/collectives.h"
 
 namespace fsdp::testing {
 
@@ -39,7 +39,7 @@ class CountingAllocator final : public c10::Allocator {
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     default_copy_data(dest, src, count);
   }
-  // Blocks of the exchange arena (dist::allocate_collective_buffer): host memory the
+  // Blocks of the exchange arena (comm::allocate_collective_buffer): host memory the
   // library keeps like any other, counted alike (install_counting_allocator wires it).
   void add_external(int64_t delta) const {
     live_ += delta;
@@ -91,8 +91,8 @@ inline CountingAllocator* install_counting_allocator() {
   static CountingAllocator* counter = [] {
     auto* c = new CountingAllocator(c10::GetCPUAllocator());
     c10::SetCPUAllocator(c, /*priority=*/100);
-    c->add_external(dist::collective_buffer_bytes());
-    dist::add_collective_buffer_observer(&CountingAllocator::observe_external);
+    c->add_external(comm::collective_buffer_bytes());
+    comm::add_collective_buffer_observer(&CountingAllocator::observe_external);
     return c;
   }();
   return counter;

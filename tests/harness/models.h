@@ -4,7 +4,8 @@
 // reference (computed on every rank, from the same seed).
 #include <torch/torch.h>
 
-#include "fsdp/fsdp/fully_sharded.h"
+#include "fsdp/core/fully_sharded.h"
+#include "fsdp/state/summon_full_params.h"
 
 namespace fsdp::testing {
 
@@ -83,7 +84,7 @@ inline double rel_diff(const torch::Tensor& a, const torch::Tensor& b) {
 template <typename Impl>
 std::map<std::string, torch::Tensor> full_params(FullyShardedDataParallel<Impl>& m) {
   std::map<std::string, torch::Tensor> out;
-  m->apply_with_full_params([&](torch::nn::Module& mod) {
+  fsdp::apply_with_full_params(*m, [&](torch::nn::Module& mod) {
     for (const auto& p : mod.named_parameters()) out[p.key()] = p.value().detach().clone();
   });
   return out;

@@ -123,21 +123,21 @@ void run_case(const std::string& name, const std::function<void()>& body) {
   }
 }
 
-void run_ranks(int world_size, const std::function<void(dist::ProcessGroup&)>& body,
+void run_ranks(int world_size, const std::function<void(comm::ProcessGroup&)>& body,
                const RankOptions& options) {
   const int call = next_call_index();
   if (is_worker()) {
     if (env_int(kCallVar, -1) != call) return;  // another call's workers
     TORCH_CHECK(env_int(kWorldVar, -1) == world_size, "harness: worker world size mismatch");
-    dist::LaunchOverrides ov;
+    comm::LaunchOverrides ov;
     ov.rank = env_int(kRankVar, 0);
     ov.world_size = world_size;
-    auto opts = dist::InitOptions()
+    auto opts = comm::InitOptions()
                     .file_store_path(std::getenv(kStoreVar))
                     .timeout(std::chrono::milliseconds(env_int(kTimeoutVar, 60000)))
                     .overrides(ov);
     try {
-      auto pg = dist::init_process_group(opts);
+      auto pg = comm::init_process_group(opts);
       body(pg);
       std::ofstream(ran_marker(worker_scratch_dir(), env_int(kRankVar, 0))) << "ran\n";
     } catch (const std::exception& e) {

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "fsdp/dist/process_group.h"
+#include "fsdp/comm/process_group.h"
 
 namespace fsdp::testing {
 
@@ -26,7 +26,7 @@ struct RankOptions {
   std::vector<std::string> extra_env;              ///< "K=V" for every worker
 };
 
-void run_ranks(int world_size, const std::function<void(dist::ProcessGroup&)>& body,
+void run_ranks(int world_size, const std::function<void(comm::ProcessGroup&)>& body,
                const RankOptions& options = {});
 
 /// True inside a rank worker process.

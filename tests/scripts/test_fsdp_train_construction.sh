@@ -34,7 +34,7 @@ sharded = 4 * (layers * chunk(block) + block + outside)   # shards + unit x (1 +
 eager = 4 * (psi + chunk(block))
 after = 4 * (layers * chunk(block) + chunk(outside))
 mib = lambda b: f"{b / 2**20:.2f} MiB"
-for name, value in (("sharded (ZeroInitContext, default)", sharded), ("eager (--eager-init)", eager),
+for name, value in (("sharded (ShardedInitContext, default)", sharded), ("eager (--eager-init)", eager),
                     ("after wrapping", after)):
     line = next((l for l in text.splitlines() if l.strip().startswith(name)), None)
     assert line is not None, f"no '{name}' row"
@@ -43,7 +43,7 @@ for name, value in (("sharded (ZeroInitContext, default)", sharded), ("eager (--
 assert re.search(r"training peak per rank, FULL_SHARD .* model state 97\.44 MiB", text), "training line"
 PY
 pass "--estimate-memory: construction rows equal the closed form"
-SHARDED_EST=$(awk '/^  sharded \(ZeroInitContext/ {print $4}' "$OUT")
+SHARDED_EST=$(awk '/^  sharded \(ShardedInitContext/ {print $4}' "$OUT")
 
 # --- 2. measured build peak, sharded and eager -----------------------------------------------
 # Prints "<build peak rank 0 MiB> <rank 1> <loss>" from a summary.

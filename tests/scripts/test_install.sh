@@ -20,12 +20,12 @@ CMAKE
 cat > "$work/consumer/main.cpp" <<'CPP'
 #include <iostream>
 #include <torch/torch.h>
-#include "fsdp/dist/process_group.h"
-#include "fsdp/fsdp/fully_sharded.h"
+#include "fsdp/comm/process_group.h"
+#include "fsdp/core/fully_sharded.h"
 int main() {
-  auto pg = fsdp::dist::init_process_group(
-      fsdp::dist::InitOptions().file_store_path(std::string(std::getenv("STORE"))).overrides([] {
-        fsdp::dist::LaunchOverrides o; o.rank = 0; o.world_size = 1; return o; }()));
+  auto pg = fsdp::comm::init_process_group(
+      fsdp::comm::InitOptions().file_store_path(std::string(std::getenv("STORE"))).overrides([] {
+        fsdp::comm::LaunchOverrides o; o.rank = 0; o.world_size = 1; return o; }()));
   torch::manual_seed(0);
   auto model = fsdp::FullyShardedDataParallel(torch::nn::Sequential(torch::nn::Linear(4, 3)), pg);
   torch::optim::SGD opt(model->parameters(), 0.1);

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every launcher fsdp::dist understands, end to end with tools/examples/dist_smoke.cpp:
+# Every launcher fsdp::comm understands, end to end with tools/examples/dist_smoke.cpp:
 #   (a) fsdp-run with 2 and 3 ranks
 #   (b) torchrun: --standalone (c10d rendezvous, MASTER_ADDR=localhost) and the static
 #       rendezvous, whose agent serves the store (TORCHELASTIC_USE_AGENT_STORE=True)

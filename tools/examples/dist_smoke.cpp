@@ -1,6 +1,6 @@
 // dist_smoke: checks that a launcher's environment turns into a working process group.
 //
-// Run it under any launcher fsdp::dist understands (fsdp-run, torchrun, mpirun, srun, or
+// Run it under any launcher fsdp::comm understands (fsdp-run, torchrun, mpirun, srun, or
 // bare processes with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT). Each rank bootstraps the
 // world group from its environment, runs three collectives whose results can be checked
 // by hand, and prints one line:
@@ -34,12 +34,12 @@
 #include <torch/torch.h>
 
 #include "common/tool_error.h"
-#include "fsdp/dist/collectives.h"
-#include "fsdp/dist/process_group.h"
+#include "fsdp/comm/collectives.h"
+#include "fsdp/comm/process_group.h"
 
 namespace {
 
-namespace dist = fsdp::dist;
+namespace comm = fsdp::comm;
 
 struct Args {
   int fail_rank = -1;
@@ -88,13 +88,13 @@ Args parse_args(int argc, char** argv) {
 }
 
 // One word per launcher, for grep-able output lines.
-const char* source_token(dist::LaunchSource s) {
+const char* source_token(comm::LaunchSource s) {
   switch (s) {
-    case dist::LaunchSource::Explicit: return "explicit";
-    case dist::LaunchSource::Torchrun: return "torchrun";
-    case dist::LaunchSource::Slurm: return "slurm";
-    case dist::LaunchSource::OpenMPI: return "openmpi";
-    case dist::LaunchSource::SingleProcess: return "single";
+    case comm::LaunchSource::Explicit: return "explicit";
+    case comm::LaunchSource::Torchrun: return "torchrun";
+    case comm::LaunchSource::Slurm: return "slurm";
+    case comm::LaunchSource::OpenMPI: return "openmpi";
+    case comm::LaunchSource::SingleProcess: return "single";
   }
   return "unknown";
 }
@@ -123,13 +123,13 @@ int main(int argc, char** argv) {
   // Gloo's TCP transport writes with writev(), so a rank that sends to a peer which just
   // died can be killed by SIGPIPE (exit 141, no message) before the library sees the error;
   // measured: 2 of 40 fail-fast runs on a loaded 2-core machine. Python ignores SIGPIPE, so
-  // torch.distributed users never see this. fsdp::dist does not (yet) ignore it itself, so
-  // this program does, as every C++ program using fsdp::dist should for now.
+  // torch.distributed users never see this. fsdp::comm does not (yet) ignore it itself, so
+  // this program does, as every C++ program using fsdp::comm should for now.
   std::signal(SIGPIPE, SIG_IGN);
   int rank = -1;
   try {
-    auto pg = dist::init_process_group(
-        dist::InitOptions().timeout(std::chrono::milliseconds(args.timeout_ms)));
+    auto pg = comm::init_process_group(
+        comm::InitOptions().timeout(std::chrono::milliseconds(args.timeout_ms)));
     rank = pg.rank();
     const int world = pg.size();
 
@@ -137,7 +137,7 @@ int main(int argc, char** argv) {
       const int target = std::max(args.fail_rank, args.hang_rank);
       TORCH_CHECK(target < world, "dist_smoke: rank ", target, " of --fail-rank/--hang-rank is "
                   "outside the world of ", world, " ranks");
-      dist::barrier(pg);  // everyone is past init_process_group
+      comm::barrier(pg);  // everyone is past init_process_group
       if (rank == args.fail_rank) {
         std::fprintf(stderr, "dist_smoke rank=%d: exiting with code 3 as asked (--fail-rank)\n",
                      rank);
@@ -155,18 +155,18 @@ int main(int argc, char** argv) {
     constexpr int64_t chunk = 4;
 
     auto summed = at::ones({chunk}, opts);
-    dist::all_reduce(pg, summed).wait();
+    comm::all_reduce(pg, summed).wait();
     expect_equal("all_reduce of ones", rank, summed, at::full({chunk}, float(world), opts));
 
     auto flat = at::empty({world * chunk}, opts);
     auto shard = at::full({chunk}, float(rank + 1), opts);
-    dist::all_gather_into(pg, flat, shard).wait();
+    comm::all_gather_into(pg, flat, shard).wait();
     auto gathered_want = at::arange(1, world + 1, opts).repeat_interleave(chunk);
     expect_equal("all_gather_into", rank, flat, gathered_want);
 
     auto to_scatter = at::arange(world * chunk, opts) + float(rank);
     auto out = at::empty({chunk}, opts);
-    dist::reduce_scatter(pg, out, to_scatter).wait();
+    comm::reduce_scatter(pg, out, to_scatter).wait();
     auto scatter_want = at::arange(rank * chunk, (rank + 1) * chunk, opts) * float(world) +
                         float(world * (world - 1) / 2);
     expect_equal("reduce_scatter", rank, out, scatter_want);
@@ -176,7 +176,7 @@ int main(int argc, char** argv) {
                 rank, world, pg.local_rank(), source_token(env.source),
                 env.use_agent_store ? 1 : 0, static_cast<int>(summed[0].item<float>()));
     std::fflush(stdout);
-    dist::barrier(pg);  // nobody tears down its Gloo pairs while a peer still uses them
+    comm::barrier(pg);  // nobody tears down its Gloo pairs while a peer still uses them
   } catch (const c10::Error& e) {
     std::fprintf(stderr, "dist_smoke rank=%s: FAILED: %s\n", rank_label(rank).c_str(),
                  fsdp::tools::error_text(e).c_str());

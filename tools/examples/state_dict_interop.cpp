@@ -26,8 +26,8 @@
 #include <torch/torch.h>
 
 #include "common/tool_error.h"
-#include "fsdp/dist/process_group.h"
-#include "fsdp/fsdp/fully_sharded.h"
+#include "fsdp/comm/process_group.h"
+#include "fsdp/core/fully_sharded.h"
 #include "fsdp/state/checkpoint.h"
 #include "fsdp/state/optim_state_dict.h"
 #include "fsdp/state/rank0_load.h"
@@ -79,9 +79,9 @@ static int run(int argc, char** argv) {
   }
   const std::string mode = argv[1], model_path = argv[2], out_path = argv[3];
   StoreDir store_dir;
-  fsdp::dist::ProcessGroup pg;
+  fsdp::comm::ProcessGroup pg;
   if (std::getenv("RANK")) {
-    pg = fsdp::dist::init_process_group(fsdp::dist::InitOptions());  // under fsdp-run / torchrun
+    pg = fsdp::comm::init_process_group(fsdp::comm::InitOptions());  // under fsdp-run / torchrun
   } else {
     char tmpl[] = "/tmp/fsdp-interop-XXXXXX";
     if (mkdtemp(tmpl) == nullptr) {
@@ -90,10 +90,10 @@ static int run(int argc, char** argv) {
     }
     store_dir.path = tmpl;
     const std::string store = store_dir.path + "/store";
-    fsdp::dist::LaunchOverrides ov;
+    fsdp::comm::LaunchOverrides ov;
     ov.rank = 0;
     ov.world_size = 1;
-    pg = fsdp::dist::init_process_group(fsdp::dist::InitOptions().file_store_path(store).overrides(ov));
+    pg = fsdp::comm::init_process_group(fsdp::comm::InitOptions().file_store_path(store).overrides(ov));
   }
   torch::manual_seed(42);
   if (mode == "tied") {

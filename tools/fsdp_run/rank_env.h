@@ -1,6 +1,6 @@
 #pragma once
 /// The environment a rank starts with: fsdp-run's own, plus exactly the variables torchrun
-/// sets (standalone, or static multi-node rendezvous), so a program (and fsdp::dist::parse_launch_env) cannot tell the
+/// sets (standalone, or static multi-node rendezvous), so a program (and fsdp::comm::parse_launch_env) cannot tell the
 /// two launchers apart.
 
 #include <stdexcept>

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "fsdp/fsdp/memory_estimate.h"
+#include "fsdp/core/memory_estimate.h"
 
 namespace fsdp::train {
 
@@ -79,7 +79,7 @@ void print_construction_estimate(std::FILE* out, const TrainOptions& o, int n) {
   if (o.model == "gpt") {
     std::fprintf(out, "  %-34s %12s  shards + the largest unit + parameters outside units (%lld blocks of "
                       "%lld, %lld outside)%s\n",
-                 "sharded (ZeroInitContext, default)", a, (long long)o.layers, (long long)gpt_block_num_params(o.dim),
+                 "sharded (ShardedInitContext, default)", a, (long long)o.layers, (long long)gpt_block_num_params(o.dim),
                  (long long)outside, o.eager_init ? "" : "  <- this run");
     std::fprintf(out, "  %-34s %12s  every parameter + the largest unit's shard%s\n", "eager (--eager-init)", b,
                  o.eager_init ? "  <- this run" : "");

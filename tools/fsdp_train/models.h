@@ -15,7 +15,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 
-#include "fsdp/fsdp/wrappable.h"
+#include "fsdp/core/wrappable.h"
 
 namespace fsdp::train {
 

@@ -120,7 +120,7 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
                  "tools/plot_memory_trace.py");
   app.add_flag("--eager-init", o.eager_init,
                "gpt: build the whole model on every rank before sharding it (default: each block is "
-               "sharded as it is constructed, fsdp::ZeroInitContext; same initial values)");
+               "sharded as it is constructed, fsdp::ShardedInitContext; same initial values)");
   app.add_option("--bucket-cap-mb", o.bucket_cap_mb,
                  "reduce consecutive units' gradients together up to this many MiB (0: one collective per unit)")
       ->capture_default_str();

@@ -8,7 +8,7 @@
 
 namespace fsdp::train {
 
-/// True if a launcher fsdp::dist understands set this process's placement:
+/// True if a launcher fsdp::comm understands set this process's placement:
 /// RANK/WORLD_SIZE (torchrun, fsdp-run), SLURM_PROCID (srun) or OMPI_COMM_WORLD_RANK (mpirun).
 bool under_launcher();
 

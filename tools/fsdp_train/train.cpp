@@ -12,12 +12,12 @@
 
 #include "estimate.h"
 #include "phase_memory.h"
-#include "fsdp/dist/collectives.h"
-#include "fsdp/dist/process_group.h"
-#include "fsdp/fsdp/fully_sharded.h"
-#include "fsdp/fsdp/memory_estimate.h"
-#include "fsdp/fsdp/zero_init.h"
-#include "fsdp/memory/memory_tracer.h"
+#include "fsdp/comm/collectives.h"
+#include "fsdp/comm/process_group.h"
+#include "fsdp/core/fully_sharded.h"
+#include "fsdp/core/memory_estimate.h"
+#include "fsdp/core/sharded_init.h"
+#include "fsdp/core/memory_tracer.h"
 #include "fsdp/optim/cpu_adam.h"
 #include "fsdp/optim/zero_redundancy_optimizer.h"
 #include "fsdp/trainer/memory_summary.h"
@@ -31,7 +31,7 @@ namespace fsdp::train {
 
 namespace {
 
-namespace dist = fsdp::dist;
+namespace comm = fsdp::comm;
 
 using Forward = std::function<torch::Tensor(const torch::Tensor&)>;
 
@@ -58,7 +58,7 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainOptions& o,
 
 /// zero1 / zero2: the same optimizer as make_optimizer, sharded by ZeroRedundancyOptimizer
 /// over the unwrapped model (which it broadcasts from rank 0).
-std::unique_ptr<torch::optim::Optimizer> make_zero_optimizer(const TrainOptions& o, const dist::ProcessGroup& pg,
+std::unique_ptr<torch::optim::Optimizer> make_zero_optimizer(const TrainOptions& o, const comm::ProcessGroup& pg,
                                                              std::shared_ptr<torch::nn::Module> net) {
   namespace zo = fsdp::optim;
   const double lr = o.effective_lr();
@@ -87,7 +87,7 @@ struct EvalResult {
 /// Each rank evaluates its contiguous slice of the task's evaluation set; sums are
 /// all-reduced. Every rank runs the same number of forwards (FSDP's forward is collective),
 /// the last ones possibly on empty batches when the slices differ in size.
-EvalResult evaluate(const Forward& forward, const dist::ProcessGroup& pg, const Task& task) {
+EvalResult evaluate(const Forward& forward, const comm::ProcessGroup& pg, const Task& task) {
   torch::NoGradGuard no_grad;
   const int64_t n = task.eval_size(), r = pg.rank(), w = pg.size(), per_batch = task.eval_batch_size();
   const int64_t begin = r * n / w, end = (r + 1) * n / w;
@@ -107,7 +107,7 @@ EvalResult evaluate(const Forward& forward, const dist::ProcessGroup& pg, const 
     }
   }
   auto sums = torch::tensor({loss_sum, correct, count}, torch::kFloat64);
-  dist::all_reduce(pg, sums, dist::ReduceOp::Sum).wait();
+  comm::all_reduce(pg, sums, comm::ReduceOp::Sum).wait();
   EvalResult e;
   e.total = int64_t(sums[2].item<double>() + 0.5);
   e.correct = int64_t(sums[1].item<double>() + 0.5);
@@ -119,7 +119,7 @@ EvalResult evaluate(const Forward& forward, const dist::ProcessGroup& pg, const 
 /// The summary on stdout (rank 0 prints; collective for the memory table): the run, the
 /// final evaluation, training throughput, then each rank's model state next to the ZeRO
 /// accounting for the strategy, and its build and train resident peaks.
-void print_summary(const TrainOptions& o, const dist::ProcessGroup& pg, const Task& task, const EvalResult& e,
+void print_summary(const TrainOptions& o, const comm::ProcessGroup& pg, const Task& task, const EvalResult& e,
                    int64_t steps, double train_seconds, int64_t num_params, const fsdp::trainer::MemorySample& memory,
                    const PhaseMemory& phases) {
   const int n = pg.size();
@@ -225,7 +225,7 @@ fsdp::trainer::TrainerOptions loop_options(const TrainOptions& o, int64_t total_
 /// reports. `fsdp_model` is the FSDP wrapper (parameters, units, memory, checkpoints), or
 /// null under zero1/zero2 (`opt` is then the ZeroRedundancyOptimizer); `module` the
 /// unwrapped model; `forward` the typed forward.
-int train(const TrainOptions& o, const dist::ProcessGroup& pg, FullyShardedBase* fsdp_model, torch::nn::Module& module,
+int train(const TrainOptions& o, const comm::ProcessGroup& pg, FullyShardedBase* fsdp_model, torch::nn::Module& module,
           std::unique_ptr<torch::optim::Optimizer> opt, const Forward& forward, Task& task, int64_t num_params,
           const PhaseMemory& phases) {
   const int rank = pg.rank(), world = pg.size();
@@ -289,7 +289,7 @@ int train(const TrainOptions& o, const dist::ProcessGroup& pg, FullyShardedBase*
   }
   print_summary(o, pg, task, last_eval, r.last_step - r.first_step, r.train_seconds, num_params,
                 fsdp::trainer::model_memory(fsdp_model, *opt), phases);
-  dist::barrier(pg);
+  comm::barrier(pg);
   return 0;
 }
 
@@ -310,7 +310,7 @@ int run_rank(const TrainOptions& o) {
   // Before any tensor exists, so that the tracer's "other" category sees every byte.
   if (!o.memory_trace.empty()) fsdp::memory::enable_allocator_counting();
   at::set_num_threads(o.threads);
-  auto pg = dist::init_process_group(dist::InitOptions().timeout(std::chrono::milliseconds(
+  auto pg = comm::init_process_group(comm::InitOptions().timeout(std::chrono::milliseconds(
       static_cast<int64_t>(o.timeout_seconds * 1000.0))));
   const int rank = pg.rank(), world = pg.size();
 
@@ -369,10 +369,10 @@ int run_rank(const TrainOptions& o) {
     Gpt gpt{nullptr};
     int64_t units_at_construction = 0;
     {
-      std::optional<fsdp::ZeroInitContext> zero_init;
-      if (!o.eager_init) zero_init.emplace(pg, options);
+      std::optional<fsdp::ShardedInitContext> sharded_init;
+      if (!o.eager_init) sharded_init.emplace(pg, options);
       gpt = Gpt(gpt_config(o));
-      if (zero_init) units_at_construction = zero_init->units_sharded();
+      if (sharded_init) units_at_construction = sharded_init->units_sharded();
     }
     const int64_t num_params = count_params(o, *gpt);
     auto model = fsdp::FullyShardedDataParallel(gpt, pg, options);

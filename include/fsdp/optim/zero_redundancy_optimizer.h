@@ -62,7 +62,7 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
-#include "fsdp/dist/process_group.h"
+#include "fsdp/comm/process_group.h"
 #include "fsdp/optim/group_options.h"
 #include "fsdp/memory/memory_usage.h"
 #include "fsdp/precision/grad_scaler.h"
@@ -75,7 +75,7 @@ enum class Stage1Reduction { kAllReduce, kReduceScatter };
 /// Options of ZeroRedundancyOptimizer (LowLevelZero's names), checked by its constructor.
 struct ZeroOptions {
   /// The data-parallel group. Required.
-  TORCH_ARG(dist::ProcessGroup, process_group) = {};
+  TORCH_ARG(comm::ProcessGroup, process_group) = {};
   /// 1: optimizer state sharded; 2: gradients too (LowLevelZero's partition_grad).
   TORCH_ARG(int, stage) = 1;
   TORCH_ARG(Stage1Reduction, stage1_reduction) = Stage1Reduction::kAllReduce;

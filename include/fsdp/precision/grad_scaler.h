@@ -28,7 +28,7 @@
 #include <torch/arg.h>
 #include <torch/optim/optimizer.h>
 
-#include "fsdp/dist/process_group.h"
+#include "fsdp/comm/process_group.h"
 
 namespace fsdp::precision {
 
@@ -77,7 +77,7 @@ class ShardedGradScaler {
  public:
   /// `group`: the ranks whose gradients make up one step (the FSDP group). An
   /// undefined group means a single process.
-  explicit ShardedGradScaler(dist::ProcessGroup group = {}, DynamicGradScalerOptions options = {});
+  explicit ShardedGradScaler(comm::ProcessGroup group = {}, DynamicGradScalerOptions options = {});
 
   /// loss * scale (in loss's dtype; a scale beyond its range is a user error).
   at::Tensor scale(const at::Tensor& loss) const;
@@ -99,7 +99,7 @@ class ShardedGradScaler {
   void load_state(const GradScalerState& s) { scaler_.load_state(s); }
 
  private:
-  dist::ProcessGroup group_;
+  comm::ProcessGroup group_;
   DynamicGradScaler scaler_;
   bool unscaled_ = false;
   bool found_inf_ = false;

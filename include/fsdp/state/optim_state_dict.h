@@ -31,7 +31,7 @@
 #include <ATen/core/Tensor.h>
 #include <torch/optim/optimizer.h>
 
-#include "fsdp/fsdp/fully_sharded.h"
+#include "fsdp/core/fully_sharded.h"
 
 namespace fsdp {
 

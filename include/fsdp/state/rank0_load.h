@@ -4,7 +4,7 @@
 ///
 ///     std::shared_ptr<GptImpl> gpt;
 ///     {
-///       fsdp::ZeroInitContext zero_init(pg, options);   // sharded as it is built
+///       fsdp::ShardedInitContext sharded_init(pg, options);   // sharded as it is built
 ///       gpt = std::make_shared<GptImpl>(cfg);
 ///     }
 ///     auto model = fsdp::FullyShardedDataParallel(gpt, pg, options);
@@ -13,7 +13,7 @@
 ///     fsdp::load_state_dict_from_rank0(*model, pretrained);  // collective
 ///
 /// [Note: rank-0 pretrained load]
-/// Inside a ZeroInitContext a unit is sharded as soon as its Wrappable is
+/// Inside a ShardedInitContext a unit is sharded as soon as its Wrappable is
 /// constructed, before its parent registers it, so its path in the model (the
 /// state dict's key) does not exist yet: a pretrained dict keyed by paths cannot
 /// be applied there (param_init_fn sees a module, not its path). It is applied
@@ -34,7 +34,7 @@
 
 #include <string>
 
-#include "fsdp/fsdp/fully_sharded.h"
+#include "fsdp/core/fully_sharded.h"
 #include "fsdp/state/state_dict.h"
 
 namespace fsdp {

@@ -30,8 +30,8 @@
 #include <torch/arg.h>
 #include <torch/ordered_dict.h>
 
-#include "fsdp/fsdp/fully_sharded.h"
-#include "fsdp/state/state_dict_type.h"
+#include "fsdp/core/fully_sharded.h"
+#include "fsdp/core/state_dict_type.h"
 
 namespace fsdp {
 

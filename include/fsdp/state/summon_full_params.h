@@ -18,7 +18,7 @@
 #include <ATen/core/Tensor.h>
 #include <torch/arg.h>
 
-#include "fsdp/fsdp/fully_sharded.h"
+#include "fsdp/core/fully_sharded.h"
 
 namespace fsdp {
 
@@ -43,7 +43,7 @@ class SummonFullParams {
 
  private:
   // apply_with_full_params is this guard around a call; `what` names the caller in errors.
-  friend class FullyShardedBase;
+  friend void apply_with_full_params(FullyShardedBase&, const std::function<void(torch::nn::Module&)>&);
   SummonFullParams(FullyShardedBase& model, SummonFullParamsOptions options, const char* what);
 
   FullyShardedBase* model_;
@@ -51,5 +51,10 @@ class SummonFullParams {
   std::vector<int> units_;  // indices of the units this guard unsharded
   std::vector<at::Tensor> buffers_;  // their full flat buffers (shard dtype)
 };
+
+/// Runs fn on the unwrapped model with full parameters, on every rank, then writes
+/// parameter changes back into the shards: SummonFullParams with write-back around fn.
+/// Collective; between training steps only.
+void apply_with_full_params(FullyShardedBase& model, const std::function<void(torch::nn::Module&)>& fn);
 
 }  // namespace fsdp

@@ -3,7 +3,7 @@
 ///
 /// [Note: trainer launch]
 /// Under a launcher (torchrun / fsdp-run: RANK and WORLD_SIZE; srun: SLURM_PROCID;
-/// mpirun: OMPI_COMM_WORLD_RANK) fit() joins that job (fsdp::dist::init_process_group).
+/// mpirun: OMPI_COMM_WORLD_RANK) fit() joins that job (fsdp::comm::init_process_group).
 /// Without one, fit() with devices > 1 *re-executes the program*: it replaces the
 /// process (execv) by `fsdp-run --nproc <devices> -- /proc/self/exe <the same
 /// arguments>`, so every rank runs main() from the start and everything before fit()
@@ -23,7 +23,7 @@
 
 namespace fsdp::trainer {
 
-/// True if a launcher fsdp::dist understands set this process's placement.
+/// True if a launcher fsdp::comm understands set this process's placement.
 bool under_launcher();
 
 /// The fsdp-run to use: `explicit_path` if non-empty (must be executable), else

@@ -16,8 +16,8 @@
 
 #include <torch/optim/optimizer.h>
 
-#include "fsdp/dist/process_group.h"
-#include "fsdp/fsdp/fully_sharded.h"
+#include "fsdp/comm/process_group.h"
+#include "fsdp/core/fully_sharded.h"
 #include "fsdp/trainer/callback.h"
 
 namespace fsdp::trainer {
@@ -48,7 +48,7 @@ struct MemoryColumn {
 
 /// Collective over `pg`: each rank's `sample` and `extra` (the same names, in the same
 /// order, on every rank) go to rank 0, which prints the table to `out`.
-void print_memory_table(std::FILE* out, const dist::ProcessGroup& pg, const MemorySample& sample,
+void print_memory_table(std::FILE* out, const comm::ProcessGroup& pg, const MemorySample& sample,
                         const std::vector<MemoryColumn>& extra = {});
 
 /// "1.23 MiB" style (B, KiB, MiB, GiB, TiB; bytes without decimals).

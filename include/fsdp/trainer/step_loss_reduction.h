@@ -24,15 +24,15 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "fsdp/dist/collectives.h"
-#include "fsdp/dist/process_group.h"
+#include "fsdp/comm/collectives.h"
+#include "fsdp/comm/process_group.h"
 #include "fsdp/trainer/callback.h"
 
 namespace fsdp::trainer {
 
 class StepLossReduction {
  public:
-  explicit StepLossReduction(dist::ProcessGroup group) : group_(std::move(group)) {}
+  explicit StepLossReduction(comm::ProcessGroup group) : group_(std::move(group)) {}
   /// Not copyable: the in-flight all-reduces write into tensors it owns.
   StepLossReduction(const StepLossReduction&) = delete;
   StepLossReduction& operator=(const StepLossReduction&) = delete;
@@ -55,10 +55,10 @@ class StepLossReduction {
   struct Pending {
     StepMetrics metrics;
     at::Tensor value;  ///< float64 [1], reduced in place
-    dist::CommHandle handle;
+    comm::CommHandle handle;
     double divisor = 1;
   };
-  dist::ProcessGroup group_;
+  comm::ProcessGroup group_;
   std::deque<Pending> pending_;
 };
 

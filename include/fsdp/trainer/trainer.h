@@ -8,7 +8,7 @@
 ///             fsdp::Options().auto_wrap_policy(fsdp::module_type_policy<BlockImpl>())))
 ///         .max_epochs(3).global_batch_size(64).devices(2)
 ///         .checkpoint_dir("ckpt").resume("auto").metrics_file("metrics.jsonl"));
-///     trainer.model([] { return Net(256, 8); })          // built inside ZeroInitContext
+///     trainer.model([] { return Net(256, 8); })          // built inside ShardedInitContext
 ///         .optimizer([](std::vector<torch::Tensor> p) {   // over the sharded parameters
 ///           return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(1e-3));
 ///         })
@@ -91,9 +91,9 @@
 #include <torch/optim/schedulers/lr_scheduler.h>
 #include <torch/utils.h>
 
-#include "fsdp/dist/process_group.h"
-#include "fsdp/fsdp/fully_sharded.h"
-#include "fsdp/fsdp/zero_init.h"
+#include "fsdp/comm/process_group.h"
+#include "fsdp/core/fully_sharded.h"
+#include "fsdp/core/sharded_init.h"
 #include "fsdp/optim/zero_redundancy_optimizer.h"
 #include "fsdp/trainer/callback.h"
 #include "fsdp/trainer/fit_result.h"
@@ -117,7 +117,7 @@ class TrainerModel {
     return module_->forward(std::forward<Args>(args)...);
   }
   /// The user's module. Under FSDP its parameters are this rank's pieces outside
-  /// forward; use fsdp()->apply_with_full_params to see full values.
+  /// forward; use fsdp::apply_with_full_params(*fsdp(), fn) to see full values.
   const std::shared_ptr<Impl>& module() const { return module_; }
   /// The FSDP wrapper, or nullptr under zero1/zero2.
   FullyShardedDataParallelImpl<Impl>* fsdp() const { return wrapper_.get(); }
@@ -184,7 +184,7 @@ class Trainer {
   /// Global step (0-based, from the run's start) -> the sample indices of its global batch.
   using BatchSampler = std::function<std::vector<int64_t>(int64_t step)>;
   /// A whole validation of one's own (collective): the global metrics after step `step`.
-  using ValidationLoop = std::function<ValidationMetrics(Model&, const dist::ProcessGroup&, int64_t step)>;
+  using ValidationLoop = std::function<ValidationMetrics(Model&, const comm::ProcessGroup&, int64_t step)>;
   /// "" if a checkpoint's extra values continue this run, else why not (see resume_check).
   using ResumeCheck = std::function<std::string(const std::string& dir, const std::map<std::string, std::string>&)>;
 
@@ -194,7 +194,7 @@ class Trainer {
 
   /// `factory()` returns the model (a ModuleHolder or a shared_ptr<ModelImpl>). It
   /// runs on every rank after torch::manual_seed(seed), inside an
-  /// fsdp::ZeroInitContext when the strategy shards parameters
+  /// fsdp::ShardedInitContext when the strategy shards parameters
   /// (Strategy::sharded_construction).
   template <typename F>
   Trainer& model(F factory) {
@@ -292,7 +292,7 @@ class Trainer {
     const std::string err =
         trainer_options_error(options_, parts(), under_launcher() ? 0 : std::max(options_.devices(), 1));
     TORCH_CHECK(err.empty(), "fsdp::Trainer: ", err);
-    dist::InitOptions init = dist::InitOptions().timeout(options_.timeout());
+    comm::InitOptions init = comm::InitOptions().timeout(options_.timeout());
     scratch_.clear();
     if (!under_launcher()) {
       TORCH_CHECK(options_.num_nodes() == 1, "fsdp::Trainer: num_nodes ", options_.num_nodes(),
@@ -315,7 +315,7 @@ class Trainer {
         if (!path.empty()) std::filesystem::remove(path, ec);
       }
     } remove_store{scratch_};
-    dist::ProcessGroup pg = dist::init_process_group(init);
+    comm::ProcessGroup pg = comm::init_process_group(init);
     if (options_.devices() > 0 && under_launcher())
       TORCH_CHECK(pg.local_world_size() == options_.devices() && pg.size() == options_.devices() * options_.num_nodes(),
                   "fsdp::Trainer (rank ", pg.rank(), "): devices ", options_.devices(), " x num_nodes ",
@@ -325,7 +325,7 @@ class Trainer {
   }
 
   /// Trains on an existing process group (tests, programs that make their own).
-  FitResult fit(dist::ProcessGroup pg) {
+  FitResult fit(comm::ProcessGroup pg) {
     const std::string err = trainer_options_error(options_, parts(), pg.size());
     TORCH_CHECK(err.empty(), "fsdp::Trainer (rank ", pg.rank(), "): ", err);
     if (options_.threads() > 0) at::set_num_threads(options_.threads());
@@ -387,7 +387,7 @@ class Trainer {
     return {n, std::move(fn)};
   }
 
-  detail::LoopModel build(const dist::ProcessGroup& pg) {
+  detail::LoopModel build(const comm::ProcessGroup& pg) {
     // Same seed on every rank right before the model is built: identical initial
     // weights without a broadcast.
     torch::manual_seed(options_.seed());
@@ -421,10 +421,10 @@ class Trainer {
     } else {
       const fsdp::Options fo = st.resolved_fsdp();
       // Without a wrap policy the model is one unit, complete only when the factory
-      // returns: nothing to shard during construction (ZeroInitContext refuses it).
+      // returns: nothing to shard during construction (ShardedInitContext refuses it).
       if (st.sharded_construction() && fo.sharding_strategy() != ShardingStrategy::NO_SHARD &&
           fo.auto_wrap_policy()) {
-        ZeroInitContext zero_init(pg, fo);
+        ShardedInitContext sharded_init(pg, fo);
         model_->module_ = model_factory_();
       } else {
         model_->module_ = model_factory_();

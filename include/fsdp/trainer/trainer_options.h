@@ -16,7 +16,7 @@
 
 #include <torch/arg.h>
 
-#include "fsdp/fsdp/options.h"
+#include "fsdp/core/options.h"
 #include "fsdp/optim/zero_redundancy_optimizer.h"
 
 namespace fsdp::trainer {
@@ -40,7 +40,7 @@ struct Strategy {
   TORCH_ARG(fsdp::Options, fsdp) = {};
   TORCH_ARG(optim::ZeroOptions, zero) = {};
   /// FSDP strategies that shard parameters (full_shard, shard_grad_op,
-  /// hybrid_shard): call the model factory inside an fsdp::ZeroInitContext, so that
+  /// hybrid_shard): call the model factory inside an fsdp::ShardedInitContext, so that
   /// each fsdp::Wrappable the wrap policy picks is sharded as soon as it is built
   /// (Lightning's configure_sharded_model). false, or no auto_wrap_policy (the model is
   /// then one unit): build the whole model, then wrap.

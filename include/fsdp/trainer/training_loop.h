@@ -20,8 +20,8 @@
 #include <torch/optim/optimizer.h>
 #include <torch/optim/schedulers/lr_scheduler.h>
 
-#include "fsdp/dist/process_group.h"
-#include "fsdp/fsdp/fully_sharded.h"
+#include "fsdp/comm/process_group.h"
+#include "fsdp/core/fully_sharded.h"
 #include "fsdp/optim/zero_redundancy_optimizer.h"
 #include "fsdp/trainer/callback.h"
 #include "fsdp/trainer/fit_result.h"
@@ -74,7 +74,7 @@ struct LoopData {
 
 /// Runs fit() on this rank. Collective over `pg`. Options must have passed
 /// trainer_options_error.
-FitResult run_training_loop(const TrainerOptions& o, const dist::ProcessGroup& pg, const LoopModel& model,
+FitResult run_training_loop(const TrainerOptions& o, const comm::ProcessGroup& pg, const LoopModel& model,
                             const LoopData& data, const std::vector<std::shared_ptr<Callback>>& callbacks);
 
 }  // namespace fsdp::trainer::detail

@@ -17,7 +17,7 @@ fsdp_install() {
   cmake --install "$FSDP_BUILD_DIR" --prefix "$prefix" > "$prefix.install.log" 2>&1 \
     || { tail -20 "$prefix.install.log"; echo "FAIL: cmake --install $FSDP_BUILD_DIR"; return 1; }
   test -f "$prefix/lib/cmake/fsdp/fsdpConfig.cmake" || { echo "FAIL: no fsdpConfig.cmake installed"; return 1; }
-  test -f "$prefix/include/fsdp/fsdp/fully_sharded.h" || { echo "FAIL: headers not installed"; return 1; }
+  test -f "$prefix/include/fsdp/core/fully_sharded.h" || { echo "FAIL: headers not installed"; return 1; }
 }
 
 fsdp_build_consumer() {

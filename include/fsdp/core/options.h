@@ -1,0 +1,163 @@
+#pragma once
+/// User-facing policies of FullyShardedDataParallel: sharding strategy, wrap
+/// policy and the typed options (libtorch TORCH_ARG style: chained setters).
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <torch/arg.h>
+#include <torch/nn/module.h>
+
+#include "fsdp/comm/process_group.h"
+#include "fsdp/core/mixed_precision.h"
+
+namespace fsdp {
+
+/// How parameters, gradients and optimizer state are split across the group.
+enum class ShardingStrategy {
+  FULL_SHARD,     ///< ZeRO-3: parameters, gradients and optimizer state sharded
+  SHARD_GRAD_OP,  ///< ZeRO-2: parameters stay unsharded between forward and backward
+  NO_SHARD,       ///< DDP: everything replicated, gradients all-reduced
+  /// FULL_SHARD inside groups of `shard_group_size` consecutive ranks, replicated
+  /// across groups: gradients are reduce-scattered in the shard group, then the
+  /// reduced shard is all-reduced over the ranks holding the same shard index.
+  HYBRID_SHARD,
+};
+const char* to_string(ShardingStrategy s);
+/// "full_shard" | "shard_grad_op" | "no_shard" | "hybrid_shard" (case-insensitive);
+/// throws otherwise.
+ShardingStrategy parse_sharding_strategy(const std::string& name);
+
+/// Decides which wrap candidates become units. Called bottom-up with the module
+/// path (as in named_modules), the module, and the number of its parameters not
+/// already owned by a unit below it. See [Note: wrap candidates] in wrappable.h.
+using WrapPolicy =
+    std::function<bool(const std::string& path, const torch::nn::Module& module, int64_t unwrapped_numel)>;
+
+/// Options::param_init_fn: initialises one module's own parameters in place.
+using ParamInitFn = std::function<void(torch::nn::Module& module)>;
+
+/// Wraps a candidate once it holds at least `min_num_params` unwrapped parameters.
+WrapPolicy size_based_policy(int64_t min_num_params);
+/// Wraps every candidate.
+WrapPolicy always_wrap_policy();
+/// Wraps candidates whose path is in the list (manual wrapping).
+WrapPolicy path_policy(std::vector<std::string> paths);
+/// Wraps candidates of the given module types (e.g. transformer blocks).
+template <typename... ModuleImpls>
+WrapPolicy module_type_policy() {
+  return [](const std::string&, const torch::nn::Module& m, int64_t) {
+    return ((dynamic_cast<const ModuleImpls*>(&m) != nullptr) || ...);
+  };
+}
+
+/// When the unsharded parameters of the *next* unit are gathered in backward
+/// (the order of gathers never changes, only their timing; see [Note: prefetch]
+/// in runtime.h).
+enum class BackwardPrefetch {
+  NONE,           ///< gather a unit when its backward is reached
+  BACKWARD_PRE,   ///< issue the next unit's gather before this unit's gradients are computed
+  BACKWARD_POST,  ///< issue it once this unit's gradients are computed
+};
+const char* to_string(BackwardPrefetch p);
+
+struct Options {
+  TORCH_ARG(ShardingStrategy, sharding_strategy) = ShardingStrategy::FULL_SHARD;
+  /// Empty: the whole model is one unit (the root).
+  TORCH_ARG(WrapPolicy, auto_wrap_policy) = nullptr;
+  /// Free unsharded parameters after forward. Default per strategy: true for
+  /// FULL_SHARD, false otherwise. The unit that finished the previous
+  /// iteration's forward last stays gathered: backward starts with it, so
+  /// freeing it would only add a gather of the same bytes.
+  TORCH_ARG(std::optional<bool>, reshard_after_forward) = std::nullopt;
+  /// Gradients are divided by this before the reduction and by world/factor after.
+  /// Must lie in [1, world size]. Default (0): torch.distributed.fsdp's choice, the
+  /// first power of two f (from 1, doubling) with world % f != 0 or world / f <= f
+  /// (2 ranks: 2, 3: 2, 4: 2, 8: 4, 16: 4).
+  TORCH_ARG(double, gradient_predivide_factor) = 0;
+  /// Modules (and their subtrees) whose parameters FSDP leaves alone: replicated,
+  /// never synchronised, counted once by clip_grad_norm_.
+  TORCH_ARG(std::vector<std::shared_ptr<torch::nn::Module>>, ignored_modules) = {};
+  /// Broadcast rank 0's parameters and buffers before sharding (inside a
+  /// ShardedInitContext: each unit's parameters when it is sharded, so this too
+  /// stays within one unit of extra memory).
+  TORCH_ARG(bool, sync_module_states) = false;
+  /// Initialises parameters just before they are sharded: called once for every
+  /// module that registers parameters (like Module::apply, but module by module
+  /// as each unit is sharded), with that module's full parameters, under
+  /// NoGradGuard and before sync_module_states. Inside a ShardedInitContext this is
+  /// the way to initialise units (their parameters are placeholders afterwards);
+  /// there it runs when the unit's Wrappable is constructed, in construction
+  /// order, and FullyShardedDataParallel runs it for the remaining modules. Values
+  /// equal eager construction when the function draws no random numbers, or when
+  /// every module is in a unit sharded at construction (same order).
+  TORCH_ARG(ParamInitFn, param_init_fn) = nullptr;
+  /// Group for gradient reduction; default: a dedicated group over the same ranks.
+  TORCH_ARG(comm::ProcessGroup, reduce_group) = {};
+  /// Reduced-precision compute and communication; see mixed_precision.h.
+  TORCH_ARG(MixedPrecision, mixed_precision) = {};
+  /// HYBRID_SHARD only: ranks per shard group (consecutive ranks). 0: ranks per
+  /// machine (pg.local_world_size()). Must divide the world size.
+  TORCH_ARG(int, shard_group_size) = 0;
+  /// Backward prefetch of the next unit's parameters (FULL_SHARD/HYBRID_SHARD).
+  /// Default BACKWARD_PRE, as in PyTorch: the next unit's gather overlaps this
+  /// unit's gradient computation.
+  TORCH_ARG(BackwardPrefetch, backward_prefetch) = BackwardPrefetch::BACKWARD_PRE;
+  /// Gather the next unit during the current unit's forward, in the forward
+  /// order recorded in the previous iteration.
+  TORCH_ARG(bool, forward_prefetch) = false;
+  /// At most one prefetched gather in flight besides the one being used, so
+  /// prefetch holds at most two units' unsharded parameters at a time.
+  TORCH_ARG(bool, limit_all_gathers) = true;
+  /// Directory for a Chrome trace (one JSON file per rank, trace_rank<r>.json,
+  /// written by FullyShardedBase::flush_trace and at destruction). Empty: the
+  /// environment variable FSDP_TRACE, if set when the model is wrapped (read
+  /// once, there); otherwise no trace.
+  TORCH_ARG(std::string, trace_dir) = "";
+  /// Keep freed tensor memory in the C library's heap for the next step
+  /// (keep_freed_host_memory() in host_memory.h: process-wide glibc settings,
+  /// skipped when the environment sets malloc tunables). false: leave malloc alone.
+  TORCH_ARG(bool, keep_freed_host_memory) = true;
+  /// Gradient reduction buckets, in MiB (FairScale's bucket_cap_mb; see [Note:
+  /// reduce buckets] in src/core/reduce_bucket.h). Consecutive units of the
+  /// reduction order whose flat gradients together fit in the cap are reduced by
+  /// one collective (one reduce-scatter, or one all-reduce under NO_SHARD) instead
+  /// of one each; a unit whose flat gradient alone is >= the cap is reduced alone.
+  /// Results are the same sums as without buckets (bit-identical for
+  /// reduce-scatter; for all-reduce with more than 2 ranks Gloo's ring adds in an
+  /// order that depends on the element's position, so equal to rounding).
+  /// Values <= 0 disable bucketing.
+  ///
+  /// Default 0 (off): a bucket trades memory and overlap for fewer collectives.
+  /// Its members' flat gradients stay alive until the bucket is issued, so the
+  /// backward peak grows by up to the cap, and the first member's reduction waits
+  /// for the last, so less of it overlaps backward. Units are sized by the wrap
+  /// policy, which is the first knob (PyTorch FSDP has no buckets at all).
+  /// Buckets are for models whose wrap policy leaves many tiny units (norms,
+  /// biases, small heads), whose collectives each pay a fixed per-message cost;
+  /// 1-4 MB then suffices. Measurements: docs/benchmarks.md, "Gradient buckets".
+  TORCH_ARG(double, bucket_cap_mb) = 0;
+};
+
+/// Options::bucket_cap_mb in bytes, 0 when bucketing is off (cap <= 0). Throws
+/// c10::Error for a cap that is not a finite number of MiB or exceeds 2^40 MiB.
+int64_t bucket_cap_bytes(const Options& options);
+
+/// Bytes this rank holds, by category. "Unsharded" buffers are transient: gathered
+/// parameters of units in flight, flat gradients being reduced, and gradients
+/// accumulated under no_sync. "Cached" bytes are freed transient buffers FSDP
+/// keeps for the next iteration (at most four blocks; on the CPU a fresh buffer
+/// of this size is page-faulted in on every use); FullyShardedBase::empty_cache()
+/// releases them.
+struct MemoryStats {
+  int64_t param_shard_bytes = 0;
+  int64_t grad_shard_bytes = 0;
+  int64_t unsharded_bytes = 0;
+  int64_t unsharded_peak_bytes = 0;
+  int64_t cached_bytes = 0;
+};
+
+}  // namespace fsdp

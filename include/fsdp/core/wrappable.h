@@ -1,0 +1,141 @@
+#pragma once
+/// [Note: wrap candidates]
+/// The C++ frontend has no module hooks and `forward` is not virtual: a parent
+/// calls its children directly. A unit boundary therefore needs a call site the
+/// library owns. Two kinds of places can become units ("wrap candidates"):
+///  * every entry of a torch::nn::Sequential whose forward maps Tensor -> Tensor:
+///    FSDP swaps the Sequential's AnyModule entry for an adapter (the registered
+///    child stays the user's module, so names do not change): no code change;
+///  * a member declared through fsdp::Wrappable<Impl> instead of Impl's holder:
+///        fsdp::Wrappable<BlockImpl> block{nullptr};        // was: Block block{nullptr};
+///        block = register_module("block", fsdp::Wrappable<BlockImpl>(cfg));
+///    WrappableImpl<Impl> *is an* Impl (same parameters, same names); its forward
+///    calls the unit's hooks around Impl::forward when FSDP made it a unit and is
+///    a plain call otherwise.
+/// The wrap policy (options.h) decides which candidates become units.
+/// A Wrappable is also a construction point: inside a ShardedInitContext it is
+/// sharded when its constructor returns ([Note: sharded construction] in
+/// sharded_init.h).
+
+#include <memory>
+#include <optional>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+namespace fsdp {
+
+/// The interception interface a unit exposes to its call site.
+class UnitHooks {
+ public:
+  virtual ~UnitHooks() = default;
+  /// Before the unit's forward: gather its parameters.
+  virtual void pre_forward() = 0;
+  /// After it, with every tensor the forward returned: reshard, and arm the
+  /// hooks that re-gather before the unit's backward.
+  virtual void post_forward(const std::vector<at::Tensor>& outputs) = 0;
+  /// Dtype floating-point tensor arguments are cast to before the forward
+  /// (mixed precision's cast_forward_inputs); none: passed unchanged.
+  virtual std::optional<at::ScalarType> forward_input_dtype() const { return std::nullopt; }
+};
+
+namespace detail {
+inline void collect_tensors(const at::Tensor& t, std::vector<at::Tensor>& out) { out.push_back(t); }
+inline void collect_tensors(const std::vector<at::Tensor>& ts, std::vector<at::Tensor>& out) {
+  out.insert(out.end(), ts.begin(), ts.end());
+}
+template <typename... Ts>
+void collect_tensors(const std::tuple<Ts...>& t, std::vector<at::Tensor>& out) {
+  std::apply([&](const auto&... xs) { (collect_tensors(xs, out), ...); }, t);
+}
+template <typename A, typename B>
+void collect_tensors(const std::pair<A, B>& p, std::vector<at::Tensor>& out) {
+  collect_tensors(p.first, out);
+  collect_tensors(p.second, out);
+}
+/// Values that hold no tensors.
+template <typename T>
+void collect_tensors(const T&, std::vector<at::Tensor>&) {}
+
+/// A forward argument cast to `dtype` when it is a floating-point tensor of
+/// another dtype; anything else is forwarded unchanged.
+template <typename T>
+decltype(auto) cast_forward_input(T&& v, std::optional<at::ScalarType> dtype) {
+  if constexpr (std::is_same_v<std::decay_t<T>, at::Tensor>) {
+    if (dtype && v.defined() && v.is_floating_point() && v.scalar_type() != *dtype)
+      return at::Tensor(v.to(*dtype));
+    return at::Tensor(std::forward<T>(v));
+  } else {
+    return std::forward<T>(v);
+  }
+}
+}  // namespace detail
+
+namespace detail {
+struct ConstructionUnits;
+}  // namespace detail
+
+/// Base of every Wrappable: where FSDP plugs the unit's hooks in.
+class WrappableBase {
+ public:
+  virtual ~WrappableBase() = default;
+  UnitHooks* fsdp_unit_hooks() const { return hooks_; }
+  void set_fsdp_unit_hooks(UnitHooks* hooks) { hooks_ = hooks; }
+  /// Units a ShardedInitContext sharded when this module's constructor returned,
+  /// until FullyShardedDataParallel adopts them (src/core/sharded_init_state.h).
+  std::shared_ptr<detail::ConstructionUnits>& fsdp_construction_units() { return construction_; }
+
+ private:
+  UnitHooks* hooks_ = nullptr;  // owned by the FSDP runtime; null when not a unit
+  std::shared_ptr<detail::ConstructionUnits> construction_;
+};
+
+namespace detail {
+/// Called by every WrappableImpl when its constructor returns: shards it when a
+/// ShardedInitContext is alive on this thread, otherwise does nothing.
+void on_wrappable_constructed(torch::nn::Module& module, WrappableBase& base);
+
+template <typename Self, typename... Args>
+constexpr bool is_copy_of() {
+  if constexpr (sizeof...(Args) == 1) return (std::is_same_v<std::decay_t<Args>, Self> && ...);
+  return false;
+}
+}  // namespace detail
+
+template <typename Impl>
+class WrappableImpl : public Impl, public WrappableBase {
+ public:
+  /// Impl's constructors, followed by the construction point.
+  template <typename... Args,
+            typename = std::enable_if_t<std::is_constructible_v<Impl, Args&&...> &&
+                                        !detail::is_copy_of<WrappableImpl, Args...>()>>
+  explicit WrappableImpl(Args&&... args) : Impl(std::forward<Args>(args)...) {
+    detail::on_wrappable_constructed(*this, *this);
+  }
+
+  template <typename... Args>
+  auto forward(Args&&... args) {
+    UnitHooks* hooks = fsdp_unit_hooks();
+    if (hooks == nullptr) return Impl::forward(std::forward<Args>(args)...);
+    hooks->pre_forward();
+    const auto dtype = hooks->forward_input_dtype();
+    auto out = Impl::forward(detail::cast_forward_input(std::forward<Args>(args), dtype)...);
+    std::vector<at::Tensor> tensors;
+    detail::collect_tensors(out, tensors);
+    hooks->post_forward(tensors);
+    return out;
+  }
+};
+
+/// Module holder for a wrap candidate (see the note above).
+template <typename Impl>
+class Wrappable : public torch::nn::ModuleHolder<WrappableImpl<Impl>> {
+ public:
+  using torch::nn::ModuleHolder<WrappableImpl<Impl>>::ModuleHolder;
+};
+
+}  // namespace fsdp

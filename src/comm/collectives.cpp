@@ -1,0 +1,154 @@
+// The collectives of collectives.h: argument checks, what every transport shares, then
+// the group's transport ([Note: transports] in transport.h).
+#include "fsdp/comm/collectives.h"
+
+#include <memory>
+
+#include <ATen/ATen.h>
+#include <c10/core/CPUAllocator.h>
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include "group_comm_state.h"
+#include "tensor_bytes.h"
+#include "transport.h"
+
+namespace fsdp::comm {
+
+using detail::nbytes;
+
+CommCounters& comm_counters() {
+  static CommCounters counters;
+  return counters;
+}
+
+CommCounters& shm_slot_counters() {
+  static CommCounters counters;
+  return counters;
+}
+
+CommCounters& shm_in_place_counters() {
+  static CommCounters counters;
+  return counters;
+}
+
+int64_t padded_numel(int64_t numel, int64_t size) {
+  TORCH_INTERNAL_ASSERT(size > 0);
+  return (numel + size - 1) / size * size;
+}
+
+const char* to_string(CommPath path) {
+  switch (path) {
+    case CommPath::Local: return "local";
+    case CommPath::SharedMemory: return "shm";
+    case CommPath::Gloo: return "gloo";
+  }
+  return "?";
+}
+
+CommHandle::CommHandle(c10::intrusive_ptr<c10d::Work> work, ProcessGroup group, std::string op,
+                       std::function<void()> finish, CommPath path)
+    : work_(std::move(work)), group_(std::move(group)), op_(std::move(op)),
+      finish_(std::move(finish)), path_(path) {}
+
+void CommHandle::wait() {
+  if (done_) return;
+  done_ = true;
+  if (work_) group_.transport()->wait(work_, group_, op_);
+  if (finish_) finish_();
+  work_.reset();
+  finish_ = nullptr;
+}
+
+int64_t comm_cached_bytes() { return detail::GroupCommState::cached_bytes(); }
+
+at::DataPtr allocate_collective_buffer(const ProcessGroup& g, size_t nbytes) {
+  if (g.defined() && g.size() > 1 && g.transport()) {
+    if (at::DataPtr p = g.transport()->allocate_direct(nbytes)) return p;
+  }
+  return c10::GetAllocator(c10::DeviceType::CPU)->allocate(nbytes);
+}
+
+namespace {
+
+void check_dense(const at::Tensor& t, const char* what, const char* op) {
+  TORCH_CHECK(t.defined() && t.is_contiguous() && t.layout() == at::kStrided, "fsdp: ", op,
+              ": ", what, " must be a defined, contiguous, dense tensor");
+}
+
+}  // namespace
+
+CommHandle all_gather_into(const ProcessGroup& g, const at::Tensor& flat, const at::Tensor& shard) {
+  check_dense(flat, "the flat buffer", "all_gather_into");
+  check_dense(shard, "the shard", "all_gather_into");
+  const int n = g.size();
+  TORCH_CHECK(flat.numel() == shard.numel() * n && flat.scalar_type() == shard.scalar_type(),
+              "fsdp: all_gather_into on group '", g.name(), "': flat buffer has ", flat.numel(),
+              " elements of ", flat.scalar_type(), ", expected ", n, " x ", shard.numel(), " of ",
+              shard.scalar_type());
+  if (n == 1) {
+    if (flat.data_ptr() != shard.data_ptr()) flat.copy_(shard);
+    return CommHandle({}, g, "all_gather", {});
+  }
+  const int me = g.rank();
+  auto mine = flat.view({n, shard.numel()})[me];
+  // The shard must not be overwritten by a peer's chunk while we still send it.
+  TORCH_CHECK(!detail::overlaps(shard, flat) || mine.data_ptr() == shard.data_ptr(),
+              "fsdp: all_gather_into on group '", g.name(), "': the shard overlaps the flat "
+              "buffer but is not this rank's chunk (rank ", me, "); pass a separate shard or "
+              "flat[rank*chunk:(rank+1)*chunk]");
+  comm_counters().all_gather += nbytes(shard) * (n - 1);
+  return g.transport()->all_gather(g, flat, shard);
+}
+
+CommHandle reduce_scatter(const ProcessGroup& g, const at::Tensor& out, const at::Tensor& flat,
+                          ReduceOp op) {
+  TORCH_CHECK(op != ReduceOp::Max, "fsdp: reduce_scatter supports Sum and Avg only");
+  check_dense(flat, "the flat buffer", "reduce_scatter");
+  check_dense(out, "the output shard", "reduce_scatter");
+  const int n = g.size();
+  TORCH_CHECK(flat.numel() == out.numel() * n && flat.scalar_type() == out.scalar_type(),
+              "fsdp: reduce_scatter on group '", g.name(), "': flat buffer has ", flat.numel(),
+              " elements of ", flat.scalar_type(), ", expected ", n, " x ", out.numel(), " of ",
+              out.scalar_type());
+  if (n == 1) {
+    if (out.data_ptr() != flat.data_ptr()) out.copy_(flat);
+    return CommHandle({}, g, "reduce_scatter", {});
+  }
+  comm_counters().reduce_scatter += nbytes(out) * (n - 1);
+  return g.transport()->reduce_scatter(g, out, flat, op);
+}
+
+CommHandle all_reduce(const ProcessGroup& g, const at::Tensor& t, ReduceOp op) {
+  check_dense(t, "the tensor", "all_reduce");
+  const int n = g.size();
+  if (n == 1) return CommHandle({}, g, "all_reduce", {});
+  if (t.scalar_type() == at::kBFloat16) {
+    // Summed in fp32 and rounded once, on every transport (more bytes, a better sum, and
+    // Gloo has no bf16: [Note: bf16 over Gloo] in gloo_transport.cpp).
+    auto wide = t.to(at::kFloat);
+    auto inner = std::make_shared<CommHandle>(all_reduce(g, wide, op));
+    return CommHandle({}, g, "all_reduce", [inner, wide, t]() {
+      inner->wait();
+      t.copy_(wide);
+    }, inner->path());
+  }
+  comm_counters().all_reduce += 2 * nbytes(t) * (n - 1) / n;
+  return g.transport()->all_reduce(g, t, op);
+}
+
+CommHandle broadcast(const ProcessGroup& g, const at::Tensor& t, int root) {
+  check_dense(t, "the tensor", "broadcast");
+  TORCH_CHECK(root >= 0 && root < g.size(), "fsdp: broadcast root ", root,
+              " is outside group '", g.name(), "' of size ", g.size());
+  if (g.size() == 1) return CommHandle({}, g, "broadcast", {});
+  if (g.rank() == root) comm_counters().broadcast += nbytes(t);
+  return g.transport()->broadcast(g, t, root);
+}
+
+void barrier(const ProcessGroup& g) {
+  if (g.size() == 1) return;
+  g.transport()->barrier(g);
+}
+
+}  // namespace fsdp::comm

@@ -1,0 +1,117 @@
+#include "flat_param.h"
+
+#include <c10/core/StorageImpl.h>
+
+#include "fsdp/comm/collectives.h"
+
+namespace fsdp::detail {
+
+const char* to_string(FlatState s) { return s == FlatState::Sharded ? "SHARDED" : "UNSHARDED"; }
+
+FlatParameter::FlatParameter(std::vector<FlatParamEntry> entries, int rank, int world, bool sharded,
+                             FlatPrecision precision)
+    : entries_(std::move(entries)), rank_(sharded ? rank : 0), world_(sharded ? world : 1),
+      sharded_(sharded), precision_(precision) {
+  TORCH_INTERNAL_ASSERT(!entries_.empty());
+  const auto opts = entries_.front().param.options();
+  for (auto& e : entries_) {
+    e.offset = total_numel_;
+    total_numel_ += e.numel;
+  }
+  padded_numel_ = comm::padded_numel(total_numel_, world_);
+  chunk_numel_ = padded_numel_ / world_;
+  const int64_t lo = rank_ * chunk_numel_, hi = lo + chunk_numel_;
+  shard_ = at::zeros({chunk_numel_}, opts.requires_grad(false));
+  for (auto& e : entries_) {
+    e.piece_begin = std::max(e.offset, lo);
+    e.piece_end = std::min(e.offset + e.numel, hi);
+    if (e.piece_end <= e.piece_begin) e.piece_begin = e.piece_end = std::max(lo, std::min(e.offset, hi));
+    if (e.piece_end > e.piece_begin) {
+      at::NoGradGuard no_grad;
+      auto src = e.param.detach().reshape({-1}).slice(0, e.piece_begin - e.offset, e.piece_end - e.offset);
+      shard_.slice(0, e.piece_begin - lo, e.piece_end - lo).copy_(src);
+    }
+  }
+  const auto compute = precision_.param_dtype.value_or(shard_.scalar_type());
+  if (sharded_ || compute != shard_.scalar_type()) {
+    // Created without memory (allocating and freeing it here would put a whole
+    // unit's worth of bytes on the construction peak); alloc_unsharded gives it
+    // storage when a gather needs it.
+    unsharded_ = at::empty({0}, shard_.options().dtype(compute));
+    unsharded_.unsafeGetTensorImpl()->set_sizes_contiguous({padded_numel_});
+    free_unsharded();
+  } else {
+    unsharded_ = shard_;  // NO_SHARD: the shard is the whole buffer
+  }
+  use_shard_views();
+}
+
+bool FlatParameter::unsharded_allocated() const {
+  return unsharded_.storage().nbytes() > 0 || padded_numel_ == 0;
+}
+
+int64_t FlatParameter::unsharded_bytes() const {
+  return separate_unsharded() && unsharded_allocated() ? padded_numel_ * unsharded_.element_size() : 0;
+}
+
+at::Tensor FlatParameter::shard_for_gather() const {
+  return low_precision() ? shard_.to(compute_dtype()) : shard_;
+}
+
+void FlatParameter::alloc_unsharded(BufferPool& pool) {
+  TORCH_INTERNAL_ASSERT(separate_unsharded());
+  if (unsharded_allocated()) return;
+  const size_t nbytes = padded_numel_ * unsharded_.element_size();
+  auto* impl = unsharded_.storage().unsafeGetStorageImpl();
+  impl->set_data_ptr_noswap(pool.allocate(nbytes));
+  impl->set_nbytes(nbytes);
+}
+
+void FlatParameter::free_unsharded() {
+  TORCH_INTERNAL_ASSERT(separate_unsharded());
+  auto* impl = unsharded_.storage().unsafeGetStorageImpl();
+  impl->set_data_ptr_noswap(at::DataPtr(nullptr, unsharded_.device()));
+  impl->set_nbytes(0);
+}
+
+at::Tensor FlatParameter::piece_of(const at::Tensor& shard_sized, size_t i) const {
+  const auto& e = entries_[i];
+  if (!sharded_) return shard_sized.slice(0, e.offset, e.offset + e.numel).view(e.shape);
+  const int64_t lo = rank_ * chunk_numel_;
+  return shard_sized.slice(0, e.piece_begin - lo, e.piece_end - lo);
+}
+
+at::Tensor FlatParameter::view_of(const at::Tensor& flat_sized, size_t i) const {
+  const auto& e = entries_[i];
+  return flat_sized.slice(0, e.offset, e.offset + e.numel).view(e.shape);
+}
+
+void FlatParameter::copy_unsharded_to_shard() {
+  if (!sharded_) return;
+  TORCH_INTERNAL_ASSERT(unsharded_allocated());
+  copy_chunk_to_shard(unsharded_);
+}
+
+void FlatParameter::copy_chunk_to_shard(const at::Tensor& flat_sized) {
+  if (flat_sized.is_same(shard_)) return;
+  at::NoGradGuard no_grad;
+  shard_.copy_(flat_sized.slice(0, rank_ * chunk_numel_, (rank_ + 1) * chunk_numel_));
+}
+
+void FlatParameter::use_views_of(const at::Tensor& flat_sized) {
+  for (size_t i = 0; i < entries_.size(); ++i) entries_[i].param.set_data(view_of(flat_sized, i));
+  state_ = FlatState::Unsharded;
+}
+
+void FlatParameter::use_unsharded_views() {
+  TORCH_INTERNAL_ASSERT(unsharded_allocated(), "use_unsharded_views on a freed buffer");
+  for (size_t i = 0; i < entries_.size(); ++i) entries_[i].param.set_data(view_of(unsharded_, i));
+  state_ = FlatState::Unsharded;
+}
+
+void FlatParameter::use_shard_views() {
+  for (size_t i = 0; i < entries_.size(); ++i) entries_[i].param.set_data(piece_of(shard_, i));
+  state_ = FlatState::Sharded;
+}
+
+}  // namespace fsdp::detail

@@ -1,0 +1,136 @@
+#pragma once
+// [Note: padded flat buffer]
+// A unit's parameters, in order, are laid end to end in one *flat buffer* of
+// `padded_numel` elements: `total_numel` real elements then zero padding so that
+// the buffer divides into `world` equal *chunks* (see collectives.h). Rank r owns
+// chunk r, its *shard*. A parameter spans [offset, offset + numel) of the flat
+// buffer; its *piece* on rank r is the intersection of that span with chunk r,
+// possibly empty. Outside forward/backward every parameter points (set_data) at
+// its piece of the shard, 1-D; while the unit is unsharded every parameter points
+// at its full-shape view of the *unsharded* flat buffer.
+//
+// The unsharded buffer is freed and re-allocated by swapping its StorageImpl's
+// data pointer, never by replacing tensors: autograd saved the views used in
+// forward, and they must see the re-gathered data in backward.
+//
+// Under NO_SHARD the "shard" is the whole buffer (world 1, no padding), pieces
+// are full-shape views of it, and nothing is ever gathered.
+//
+// [Note: mixed precision]
+// With a param_dtype (FlatPrecision), the shard stays in the parameters' own
+// dtype (fp32 master weights: what the optimizer sees) and the unsharded buffer
+// has param_dtype: each rank casts its shard before the all-gather, so only
+// param_dtype bytes move, and forward/backward compute with the gathered
+// low-precision views. Under NO_SHARD the unsharded buffer is then a separate
+// low-precision copy of the shard (separate_unsharded()).
+//
+// Choice: the parameter leaf itself changes dtype (fp32 piece <-> bf16 full
+// view). libtorch 1.13's set_data drops the leaf's AccumulateGrad node when the
+// dtype changes (VariableHooks::set_data, type_equal check), so Unit re-acquires
+// the node each iteration while the parameter is in its low-precision full
+// shape (its input metadata then records bf16 + full shape) and moves its post
+// hook to it; the old node, and its hook, die with it. The alternative, a
+// separate low-precision leaf per parameter swapped into the module, would
+// break the user's own references to the parameter during forward. Gradients
+// arrive in param_dtype, are flattened into a reduce_dtype flat buffer,
+// reduced, and cast to the shard's dtype for the optimizer (unless
+// keep_low_precision_grads).
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "memory/buffer_pool.h"
+
+namespace fsdp::detail {
+
+struct FlatParamEntry {
+  std::string fqn;              // name in the unwrapped model
+  std::string module_path;      // path of the module that registered it
+  at::Tensor param;             // the user's registered parameter (identity never changes)
+  std::vector<int64_t> shape;   // original shape
+  int64_t numel = 0;
+  int64_t offset = 0;           // in the flat buffer
+  int64_t piece_begin = 0;      // this rank's piece, in flat coordinates
+  int64_t piece_end = 0;        // (piece_begin == piece_end: empty piece)
+};
+
+/// Dtypes of one unit (unset: the parameters' own dtype).
+struct FlatPrecision {
+  std::optional<at::ScalarType> param_dtype;   // unsharded buffer: compute and all-gather
+  std::optional<at::ScalarType> reduce_dtype;  // flat gradient: reduction
+  bool keep_low_precision_grads = false;       // gradient pieces in param_dtype
+};
+
+enum class FlatState { Sharded, Unsharded };
+const char* to_string(FlatState s);
+
+class FlatParameter {
+ public:
+  /// Copies the parameters' current values into this rank's shard.
+  FlatParameter(std::vector<FlatParamEntry> entries, int rank, int world, bool sharded,
+                FlatPrecision precision = {});
+
+  FlatState state() const { return state_; }
+  bool sharded() const { return sharded_; }
+  int64_t total_numel() const { return total_numel_; }
+  int64_t padded_numel() const { return padded_numel_; }
+  int64_t chunk_numel() const { return chunk_numel_; }
+  std::vector<FlatParamEntry>& entries() { return entries_; }
+  const std::vector<FlatParamEntry>& entries() const { return entries_; }
+  const at::Tensor& shard() const { return shard_; }
+  at::TensorOptions options() const { return shard_.options(); }
+  /// Dtypes: see [Note: mixed precision].
+  const FlatPrecision& precision() const { return precision_; }
+  at::ScalarType compute_dtype() const { return unsharded_.scalar_type(); }
+  at::ScalarType reduce_dtype() const { return precision_.reduce_dtype.value_or(shard_.scalar_type()); }
+  at::ScalarType grad_dtype() const {
+    return precision_.keep_low_precision_grads ? compute_dtype() : shard_.scalar_type();
+  }
+  bool low_precision() const { return compute_dtype() != shard_.scalar_type(); }
+  /// The unsharded buffer is not the shard itself (sharded, or a low-precision copy).
+  bool separate_unsharded() const { return sharded_ || low_precision(); }
+  /// The shard as the all-gather sends it (cast to compute_dtype()).
+  at::Tensor shard_for_gather() const;
+
+  /// Unsharded buffer: allocation state and the tensor collectives fill.
+  bool unsharded_allocated() const;
+  void alloc_unsharded(BufferPool& pool);  // memory from the pool ([Note: buffer pool])
+  void free_unsharded();
+  const at::Tensor& unsharded() const { return unsharded_; }
+  int64_t unsharded_bytes() const;
+
+  /// Points every parameter at its full-shape view (Unsharded) or its piece (Sharded).
+  void use_unsharded_views();
+  void use_shard_views();
+  /// Points every parameter at its full-shape view of a flat-sized tensor of any
+  /// dtype (full-precision gathers), and copies this rank's chunk of it back.
+  void use_views_of(const at::Tensor& flat_sized);
+  void copy_chunk_to_shard(const at::Tensor& flat_sized);
+
+  /// Copies this rank's chunk of the unsharded buffer into the shard (write-back
+  /// after parameters were changed while unsharded).
+  void copy_unsharded_to_shard();
+
+  /// Piece of entry i inside a shard-sized tensor (1-D; full shape under NO_SHARD).
+  at::Tensor piece_of(const at::Tensor& shard_sized, size_t i) const;
+  /// Full-shape view of entry i inside a flat-sized tensor.
+  at::Tensor view_of(const at::Tensor& flat_sized, size_t i) const;
+
+ private:
+  std::vector<FlatParamEntry> entries_;
+  int rank_;
+  int world_;
+  bool sharded_;
+  FlatPrecision precision_;
+  int64_t total_numel_ = 0;
+  int64_t padded_numel_ = 0;
+  int64_t chunk_numel_ = 0;
+  at::Tensor shard_;       // chunk_numel_ elements, owned
+  at::Tensor unsharded_;   // padded_numel_ elements; storage swapped in/out
+  FlatState state_ = FlatState::Sharded;
+};
+
+}  // namespace fsdp::detail

@@ -1,0 +1,436 @@
+#include "fsdp/core/fully_sharded.h"
+
+#include <cmath>
+#include <limits>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include <torch/torch.h>
+
+#include "comm/object_collectives.h"
+#include "fsdp/comm/collectives.h"
+#include "fsdp/core/host_memory.h"
+#include "resolved_options.h"
+#include "runtime.h"
+#include "sequential_entry.h"
+#include "unit_plan.h"
+#include "sharded_init_state.h"
+
+namespace fsdp {
+
+using detail::FlatParamEntry;
+using detail::FlatParameter;
+using detail::IgnoredModules;
+using detail::PlannedUnit;
+using detail::Runtime;
+using detail::SequentialEntryImpl;
+using detail::SequentialSlot;
+using detail::Unit;
+
+namespace {
+
+std::string describe(const at::Tensor& t) {
+  std::ostringstream os;
+  os << t.sizes() << " " << t.scalar_type() << (t.requires_grad() ? "" : " frozen");
+  return os.str();
+}
+
+// Every rank compares its parameter list with rank 0's; on a difference every
+// rank raises the same error naming the first difference (never a hang).
+void check_same_model_on_all_ranks(const comm::ProcessGroup& pg, torch::nn::Module& model) {
+  std::vector<std::string> lines;
+  std::string desc;
+  for (const auto& p : model.named_parameters()) {
+    lines.push_back(p.key() + " " + describe(p.value()));
+    desc += lines.back() + "\n";
+  }
+  if (pg.size() == 1) return;
+  const std::string root_desc = comm::broadcast_object(pg, desc, 0);
+  std::vector<std::string> root_lines;
+  std::istringstream is(root_desc);
+  for (std::string l; std::getline(is, l);) root_lines.push_back(l);
+  int64_t mismatch = -1;
+  for (size_t i = 0; i < std::max(lines.size(), root_lines.size()); ++i) {
+    if (i >= lines.size() || i >= root_lines.size() || lines[i] != root_lines[i]) {
+      mismatch = static_cast<int64_t>(i);
+      break;
+    }
+  }
+  auto flags = torch::zeros({pg.size()}, torch::kLong);
+  flags[pg.rank()] = mismatch + 1;
+  comm::all_reduce(pg, flags).wait();
+  for (int r = 0; r < pg.size(); ++r) {
+    const int64_t idx = flags[r].item<int64_t>() - 1;
+    if (idx < 0) continue;
+    const std::string root_has =
+        idx < static_cast<int64_t>(root_lines.size()) ? "'" + root_lines[idx] + "'" : "no such parameter";
+    std::string mine;
+    if (r == pg.rank())
+      mine = std::string(", this rank has ") +
+             (idx < static_cast<int64_t>(lines.size()) ? "'" + lines[idx] + "'" : "no such parameter");
+    TORCH_CHECK(false, "fsdp: the model differs across ranks (seen on rank ", pg.rank(), "): rank ", r,
+                " differs from rank 0 at parameter #", idx, ": rank 0 has ", root_has, mine,
+                ". Build the same model on every rank before wrapping");
+  }
+}
+
+// Unsupported mixed-precision combinations fail here, before any group exists.
+void check_mixed_precision(const MixedPrecision& mp, torch::nn::Module& model, int rank) {
+  auto check_float = [&](const std::optional<at::ScalarType>& t, const char* what) {
+    TORCH_CHECK(!t || at::isFloatingType(*t), "fsdp (rank ", rank, "): MixedPrecision ", what,
+                " must be a floating-point dtype, got ", *t);
+  };
+  check_float(mp.param_dtype(), "param_dtype");
+  check_float(mp.reduce_dtype(), "reduce_dtype");
+  check_float(mp.buffer_dtype(), "buffer_dtype");
+  if (!mp.param_dtype()) return;
+  for (const auto& p : model.named_parameters()) {
+    TORCH_CHECK(at::isFloatingType(p.value().scalar_type()), "fsdp (rank ", rank,
+                "): mixed precision needs floating-point parameters; '", p.key(), "' is ",
+                p.value().scalar_type());
+    TORCH_CHECK(!(*mp.param_dtype() == at::kHalf && p.value().device().is_cpu()), "fsdp (rank ", rank,
+                "): MixedPrecision param_dtype Half on CPU ('", p.key(),
+                "'): libtorch 1.13 has no fp16 matmul on CPU (addmm_impl_cpu_ not implemented for "
+                "'Half'). Use param_dtype BFloat16 for CPU compute; fp16 works as reduce_dtype");
+  }
+}
+
+// Steps 1-4 (ignored modules, wrap policy, BatchNorm units, parameter
+// assignment) are in unit_plan.h, shared with ShardedInitContext.
+
+// Step 5: the unit's flat buffer over the shard group ([Note: hybrid groups];
+// a HYBRID_SHARD group of one rank shards nothing and behaves as NO_SHARD).
+Unit* create_unit(Runtime& runtime, const detail::ResolvedOptions& resolved, PlannedUnit& p) {
+  detail::check_one_dtype_and_device(p);
+  const auto strategy = resolved.options.sharding_strategy();
+  const comm::ProcessGroup& shard_group = runtime.shard_group();
+  const bool sharded = strategy != ShardingStrategy::NO_SHARD &&
+                       !(strategy == ShardingStrategy::HYBRID_SHARD && shard_group.size() == 1);
+  const bool full_precision_unit = p.kind == PlannedUnit::Kind::BatchNorm;
+  const detail::FlatPrecision precision =
+      detail::unit_precision(resolved.options, p.entries.front().param.scalar_type(), full_precision_unit);
+  auto flat = std::make_unique<FlatParameter>(std::move(p.entries), shard_group.rank(), shard_group.size(),
+                                              sharded && !full_precision_unit, precision);
+  return runtime.add_unit(p.path, std::move(flat), p.kind == PlannedUnit::Kind::Root,
+                          resolved.reshard_after_forward && !full_precision_unit);
+}
+
+// Step 5, for a unit a ShardedInitContext sharded at construction ([Note: sharded
+// construction] in sharded_init.h): its flat parameter is taken over as it is (no
+// second copy), after checking that it holds exactly the parameters this
+// wrapper's plan gives the unit, and renamed with their paths in the model.
+void check_adoptable(const PlannedUnit& p, const detail::ConstructionUnit& cu) {
+  const auto& have = cu.flat->entries();
+  bool same = have.size() == p.entries.size();
+  for (size_t i = 0; same && i < have.size(); ++i) same = have[i].param.is_same(p.entries[i].param);
+  if (same) return;
+  std::ostringstream now, then;
+  for (const auto& e : p.entries) now << " '" << e.fqn << "'";
+  for (const auto& e : have) then << " '" << e.fqn << "'";
+  TORCH_CHECK(false, "fsdp: unit '", p.path, "' was sharded at construction by a ShardedInitContext with the "
+              "parameters (relative to it)", then.str(), ", but in the model it now holds", now.str(),
+              ". Parameters were added, removed or re-registered after its constructor returned; do that "
+              "inside the module's constructor");
+}
+
+Unit* adopt_unit(Runtime& runtime, const detail::ResolvedOptions& resolved, PlannedUnit& p,
+                 detail::ConstructionUnit& cu) {
+  auto flat = detail::adopt_construction_unit(cu);
+  for (size_t i = 0; i < p.entries.size(); ++i) {
+    flat->entries()[i].fqn = p.entries[i].fqn;
+    flat->entries()[i].module_path = p.entries[i].module_path;
+  }
+  return runtime.add_unit(p.path, std::move(flat), /*is_root=*/false, resolved.reshard_after_forward);
+}
+
+// Step 6: the candidate's call site invokes the unit's hooks ([Note: wrap
+// candidates]); both patches are undone by ~FullyShardedBase.
+void patch_call_site(const PlannedUnit& p, UnitHooks* hooks, std::vector<std::unique_ptr<SequentialSlot>>& slots,
+                     std::vector<WrappableBase*>& wrappables) {
+  if (p.sequential) {
+    auto slot = std::make_unique<SequentialSlot>();
+    slot->sequential = p.sequential;
+    slot->index = p.index;
+    auto it = p.sequential->begin() + p.index;
+    slot->original = *it;
+    *it = torch::nn::AnyModule(std::make_shared<SequentialEntryImpl>(slot->original, hooks));
+    slots.push_back(std::move(slot));
+  } else {
+    auto* w = dynamic_cast<WrappableBase*>(p.module.get());
+    TORCH_INTERNAL_ASSERT(w != nullptr);
+    w->set_fsdp_unit_hooks(hooks);
+    wrappables.push_back(w);
+  }
+}
+
+}  // namespace
+
+FullyShardedBase::FullyShardedBase(std::shared_ptr<torch::nn::Module> model, comm::ProcessGroup pg,
+                                   Options options)
+    : torch::nn::Module("FullyShardedDataParallel"), model_(std::move(model)), pg_(std::move(pg)),
+      options_(std::move(options)) {
+  TORCH_CHECK(model_ != nullptr, "fsdp: FullyShardedDataParallel got an empty module holder");
+  TORCH_CHECK(pg_.defined(), "fsdp: FullyShardedDataParallel needs a process group; call "
+              "fsdp::comm::init_process_group() first");
+  // Options are checked here, before the first collective: a rank with a bad
+  // option must fail alone and at once, not leave its peers waiting in one.
+  const detail::ResolvedOptions resolved = detail::resolve_options(options_, pg_);
+  // Wrapping twice would stack hooks on the same call sites.
+  for (const auto& m : model_->modules()) {
+    auto* w = dynamic_cast<WrappableBase*>(m.get());
+    TORCH_CHECK(w == nullptr || w->fsdp_unit_hooks() == nullptr, "fsdp: module '", m->name(),
+                "' is already part of a FullyShardedDataParallel; wrap a model once, at its root");
+    if (auto* seq = dynamic_cast<torch::nn::SequentialImpl*>(m.get())) {
+      for (const auto& entry : *seq)
+        TORCH_CHECK(!entry.ptr() || !std::dynamic_pointer_cast<SequentialEntryImpl>(entry.ptr()),
+                    "fsdp: this model is already wrapped by FullyShardedDataParallel; wrap it once");
+    }
+  }
+  TORCH_CHECK(!std::dynamic_pointer_cast<FullyShardedBase>(model_),
+              "fsdp: the module is already a FullyShardedDataParallel; wrap the model once");
+
+  // Units a ShardedInitContext sharded at construction are adopted as they are,
+  // so they must have been laid out for this group and these options.
+  std::set<const c10::TensorImpl*> sharded_at_construction;
+  {
+    const auto construction = detail::find_construction_units(*model_);
+    std::map<const torch::nn::Module*, std::string> path_of;
+    if (!construction.empty())
+      for (const auto& item : model_->named_modules()) path_of[item.value().get()] = item.key();
+    for (const auto& [module, cu] : construction) {
+      const auto expected = detail::sharding_signature(pg_, resolved, cu->flat->shard().scalar_type());
+      TORCH_CHECK(detail::same_sharding(cu->signature, expected), "fsdp (rank ", pg_.rank(), "): unit '",
+                  path_of[module], "' was sharded at construction by a ShardedInitContext for ",
+                  detail::describe(cu->signature), ", but this FullyShardedDataParallel would lay it out for ",
+                  detail::describe(expected), ". Pass FullyShardedDataParallel the process group and options "
+                  "the ShardedInitContext was given");
+      for (const auto& e : cu->flat->entries()) sharded_at_construction.insert(e.param.unsafeGetTensorImpl());
+    }
+  }
+
+  if (const auto& init = options_.param_init_fn()) {
+    // Every module whose parameters are still here (units sharded at
+    // construction ran it there), before they are broadcast and sharded.
+    torch::NoGradGuard no_grad;
+    for (const auto& m : model_->modules()) {
+      bool own = false, sharded = false;
+      for (const auto& p : m->parameters(false)) {
+        own = true;
+        sharded = sharded || sharded_at_construction.count(p.unsafeGetTensorImpl());
+      }
+      if (own && !sharded) init(*m);
+    }
+  }
+
+  if (options_.sync_module_states()) {
+    // Units sharded at construction were broadcast there, unit by unit.
+    torch::NoGradGuard no_grad;
+    for (auto& p : model_->parameters())
+      if (!sharded_at_construction.count(p.unsafeGetTensorImpl())) comm::broadcast(pg_, p.detach(), 0).wait();
+    for (auto& b : model_->buffers()) comm::broadcast(pg_, b, 0).wait();
+  }
+  check_same_model_on_all_ranks(pg_, *model_);
+  const auto& mp = options_.mixed_precision();
+  check_mixed_precision(mp, *model_, pg_.rank());
+  if (mp.param_dtype() && mp.cast_forward_inputs()) root_input_dtype_ = mp.param_dtype();
+  if (mp.buffer_dtype()) {
+    // Converted once here; BatchNorm statistics stay in full precision when
+    // BatchNorm layers get their own full-precision units.
+    torch::NoGradGuard no_grad;
+    const bool keep_bn = mp.param_dtype() && mp.full_precision_batch_norm();
+    for (const auto& m : model_->modules()) {
+      if (keep_bn && detail::is_batch_norm(*m)) continue;
+      for (auto& b : m->buffers(false))
+        if (b.is_floating_point()) b.set_data(b.to(*mp.buffer_dtype()));
+    }
+  }
+
+  // The wrapper shows the model's own children, parameters and buffers under
+  // their own names (same TensorImpls), so named_parameters() is unchanged.
+  for (const auto& c : model_->named_children()) register_module(c.key(), c.value());
+  for (const auto& p : model_->named_parameters(false))
+    register_parameter(p.key(), p.value(), p.value().requires_grad());
+  for (const auto& b : model_->named_buffers(false)) register_buffer(b.key(), b.value());
+
+  build_units(resolved);
+}
+
+void FullyShardedBase::train(bool on) {
+  torch::nn::Module::train(on);
+  model_->train(on);
+}
+
+FullyShardedBase::~FullyShardedBase() {
+  // Put the user's Sequential entries and Wrappable marks back as they were.
+  for (auto& slot : sequential_slots_) *(slot->sequential->begin() + slot->index) = slot->original;
+  for (auto* w : wrappables_) w->set_fsdp_unit_hooks(nullptr);
+}
+
+void FullyShardedBase::build_units(const detail::ResolvedOptions& resolved) {
+  const IgnoredModules ignored(*model_, options_.ignored_modules());
+  std::vector<PlannedUnit> planned = detail::walk_wrap_policy(*model_, options_.auto_wrap_policy(), ignored);
+  const auto& mp = options_.mixed_precision();
+  if (mp.param_dtype() && mp.full_precision_batch_norm()) detail::add_batch_norm_units(*model_, ignored, planned);
+  detail::assign_parameters(*model_, ignored, planned);
+
+  // Units sharded at construction (ShardedInitContext) are adopted: the policy
+  // must choose each of them again, with the same parameters.
+  auto construction = detail::find_construction_units(*model_);
+  std::vector<detail::ConstructionUnit*> adopt(planned.size(), nullptr);
+  for (size_t i = 0; i < planned.size(); ++i) {
+    if (planned[i].kind != PlannedUnit::Kind::CallSite) continue;
+    auto it = construction.find(planned[i].identity);
+    if (it == construction.end()) continue;
+    adopt[i] = it->second;
+    construction.erase(it);
+  }
+  // A unit left over means another policy; say so before comparing parameters
+  // (a policy change also moves parameters between units).
+  if (!construction.empty()) {
+    std::map<const torch::nn::Module*, std::string> path_of;
+    for (const auto& item : model_->named_modules()) path_of[item.value().get()] = item.key();
+    const std::string path = path_of[construction.begin()->first];
+    TORCH_CHECK(false, "fsdp (rank ", pg_.rank(), "): module '", path, "' was sharded at construction by a "
+                "ShardedInitContext, but this FullyShardedDataParallel's wrap policy (or ignored_modules) does not make "
+                "it a unit (", construction.size(), " such unit(s)). Pass FullyShardedDataParallel the options the "
+                "ShardedInitContext was given; a custom policy must not depend on the module path");
+  }
+  for (size_t i = 0; i < planned.size(); ++i)
+    if (adopt[i]) check_adoptable(planned[i], *adopt[i]);
+
+  // The runtime (and its dedicated process groups) is created only now, after
+  // every local check above: a user error that every rank raises (tied
+  // parameters across units) must not leave freshly created groups that the
+  // ranks tear down while peers are still connecting.
+  runtime_ = std::make_unique<Runtime>(pg_, resolved);
+  if (options_.keep_freed_host_memory()) keep_freed_host_memory();
+  const detail::ShardLayout layout = detail::shard_layout(resolved, pg_);
+  TORCH_INTERNAL_ASSERT(layout.rank == runtime_->shard_group().rank() && layout.world == runtime_->shard_group().size(),
+                        "shard_layout disagrees with the runtime's shard group");
+  for (size_t i = 0; i < planned.size(); ++i) {
+    PlannedUnit& p = planned[i];
+    if (p.entries.empty()) continue;  // nothing to shard: no unit, no hooks
+    Unit* unit = adopt[i] ? adopt_unit(*runtime_, resolved, p, *adopt[i]) : create_unit(*runtime_, resolved, p);
+    switch (p.kind) {
+      case PlannedUnit::Kind::Root: root_unit_ = unit; break;
+      case PlannedUnit::Kind::BatchNorm: runtime_->add_implicit_unit(unit); break;
+      case PlannedUnit::Kind::CallSite:
+        patch_call_site(p, runtime_->call_site(unit), sequential_slots_, wrappables_);
+        break;
+    }
+  }
+}
+
+std::vector<std::string> FullyShardedBase::unit_paths() const {
+  std::vector<std::string> out;
+  for (const auto& u : runtime_->units()) out.push_back(u->path());
+  return out;
+}
+
+std::vector<std::string> FullyShardedBase::unit_parameter_names(size_t i) const {
+  TORCH_CHECK(i < runtime_->units().size(), "fsdp: unit index ", i, " out of range");
+  std::vector<std::string> out;
+  for (const auto& e : runtime_->units()[i]->flat().entries()) out.push_back(e.fqn);
+  return out;
+}
+
+MemoryStats FullyShardedBase::memory_stats() const { return runtime_->memory_stats(); }
+void FullyShardedBase::set_unit_boundary_observer(
+    std::function<void(const std::string& unit, const char* phase)> observer) {
+  runtime_->set_boundary_observer(std::move(observer));
+}
+void FullyShardedBase::reset_peak_memory_stats() { runtime_->reset_peak(); }
+void FullyShardedBase::empty_cache() { runtime_->pool().release_idle(); }
+
+std::vector<TraceSpan> FullyShardedBase::trace_spans() const { return runtime_->tracer().spans(); }
+std::string FullyShardedBase::flush_trace() { return runtime_->tracer().flush(); }
+void FullyShardedBase::clear_trace() { runtime_->tracer().clear(); }
+
+void FullyShardedBase::root_pre_forward() { runtime_->root_pre_forward(root_unit_); }
+
+void FullyShardedBase::root_post_forward(const std::vector<at::Tensor>& outputs) {
+  runtime_->root_post_forward(root_unit_, outputs);
+}
+
+at::Tensor FullyShardedBase::clip_grad_norm_(double max_norm, double norm_type) {
+  TORCH_CHECK(max_norm >= 0, "fsdp: clip_grad_norm_ max_norm must be >= 0, got ", max_norm);
+  TORCH_CHECK(norm_type > 0, "fsdp: clip_grad_norm_ norm_type must be > 0 or inf, got ", norm_type);
+  const bool inf = std::isinf(norm_type);
+  std::vector<at::Tensor> sharded_grads, replicated_grads;
+  std::set<const c10::TensorImpl*> managed;
+  bool reduce = false;
+  for (const auto& u : runtime_->units()) {
+    // Replicated units (NO_SHARD, full-precision BatchNorm units) count once.
+    reduce = reduce || u->flat().sharded();
+    for (const auto& e : u->flat().entries()) {
+      managed.insert(e.param.unsafeGetTensorImpl());
+      if (e.param.grad().defined())
+        (u->flat().sharded() ? sharded_grads : replicated_grads).push_back(e.param.grad());
+    }
+  }
+  // Ignored parameters are replicated: counted once, after the reduction.
+  for (const auto& p : model_->parameters())
+    if (!managed.count(p.unsafeGetTensorImpl()) && p.grad().defined()) replicated_grads.push_back(p.grad());
+  // Shards are disjoint inside the shard group and identical across replicas
+  // ([Note: hybrid groups]), so the norm is reduced over the shard group only.
+  const comm::ProcessGroup& norm_group = runtime_->shard_group();
+  reduce = reduce && norm_group.size() > 1;
+
+  auto local = [&](const std::vector<at::Tensor>& gs) {
+    double acc = 0;
+    for (const auto& g : gs) {
+      if (g.numel() == 0) continue;
+      if (inf) acc = std::max(acc, g.abs().max().item<double>());
+      else acc += std::pow(g.norm(norm_type).item<double>(), norm_type);
+    }
+    return acc;
+  };
+  auto total = torch::tensor({local(sharded_grads)}, torch::kDouble);
+  if (reduce) comm::all_reduce(norm_group, total, inf ? comm::ReduceOp::Max : comm::ReduceOp::Sum).wait();
+  double t = total.item<double>();
+  const double rep = local(replicated_grads);
+  t = inf ? std::max(t, rep) : std::pow(t + rep, 1.0 / norm_type);
+  const double coef = max_norm / (t + 1e-6);
+  if (coef < 1) {
+    for (auto& g : sharded_grads) g.mul_(coef);
+    for (auto& g : replicated_grads) g.mul_(coef);
+  }
+  return torch::tensor(t, torch::kFloat);
+}
+
+FullyShardedBase::NoSyncGuard::NoSyncGuard(FullyShardedBase* m) : m_(m), previous_(m->runtime_->no_sync()) {
+  m_->runtime_->set_no_sync(true);
+}
+FullyShardedBase::NoSyncGuard::~NoSyncGuard() { m_->runtime_->set_no_sync(previous_); }
+
+void FullyShardedBase::to(torch::Device device, torch::Dtype dtype, bool) {
+  TORCH_CHECK(false, "fsdp: FullyShardedDataParallel::to(", device, ", ", dtype,
+              ") would break sharding; move and convert the model before wrapping it");
+}
+void FullyShardedBase::to(torch::Dtype dtype, bool) {
+  TORCH_CHECK(false, "fsdp: FullyShardedDataParallel::to(", dtype,
+              ") would break sharding; convert the model before wrapping it (or use mixed precision)");
+}
+void FullyShardedBase::to(torch::Device device, bool) {
+  TORCH_CHECK(false, "fsdp: FullyShardedDataParallel::to(", device,
+              ") would break sharding; move the model before wrapping it");
+}
+std::shared_ptr<torch::nn::Module> FullyShardedBase::clone(const c10::optional<torch::Device>&) const {
+  TORCH_CHECK(false, "fsdp: FullyShardedDataParallel cannot be cloned (its parameters are shards); "
+              "clone the unwrapped model before wrapping, or build a new one and load a full state dict");
+}
+void FullyShardedBase::save(torch::serialize::OutputArchive&) const {
+  TORCH_CHECK(false, "fsdp: torch::save of a FullyShardedDataParallel would write this rank's shards "
+              "as if they were the model; use fsdp::save_checkpoint or a full state dict");
+}
+void FullyShardedBase::load(torch::serialize::InputArchive&) {
+  TORCH_CHECK(false, "fsdp: torch::load into a FullyShardedDataParallel is not supported; use "
+              "fsdp::load_checkpoint or load a full state dict");
+}
+void FullyShardedBase::pretty_print(std::ostream& stream) const {
+  stream << "FullyShardedDataParallel(strategy=" << to_string(options_.sharding_strategy())
+         << ", world=" << pg_.size() << ", units=" << runtime_->units().size() << ")";
+}
+
+}  // namespace fsdp

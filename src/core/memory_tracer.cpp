@@ -1,0 +1,204 @@
+#include "fsdp/core/memory_tracer.h"
+
+#include <algorithm>
+#include <atomic>
+#include <fstream>
+#include <mutex>
+#include <set>
+#include <unordered_map>
+
+#include <c10/core/CPUAllocator.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "fsdp/comm/collectives.h"
+#include "fsdp/core/fully_sharded.h"
+#include "fsdp/memory/optimizer_state_bytes.h"
+
+namespace fsdp {
+
+namespace memory {
+namespace {
+
+// Forwards to the allocator it replaced and counts live bytes. The DataPtr it
+// returns has the data pointer as its context (some kernels allocate through
+// Allocator::raw_allocate, which requires that), so the inner DataPtr and the
+// size are kept in a table keyed by the data pointer.
+class CountingAllocator final : public c10::Allocator {
+ public:
+  explicit CountingAllocator(c10::Allocator* base) : base_(base) {}
+  c10::DataPtr allocate(size_t n) override {
+    c10::DataPtr inner = base_->allocate(n);
+    void* data = inner.get();
+    const c10::Device device = inner.device();
+    if (data == nullptr) return inner;  // zero bytes: nothing to count
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      blocks_.emplace(data, Block{std::move(inner), n});
+    }
+    live_ += static_cast<int64_t>(n);
+    allocations_.fetch_add(1, std::memory_order_relaxed);
+    return {data, data, &CountingAllocator::release, device};
+  }
+  int64_t allocations() const { return allocations_.load(std::memory_order_relaxed); }
+  // Blocks FSDP takes from the exchange arena instead (comm::allocate_collective_buffer):
+  // host memory of the same buffers, counted alike.
+  void add_external(int64_t delta) const { live_ += delta; }
+  c10::DeleterFnPtr raw_deleter() const override { return &CountingAllocator::release; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+  int64_t live() const { return live_; }
+
+ private:
+  struct Block {
+    c10::DataPtr inner;
+    size_t n;
+  };
+  static void release(void* data);
+  c10::Allocator* base_;
+  mutable std::mutex mutex_;
+  mutable std::unordered_map<void*, Block> blocks_;
+  mutable std::atomic<int64_t> live_{0};
+  mutable std::atomic<int64_t> allocations_{0};
+};
+
+std::atomic<CountingAllocator*> counter{nullptr};
+
+void CountingAllocator::release(void* data) {
+  CountingAllocator* self = counter.load();
+  c10::DataPtr inner;  // freed after the lock is released
+  {
+    std::lock_guard<std::mutex> lock(self->mutex_);
+    auto it = self->blocks_.find(data);
+    if (it != self->blocks_.end()) {
+      self->live_ -= static_cast<int64_t>(it->second.n);
+      inner = std::move(it->second.inner);
+      self->blocks_.erase(it);
+      return;
+    }
+  }
+  // A raw_allocate'd block from before counting started, returned through
+  // Allocator::raw_deallocate of the current allocator (kernels keep scratch
+  // blocks): its own allocator frees it.
+  c10::DeleterFnPtr base_deleter = self->base_->raw_deleter();
+  TORCH_INTERNAL_ASSERT(base_deleter != nullptr, "counting allocator: a block it did not allocate");
+  base_deleter(data);
+}
+
+}  // namespace
+
+void enable_allocator_counting() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    auto* c = new CountingAllocator(c10::GetCPUAllocator());  // lives as long as the process
+    counter = c;  // before any block can be released through it
+    c10::SetCPUAllocator(c, /*priority=*/100);
+    c->add_external(comm::collective_buffer_bytes());
+    comm::add_collective_buffer_observer([](int64_t delta) { counter.load()->add_external(delta); });
+  });
+}
+
+bool allocator_counting_enabled() { return counter.load() != nullptr; }
+
+int64_t counted_allocator_bytes() {
+  auto* c = counter.load();
+  return c ? c->live() : 0;
+}
+
+int64_t counted_allocations() {
+  auto* c = counter.load();
+  return c ? c->allocations() : 0;
+}
+
+}  // namespace memory
+
+namespace {
+std::mutex tracers_mutex;
+std::set<MemoryTracer*> live_tracers;
+}  // namespace
+
+MemoryTracer::MemoryTracer(FullyShardedBase& model, torch::optim::Optimizer* optimizer)
+    : model_(model), optimizer_(optimizer), rank_(model.process_group().global_rank()) {
+  optimizer_bytes_ = optimizer_state_bytes();
+  model_.set_unit_boundary_observer(
+      [this](const std::string& unit, const char* phase) { sample(unit, phase); });
+  std::lock_guard<std::mutex> lock(tracers_mutex);
+  live_tracers.insert(this);
+}
+
+MemoryTracer::~MemoryTracer() {
+  model_.set_unit_boundary_observer(nullptr);
+  std::lock_guard<std::mutex> lock(tracers_mutex);
+  live_tracers.erase(this);
+}
+
+int64_t MemoryTracer::optimizer_state_bytes() const {
+  return optimizer_ == nullptr ? 0 : memory::optimizer_state_bytes(*optimizer_);
+}
+
+MemoryUsage MemoryTracer::get_memory_usage() {
+  const MemoryStats s = model_.memory_stats();
+  MemoryUsage u;
+  u[MemoryCategory::kParameterShards] = s.param_shard_bytes;
+  u[MemoryCategory::kUnshardedParameters] = s.unsharded_bytes;
+  u[MemoryCategory::kGradients] = s.grad_shard_bytes;
+  u[MemoryCategory::kOptimizerState] = optimizer_bytes_;
+  if (memory::allocator_counting_enabled()) {
+    const int64_t known = u.total();
+    u[MemoryCategory::kOther] = std::max<int64_t>(0, memory::counted_allocator_bytes() - known);
+  }
+  return u;
+}
+
+void MemoryTracer::sample(const std::string& unit, const char* phase) {
+  MemorySample m;
+  m.step = step_;
+  m.unit = unit;
+  m.phase = phase;
+  m.usage = get_memory_usage();
+  if (memory::allocator_counting_enabled()) m.allocator_bytes = memory::counted_allocator_bytes();
+  samples_.push_back(std::move(m));
+}
+
+void MemoryTracer::step() {
+  optimizer_bytes_ = optimizer_state_bytes();
+  sample("-", "optimizer_step");
+  ++step_;
+}
+
+namespace {
+void write_samples(std::ostream& out, const std::vector<MemorySample>& samples, int rank) {
+  for (const auto& m : samples) {
+    nlohmann::json j = {{"rank", rank}, {"step", m.step}, {"unit", m.unit}, {"phase", m.phase}};
+    nlohmann::json bytes;
+    for (int c = 0; c < kNumMemoryCategories; ++c)
+      bytes[memory_category_name(static_cast<MemoryCategory>(c))] = m.usage.bytes[c];
+    j["bytes"] = bytes;
+    j["allocator_bytes"] = m.allocator_bytes;
+    out << j.dump() << '\n';
+  }
+}
+}  // namespace
+
+void MemoryTracer::dump(const std::string& path) const {
+  std::ofstream out(path, std::ios::out | std::ios::trunc);
+  TORCH_CHECK(out, "fsdp: MemoryTracer::dump cannot create '", path, "' (does the directory exist?)");
+  write_samples(out, samples_, rank_);
+  TORCH_CHECK(out.good(), "fsdp: MemoryTracer::dump failed writing '", path, "'");
+}
+
+int64_t dump_memory_stats(const std::string& path) {
+  std::ofstream out(path, std::ios::out | std::ios::trunc);
+  TORCH_CHECK(out, "fsdp: dump_memory_stats cannot create '", path, "' (does the directory exist?)");
+  std::lock_guard<std::mutex> lock(tracers_mutex);
+  int64_t n = 0;
+  for (const auto* t : live_tracers) {
+    write_samples(out, t->samples(), t->rank());
+    n += static_cast<int64_t>(t->samples().size());
+  }
+  TORCH_CHECK(out.good(), "fsdp: dump_memory_stats failed writing '", path, "'");
+  return n;
+}
+
+}  // namespace fsdp

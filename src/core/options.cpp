@@ -1,0 +1,115 @@
+#include "fsdp/core/options.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+
+#include "path_policy.h"
+#include "resolved_options.h"
+
+namespace fsdp {
+
+const char* to_string(ShardingStrategy s) {
+  switch (s) {
+    case ShardingStrategy::FULL_SHARD: return "FULL_SHARD";
+    case ShardingStrategy::SHARD_GRAD_OP: return "SHARD_GRAD_OP";
+    case ShardingStrategy::NO_SHARD: return "NO_SHARD";
+    case ShardingStrategy::HYBRID_SHARD: return "HYBRID_SHARD";
+  }
+  return "?";
+}
+
+ShardingStrategy parse_sharding_strategy(const std::string& name) {
+  std::string n = name;
+  std::transform(n.begin(), n.end(), n.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (n == "full_shard") return ShardingStrategy::FULL_SHARD;
+  if (n == "shard_grad_op") return ShardingStrategy::SHARD_GRAD_OP;
+  if (n == "no_shard") return ShardingStrategy::NO_SHARD;
+  if (n == "hybrid_shard") return ShardingStrategy::HYBRID_SHARD;
+  TORCH_CHECK(false, "fsdp: unknown sharding strategy '", name,
+              "'; expected one of full_shard, shard_grad_op, no_shard, hybrid_shard");
+}
+
+const char* to_string(BackwardPrefetch p) {
+  switch (p) {
+    case BackwardPrefetch::NONE: return "NONE";
+    case BackwardPrefetch::BACKWARD_PRE: return "BACKWARD_PRE";
+    case BackwardPrefetch::BACKWARD_POST: return "BACKWARD_POST";
+  }
+  return "?";
+}
+
+int64_t bucket_cap_bytes(const Options& options) {
+  const double mb = options.bucket_cap_mb();
+  constexpr double kMaxMb = 1099511627776.0;  // 2^40 MiB: 2^60 bytes still fit an int64_t
+  TORCH_CHECK(std::isfinite(mb) && mb <= kMaxMb, "fsdp: Options::bucket_cap_mb must be a finite number of "
+              "MiB no larger than 2^40 (values <= 0 disable gradient buckets), got ", mb);
+  if (mb <= 0) return 0;
+  return static_cast<int64_t>(mb * 1024 * 1024);
+}
+
+namespace detail {
+
+GradientDivision gradient_division(double predivide_factor, int world) {
+  double pre = predivide_factor;
+  if (pre == 0) {
+    // PyTorch's default: keeps low-precision sums in range.
+    int factor = 1;
+    while (world % factor == 0 && world / factor > factor) factor *= 2;
+    pre = factor;
+  }
+  return GradientDivision{pre, world / pre};
+}
+
+ResolvedOptions resolve_options(const Options& options, const comm::ProcessGroup& pg) {
+  ResolvedOptions r;
+  r.options = options;
+  const int n = pg.size();
+  const auto strategy = options.sharding_strategy();
+  const bool hybrid = strategy == ShardingStrategy::HYBRID_SHARD;
+  TORCH_CHECK(options.shard_group_size() >= 0, "fsdp: shard_group_size must be >= 0 (0: ranks per machine), got ",
+              options.shard_group_size());
+  // HYBRID_SHARD: gathers and reductions run over the shard group.
+  const int shard_n = hybrid ? (options.shard_group_size() > 0 ? options.shard_group_size() : pg.local_world_size())
+                             : n;
+  TORCH_CHECK(!hybrid || (shard_n >= 1 && n % shard_n == 0), "fsdp: HYBRID_SHARD on rank ", pg.rank(),
+              ": shard_group_size ", shard_n, " must divide the world size ", n,
+              "; set Options::shard_group_size (0 means ranks per machine, here ", pg.local_world_size(), ")");
+  r.shard_group_size = shard_n;
+  TORCH_CHECK(!options.reduce_group().defined() || options.reduce_group().size() == shard_n,
+              "fsdp: reduce_group has ", options.reduce_group().defined() ? options.reduce_group().size() : 0,
+              " ranks but the sharding group has ", shard_n, "; they must cover the same ranks");
+  // The gradient average is over the whole world (shard group x replica group).
+  const double pre = options.gradient_predivide_factor();
+  TORCH_CHECK(pre == 0 || (pre >= 1 && pre <= n), "fsdp: gradient_predivide_factor must lie in [1, world size ",
+              n, "] (or be 0 for PyTorch's default), got ", pre);
+  r.divide = gradient_division(pre, n);
+  r.bucket_cap_bytes = bucket_cap_bytes(options);  // throws for a NaN, infinite or huge bucket_cap_mb
+  r.reshard_after_forward = options.reshard_after_forward().value_or(
+      strategy == ShardingStrategy::FULL_SHARD || strategy == ShardingStrategy::HYBRID_SHARD);
+  r.trace_dir = options.trace_dir();
+  if (r.trace_dir.empty())
+    if (const char* env = std::getenv("FSDP_TRACE")) r.trace_dir = env;
+  return r;
+}
+
+}  // namespace detail
+
+WrapPolicy size_based_policy(int64_t min_num_params) {
+  TORCH_CHECK(min_num_params >= 0, "fsdp: size_based_policy min_num_params must be >= 0, got ",
+              min_num_params);
+  return [min_num_params](const std::string&, const torch::nn::Module&, int64_t n) {
+    return n >= min_num_params && n > 0;
+  };
+}
+
+WrapPolicy always_wrap_policy() {
+  return [](const std::string&, const torch::nn::Module&, int64_t) { return true; };
+}
+
+WrapPolicy path_policy(std::vector<std::string> paths) {
+  return detail::PathPolicy{std::move(paths)};
+}
+
+}  // namespace fsdp

@@ -1,0 +1,221 @@
+#include "reduce_bucket.h"
+
+#include "unit.h"
+
+namespace fsdp::detail {
+
+namespace {
+int64_t nbytes(const at::Tensor& t) { return t.defined() ? t.numel() * int64_t(t.element_size()) : 0; }
+}  // namespace
+
+// One issued bucket ([Note: reduce buckets]).
+struct GradReducer::Reduction {
+  enum class Phase { SCATTERING, REPLICATING, DONE };
+  Phase phase = Phase::SCATTERING;
+  std::vector<Unit*> members;
+  std::vector<int64_t> offsets;  // member i's shard: output[offsets[i], offsets[i] + chunk_i)
+  at::Tensor input;              // [rows, sum of chunks], flattened; freed once reduced
+  at::Tensor output;             // the concatenated shards (the input itself when unsharded)
+  comm::CommHandle handle;
+  std::shared_ptr<ReplicaChain::Link> link;  // HYBRID_SHARD: the chain holds the scatter
+  std::string label;             // "<unit>" or "<unit>+<unit>+..." for the trace
+  Tracer::Mark mark;
+};
+
+bool BucketFormer::fits(const BucketCandidate& c) const {
+  if (!first_) return true;
+  return c.sharded == first_->sharded && c.dtype == first_->dtype && c.device == first_->device &&
+         open_bytes_ + c.bytes <= cap_bytes_;
+}
+
+BucketFormer::Join BucketFormer::join(const BucketCandidate& c) {
+  Join j;
+  if (!fits(c)) {
+    j.close_before = true;
+    clear();
+  }
+  if (!first_) first_ = c;
+  open_bytes_ += c.bytes;
+  if (alone(c)) {  // too big to share
+    j.close_after = true;
+    clear();
+  }
+  return j;
+}
+
+void BucketFormer::clear() {
+  first_.reset();
+  open_bytes_ = 0;
+}
+
+GradReducer::GradReducer(comm::ProcessGroup reduce_group, comm::ProcessGroup replica_group,
+                         int64_t cap_bytes, Tracer* tracer, BufferPool* pool, int max_scattering)
+    : reduce_pg_(std::move(reduce_group)), replica_pg_(std::move(replica_group)), tracer_(tracer), pool_(pool),
+      former_(cap_bytes), max_scattering_(max_scattering) {
+  TORCH_INTERNAL_ASSERT(max_scattering_ >= 1);
+  if (replica_pg_.defined() && replica_pg_.size() > 1) chain_ = std::make_unique<ReplicaChain>(replica_pg_, tracer_);
+}
+
+GradReducer::~GradReducer() = default;
+
+// What a unit's flat gradient will be (known before it is flattened).
+BucketCandidate GradReducer::candidate(const Unit& unit) {
+  const FlatParameter& f = unit.flat();
+  return BucketCandidate{f.padded_numel() * int64_t(c10::elementSize(f.reduce_dtype())), f.sharded(),
+                         f.reduce_dtype(), f.options().device()};
+}
+
+void GradReducer::make_room(const Unit& unit) {
+  // Adding `unit` will issue a collective: complete the one in flight before the
+  // unit's flat gradient is allocated, so that the two never coexist with the
+  // unit's autograd gradients (the peak of unbucketed reduction stays as it was).
+  if (former_.issues_on_join(candidate(unit))) complete_in_flight();
+}
+
+void GradReducer::add(Unit* unit) {
+  const BucketCandidate c = candidate(*unit);
+  TORCH_INTERNAL_ASSERT(unit->flat_grad().defined() && nbytes(unit->flat_grad()) == c.bytes, "unit '",
+                        unit->label(), "' has no flat gradient of the expected size to reduce");
+  const BucketFormer::Join j = former_.join(c);
+  if (j.close_before) issue_open_bucket();
+  open_.push_back(unit);
+  if (j.close_after) issue_open_bucket();
+}
+
+void GradReducer::complete_in_flight() {
+  // At most max_scattering_ reductions scattering ([Note: reductions in flight]).
+  while (static_cast<int>(scattering_.size()) >= max_scattering_) complete_oldest_scatter();
+}
+
+void GradReducer::complete_oldest_scatter() {
+  // Under HYBRID_SHARD it then waits for its replica all-reduce (finish).
+  std::unique_ptr<Reduction> r = std::move(scattering_.front());
+  scattering_.pop_front();
+  complete_scatter(*r);
+  if (r->phase == Reduction::Phase::REPLICATING) replicating_.push_back(std::move(r));
+}
+
+void GradReducer::issue_open_bucket() {
+  if (open_.empty()) return;
+  std::vector<Unit*> members = std::move(open_);
+  open_.clear();
+  complete_in_flight();
+  std::unique_ptr<Reduction> r = issue(std::move(members));
+  if (chain_) hand_to_chain(*r);
+  scattering_.push_back(std::move(r));
+}
+
+void GradReducer::hand_to_chain(Reduction& r) {
+  // [Note: replica chain]: the chain's thread waits for the reduce-scatter and issues
+  // the replica all-reduce the moment it completes, while backward goes on.
+  r.link = chain_->push(std::move(r.handle), r.output, r.label, r.mark);
+  r.handle = comm::CommHandle();
+  r.mark = Tracer::Mark();  // the chain closes the reduce-scatter's span
+}
+
+std::unique_ptr<GradReducer::Reduction> GradReducer::issue(std::vector<Unit*> members) {
+  auto r = std::make_unique<Reduction>();
+  const Unit& first = *members.front();
+  const bool sharded = first.flat().sharded();
+  const int64_t rows = sharded ? reduce_pg_.size() : 1;
+  int64_t total = 0;
+  for (Unit* u : members) {
+    r->offsets.push_back(total);
+    const int64_t numel = u->flat_grad().numel();
+    TORCH_INTERNAL_ASSERT(numel % rows == 0, "flat gradient of unit '", u->label(), "' has ", numel,
+                          " elements, not a multiple of ", rows, " ranks");
+    total += numel / rows;
+    r->label += (r->label.empty() ? "" : "+") + u->label();
+  }
+  if (members.size() == 1) {
+    r->input = members.front()->take_flat_grad();  // no copy: the unbucketed reduction
+  } else {
+    r->input = pool_->empty(rows * total, first.flat_grad().options());
+    auto table = r->input.view({rows, total});
+    for (size_t i = 0; i < members.size(); ++i) {
+      at::Tensor g = members[i]->take_flat_grad();
+      const int64_t chunk = g.numel() / rows;
+      table.narrow(1, r->offsets[i], chunk).copy_(g.view({rows, chunk}));
+    }  // each member's flat gradient is freed here, after its copy
+  }
+  r->members = std::move(members);
+  r->mark = tracer_->begin();
+  if (sharded) {
+    // Not pooled: the output becomes the gradient pieces, which outlive the step.
+    r->output = at::empty({total}, r->input.options());
+    r->handle = comm::reduce_scatter(reduce_pg_, r->output, r->input, comm::ReduceOp::Sum);
+  } else {
+    r->output = r->input;
+    r->handle = comm::all_reduce(reduce_pg_, r->input, comm::ReduceOp::Sum);
+  }
+  return r;
+}
+
+void GradReducer::complete_scatter(Reduction& r) {
+  TORCH_INTERNAL_ASSERT(r.phase == Reduction::Phase::SCATTERING);
+  if (r.link) {
+    complete_chained_scatter(r);
+    return;
+  }
+  r.handle.wait();
+  tracer_->end("reduce " + r.label, Tracer::kReduce, r.mark, comm::to_string(r.handle.path()));
+  r.handle = comm::CommHandle();
+  if (!r.output.is_same(r.input)) r.input = at::Tensor();  // the flat gradients are freed once reduced
+  deliver(r);
+}
+
+void GradReducer::complete_chained_scatter(Reduction& r) {
+  // The reduce-scatter is complete once the chain has issued the replica all-reduce
+  // ([Note: hybrid groups]: summing the shard group's sums over the replica group
+  // completes the sum over the world); usually that happened while backward ran.
+  comm::CommPath scatter_path = comm::CommPath::Local;
+  r.handle = chain_->scattered(*r.link, &r.mark, &scatter_path);
+  r.link.reset();
+  if (!r.output.is_same(r.input)) r.input = at::Tensor();  // the flat gradients are freed once reduced
+  r.phase = Reduction::Phase::REPLICATING;
+}
+
+void GradReducer::complete_replication(Reduction& r) {
+  TORCH_INTERNAL_ASSERT(r.phase == Reduction::Phase::REPLICATING);
+  r.handle.wait();
+  tracer_->end("replica_all_reduce " + r.label, Tracer::kReduce, r.mark, comm::to_string(r.handle.path()));
+  r.handle = comm::CommHandle();
+  deliver(r);
+}
+
+void GradReducer::deliver(Reduction& r) {
+  for (size_t i = 0; i < r.members.size(); ++i) {
+    const int64_t chunk = r.members[i]->flat().sharded() ? r.members[i]->flat().chunk_numel()
+                                                         : r.members[i]->flat().padded_numel();
+    r.members[i]->adopt_reduced_shard(r.output.narrow(0, r.offsets[i], chunk));
+  }
+  r.output = r.input = at::Tensor();  // members keep what they use (views or casts)
+  r.phase = Reduction::Phase::DONE;
+}
+
+void GradReducer::finish() {
+  former_.clear();
+  issue_open_bucket();
+  // Oldest first (every replicating reduction is older than every scattering one):
+  // collectives complete in the order issued. Meanwhile the chain's thread issues the
+  // replica all-reduces of the reductions still scattering as they complete.
+  while (!replicating_.empty() || !scattering_.empty()) {
+    if (replicating_.empty()) {
+      complete_oldest_scatter();
+      continue;
+    }
+    complete_replication(*replicating_.front());
+    replicating_.pop_front();
+  }
+}
+
+int64_t GradReducer::transient_bytes() const {
+  int64_t b = 0;
+  // Flat-sized inputs only, as a unit counts its own flat gradient; the
+  // shard-sized outputs become the gradient pieces.
+  for (const auto& r : scattering_) b += nbytes(r->input);
+  for (const auto& r : replicating_) b += nbytes(r->input);
+  return b;
+}
+
+}  // namespace fsdp::detail

@@ -1,0 +1,156 @@
+#pragma once
+// Gradient reduction of one Runtime: which units are reduced together (buckets)
+// and the reductions in flight.
+//
+// [Note: reduce buckets]
+// A *bucket* is a run of consecutive units of the reduction order (reverse
+// pre-forward; [Note: collective order] in runtime.h) whose flat gradients one
+// collective reduces (Options::bucket_cap_mb, FairScale's semantics). Members
+// share their kind (sharded or not) and reduce dtype. A sharded member's flat
+// gradient is N *rows*, its chunks for the N ranks of the reduce group ([Note:
+// padded flat buffer]); the bucket's buffer is [N, sum of the members' chunks],
+// row r the concatenation of every member's chunk r, so one reduce-scatter leaves
+// on rank r the concatenation of every member's shard r. An unsharded member is
+// one row (its whole flat gradient) and the bucket one all-reduce. Every element
+// is the sum of the same values as without buckets; reduce_scatter adds rows
+// 0..N-1 in rank order at any position, so its results are bit-identical
+// (Gloo's ring all-reduce picks the order by position: bit-identical at 2 ranks,
+// equal to rounding above).
+//
+// Who joins: a unit whose flat gradient fits the open bucket (same kind and
+// dtype, bucket bytes + its bytes <= cap) joins it; otherwise the open bucket is
+// issued first. A unit whose flat gradient alone is >= cap (every unit when the
+// cap is <= 0) is issued alone at once. The end-of-backward callback issues what
+// is left. Membership depends only on the order, the units' sizes and dtypes and
+// no_sync, which every rank shares, so every rank forms the same buckets and
+// issues the same collectives in the same order; an unused branch on one rank
+// only changes *when* a bucket fills there. A bucket of one unit is exactly the
+// unbucketed reduction: the unit's own flat gradient, no copy.
+//
+// Reductions in flight. An issued bucket is a Reduction:
+//   SCATTERING   its collective over the reduce group is in flight
+//   REPLICATING  (HYBRID_SHARD) the all-reduce of its output over the replica
+//                group is in flight ([Note: hybrid groups] in runtime.h)
+//   DONE         its members hold their reduced shards (Unit::adopt_reduced_shard)
+// [Note: reductions in flight]
+// At most max_scattering reductions are SCATTERING: when the window is full the
+// oldest is completed before the next is issued (make_room: before the unit
+// whose arrival issues it even flattens its gradients), so backward holds a
+// bounded number of flat gradients instead of the whole model's. Sharded
+// strategies use a window of one: the flat gradient is transient, and one
+// more in flight costs a unit's memory. NO_SHARD uses two: its flat gradient
+// *is* the gradient kept after the step, so a second all-reduce in flight costs
+// nothing, and the main thread no longer waits for one unit's all-reduce
+// before it can flatten and issue the next (measured in docs/benchmarks.md,
+// bench_strategies). Collectives complete in the order issued. Under
+// HYBRID_SHARD with more than one replica, a reduction's replica all-reduce is
+// issued by the ReplicaChain's thread as soon as its reduce-scatter completes
+// ([Note: replica chain] in replica_chain.h); leaving SCATTERING on the
+// backward thread takes that all-reduce back (REPLICATING). Every REPLICATING
+// reduction (each holds only its shard-sized output, which becomes the
+// gradient pieces anyway) is completed at the end of backward, oldest first,
+// before any gradient piece is assigned, so backward never waits for the link.
+
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "fsdp/comm/collectives.h"
+#include "memory/buffer_pool.h"
+#include "fsdp/core/trace.h"
+#include "replica_chain.h"
+
+namespace fsdp::detail {
+
+class Unit;
+
+/// A unit's flat gradient as bucket formation sees it.
+struct BucketCandidate {
+  int64_t bytes = 0;     // padded flat gradient, in reduce dtype
+  bool sharded = true;   // reduce-scatter (N rows) or all-reduce (one row)
+  at::ScalarType dtype = at::kFloat;
+  at::Device device = at::kCPU;
+};
+
+/// Who joins the open bucket ([Note: reduce buckets], "Who joins"): sizes,
+/// kinds and the cap only; knows nothing of units or collectives.
+class BucketFormer {
+ public:
+  explicit BucketFormer(int64_t cap_bytes) : cap_bytes_(cap_bytes) {}
+  /// Never shares a bucket (every candidate when the cap is <= 0).
+  bool alone(const BucketCandidate& c) const { return cap_bytes_ <= 0 || c.bytes >= cap_bytes_; }
+  /// May join the open bucket without issuing it first.
+  bool fits(const BucketCandidate& c) const;
+  /// Adding c will issue a collective.
+  bool issues_on_join(const BucketCandidate& c) const { return alone(c) || !fits(c); }
+  /// c joins: close_before: the open bucket (without c) is issued before c
+  /// joins; close_after: the bucket holding c is issued at once.
+  struct Join {
+    bool close_before = false;
+    bool close_after = false;
+  };
+  Join join(const BucketCandidate& c);
+  /// The open bucket was issued (end of backward).
+  void clear();
+  bool empty() const { return !first_; }
+  int64_t open_bytes() const { return open_bytes_; }
+
+ private:
+  int64_t cap_bytes_;
+  std::optional<BucketCandidate> first_;  // the open bucket's first member
+  int64_t open_bytes_ = 0;
+};
+
+class GradReducer {
+ public:
+  /// replica_group: undefined or of size 1 unless HYBRID_SHARD replicates.
+  /// cap_bytes <= 0: every unit is reduced alone. A bucket's input buffer comes
+  /// from `pool` ([Note: buffer pool]), like the flat gradients it concatenates.
+  /// max_scattering: reductions whose collective may be in flight at once
+  /// ([Note: reductions in flight]).
+  GradReducer(comm::ProcessGroup reduce_group, comm::ProcessGroup replica_group, int64_t cap_bytes,
+              Tracer* tracer, BufferPool* pool, int max_scattering);
+  ~GradReducer();
+
+  /// `unit` comes next in the reduction order and is about to flatten its
+  /// gradient: if adding it will issue a collective, the reduction in flight is
+  /// completed now, before the new flat gradient exists.
+  void make_room(const Unit& unit);
+  /// `unit` has flattened its gradient (Unit::flatten_grads): it joins the open
+  /// bucket, which may be issued.
+  void add(Unit* unit);
+  /// End of backward: issues the open bucket and completes every reduction, so
+  /// that every member holds its reduced shard.
+  void finish();
+  /// Bucket buffers alive now (members' own flat gradients are the units').
+  int64_t transient_bytes() const;
+
+ private:
+  struct Reduction;
+  static BucketCandidate candidate(const Unit& unit);
+  void complete_in_flight();           // the oldest SCATTERING reduction when the window is full
+  void complete_oldest_scatter();
+  void issue_open_bucket();
+  std::unique_ptr<Reduction> issue(std::vector<Unit*> members);
+  void complete_scatter(Reduction& r);      // SCATTERING -> REPLICATING or DONE
+  void hand_to_chain(Reduction& r);         // HYBRID_SHARD: the chain completes its scatter
+  void complete_chained_scatter(Reduction& r);  // SCATTERING -> REPLICATING, from the chain
+  void complete_replication(Reduction& r);  // REPLICATING -> DONE
+  void deliver(Reduction& r);               // members adopt their shards
+
+  comm::ProcessGroup reduce_pg_, replica_pg_;
+  Tracer* tracer_;
+  BufferPool* pool_;
+  BucketFormer former_;
+  std::vector<Unit*> open_;      // the open bucket, in reduction order
+  int max_scattering_;
+  std::deque<std::unique_ptr<Reduction>> scattering_;  // oldest first
+  std::deque<std::unique_ptr<Reduction>> replicating_;  // oldest first (HYBRID_SHARD)
+  std::unique_ptr<ReplicaChain> chain_;  // HYBRID_SHARD with a replica group of > 1 ranks
+};
+
+}  // namespace fsdp::detail

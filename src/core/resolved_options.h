@@ -1,0 +1,42 @@
+#pragma once
+// Options checked against the process group and resolved into the values the
+// runtime uses, in one place (resolve_options), before the first collective: a
+// rank with a bad option fails alone and at once instead of leaving its peers
+// waiting in a collective. Nothing below the wrapper reads Options' defaults,
+// the environment, or re-checks a value.
+
+#include <cstdint>
+#include <string>
+
+#include "fsdp/comm/process_group.h"
+#include "fsdp/core/options.h"
+
+namespace fsdp::detail {
+
+/// The 1/world gradient average, split into a division before the reduction
+/// and one after it (Options::gradient_predivide_factor); pre * post == world.
+struct GradientDivision {
+  double pre = 1;
+  double post = 1;
+};
+
+struct ResolvedOptions {
+  Options options;
+  /// Ranks that shard the parameters: shard_group_size under HYBRID_SHARD (0
+  /// resolved to ranks per machine), the world size otherwise.
+  int shard_group_size = 1;
+  bool reshard_after_forward = false;
+  GradientDivision divide;
+  int64_t bucket_cap_bytes = 0;  // 0: every unit reduced alone
+  /// Options::trace_dir, else the environment variable FSDP_TRACE, else "" (off).
+  std::string trace_dir;
+};
+
+/// Checks every option that can be checked without collectives and resolves the
+/// defaults. Throws c10::Error naming the option, the rank and the fix.
+ResolvedOptions resolve_options(const Options& options, const comm::ProcessGroup& pg);
+
+/// PyTorch's default split of the average over `world` ranks.
+GradientDivision gradient_division(double predivide_factor, int world);
+
+}  // namespace fsdp::detail

@@ -1,0 +1,358 @@
+#include "runtime.h"
+
+#include <algorithm>
+
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function_hook.h>
+
+namespace fsdp::detail {
+
+// The call site's interception points: straight into the runtime.
+class Runtime::CallSite : public UnitHooks {
+ public:
+  CallSite(Runtime* runtime, Unit* unit) : runtime_(runtime), unit_(unit) {}
+  void pre_forward() override { runtime_->pre_forward(*unit_); }
+  void post_forward(const std::vector<at::Tensor>& outputs) override { runtime_->post_forward(*unit_, outputs); }
+  std::optional<at::ScalarType> forward_input_dtype() const override { return unit_->forward_input_dtype(); }
+
+ private:
+  Runtime* runtime_;
+  Unit* unit_;
+};
+
+namespace {
+
+// Runs after AccumulateGrad has written a parameter's (full-shape) gradient.
+class ParamGradHook : public torch::autograd::FunctionPostHook {
+ public:
+  ParamGradHook(Runtime* runtime, Unit* unit, size_t entry) : runtime_(runtime), unit_(unit), entry_(entry) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    runtime_->on_param_grad(*unit_, entry_);
+    return outputs;
+  }
+
+ private:
+  Runtime* runtime_;
+  Unit* unit_;
+  size_t entry_;
+};
+
+}  // namespace
+
+Runtime::Runtime(comm::ProcessGroup pg, ResolvedOptions options) : pg_(std::move(pg)), options_(std::move(options)) {
+  build_hybrid_groups();
+  const int n = shard_pg_.size();
+  // Dedicated groups over the shard group's ranks, so that gathers and
+  // reductions form two independent sequences (see [Note: collective order]).
+  // Created in the same order on every rank.
+  std::vector<int> all(n);
+  for (int r = 0; r < n; ++r) all[r] = r;
+  gather_pg_ = shard_pg_.new_subgroup(all);
+  const Options& o = options_.options;
+  reduce_pg_ = o.reduce_group().defined() ? o.reduce_group() : shard_pg_.new_subgroup(all);
+  TORCH_INTERNAL_ASSERT(reduce_pg_.size() == n, "reduce group of ", reduce_pg_.size(), " ranks over a shard group of ",
+                        n, " passed resolve_options");
+  // On one host the peers read the gathered and reduced buffers in place ([Note: exchange
+  // arena]); every group of the world shares the process's arena.
+  pool_.set_block_allocator([g = gather_pg_](size_t nbytes) { return comm::allocate_collective_buffer(g, nbytes); });
+  tracer_ = std::make_unique<Tracer>(options_.trace_dir, pg_.global_rank());
+  // [Note: reductions in flight]
+  const int max_scattering = o.sharding_strategy() == ShardingStrategy::NO_SHARD ? 2 : 1;
+  reducer_ = std::make_unique<GradReducer>(reduce_pg_, replica_pg_, options_.bucket_cap_bytes, tracer_.get(), &pool_,
+                                           max_scattering);
+}
+
+void Runtime::build_hybrid_groups() {
+  if (options_.options.sharding_strategy() != ShardingStrategy::HYBRID_SHARD) {
+    shard_pg_ = pg_;
+    return;
+  }
+  // shard_group_size divides the world size (resolve_options).
+  shard_pg_ = pg_.split_consecutive(options_.shard_group_size);
+  replica_pg_ = pg_.split_strided(options_.shard_group_size);
+  TORCH_INTERNAL_ASSERT(shard_pg_.defined() && replica_pg_.defined());
+}
+
+Runtime::~Runtime() {
+  try {
+    tracer_->flush();
+  } catch (const std::exception&) {
+    // A destructor must not throw; flush_trace() reports the error when called.
+  }
+}
+
+Unit* Runtime::add_unit(std::string path, std::unique_ptr<FlatParameter> flat, bool is_root,
+                        bool reshard_after_forward) {
+  UnitContext ctx;
+  ctx.rank = pg_.rank();
+  ctx.gather_group = gather_pg_;
+  ctx.pool = &pool_;
+  ctx.tracer = tracer_.get();
+  ctx.divide = options_.divide;
+  ctx.cast_forward_inputs = options_.options.mixed_precision().cast_forward_inputs();
+  units_.push_back(std::make_unique<Unit>(std::move(ctx), static_cast<int>(units_.size()), std::move(path),
+                                          std::move(flat), is_root, reshard_after_forward));
+  return units_.back().get();
+}
+
+UnitHooks* Runtime::call_site(Unit* unit) {
+  call_sites_.push_back(std::make_unique<CallSite>(this, unit));
+  return call_sites_.back().get();
+}
+
+// ---- forward ----
+
+void Runtime::root_pre_forward(Unit* root) {
+  // A previous training forward whose backward never ran leaves units waiting;
+  // start the new iteration from a clean, sharded state.
+  if (!callback_queued_) {
+    for (auto& u : units_)
+      if (u->state() != UnitState::IDLE) u->abandon_forward();
+    pre_forward_order_.clear();
+    post_forward_order_.clear();
+    backward_planned_ = false;
+  }
+  if (root) pre_forward(*root);
+  arm_implicit_units();
+}
+
+void Runtime::arm_implicit_units() {
+  // An implicit unit's forward is part of the root's: it goes through the same
+  // two steps as a unit with a call site, at once, with no outputs to hook (its
+  // gradients arrive through its parameters' AccumulateGrad hooks).
+  for (Unit* u : implicit_units_) {
+    pre_forward(*u);
+    post_forward(*u, {});
+  }
+}
+
+void Runtime::pre_forward(Unit& unit) {
+  if (std::find(pre_forward_order_.begin(), pre_forward_order_.end(), &unit) == pre_forward_order_.end())
+    pre_forward_order_.push_back(&unit);
+  const bool training = at::GradMode::is_enabled();
+  const bool allocated = unit.begin_forward(training, [this, &unit](size_t entry) {
+    return std::make_unique<ParamGradHook>(this, &unit, entry);
+  });
+  if (allocated) note_transient_bytes();
+  observe(unit, "pre_forward");
+  prefetch_forward(unit);
+  unit.open_forward_span();
+}
+
+void Runtime::post_forward(Unit& unit, const std::vector<at::Tensor>& outputs) {
+  const bool training = at::GradMode::is_enabled();
+  unit.end_forward(training, keeps_gathered_after_forward(unit));
+  observe(unit, "post_forward");
+  auto it = std::find(post_forward_order_.begin(), post_forward_order_.end(), &unit);
+  if (it != post_forward_order_.end()) post_forward_order_.erase(it);  // last call counts
+  post_forward_order_.push_back(&unit);
+  if (!training) {
+    // Root of an evaluation forward: everything is done.
+    if (unit.is_root()) {
+      pre_forward_order_.clear();
+      post_forward_order_.clear();
+    }
+    return;
+  }
+  Unit* u = &unit;
+  for (const auto& out : outputs) {
+    if (!out.defined() || !out.requires_grad()) continue;
+    // register_hook on a copy registers on the same TensorImpl.
+    at::Tensor t = out;
+    t.register_hook([this, u](const at::Tensor& grad) {
+      on_output_grad(*u);
+      return grad;
+    });
+  }
+}
+
+void Runtime::root_post_forward(Unit* root, const std::vector<at::Tensor>& outputs) {
+  if (root) post_forward(*root, outputs);
+  if (at::GradMode::is_enabled() && !pre_forward_order_.empty()) recorded_forward_order_ = pre_forward_order_;
+  release_stray_prefetches();
+  if (!at::GradMode::is_enabled()) return;
+  // The gradients of the model's outputs are the first thing backward computes:
+  // that is where units set their earlier gradient pieces aside (also when the
+  // root holds no parameters and so has no unit of its own).
+  for (const auto& out : outputs) {
+    if (!out.defined() || !out.requires_grad()) continue;
+    at::Tensor t = out;
+    t.register_hook([this](const at::Tensor& grad) {
+      on_root_output_grad();
+      return grad;
+    });
+  }
+}
+
+// ---- prefetch ([Note: prefetch]) ----
+
+bool Runtime::may_prefetch(const Unit& current) const {
+  if (!options_.options.limit_all_gathers()) return true;
+  for (const auto& u : units_)
+    if (u.get() != &current && u->gather_pending()) return false;
+  return true;
+}
+
+void Runtime::prefetch_forward(const Unit& current) {
+  if (!options_.options.forward_prefetch()) return;
+  auto it = std::find(recorded_forward_order_.begin(), recorded_forward_order_.end(), &current);
+  if (it == recorded_forward_order_.end() || ++it == recorded_forward_order_.end()) return;
+  Unit* next = *it;
+  // Only a unit that has not run forward yet in this iteration.
+  if (next->state() != UnitState::IDLE || !next->needs_gather() || !may_prefetch(current)) return;
+  if (next->issue_gather()) note_transient_bytes();
+}
+
+void Runtime::prefetch_backward(const Unit& current) {
+  auto it = std::find(backward_gather_order_.begin(), backward_gather_order_.end(), &current);
+  if (it == backward_gather_order_.end()) return;
+  const int pos = static_cast<int>(it - backward_gather_order_.begin());
+  if (!may_prefetch(current)) return;
+  gather_until(pos + 1);  // the same cursor as without prefetch: order unchanged
+}
+
+void Runtime::release_stray_prefetches() {
+  // A forward prefetch of a unit that then did not run (the forward took another
+  // path): wait for it and free the buffer, as if it had never been gathered.
+  for (auto& u : units_)
+    if (u->state() == UnitState::IDLE && u->flat().separate_unsharded() && u->flat().unsharded_allocated() &&
+        u->flat().state() == FlatState::Sharded)
+      u->release_prefetch();
+}
+
+// ---- backward ----
+
+void Runtime::plan_backward() {
+  if (backward_planned_) return;
+  backward_planned_ = true;
+  backward_gather_order_.assign(post_forward_order_.rbegin(), post_forward_order_.rend());
+  reduce_order_.assign(pre_forward_order_.rbegin(), pre_forward_order_.rend());
+  gather_ptr_ = 0;
+  reduce_ptr_ = 0;
+  // [Note: last unit stays gathered]: the first non-root unit of the backward
+  // order, and with BACKWARD_PRE the second, which that unit's backward prefetches.
+  const size_t keep = options_.options.backward_prefetch() == BackwardPrefetch::BACKWARD_PRE ? 2 : 1;
+  kept_after_forward_.clear();
+  for (auto it = post_forward_order_.rbegin(); it != post_forward_order_.rend() && kept_after_forward_.size() < keep;
+       ++it)
+    if (!(*it)->is_root()) kept_after_forward_.push_back(*it);  // each unit is there once
+}
+
+void Runtime::ensure_final_callback() {
+  if (callback_queued_) return;
+  callback_queued_ = true;
+  plan_backward();
+  torch::autograd::Engine::get_default_engine().queue_callback([this] { final_callback(); });
+}
+
+void Runtime::on_root_output_grad() {
+  ensure_final_callback();
+  // Backward starts: every unit that ran forward with grad moves its earlier
+  // gradient pieces aside before any AccumulateGrad runs (see Unit::stash_grads).
+  // Units whose outputs get no gradient on this rank are included, so their
+  // pieces come back unchanged at the end (plus the reduced zeros).
+  for (auto& u : units_) u->stash_grads();
+}
+
+void Runtime::gather_until(int position) {
+  for (; static_cast<int>(gather_ptr_) <= position && gather_ptr_ < backward_gather_order_.size();
+       ++gather_ptr_) {
+    Unit* u = backward_gather_order_[gather_ptr_];
+    if (u->state() == UnitState::AWAIT_BACKWARD && u->needs_gather() && u->gather_ahead_of_backward())
+      note_transient_bytes();
+  }
+}
+
+void Runtime::on_output_grad(Unit& unit) {
+  ensure_final_callback();
+  unit.stash_grads();
+  // Only the first output hook of this iteration; a unit gathered ahead (by the
+  // backward order or a prefetch) still comes here, so that it waits for its
+  // gather and prefetches the next one.
+  if (unit.state() != UnitState::AWAIT_BACKWARD && unit.state() != UnitState::GATHERED_FOR_BACKWARD) return;
+  auto it = std::find(backward_gather_order_.begin(), backward_gather_order_.end(), &unit);
+  TORCH_INTERNAL_ASSERT(it != backward_gather_order_.end(), "unit not in this iteration's forward");
+  gather_until(static_cast<int>(it - backward_gather_order_.begin()));
+  if (unit.begin_backward()) note_transient_bytes();
+  observe(unit, "pre_backward");
+  if (options_.options.backward_prefetch() == BackwardPrefetch::BACKWARD_PRE) prefetch_backward(unit);
+  unit.open_backward_span();
+}
+
+void Runtime::on_param_grad(Unit& unit, size_t entry) {
+  ensure_final_callback();
+  if (unit.note_param_grad(entry)) on_grads_complete(unit);
+}
+
+void Runtime::on_grads_complete(Unit& unit) {
+  if (options_.options.backward_prefetch() == BackwardPrefetch::BACKWARD_POST) prefetch_backward(unit);
+  while (reduce_ptr_ < reduce_order_.size()) {
+    Unit* u = reduce_order_[reduce_ptr_];
+    if (u->has_grad_params() && !u->grads_complete()) break;
+    if (u->awaits_reduction()) reduce(*u);
+    ++reduce_ptr_;
+  }
+}
+
+void Runtime::reduce(Unit& unit) {
+  // A unit whose parameters are all frozen has nothing to reduce, but its
+  // backward may not have run yet (its parameters still feed the input
+  // gradient): it keeps its state so that its output hook still re-gathers it,
+  // and finish_iteration reshards it.
+  if (!unit.has_grad_params()) return;
+  // The reducer bounds the reductions in flight ([Note: reductions in flight]
+  // in reduce_bucket.h): making room completes the oldest before this unit's
+  // flat gradient exists, so backward holds a few buckets' gradients instead of
+  // the whole model's.
+  if (!no_sync_) reducer_->make_room(unit);
+  unit.flatten_grads(no_sync_);
+  note_transient_bytes();
+  if (!no_sync_) {
+    reducer_->add(&unit);
+    note_transient_bytes();
+  }
+  observe(unit, "post_backward");
+}
+
+void Runtime::final_callback() {
+  // Everything not yet issued, in the fixed orders, so all ranks match.
+  gather_until(static_cast<int>(backward_gather_order_.size()) - 1);
+  for (; reduce_ptr_ < reduce_order_.size(); ++reduce_ptr_) {
+    Unit* u = reduce_order_[reduce_ptr_];
+    if (u->awaits_reduction()) reduce(*u);
+  }
+  reducer_->finish();  // every reduced shard is in place before pieces are assigned
+  for (Unit* u : backward_gather_order_) u->wait_gather();
+  for (Unit* u : reduce_order_) u->finish_iteration();
+  callback_queued_ = false;
+  backward_planned_ = false;
+  pre_forward_order_.clear();
+  post_forward_order_.clear();
+}
+
+// ---- memory ----
+
+void Runtime::note_transient_bytes() {
+  int64_t b = 0;
+  for (auto& u : units_) b += u->transient_bytes();
+  if (reducer_) b += reducer_->transient_bytes();
+  peak_transient_ = std::max(peak_transient_, b);
+}
+
+MemoryStats Runtime::memory_stats() const {
+  MemoryStats s;
+  for (const auto& u : units_) {
+    s.param_shard_bytes += u->flat().shard().numel() * int64_t(u->flat().shard().element_size());
+    s.grad_shard_bytes += u->grad_piece_bytes();
+    s.unsharded_bytes += u->transient_bytes();
+  }
+  s.unsharded_bytes += reducer_->transient_bytes();
+  s.unsharded_peak_bytes = std::max(peak_transient_, s.unsharded_bytes);
+  s.cached_bytes = pool_.idle_bytes();
+  return s;
+}
+
+void Runtime::reset_peak() { peak_transient_ = 0; }
+
+}  // namespace fsdp::detail

@@ -1,0 +1,199 @@
+#pragma once
+// The runtime of one FullyShardedDataParallel root (FSDP2's FSDPState): the
+// units, the process groups, and the per-iteration schedule. Control flows one
+// way: every hook (the call sites' UnitHooks, the output-gradient hooks, the
+// AccumulateGrad post hooks, the end-of-backward callback) enters the Runtime,
+// and only the Runtime (with its GradReducer, reduce_bucket.h) drives units,
+// through the primitives of unit.h ([Note: unit lifecycle]). Units never call
+// back; what they need from here is in their UnitContext.
+//
+// [Note: collective order]
+// Gloo matches collectives by their sequence number per group, so every rank must
+// issue the same collectives in the same order on each group. Ranks may differ in
+// which units receive gradients (an unused branch on one rank), so hooks alone
+// cannot order collectives. The runtime therefore issues them in orders fixed by
+// the forward pass, which all ranks share:
+//  * all-gathers (gather group): forward in call order; backward in reverse
+//    post-forward order: when a unit's output hook fires, every unit before it in
+//    that order that still needs its parameters is gathered first;
+//  * reductions (reduce group): in reverse pre-forward order; a unit whose
+//    gradients are complete waits for the units before it. Consecutive small
+//    units may share one collective ([Note: reduce buckets] in reduce_bucket.h);
+//    buckets are formed from this order alone, so they match on every rank.
+// The end-of-backward callback issues whatever is left, in the same orders, with
+// zeros for gradients that were never produced, so no rank waits for a peer that
+// will never send. Gathers and reductions use separate groups, so the two
+// sequences do not constrain each other.
+//
+// [Note: prefetch]
+// Prefetch moves *when* a gather is issued, never *which* gather comes next: the
+// backward prefetch issues the next unit of backward_gather_order_ (the same
+// cursor gather_until advances), asynchronously, before (BACKWARD_PRE) or after
+// (BACKWARD_POST) the current unit's gradients are computed; the forward prefetch
+// issues the unit that followed the current one in the previous iteration's
+// pre-forward order. Both depend only on the forward order, which every rank
+// shares, so every rank still issues the same gathers in the same order. A unit
+// waits for its own gather where it first needs the data (pre_forward, its
+// output hook) and before anything frees the buffer. limit_all_gathers keeps at
+// most one prefetched gather in flight.
+//
+// [Note: last unit stays gathered]
+// Under reshard_after_forward every non-root unit frees its gathered
+// parameters after forward, except the non-root unit that finished forward
+// last in the previous training iteration: backward starts with it, so freeing
+// it would only be followed at once by a gather of the same bytes (one more
+// collective per step, and its memory is needed again before anything else
+// runs). Under BACKWARD_PRE (the default) the unit before it stays gathered too:
+// that first unit's backward prefetches it before computing anything, while
+// every activation of forward is still alive, so holding it from the end of
+// forward adds nothing to the step's peak and saves its gather (the mlp bench
+// model: 19% of the step's bytes). Without that prefetch it would add a unit to
+// the peak, so only the first is kept. The choice depends only on the forward
+// order and the options, which every rank shares, so every rank skips the same
+// gathers. The first iteration reshards them (no order recorded yet); a forward
+// that takes another path is still correct: a unit kept gathered needs no
+// backward gather, any other unit is re-gathered.
+//
+// [Note: hybrid groups]
+// HYBRID_SHARD shards over the *shard group* (shard_group_size consecutive
+// ranks) and replicates across the *replica group* (the ranks holding the same
+// shard index: i, i+g, ...). Both are built from the world group in the same
+// order on every rank (consecutive blocks, then strided), before the dedicated
+// gather/reduce groups, which then cover the shard group. For the other
+// strategies the shard group is the world group and there is no replica group.
+
+#include <algorithm>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "memory/buffer_pool.h"
+#include "fsdp/comm/process_group.h"
+#include "fsdp/core/options.h"
+#include "fsdp/core/trace.h"
+#include "fsdp/core/wrappable.h"
+#include "reduce_bucket.h"
+#include "resolved_options.h"
+#include "unit.h"
+
+namespace fsdp::detail {
+
+class Runtime {
+ public:
+  Runtime(comm::ProcessGroup pg, ResolvedOptions options);
+  ~Runtime();
+
+  /// Creates unit number units().size() over the shard group.
+  Unit* add_unit(std::string path, std::unique_ptr<FlatParameter> flat, bool is_root, bool reshard_after_forward);
+  /// The hooks a call site (Wrappable, Sequential entry) invokes for `unit`;
+  /// owned by the runtime.
+  UnitHooks* call_site(Unit* unit);
+  // Units without a call site of their own (full-precision BatchNorm units of
+  // mixed precision): never sharded, so nothing needs gathering. Their forward
+  // runs inside the root's, so the root's pre-forward takes them through their
+  // forward right after its own unit, which puts them in the iteration's
+  // schedule (reduced after every other unit, in unit order).
+  void add_implicit_unit(Unit* unit) { implicit_units_.push_back(unit); }
+
+  std::vector<std::unique_ptr<Unit>>& units() { return units_; }
+  const std::vector<std::unique_ptr<Unit>>& units() const { return units_; }
+
+  const comm::ProcessGroup& group() const { return pg_; }
+  const comm::ProcessGroup& gather_group() const { return gather_pg_; }
+  const comm::ProcessGroup& reduce_group() const { return reduce_pg_; }
+  /// Parameters are sharded over this group (see [Note: hybrid groups]).
+  const comm::ProcessGroup& shard_group() const { return shard_pg_; }
+  /// HYBRID_SHARD: the ranks holding the same shard; undefined otherwise.
+  const comm::ProcessGroup& replica_group() const { return replica_pg_; }
+  Tracer& tracer() const { return *tracer_; }
+  /// Large per-iteration buffers ([Note: buffer pool]).
+  BufferPool& pool() { return pool_; }
+  const Options& options() const { return options_.options; }
+
+  // Root forward boundaries (root: the root's unit, null when the root holds no
+  // parameters of its own).
+  void root_pre_forward(Unit* root);
+  void root_post_forward(Unit* root, const std::vector<at::Tensor>& outputs);
+
+  // Entry points of the hooks the runtime installs.
+  void pre_forward(Unit& unit);                                             // call site
+  void post_forward(Unit& unit, const std::vector<at::Tensor>& outputs);    // call site
+  void on_output_grad(Unit& unit);         // hook on a unit's outputs: its backward is next
+  void on_param_grad(Unit& unit, size_t entry);  // AccumulateGrad post hook
+  void on_root_output_grad();              // hook on the root's outputs: backward starts
+
+  // no_sync
+  void set_no_sync(bool v) { no_sync_ = v; }
+  bool no_sync() const { return no_sync_; }
+
+  /// Observer of unit boundaries, installed by the wrapper for the memory tracer
+  /// (include/fsdp/core/memory_tracer.h): called with the unit's path and
+  /// "pre_forward" | "post_forward" | "pre_backward" | "post_backward".
+  using BoundaryObserver = std::function<void(const std::string& unit, const char* phase)>;
+  void set_boundary_observer(BoundaryObserver observer) { observer_ = std::move(observer); }
+
+  bool in_backward() const { return callback_queued_; }
+  MemoryStats memory_stats() const;
+  void reset_peak();
+
+ private:
+  class CallSite;
+
+  void arm_implicit_units();
+  void ensure_final_callback();
+  void final_callback();
+  void plan_backward();
+  void gather_until(int position);   // backward gathers up to this position
+  void on_grads_complete(Unit& unit);
+  void reduce(Unit& unit);           // flatten, hand to the reducer (in reduce_order_)
+  void note_transient_bytes();
+  /// Whether `unit` keeps its parameters gathered after forward ([Note: last unit stays gathered]).
+  bool keeps_gathered_after_forward(const Unit& unit) const {
+    return std::find(kept_after_forward_.begin(), kept_after_forward_.end(), &unit) != kept_after_forward_.end();
+  }
+  void build_hybrid_groups();
+
+  // [Note: prefetch]
+  bool may_prefetch(const Unit& current) const;
+  void prefetch_forward(const Unit& current);  // after `current` is unsharded
+  void prefetch_backward(const Unit& current);
+  void release_stray_prefetches();
+
+  // Process groups ([Note: collective order], [Note: hybrid groups]).
+  comm::ProcessGroup pg_, gather_pg_, reduce_pg_, shard_pg_, replica_pg_;
+  ResolvedOptions options_;
+  std::unique_ptr<Tracer> tracer_;
+  // Up to eight idle blocks. In backward four are live at once (a unit's gathered
+  // parameters, the next unit's prefetch, the flat gradient being built and the one
+  // in flight), and units of different sizes need blocks of their own (a request
+  // takes no block twice its size): with four, the transformer bench model (units of
+  // 0.8, 2.4 and 0.01 MB) dropped and re-reserved three blocks every step. The pool
+  // never holds more blocks than were live together, or ones too large to reuse.
+  BufferPool pool_{8, int64_t(256) << 10};
+
+  std::vector<std::unique_ptr<Unit>> units_;
+  std::vector<std::unique_ptr<CallSite>> call_sites_;
+  std::vector<Unit*> implicit_units_;
+
+  // Per-iteration schedule ([Note: collective order]).
+  std::vector<Unit*> pre_forward_order_;
+  std::vector<Unit*> post_forward_order_;
+  std::vector<Unit*> backward_gather_order_;  // reverse post-forward
+  std::vector<Unit*> reduce_order_;           // reverse pre-forward
+  size_t gather_ptr_ = 0, reduce_ptr_ = 0;
+  std::unique_ptr<GradReducer> reducer_;  // buckets and reductions in flight
+  bool backward_planned_ = false;
+  bool callback_queued_ = false;
+  bool no_sync_ = false;
+  std::vector<const Unit*> kept_after_forward_;  // from the previous iteration's forward
+  std::vector<Unit*> recorded_forward_order_;  // pre-forward order of the last training forward
+
+  int64_t peak_transient_ = 0;
+  BoundaryObserver observer_;
+  void observe(const Unit& unit, const char* phase) {
+    if (observer_) observer_(unit.path(), phase);
+  }
+};
+
+}  // namespace fsdp::detail

@@ -1,0 +1,390 @@
+#include "unit.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include <ATen/ScalarOps.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include "memory/storage_alias.h"
+
+namespace fsdp::detail {
+
+const char* to_string(UnitState s) {
+  switch (s) {
+    case UnitState::IDLE: return "IDLE";
+    case UnitState::FORWARD: return "FORWARD";
+    case UnitState::AWAIT_BACKWARD: return "AWAIT_BACKWARD";
+    case UnitState::GATHERED_FOR_BACKWARD: return "GATHERED_FOR_BACKWARD";
+    case UnitState::BACKWARD: return "BACKWARD";
+    case UnitState::REDUCING: return "REDUCING";
+    case UnitState::ACCUMULATED: return "ACCUMULATED";
+    case UnitState::REDUCED: return "REDUCED";
+  }
+  return "?";
+}
+
+bool unit_transition_allowed(UnitState from, UnitState to) {
+  using S = UnitState;
+  switch (to) {
+    case S::FORWARD:  // begin_forward; a unit may run forward more than once per iteration
+      return from == S::IDLE || from == S::FORWARD || from == S::AWAIT_BACKWARD;
+    case S::AWAIT_BACKWARD:  // end_forward with grad
+      return from == S::FORWARD;
+    case S::GATHERED_FOR_BACKWARD:  // gather_ahead_of_backward
+      return from == S::AWAIT_BACKWARD;
+    case S::BACKWARD:  // begin_backward
+      return from == S::AWAIT_BACKWARD || from == S::GATHERED_FOR_BACKWARD;
+    case S::REDUCING:  // flatten_grads
+    case S::ACCUMULATED:  // flatten_grads under no_sync
+      return from == S::AWAIT_BACKWARD || from == S::GATHERED_FOR_BACKWARD || from == S::BACKWARD;
+    case S::REDUCED:  // adopt_reduced_shard
+      return from == S::REDUCING;
+    case S::IDLE:
+      // end_forward without grad and abandon_forward (FORWARD, AWAIT_BACKWARD);
+      // finish_iteration (everything that ran forward in this iteration, except a
+      // flat gradient still with the reducer).
+      return from != S::REDUCING;
+  }
+  return false;
+}
+
+Unit::Unit(UnitContext context, int index, std::string path, std::unique_ptr<FlatParameter> flat, bool is_root,
+           bool reshard_after_forward)
+    : ctx_(std::move(context)), index_(index), path_(std::move(path)), flat_(std::move(flat)),
+      is_root_(is_root), reshard_after_forward_(reshard_after_forward && flat_->sharded()) {
+  TORCH_INTERNAL_ASSERT(ctx_.pool && ctx_.tracer, "unit '", label(), "' without a buffer pool or tracer");
+  const auto& entries = flat_->entries();
+  fired_flags_.assign(entries.size(), false);
+  accumulators_.resize(entries.size());
+  for (const auto& e : entries) {
+    if (e.param.requires_grad()) ++num_grad_params_;
+    else has_frozen_params_ = true;
+  }
+}
+
+void Unit::transition(UnitState to, const char* event) {
+  TORCH_CHECK(unit_transition_allowed(state_, to), "fsdp: unit '", label(), "' on rank ", ctx_.rank, ": ",
+              event, " would move it from ", to_string(state_), " to ", to_string(to),
+              ", which its lifecycle does not allow ([Note: unit lifecycle] in src/core/unit.h). Was "
+              "forward called twice without backward inside one unit, or a module called from another thread?");
+  state_ = to;
+}
+
+bool Unit::needs_gather() const { return flat_->separate_unsharded() && !flat_->unsharded_allocated(); }
+
+// ---- asynchronous gathers and their trace spans ([Note: prefetch] in runtime.h) ----
+
+std::string Unit::trace_name(const char* what) const { return std::string(what) + " " + label(); }
+
+bool Unit::issue_gather() {
+  if (!needs_gather()) return false;
+  flat_->alloc_unsharded(*ctx_.pool);
+  if (flat_->sharded()) {
+    // Cast before the gather: param_dtype bytes move ([Note: mixed precision]).
+    // The cast copy must live until the gather completes (wait_gather).
+    PendingGather g;
+    g.source = flat_->shard_for_gather();
+    gather_mark_ = ctx_.tracer->begin();
+    g.handle = comm::all_gather_into(ctx_.gather_group, flat_->unsharded(), g.source);
+    pending_gather_ = std::move(g);
+  } else {
+    at::NoGradGuard no_grad;  // NO_SHARD with param_dtype: a local low-precision copy
+    flat_->unsharded().copy_(flat_->shard());
+  }
+  return true;
+}
+
+void Unit::wait_gather() {
+  if (!pending_gather_) return;
+  // Cleared before waiting, so that a failed wait does not leave a stale handle.
+  PendingGather g = std::move(*pending_gather_);
+  pending_gather_.reset();
+  g.handle.wait();
+  ctx_.tracer->end(trace_name("all_gather"), Tracer::kGather, gather_mark_, comm::to_string(g.handle.path()));
+}
+
+void Unit::free_unsharded() {
+  wait_gather();  // never free a buffer a collective is still writing into
+  flat_->free_unsharded();
+}
+
+void Unit::reshard() {
+  wait_gather();
+  if (flat_->separate_unsharded() && flat_->unsharded_allocated()) free_unsharded();
+  flat_->use_shard_views();
+}
+
+void Unit::ensure_grad_accumulators(const GradHookFactory& make_hook) {
+  // The AccumulateGrad node records the parameter's shape when it is created, so
+  // it must be created while the parameter has its full shape (here), and kept
+  // alive by us so the same node, with our hook, is used in every iteration.
+  // Under mixed precision set_data changed the parameter's dtype, which drops
+  // the node we hold from the parameter: re-acquire it (see [Note: mixed
+  // precision] in flat_param.h); the old node and its hook are released here.
+  auto& entries = flat_->entries();
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (!entries[i].param.requires_grad()) continue;
+    if (accumulators_[i] &&
+        torch::autograd::impl::try_get_grad_accumulator(entries[i].param) == accumulators_[i])
+      continue;
+    auto acc = torch::autograd::impl::grad_accumulator(entries[i].param);
+    TORCH_INTERNAL_ASSERT(acc, "no grad accumulator for ", entries[i].fqn);
+    acc->add_post_hook(make_hook(i));
+    accumulators_[i] = std::move(acc);
+  }
+}
+
+// ---- forward ----
+
+bool Unit::begin_forward(bool training, const GradHookFactory& make_hook) {
+  transition(UnitState::FORWARD, "pre_forward");
+  // Gradient pieces from earlier backward passes stay on the parameters until
+  // backward starts (stash_grads), so that the user can still zero or read them.
+  const bool allocated = issue_gather();
+  wait_gather();
+  if (flat_->state() != FlatState::Unsharded) flat_->use_unsharded_views();
+  if (training) ensure_grad_accumulators(make_hook);
+  return allocated;
+}
+
+void Unit::open_forward_span() {
+  if (!forward_mark_.open()) forward_mark_ = ctx_.tracer->begin();
+}
+
+void Unit::end_forward(bool training, bool keep_gathered) {
+  TORCH_CHECK(state_ == UnitState::FORWARD, "fsdp: unit '", label(), "' on rank ", ctx_.rank,
+              ": post_forward in state ", to_string(state_), ", expected FORWARD. Was forward called twice "
+              "without backward inside one unit, or a module called from another thread?");
+  ctx_.tracer->end(trace_name("forward"), Tracer::kCompute, forward_mark_);
+  if (!training) {
+    // Evaluation: no backward follows, so return to the sharded state now. The
+    // root's post_forward runs once the whole forward is done.
+    abandon_forward();
+    return;
+  }
+  transition(UnitState::AWAIT_BACKWARD, "post_forward");
+  if (reshard_after_forward_ && !is_root_ && !keep_gathered) {
+    free_unsharded();  // views stay; backward re-gathers into the same storage
+  }
+}
+
+void Unit::clear_iteration() {
+  stashed_grads_.reset();
+  std::fill(fired_flags_.begin(), fired_flags_.end(), false);
+  fired_ = 0;
+}
+
+void Unit::abandon_forward() {
+  // Forward without backward (evaluation, or a training forward whose loss was
+  // dropped): put parameters and set-aside gradients back as they were.
+  transition(UnitState::IDLE, "abandoned forward");
+  if (stashed_grads_) {
+    auto& entries = flat_->entries();
+    for (size_t i = 0; i < entries.size(); ++i) entries[i].param.mutable_grad() = (*stashed_grads_)[i];
+  }
+  clear_iteration();
+  forward_mark_ = backward_mark_ = Tracer::Mark{};
+  reshard();
+}
+
+void Unit::release_prefetch() {
+  TORCH_INTERNAL_ASSERT(state_ == UnitState::IDLE, "unit '", label(), "' releases a prefetch in state ",
+                        to_string(state_));
+  reshard();
+}
+
+std::optional<at::ScalarType> Unit::forward_input_dtype() const {
+  if (!flat_->low_precision() || !ctx_.cast_forward_inputs) return std::nullopt;
+  return flat_->compute_dtype();
+}
+
+// ---- backward ----
+
+bool Unit::awaits_reduction() const {
+  return state_ == UnitState::AWAIT_BACKWARD || state_ == UnitState::GATHERED_FOR_BACKWARD ||
+         state_ == UnitState::BACKWARD;
+}
+
+void Unit::stash_grads() {
+  // Gradient pieces from earlier backward passes (accumulation without no_sync)
+  // cannot stay on parameters that now have their full shape: AccumulateGrad
+  // would add the full gradient to the piece. They are moved aside when this
+  // iteration's backward starts and added back to the new pieces at its end.
+  // Not at forward: between forward and backward the pieces are the user's
+  // (forward -> zero_grad -> backward is a common order; stashing at forward
+  // hid them from zero_grad and added the old gradients back after backward).
+  if (stashed_grads_ || !awaits_reduction()) return;
+  auto& entries = flat_->entries();
+  std::vector<at::Tensor> stashed(entries.size());
+  for (size_t i = 0; i < entries.size(); ++i) {
+    auto& g = entries[i].param.mutable_grad();
+    stashed[i] = g;
+    g = at::Tensor();
+  }
+  stashed_grads_ = std::move(stashed);
+}
+
+bool Unit::gather_ahead_of_backward() {
+  transition(UnitState::GATHERED_FOR_BACKWARD, "backward gather");
+  return issue_gather();  // waited for in begin_backward or before any free
+}
+
+bool Unit::begin_backward() {
+  // Out of the planned order (the graph differs from the forward order) the
+  // gather is issued here: still correct on this rank, but only safe if every
+  // rank does the same.
+  const bool allocated = issue_gather();
+  transition(UnitState::BACKWARD, "output gradient hook");
+  wait_gather();
+  return allocated;
+}
+
+void Unit::open_backward_span() { backward_mark_ = ctx_.tracer->begin(); }
+
+bool Unit::note_param_grad(size_t entry) {
+  if (fired_flags_[entry]) return false;
+  fired_flags_[entry] = true;
+  ++fired_;
+  if (!grads_complete()) return false;
+  ctx_.tracer->end(trace_name("backward"), Tracer::kCompute, backward_mark_);
+  return true;
+}
+
+void Unit::flatten_grads(bool no_sync) {
+  TORCH_INTERNAL_ASSERT(has_grad_params(), "unit '", label(), "' has no gradient parameters to flatten");
+  transition(no_sync ? UnitState::ACCUMULATED : UnitState::REDUCING, "flatten_grads");
+  auto& entries = flat_->entries();
+  // Parameters are no longer needed by this unit's backward: every node that
+  // reads them also produced their gradients. Frozen parameters may still be read
+  // by later nodes, so such units reshard at the end of backward instead.
+  // Freed before the flat gradient is allocated, so that the gradient reuses the
+  // parameters' block ([Note: buffer pool]).
+  if (flat_->separate_unsharded() && !has_frozen_params_ && !is_root_) free_unsharded();
+  // Reduced in reduce_dtype ([Note: mixed precision]); copy_ casts. Every element
+  // is written once: gradients are copied in, gradients that were never produced
+  // (unused or frozen parameters) and the padding are zeros.
+  flat_grad_ = ctx_.pool->empty(flat_->padded_numel(), flat_->options().dtype(flat_->reduce_dtype()));
+  // The pre-division is fused into the copy (one pass over the gradient instead of
+  // two) when that computes the same bits as copy-then-divide: the same division
+  // kernel on the same values, i.e. no cast on the way in and nothing added first.
+  const double pre = ctx_.divide.pre;
+  const bool divide_now = !no_sync && pre != 1 && !no_sync_grad_.defined();
+  // A wrapped number, as Tensor::div_(Scalar) makes of its argument: the same type
+  // promotion and kernel.
+  at::Tensor pre_divisor;
+  if (divide_now) {
+    pre_divisor = c10::scalar_to_tensor(pre);
+    pre_divisor.unsafeGetTensorImpl()->set_wrapped_number(true);
+  }
+  for (size_t i = 0; i < entries.size(); ++i) {
+    auto& g = entries[i].param.mutable_grad();
+    auto dst = flat_->view_of(flat_grad_, i);
+    if (g.defined()) {
+      if (divide_now && g.scalar_type() == dst.scalar_type()) {
+        at::div_out(dst, g, pre_divisor);
+      } else {
+        dst.copy_(g);
+        if (divide_now) dst.div_(pre);
+      }
+      g = at::Tensor();  // the full gradient is freed here
+    } else {
+      dst.zero_();  // zero divided is zero
+    }
+  }
+  if (flat_->padded_numel() > flat_->total_numel())
+    flat_grad_.narrow(0, flat_->total_numel(), flat_->padded_numel() - flat_->total_numel()).zero_();
+  if (no_sync_grad_.defined()) {
+    flat_grad_.add_(no_sync_grad_);
+    no_sync_grad_ = at::Tensor();
+  }
+  if (no_sync) {
+    no_sync_grad_ = std::move(flat_grad_);
+    flat_grad_ = at::Tensor();
+    return;
+  }
+  if (pre != 1 && !divide_now) flat_grad_.div_(pre);
+}
+
+at::Tensor Unit::take_flat_grad() {
+  at::Tensor g = std::move(flat_grad_);
+  flat_grad_ = at::Tensor();
+  return g;
+}
+
+void Unit::adopt_reduced_shard(at::Tensor shard) {
+  transition(UnitState::REDUCED, "adopt_reduced_shard");
+  reduced_shard_ = std::move(shard);
+  if (ctx_.divide.post != 1) reduced_shard_.div_(ctx_.divide.post);
+  // Gradient pieces in the optimizer's dtype (fp32 master) unless asked otherwise.
+  if (reduced_shard_.scalar_type() != flat_->grad_dtype()) reduced_shard_ = reduced_shard_.to(flat_->grad_dtype());
+}
+
+namespace {
+
+// Whether every byte of `t` is zero: true for a gradient the user zeroed
+// (Optimizer::zero_grad fills with +0), so that finish_iteration need not add it.
+// Adding +0 changes no value: x + 0 == x bit for bit for every x but -0, which
+// becomes +0 (equal in value). The scan reads the piece once and stops at the
+// first nonzero block, where the add reads the piece and the new gradient and
+// writes the sum: on the step's memory-bound path that is one pass instead of three.
+bool all_bits_zero(const at::Tensor& t) {
+  if (!t.is_contiguous() || t.device().type() != c10::DeviceType::CPU) return false;
+  static const char zeros[4096] = {};
+  const char* p = static_cast<const char*>(t.data_ptr());
+  size_t left = static_cast<size_t>(t.numel()) * t.element_size();
+  while (left > 0) {
+    const size_t n = std::min(left, sizeof zeros);
+    if (std::memcmp(p, zeros, n) != 0) return false;
+    p += n;
+    left -= n;
+  }
+  return true;
+}
+
+}  // namespace
+
+void Unit::finish_iteration() {
+  auto& entries = flat_->entries();
+  TORCH_INTERNAL_ASSERT(!flat_grad_.defined(), "unit '", label(), "' finishes with an unreduced flat gradient");
+  auto stashed = [&](size_t i) { return stashed_grads_ ? (*stashed_grads_)[i] : at::Tensor(); };
+  const bool reduced = state_ == UnitState::REDUCED;
+  transition(UnitState::IDLE, "finish_iteration");
+  if (reduced) {
+    for (size_t i = 0; i < entries.size(); ++i) {
+      if (!entries[i].param.requires_grad()) continue;
+      at::Tensor piece = storage_alias(flat_->piece_of(reduced_shard_, i));
+      if (stashed(i).defined() && !all_bits_zero(stashed(i))) piece.add_(stashed(i).view(piece.sizes()));
+      entries[i].param.mutable_grad() = piece;
+    }
+  } else {
+    // No reduction this iteration (no_sync, or no gradient parameters):
+    // previous gradient pieces come back unchanged.
+    for (size_t i = 0; i < entries.size(); ++i)
+      if (stashed(i).defined()) entries[i].param.mutable_grad() = stashed(i);
+  }
+  reduced_shard_ = at::Tensor();
+  clear_iteration();
+  ctx_.tracer->end(trace_name("backward"), Tracer::kCompute, backward_mark_);
+  reshard();
+}
+
+int64_t Unit::transient_bytes() const {
+  int64_t b = flat_->unsharded_bytes();
+  auto bytes = [](const at::Tensor& t) { return t.defined() ? t.numel() * int64_t(t.element_size()) : 0; };
+  b += bytes(flat_grad_) + bytes(no_sync_grad_);
+  return b;
+}
+
+int64_t Unit::grad_piece_bytes() const {
+  int64_t b = 0;
+  for (const auto& e : flat_->entries()) {
+    const auto& g = e.param.grad();
+    if (g.defined()) b += g.numel() * int64_t(g.element_size());
+  }
+  return b;
+}
+
+}  // namespace fsdp::detail

@@ -1,0 +1,197 @@
+#pragma once
+// A unit: the parameters that are gathered, computed with and reduced together
+// (FSDP2's FSDPParamGroup). It owns one FlatParameter and the unit's lifecycle
+// state. It knows nothing of the Runtime (runtime.h): the Runtime receives every
+// hook (call site, autograd) and drives units through the primitives below, in
+// the orders that keep every rank's collectives matched ([Note: collective
+// order] in runtime.h). A unit only sees the narrow UnitContext.
+//
+// [Note: unit lifecycle]
+// A unit moves only along these arrows, each checked by transition(); any other
+// move fails naming the unit, its rank and both states.
+//
+//              begin_forward                   end_forward (grad)
+//   IDLE ---------------------------> FORWARD ---------------------> AWAIT_BACKWARD
+//    ^ ^                               |  ^                             |  |  |
+//    | +-- end_forward (no grad) ------+  +-- begin_forward (again) ----+  |  | gather_ahead_
+//    | +-- abandon_forward (from FORWARD or AWAIT_BACKWARD) ---------------+  | of_backward
+//    |                                                                        v
+//    |                                         BACKWARD <---------- GATHERED_FOR_BACKWARD
+//    |                                          ^       begin_backward
+//    |                                          +------ begin_backward (first output hook)
+//    |                                                  from AWAIT_BACKWARD
+//    |
+//    |   AWAIT_BACKWARD, GATHERED_FOR_BACKWARD, BACKWARD
+//    |      --flatten_grads--> REDUCING --adopt_reduced_shard--> REDUCED
+//    |      --flatten_grads (no_sync)--> ACCUMULATED
+//    |
+//    +-- finish_iteration -- REDUCED, ACCUMULATED; AWAIT_BACKWARD, GATHERED_FOR_BACKWARD,
+//                            BACKWARD (no gradient parameters); IDLE (ran again without grad)
+//   Also FORWARD -> FORWARD: begin_forward inside the unit's own forward.
+//
+//   IDLE                   sharded; parameters point at their pieces; gradients are pieces
+//   FORWARD                unsharded, inside forward
+//   AWAIT_BACKWARD         forward done with grad enabled; unsharded views kept (storage
+//                          freed when resharding after forward)
+//   GATHERED_FOR_BACKWARD  re-gathered (gather issued) ahead of its backward by the
+//                          backward gather order or a prefetch; no output hook seen yet
+//   BACKWARD               its first output hook ran: its gradients are being computed
+//   REDUCING               gradients flattened and handed to the GradReducer
+//   ACCUMULATED            gradients flattened into the no_sync accumulator (no reduction)
+//   REDUCED                this iteration's reduced shard arrived (adopt_reduced_shard)
+// A unit whose parameters are all frozen has nothing to reduce: it stays in
+// AWAIT_BACKWARD / GATHERED_FOR_BACKWARD / BACKWARD until finish_iteration.
+// Two things stay data, not states: an all-gather in flight (a handle, also for
+// a forward prefetch of an IDLE unit) and gradient pieces set aside at backward
+// start (stash_grads); counters (gradients seen this iteration) are data too.
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "memory/grad_accumulator_handle.h"
+#include "memory/buffer_pool.h"
+#include "flat_param.h"
+#include "fsdp/comm/collectives.h"
+#include "fsdp/core/trace.h"
+#include "resolved_options.h"
+
+namespace torch::autograd {
+struct FunctionPostHook;
+struct Node;
+}  // namespace torch::autograd
+
+namespace fsdp::detail {
+
+enum class UnitState {
+  IDLE,
+  FORWARD,
+  AWAIT_BACKWARD,
+  GATHERED_FOR_BACKWARD,
+  BACKWARD,
+  REDUCING,
+  ACCUMULATED,
+  REDUCED,
+};
+const char* to_string(UnitState s);
+/// The arrows of [Note: unit lifecycle].
+bool unit_transition_allowed(UnitState from, UnitState to);
+
+/// What a unit needs from its owner: owned by the Runtime, which outlives its units.
+struct UnitContext {
+  int rank = 0;                      // for error messages
+  comm::ProcessGroup gather_group;   // all-gathers of the unsharded buffer
+  BufferPool* pool = nullptr;        // unsharded buffers and flat gradients ([Note: buffer pool])
+  Tracer* tracer = nullptr;
+  GradientDivision divide;           // applied before and after the reduction
+  bool cast_forward_inputs = false;  // MixedPrecision::cast_forward_inputs
+};
+
+class Unit {
+ public:
+  /// Makes the AccumulateGrad post hook of entry i (installed by begin_forward).
+  using GradHookFactory = std::function<std::unique_ptr<torch::autograd::FunctionPostHook>(size_t entry)>;
+
+  Unit(UnitContext context, int index, std::string path, std::unique_ptr<FlatParameter> flat, bool is_root,
+       bool reshard_after_forward);
+
+  // ---- primitives, driven by the Runtime ----
+  /// -> FORWARD: gathers (blocking) and points parameters at their full views;
+  /// with grad, installs the gradient hooks. True if it allocated the buffer.
+  bool begin_forward(bool training, const GradHookFactory& make_hook);
+  void open_forward_span();
+  /// Leaves FORWARD: -> AWAIT_BACKWARD with grad (freeing the gathered storage
+  /// when resharding after forward, unless keep_gathered), -> IDLE without.
+  void end_forward(bool training, bool keep_gathered);
+  /// -> IDLE from a forward whose backward never comes; parameters and set-aside
+  /// gradients go back as they were.
+  void abandon_forward();
+  /// An IDLE unit whose forward prefetch was not used: waits for it and frees it.
+  void release_prefetch();
+
+  /// Whether the parameters are not gathered: a forward prefetch or a backward
+  /// gather must fetch them (false when never sharded or still gathered).
+  bool needs_gather() const;
+  bool issue_gather();                 // alloc + start the all-gather (no-op if allocated); true: allocated
+  void wait_gather();                  // complete an issued all-gather (no-op otherwise)
+  bool gather_pending() const { return pending_gather_.has_value(); }
+
+  void stash_grads();                  // backward starts: move earlier gradient pieces aside
+  /// AWAIT_BACKWARD -> GATHERED_FOR_BACKWARD, issuing its gather. True: allocated.
+  bool gather_ahead_of_backward();
+  /// -> BACKWARD at its first output hook: gathers if still needed, waits for the
+  /// gather. True: allocated.
+  bool begin_backward();
+  void open_backward_span();
+  /// Whether forward ran with grad and the gradients are not flattened yet.
+  bool awaits_reduction() const;
+  /// AccumulateGrad wrote entry's gradient; true when this completes the unit's gradients.
+  bool note_param_grad(size_t entry);
+  bool grads_complete() const { return fired_ == num_grad_params_; }
+  bool has_grad_params() const { return num_grad_params_ > 0; }
+
+  // Gradient reduction ([Note: reduce buckets] in reduce_bucket.h).
+  /// -> REDUCING (flat_grad() awaits the reducer) or, under no_sync,
+  /// -> ACCUMULATED. Only for units with gradient parameters.
+  void flatten_grads(bool no_sync);
+  const at::Tensor& flat_grad() const { return flat_grad_; }
+  at::Tensor take_flat_grad();         // the reducer takes (and later frees) it
+  void adopt_reduced_shard(at::Tensor shard);  // REDUCING -> REDUCED: divide, cast, keep
+  void finish_iteration();             // -> IDLE: assign gradient pieces, reshard
+
+  /// Mixed precision's forward input cast (UnitHooks::forward_input_dtype).
+  std::optional<at::ScalarType> forward_input_dtype() const;
+
+  // ---- read accessors ----
+  int index() const { return index_; }
+  bool is_root() const { return is_root_; }
+  const std::string& path() const { return path_; }
+  std::string label() const { return path_.empty() ? "<root>" : path_; }
+  UnitState state() const { return state_; }
+  FlatParameter& flat() { return *flat_; }
+  const FlatParameter& flat() const { return *flat_; }
+  int64_t transient_bytes() const;     // unsharded params + flat grads in flight + no_sync grads
+  int64_t grad_piece_bytes() const;
+
+ private:
+  void transition(UnitState to, const char* event);
+  void ensure_grad_accumulators(const GradHookFactory& make_hook);
+  void free_unsharded();               // waits for an in-flight gather first
+  void reshard();                      // parameters back to their pieces, buffer freed
+  void clear_iteration();
+  std::string trace_name(const char* what) const;
+
+  UnitContext ctx_;
+  int index_;
+  std::string path_;
+  std::unique_ptr<FlatParameter> flat_;
+  bool is_root_;
+  bool reshard_after_forward_;
+  UnitState state_ = UnitState::IDLE;
+
+  size_t num_grad_params_ = 0;
+  bool has_frozen_params_ = false;
+  std::vector<bool> fired_flags_;
+  size_t fired_ = 0;
+  std::vector<memory::GradAccumulatorHandle> accumulators_;  // keep hooks alive
+  // Pieces from before this iteration, set aside at backward start; nullopt: not set aside.
+  std::optional<std::vector<at::Tensor>> stashed_grads_;
+
+  at::Tensor flat_grad_;        // flattened, awaiting reduction (flat-sized)
+  at::Tensor reduced_shard_;    // REDUCED: reduction output (shard-sized; may view a bucket's output)
+  at::Tensor no_sync_grad_;     // accumulated unsharded gradient under no_sync
+
+  struct PendingGather {
+    comm::CommHandle handle;
+    at::Tensor source;          // the (possibly cast) shard being sent
+  };
+  std::optional<PendingGather> pending_gather_;  // an all-gather into the unsharded buffer in flight
+  // Open trace spans (fsdp/trace.h); no-ops unless tracing.
+  Tracer::Mark gather_mark_, forward_mark_, backward_mark_;
+};
+
+}  // namespace fsdp::detail
