@@ -9,6 +9,7 @@
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include "collective_call.h"
 #include "group_comm_state.h"
 #include "tensor_bytes.h"
 #include "transport.h"
@@ -76,9 +77,12 @@ void check_dense(const at::Tensor& t, const char* what, const char* op) {
               ": ", what, " must be a defined, contiguous, dense tensor");
 }
 
+CallLabel or_scope(const CallLabel& label) { return label.empty() ? scope_label() : label; }
+
 }  // namespace
 
-CommHandle all_gather_into(const ProcessGroup& g, const at::Tensor& flat, const at::Tensor& shard) {
+CommHandle all_gather_into(const ProcessGroup& g, const at::Tensor& flat, const at::Tensor& shard,
+                           const CallLabel& label) {
   check_dense(flat, "the flat buffer", "all_gather_into");
   check_dense(shard, "the shard", "all_gather_into");
   const int n = g.size();
@@ -86,23 +90,24 @@ CommHandle all_gather_into(const ProcessGroup& g, const at::Tensor& flat, const 
               "fsdp: all_gather_into on group '", g.name(), "': flat buffer has ", flat.numel(),
               " elements of ", flat.scalar_type(), ", expected ", n, " x ", shard.numel(), " of ",
               shard.scalar_type());
-  if (n == 1) {
-    if (flat.data_ptr() != shard.data_ptr()) flat.copy_(shard);
-    return CommHandle({}, g, "all_gather", {});
+  if (n > 1) {
+    auto mine = flat.view({n, shard.numel()})[g.rank()];
+    // The shard must not be overwritten by a peer's chunk while we still send it.
+    TORCH_CHECK(!detail::overlaps(shard, flat) || mine.data_ptr() == shard.data_ptr(),
+                "fsdp: all_gather_into on group '", g.name(), "': the shard overlaps the flat "
+                "buffer but is not this rank's chunk (rank ", g.rank(), "); pass a separate shard or "
+                "flat[rank*chunk:(rank+1)*chunk]");
   }
-  const int me = g.rank();
-  auto mine = flat.view({n, shard.numel()})[me];
-  // The shard must not be overwritten by a peer's chunk while we still send it.
-  TORCH_CHECK(!detail::overlaps(shard, flat) || mine.data_ptr() == shard.data_ptr(),
-              "fsdp: all_gather_into on group '", g.name(), "': the shard overlaps the flat "
-              "buffer but is not this rank's chunk (rank ", me, "); pass a separate shard or "
-              "flat[rank*chunk:(rank+1)*chunk]");
-  comm_counters().all_gather += nbytes(shard) * (n - 1);
-  return g.transport()->all_gather(g, flat, shard);
+  detail::CollectiveCall call;
+  call.op = detail::CollectiveOp::AllGather;
+  call.out = flat;
+  call.in = shard;
+  call.label = or_scope(label);
+  return detail::issue(g, std::move(call));
 }
 
 CommHandle reduce_scatter(const ProcessGroup& g, const at::Tensor& out, const at::Tensor& flat,
-                          ReduceOp op) {
+                          ReduceOp op, const CallLabel& label) {
   TORCH_CHECK(op != ReduceOp::Max, "fsdp: reduce_scatter supports Sum and Avg only");
   check_dense(flat, "the flat buffer", "reduce_scatter");
   check_dense(out, "the output shard", "reduce_scatter");
@@ -111,44 +116,52 @@ CommHandle reduce_scatter(const ProcessGroup& g, const at::Tensor& out, const at
               "fsdp: reduce_scatter on group '", g.name(), "': flat buffer has ", flat.numel(),
               " elements of ", flat.scalar_type(), ", expected ", n, " x ", out.numel(), " of ",
               out.scalar_type());
-  if (n == 1) {
-    if (out.data_ptr() != flat.data_ptr()) out.copy_(flat);
-    return CommHandle({}, g, "reduce_scatter", {});
-  }
-  comm_counters().reduce_scatter += nbytes(out) * (n - 1);
-  return g.transport()->reduce_scatter(g, out, flat, op);
+  detail::CollectiveCall call;
+  call.op = detail::CollectiveOp::ReduceScatter;
+  call.out = out;
+  call.in = flat;
+  call.reduce = op;
+  call.label = or_scope(label);
+  return detail::issue(g, std::move(call));
 }
 
-CommHandle all_reduce(const ProcessGroup& g, const at::Tensor& t, ReduceOp op) {
+CommHandle all_reduce(const ProcessGroup& g, const at::Tensor& t, ReduceOp op, const CallLabel& label) {
   check_dense(t, "the tensor", "all_reduce");
-  const int n = g.size();
-  if (n == 1) return CommHandle({}, g, "all_reduce", {});
-  if (t.scalar_type() == at::kBFloat16) {
+  if (t.scalar_type() == at::kBFloat16 && g.size() > 1) {
     // Summed in fp32 and rounded once, on every transport (more bytes, a better sum, and
     // Gloo has no bf16: [Note: bf16 over Gloo] in gloo_transport.cpp).
     auto wide = t.to(at::kFloat);
-    auto inner = std::make_shared<CommHandle>(all_reduce(g, wide, op));
+    auto inner = std::make_shared<CommHandle>(all_reduce(g, wide, op, label));
     return CommHandle({}, g, "all_reduce", [inner, wide, t]() {
       inner->wait();
       t.copy_(wide);
     }, inner->path());
   }
-  comm_counters().all_reduce += 2 * nbytes(t) * (n - 1) / n;
-  return g.transport()->all_reduce(g, t, op);
+  detail::CollectiveCall call;
+  call.op = detail::CollectiveOp::AllReduce;
+  call.out = t;
+  call.reduce = op;
+  call.label = or_scope(label);
+  return detail::issue(g, std::move(call));
 }
 
-CommHandle broadcast(const ProcessGroup& g, const at::Tensor& t, int root) {
+CommHandle broadcast(const ProcessGroup& g, const at::Tensor& t, int root, const CallLabel& label) {
   check_dense(t, "the tensor", "broadcast");
   TORCH_CHECK(root >= 0 && root < g.size(), "fsdp: broadcast root ", root,
               " is outside group '", g.name(), "' of size ", g.size());
-  if (g.size() == 1) return CommHandle({}, g, "broadcast", {});
-  if (g.rank() == root) comm_counters().broadcast += nbytes(t);
-  return g.transport()->broadcast(g, t, root);
+  detail::CollectiveCall call;
+  call.op = detail::CollectiveOp::Broadcast;
+  call.out = t;
+  call.root = root;
+  call.label = or_scope(label);
+  return detail::issue(g, std::move(call));
 }
 
-void barrier(const ProcessGroup& g) {
-  if (g.size() == 1) return;
-  g.transport()->barrier(g);
+void barrier(const ProcessGroup& g, const CallLabel& label) {
+  detail::CollectiveCall call;
+  call.op = detail::CollectiveOp::Barrier;
+  call.label = or_scope(label);
+  detail::issue(g, std::move(call)).wait();
 }
 
 }  // namespace fsdp::comm

@@ -9,14 +9,17 @@
 #include <string>
 #include <vector>
 
+#include "fsdp/comm/call_label.h"
 #include "fsdp/comm/process_group.h"
 
 namespace fsdp::comm {
 
 /// Rank `root`'s `bytes`, on every rank (other ranks' `bytes` are ignored).
-std::string broadcast_object(const ProcessGroup& pg, const std::string& bytes, int root = 0);
+std::string broadcast_object(const ProcessGroup& pg, const std::string& bytes, int root = 0,
+                             const CallLabel& label = {});
 
 /// Every rank's `bytes`, indexed by rank, on every rank.
-std::vector<std::string> all_gather_object(const ProcessGroup& pg, const std::string& bytes);
+std::vector<std::string> all_gather_object(const ProcessGroup& pg, const std::string& bytes,
+                                           const CallLabel& label = {});
 
 }  // namespace fsdp::comm

@@ -103,13 +103,13 @@ void check_mixed_precision(const MixedPrecision& mp, torch::nn::Module& model, i
 // a HYBRID_SHARD group of one rank shards nothing and behaves as NO_SHARD).
 Unit* create_unit(Runtime& runtime, const detail::ResolvedOptions& resolved, PlannedUnit& p) {
   detail::check_one_dtype_and_device(p);
-  const auto strategy = resolved.options.sharding_strategy();
+  const auto strategy = resolved.strategy;
   const comm::ProcessGroup& shard_group = runtime.shard_group();
   const bool sharded = strategy != ShardingStrategy::NO_SHARD &&
                        !(strategy == ShardingStrategy::HYBRID_SHARD && shard_group.size() == 1);
   const bool full_precision_unit = p.kind == PlannedUnit::Kind::BatchNorm;
   const detail::FlatPrecision precision =
-      detail::unit_precision(resolved.options, p.entries.front().param.scalar_type(), full_precision_unit);
+      detail::unit_precision(resolved.mixed_precision, p.entries.front().param.scalar_type(), full_precision_unit);
   auto flat = std::make_unique<FlatParameter>(std::move(p.entries), shard_group.rank(), shard_group.size(),
                                               sharded && !full_precision_unit, precision);
   return runtime.add_unit(p.path, std::move(flat), p.kind == PlannedUnit::Kind::Root,
@@ -173,6 +173,7 @@ FullyShardedBase::FullyShardedBase(std::shared_ptr<torch::nn::Module> model, com
   TORCH_CHECK(model_ != nullptr, "fsdp: FullyShardedDataParallel got an empty module holder");
   TORCH_CHECK(pg_.defined(), "fsdp: FullyShardedDataParallel needs a process group; call "
               "fsdp::comm::init_process_group() first");
+  comm::LabelScope label({comm::Phase::Setup, "FullyShardedDataParallel"});
   // Options are checked here, before the first collective: a rank with a bad
   // option must fail alone and at once, not leave its peers waiting in one.
   const detail::ResolvedOptions resolved = detail::resolve_options(options_, pg_);
@@ -304,7 +305,7 @@ void FullyShardedBase::build_units(const detail::ResolvedOptions& resolved) {
   // parameters across units) must not leave freshly created groups that the
   // ranks tear down while peers are still connecting.
   runtime_ = std::make_unique<Runtime>(pg_, resolved);
-  if (options_.keep_freed_host_memory()) keep_freed_host_memory();
+  if (resolved.keep_freed_host_memory) keep_freed_host_memory();
   const detail::ShardLayout layout = detail::shard_layout(resolved, pg_);
   TORCH_INTERNAL_ASSERT(layout.rank == runtime_->shard_group().rank() && layout.world == runtime_->shard_group().size(),
                         "shard_layout disagrees with the runtime's shard group");
@@ -387,7 +388,9 @@ at::Tensor FullyShardedBase::clip_grad_norm_(double max_norm, double norm_type) 
     return acc;
   };
   auto total = torch::tensor({local(sharded_grads)}, torch::kDouble);
-  if (reduce) comm::all_reduce(norm_group, total, inf ? comm::ReduceOp::Max : comm::ReduceOp::Sum).wait();
+  if (reduce)
+    comm::all_reduce(norm_group, total, inf ? comm::ReduceOp::Max : comm::ReduceOp::Sum,
+                     {comm::Phase::Step, "clip_grad_norm_"}).wait();
   double t = total.item<double>();
   const double rep = local(replicated_grads);
   t = inf ? std::max(t, rep) : std::pow(t + rep, 1.0 / norm_type);

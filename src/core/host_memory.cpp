@@ -23,9 +23,6 @@ bool keep_freed_host_memory(const HostMemoryPolicy& policy) {
   static bool applied = false;
   std::lock_guard<std::mutex> lock(mu);
   if (applied) return true;
-  // The user's own malloc settings win ([Note: freed host memory]).
-  for (const char* var : {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES"})
-    if (std::getenv(var) != nullptr) return false;
   // Setting either disables glibc's dynamic thresholds, so both are set.
   if (mallopt(M_MMAP_THRESHOLD, static_cast<int>(policy.mmap_threshold_bytes)) != 1) return false;
   const int64_t trim = std::min<int64_t>(policy.trim_threshold_bytes, int64_t(1) << 30);
@@ -36,6 +33,12 @@ bool keep_freed_host_memory(const HostMemoryPolicy& policy) {
   (void)policy;
   return false;
 #endif
+}
+
+bool malloc_tuned_by_environment() {
+  for (const char* var : {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES"})
+    if (std::getenv(var) != nullptr) return true;
+  return false;
 }
 
 }  // namespace fsdp

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "fsdp/core/host_memory.h"
 #include "path_policy.h"
 #include "resolved_options.h"
 
@@ -64,7 +65,6 @@ GradientDivision gradient_division(double predivide_factor, int world) {
 
 ResolvedOptions resolve_options(const Options& options, const comm::ProcessGroup& pg) {
   ResolvedOptions r;
-  r.options = options;
   const int n = pg.size();
   const auto strategy = options.sharding_strategy();
   const bool hybrid = strategy == ShardingStrategy::HYBRID_SHARD;
@@ -88,6 +88,13 @@ ResolvedOptions resolve_options(const Options& options, const comm::ProcessGroup
   r.bucket_cap_bytes = bucket_cap_bytes(options);  // throws for a NaN, infinite or huge bucket_cap_mb
   r.reshard_after_forward = options.reshard_after_forward().value_or(
       strategy == ShardingStrategy::FULL_SHARD || strategy == ShardingStrategy::HYBRID_SHARD);
+  r.strategy = strategy;
+  r.reduce_group = options.reduce_group();
+  r.limit_all_gathers = options.limit_all_gathers();
+  r.forward_prefetch = options.forward_prefetch();
+  r.backward_prefetch = options.backward_prefetch();
+  r.mixed_precision = options.mixed_precision();
+  r.keep_freed_host_memory = options.keep_freed_host_memory() && !malloc_tuned_by_environment();
   r.trace_dir = options.trace_dir();
   if (r.trace_dir.empty())
     if (const char* env = std::getenv("FSDP_TRACE")) r.trace_dir = env;

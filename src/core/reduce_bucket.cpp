@@ -143,10 +143,11 @@ std::unique_ptr<GradReducer::Reduction> GradReducer::issue(std::vector<Unit*> me
   if (sharded) {
     // Not pooled: the output becomes the gradient pieces, which outlive the step.
     r->output = at::empty({total}, r->input.options());
-    r->handle = comm::reduce_scatter(reduce_pg_, r->output, r->input, comm::ReduceOp::Sum);
+    r->handle = comm::reduce_scatter(reduce_pg_, r->output, r->input, comm::ReduceOp::Sum,
+                                      {comm::Phase::Backward, r->label});
   } else {
     r->output = r->input;
-    r->handle = comm::all_reduce(reduce_pg_, r->input, comm::ReduceOp::Sum);
+    r->handle = comm::all_reduce(reduce_pg_, r->input, comm::ReduceOp::Sum, {comm::Phase::Backward, r->label});
   }
   return r;
 }

@@ -105,7 +105,8 @@ void ReplicaChain::run(std::shared_ptr<State> s) {
         // [Note: hybrid groups] in runtime.h: the shard group summed these shards over
         // the shard group; summing them over the replica group completes the sum over
         // the world.
-        replica = comm::all_reduce(s->replica_pg, link->output, comm::ReduceOp::Sum);
+        replica = comm::all_reduce(s->replica_pg, link->output, comm::ReduceOp::Sum,
+                                   {comm::Phase::Backward, "replicas of " + link->label});
       } catch (...) {
         error = std::current_exception();
       }

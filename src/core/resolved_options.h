@@ -2,8 +2,8 @@
 // Options checked against the process group and resolved into the values the
 // runtime uses, in one place (resolve_options), before the first collective: a
 // rank with a bad option fails alone and at once instead of leaving its peers
-// waiting in a collective. Nothing below the wrapper reads Options' defaults,
-// the environment, or re-checks a value.
+// waiting in a collective. Below the wrapper only these values exist: nothing
+// there sees the raw Options, reads the environment, or re-checks a value.
 
 #include <cstdint>
 #include <string>
@@ -21,7 +21,7 @@ struct GradientDivision {
 };
 
 struct ResolvedOptions {
-  Options options;
+  ShardingStrategy strategy = ShardingStrategy::FULL_SHARD;
   /// Ranks that shard the parameters: shard_group_size under HYBRID_SHARD (0
   /// resolved to ranks per machine), the world size otherwise.
   int shard_group_size = 1;
@@ -30,6 +30,16 @@ struct ResolvedOptions {
   int64_t bucket_cap_bytes = 0;  // 0: every unit reduced alone
   /// Options::trace_dir, else the environment variable FSDP_TRACE, else "" (off).
   std::string trace_dir;
+  /// Options::reduce_group, checked to span the shard group; undefined: the runtime
+  /// makes one over the shard group's ranks.
+  comm::ProcessGroup reduce_group;
+  bool limit_all_gathers = true;
+  bool forward_prefetch = false;
+  BackwardPrefetch backward_prefetch = BackwardPrefetch::BACKWARD_PRE;
+  /// The policy as given; each unit's effective dtypes come from unit_precision.
+  MixedPrecision mixed_precision;
+  /// Options::keep_freed_host_memory, unless the environment tunes malloc itself.
+  bool keep_freed_host_memory = true;
 };
 
 /// Checks every option that can be checked without collectives and resolves the

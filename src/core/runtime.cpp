@@ -49,8 +49,7 @@ Runtime::Runtime(comm::ProcessGroup pg, ResolvedOptions options) : pg_(std::move
   std::vector<int> all(n);
   for (int r = 0; r < n; ++r) all[r] = r;
   gather_pg_ = shard_pg_.new_subgroup(all);
-  const Options& o = options_.options;
-  reduce_pg_ = o.reduce_group().defined() ? o.reduce_group() : shard_pg_.new_subgroup(all);
+  reduce_pg_ = options_.reduce_group.defined() ? options_.reduce_group : shard_pg_.new_subgroup(all);
   TORCH_INTERNAL_ASSERT(reduce_pg_.size() == n, "reduce group of ", reduce_pg_.size(), " ranks over a shard group of ",
                         n, " passed resolve_options");
   // On one host the peers read the gathered and reduced buffers in place ([Note: exchange
@@ -58,13 +57,13 @@ Runtime::Runtime(comm::ProcessGroup pg, ResolvedOptions options) : pg_(std::move
   pool_.set_block_allocator([g = gather_pg_](size_t nbytes) { return comm::allocate_collective_buffer(g, nbytes); });
   tracer_ = std::make_unique<Tracer>(options_.trace_dir, pg_.global_rank());
   // [Note: reductions in flight]
-  const int max_scattering = o.sharding_strategy() == ShardingStrategy::NO_SHARD ? 2 : 1;
+  const int max_scattering = options_.strategy == ShardingStrategy::NO_SHARD ? 2 : 1;
   reducer_ = std::make_unique<GradReducer>(reduce_pg_, replica_pg_, options_.bucket_cap_bytes, tracer_.get(), &pool_,
                                            max_scattering);
 }
 
 void Runtime::build_hybrid_groups() {
-  if (options_.options.sharding_strategy() != ShardingStrategy::HYBRID_SHARD) {
+  if (options_.strategy != ShardingStrategy::HYBRID_SHARD) {
     shard_pg_ = pg_;
     return;
   }
@@ -90,7 +89,7 @@ Unit* Runtime::add_unit(std::string path, std::unique_ptr<FlatParameter> flat, b
   ctx.pool = &pool_;
   ctx.tracer = tracer_.get();
   ctx.divide = options_.divide;
-  ctx.cast_forward_inputs = options_.options.mixed_precision().cast_forward_inputs();
+  ctx.cast_forward_inputs = options_.mixed_precision.cast_forward_inputs();
   units_.push_back(std::make_unique<Unit>(std::move(ctx), static_cast<int>(units_.size()), std::move(path),
                                           std::move(flat), is_root, reshard_after_forward));
   return units_.back().get();
@@ -188,14 +187,14 @@ void Runtime::root_post_forward(Unit* root, const std::vector<at::Tensor>& outpu
 // ---- prefetch ([Note: prefetch]) ----
 
 bool Runtime::may_prefetch(const Unit& current) const {
-  if (!options_.options.limit_all_gathers()) return true;
+  if (!options_.limit_all_gathers) return true;
   for (const auto& u : units_)
     if (u.get() != &current && u->gather_pending()) return false;
   return true;
 }
 
 void Runtime::prefetch_forward(const Unit& current) {
-  if (!options_.options.forward_prefetch()) return;
+  if (!options_.forward_prefetch) return;
   auto it = std::find(recorded_forward_order_.begin(), recorded_forward_order_.end(), &current);
   if (it == recorded_forward_order_.end() || ++it == recorded_forward_order_.end()) return;
   Unit* next = *it;
@@ -232,7 +231,7 @@ void Runtime::plan_backward() {
   reduce_ptr_ = 0;
   // [Note: last unit stays gathered]: the first non-root unit of the backward
   // order, and with BACKWARD_PRE the second, which that unit's backward prefetches.
-  const size_t keep = options_.options.backward_prefetch() == BackwardPrefetch::BACKWARD_PRE ? 2 : 1;
+  const size_t keep = options_.backward_prefetch == BackwardPrefetch::BACKWARD_PRE ? 2 : 1;
   kept_after_forward_.clear();
   for (auto it = post_forward_order_.rbegin(); it != post_forward_order_.rend() && kept_after_forward_.size() < keep;
        ++it)
@@ -276,7 +275,7 @@ void Runtime::on_output_grad(Unit& unit) {
   gather_until(static_cast<int>(it - backward_gather_order_.begin()));
   if (unit.begin_backward()) note_transient_bytes();
   observe(unit, "pre_backward");
-  if (options_.options.backward_prefetch() == BackwardPrefetch::BACKWARD_PRE) prefetch_backward(unit);
+  if (options_.backward_prefetch == BackwardPrefetch::BACKWARD_PRE) prefetch_backward(unit);
   unit.open_backward_span();
 }
 
@@ -286,7 +285,7 @@ void Runtime::on_param_grad(Unit& unit, size_t entry) {
 }
 
 void Runtime::on_grads_complete(Unit& unit) {
-  if (options_.options.backward_prefetch() == BackwardPrefetch::BACKWARD_POST) prefetch_backward(unit);
+  if (options_.backward_prefetch == BackwardPrefetch::BACKWARD_POST) prefetch_backward(unit);
   while (reduce_ptr_ < reduce_order_.size()) {
     Unit* u = reduce_order_[reduce_ptr_];
     if (u->has_grad_params() && !u->grads_complete()) break;

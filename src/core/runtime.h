@@ -109,7 +109,6 @@ class Runtime {
   Tracer& tracer() const { return *tracer_; }
   /// Large per-iteration buffers ([Note: buffer pool]).
   BufferPool& pool() { return pool_; }
-  const Options& options() const { return options_.options; }
 
   // Root forward boundaries (root: the root's unit, null when the root holds no
   // parameters of its own).

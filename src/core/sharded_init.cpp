@@ -143,9 +143,9 @@ ShardingSignature sharding_signature(const comm::ProcessGroup& pg, const Resolve
   ShardingSignature s;
   s.group = pg.c10d().get();
   s.group_name = pg.name();
-  s.strategy = resolved.options.sharding_strategy();
+  s.strategy = resolved.strategy;
   s.layout = shard_layout(resolved, pg);
-  s.precision = unit_precision(resolved.options, param_dtype, /*full_precision_unit=*/false);
+  s.precision = unit_precision(resolved.mixed_precision, param_dtype, /*full_precision_unit=*/false);
   return s;
 }
 
@@ -182,7 +182,8 @@ class ShardedInitState {
     TORCH_CHECK(pg_.defined(), "fsdp: ShardedInitContext needs a process group; call "
                 "fsdp::comm::init_process_group() first");
     resolved_ = resolve_options(options, pg_);
-    const Options& o = resolved_.options;
+    options_ = std::move(options);
+    const Options& o = options_;
     TORCH_CHECK(o.auto_wrap_policy(), "fsdp (rank ", pg_.rank(), "): ShardedInitContext needs Options::auto_wrap_policy: "
                 "without one the whole model is a single unit, which exists only once the model is complete. "
                 "Use module_type_policy<YourBlockImpl>(), size_based_policy(n) or always_wrap_policy() with "
@@ -202,7 +203,7 @@ class ShardedInitState {
   void on_constructed(torch::nn::Module& m, WrappableBase& w) {
     const IgnoredModules none;
     auto decided = [this](const torch::nn::Module& c) { return sharded_.count(&c) > 0; };
-    const Options& o = resolved_.options;
+    const Options& o = options_;
     std::vector<PlannedUnit> planned = walk_wrap_policy(m, o.auto_wrap_policy(), none, true, decided);
     const auto& mp = o.mixed_precision();
     if (mp.param_dtype() && mp.full_precision_batch_norm()) add_batch_norm_units(m, none, planned);
@@ -224,10 +225,10 @@ class ShardedInitState {
 
   void shard(torch::nn::Module& m, WrappableBase& w, PlannedUnit& p) {
     check_one_dtype_and_device(p);
-    run_param_init_fn(resolved_.options.param_init_fn(), m, p);
+    run_param_init_fn(options_.param_init_fn(), m, p);
     torch::NoGradGuard no_grad;
-    if (resolved_.options.sync_module_states())
-      for (auto& e : p.entries) comm::broadcast(pg_, e.param.detach(), 0).wait();
+    if (options_.sync_module_states())
+      for (auto& e : p.entries) comm::broadcast(pg_, e.param.detach(), 0, {comm::Phase::Setup, "sharded construction"}).wait();
     auto cu = std::make_unique<ConstructionUnit>();
     cu->module = p.identity;
     cu->relative_path = p.path;
@@ -256,6 +257,7 @@ class ShardedInitState {
   }
 
   comm::ProcessGroup pg_;
+  Options options_;           // as given: the construction-time choices (policy, init, sync)
   ResolvedOptions resolved_;
   ShardLayout layout_;
   std::set<const torch::nn::Module*> sharded_;  // modules that are units sharded by this context

@@ -115,7 +115,8 @@ at::Tensor StateView::gather_full(size_t u, const at::Tensor& chunk) const {
   // Own buffers in the shards' dtype, not the unit's unsharded buffer (the
   // low-precision compute copy under mixed precision): the full-precision values.
   auto full = torch::empty({flat.padded_numel()}, flat.options());
-  comm::all_gather_into(runtime_->gather_group(), full, chunk).wait();  // the shard group
+  comm::all_gather_into(runtime_->gather_group(), full, chunk, {comm::Phase::StateDict, runtime_->units().at(u)->label()})
+      .wait();  // the shard group
   return full;
 }
 

@@ -88,7 +88,9 @@ bool Unit::issue_gather() {
     PendingGather g;
     g.source = flat_->shard_for_gather();
     gather_mark_ = ctx_.tracer->begin();
-    g.handle = comm::all_gather_into(ctx_.gather_group, flat_->unsharded(), g.source);
+    // IDLE: gathered for forward; AWAIT_BACKWARD: for backward ([Note: unit lifecycle]).
+    const comm::Phase phase = state_ == UnitState::IDLE ? comm::Phase::Forward : comm::Phase::Backward;
+    g.handle = comm::all_gather_into(ctx_.gather_group, flat_->unsharded(), g.source, {phase, label()});
     pending_gather_ = std::move(g);
   } else {
     at::NoGradGuard no_grad;  // NO_SHARD with param_dtype: a local low-precision copy

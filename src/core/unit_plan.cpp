@@ -173,7 +173,7 @@ void check_one_dtype_and_device(const PlannedUnit& p) {
 }
 
 ShardLayout shard_layout(const ResolvedOptions& resolved, const comm::ProcessGroup& pg) {
-  const auto strategy = resolved.options.sharding_strategy();
+  const auto strategy = resolved.strategy;
   ShardLayout l;
   if (strategy == ShardingStrategy::HYBRID_SHARD) {
     // split_consecutive: blocks {0..g-1}, {g..2g-1}, ...
@@ -187,10 +187,9 @@ ShardLayout shard_layout(const ResolvedOptions& resolved, const comm::ProcessGro
   return l;
 }
 
-FlatPrecision unit_precision(const Options& options, at::ScalarType param_dtype, bool full_precision_unit) {
+FlatPrecision unit_precision(const MixedPrecision& mp, at::ScalarType param_dtype, bool full_precision_unit) {
   FlatPrecision precision;
   if (full_precision_unit) return precision;
-  const auto& mp = options.mixed_precision();
   precision.param_dtype = mp.param_dtype();
   precision.reduce_dtype = mp.effective_reduce_dtype(param_dtype);
   precision.keep_low_precision_grads = mp.keep_low_precision_grads();

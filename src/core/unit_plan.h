@@ -100,6 +100,6 @@ struct ShardLayout {
 ShardLayout shard_layout(const ResolvedOptions& resolved, const comm::ProcessGroup& pg);
 
 /// Dtypes of a unit whose parameters have `param_dtype` ([Note: mixed precision]).
-FlatPrecision unit_precision(const Options& options, at::ScalarType param_dtype, bool full_precision_unit);
+FlatPrecision unit_precision(const MixedPrecision& policy, at::ScalarType param_dtype, bool full_precision_unit);
 
 }  // namespace fsdp::detail

@@ -133,7 +133,9 @@ void ZeroBucketReducer::issue(size_t b) {
   k.out = (!k.accumulated && config_.comm_dtype == config_.grad_dtype) ? slice
                                                                         : at::empty({lb.chunk}, k.buffer.options());
   transition(b, BucketState::REDUCING, "issue");
-  if (lb.padded > 0) k.handle = comm::reduce_scatter(config_.group, k.out, k.buffer, comm::ReduceOp::Avg);
+  if (lb.padded > 0)
+    k.handle = comm::reduce_scatter(config_.group, k.out, k.buffer, comm::ReduceOp::Avg,
+                                    {comm::Phase::Backward, "bucket " + std::to_string(b)});
   if (config_.overlap) {
     in_flight_.push_back(b);
   } else {

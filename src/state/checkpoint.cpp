@@ -1,4 +1,6 @@
 #include "fsdp/state/checkpoint.h"
+
+#include "fsdp/comm/call_label.h"
 #include "fsdp/state/checkpoint_testing.h"
 
 #include <algorithm>
@@ -63,6 +65,7 @@ void save_checkpoint(const std::string& dir, FullyShardedBase& model, const torc
 
 void state::save_checkpoint_of(const std::string& dir, const CheckpointSubject& subject,
                                const torch::optim::Optimizer* optimizer, const CheckpointExtra& extra) {
+  comm::LabelScope label_scope({comm::Phase::Checkpoint, "save"});
   TORCH_CHECK(!dir.empty(), "fsdp: save_checkpoint needs a directory");
   const auto& pg = subject.group;
   const int rank = pg.rank();
@@ -525,6 +528,7 @@ std::string message_of(const std::exception& e) {
 }  // namespace
 
 CheckpointExtra load_checkpoint(const std::string& dir, FullyShardedBase& model, torch::optim::Optimizer* optimizer) {
+  comm::LabelScope label_scope({comm::Phase::Checkpoint, "load"});
   // Fails alike on every rank (a model inside its step), before any collective.
   return state::load_checkpoint_of(dir, subject_of(model, "load_checkpoint"), optimizer);
 }

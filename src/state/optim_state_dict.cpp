@@ -1,5 +1,7 @@
 #include "fsdp/state/optim_state_dict.h"
 
+#include "fsdp/comm/call_label.h"
+
 #include <fstream>
 #include <set>
 
@@ -51,6 +53,7 @@ std::map<const c10::TensorImpl*, std::string> names_of(const std::vector<LocalPi
 }  // namespace
 
 OptimStateDict full_optim_state_dict(FullyShardedBase& model, const torch::optim::Optimizer& opt, bool rank0_only) {
+  comm::LabelScope label_scope({comm::Phase::StateDict, "full_optim_state_dict"});
   const auto& pg = model.process_group();
   const bool keep = !rank0_only || pg.rank() == 0;
   detail::StateView view(model);
@@ -116,6 +119,7 @@ OptimStateDict full_optim_state_dict(FullyShardedBase& model, const torch::optim
 }
 
 OptimStateDict shard_full_optim_state_dict(const OptimStateDict& full, FullyShardedBase& model) {
+  comm::LabelScope label_scope({comm::Phase::StateDict, "shard_full_optim_state_dict"});
   auto pieces = detail::StateView(model).local_pieces("shard_full_optim_state_dict");
   OptimStateDict out;
   out.param_groups = full.param_groups;
@@ -137,6 +141,7 @@ OptimStateDict shard_full_optim_state_dict(const OptimStateDict& full, FullyShar
 }
 
 void load_optim_state_dict(FullyShardedBase& model, torch::optim::Optimizer& opt, const OptimStateDict& sharded) {
+  comm::LabelScope label_scope({comm::Phase::StateDict, "load_optim_state_dict"});
   auto pieces = detail::StateView(model).local_pieces("load_optim_state_dict");
   std::map<const c10::TensorImpl*, const LocalPiece*> piece_of;
   for (const auto& p : pieces) piece_of[p.param.unsafeGetTensorImpl()] = &p;

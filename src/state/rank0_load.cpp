@@ -1,6 +1,8 @@
 // [Note: rank-0 pretrained load] in include/fsdp/state/rank0_load.h.
 #include "fsdp/state/rank0_load.h"
 
+#include "fsdp/comm/call_label.h"
+
 #include <algorithm>
 #include <map>
 #include <set>
@@ -87,6 +89,7 @@ void fill_unit(detail::StateView& view, size_t u, const at::Tensor& flat, const 
 }  // namespace
 
 void load_state_dict_from_rank0(FullyShardedBase& model, const StateDict& rank0_dict) {
+  comm::LabelScope label_scope({comm::Phase::StateDict, "load_state_dict_from_rank0"});
   detail::StateView view(model);
   const comm::ProcessGroup& pg = view.group();
   const bool root = pg.rank() == 0;

@@ -1,5 +1,7 @@
 #include "fsdp/state/state_dict.h"
 
+#include "fsdp/comm/call_label.h"
+
 #include <fstream>
 #include <map>
 #include <unordered_map>
@@ -29,6 +31,7 @@ const char* name_of(StateDictType t) {
 }
 
 StateDict full_state_dict(FullyShardedBase& model, const FullStateDictConfig& cfg) {
+  comm::LabelScope label_scope({comm::Phase::StateDict, "full_state_dict"});
   detail::StateView view(model);
   view.require_idle("state_dict");
   const bool keep = !cfg.rank0_only() || view.rank() == 0;
@@ -67,6 +70,7 @@ StateDictTypeGuard::StateDictTypeGuard(FullyShardedBase& model, StateDictType ty
 StateDictTypeGuard::~StateDictTypeGuard() { detail::StateView(*model_).state_dict_selection() = previous_; }
 
 StateDict state_dict(FullyShardedBase& model) {
+  comm::LabelScope label_scope({comm::Phase::StateDict, "state_dict"});
   detail::StateView view(model);
   const detail::StateDictSelection s = view.state_dict_selection();
   if (s.type == StateDictType::FULL) return full_state_dict(model, s.config);
@@ -83,6 +87,7 @@ StateDict state_dict(FullyShardedBase& model) {
 }
 
 ShardedStateDict sharded_state_dict(FullyShardedBase& model) {
+  comm::LabelScope label_scope({comm::Phase::StateDict, "sharded_state_dict"});
   ShardedStateDict out;
   for (const auto& p : detail::StateView(model).local_pieces("sharded_state_dict"))
     out.insert(p.name, ShardedEntry{p.flat().clone(), p.shape, p.begin, p.end});
@@ -90,6 +95,7 @@ ShardedStateDict sharded_state_dict(FullyShardedBase& model) {
 }
 
 void load_sharded_state_dict(FullyShardedBase& model, const ShardedStateDict& dict) {
+  comm::LabelScope label_scope({comm::Phase::StateDict, "load_sharded_state_dict"});
   const int rank = model.process_group().rank();
   torch::NoGradGuard no_grad;
   for (const auto& p : detail::StateView(model).local_pieces("load_sharded_state_dict")) {
@@ -107,6 +113,7 @@ void load_sharded_state_dict(FullyShardedBase& model, const ShardedStateDict& di
 }
 
 void load_state_dict(FullyShardedBase& model, const StateDict& dict) {
+  comm::LabelScope label_scope({comm::Phase::StateDict, "load_state_dict"});
   const int rank = model.process_group().rank();
   detail::StateView view(model);
   const StateDictType type = view.state_dict_selection().type;

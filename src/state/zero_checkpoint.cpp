@@ -2,6 +2,8 @@
 // subject ([Note: checkpoint subjects] in checkpoint_subject.h).
 #include "fsdp/state/zero_checkpoint.h"
 
+#include "fsdp/comm/call_label.h"
+
 #include <unordered_map>
 
 #include <ATen/ATen.h>
@@ -69,6 +71,7 @@ state::CheckpointSubject subject_of(ZeroRedundancyOptimizer& opt, const char* wh
 }  // namespace
 
 void save_checkpoint(const std::string& dir, optim::ZeroRedundancyOptimizer& opt, const CheckpointExtra& extra) {
+  comm::LabelScope label_scope({comm::Phase::Checkpoint, "save"});
   auto subject = subject_of(opt, "save_checkpoint");
   // The learning rates to save are this optimizer's (an LR scheduler sets them; step()
   // hands them down): hand them down now.
@@ -78,6 +81,7 @@ void save_checkpoint(const std::string& dir, optim::ZeroRedundancyOptimizer& opt
 }
 
 CheckpointExtra load_checkpoint(const std::string& dir, optim::ZeroRedundancyOptimizer& opt) {
+  comm::LabelScope label_scope({comm::Phase::Checkpoint, "load"});
   auto subject = subject_of(opt, "load_checkpoint");
   CheckpointExtra extra = state::load_checkpoint_of(dir, subject, &opt.inner());
   // Loaded into the inner groups; ours are the ones step() hands down.

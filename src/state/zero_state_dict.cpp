@@ -3,6 +3,8 @@
 // parameter at a time, so the extra memory is one parameter's state.
 #include "fsdp/state/zero_state_dict.h"
 
+#include "fsdp/comm/call_label.h"
+
 #include <optional>
 #include <unordered_map>
 
@@ -34,6 +36,7 @@ at::ScalarType piece_dtype(const optim::ZeroRedundancyOptimizer& opt, const at::
 }  // namespace
 
 OptimStateDict consolidate_state_dict(optim::ZeroRedundancyOptimizer& opt, int to) {
+  comm::LabelScope label_scope({comm::Phase::StateDict, "consolidate_state_dict"});
   const comm::ProcessGroup& pg = opt.options().process_group();
   TORCH_CHECK(to >= 0 && to < pg.size(), "fsdp::consolidate_state_dict: rank ", to, " is outside group '",
               pg.name(), "' of size ", pg.size());
@@ -102,6 +105,7 @@ OptimStateDict consolidate_state_dict(optim::ZeroRedundancyOptimizer& opt, int t
 }
 
 void load_consolidated_state_dict(optim::ZeroRedundancyOptimizer& opt, const OptimStateDict& full) {
+  comm::LabelScope label_scope({comm::Phase::StateDict, "load_consolidated_state_dict"});
   const auto params = opt.trainable_parameters();
   require_names(params, "load_consolidated_state_dict");
   torch::optim::Optimizer& inner = opt.inner();

@@ -4,6 +4,8 @@
 #     none by default where 1.13's zeroed them in place (Python's default changed the same
 #     way), so a bare zero_grad() would silently change meaning with the version: every call
 #     in C++ code and in our Python passes set_to_none explicitly. Comments are not code.
+#  2. Every collective goes through one function: only src/comm/collective_call.cpp calls a
+#     transport's collectives ([Note: the collective choke point] in src/comm/collective_call.h).
 set -euo pipefail
 SRC="${FSDP_SOURCE_DIR:?set FSDP_SOURCE_DIR to the source tree}"
 cd "$SRC"
@@ -34,6 +36,26 @@ if [[ "$(bare_zero_grad "$plant" | grep -c planted)" == 2 ]]; then
   echo "ok: planted bare zero_grad() calls (C++ and Python) are found"
 else
   echo "FAIL: the check does not find planted bare zero_grad() calls"
+  status=1
+fi
+
+transport_calls() {  # DIR...
+  grep -rnE --include='*.cpp' --include='*.h' 'transport\(\)->(all_gather|reduce_scatter|all_reduce|broadcast|barrier)\(|\bt\.(all_gather|reduce_scatter|all_reduce|broadcast|barrier)\(g,' "$@" |
+    grep -v '^src/comm/collective_call.cpp:' || true
+}
+found="$(transport_calls src include tools)"
+if [[ -n "$found" ]]; then
+  echo "FAIL: a transport's collective called outside src/comm/collective_call.cpp (go through comm::detail::issue):"
+  echo "$found"
+  status=1
+else
+  echo "ok: every collective is issued by src/comm/collective_call.cpp"
+fi
+printf 'void f(const ProcessGroup& g) { g.transport()->all_reduce(g, t, op); }\n' >"$plant/planted_transport.cpp"
+if [[ "$(transport_calls "$plant" | grep -c planted_transport)" == 1 ]]; then
+  echo "ok: a planted direct transport call is found"
+else
+  echo "FAIL: the check does not find a planted direct transport call"
   status=1
 fi
 

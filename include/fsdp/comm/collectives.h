@@ -2,7 +2,9 @@
 /// Stateless collective helpers used by FSDP. Each returns a CommHandle whose
 /// wait() completes the operation (including any local post-processing) within the
 /// group's timeout, and raises c10::Error naming the op, group, rank and peer
-/// hints on failure.
+/// hints on failure. Each takes the caller's label (call_label.h: phase and subject),
+/// and all of them issue through one function ([Note: the collective choke point] in
+/// src/comm/collective_call.h).
 ///
 /// [Note: flat buffer and chunks]
 ///   A *flat buffer* of `numel = size * chunk` elements is cut into `size` equal,
@@ -46,6 +48,7 @@
 
 #include <torch/csrc/distributed/c10d/Work.hpp>  // CommHandle's destructor needs the whole type
 
+#include "fsdp/comm/call_label.h"
 #include "fsdp/comm/process_group.h"
 
 namespace fsdp::comm {
@@ -86,10 +89,11 @@ class CommHandle {
 int64_t padded_numel(int64_t numel, int64_t size);
 
 /// flat[r*chunk:(r+1)*chunk] = shard of rank r. flat.numel() == size*shard.numel().
-CommHandle all_gather_into(const ProcessGroup& g, const at::Tensor& flat, const at::Tensor& shard);
+CommHandle all_gather_into(const ProcessGroup& g, const at::Tensor& flat, const at::Tensor& shard,
+                           const CallLabel& label = {});
 /// out = op over ranks of flat[rank*chunk:(rank+1)*chunk]. `flat` is left unspecified.
 CommHandle reduce_scatter(const ProcessGroup& g, const at::Tensor& out, const at::Tensor& flat,
-                          ReduceOp op = ReduceOp::Sum);
+                          ReduceOp op = ReduceOp::Sum, const CallLabel& label = {});
 /// Segment of all-gather and reduce-scatter: each chunk moves in messages of this many
 /// bytes (rounded down to whole elements, at least one). Reduce-scatter sums one segment
 /// while the next is in flight; on loopback TCP, 4 MiB messages also moved faster than
@@ -129,11 +133,12 @@ at::DataPtr allocate_collective_buffer(const ProcessGroup& g, size_t nbytes);
 int64_t collective_buffer_bytes();
 void add_collective_buffer_observer(void (*observer)(int64_t delta));
 /// In place, every rank gets the reduction.
-CommHandle all_reduce(const ProcessGroup& g, const at::Tensor& t, ReduceOp op = ReduceOp::Sum);
+CommHandle all_reduce(const ProcessGroup& g, const at::Tensor& t, ReduceOp op = ReduceOp::Sum,
+                      const CallLabel& label = {});
 /// In place, from `root` (a rank of g).
-CommHandle broadcast(const ProcessGroup& g, const at::Tensor& t, int root = 0);
+CommHandle broadcast(const ProcessGroup& g, const at::Tensor& t, int root = 0, const CallLabel& label = {});
 /// Blocks until every member arrives (or the timeout passes).
-void barrier(const ProcessGroup& g);
+void barrier(const ProcessGroup& g, const CallLabel& label = {});
 
 /// Bytes this process has sent through the helpers above, per op, since start or
 /// the last reset. Counted as the algorithm moves them: all-gather and

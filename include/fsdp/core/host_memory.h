@@ -17,10 +17,10 @@
 /// freed blocks stay in the heap and are reused without faults. The process's
 /// resident set then stays at its high-water mark instead of shrinking between
 /// steps (the bytes *allocated* are unchanged). FullyShardedDataParallel applies
-/// it at construction unless Options::keep_freed_host_memory(false). It changes
-/// process-wide malloc settings, so it leaves them alone when the user chose
-/// their own (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_ or GLIBC_TUNABLES in
-/// the environment), and does nothing on a C library other than glibc.
+/// it at construction unless Options::keep_freed_host_memory(false) or the user
+/// chose their own malloc settings (malloc_tuned_by_environment(): read when the
+/// options are resolved, like every other environment variable FSDP reads). It
+/// does nothing on a C library other than glibc.
 
 #include <cstdint>
 
@@ -34,9 +34,13 @@ struct HostMemoryPolicy {
 };
 
 /// Applies the policy once per process; returns whether it is in effect (false
-/// when the environment set malloc tunables or the C library is not glibc).
+/// when the C library is not glibc).
 /// policy.trim_threshold_bytes above 1 GiB is silently applied as 1 GiB (mallopt
 /// takes an int).
 bool keep_freed_host_memory(const HostMemoryPolicy& policy = {});
+
+/// Whether the environment sets malloc tunables (MALLOC_MMAP_THRESHOLD_,
+/// MALLOC_TRIM_THRESHOLD_ or GLIBC_TUNABLES): the user's own settings, which win.
+bool malloc_tuned_by_environment();
 
 }  // namespace fsdp

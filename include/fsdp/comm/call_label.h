@@ -1,0 +1,59 @@
+#pragma once
+/// What a collective is for. Every collective the library issues carries one to the single
+/// place that issues them ([Note: the collective choke point] in src/comm/collective_call.h):
+/// the phase of training and its subject (an FSDP unit's path, a ZeRO bucket, a state-dict
+/// entry), so that errors, traces and records can say which collective of which unit it was.
+///
+///     comm::all_gather_into(g, flat, shard, {comm::Phase::Forward, "blocks.3"});
+///     {
+///       comm::LabelScope scope({comm::Phase::Checkpoint, "save"});
+///       comm::broadcast_object(g, token);   // labelled by the scope
+///     }
+///
+/// A call passed no label takes the innermost LabelScope of its thread, else stays
+/// Phase::Unlabelled.
+
+#include <string>
+
+namespace fsdp::comm {
+
+enum class Phase {
+  Unlabelled,  ///< nobody said
+  Setup,       ///< process groups, wrapping, module-state synchronisation, sharded construction
+  Forward,
+  Backward,
+  Step,        ///< optimizer step, gradient clipping, loss scaling
+  StateDict,   ///< state dicts, full-parameter views, optimizer-state consolidation
+  Checkpoint,  ///< checkpoint save and load
+  Trainer,     ///< the Trainer's own agreements (loss, metrics, validation, resume)
+};
+/// "unlabelled", "setup", "forward", "backward", "step", "state_dict", "checkpoint", "trainer".
+const char* to_string(Phase phase);
+
+struct CallLabel {
+  CallLabel() = default;
+  /* implicit */ CallLabel(Phase p, std::string s = {}) : phase(p), subject(std::move(s)) {}
+  bool empty() const { return phase == Phase::Unlabelled && subject.empty(); }
+  /// "forward blocks.3", "step", "unlabelled".
+  std::string describe() const;
+
+  Phase phase = Phase::Unlabelled;
+  std::string subject;  ///< unit path, bucket, entry; "" when the phase says enough
+};
+
+/// Within its lifetime, collectives issued on this thread without a label of their own take
+/// `label`. Scopes nest; the innermost wins.
+class LabelScope {
+ public:
+  explicit LabelScope(CallLabel label);
+  ~LabelScope();
+  LabelScope(const LabelScope&) = delete;
+  LabelScope& operator=(const LabelScope&) = delete;
+
+ private:
+  CallLabel previous_;
+};
+/// The innermost scope's label on this thread (empty when none).
+const CallLabel& scope_label();
+
+}  // namespace fsdp::comm

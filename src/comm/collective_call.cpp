@@ -1,0 +1,118 @@
+// The choke point ([Note: the collective choke point] in collective_call.h).
+#include "collective_call.h"
+
+#include <atomic>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "tensor_bytes.h"
+#include "transport.h"
+
+namespace fsdp::comm::detail {
+
+namespace {
+
+struct Observers {
+  std::mutex mu;
+  std::vector<std::pair<int, CollectiveObserver>> list;
+  std::atomic<int> count{0};  // read without the lock on every call
+  int next_id = 0;
+};
+
+Observers& observers() {
+  static Observers o;
+  return o;
+}
+
+void notify(const ProcessGroup& g, const CollectiveCall& call) {
+  Observers& o = observers();
+  if (o.count.load(std::memory_order_acquire) == 0) return;
+  std::lock_guard<std::mutex> lock(o.mu);
+  for (const auto& entry : o.list) entry.second(g, call);
+}
+
+// Bytes this rank sends as the algorithm moves them (CommCounters in collectives.h).
+void count(const ProcessGroup& g, const CollectiveCall& c) {
+  const int64_t n = g.size();
+  switch (c.op) {
+    case CollectiveOp::AllGather: comm_counters().all_gather += nbytes(c.in) * (n - 1); break;
+    case CollectiveOp::ReduceScatter: comm_counters().reduce_scatter += nbytes(c.out) * (n - 1); break;
+    case CollectiveOp::AllReduce: comm_counters().all_reduce += 2 * nbytes(c.out) * (n - 1) / n; break;
+    case CollectiveOp::Broadcast:
+      if (g.rank() == c.root) comm_counters().broadcast += nbytes(c.out);
+      break;
+    case CollectiveOp::Barrier: break;
+  }
+}
+
+// A group of one rank: nothing moves, but the results are what the op defines.
+CommHandle complete_locally(const CollectiveCall& c) {
+  if (c.op == CollectiveOp::AllGather || c.op == CollectiveOp::ReduceScatter) {
+    if (c.out.data_ptr() != c.in.data_ptr()) c.out.copy_(c.in);
+  }
+  return CommHandle();
+}
+
+}  // namespace
+
+const char* to_string(CollectiveOp op) {
+  switch (op) {
+    case CollectiveOp::AllGather: return "all_gather";
+    case CollectiveOp::ReduceScatter: return "reduce_scatter";
+    case CollectiveOp::AllReduce: return "all_reduce";
+    case CollectiveOp::Broadcast: return "broadcast";
+    case CollectiveOp::Barrier: return "barrier";
+  }
+  return "?";
+}
+
+at::ScalarType CollectiveCall::dtype() const {
+  if (op == CollectiveOp::ReduceScatter) return in.scalar_type();
+  return out.defined() ? out.scalar_type() : at::kByte;
+}
+
+int64_t CollectiveCall::numel() const {
+  if (op == CollectiveOp::ReduceScatter) return in.numel();
+  return out.defined() ? out.numel() : 0;
+}
+
+CommHandle issue(const ProcessGroup& g, CollectiveCall call) {
+  notify(g, call);
+  if (g.size() == 1) return complete_locally(call);
+  count(g, call);
+  Transport& t = *g.transport();
+  switch (call.op) {
+    case CollectiveOp::AllGather: return t.all_gather(g, call.out, call.in);
+    case CollectiveOp::ReduceScatter: return t.reduce_scatter(g, call.out, call.in, call.reduce);
+    case CollectiveOp::AllReduce: return t.all_reduce(g, call.out, call.reduce);
+    case CollectiveOp::Broadcast: return t.broadcast(g, call.out, call.root);
+    case CollectiveOp::Barrier: t.barrier(g); return CommHandle();
+  }
+  TORCH_INTERNAL_ASSERT(false, "fsdp: unknown collective op");
+}
+
+int add_collective_observer(CollectiveObserver observer) {
+  Observers& o = observers();
+  std::lock_guard<std::mutex> lock(o.mu);
+  const int id = o.next_id++;
+  o.list.emplace_back(id, std::move(observer));
+  o.count.store(static_cast<int>(o.list.size()), std::memory_order_release);
+  return id;
+}
+
+void remove_collective_observer(int id) {
+  Observers& o = observers();
+  std::lock_guard<std::mutex> lock(o.mu);
+  for (auto it = o.list.begin(); it != o.list.end(); ++it) {
+    if (it->first == id) {
+      o.list.erase(it);
+      break;
+    }
+  }
+  o.count.store(static_cast<int>(o.list.size()), std::memory_order_release);
+}
+
+}  // namespace fsdp::comm::detail
