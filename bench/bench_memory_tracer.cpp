@@ -1,5 +1,5 @@
 // What the memory tracer (include/fsdp/core/memory_tracer.h) costs per training step:
-// issue 15 asks for < 2%, cheap enough to leave on.
+// the target is < 2%, cheap enough to leave on (docs/benchmarks.md).
 //
 // Each run is one process group of --nproc ranks training the same FULL_SHARD model (a
 // stack of --layers pre-norm MLP blocks of width --dim, one unit each, Adam) for --steps

@@ -25,7 +25,7 @@
 // and FSDP2 (fully_shard per unit and root on a CPU mesh, Gloo), whose samples/s the
 // FULL_SHARD rows are compared with at the end, over shared memory and over Gloo/TCP
 // (FSDP_SHARED_MEMORY=0, FSDP2's transport). --zero-targets runs only
-// the rows issue 14's speed targets compare (NO_SHARD+CPUAdam, ZERO2+CPUAdam, ZERO1,
+// the rows the ZeRO speed targets compare (NO_SHARD+CPUAdam, ZERO2+CPUAdam, ZERO1,
 // ZERO2, ZERO2 with overlap_communication, Python ZeRO) and prints each target's ratio per round (median and fastest). It prints a table, then one JSON object per line. Rank mode runs under any
 // launcher, also across hosts (`fsdp-run --nnodes 2 ... --nproc 2 -- bench_strategies --model
 // mlp --strategy hybrid_shard --shard-group 2 --optim adam`, tests/scripts/measure_multihost.sh):
@@ -88,7 +88,7 @@ struct Args {
   int steps = 30, warmup = 5;
   std::vector<std::string> models{"mlp", "transformer"};
   bool python = true, cpu_adam = false;
-  bool zero_targets = false;  // launcher: only the rows issue 14's targets compare
+  bool zero_targets = false;  // launcher: only the rows the ZeRO targets compare
   bool zero_overlap = false;  // rank mode, zero1/zero2: ZeroOptions::overlap_communication
   // rank mode
   std::string model = "mlp", strategy = "no_shard", optim = "adam", prefetch = "default";
@@ -462,7 +462,7 @@ int launcher_main(const Args& a) {
   // run as Python DDP, whose Gloo also goes over TCP.
   configs.push_back({2, "no_shard", "adam", "default", 0, 0, true});
   configs.push_back({2, "full_shard", "adam", "default", 0, 0, true});
-  // --zero-targets: only the rows issue 14's speed targets compare (and Python's
+  // --zero-targets: only the rows the ZeRO speed targets compare (and Python's
   // ZeroRedundancyOptimizer), so that more alternating rounds fit in the same time.
   if (a.zero_targets)
     configs = {{2, "no_shard", "cpuadam", "default", 0},
@@ -538,10 +538,10 @@ int launcher_main(const Args& a) {
                 std::stod(field(r, "optim_bytes")) * mb, std::stod(field(r, "peak_rss_bytes")) * mb);
   }
   for (const auto& r : results) std::printf("%s\n", r.c_str());
-  // Issue 14's and issue 31's speed targets as ratios of samples/s between two rows measured
+  // The ZeRO and FSDP2 speed targets as ratios of samples/s between two rows measured
   // in the same run: per round (the rows of one round ran one after the other, so load that
   // comes and goes hits both alike), their median, and the ratio of the fastest runs.
-  // Issue 31: FULL_SHARD against PyTorch's FSDP2 over Gloo/TCP, FSDP2's own transport
+  // FULL_SHARD against PyTorch's FSDP2 over Gloo/TCP, FSDP2's own transport
   // (FSDP_SHARED_MEMORY=0), and with the shared-memory transport.
   struct Target { const char* name; const char* num; const char* den; double goal; };
   const Target targets[] = {{"zero2+cpuadam_vs_no_shard+cpuadam", "ZERO2+CPUAdam", "NO_SHARD+CPUAdam", 0.95},

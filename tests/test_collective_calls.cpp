@@ -165,6 +165,20 @@ void labelled_calls(comm::ProcessGroup& pg) {
     EXPECT_EQ(calls[4].phase, Phase::Unlabelled);
     EXPECT_EQ(calls[4].numel, 3);
   });
+
+  run_case("a tensor off the CPU is refused before anything moves, naming the call", [&] {
+    // The meta device stands in for CUDA here: any device but the CPU is refused alike.
+    auto t = torch::empty({4}, torch::TensorOptions().device(torch::kMeta));
+    try {
+      comm::all_reduce(pg, t, comm::ReduceOp::Sum, {Phase::Backward, "blocks.1"}).wait();
+      ADD_FAILURE() << "a meta tensor was accepted";
+    } catch (const c10::Error& e) {
+      const std::string msg = e.what_without_backtrace();
+      for (const char* part : {"all_reduce", "group 'world'", "backward blocks.1", "rank", "meta", "CPU tensors only"})
+        EXPECT_NE(msg.find(part), std::string::npos) << part << " missing in: " << msg;
+    }
+    EXPECT_TRUE(rec.take().empty()) << "a refused call reached the observers";
+  });
 }
 
 }  // namespace

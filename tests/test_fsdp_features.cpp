@@ -1,4 +1,4 @@
-// FSDP features beyond plain training (issue 3): no_sync and gradient
+// FSDP features beyond plain training: no_sync and gradient
 // accumulation, clip_grad_norm_, evaluation between steps, unused branches,
 // frozen parameters, construction checks, parameter identity and memory_stats.
 // Every check compares with an independent reference: the same model trained

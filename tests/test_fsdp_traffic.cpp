@@ -12,8 +12,8 @@
 //   all_gather * (N-1) + reduce_scatter
 // bytes to its peers, to compare with the ring optimum of what the strategy moves per
 // rank and step: 3Ψ(N-1)/N for FULL_SHARD (gather in forward, again in backward,
-// reduce-scatter; from the second step the unit that finished forward last is not
-// re-gathered, one unit's gather less) and 2Ψ(N-1)/N for SHARD_GRAD_OP; NO_SHARD's all-reduce writes every element once
+// reduce-scatter; from the second step the two units that finished forward last are
+// not re-gathered, two units' gathers less) and 2Ψ(N-1)/N for SHARD_GRAD_OP; NO_SHARD's all-reduce writes every element once
 // (its reduce-scatter stage the peers' chunks, its all-gather stage its own
 // reduced chunk, which N-1 peers read): 2Ψ(N-1)/N delivered per rank on average over
 // the ranks (derived; asserted is the Ψ each rank writes, since which chunk a rank

@@ -322,7 +322,7 @@ std::pair<torch::Tensor, torch::Tensor> gpt_batch(int64_t step, const GptConfig&
   return {seq.slice(1, 0, 16), seq.slice(1, 1, 17)};
 }
 
-// Issue 15's bound, at N=2 and 4, for fsdp-train's gpt with 16 blocks: the
+// The sharded-construction bound (memory_estimate.h), at N=2 and 4, for fsdp-train's gpt with 16 blocks: the
 // allocator-counted construction peak <= shards + largest unit x (1 + 1/N) +
 // parameters outside units, +5%; then identical initial values and losses.
 void gpt16_cases(comm::ProcessGroup& pg) {

@@ -79,7 +79,23 @@ int64_t CollectiveCall::numel() const {
   return out.defined() ? out.numel() : 0;
 }
 
+namespace {
+
+// The transports move host memory (memcpy into rings, Gloo over TCP from data_ptr()):
+// a tensor elsewhere is refused before anything moves, naming the call.
+void require_host_memory(const ProcessGroup& g, const CollectiveCall& c) {
+  for (const at::Tensor* t : {&c.out, &c.in}) {
+    if (!t->defined() || t->device().is_cpu()) continue;
+    TORCH_CHECK(false, "fsdp: ", to_string(c.op), " on group '", g.name(), "' (", c.label.describe(), ") on rank ",
+                g.rank(), ": the tensor is on ", t->device(), ", but this group's transports (shared memory, "
+                "Gloo) move CPU tensors only; keep the model and its buffers on the CPU");
+  }
+}
+
+}  // namespace
+
 CommHandle issue(const ProcessGroup& g, CollectiveCall call) {
+  require_host_memory(g, call);
   notify(g, call);
   if (g.size() == 1) return complete_locally(call);
   count(g, call);

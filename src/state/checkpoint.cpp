@@ -277,7 +277,7 @@ Loaded open_checkpoint(const std::string& dir) {
 // memory as large as everything the rank loads (3x its parameter bytes under
 // Adam), and first-touching fresh memory (page faults, kernel zero-fill) costs
 // about as much as the read itself; that is why a load reads into the
-// optimizer's existing state (issue 19). The page cache holds the records'
+// optimizer's existing state. The page cache holds the records'
 // bytes anyway once they are read, so mapping it makes it the staging area: no
 // allocation, and the commit is the one copy any load makes. What atomicity adds
 // to a load that reads and checksums straight into its targets: the checksum

@@ -104,9 +104,8 @@ uint32_t crc32_of(const void* data, size_t n, uint32_t crc) {
 // destination line into the cache (read-for-ownership): three memory transfers
 // per byte instead of two. Streaming stores write whole lines without reading
 // them. The copied values are not used again during the load (the next use is a
-// training step, by which time they would have left the cache anyway). Measured
-// alternating with memcpy (docs/benchmarks.md, bench_checkpoint, loaded machine):
-// the commit's CPU -35-45%, a cached load's -10-20%.
+// training step, by which time they would have left the cache anyway). The
+// comparison with memcpy is bench_checkpoint's (docs/benchmarks.md).
 void copy_out(void* dst, const void* src, size_t n) {
 #if defined(__x86_64__)
   if (n >= kStreamingCopyMin) {

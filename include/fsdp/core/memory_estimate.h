@@ -53,7 +53,7 @@ ModelStateEstimate estimate_zero_model_state(int64_t num_params, int world_size,
 ///            Σ_j chunk(n_j) + outside + chunk(outside)): unit k is built next to
 ///            the shards before it and copied into its own; then FSDP flattens
 ///            the root unit. With equal units: shards + largest unit +
-///            parameters outside units (issue 15's bound, shards + largest unit
+///            parameters outside units (the construction bound, shards + largest unit
 ///            x (1 + 1/N) + outside, counts the last unit's shard twice).
 ///   after    p (Σ_j chunk(n_j) + chunk(outside)): the shards, either way.
 /// Gradients, optimizer state and activations come later (estimate_model_state).

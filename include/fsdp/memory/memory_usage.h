@@ -1,6 +1,6 @@
 #pragma once
 // Bytes one rank holds, by what they are for. One type shared by the sharded optimizer's
-// get_memory_usage() (issue 14) and the memory tracer (issue 15), so that both report the
+// get_memory_usage() and the memory tracer, so that both report the
 // same categories and a user adds them up the same way. Counting is the producer's business
 // (tensor storage sizes, or the allocator); this is only the vocabulary.
 #include <cstdint>

@@ -7,9 +7,8 @@
 /// A step's loss is a scalar every rank computes on its own samples; the global mean
 /// needs one all-reduce of a few bytes over the whole world. Waited for at once, that
 /// all-reduce is a synchronisation point on the critical path of every step: across
-/// hosts it costs a round of network latency per rank hop (at 1 Gbit/s between two
-/// simulated hosts, 2 x 2 ranks: 43.9 against 39.4 ms per step, docs/benchmarks.md),
-/// and it makes the fastest rank wait for the slowest before its next forward.
+/// hosts it costs a round of network latency per rank hop (docs/benchmarks.md), and
+/// it makes the fastest rank wait for the slowest before its next forward.
 /// Started instead right after the optimizer step and taken back after the *next*
 /// step's optimizer step, it runs on the transport's threads while that step computes,
 /// and costs nothing when it is done by then. The price is that step s's metrics are
