@@ -131,7 +131,7 @@ void labelled_calls(comm::ProcessGroup& pg) {
   });
 
   run_case("a full state dict gathers each unit, labelled state_dict", [&] {
-    (void)full_state_dict(*model, FullStateDictConfig());
+    (void)fsdp::state_dict(*model);  // FULL by default
     const auto calls = rec.take();
     std::set<std::string> units;
     for (const auto& c : calls) {
@@ -190,7 +190,7 @@ TEST(CollectiveCalls, LabelsDescribeThemselves) {
   EXPECT_EQ(comm::CallLabel(Phase::Forward, "blocks.3").describe(), "forward blocks.3");
   EXPECT_TRUE(comm::scope_label().empty());
   {
-    comm::LabelScope a({Phase::Step});
+    comm::LabelScope a(comm::CallLabel(Phase::Step));
     EXPECT_EQ(comm::scope_label().describe(), "step");
   }
   EXPECT_TRUE(comm::scope_label().empty());

@@ -200,7 +200,7 @@ void Runtime::prefetch_forward(const Unit& current) {
   Unit* next = *it;
   // Only a unit that has not run forward yet in this iteration.
   if (next->state() != UnitState::IDLE || !next->needs_gather() || !may_prefetch(current)) return;
-  if (next->issue_gather()) note_transient_bytes();
+  if (next->issue_gather(comm::Phase::Forward)) note_transient_bytes();
 }
 
 void Runtime::prefetch_backward(const Unit& current) {

@@ -79,7 +79,7 @@ bool Unit::needs_gather() const { return flat_->separate_unsharded() && !flat_->
 
 std::string Unit::trace_name(const char* what) const { return std::string(what) + " " + label(); }
 
-bool Unit::issue_gather() {
+bool Unit::issue_gather(comm::Phase phase) {
   if (!needs_gather()) return false;
   flat_->alloc_unsharded(*ctx_.pool);
   if (flat_->sharded()) {
@@ -88,8 +88,6 @@ bool Unit::issue_gather() {
     PendingGather g;
     g.source = flat_->shard_for_gather();
     gather_mark_ = ctx_.tracer->begin();
-    // IDLE: gathered for forward; AWAIT_BACKWARD: for backward ([Note: unit lifecycle]).
-    const comm::Phase phase = state_ == UnitState::IDLE ? comm::Phase::Forward : comm::Phase::Backward;
     g.handle = comm::all_gather_into(ctx_.gather_group, flat_->unsharded(), g.source, {phase, label()});
     pending_gather_ = std::move(g);
   } else {
@@ -145,7 +143,7 @@ bool Unit::begin_forward(bool training, const GradHookFactory& make_hook) {
   transition(UnitState::FORWARD, "pre_forward");
   // Gradient pieces from earlier backward passes stay on the parameters until
   // backward starts (stash_grads), so that the user can still zero or read them.
-  const bool allocated = issue_gather();
+  const bool allocated = issue_gather(comm::Phase::Forward);
   wait_gather();
   if (flat_->state() != FlatState::Unsharded) flat_->use_unsharded_views();
   if (training) ensure_grad_accumulators(make_hook);
@@ -231,14 +229,14 @@ void Unit::stash_grads() {
 
 bool Unit::gather_ahead_of_backward() {
   transition(UnitState::GATHERED_FOR_BACKWARD, "backward gather");
-  return issue_gather();  // waited for in begin_backward or before any free
+  return issue_gather(comm::Phase::Backward);  // waited for in begin_backward or before any free
 }
 
 bool Unit::begin_backward() {
   // Out of the planned order (the graph differs from the forward order) the
   // gather is issued here: still correct on this rank, but only safe if every
   // rank does the same.
-  const bool allocated = issue_gather();
+  const bool allocated = issue_gather(comm::Phase::Backward);
   transition(UnitState::BACKWARD, "output gradient hook");
   wait_gather();
   return allocated;

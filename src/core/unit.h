@@ -116,7 +116,8 @@ class Unit {
   /// Whether the parameters are not gathered: a forward prefetch or a backward
   /// gather must fetch them (false when never sharded or still gathered).
   bool needs_gather() const;
-  bool issue_gather();                 // alloc + start the all-gather (no-op if allocated); true: allocated
+  // alloc + start the all-gather for `phase` (no-op if allocated); true: allocated
+  bool issue_gather(comm::Phase phase);
   void wait_gather();                  // complete an issued all-gather (no-op otherwise)
   bool gather_pending() const { return pending_gather_.has_value(); }
 
