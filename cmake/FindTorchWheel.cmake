@@ -4,7 +4,7 @@
 #
 # Sets FSDP_PYTHON_EXECUTABLE (the interpreter, absolute), FSDP_TORCH_VERSION (e.g. 2.11.0+cu130), FSDP_TORCH_LIB_DIR (the wheel's torch/lib) and
 # FSDP_TORCH_CUDA (ON when the wheel's libtorch was built with CUDA), FSDP_TORCH_CUDA_LIB_DIRS
-# (the wheel's nvidia-* library directories), and puts the wheel's
+# (the wheel's nvidia-* library directories), FSDP_NCCL_INCLUDE_DIR (nccl.h), and puts the wheel's
 # CMake package on CMAKE_PREFIX_PATH.
 if(EXISTS "${CMAKE_SOURCE_DIR}/.venv/bin/python")
   set(_fsdp_default_python "${CMAKE_SOURCE_DIR}/.venv/bin/python")
@@ -49,4 +49,8 @@ list(PREPEND CMAKE_PREFIX_PATH "${_fsdp_torch_prefix}")
 # installed on the machine, whose NCCL may be older than the one the wheel was built with.
 get_filename_component(_fsdp_site_packages "${FSDP_TORCH_LIB_DIR}/../.." ABSOLUTE)
 file(GLOB FSDP_TORCH_CUDA_LIB_DIRS LIST_DIRECTORIES true "${_fsdp_site_packages}/nvidia/*/lib")
+# NCCL's header, from the wheel's nvidia-nccl package (c10d's ProcessGroupNCCL.hpp includes it);
+# the same NCCL the wheel's libtorch_cuda was built with.
+find_path(FSDP_NCCL_INCLUDE_DIR nccl.h HINTS "${_fsdp_site_packages}/nvidia/nccl/include"
+  DOC "directory holding nccl.h (the torch wheel's nvidia/nccl/include)")
 message(STATUS "fsdp: libtorch ${FSDP_TORCH_VERSION} from ${FSDP_PYTHON} (CUDA: ${FSDP_TORCH_CUDA})")

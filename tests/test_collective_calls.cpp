@@ -174,7 +174,7 @@ void labelled_calls(comm::ProcessGroup& pg) {
       ADD_FAILURE() << "a meta tensor was accepted";
     } catch (const c10::Error& e) {
       const std::string msg = e.what_without_backtrace();
-      for (const char* part : {"all_reduce", "group 'world'", "backward blocks.1", "rank", "meta", "CPU tensors only"})
+      for (const char* part : {"all_reduce", "group 'world'", "backward blocks.1", "rank", "meta", "CPU and CUDA tensors only"})
         EXPECT_NE(msg.find(part), std::string::npos) << part << " missing in: " << msg;
     }
     EXPECT_TRUE(rec.take().empty()) << "a refused call reached the observers";

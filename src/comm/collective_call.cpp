@@ -81,25 +81,42 @@ int64_t CollectiveCall::numel() const {
 
 namespace {
 
-// The transports move host memory (memcpy into rings, Gloo over TCP from data_ptr()):
-// a tensor elsewhere is refused before anything moves, naming the call.
-void require_host_memory(const ProcessGroup& g, const CollectiveCall& c) {
-  for (const at::Tensor* t : {&c.out, &c.in}) {
-    if (!t->defined() || t->device().is_cpu()) continue;
-    TORCH_CHECK(false, "fsdp: ", to_string(c.op), " on group '", g.name(), "' (", c.label.describe(), ") on rank ",
-                g.rank(), ": the tensor is on ", t->device(), ", but this group's transports (shared memory, "
-                "Gloo) move CPU tensors only; keep the model and its buffers on the CPU");
+// The device of a call's tensors: CPU tensors take the group's transport, CUDA tensors its
+// device transport ([Note: CUDA tensors in a process group] in device/cuda_backend.cpp).
+// Anything else, a call mixing devices, or CUDA tensors on a group that moves none is
+// refused before anything moves, naming the call.
+Transport& transport_for(const ProcessGroup& g, const CollectiveCall& c) {
+  const at::Tensor& first = c.out.defined() ? c.out : c.in;
+  if (!first.defined() || first.device().is_cpu()) {
+    TORCH_CHECK(!c.in.defined() || c.in.device().is_cpu(), "fsdp: ", to_string(c.op), " on group '", g.name(), "' (",
+                c.label.describe(), ") on rank ", g.rank(), ": its tensors are on ", first.device(), " and ",
+                c.in.device(), "; put both on one device");
+    return *g.transport();
   }
+  const at::Device d = first.device();
+  TORCH_CHECK(!c.in.defined() || c.in.device() == d, "fsdp: ", to_string(c.op), " on group '", g.name(), "' (",
+              c.label.describe(), ") on rank ", g.rank(), ": its tensors are on ", d, " and ", c.in.device(),
+              "; put both on one device");
+  TORCH_CHECK(d.is_cuda() && g.device_transport(), "fsdp: ", to_string(c.op), " on group '", g.name(), "' (",
+              c.label.describe(), ") on rank ", g.rank(), ": the tensor is on ", d, ", but this group moves ",
+              d.is_cuda() ? "no CUDA tensors (a rank of the world has no GPU, or this build has no CUDA; see "
+                            "fsdp::comm::Backend)"
+                          : "CPU and CUDA tensors only");
+  TORCH_CHECK(!d.has_index() || d.index() == g.cuda_device(), "fsdp: ", to_string(c.op), " on group '", g.name(),
+              "' (", c.label.describe(), ") on rank ", g.rank(), ": the tensor is on ", d, " but this rank is bound to cuda:",
+              g.cuda_device(), " (InitOptions::device_index)");
+  return *g.device_transport();
 }
 
 }  // namespace
 
 CommHandle issue(const ProcessGroup& g, CollectiveCall call) {
-  require_host_memory(g, call);
+  Transport& t = transport_for(g, call);
   notify(g, call);
-  if (g.size() == 1) return complete_locally(call);
+  // A one-rank group completes CPU calls locally; CUDA calls still go to the backend, so
+  // that a one-GPU run issues what a many-GPU run does.
+  if (g.size() == 1 && &t == g.transport().get()) return complete_locally(call);
   count(g, call);
-  Transport& t = *g.transport();
   switch (call.op) {
     case CollectiveOp::AllGather: return t.all_gather(g, call.out, call.in);
     case CollectiveOp::ReduceScatter: return t.reduce_scatter(g, call.out, call.in, call.reduce);

@@ -43,6 +43,7 @@ const char* to_string(CommPath path) {
     case CommPath::Local: return "local";
     case CommPath::SharedMemory: return "shm";
     case CommPath::Gloo: return "gloo";
+    case CommPath::Nccl: return "nccl";
   }
   return "?";
 }

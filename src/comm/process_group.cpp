@@ -28,6 +28,8 @@
 #include "route.h"
 #include "comm/shm/shm_engine.h"
 #include "comm/shm/shm_transport.h"
+#include "comm/device/cuda_backend.h"
+#include "comm/device/device_transport.h"
 #include "transport.h"
 
 namespace fsdp::comm {
@@ -128,6 +130,8 @@ struct ProcessGroup::State {
   detail::TransportConfig transport_config;
   std::shared_ptr<detail::ShmEngine> shm_engine;
   std::shared_ptr<detail::Transport> transport;  // chosen when the group is created
+  detail::CudaPlacement cuda;                    // the world's, inherited by sub-groups
+  std::shared_ptr<detail::Transport> device_transport;  // CUDA tensors; null when none
 };
 
 ProcessGroup::ProcessGroup(c10::intrusive_ptr<::c10d::ProcessGroup> pg,
@@ -162,6 +166,12 @@ const LaunchEnv& ProcessGroup::launch_env() const { FSDP_PG_STATE(); return stat
 const c10::intrusive_ptr<::c10d::ProcessGroup>& ProcessGroup::c10d() const { FSDP_PG_STATE(); return state_->pg; }
 const c10::intrusive_ptr<::c10d::Store>& ProcessGroup::store() const { FSDP_PG_STATE(); return state_->store; }
 const std::shared_ptr<detail::Transport>& ProcessGroup::transport() const { FSDP_PG_STATE(); return state_->transport; }
+const std::shared_ptr<detail::Transport>& ProcessGroup::device_transport() const {
+  FSDP_PG_STATE();
+  return state_->device_transport;
+}
+int ProcessGroup::cuda_device() const { FSDP_PG_STATE(); return state_->cuda.device_index; }
+Backend ProcessGroup::cuda_backend() const { FSDP_PG_STATE(); return state_->cuda.enabled() ? state_->cuda.backend : Backend::Auto; }
 
 const std::shared_ptr<detail::ShmChannel>& ProcessGroup::shm_channel() const {
   FSDP_PG_STATE();
@@ -246,10 +256,15 @@ ProcessGroup ProcessGroup::new_subgroup(std::vector<int> ranks) {
   if (!state_->device) state_->device = make_gloo_device(state_->env);
   auto pg = make_gloo(prefixed, sub_rank, static_cast<int>(ranks.size()), state_->device,
                       state_->timeout);
+  if (state_->cuda.backend == Backend::NCCL)
+    detail::attach_nccl(pg, prefixed, sub_rank, static_cast<int>(ranks.size()), state_->timeout,
+                        state_->cuda.device_index);
   ProcessGroup out(pg, state_->store, sub.str(), std::move(global), state_->env, state_->timeout);
   out.state_->world_peers = state_->world_peers;
   out.state_->device = state_->device;
   out.state_->transport_config = state_->transport_config;
+  out.state_->cuda = state_->cuda;
+  out.state_->device_transport = detail::make_device_transport(state_->cuda);
   out.state_->shm_engine = state_->shm_engine;
   // Gloo's constructor returns once *this* rank's pairs are connected; a peer may
   // still be finishing its handshake. Without a barrier, a fast rank that drops
@@ -305,8 +320,8 @@ ProcessGroup init_process_group(const InitOptions& options) {
   LaunchEnv env = parse_launch_env(process_env(), options.overrides());
   const auto timeout = options.timeout();
   TORCH_CHECK(timeout.count() > 0, "fsdp: init_process_group timeout must be positive");
-  TORCH_CHECK(options.backend() != Backend::NCCL,
-              "fsdp: the NCCL backend needs a libtorch built with CUDA; this build has none. "
+  TORCH_CHECK(options.backend() != Backend::NCCL || detail::nccl_built(), "fsdp: rank ", env.rank,
+              ": Backend::NCCL needs a libtorch built with CUDA and NCCL; this build has none. "
               "Use Backend::Gloo (CPU tensors)");
   // Checked before the rendezvous, so that a bad value fails at once on the rank that has it.
   const detail::TransportConfig config = transport_config(options, env.rank);
@@ -381,7 +396,8 @@ ProcessGroup init_process_group(const InitOptions& options) {
     check_no_remote_loopback(hosts, addrs, env.rank);
   }
 
-  // 3. The world group.
+  // 3. Where CUDA tensors go ([Note: CUDA tensors in a process group]), then the world group.
+  const detail::CudaPlacement cuda = detail::place_cuda_tensors(options, env, *store, timeout);
   auto pg_store = c10::make_intrusive<::c10d::PrefixStore>("fsdp/pg/world", store);
   auto device = make_gloo_device(env);
   c10::intrusive_ptr<::c10d::ProcessGroup> pg;
@@ -392,6 +408,7 @@ ProcessGroup init_process_group(const InitOptions& options) {
                 " failed to connect the Gloo process group within ", timeout.count(),
                 " ms: ", e.what(), "; are all ", env.world_size, " ranks running?");
   }
+  if (cuda.backend == Backend::NCCL) detail::attach_nccl(pg, pg_store, env.rank, env.world_size, timeout, cuda.device_index);
   std::vector<int> global(env.world_size);
   for (int r = 0; r < env.world_size; ++r) global[r] = r;
   ProcessGroup out(pg, store, "world", std::move(global), env, timeout);
@@ -404,6 +421,8 @@ ProcessGroup init_process_group(const InitOptions& options) {
   out.state_->transport_config = config;
   if (config.shared_memory) out.state_->shm_engine = std::make_shared<detail::ShmEngine>();
   out.state_->transport = detail::make_transport(out, config, out.state_->shm_engine);
+  out.state_->cuda = cuda;
+  out.state_->device_transport = detail::make_device_transport(cuda);
   return out;
 }
 

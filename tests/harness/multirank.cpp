@@ -123,19 +123,24 @@ void run_case(const std::string& name, const std::function<void()>& body) {
   }
 }
 
+comm::InitOptions worker_init_options() {
+  TORCH_CHECK(is_worker(), "harness: worker_init_options() outside a rank worker");
+  comm::LaunchOverrides ov;
+  ov.rank = env_int(kRankVar, 0);
+  ov.world_size = env_int(kWorldVar, 1);
+  return comm::InitOptions()
+      .file_store_path(std::getenv(kStoreVar))
+      .timeout(std::chrono::milliseconds(env_int(kTimeoutVar, 60000)))
+      .overrides(ov);
+}
+
 void run_ranks(int world_size, const std::function<void(comm::ProcessGroup&)>& body,
                const RankOptions& options) {
   const int call = next_call_index();
   if (is_worker()) {
     if (env_int(kCallVar, -1) != call) return;  // another call's workers
     TORCH_CHECK(env_int(kWorldVar, -1) == world_size, "harness: worker world size mismatch");
-    comm::LaunchOverrides ov;
-    ov.rank = env_int(kRankVar, 0);
-    ov.world_size = world_size;
-    auto opts = comm::InitOptions()
-                    .file_store_path(std::getenv(kStoreVar))
-                    .timeout(std::chrono::milliseconds(env_int(kTimeoutVar, 60000)))
-                    .overrides(ov);
+    auto opts = worker_init_options().backend(options.backend);
     try {
       auto pg = comm::init_process_group(opts);
       body(pg);

@@ -24,6 +24,7 @@ struct RankOptions {
   std::chrono::milliseconds collective_timeout{60000};
   int threads_per_rank = 1;                        ///< at::set_num_threads in each worker
   std::vector<std::string> extra_env;              ///< "K=V" for every worker
+  comm::Backend backend = comm::Backend::Auto;     ///< what moves CUDA tensors
 };
 
 void run_ranks(int world_size, const std::function<void(comm::ProcessGroup&)>& body,
@@ -31,6 +32,10 @@ void run_ranks(int world_size, const std::function<void(comm::ProcessGroup&)>& b
 
 /// True inside a rank worker process.
 bool is_worker();
+/// Inside a rank worker: the InitOptions its world was made with (store, rank, timeout,
+/// backend), for a test that makes a second world over the same store (with a store_prefix
+/// of its own).
+comm::InitOptions worker_init_options();
 /// Inside a rank worker: the directory of the current run_ranks call (it holds the
 /// store and the ranks' logs), shared by its ranks, for files a test does not keep
 /// (trace files). The launcher removes it after every rank has exited.

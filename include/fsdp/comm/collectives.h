@@ -62,8 +62,9 @@ enum class CommPath {
   Local,         ///< a group of one rank: nothing moved
   SharedMemory,  ///< the group's rings in /dev/shm (every rank on this host)
   Gloo,          ///< Gloo over TCP (loopback inside a host, the network across hosts)
+  Nccl,          ///< NCCL (CUDA tensors)
 };
-/// "local", "shm", "gloo" (the words the FSDP trace uses).
+/// "local", "shm", "gloo", "nccl" (the words the FSDP trace uses).
 const char* to_string(CommPath path);
 
 class CommHandle {

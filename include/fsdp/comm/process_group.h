@@ -24,6 +24,10 @@ class ShmChannel;
 class Transport;
 }  // namespace detail
 
+/// What moves CUDA tensors (CPU tensors always take shared memory or Gloo). NCCL needs one
+/// GPU per rank; Gloo stages CUDA tensors through host memory and allows ranks to share a GPU;
+/// Auto takes NCCL when every rank has a GPU of its own, Gloo when ranks share GPUs, and no
+/// CUDA tensors at all when some rank has no GPU (or this build has no CUDA).
 enum class Backend { Auto, Gloo, NCCL };
 
 /// Options of init_process_group (libtorch style: chained setters).
@@ -47,6 +51,8 @@ struct InitOptions {
   /// exchange arena (comm::allocate_collective_buffer), so that they are copied through
   /// the rings (for comparisons). All are read once, here.
   TORCH_ARG(bool, shared_memory) = true;
+  /// The CUDA device this rank binds: -1 takes its local rank modulo the visible devices.
+  TORCH_ARG(int, device_index) = -1;
 };
 
 /// A process group and this rank's place in it. Cheap to copy (shared state).
@@ -89,6 +95,13 @@ class ProcessGroup {
   /// How this group's collectives move data, chosen when the group was created (see
   /// [Note: transports] in src/comm/transport.h). Internal to fsdp::comm.
   const std::shared_ptr<detail::Transport>& transport() const;
+  /// How this group's CUDA tensors move (NCCL or Gloo), or nullptr when the world moves
+  /// none (see Backend). Internal to fsdp::comm.
+  const std::shared_ptr<detail::Transport>& device_transport() const;
+  /// The CUDA device this rank is bound to, -1 when the world moves no CUDA tensors.
+  int cuda_device() const;
+  /// The backend of CUDA tensors: NCCL or Gloo; Auto when there is none.
+  Backend cuda_backend() const;
 
   /// Host and pid of a member, as published at rendezvous (for error messages).
   std::string describe_peer(int rank) const;

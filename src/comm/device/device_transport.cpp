@@ -1,0 +1,83 @@
+#include "comm/device/device_transport.h"
+
+#include <ATen/ATen.h>
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include "comm/tensor_bytes.h"
+
+namespace fsdp::comm::detail {
+
+namespace {
+
+// Sums, then divides for Avg: Gloo has no average, and one rule keeps both backends alike.
+c10d::ReduceOp c10d_op(ReduceOp op) {
+  return op == ReduceOp::Max ? c10d::ReduceOp(c10d::ReduceOp::MAX) : c10d::ReduceOp(c10d::ReduceOp::SUM);
+}
+
+}  // namespace
+
+CommHandle DeviceTransport::all_gather(const ProcessGroup& g, const at::Tensor& flat, const at::Tensor& shard) {
+  at::Tensor out = flat;
+  at::Tensor in = shard;
+  auto work = g.c10d()->_allgather_base(out, in);
+  return CommHandle(work, g, "all_gather", [out, in]() {}, path_);
+}
+
+CommHandle DeviceTransport::reduce_scatter(const ProcessGroup& g, const at::Tensor& out, const at::Tensor& flat,
+                                           ReduceOp op) {
+  // The output may lie inside the flat buffer: reduce into a tensor of its own then.
+  at::Tensor target = overlaps(out, flat) ? at::empty_like(out) : out;
+  at::Tensor input = flat;
+  c10d::ReduceScatterOptions opts;
+  opts.reduceOp = c10d_op(op);
+  auto work = g.c10d()->_reduce_scatter_base(target, input, opts);
+  const int n = g.size();
+  return CommHandle(work, g, "reduce_scatter", [out, target, input, op, n]() {
+    if (op == ReduceOp::Avg) target.div_(n);
+    if (!target.is_same(out)) out.copy_(target);
+  }, path_);
+}
+
+CommHandle DeviceTransport::all_reduce(const ProcessGroup& g, const at::Tensor& t, ReduceOp op) {
+  std::vector<at::Tensor> tensors{t};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = c10d_op(op);
+  auto work = g.c10d()->allreduce(tensors, opts);
+  const int n = g.size();
+  return CommHandle(work, g, "all_reduce", [tensors, op, n]() {
+    if (op == ReduceOp::Avg) tensors[0].div_(n);
+  }, path_);
+}
+
+CommHandle DeviceTransport::broadcast(const ProcessGroup& g, const at::Tensor& t, int root) {
+  std::vector<at::Tensor> tensors{t};
+  c10d::BroadcastOptions opts;
+  opts.rootRank = root;
+  auto work = g.c10d()->broadcast(tensors, opts);
+  return CommHandle(work, g, "broadcast", [tensors]() {}, path_);
+}
+
+void DeviceTransport::barrier(const ProcessGroup& g) {
+  // A barrier moves no tensor: the CPU backend's, as the group's own transport does.
+  wait(g.c10d()->getBackend(c10::kCPU)->barrier(), g, "barrier");
+}
+
+std::shared_ptr<Transport> make_device_transport(const CudaPlacement& placement) {
+  if (!placement.enabled()) return nullptr;
+  return std::make_shared<DeviceTransport>(placement.backend == Backend::NCCL ? CommPath::Nccl : CommPath::Gloo);
+}
+
+void DeviceTransport::wait(const c10::intrusive_ptr<c10d::Work>& work, const ProcessGroup& g, const std::string& op) {
+  try {
+    work->wait(g.timeout());
+  } catch (const std::exception& e) {
+    const auto* ce = dynamic_cast<const c10::Error*>(&e);
+    const char* cause = ce ? ce->what_without_backtrace() : e.what();
+    TORCH_CHECK(false, "fsdp: ", op, " of CUDA tensors on group '", g.name(), "' failed on rank ", g.rank(), " of ",
+                g.size(), " (world rank ", g.global_rank(), ", timeout ", g.timeout().count(), " ms): ", cause,
+                g.dead_peers_hint(), ". Another rank probably exited or stopped calling collectives; check its log");
+  }
+}
+
+}  // namespace fsdp::comm::detail

@@ -1,0 +1,35 @@
+#pragma once
+// Internal to src/comm: the transport of a group's CUDA tensors ([Note: CUDA tensors in a
+// process group] in cuda_backend.cpp): c10d collectives on the group's c10d::ProcessGroup,
+// which hands them to the backend registered for CUDA (NCCL, or Gloo staging through host
+// memory). Results are NCCL's or Gloo's sums, not the rank-order sums of the CPU transports.
+#include <memory>
+
+#include "comm/device/cuda_backend.h"
+#include "comm/transport.h"
+
+namespace fsdp::comm::detail {
+
+class DeviceTransport final : public Transport {
+ public:
+  /// `path`: CommPath::Nccl or CommPath::Gloo, what the group registered for CUDA.
+  explicit DeviceTransport(CommPath path) : path_(path) {}
+
+  CommHandle all_gather(const ProcessGroup& g, const at::Tensor& flat, const at::Tensor& shard) override;
+  CommHandle reduce_scatter(const ProcessGroup& g, const at::Tensor& out, const at::Tensor& flat,
+                            ReduceOp op) override;
+  CommHandle all_reduce(const ProcessGroup& g, const at::Tensor& t, ReduceOp op) override;
+  CommHandle broadcast(const ProcessGroup& g, const at::Tensor& t, int root) override;
+  void barrier(const ProcessGroup& g) override;
+  void wait(const c10::intrusive_ptr<c10d::Work>& work, const ProcessGroup& g,
+            const std::string& op) override;
+
+ private:
+  CommPath path_;
+};
+
+/// The device transport of a group of a world placed as `placement`; nullptr when the world
+/// moves no CUDA tensors.
+std::shared_ptr<Transport> make_device_transport(const CudaPlacement& placement);
+
+}  // namespace fsdp::comm::detail
