@@ -1,5 +1,5 @@
 #include "fsdp/state/checkpoint.h"
-#include "fsdp/state/checkpoint_testing.h"
+#include "checkpoint_testing.h"
 
 #include <algorithm>
 #include <cstring>
