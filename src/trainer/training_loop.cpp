@@ -131,7 +131,7 @@ void restore_rng(const CheckpointExtra& extra, const comm::ProcessGroup& pg) {
 /// Rank 0 prints each rank's model-state bytes next to unsharded Adam training's 16 B
 /// per parameter and the ZeRO accounting for the strategy.
 void memory_summary(const TrainerOptions& o, const comm::ProcessGroup& pg, const LoopModel& m) {
-  const std::string& name = o.strategy().name();
+  const std::string name = o.strategy().name();
   const int n = pg.size();
   int group = 0;
   bool bf16 = false;
@@ -141,7 +141,7 @@ void memory_summary(const TrainerOptions& o, const comm::ProcessGroup& pg, const
     const auto fo = o.strategy().resolved_fsdp();
     group = fo.shard_group_size() > 0 ? fo.shard_group_size() : pg.local_world_size();
   }
-  const double zero = model_state_estimate(name, m.num_params, n, group, bf16);
+  const double zero = model_state_estimate(o.strategy(), m.num_params, n, group, bf16);
   if (pg.rank() == 0) {
     char z[32], u[32];
     format_bytes(zero, z, sizeof z);

@@ -73,7 +73,8 @@ std::unique_ptr<torch::optim::Optimizer> make_zero_optimizer(const TrainOptions&
   else
     inner = zo::inner_optimizer<zo::CPUAdam>(zo::CPUAdamOptions(lr).weight_decay(o.weight_decay));
   auto params = net->parameters();
-  auto options = zo::ZeroOptions().process_group(pg).stage(o.strategy == "zero1" ? 1 : 2).module(net);
+  const int stage = fsdp::trainer::Strategy::parse(o.strategy).zero_stage();
+  auto options = zo::ZeroOptions().process_group(pg).stage(stage).module(net);
   // bf16 as under FSDP: bf16 parameters for compute, fp32 masters stepped, fp32 reduced gradients.
   if (o.mixed_precision == "bf16") options.param_dtype(torch::kBFloat16);
   return std::make_unique<zo::ZeroRedundancyOptimizer>(params, inner, options);
@@ -141,8 +142,8 @@ void print_summary(const TrainOptions& o, const comm::ProcessGroup& pg, const Ta
     // --mixed-precision bf16), next to what each rank measured.
     // HYBRID_SHARD's default shard group is the ranks of one host, as the wrapper resolves it.
     const int group = o.shard_group_size > 0 ? o.shard_group_size : pg.local_world_size();
-    const double zero = fsdp::trainer::model_state_estimate(o.strategy, num_params, n, group,
-                                                            o.mixed_precision == "bf16");
+    const double zero = fsdp::trainer::model_state_estimate(fsdp::trainer::Strategy::parse(o.strategy), num_params,
+                                                            n, group, o.mixed_precision == "bf16");
     char z[32];
     format_bytes(zero, z, sizeof z);
     std::printf("memory per rank (%lld parameters; unsharded Adam training holds 16 B/param = %lld B; "
@@ -199,7 +200,7 @@ class TrainHooks : public fsdp::trainer::Callback {
 /// the next step runs (its callbacks only record); the summary is fsdp-train's own.
 fsdp::trainer::TrainerOptions loop_options(const TrainOptions& o, int64_t total_steps) {
   return fsdp::trainer::TrainerOptions()
-      .strategy(fsdp::trainer::Strategy(o.strategy))
+      .strategy(fsdp::trainer::Strategy::parse(o.strategy))
       .max_steps(total_steps)
       .global_batch_size(o.batch_size)
       .shuffle(o.shuffle)

@@ -4,7 +4,7 @@
 ///
 ///     using namespace fsdp::trainer;
 ///     Trainer<NetImpl> trainer(TrainerOptions()
-///         .strategy(Strategy("full_shard").fsdp(
+///         .strategy(Strategy(StrategyKind::FULL_SHARD).fsdp(
 ///             fsdp::Options().auto_wrap_policy(fsdp::module_type_policy<BlockImpl>())))
 ///         .max_epochs(3).global_batch_size(64).devices(2)
 ///         .checkpoint_dir("ckpt").resume("auto").metrics_file("metrics.jsonl"));
@@ -407,7 +407,7 @@ class Trainer {
       lm.module = model_->module_.get();
       optim::ZeroOptions zo = st.zero();
       zo.process_group(pg)
-          .stage(st.name() == "zero1" ? 1 : 2)
+          .stage(st.zero_stage())
           .module(model_->module_)
           .clip_grad_norm(options_.gradient_clip_val());
       OptimizerFactory user = optimizer_factory_;
