@@ -1,6 +1,6 @@
 #pragma once
 // Internal to src/trainer: what every phase of run_training_loop reads, the call's
-// arguments in one place (see training_loop.h).
+// arguments in one place (see training_loop.h for their contract).
 #include <chrono>
 #include <memory>
 #include <vector>
@@ -21,15 +21,16 @@ struct LoopContext {
   const LoopModel& model;
   const LoopData& data;
   const std::vector<std::shared_ptr<Callback>>& callbacks;
+  const LoopNames& names;
 
   int rank() const { return pg.rank(); }
   int world() const { return pg.size(); }
   /// Rank 0 writes the metrics file, the progress and the messages.
   bool lead() const { return pg.rank() == 0; }
-  /// What the loop's messages start with (TrainerOptions::log_name).
-  const char* program() const { return options.log_name().c_str(); }
-  /// How they name the resume setting (TrainerOptions::resume_name).
-  const char* resume_setting() const { return options.resume_name().c_str(); }
+  /// What the loop's messages start with (LoopNames::program).
+  const char* program() const { return names.program.c_str(); }
+  /// How they name the resume setting (LoopNames::resume).
+  const char* resume_setting() const { return names.resume.c_str(); }
 };
 
 }  // namespace fsdp::trainer::detail

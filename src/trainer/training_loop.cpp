@@ -127,11 +127,16 @@ FitResult run_phases(const LoopContext& ctx) {
 
 }  // namespace
 
+}  // namespace fsdp::trainer::detail
+
+namespace fsdp::trainer {
+
 FitResult run_training_loop(const TrainerOptions& o, const comm::ProcessGroup& pg, const LoopModel& model,
-                            const LoopData& data, const std::vector<std::shared_ptr<Callback>>& callbacks) {
-  const LoopContext ctx{o, pg, model, data, callbacks};
-  check_model(model, ctx.program());
-  return run_phases(ctx);
+                            const LoopData& data, const std::vector<std::shared_ptr<Callback>>& callbacks,
+                            const LoopNames& names) {
+  const detail::LoopContext ctx{o, pg, model, data, callbacks, names};
+  detail::check_model(model, ctx.program());
+  return detail::run_phases(ctx);
 }
 
-}  // namespace fsdp::trainer::detail
+}  // namespace fsdp::trainer

@@ -133,12 +133,6 @@ struct TrainerOptions {
   TORCH_ARG(bool, metrics_append_on_resume) = true;
   /// The key validation lines of metrics_file hold their values under.
   TORCH_ARG(std::string, metrics_validation_key) = "validation";
-  /// What the loop's own messages on stderr and its errors start with ("fsdp-train"
-  /// for that tool), so that a program's messages carry the program's name.
-  TORCH_ARG(std::string, log_name) = "fsdp::Trainer";
-  /// How those messages name the resume option ("--resume" for fsdp-train), e.g.
-  /// "<log_name>: <resume_name> auto: skipped: <resume_name> DIR: <why>".
-  TORCH_ARG(std::string, resume_name) = "resume";
   /// Rank 0 prints progress on stderr every log_every_n_steps steps (a bar on a terminal).
   TORCH_ARG(bool, progress) = true;
   TORCH_ARG(int64_t, log_every_n_steps) = 10;
