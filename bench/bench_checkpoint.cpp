@@ -52,7 +52,7 @@
 #include "fsdp/comm/collectives.h"
 #include "fsdp/core/fully_sharded.h"
 #include "fsdp/state/checkpoint.h"
-#include "fsdp/state/checkpoint_testing.h"
+#include "state/checkpoint_testing.h"
 #include "fsdp/state/checkpoint_tools.h"
 #include "harness/counting_allocator.h"  // header-only; the benchmark does not link the harness
 

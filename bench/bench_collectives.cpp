@@ -69,6 +69,7 @@
 #include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include "comm/comm_testing.h"
 #include "fsdp/comm/collectives.h"
 #include "fsdp/comm/process_group.h"
 #include "bench_launch.h"

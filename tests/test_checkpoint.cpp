@@ -19,7 +19,7 @@
 #include "fsdp/comm/collectives.h"
 #include "fsdp/optim/cpu_adam.h"
 #include "fsdp/state/checkpoint.h"
-#include "fsdp/state/checkpoint_testing.h"
+#include "state/checkpoint_testing.h"
 #include "fsdp/state/checkpoint_tools.h"
 #include "fsdp/state/optim_state_dict.h"
 #include "fsdp/state/state_dict.h"

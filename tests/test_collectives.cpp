@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include "comm/comm_testing.h"
 #include "fsdp/comm/collectives.h"
 #include "harness/multirank.h"
 #include "comm/kernels/row_sum_kernel.h"

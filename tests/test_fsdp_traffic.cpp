@@ -21,6 +21,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "comm/comm_testing.h"
 #include "fsdp/comm/collectives.h"
 #include "harness/models.h"
 #include "harness/multirank.h"

@@ -19,6 +19,7 @@
 
 #include <torch/torch.h>
 
+#include "comm/comm_testing.h"
 #include "fsdp/comm/collectives.h"
 #include "fsdp/state/checkpoint.h"
 #include "fsdp/state/summon_full_params.h"

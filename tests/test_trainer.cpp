@@ -34,6 +34,7 @@ namespace {
 using trainer::Callback;
 using trainer::FitResult;
 using trainer::Strategy;
+using trainer::StrategyKind;
 using trainer::Trainer;
 using trainer::TrainerOptions;
 using Params = std::map<std::string, torch::Tensor>;
@@ -293,12 +294,12 @@ void parity_case(comm::ProcessGroup& pg, const std::string& name, const Parity& 
   });
 }
 
-/// An FSDP strategy by name, one unit per block.
-Strategy by_block(const std::string& name) {
-  return Strategy(name).fsdp(fsdp::Options().auto_wrap_policy(module_type_policy<BlockImpl>()));
+/// A strategy with one FSDP unit per block.
+Strategy by_block(StrategyKind kind) {
+  return Strategy(kind).fsdp(fsdp::Options().auto_wrap_policy(module_type_policy<BlockImpl>()));
 }
 
-void parity_case(comm::ProcessGroup& pg, const std::string& strategy, int64_t k, int64_t steps, bool drop = false,
+void parity_case(comm::ProcessGroup& pg, StrategyKind strategy, int64_t k, int64_t steps, bool drop = false,
                  double clip = 0) {
   Parity c;
   c.strategy = by_block(strategy);
@@ -306,7 +307,8 @@ void parity_case(comm::ProcessGroup& pg, const std::string& strategy, int64_t k,
   c.steps = steps;
   c.drop = drop;
   c.clip = clip;
-  parity_case(pg, strategy + " k=" + std::to_string(k) + (drop ? " drop" : "") + (clip > 0 ? " clip" : ""), c);
+  parity_case(pg, c.strategy.name() + " k=" + std::to_string(k) + (drop ? " drop" : "") + (clip > 0 ? " clip" : ""),
+              c);
 }
 
 /// The last-batch cases of 20 samples in batches of 6 actually happen.
@@ -391,20 +393,20 @@ void dataset_types_case(comm::ProcessGroup& pg) {
 TEST(Trainer, MatchesSingleProcessStepByStep) {
   // 6 steps = one epoch of 4 (the 4th short) and two steps of the next epoch.
   run_ranks(1, [](comm::ProcessGroup& pg) {
-    parity_case(pg, "full_shard", 1, 6);
+    parity_case(pg, StrategyKind::FULL_SHARD, 1, 6);
     dataset_types_case(pg);
   }, rank_options());
   run_ranks(2, [](comm::ProcessGroup& pg) {
-    parity_case(pg, "full_shard", 1, 6);
-    parity_case(pg, "full_shard", 3, 6);  // accumulation: 3 micro-batches of 2 == one batch of 6
-    parity_case(pg, "no_shard", 1, 4, /*drop=*/true);  // 3 steps an epoch: step 4 is epoch 1's first
-    parity_case(pg, "zero2", 3, 4);
-    parity_case(pg, "full_shard", 3, 4, false, /*clip=*/0.05);
+    parity_case(pg, StrategyKind::FULL_SHARD, 1, 6);
+    parity_case(pg, StrategyKind::FULL_SHARD, 3, 6);  // accumulation: 3 micro-batches of 2 == one batch of 6
+    parity_case(pg, StrategyKind::NO_SHARD, 1, 4, /*drop=*/true);  // 3 steps an epoch: step 4 is epoch 1's first
+    parity_case(pg, StrategyKind::ZERO2, 3, 4);
+    parity_case(pg, StrategyKind::FULL_SHARD, 3, 4, false, /*clip=*/0.05);
   }, rank_options());
   run_ranks(3, [](comm::ProcessGroup& pg) {
-    parity_case(pg, "full_shard", 1, 6);  // short batch of 2 on 3 ranks: rank 0 weighs 0
-    parity_case(pg, "shard_grad_op", 2, 4);
-    parity_case(pg, "zero1", 1, 4, false, /*clip=*/0.05);
+    parity_case(pg, StrategyKind::FULL_SHARD, 1, 6);  // short batch of 2 on 3 ranks: rank 0 weighs 0
+    parity_case(pg, StrategyKind::SHARD_GRAD_OP, 2, 4);
+    parity_case(pg, StrategyKind::ZERO1, 1, 4, false, /*clip=*/0.05);
   }, rank_options());
 }
 
@@ -416,10 +418,10 @@ TEST(Trainer, MixedPrecisionBf16) {
     Parity c;
     c.bf16 = true;
     c.steps = 4;  // the 4th is the short batch of 2
-    c.strategy = by_block("full_shard");
+    c.strategy = by_block(StrategyKind::FULL_SHARD);
     c.strategy.fsdp().mixed_precision(fsdp::MixedPrecision().param_dtype(torch::kBFloat16));
     parity_case(pg, "full_shard bf16 k=1", c);
-    c.strategy = Strategy("zero2").zero(optim::ZeroOptions().param_dtype(torch::kBFloat16));
+    c.strategy = Strategy(StrategyKind::ZERO2).zero(optim::ZeroOptions().param_dtype(torch::kBFloat16));
     c.k = 3;
     parity_case(pg, "zero2 bf16 k=3", c);
   }, rank_options());
@@ -435,7 +437,7 @@ struct Counter : Callback {
 
 /// Adam + StepLR, checkpoints every 3 steps, 8 steps (2 epochs).
 TT resume_trainer(const std::string& ckpt, const std::string& resume, const std::string& metrics = "",
-                  const std::string& strategy = "full_shard") {
+                  StrategyKind strategy = StrategyKind::FULL_SHARD) {
   TT t = make_trainer(TrainerOptions()
                           .strategy(Strategy(strategy)
                                         .fsdp(fsdp::Options().auto_wrap_policy(module_type_policy<BlockImpl>())))
@@ -567,7 +569,7 @@ TEST(Trainer, ResumeBitwiseAndAcrossWorldSizes) {
   // the same samples meet in every step.
   for (int n : {3, 1}) {
     run_ranks(n, [&](comm::ProcessGroup& pg) {
-      const std::string strategy = pg.size() == 3 ? "shard_grad_op" : "no_shard";
+      const StrategyKind strategy = pg.size() == 3 ? StrategyKind::SHARD_GRAD_OP : StrategyKind::NO_SHARD;
       std::vector<torch::Tensor> ref;
       torch::load(ref, test_dir() + "/reference.pt");
       auto losses = ref[0];
@@ -591,18 +593,18 @@ TEST(Trainer, ResumeBitwiseAndAcrossWorldSizes) {
 TEST(Trainer, ResumeUnderZero) {
   const std::string ckpt = test_dir() + "/resume_zero";
   run_ranks(2, [&](comm::ProcessGroup& pg) {
-    TT full = resume_trainer(ckpt, "", "", "zero2");
+    TT full = resume_trainer(ckpt, "", "", StrategyKind::ZERO2);
     FitResult a = full.fit(pg);
     ASSERT_EQ(a.losses.size(), 8u);
     const Params final_a = full_parameters(*full.trained_model());
     if (pg.rank() == 0) save_reference(a, final_a, test_dir() + "/reference_zero.pt");
-    TT resumed = resume_trainer(ckpt + "2", ckpt + "/step-3", "", "zero2");
+    TT resumed = resume_trainer(ckpt + "2", ckpt + "/step-3", "", StrategyKind::ZERO2);
     FitResult b = resumed.fit(pg);
     expect_continues_bitwise(a, final_a, b, resumed, 3);
   }, rank_options());
   for (int n : {3, 1}) {
     run_ranks(n, [&](comm::ProcessGroup& pg) {
-      const std::string strategy = pg.size() == 3 ? "zero1" : "full_shard";
+      const StrategyKind strategy = pg.size() == 3 ? StrategyKind::ZERO1 : StrategyKind::FULL_SHARD;
       std::vector<torch::Tensor> ref;
       torch::load(ref, test_dir() + "/reference_zero.pt");
       TT resumed = resume_trainer(test_dir() + "/resume_zero_n" + std::to_string(pg.size()), ckpt + "/step-3", "",
@@ -611,11 +613,11 @@ TEST(Trainer, ResumeUnderZero) {
       ASSERT_EQ(b.losses.size(), 5u);
       for (size_t i = 0; i < 5; ++i) {
         const double want = ref[0][int64_t(i + 3)].item<double>();
-        EXPECT_NEAR(b.losses[i], want, 1e-5 * std::abs(want)) << strategy << " step " << i + 4;
+        EXPECT_NEAR(b.losses[i], want, 1e-5 * std::abs(want)) << trainer::to_string(strategy) << " step " << i + 4;
       }
       const Params p = full_parameters(*resumed.trained_model());
       size_t i = 1;
-      for (auto& [name, t] : p) EXPECT_LT(rel_diff(t, ref[i++]), 1e-5) << strategy << " " << name;
+      for (auto& [name, t] : p) EXPECT_LT(rel_diff(t, ref[i++]), 1e-5) << trainer::to_string(strategy) << " " << name;
     }, rank_options());
   }
 }
@@ -625,10 +627,10 @@ TEST(Trainer, ResumeUnderZero) {
 TEST(Trainer, ResumeUnderBf16) {
   run_ranks(2, [&](comm::ProcessGroup& pg) {
     const std::vector<Strategy> strategies = {
-        Strategy("full_shard").fsdp(fsdp::Options()
+        Strategy(StrategyKind::FULL_SHARD).fsdp(fsdp::Options()
                                         .auto_wrap_policy(module_type_policy<BlockImpl>())
                                         .mixed_precision(fsdp::MixedPrecision().param_dtype(torch::kBFloat16))),
-        Strategy("zero2").zero(optim::ZeroOptions().param_dtype(torch::kBFloat16))};
+        Strategy(StrategyKind::ZERO2).zero(optim::ZeroOptions().param_dtype(torch::kBFloat16))};
     for (const auto& strategy : strategies) {
       run_case(strategy.name() + " bf16", [&] {
         const std::string ckpt = test_dir() + "/resume_bf16_" + strategy.name();
@@ -657,7 +659,7 @@ TEST(Trainer, ResumeUnderBf16) {
 TEST(Trainer, HybridShard) {
   const std::string ckpt = test_dir() + "/resume_hybrid";
   run_ranks(4, [&](comm::ProcessGroup& pg) {
-    Strategy hybrid = by_block("hybrid_shard");
+    Strategy hybrid = by_block(StrategyKind::HYBRID_SHARD);
     hybrid.fsdp().shard_group_size(2);
     Parity c;
     c.strategy = hybrid;
@@ -700,7 +702,7 @@ TEST(Trainer, BatchSamplerValidationLoopResumeCheck) {
     };
     const RegressionSet data(kSamples), val(13, 99);
     auto custom_trainer = [&](TrainerOptions o, std::vector<std::vector<int64_t>>* seen) {
-      TT t = make_trainer(o.strategy(by_block("full_shard")).global_batch_size(6).seed(3));
+      TT t = make_trainer(o.strategy(by_block(StrategyKind::FULL_SHARD)).global_batch_size(6).seed(3));
       t.train_data(kSamples, TT::BatchFn([&data, seen](const std::vector<int64_t>& idx) {
          if (seen) seen->push_back(idx);
          auto i = torch::tensor(idx, torch::kLong);
@@ -804,12 +806,23 @@ TEST(Trainer, BadOptionsFailOnEveryRank) {
           .training_step([](TT::Model& m, torch::data::Example<>& b) { return m.forward(b.data).mean(); });
       expect_error(t, "no training dataset");
     });
-    run_case("unknown strategy", [&] {
-      TT t = make_trainer(TrainerOptions().strategy("zero3"));
-      expect_error(t, "unknown strategy 'zero3'");
+    run_case("unknown strategy name", [&] {
+      // A strategy is an enum; only a name from a command line can be unknown.
+      try {
+        Strategy::parse("zero3");
+        ADD_FAILURE() << "Strategy::parse accepted 'zero3'";
+      } catch (const c10::Error& e) {
+        const std::string msg = e.what_without_backtrace();
+        EXPECT_NE(msg.find("unknown strategy 'zero3'; use one of fsdp, full_shard, shard_grad_op, hybrid_shard, "
+                           "no_shard, zero1, zero2"),
+                  std::string::npos)
+            << msg;
+      }
+      for (const char* name : {"fsdp", "full_shard", "shard_grad_op", "hybrid_shard", "no_shard", "zero1", "zero2"})
+        EXPECT_EQ(Strategy::parse(name).name(), name);
     });
     run_case("fsdp mixed precision under zero2", [&] {
-      TT t = make_trainer(TrainerOptions().strategy(Strategy("zero2").fsdp(
+      TT t = make_trainer(TrainerOptions().strategy(Strategy(StrategyKind::ZERO2).fsdp(
           fsdp::Options().mixed_precision(fsdp::MixedPrecision().param_dtype(torch::kBFloat16)))));
       expect_error(t, "strategy 'zero2' does not use fsdp().mixed_precision()");
     });

@@ -10,6 +10,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include "collective_call.h"
+#include "comm_testing.h"
 #include "group_comm_state.h"
 #include "tensor_bytes.h"
 #include "transport.h"

@@ -1,8 +1,10 @@
-// The public setters of collectives.h over detail::comm_tuning() (see comm_tuning.h).
+// The setters of collectives.h and comm_testing.h over detail::comm_tuning() (see
+// comm_tuning.h).
 #include "comm_tuning.h"
 
 #include <c10/util/Exception.h>
 
+#include "comm_testing.h"
 #include "fsdp/comm/collectives.h"
 
 namespace fsdp::comm {

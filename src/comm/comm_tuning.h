@@ -1,7 +1,7 @@
 #pragma once
 // Internal to src/comm: the per-call knobs of collectives.h (set_comm_segment_bytes,
-// set_comm_alltoall_max_bytes, set_comm_shared_memory). They are public API, process-wide
-// by their contract (benchmarks and tests flip them between calls, and every rank of a
+// set_comm_alltoall_max_bytes) and comm_testing.h (set_comm_shared_memory). They are
+// process-wide by their contract (benchmarks and tests flip them between calls, and every rank of a
 // group must hold the same values when it issues a call), so they are kept here once
 // and read by the transports when a call is issued, never cached in a group.
 #include <atomic>

@@ -1,7 +1,7 @@
 #include "fsdp/state/checkpoint.h"
 
+#include "checkpoint_testing.h"
 #include "fsdp/comm/call_label.h"
-#include "fsdp/state/checkpoint_testing.h"
 
 #include <algorithm>
 #include <cstring>

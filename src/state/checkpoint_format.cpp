@@ -1,5 +1,5 @@
 #include "checkpoint_format.h"
-#include "fsdp/state/checkpoint_testing.h"
+#include "checkpoint_testing.h"
 
 #include <dlfcn.h>
 #include <fcntl.h>

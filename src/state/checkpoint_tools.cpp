@@ -14,7 +14,7 @@
 
 #include "checkpoint_format.h"
 #include "checkpoint_zip.h"
-#include "fsdp/state/checkpoint_testing.h"
+#include "checkpoint_testing.h"
 #include "unpickled_dict.h"
 
 namespace fsdp {

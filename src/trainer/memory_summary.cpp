@@ -41,11 +41,12 @@ MemorySample model_memory(FullyShardedBase* fsdp, torch::optim::Optimizer& opt) 
   return s;
 }
 
-double model_state_estimate(const std::string& strategy, int64_t num_params, int world_size, int shard_group_size,
+double model_state_estimate(const Strategy& strategy, int64_t num_params, int world_size, int shard_group_size,
                             bool bf16) {
-  if (strategy == "zero1" || strategy == "zero2")
-    return estimate_zero_model_state(num_params, world_size, strategy == "zero1" ? 1 : 2, bf16 ? 2 : 4).total();
-  return estimate_model_state(num_params, world_size, parse_sharding_strategy(strategy), shard_group_size).total();
+  if (strategy.is_zero())
+    return estimate_zero_model_state(num_params, world_size, strategy.zero_stage(), bf16 ? 2 : 4).total();
+  return estimate_model_state(num_params, world_size, strategy.resolved_fsdp().sharding_strategy(), shard_group_size)
+      .total();
 }
 
 void format_bytes(double b, char* out, size_t n) {

@@ -4,33 +4,59 @@
 
 namespace fsdp::trainer {
 
-fsdp::Options Strategy::resolved_fsdp() const {
-  fsdp::Options o = fsdp();
-  if (name() == "full_shard") o.sharding_strategy(ShardingStrategy::FULL_SHARD);
-  else if (name() == "shard_grad_op") o.sharding_strategy(ShardingStrategy::SHARD_GRAD_OP);
-  else if (name() == "hybrid_shard") o.sharding_strategy(ShardingStrategy::HYBRID_SHARD);
-  else if (name() == "no_shard") o.sharding_strategy(ShardingStrategy::NO_SHARD);
-  else TORCH_INTERNAL_ASSERT(name() == "fsdp", "resolved_fsdp() for strategy '", name(), "'");
-  return o;
-}
-
 namespace {
 
-bool known_strategy(const std::string& n) {
-  for (const char* k : {"fsdp", "full_shard", "shard_grad_op", "hybrid_shard", "no_shard", "zero1", "zero2"})
-    if (n == k) return true;
-  return false;
-}
+constexpr StrategyKind kAllKinds[] = {StrategyKind::FSDP,         StrategyKind::FULL_SHARD, StrategyKind::SHARD_GRAD_OP,
+                                      StrategyKind::HYBRID_SHARD, StrategyKind::NO_SHARD,   StrategyKind::ZERO1,
+                                      StrategyKind::ZERO2};
 
 }  // namespace
 
+const char* to_string(StrategyKind kind) {
+  switch (kind) {
+    case StrategyKind::FSDP: return "fsdp";
+    case StrategyKind::FULL_SHARD: return "full_shard";
+    case StrategyKind::SHARD_GRAD_OP: return "shard_grad_op";
+    case StrategyKind::HYBRID_SHARD: return "hybrid_shard";
+    case StrategyKind::NO_SHARD: return "no_shard";
+    case StrategyKind::ZERO1: return "zero1";
+    case StrategyKind::ZERO2: return "zero2";
+  }
+  TORCH_INTERNAL_ASSERT(false, "StrategyKind ", static_cast<int>(kind));
+}
+
+Strategy Strategy::parse(const std::string& name) {
+  std::string valid;
+  for (StrategyKind kind : kAllKinds) {
+    if (name == to_string(kind)) return Strategy(kind);
+    valid += std::string(valid.empty() ? "" : ", ") + to_string(kind);
+  }
+  TORCH_CHECK(false, "unknown strategy '", name, "'; use one of ", valid);
+}
+
+int Strategy::zero_stage() const {
+  TORCH_INTERNAL_ASSERT(is_zero(), "zero_stage() for strategy '", name(), "'");
+  return kind_ == StrategyKind::ZERO1 ? 1 : 2;
+}
+
+fsdp::Options Strategy::resolved_fsdp() const {
+  fsdp::Options o = fsdp();
+  switch (kind_) {
+    case StrategyKind::FSDP: break;
+    case StrategyKind::FULL_SHARD: o.sharding_strategy(ShardingStrategy::FULL_SHARD); break;
+    case StrategyKind::SHARD_GRAD_OP: o.sharding_strategy(ShardingStrategy::SHARD_GRAD_OP); break;
+    case StrategyKind::HYBRID_SHARD: o.sharding_strategy(ShardingStrategy::HYBRID_SHARD); break;
+    case StrategyKind::NO_SHARD: o.sharding_strategy(ShardingStrategy::NO_SHARD); break;
+    case StrategyKind::ZERO1:
+    case StrategyKind::ZERO2: TORCH_INTERNAL_ASSERT(false, "resolved_fsdp() for strategy '", name(), "'");
+  }
+  return o;
+}
+
 std::string trainer_options_error(const TrainerOptions& o, const TrainerParts& parts, int world_size) {
   std::ostringstream e;
-  const std::string& s = o.strategy().name();
-  if (!known_strategy(s))
-    e << "unknown strategy '" << s
-      << "'; use one of fsdp, full_shard, shard_grad_op, hybrid_shard, no_shard, zero1, zero2";
-  else if (o.strategy().is_zero() && o.strategy().fsdp().mixed_precision().enabled())
+  const std::string s = o.strategy().name();
+  if (o.strategy().is_zero() && o.strategy().fsdp().mixed_precision().enabled())
     // ZeRO leaves the model unwrapped, so nothing would apply FSDP's policy: training
     // would silently run in fp32.
     e << "strategy '" << s << "' does not use fsdp().mixed_precision() (the model is not wrapped); "

@@ -1,7 +1,7 @@
 #pragma once
 /// --checkpoint-dir / --resume: what fsdp-train stores with a checkpoint besides what the
 /// library's loop stores (the weights, the optimizer state, the step and every rank's
-/// RNG state: [Note: trainer checkpoint state] in src/trainer/training_loop.cpp), and the
+/// RNG state: [Note: trainer checkpoint state] in src/trainer/trainer_state.h), and the
 /// checks that a resumed run continues the same run.
 ///
 /// [Note: training state] The data a step trains on is a pure function of (--seed, step,

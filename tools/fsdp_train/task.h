@@ -1,6 +1,6 @@
 #pragma once
 /// What a model trains on: the global batch of every step and the evaluation set. The
-/// training loop (the library's, fsdp::trainer::detail::run_training_loop, driven by
+/// training loop (the library's, fsdp::trainer::run_training_loop, driven by
 /// train.cpp) is the same for every model; a Task supplies the data: its batch sampler
 /// (train_indices) and its samples (train_samples).
 ///  * image task (mlp, cnn): Fashion-MNIST, see [Note: image batches] in image_task.cpp.

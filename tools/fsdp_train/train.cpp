@@ -73,7 +73,8 @@ std::unique_ptr<torch::optim::Optimizer> make_zero_optimizer(const TrainOptions&
   else
     inner = zo::inner_optimizer<zo::CPUAdam>(zo::CPUAdamOptions(lr).weight_decay(o.weight_decay));
   auto params = net->parameters();
-  auto options = zo::ZeroOptions().process_group(pg).stage(o.strategy == "zero1" ? 1 : 2).module(net);
+  const int stage = fsdp::trainer::Strategy::parse(o.strategy).zero_stage();
+  auto options = zo::ZeroOptions().process_group(pg).stage(stage).module(net);
   // bf16 as under FSDP: bf16 parameters for compute, fp32 masters stepped, fp32 reduced gradients.
   if (o.mixed_precision == "bf16") options.param_dtype(torch::kBFloat16);
   return std::make_unique<zo::ZeroRedundancyOptimizer>(params, inner, options);
@@ -141,8 +142,8 @@ void print_summary(const TrainOptions& o, const comm::ProcessGroup& pg, const Ta
     // --mixed-precision bf16), next to what each rank measured.
     // HYBRID_SHARD's default shard group is the ranks of one host, as the wrapper resolves it.
     const int group = o.shard_group_size > 0 ? o.shard_group_size : pg.local_world_size();
-    const double zero = fsdp::trainer::model_state_estimate(o.strategy, num_params, n, group,
-                                                            o.mixed_precision == "bf16");
+    const double zero = fsdp::trainer::model_state_estimate(fsdp::trainer::Strategy::parse(o.strategy), num_params,
+                                                            n, group, o.mixed_precision == "bf16");
     char z[32];
     format_bytes(zero, z, sizeof z);
     std::printf("memory per rank (%lld parameters; unsharded Adam training holds 16 B/param = %lld B; "
@@ -194,12 +195,12 @@ class TrainHooks : public fsdp::trainer::Callback {
 };
 
 /// fsdp-train's flags as the library loop's options: the Task's batches, fsdp-train's
-/// evaluation, its metrics format (truncated on resume, validation under "eval") and its
-/// name on messages; step-0 saved with --checkpoint-dir; each step's loss reduced while
-/// the next step runs (its callbacks only record); the summary is fsdp-train's own.
+/// evaluation and its metrics format (truncated on resume, validation under "eval");
+/// step-0 saved with --checkpoint-dir; each step's loss reduced while the next step runs
+/// (its callbacks only record); the summary is fsdp-train's own.
 fsdp::trainer::TrainerOptions loop_options(const TrainOptions& o, int64_t total_steps) {
   return fsdp::trainer::TrainerOptions()
-      .strategy(fsdp::trainer::Strategy(o.strategy))
+      .strategy(fsdp::trainer::Strategy::parse(o.strategy))
       .max_steps(total_steps)
       .global_batch_size(o.batch_size)
       .shuffle(o.shuffle)
@@ -213,15 +214,45 @@ fsdp::trainer::TrainerOptions loop_options(const TrainOptions& o, int64_t total_
       .metrics_file(o.metrics_path)
       .metrics_append_on_resume(false)
       .metrics_validation_key("eval")
-      .log_name("fsdp-train")
-      .resume_name("--resume")
       .progress(true)
       .log_every_n_steps(o.log_every)
       .overlap_step_metrics(true)
       .memory_summary(false);
 }
 
-/// Trains with the library's loop (fsdp::trainer::detail::run_training_loop), then
+/// The Task's data and fsdp-train's steps as the loop's hooks: the Task's batch
+/// sampler, the task loss, fsdp-train's evaluation (its result kept in `last_eval` for
+/// the summary) and its resume check (the flags that must match, resume.h).
+fsdp::trainer::LoopData loop_data(const TrainOptions& o, const comm::ProcessGroup& pg, Task& task,
+                                  const Forward& forward, EvalResult& last_eval) {
+  fsdp::trainer::LoopData data;
+  data.train_size = task.train_size();
+  data.steps_per_epoch = task.steps_per_epoch();
+  data.batch_indices = [&task](int64_t step) { return task.train_indices(step); };
+  data.train_step = [&task, &forward](const std::vector<int64_t>& indices) {
+    Batch batch = task.train_samples(indices);
+    return task_loss(forward(batch.inputs), batch.targets);
+  };
+  data.validation_loop = [&pg, &task, &forward, &last_eval](int64_t step) {
+    last_eval = evaluate(forward, pg, task);
+    fsdp::trainer::ValidationMetrics vm;
+    vm.values = {{"loss", last_eval.loss}, {"accuracy", last_eval.accuracy}};
+    vm.samples = last_eval.total;
+    char line[200];
+    std::snprintf(line, sizeof line, "eval @ step %lld: %s loss %.4f  accuracy %.2f%%", (long long)step,
+                  task.eval_name(), last_eval.loss, 100.0 * last_eval.accuracy);
+    vm.note = line;
+    return vm;
+  };
+  data.resume_check = [&o](const std::string& dir, const std::map<std::string, std::string>& saved) {
+    TrainOptions candidate = o;
+    candidate.resume = dir;
+    return check_compatible(candidate, saved);
+  };
+  return data;
+}
+
+/// Trains with the library's loop (fsdp::trainer::run_training_loop), then
 /// reports. `fsdp_model` is the FSDP wrapper (parameters, units, memory, checkpoints), or
 /// null under zero1/zero2 (`opt` is then the ZeroRedundancyOptimizer); `module` the
 /// unwrapped model; `forward` the typed forward.
@@ -248,39 +279,20 @@ int train(const TrainOptions& o, const comm::ProcessGroup& pg, FullyShardedBase*
                  o.strategy.c_str(), world, o.optimizer.c_str(), o.effective_lr(), (long long)o.batch_size,
                  (long long)total_steps);
 
-  fsdp::trainer::detail::LoopModel lm;
+  fsdp::trainer::LoopModel lm;
   lm.fsdp = fsdp_model;
   lm.zero = zero_opt;
   lm.optimizer = opt.get();
   lm.module = &module;
   lm.num_params = num_params;
-  fsdp::trainer::detail::LoopData data;
-  data.train_size = task.train_size();
-  data.steps_per_epoch = task.steps_per_epoch();
-  data.batch_indices = [&task](int64_t step) { return task.train_indices(step); };
-  data.train_step = [&](const std::vector<int64_t>& indices) {
-    Batch batch = task.train_samples(indices);
-    return task_loss(forward(batch.inputs), batch.targets);
-  };
   EvalResult last_eval;
-  data.validation_loop = [&](int64_t step) {
-    last_eval = evaluate(forward, pg, task);
-    fsdp::trainer::ValidationMetrics vm;
-    vm.values = {{"loss", last_eval.loss}, {"accuracy", last_eval.accuracy}};
-    vm.samples = last_eval.total;
-    char line[200];
-    std::snprintf(line, sizeof line, "eval @ step %lld: %s loss %.4f  accuracy %.2f%%", (long long)step,
-                  task.eval_name(), last_eval.loss, 100.0 * last_eval.accuracy);
-    vm.note = line;
-    return vm;
-  };
-  data.resume_check = [&o](const std::string& dir, const std::map<std::string, std::string>& saved) {
-    TrainOptions candidate = o;
-    candidate.resume = dir;
-    return check_compatible(candidate, saved);
-  };
-  const fsdp::trainer::FitResult r = fsdp::trainer::detail::run_training_loop(
-      loop_options(o, total_steps), pg, lm, data, {std::make_shared<TrainHooks>(o, lead, tracer.get())});
+  // The loop's messages in fsdp-train's words: "fsdp-train: --resume auto: skipped: ...".
+  fsdp::trainer::LoopNames names;
+  names.program = "fsdp-train";
+  names.resume = "--resume";
+  const fsdp::trainer::FitResult r =
+      fsdp::trainer::run_training_loop(loop_options(o, total_steps), pg, lm, loop_data(o, pg, task, forward, last_eval),
+                                       {std::make_shared<TrainHooks>(o, lead, tracer.get())}, names);
 
   if (tracer) {
     const auto at = o.memory_trace.find("{rank}");

@@ -56,8 +56,8 @@ namespace fsdp::comm {
 enum class ReduceOp { Sum, Avg, Max };  // Max: all_reduce only
 
 /// How a collective's bytes moved. Set by the transport that took the call, so it names
-/// the path really taken: a shared-memory group under set_comm_shared_memory(false), or its
-/// broadcast, reports Gloo.
+/// the path really taken: a shared-memory group's broadcast, which goes through Gloo,
+/// reports Gloo.
 enum class CommPath {
   Local,         ///< a group of one rank: nothing moved
   SharedMemory,  ///< the group's rings in /dev/shm (every rank on this host)
@@ -109,12 +109,6 @@ int64_t comm_segment_bytes();
 /// Process-wide; every rank of a group must use the same value.
 void set_comm_alltoall_max_bytes(int64_t bytes);
 int64_t comm_alltoall_max_bytes();
-/// Whether groups that have a shared-memory channel use it (InitOptions::shared_memory;
-/// see [Note: shared-memory transport] in src/comm/shm/shm_channel.cpp). Default true. For
-/// benchmarks and tests that compare the two transports in one run: process-wide, and
-/// every rank of a group must use the same value for each call.
-void set_comm_shared_memory(bool on);
-bool comm_shared_memory();
 /// Bytes of scratch buffers kept between calls by live groups (see "Memory" above).
 int64_t comm_cached_bytes();
 
@@ -151,17 +145,5 @@ struct CommCounters {
   void reset() { all_gather = 0; reduce_scatter = 0; all_reduce = 0; broadcast = 0; }
 };
 CommCounters& comm_counters();
-/// Bytes this process published to its peers through its shared-memory ring slots, per
-/// op, counted where the piece is published (each slot is then read by one peer, or by
-/// every peer for all-gather data): copied into the slot, or published in place from the
-/// exchange arena (see shm_in_place_counters). A measurement of the shared-memory
-/// transport, to compare with comm_counters() volumes: all-gather publishes the shard once,
-/// reduce-scatter (N-1)/N of the flat buffer, all-reduce the tensor once (its
-/// reduce-scatter stage (N-1)/N, its all-gather stage this rank's chunk). `broadcast`
-/// stays 0 (broadcast goes through Gloo).
-CommCounters& shm_slot_counters();
-/// The part of shm_slot_counters() published in place: peers read it from this rank's
-/// exchange arena, and nothing was copied into a slot (see allocate_collective_buffer).
-CommCounters& shm_in_place_counters();
 
 }  // namespace fsdp::comm

@@ -20,7 +20,7 @@
 /// run resumed at another world size continue the same data. With equal parts the
 /// loss of rank r's part is a mean over the same count everywhere, and the step's
 /// loss is the plain mean of the parts' means ([Note: step loss] in
-/// training_loop.cpp); with a short batch the parts differ, so the Trainer weights
+/// src/trainer/step_runner.cpp); with a short batch the parts differ, so the Trainer weights
 /// each rank's mean by its count (a plain mean of per-rank means would overweight
 /// the small parts). A batch_sampler of one's own (trainer.h) replaces steps 1-2.
 /// Torch-free.

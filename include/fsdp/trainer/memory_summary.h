@@ -19,6 +19,7 @@
 #include "fsdp/comm/process_group.h"
 #include "fsdp/core/fully_sharded.h"
 #include "fsdp/trainer/callback.h"
+#include "fsdp/trainer/trainer_options.h"
 
 namespace fsdp::trainer {
 
@@ -32,12 +33,12 @@ int64_t optimizer_state_bytes(torch::optim::Optimizer& opt);
 /// optimizer state from `opt`; rss_bytes the process's resident set.
 MemorySample model_memory(FullyShardedBase* fsdp, torch::optim::Optimizer& opt);
 
-/// The ZeRO accounting for a run's strategy, in bytes per rank with Adam: `strategy`
-/// "zero1" / "zero2" (estimate_zero_model_state) or an FSDP strategy name
-/// (estimate_model_state; `shard_group_size`: HYBRID_SHARD's group). `bf16`: bf16
-/// parameters with fp32 masters, which changes zero1/zero2's figures only (FSDP's mixed
-/// precision keeps fp32 shards and gathers bf16 copies transiently).
-double model_state_estimate(const std::string& strategy, int64_t num_params, int world_size, int shard_group_size,
+/// The ZeRO accounting for a run's strategy, in bytes per rank with Adam: ZERO1 / ZERO2
+/// (estimate_zero_model_state) or an FSDP kind (estimate_model_state with the sharding
+/// strategy of strategy.resolved_fsdp(); `shard_group_size`: HYBRID_SHARD's group).
+/// `bf16`: bf16 parameters with fp32 masters, which changes zero1/zero2's figures only
+/// (FSDP's mixed precision keeps fp32 shards and gathers bf16 copies transiently).
+double model_state_estimate(const Strategy& strategy, int64_t num_params, int world_size, int shard_group_size,
                             bool bf16);
 
 /// A column after "model state": its header and this rank's value in bytes.

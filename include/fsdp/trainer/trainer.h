@@ -4,7 +4,7 @@
 ///
 ///     using namespace fsdp::trainer;
 ///     Trainer<NetImpl> trainer(TrainerOptions()
-///         .strategy(Strategy("full_shard").fsdp(
+///         .strategy(Strategy(StrategyKind::FULL_SHARD).fsdp(
 ///             fsdp::Options().auto_wrap_policy(fsdp::module_type_policy<BlockImpl>())))
 ///         .max_epochs(3).global_batch_size(64).devices(2)
 ///         .checkpoint_dir("ckpt").resume("auto").metrics_file("metrics.jsonl"));
@@ -68,8 +68,9 @@
 /// The file format, the progress lines, the table and the checkpoint directory are
 /// public pieces a hand-written loop can reuse (metrics_log.h, progress.h,
 /// memory_summary.h, checkpoint_dir.h). fsdp-train runs this loop itself
-/// (training_loop.h) with its own model, optimizer, batch sampler, validation loop and
-/// resume check: the hooks batch_sampler, validation_loop and resume_check below.
+/// (run_training_loop in training_loop.h) with its own model, optimizer, batch sampler,
+/// validation loop and resume check: the hooks batch_sampler, validation_loop and
+/// resume_check below.
 
 #include <cstdint>
 #include <filesystem>
@@ -329,8 +330,8 @@ class Trainer {
     const std::string err = trainer_options_error(options_, parts(), pg.size());
     TORCH_CHECK(err.empty(), "fsdp::Trainer (rank ", pg.rank(), "): ", err);
     if (options_.threads() > 0) at::set_num_threads(options_.threads());
-    const detail::LoopModel lm = build(pg);
-    detail::LoopData data;
+    const LoopModel lm = build(pg);
+    LoopData data;
     data.train_size = train_size_;
     data.val_size = val_batch_ ? val_size_ : 0;
     data.train_step = [this](const std::vector<int64_t>& indices) {
@@ -347,7 +348,7 @@ class Trainer {
     data.batch_indices = batch_sampler_;
     data.steps_per_epoch = sampler_steps_per_epoch_;
     data.resume_check = resume_check_;
-    return detail::run_training_loop(options_, pg, lm, data, callbacks_);
+    return run_training_loop(options_, pg, lm, data, callbacks_);
   }
 
   /// The model of the last fit() (sharded as trained); nullptr before.
@@ -387,7 +388,7 @@ class Trainer {
     return {n, std::move(fn)};
   }
 
-  detail::LoopModel build(const comm::ProcessGroup& pg) {
+  LoopModel build(const comm::ProcessGroup& pg) {
     // Same seed on every rank right before the model is built: identical initial
     // weights without a broadcast.
     torch::manual_seed(options_.seed());
@@ -395,7 +396,7 @@ class Trainer {
     scheduler_.reset();
     optimizer_.reset();
     model_ = std::make_unique<Model>();
-    detail::LoopModel lm;
+    LoopModel lm;
     auto count = [](const torch::nn::Module& m) {
       int64_t n = 0;
       for (const auto& p : m.parameters()) n += p.numel();
@@ -407,7 +408,7 @@ class Trainer {
       lm.module = model_->module_.get();
       optim::ZeroOptions zo = st.zero();
       zo.process_group(pg)
-          .stage(st.name() == "zero1" ? 1 : 2)
+          .stage(st.zero_stage())
           .module(model_->module_)
           .clip_grad_norm(options_.gradient_clip_val());
       OptimizerFactory user = optimizer_factory_;

@@ -3,7 +3,7 @@
 /// checked once, up front, on every rank by trainer_options_error.
 ///
 ///     auto o = fsdp::trainer::TrainerOptions()
-///                  .strategy(fsdp::trainer::Strategy("full_shard")
+///                  .strategy(fsdp::trainer::Strategy(fsdp::trainer::StrategyKind::FULL_SHARD)
 ///                                .fsdp(fsdp::Options().auto_wrap_policy(
 ///                                    fsdp::module_type_policy<BlockImpl>())))
 ///                  .max_epochs(3).global_batch_size(64).accumulate_grad_batches(2)
@@ -21,22 +21,37 @@
 
 namespace fsdp::trainer {
 
-/// How the model is distributed. `name` picks the family:
-///  * "fsdp": FullyShardedDataParallel with `fsdp()` exactly as given (its
-///    sharding_strategy included);
-///  * "full_shard", "shard_grad_op", "hybrid_shard", "no_shard": the same with
-///    `fsdp().sharding_strategy` set to that strategy (no_shard is DDP);
-///  * "zero1", "zero2": the model stays unwrapped and the optimizer is a
-///    fsdp::optim::ZeroRedundancyOptimizer of that stage around the user's
-///    optimizer, with `zero()` (its process_group, stage, module and
-///    clip_grad_norm are set by the Trainer).
-/// The name is a string so that a command line can pass it through; an unknown
-/// name is an error of trainer_options_error, on every rank.
+/// How the model is distributed: the family and, for FSDP, the sharding strategy.
+enum class StrategyKind {
+  FSDP,           ///< FullyShardedDataParallel with Strategy::fsdp() exactly as given (its sharding_strategy included)
+  FULL_SHARD,     ///< FSDP with fsdp().sharding_strategy set to FULL_SHARD
+  SHARD_GRAD_OP,  ///< ... to SHARD_GRAD_OP
+  HYBRID_SHARD,   ///< ... to HYBRID_SHARD
+  NO_SHARD,       ///< ... to NO_SHARD (DDP)
+  ZERO1,          ///< unwrapped model, ZeroRedundancyOptimizer stage 1 around the user's optimizer
+  ZERO2,          ///< the same, stage 2
+};
+/// "fsdp", "full_shard", "shard_grad_op", "hybrid_shard", "no_shard", "zero1", "zero2".
+const char* to_string(StrategyKind kind);
+
+/// A StrategyKind with the options of its family:
+///  * FSDP kinds: FullyShardedDataParallel built with `fsdp()` (its sharding_strategy
+///    replaced by the kind's, except under StrategyKind::FSDP; see resolved_fsdp());
+///  * ZERO1, ZERO2: the model stays unwrapped and the optimizer is a
+///    fsdp::optim::ZeroRedundancyOptimizer of that stage around the user's optimizer,
+///    with `zero()` (its process_group, stage, module and clip_grad_norm are set by the
+///    Trainer).
+///
+///     Strategy s = StrategyKind::ZERO2;                       // implicit
+///     Strategy t = Strategy(StrategyKind::FULL_SHARD).fsdp(fsdp::Options().bucket_cap_mb(25));
+///     Strategy u = Strategy::parse(argv[1]);                  // a command line's "zero2"
 struct Strategy {
   Strategy() = default;
-  /* implicit */ Strategy(std::string name) : name_(std::move(name)) {}
-  /* implicit */ Strategy(const char* name) : name_(name) {}
-  TORCH_ARG(std::string, name) = "full_shard";
+  /* implicit */ Strategy(StrategyKind kind) : kind_(kind) {}
+  /// The Strategy named `name` (to_string's words), for programs that take it from a
+  /// command line or a file; an unknown name fails, listing the valid ones.
+  static Strategy parse(const std::string& name);
+
   TORCH_ARG(fsdp::Options, fsdp) = {};
   TORCH_ARG(optim::ZeroOptions, zero) = {};
   /// FSDP strategies that shard parameters (full_shard, shard_grad_op,
@@ -47,10 +62,18 @@ struct Strategy {
   TORCH_ARG(bool, sharded_construction) = true;
 
  public:
-  bool is_zero() const { return name_ == "zero1" || name_ == "zero2"; }
-  /// The FSDP options the strategy builds with (sharding_strategy from the name).
-  /// Only for FSDP names.
+  StrategyKind kind() const { return kind_; }
+  /// to_string(kind()).
+  std::string name() const { return to_string(kind_); }
+  bool is_zero() const { return kind_ == StrategyKind::ZERO1 || kind_ == StrategyKind::ZERO2; }
+  /// 1 or 2 under ZERO1 / ZERO2. Only for ZeRO kinds.
+  int zero_stage() const;
+  /// The FSDP options the strategy builds with (sharding_strategy from the kind).
+  /// Only for FSDP kinds.
   fsdp::Options resolved_fsdp() const;
+
+ private:
+  StrategyKind kind_ = StrategyKind::FULL_SHARD;
 };
 
 /// What happens to the samples left over when the dataset size is not a multiple
@@ -110,12 +133,6 @@ struct TrainerOptions {
   TORCH_ARG(bool, metrics_append_on_resume) = true;
   /// The key validation lines of metrics_file hold their values under.
   TORCH_ARG(std::string, metrics_validation_key) = "validation";
-  /// What the loop's own messages on stderr and its errors start with ("fsdp-train"
-  /// for that tool), so that a program's messages carry the program's name.
-  TORCH_ARG(std::string, log_name) = "fsdp::Trainer";
-  /// How those messages name the resume option ("--resume" for fsdp-train), e.g.
-  /// "<log_name>: <resume_name> auto: skipped: <resume_name> DIR: <why>".
-  TORCH_ARG(std::string, resume_name) = "resume";
   /// Rank 0 prints progress on stderr every log_every_n_steps steps (a bar on a terminal).
   TORCH_ARG(bool, progress) = true;
   TORCH_ARG(int64_t, log_every_n_steps) = 10;

@@ -1,12 +1,38 @@
 #pragma once
-/// The type-erased half of fsdp::trainer::Trainer: the loop itself (sampling,
-/// accumulation, clipping, stepping, validation, checkpoints, resume, metrics,
-/// progress, memory summary), compiled once into the library. trainer.h builds the
-/// model and the optimizer with the user's types and hands them over as a
-/// LoopModel; the datasets and the user's steps arrive as functions of sample
-/// indices (LoopData). Users call Trainer; a program that builds its model and
-/// optimizer itself and keeps its own data order and evaluation (fsdp-train) calls
-/// run_training_loop directly with the LoopData hooks below.
+/// The training loop of fsdp::trainer::Trainer (sampling, accumulation, clipping,
+/// stepping, validation, checkpoints, resume, metrics, progress, memory summary),
+/// compiled once into the library, and its public entry point for programs that build
+/// the model and the optimizer themselves.
+///
+/// Trainer<Impl> builds the model and the optimizer with the user's types and calls
+/// run_training_loop with them as a LoopModel; the datasets and the user's steps
+/// arrive as functions of sample indices (LoopData). A program that needs what the
+/// Trainer does not offer (a model built its own way, its own data order, evaluation
+/// and resume check, its own name on the loop's messages: fsdp-train) calls
+/// run_training_loop directly.
+///
+/// The contract of run_training_loop:
+///  * collective over `pg`: every rank calls it with the same options, the same kind
+///    of model (the same strategy) and the same data sizes and hooks;
+///  * the options must have passed trainer_options_error (the loop checks only what
+///    depends on the hooks' answers: a batch sampler's empty batch, a training step's
+///    non-scalar loss, validation keys that differ between batches);
+///  * `model` is ready to train: the FSDP wrapper and an optimizer over its
+///    parameters, or a ZeroRedundancyOptimizer over the unwrapped model. The loop uses
+///    them only through train()/eval() of the module, zero_grad/step of the optimizer
+///    (and its groups' learning rates: read for the metrics, reset while a resumed
+///    scheduler is replayed), step of the scheduler, no_sync and clip_grad_norm_ of the
+///    FSDP wrapper, and fsdp::save_checkpoint / load_checkpoint. Strategy and model
+///    must agree: the loop reads Strategy only for the memory summary;
+///  * TrainerOptions::seed orders the samples (GlobalSampler) and is recorded in
+///    checkpoints; seeding the model's construction (identical initial weights on every
+///    rank) is the caller's, as are TrainerOptions::threads, devices, num_nodes,
+///    launcher and timeout (the process group is made);
+///  * the hooks run on every rank, in the same order, between the loop's collectives;
+///    they may issue collectives of their own on `pg` (every rank then issues them).
+/// It returns the FitResult on every rank (the same losses and validation metrics;
+/// train_seconds is the rank's own), and throws (c10::Error) what the hooks, the
+/// collectives, the checkpoint layer or its own checks throw.
 
 #include <cstdint>
 #include <functional>
@@ -27,8 +53,9 @@
 #include "fsdp/trainer/fit_result.h"
 #include "fsdp/trainer/trainer_options.h"
 
-namespace fsdp::trainer::detail {
+namespace fsdp::trainer {
 
+/// The model and the optimizer the loop trains; borrowed, they must outlive the call.
 struct LoopModel {
   /// Exactly one of the two: the FSDP wrapper, or the ZeRO optimizer (== optimizer).
   FullyShardedBase* fsdp = nullptr;
@@ -40,6 +67,7 @@ struct LoopModel {
   int64_t num_params = 0;  ///< elements of the unwrapped model's parameters
 };
 
+/// The data and the user's steps as functions of sample indices; the sizes count samples.
 struct LoopData {
   int64_t train_size = 0, val_size = 0;
   /// The user's training step on samples `indices` of the training set: the mean loss.
@@ -72,9 +100,18 @@ struct LoopData {
   std::function<std::string(const std::string& dir, const std::map<std::string, std::string>& saved)> resume_check;
 };
 
-/// Runs fit() on this rank. Collective over `pg`. Options must have passed
-/// trainer_options_error.
-FitResult run_training_loop(const TrainerOptions& o, const comm::ProcessGroup& pg, const LoopModel& model,
-                            const LoopData& data, const std::vector<std::shared_ptr<Callback>>& callbacks);
+/// How the loop's messages on stderr and its errors name the program and its resume
+/// setting. The Trainer keeps the defaults; a program with a command line of its own
+/// passes its name and its flag, so that its user reads the words they typed:
+/// "fsdp-train: --resume auto: skipped: --resume DIR: unreadable metadata.json".
+struct LoopNames {
+  std::string program = "fsdp::Trainer";  ///< what every message starts with
+  std::string resume = "resume";          ///< the setting TrainerOptions::resume comes from
+};
 
-}  // namespace fsdp::trainer::detail
+/// Runs fit() on this rank (see the contract above). Collective over `pg`.
+FitResult run_training_loop(const TrainerOptions& o, const comm::ProcessGroup& pg, const LoopModel& model,
+                            const LoopData& data, const std::vector<std::shared_ptr<Callback>>& callbacks,
+                            const LoopNames& names = {});
+
+}  // namespace fsdp::trainer

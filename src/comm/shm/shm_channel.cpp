@@ -95,6 +95,7 @@
 #include <ATen/Parallel.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "comm/comm_testing.h"
 #include "comm/process_gone.h"
 #include "comm/row_sum.h"
 #include "shm_arena.h"

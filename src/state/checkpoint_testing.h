@@ -1,10 +1,11 @@
 #pragma once
-/// Test and benchmark switches of the checkpoint layer (checkpoint.h): fault
-/// injection for crash-safety tests, and the CRC-32 implementation; not for
-/// training code. The library reads no environment variable for them: a test
-/// binary (or a tool's main) sets them itself.
-///
-///     fsdp::detail::set_checkpoint_record_hook([](int64_t n) { if (n == 3) ::_exit(86); });
+// Internal to the library, for tests and benchmarks of the checkpoint layer
+// (checkpoint.h; they have src/ on their include path): fault injection for
+// crash-safety tests, the CRC-32 implementation and ZIP64 fields; not for training
+// code. The library reads no environment variable for them: a test or benchmark binary
+// sets them itself.
+//
+//     fsdp::detail::set_checkpoint_record_hook([](int64_t n) { if (n == 3) ::_exit(86); });
 
 #include <cstdint>
 #include <functional>

@@ -1,0 +1,46 @@
+#include "checkpoint_schedule.h"
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include "fsdp/state/checkpoint.h"
+#include "fsdp/state/zero_checkpoint.h"
+#include "fsdp/trainer/checkpoint_dir.h"
+#include "trainer_state.h"
+
+namespace fsdp::trainer::detail {
+
+CheckpointSchedule::CheckpointSchedule(const LoopContext& ctx, int64_t total_steps)
+    : ctx_(ctx), total_steps_(total_steps) {}
+
+bool CheckpointSchedule::due(int64_t step) const {
+  const int64_t every = ctx_.options.checkpoint_interval();
+  return step == total_steps_ || (every > 0 && step % every == 0);
+}
+
+void CheckpointSchedule::save(int64_t step) {
+  const TrainerOptions& o = ctx_.options;
+  if (o.checkpoint_dir().empty()) return;
+  const auto t0 = LoopClock::now();
+  CheckpointExtra extra = trainer_state(o, ctx_.data.train_size, ctx_.pg, step);
+  for (auto& cb : ctx_.callbacks) cb->on_save_checkpoint(extra);
+  const std::string dir = checkpoint_path(o.checkpoint_dir(), step);
+  const LoopModel& m = ctx_.model;
+  if (m.zero) save_checkpoint(dir, *m.zero, extra);
+  else save_checkpoint(dir, *m.fsdp, m.optimizer, extra);
+  prune();
+  for (auto& cb : ctx_.callbacks) cb->on_checkpoint(dir, step);
+  seconds_ += std::chrono::duration<double>(LoopClock::now() - t0).count();
+}
+
+/// Rank 0 deletes the checkpoints beyond the newest keep_checkpoints.
+void CheckpointSchedule::prune() {
+  const TrainerOptions& o = ctx_.options;
+  if (!ctx_.lead() || o.keep_checkpoints() <= 0) return;
+  const std::string failed = prune_checkpoints(o.checkpoint_dir(), o.keep_checkpoints());
+  if (!failed.empty())
+    std::fprintf(stderr, "%s: warning: keep_checkpoints could not delete %s\n", ctx_.program(), failed.c_str());
+}
+
+}  // namespace fsdp::trainer::detail
