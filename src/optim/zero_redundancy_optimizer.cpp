@@ -148,10 +148,10 @@ void broadcast_from_rank0(const comm::ProcessGroup& pg, const at::Tensor& t) {
   if (pg.size() == 1 || !t.defined() || t.numel() == 0) return;
   at::Tensor d = t.detach();
   if (d.is_contiguous()) {
-    comm::broadcast(pg, d, 0).wait();
+    comm::broadcast(pg, d, 0, {comm::Phase::Setup, "ZeroRedundancyOptimizer"}).wait();
   } else {
     at::Tensor c = d.contiguous();
-    comm::broadcast(pg, c, 0).wait();
+    comm::broadcast(pg, c, 0, {comm::Phase::Setup, "ZeroRedundancyOptimizer"}).wait();
     d.copy_(c);
   }
 }
@@ -446,7 +446,7 @@ StepAgreement ZeroRedundancyOptimizer::Impl::agree(std::vector<double> used) {
   used.push_back(squared);
   used.push_back(found_nonfinite);
   at::Tensor summed = torch::tensor(used, at::TensorOptions().dtype(at::kDouble));
-  if (pg.size() > 1) comm::all_reduce(pg, summed, comm::ReduceOp::Sum).wait();
+  if (pg.size() > 1) comm::all_reduce(pg, summed, comm::ReduceOp::Sum, {comm::Phase::Step, "agreement"}).wait();
   auto a = summed.accessor<double, 1>();
   StepAgreement agreed;
   agreed.used.assign(a.data(), a.data() + nparams);
@@ -498,7 +498,8 @@ void ZeroRedundancyOptimizer::all_gather_parameters() {
     const auto& lb = layout.buckets()[b];
     if (lb.padded == 0) return comm::CommHandle();
     return comm::all_gather_into(m.pg, m.flat.narrow(0, lb.flat_offset, lb.padded),
-                                 m.flat.narrow(0, layout.chunk_offset(b, m.rank()), lb.chunk));
+                                 m.flat.narrow(0, layout.chunk_offset(b, m.rank()), lb.chunk),
+                                 {comm::Phase::Step, "bucket " + std::to_string(b)});
   };
   detail::for_each_bucket(nbuckets, m.window(), gather, [](int) {});
 }
