@@ -279,7 +279,13 @@ FitResult run_training_loop(const TrainerOptions& o, const comm::ProcessGroup& p
       for (int64_t i = begin + lo; i < begin + hi; ++i) idx.push_back(i);
       const int64_t mine = int64_t(idx.size());
       if (mine == 0) idx.push_back(begin);  // forward is collective: run, weigh 0
-      auto values = data.validation_step(idx);
+      std::map<std::string, double> values;
+      try {
+        values = data.validation_step(idx);
+      } catch (c10::Error& e) {
+        TORCH_RETHROW(e, name, " (rank ", rank, "): validation after step ", vm.step, ", samples ", begin, "..",
+                      begin + size - 1, " of the validation set");
+      }
       if (keys.empty()) {
         for (auto& kv : values) keys.push_back(kv.first);
         sums.assign(keys.size(), 0.0);
@@ -420,7 +426,14 @@ FitResult run_training_loop(const TrainerOptions& o, const comm::ProcessGroup& p
       const double weight = double(mine) * double(world) / double(m);
       std::unique_ptr<FullyShardedBase::NoSyncGuard> no_sync;
       if (model.fsdp && j + 1 < micro.size()) no_sync = model.fsdp->no_sync();
-      at::Tensor loss = data.train_step(idx);
+      at::Tensor loss;
+      try {
+        loss = data.train_step(idx);
+      } catch (c10::Error& e) {
+        // Where it happened, which the batch function and the user's step do not know.
+        TORCH_RETHROW(e, name, " (rank ", rank, "): training step ", step + 1, " of ", total_steps, ", micro-batch ",
+                      j + 1, " of ", micro.size());
+      }
       TORCH_CHECK(loss.defined() && loss.numel() == 1 && loss.requires_grad(), name, " (rank ", rank,
                   "): the training step must return the scalar mean loss of its batch, attached to the graph; got ",
                   loss.defined() ? loss.sizes() : at::IntArrayRef{});

@@ -158,6 +158,36 @@ inline torch::data::Example<> default_collate(std::vector<torch::data::Example<>
 }
 inline torch::data::Example<> default_collate(torch::data::Example<> batch) { return batch; }
 
+/// "3, 17, 4" (at most 8, then "...").
+inline std::string index_list(const std::vector<int64_t>& indices) {
+  std::string out;
+  for (size_t i = 0; i < indices.size() && i < 8; ++i) out += (i ? ", " : "") + std::to_string(indices[i]);
+  return indices.size() > 8 ? out + ", ..." : out;
+}
+
+/// For a batch that did not collate: which sample (by dataset index) differs in shape
+/// from the batch's first, e.g. "dataset index 7 has data of shape [5] where dataset
+/// index 4 (the batch's first) has [4]"; "" if none does or the examples are not Example<>.
+inline std::string shape_mismatch(const std::vector<torch::data::Example<>>& examples,
+                                  const std::vector<int64_t>& indices) {
+  auto shape = [](const at::Tensor& t) { return t.defined() ? c10::str(t.sizes()) : std::string("(undefined)"); };
+  for (size_t j = 1; j < examples.size() && j < indices.size(); ++j) {
+    for (const char* part : {"data", "target"}) {
+      const bool data = part[0] == 'd';
+      const std::string first = shape(data ? examples[0].data : examples[0].target);
+      const std::string here = shape(data ? examples[j].data : examples[j].target);
+      if (here != first)
+        return "dataset index " + std::to_string(indices[j]) + " has " + part + " of shape " + here +
+               " where dataset index " + std::to_string(indices[0]) + " (the batch's first) has " + first;
+    }
+  }
+  return "";
+}
+template <typename Examples>
+std::string shape_mismatch(const Examples&, const std::vector<int64_t>&) {
+  return "";
+}
+
 template <typename Dataset>
 int64_t dataset_size(const Dataset& d) {
   auto n = d.size();
@@ -214,7 +244,7 @@ class Trainer {
   /// (std::vector<ExampleType>, or the mapped batch type) into a Batch.
   template <typename Dataset, typename Collate>
   Trainer& train_data(Dataset dataset, Collate collate) {
-    std::tie(train_size_, train_batch_) = erase(std::move(dataset), std::move(collate));
+    std::tie(train_size_, train_batch_) = erase(std::move(dataset), std::move(collate), "training set");
     return *this;
   }
   template <typename Dataset>
@@ -228,7 +258,7 @@ class Trainer {
   }
   template <typename Dataset, typename Collate>
   Trainer& val_data(Dataset dataset, Collate collate) {
-    std::tie(val_size_, val_batch_) = erase(std::move(dataset), std::move(collate));
+    std::tie(val_size_, val_batch_) = erase(std::move(dataset), std::move(collate), "validation set");
     return *this;
   }
   template <typename Dataset>
@@ -370,8 +400,9 @@ class Trainer {
     return p;
   }
 
+  /// `which` names the dataset in errors ("training set").
   template <typename Dataset, typename Collate>
-  static std::pair<int64_t, BatchFn> erase(Dataset dataset, Collate collate) {
+  static std::pair<int64_t, BatchFn> erase(Dataset dataset, Collate collate, const char* which) {
     // A stream dataset (BatchRequestType size_t: "the next n examples") has no sample
     // indices, so the global batch of a step could not be the same at every world size
     // and a resume could not find its place.
@@ -380,9 +411,20 @@ class Trainer {
                   "stream dataset, pass train_data(size, batch_of_indices_fn) instead");
     auto d = std::make_shared<Dataset>(std::move(dataset));
     const int64_t n = detail::dataset_size(*d);
-    BatchFn fn = [d, collate](const std::vector<int64_t>& indices) -> Batch {
+    BatchFn fn = [d, collate, which](const std::vector<int64_t>& indices) -> Batch {
       std::vector<size_t> idx(indices.begin(), indices.end());
-      return collate(d->get_batch(c10::ArrayRef<size_t>(idx)));
+      try {
+        return collate(d->get_batch(c10::ArrayRef<size_t>(idx)));
+      } catch (c10::Error& e) {
+        // torch names the sample by its place in the batch ("at entry 7"); the user knows
+        // it by its dataset index. Fetched again to see the shapes: only on this path.
+        const std::string odd = detail::shape_mismatch(d->get_batch(c10::ArrayRef<size_t>(idx)), indices);
+        TORCH_CHECK(odd.empty(), "fsdp::Trainer: the ", which, "'s samples do not stack into a batch: ", odd,
+                    "; make every sample the same shape, or give the dataset a collate function that pads "
+                    "(train_data / val_data(dataset, collate)) (torch: ", e.msg(), ")");
+        TORCH_RETHROW(e, "fsdp::Trainer: collating the ", which, "'s samples at dataset indices ",
+                      detail::index_list(indices));
+      }
     };
     return {n, std::move(fn)};
   }
