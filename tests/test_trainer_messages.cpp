@@ -1,9 +1,12 @@
 // What fsdp::trainer::Trainer says while it trains, where a user would otherwise be left
 // guessing: a sample of the wrong shape is named by its dataset index, with the rank and the
-// step.
+// step; rank 0 says each checkpoint keep_checkpoints deletes, and that a resumed run appends
+// to the metrics file.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <string>
 
 #include <torch/torch.h>
@@ -77,6 +80,44 @@ TEST(TrainerMessages, BadSampleNamesDatasetIndexRankAndStep) {
           << msg;
       EXPECT_NE(msg.find("collate function that pads"), std::string::npos) << "the fix: " << msg;
     }
+  }, rank_options());
+}
+
+TEST(TrainerMessages, KeepCheckpointsSaysWhatItDeletesAndResumeThatItAppends) {
+  run_ranks(1, [](comm::ProcessGroup& pg) {
+    const std::string ckpt = test_dir() + "/keep";
+    const std::string metrics = test_dir() + "/metrics.jsonl";
+    auto options = [&] {
+      return trainer::TrainerOptions().checkpoint_dir(ckpt).checkpoint_interval(1).keep_checkpoints(2).metrics_file(
+          metrics);
+    };
+    ::testing::internal::CaptureStderr();
+    TT first = pairs_trainer(options().max_steps(4));
+    first.fit(pg);
+    std::string said = ::testing::internal::GetCapturedStderr();
+    // Saved step-1..4; step-1 goes with the third save, step-2 with the fourth.
+    for (int gone : {1, 2}) {
+      EXPECT_NE(said.find("fsdp::Trainer: deleted checkpoint " + ckpt + "/step-" + std::to_string(gone) +
+                          ": keep_checkpoints 2 keeps only the newest"),
+                std::string::npos)
+          << said;
+      EXPECT_FALSE(std::filesystem::exists(ckpt + "/step-" + std::to_string(gone)));
+    }
+    EXPECT_EQ(said.find("step-3:"), std::string::npos) << "kept, but said deleted:\n" << said;
+    EXPECT_EQ(said.find("appending"), std::string::npos) << "a fresh run truncates the metrics file:\n" << said;
+
+    ::testing::internal::CaptureStderr();
+    TT resumed = pairs_trainer(options().max_steps(6).resume(ckpt + "/step-4"));
+    resumed.fit(pg);
+    said = ::testing::internal::GetCapturedStderr();
+    EXPECT_NE(said.find("fsdp::Trainer: resumed at step 4: appending to the metrics file " + metrics +
+                        " (its lines up to step 4 stay"),
+              std::string::npos)
+        << said;
+    std::ifstream f(metrics);
+    int lines = 0;
+    for (std::string line; std::getline(f, line);) ++lines;
+    EXPECT_EQ(lines, 6) << "steps 1-4 of the first run and 5-6 of the resumed one";
   }, rank_options());
 }
 

@@ -258,9 +258,19 @@ FitResult run_training_loop(const TrainerOptions& o, const comm::ProcessGroup& p
   }
   result.first_step = first_step;
 
-  MetricsLog log(lead ? o.metrics_file() : "", first_step > 0 && o.metrics_append_on_resume(),
-                 o.metrics_validation_key());
+  const bool append_metrics = first_step > 0 && o.metrics_append_on_resume();
+  MetricsLog log(lead ? o.metrics_file() : "", append_metrics, o.metrics_validation_key());
   Progress progress(total_steps, o.progress() && lead, first_step);
+  // Rank 0's messages about files it changes: said even without progress reports.
+  auto say = [&](const std::string& line) {
+    if (!lead) return;
+    if (o.progress()) progress.note(line.c_str());
+    else std::fprintf(stderr, "%s\n", line.c_str());
+  };
+  if (append_metrics && log.enabled())
+    say(std::string(name) + ": resumed at step " + std::to_string(first_step) + ": appending to the metrics file " +
+        o.metrics_file() + " (its lines up to step " + std::to_string(first_step) +
+        " stay; metrics_append_on_resume(false) would start it afresh)");
 
   // --- validation -------------------------------------------------------------
   // Validations and checkpoints between steps: not training time (FitResult::train_seconds).
@@ -356,9 +366,12 @@ FitResult run_training_loop(const TrainerOptions& o, const comm::ProcessGroup& p
     if (model.zero) save_checkpoint(dir, *model.zero, e);
     else save_checkpoint(dir, *model.fsdp, &opt, e);
     if (lead && o.keep_checkpoints() > 0) {
-      const std::string failed = prune_checkpoints(o.checkpoint_dir(), o.keep_checkpoints());
-      if (!failed.empty())
-        std::fprintf(stderr, "%s: warning: keep_checkpoints could not delete %s\n", name, failed.c_str());
+      const PruneResult pruned = prune_checkpoints(o.checkpoint_dir(), o.keep_checkpoints());
+      for (const std::string& old : pruned.deleted)
+        say(std::string(name) + ": deleted checkpoint " + old + ": keep_checkpoints " +
+            std::to_string(o.keep_checkpoints()) + " keeps only the newest (0 keeps all)");
+      if (!pruned.failed.empty())
+        std::fprintf(stderr, "%s: warning: keep_checkpoints could not delete %s\n", name, pruned.failed.c_str());
     }
     for (auto& cb : callbacks) cb->on_checkpoint(dir, step);
     paused_seconds += std::chrono::duration<double>(Clock::now() - t0).count();

@@ -93,7 +93,8 @@ struct TrainerOptions {
   TORCH_ARG(std::string, checkpoint_dir) = "";
   /// Save every this many steps, and after the last step. 0: only after the last step.
   TORCH_ARG(int64_t, checkpoint_interval) = 0;
-  /// Keep only the newest K complete checkpoints (0 keeps all).
+  /// Keep only the newest K complete checkpoints (0 keeps all); rank 0 says on stderr
+  /// each one it deletes.
   TORCH_ARG(int64_t, keep_checkpoints) = 2;
   /// A fresh run (not a resumed one) also saves the initial state as `step-0` before
   /// the first step, so a run that dies before its first checkpoint_interval resumes
@@ -105,8 +106,9 @@ struct TrainerOptions {
   /// JSON lines written by rank 0: one per step, one per validation (see metrics in trainer.h).
   TORCH_ARG(std::string, metrics_file) = "";
   /// A resumed run appends to metrics_file (the lines of the steps before the
-  /// checkpoint stay). false: it truncates the file, which then holds this run's
-  /// steps only (fsdp-train's --metrics; a restarted job then has no duplicate steps).
+  /// checkpoint stay; rank 0 says so on stderr). false: it truncates the file, which
+  /// then holds this run's steps only (fsdp-train's --metrics; a restarted job then has
+  /// no duplicate steps).
   TORCH_ARG(bool, metrics_append_on_resume) = true;
   /// The key validation lines of metrics_file hold their values under.
   TORCH_ARG(std::string, metrics_validation_key) = "validation";
