@@ -330,6 +330,9 @@ class Trainer {
                   "`fsdp-run --nnodes ",
                   options_.num_nodes(), " --node-rank R --master-addr A --nproc-per-node ",
                   std::max(options_.devices(), 1), " -- PROGRAM` on every node (or torchrun / srun)");
+      // A wrong resume path is found here, before any rank starts.
+      const std::string resume_err = resume_path_error(options_);
+      TORCH_CHECK(resume_err.empty(), "fsdp::Trainer: ", resume_err);
       if (options_.devices() > 1) relaunch_under(find_launcher(options_.launcher()), options_.devices());
       // One process: a private file store, so no port is taken.
       scratch_ = std::filesystem::temp_directory_path() /

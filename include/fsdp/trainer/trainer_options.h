@@ -101,7 +101,8 @@ struct TrainerOptions {
   /// from the initial weights rather than starting afresh (fsdp-train does).
   TORCH_ARG(bool, checkpoint_at_start) = false;
   /// "": start fresh. "auto": continue from the newest usable checkpoint under
-  /// checkpoint_dir (none: start fresh). Otherwise a checkpoint directory to continue from.
+  /// checkpoint_dir (none: start fresh). Otherwise a checkpoint directory to continue
+  /// from, which fit() checks before it starts any rank (resume_path_error).
   TORCH_ARG(std::string, resume) = "";
   /// JSON lines written by rank 0: one per step, one per validation (see metrics in trainer.h).
   TORCH_ARG(std::string, metrics_file) = "";
@@ -160,5 +161,11 @@ struct TrainerParts {
 /// the checks that need it); otherwise one message saying what is wrong and how to fix
 /// it. Pure (no collective): every rank computes the same answer.
 std::string trainer_options_error(const TrainerOptions& o, const TrainerParts& parts, int world_size);
+
+/// Empty if `o.resume()` is "", "auto" or a directory holding a checkpoint; otherwise why
+/// not and how to fix it. Reads the file system, so unlike trainer_options_error it is
+/// not asked on every rank: fit() asks it in the process that starts the ranks, before
+/// any starts (a rank that could not see the directory would otherwise fail alone).
+std::string resume_path_error(const TrainerOptions& o);
 
 }  // namespace fsdp::trainer
