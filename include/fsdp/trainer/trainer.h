@@ -158,6 +158,18 @@ inline torch::data::Example<> default_collate(std::vector<torch::data::Example<>
 }
 inline torch::data::Example<> default_collate(torch::data::Example<> batch) { return batch; }
 
+/// The installed package's bin directory when this program was compiled against it
+/// (its exported targets define FSDP_INSTALLED_BINDIR), "" when compiled against a
+/// build tree: where fit() looks for fsdp-run first ([Note: trainer launch]). Read in
+/// the program's own translation unit, since the library cannot tell how it was found.
+inline std::string installed_bindir() {
+#ifdef FSDP_INSTALLED_BINDIR
+  return FSDP_INSTALLED_BINDIR;
+#else
+  return "";
+#endif
+}
+
 /// "3, 17, 4" (at most 8, then "...").
 inline std::string index_list(const std::vector<int64_t>& indices) {
   std::string out;
@@ -333,7 +345,8 @@ class Trainer {
       // A wrong resume path is found here, before any rank starts.
       const std::string resume_err = resume_path_error(options_);
       TORCH_CHECK(resume_err.empty(), "fsdp::Trainer: ", resume_err);
-      if (options_.devices() > 1) relaunch_under(find_launcher(options_.launcher()), options_.devices());
+      if (options_.devices() > 1)
+        relaunch_under(find_launcher(options_.launcher(), detail::installed_bindir()), options_.devices());
       // One process: a private file store, so no port is taken.
       scratch_ = std::filesystem::temp_directory_path() /
                  ("fsdp_trainer_" + std::to_string(::getpid()) + "_store");

@@ -140,7 +140,9 @@ struct TrainerOptions {
   /// Nodes. > 1 needs a launcher on every node (fsdp-run --nnodes, torchrun, srun).
   TORCH_ARG(int, num_nodes) = 1;
   /// fsdp-run to re-execute under; empty: next to this executable, then the build and
-  /// install directories of the library, then PATH.
+  /// install directories of the library (the install directory first for a program
+  /// compiled against the installed package), then PATH. Either way it must be the
+  /// fsdp-run of this library's build ([Note: trainer launch] in launch.h).
   TORCH_ARG(std::string, launcher) = "";
   /// Rendezvous and collective timeout of the process group fit() creates.
   TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::minutes(5);
