@@ -17,8 +17,8 @@
 ///         .training_step([](auto& model, torch::data::Example<>& b) {
 ///           return torch::cross_entropy_loss(model.forward(b.data), b.target);  // mean
 ///         })
-///         .validation_step([](auto& model, torch::data::Example<>& b) {
-///           auto logits = model.forward(b.data);
+///         .validation_step([](Trainer<NetImpl>::Model& model, torch::data::Example<>& b) {
+///           torch::Tensor logits = model.forward(b.data);
 ///           return std::map<std::string, double>{
 ///               {"loss", torch::cross_entropy_loss(logits, b.target).item<double>()},
 ///               {"accuracy", logits.argmax(1).eq(b.target).to(torch::kDouble).mean().item<double>()}};
@@ -26,7 +26,11 @@
 ///     trainer.fit();   // no launcher: re-executes the program as 2 ranks (see launch.h)
 ///
 /// Types. The Trainer is a template over the model's Impl (so that the steps call
-/// its typed forward) and the batch type (default torch::data::Example<>). Datasets
+/// its typed forward) and the batch type (default torch::data::Example<>). The steps
+/// receive the model as `Trainer<Impl>::Model&` (TrainerModel<Impl> below). A generic
+/// lambda (`auto& model`) works too, but there what forward returns has a dependent
+/// type: a member template of it needs `.template` (`loss.template item<double>()`),
+/// or name the type first (`torch::Tensor logits = model.forward(x)`). Datasets
 /// are type-erased into "the batch of these sample indices": a torch::data dataset
 /// with any example type is fetched through its get_batch() and turned into a Batch
 /// by a collate function (default: stack data and targets of Example<>; a dataset
