@@ -188,7 +188,7 @@ expect_contains "$OUT" "usage: fsdp-run" "--help text"
 # it with the library's own).
 run --version
 expect_eq "$RC" 0 "exit code for --version"
-[[ "$(cat "$OUT")" =~ ^fsdp-run\ [0-9]+\.[0-9]+\.[0-9]+\ \(build\ [0-9a-z]+\)$ ]] ||
+[[ "$(cat "$OUT")" =~ ^fsdp-run\ [0-9]+\.[0-9]+\.[0-9]+\ \(build\ [0-9a-z-]+\)$ ]] ||
   fail "--version printed '$(cat "$OUT")', want 'fsdp-run X.Y.Z (build ID)'"
 pass "command-line errors"
 

@@ -22,8 +22,8 @@
 /// Which fsdp-run. The program and fsdp-run agree on how ranks are started (arguments,
 /// environment, the agent store), so the program re-executes only under the fsdp-run of
 /// the build its library came from: `fsdp-run --version` prints the project version and
-/// a build id (the commit the build was configured at), and a different answer is
-/// refused, naming both, rather than started. A program compiled against the installed
+/// a build id (made once per build directory), and a different answer is refused,
+/// naming both, rather than started. A program compiled against the installed
 /// package looks in the installed bin directory first, so that it never depends on a
 /// build tree that may since have moved on; one compiled in the build tree looks there.
 
