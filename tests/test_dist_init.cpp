@@ -303,7 +303,7 @@ TEST(DistInit, NcclWithoutAGpuIsRefusedOnEveryRank) {
   run_ranks(2, [](comm::ProcessGroup& pg) {
     EXPECT_EQ(pg.cuda_device(), -1);
     EXPECT_EQ(pg.device_transport(), nullptr);
-    auto opts = testing::worker_init_options().backend(comm::Backend::NCCL).store_prefix("nccl-try");
+    auto opts = fsdp::testing::worker_init_options().backend(comm::Backend::NCCL).store_prefix("nccl-try");
     try {
       comm::init_process_group(opts);
       ADD_FAILURE() << "Backend::NCCL without a GPU was accepted";

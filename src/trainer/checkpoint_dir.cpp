@@ -28,16 +28,17 @@ std::vector<int64_t> checkpoint_steps(const std::string& dir) {
   return steps;
 }
 
-std::string prune_checkpoints(const std::string& dir, int64_t keep) {
+PruneResult prune_checkpoints(const std::string& dir, int64_t keep) {
   const std::vector<int64_t> steps = checkpoint_steps(dir);
-  std::string failed;
+  PruneResult result;
   for (size_t i = 0; i + size_t(keep) < steps.size(); ++i) {
     const std::string path = checkpoint_path(dir, steps[i]);
     std::error_code ec;
     fs::remove_all(path, ec);
-    if (ec) failed += (failed.empty() ? "" : "; ") + path + ": " + ec.message();
+    if (ec) result.failed += (result.failed.empty() ? "" : "; ") + path + ": " + ec.message();
+    else result.deleted.push_back(path);
   }
-  return failed;
+  return result;
 }
 
 bool read_checkpoint_values(const std::string& dir, std::vector<std::pair<std::string, std::string>>& values,

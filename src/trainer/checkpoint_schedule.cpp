@@ -11,8 +11,8 @@
 
 namespace fsdp::trainer::detail {
 
-CheckpointSchedule::CheckpointSchedule(const LoopContext& ctx, int64_t total_steps)
-    : ctx_(ctx), total_steps_(total_steps) {}
+CheckpointSchedule::CheckpointSchedule(const LoopContext& ctx, int64_t total_steps, Progress& progress)
+    : ctx_(ctx), progress_(progress), total_steps_(total_steps) {}
 
 bool CheckpointSchedule::due(int64_t step) const {
   const int64_t every = ctx_.options.checkpoint_interval();
@@ -38,9 +38,13 @@ void CheckpointSchedule::save(int64_t step) {
 void CheckpointSchedule::prune() {
   const TrainerOptions& o = ctx_.options;
   if (!ctx_.lead() || o.keep_checkpoints() <= 0) return;
-  const std::string failed = prune_checkpoints(o.checkpoint_dir(), o.keep_checkpoints());
-  if (!failed.empty())
-    std::fprintf(stderr, "%s: warning: keep_checkpoints could not delete %s\n", ctx_.program(), failed.c_str());
+  const PruneResult pruned = prune_checkpoints(o.checkpoint_dir(), o.keep_checkpoints());
+  for (const std::string& old : pruned.deleted)
+    say_on_lead(true, progress_, o.progress(),
+                std::string(ctx_.program()) + ": deleted checkpoint " + old + ": keep_checkpoints " +
+                    std::to_string(o.keep_checkpoints()) + " keeps only the newest (0 keeps all)");
+  if (!pruned.failed.empty())
+    std::fprintf(stderr, "%s: warning: keep_checkpoints could not delete %s\n", ctx_.program(), pruned.failed.c_str());
 }
 
 }  // namespace fsdp::trainer::detail

@@ -12,7 +12,7 @@ namespace fsdp::trainer::detail {
 
 class CheckpointSchedule {
  public:
-  CheckpointSchedule(const LoopContext& ctx, int64_t total_steps);
+  CheckpointSchedule(const LoopContext& ctx, int64_t total_steps, Progress& progress);
 
   /// Whether a checkpoint is due after `step` steps.
   bool due(int64_t step) const;
@@ -26,6 +26,7 @@ class CheckpointSchedule {
   void prune();
 
   const LoopContext& ctx_;
+  Progress& progress_;
   const int64_t total_steps_;
   double seconds_ = 0;
 };

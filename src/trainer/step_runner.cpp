@@ -37,7 +37,7 @@ RanStep StepRunner::run(int64_t step) {
               " no samples; give every step at least one");
   const double lr = ctx_.model.optimizer->param_groups().at(0).options().get_lr();
   clear_gradients();
-  const LossSums sums = forward_backward(batch);
+  const LossSums sums = forward_backward(batch, step);
   optimizer_step(step);
 
   RanStep ran;
@@ -83,17 +83,18 @@ void StepRunner::clear_gradients() {
   ctx_.model.optimizer->zero_grad(/*set_to_none=*/true);
 }
 
-StepRunner::LossSums StepRunner::forward_backward(const std::vector<int64_t>& batch) {
+StepRunner::LossSums StepRunner::forward_backward(const std::vector<int64_t>& batch, int64_t step) {
   const auto micro = micro_batches(int64_t(batch.size()), ctx_.options.accumulate_grad_batches());
   LossSums sums;
-  for (size_t j = 0; j < micro.size(); ++j) train_part(batch, micro[j], /*last=*/j + 1 == micro.size(), sums);
+  for (size_t j = 0; j < micro.size(); ++j) train_part(batch, micro[j], {step, j, micro.size()}, sums);
   return sums;
 }
 
 /// This rank's part of micro-batch [micro.first, micro.second) of `batch`: forward and
 /// backward, its loss weighted by the part's share of the global batch.
-void StepRunner::train_part(const std::vector<int64_t>& batch, std::pair<int64_t, int64_t> micro, bool last,
+void StepRunner::train_part(const std::vector<int64_t>& batch, std::pair<int64_t, int64_t> micro, PartOf where,
                             LossSums& sums) {
+  const bool last = where.micro + 1 == where.micros;
   const int rank = ctx_.rank(), world = ctx_.world();
   const int64_t m = int64_t(batch.size());
   const auto [a, b] = micro;
@@ -107,7 +108,14 @@ void StepRunner::train_part(const std::vector<int64_t>& batch, std::pair<int64_t
   const double weight = double(mine) * double(world) / double(m);
   std::unique_ptr<FullyShardedBase::NoSyncGuard> no_sync;
   if (ctx_.model.fsdp && !last) no_sync = ctx_.model.fsdp->no_sync();
-  at::Tensor loss = ctx_.data.train_step(idx);
+  at::Tensor loss;
+  try {
+    loss = ctx_.data.train_step(idx);
+  } catch (c10::Error& e) {
+    // Where it happened, which the batch function and the user's step do not know.
+    TORCH_RETHROW(e, ctx_.program(), " (rank ", rank, "): training step ", where.step + 1, " of ",
+                  plan_.total_steps(), ", micro-batch ", where.micro + 1, " of ", where.micros);
+  }
   TORCH_CHECK(loss.defined() && loss.numel() == 1 && loss.requires_grad(), ctx_.program(), " (rank ", rank,
               "): the training step must return the scalar mean loss of its batch, attached to the graph; got ",
               loss.defined() ? loss.sizes() : at::IntArrayRef{});

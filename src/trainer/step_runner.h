@@ -36,8 +36,13 @@ class StepRunner {
     double means = 0;  // of its micro-batches' mean losses
   };
   void clear_gradients();
-  LossSums forward_backward(const std::vector<int64_t>& batch);
-  void train_part(const std::vector<int64_t>& batch, std::pair<int64_t, int64_t> micro, bool last, LossSums& sums);
+  /// Which micro-batch of which step a part belongs to (for error messages).
+  struct PartOf {
+    int64_t step;
+    size_t micro, micros;
+  };
+  LossSums forward_backward(const std::vector<int64_t>& batch, int64_t step);
+  void train_part(const std::vector<int64_t>& batch, std::pair<int64_t, int64_t> micro, PartOf where, LossSums& sums);
   void optimizer_step(int64_t step);
   /// This rank's share of the step's loss from its sums over an m-sample batch.
   void share_of_loss(const LossSums& sums, int64_t m, RanStep& ran) const;

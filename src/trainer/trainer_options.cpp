@@ -1,6 +1,10 @@
 #include "fsdp/trainer/trainer_options.h"
 
 #include <sstream>
+#include <utility>
+#include <vector>
+
+#include "fsdp/trainer/checkpoint_dir.h"
 
 namespace fsdp::trainer {
 
@@ -117,6 +121,17 @@ std::string trainer_options_error(const TrainerOptions& o, const TrainerParts& p
   else if (o.threads() < 0)
     e << "threads must be >= 0, got " << o.threads();
   return e.str();
+}
+
+std::string resume_path_error(const TrainerOptions& o) {
+  const std::string& dir = o.resume();
+  if (dir.empty() || dir == "auto") return "";
+  std::vector<std::pair<std::string, std::string>> values;
+  std::string why;
+  if (read_checkpoint_values(dir, values, why)) return "";
+  return o.resume_name() + " '" + dir + "': " + why + "; name a checkpoint directory that exists (" +
+         (o.checkpoint_dir().empty() ? std::string("DIR") : o.checkpoint_dir()) +
+         "/step-S), \"auto\" to continue from the newest one under checkpoint_dir, or nothing to start afresh";
 }
 
 }  // namespace fsdp::trainer

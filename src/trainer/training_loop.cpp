@@ -109,11 +109,16 @@ FitResult run_phases(const LoopContext& ctx) {
   FitResult result;
   result.first_step = from.first_step;
   result.resumed_from = from.resumed_from;
-  MetricsLog log(ctx.lead() ? o.metrics_file() : "", from.first_step > 0 && o.metrics_append_on_resume(),
-                 o.metrics_validation_key());
+  const bool append_metrics = from.first_step > 0 && o.metrics_append_on_resume();
+  MetricsLog log(ctx.lead() ? o.metrics_file() : "", append_metrics, o.metrics_validation_key());
   Progress progress(total_steps, o.progress() && ctx.lead(), from.first_step);
+  if (append_metrics && log.enabled())
+    say_on_lead(ctx.lead(), progress, o.progress(),
+                std::string(ctx.program()) + ": resumed at step " + std::to_string(from.first_step) +
+                    ": appending to the metrics file " + o.metrics_file() + " (its lines up to step " +
+                    std::to_string(from.first_step) + " stay; metrics_append_on_resume(false) would start it afresh)");
   ValidationSchedule validations(ctx, log, progress, result);
-  CheckpointSchedule checkpoints(ctx, total_steps);
+  CheckpointSchedule checkpoints(ctx, total_steps, progress);
   start_training(ctx, from, total_steps, checkpoints);
   StepReporter reporter(ctx, log, progress, total_steps, result);
   result.train_seconds = train_steps(ctx, plan, from.first_step, reporter, checkpoints, validations);

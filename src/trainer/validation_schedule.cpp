@@ -86,7 +86,14 @@ ValidationMetrics ValidationSchedule::mean_over_validation_set() {
     for (int64_t i = begin + lo; i < begin + hi; ++i) idx.push_back(i);
     const int64_t mine = int64_t(idx.size());
     if (mine == 0) idx.push_back(begin);  // forward is collective: run, weigh 0
-    acc.add(ctx_, ctx_.data.validation_step(idx), mine);
+    std::map<std::string, double> values;
+    try {
+      values = ctx_.data.validation_step(idx);
+    } catch (c10::Error& e) {
+      TORCH_RETHROW(e, ctx_.program(), " (rank ", ctx_.rank(), "): validation, samples ", begin, "..",
+                    begin + std::min(per, n - begin) - 1, " of the validation set");
+    }
+    acc.add(ctx_, values, mine);
     count += mine;
   }
   std::vector<double> sums = acc.sums;

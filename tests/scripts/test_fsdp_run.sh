@@ -184,6 +184,12 @@ expect_contains "$ERR" "fsdp-run: cannot execute '$WORK/not-executable': Permiss
 run --help
 expect_eq "$RC" 0 "exit code for --help"
 expect_contains "$OUT" "usage: fsdp-run" "--help text"
+# What fsdp::Trainer checks before it re-executes under fsdp-run (test_trainer_launch compares
+# it with the library's own).
+run --version
+expect_eq "$RC" 0 "exit code for --version"
+[[ "$(cat "$OUT")" =~ ^fsdp-run\ [0-9]+\.[0-9]+\.[0-9]+\ \(build\ [0-9a-z-]+\)$ ]] ||
+  fail "--version printed '$(cat "$OUT")', want 'fsdp-run X.Y.Z (build ID)'"
 pass "command-line errors"
 
 # --- 7. the agent store (--max-restarts) speaks libtorch's TCPStore protocol ------------------

@@ -20,6 +20,9 @@ int main(int argc, char** argv) {
     case ParseOutcome::Help:
       std::fputs(usage_text(), stdout);
       return 0;
+    case ParseOutcome::Version:
+      std::fputs(version_text(), stdout);
+      return 0;
     case ParseOutcome::UsageError:
       std::fprintf(stderr, "fsdp-run: %s\nTry 'fsdp-run --help' for the options.\n",
                    parsed.error.c_str());

@@ -48,6 +48,8 @@ options:
                        (default 0; the same on every node). The nodes restart together once
                        every node's ranks have ended; a node whose launcher is gone ends the
                        job. The program resumes itself, e.g. fsdp-train --resume auto
+  --version            print fsdp-run's version and build id (a program that re-executes
+                       itself under fsdp-run, fsdp::trainer::Trainer::fit, checks it)
   -h, --help           show this text
 Underscore spellings (--nproc_per_node, --node_rank, --master_addr, ...) are accepted.
 
@@ -60,6 +62,16 @@ example:
   fsdp-run --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --master-port 29500 --nproc 2 -- ./train
 )";
 }
+
+// Set by tools/CMakeLists.txt for this file: the same values the library's launch.cpp sees.
+#ifndef FSDP_VERSION
+#define FSDP_VERSION "unknown"
+#endif
+#ifndef FSDP_BUILD_ID
+#define FSDP_BUILD_ID "unknown"
+#endif
+
+const char* version_text() { return "fsdp-run " FSDP_VERSION " (build " FSDP_BUILD_ID ")\n"; }
 
 namespace {
 
@@ -104,6 +116,10 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
     }
     if (arg == "-h" || arg == "--help") {
       result.outcome = ParseOutcome::Help;
+      return result;
+    }
+    if (arg == "--version") {
+      result.outcome = ParseOutcome::Version;
       return result;
     }
     // Accept both "--flag value" and "--flag=value".

@@ -27,7 +27,7 @@ struct LaunchOptions {
   std::vector<std::string> command;
 };
 
-enum class ParseOutcome { Run, Help, UsageError };
+enum class ParseOutcome { Run, Help, Version, UsageError };
 
 struct ParseResult {
   ParseOutcome outcome = ParseOutcome::UsageError;
@@ -40,5 +40,9 @@ ParseResult parse_command_line(int argc, const char* const* argv);
 
 /// The --help text.
 const char* usage_text();
+
+/// The --version line, "fsdp-run <project version> (build <build id>)\n": fsdp::Trainer
+/// re-executes a program only under the fsdp-run of its own build (trainer/launch.h).
+const char* version_text();
 
 }  // namespace fsdp::launcher

@@ -5,7 +5,7 @@
 ///     auto model = fsdp::FullyShardedDataParallel(MyNet(cfg), pg,
 ///                    fsdp::Options().auto_wrap_policy(fsdp::size_based_policy(1e6)));
 ///     torch::optim::AdamW opt(model->parameters(), 1e-3);
-///     auto loss = model->forward(x).mse_loss(y);  loss.backward();  opt.step();
+///     auto loss = torch::mse_loss(model->forward(x), y);  loss.backward();  opt.step();
 ///
 /// After wrapping, `named_parameters()` returns the model's own parameters under
 /// their original names. Outside forward/backward each is this rank's 1-D piece of

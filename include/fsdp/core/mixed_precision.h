@@ -3,8 +3,8 @@
 /// MixedPrecision; FairScale's mixed_precision / compute_dtype /
 /// fp32_reduce_scatter). See [Note: mixed precision] in src/core/flat_param.h.
 ///
-///     fsdp::Options().mixed_precision(fsdp::MixedPrecision()
-///         .param_dtype(torch::kBFloat16).reduce_dtype(torch::kFloat))
+///     auto options = fsdp::Options().mixed_precision(fsdp::MixedPrecision()
+///         .param_dtype(torch::kBFloat16).reduce_dtype(torch::kFloat));
 ///
 /// The parameters the optimizer sees stay in the model's dtype (fp32 master
 /// pieces). Each rank casts its piece to param_dtype before the all-gather, so

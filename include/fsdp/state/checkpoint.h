@@ -7,7 +7,7 @@
 ///     extra.tensors["rng"] = torch::make_generator<at::CPUGeneratorImpl>().get_state();
 ///     fsdp::save_checkpoint("ckpt/latest", *model, &optimizer, extra);   // collective
 ///     ...
-///     auto extra = fsdp::load_checkpoint("ckpt/latest", *model, &optimizer);  // any world size
+///     auto loaded = fsdp::load_checkpoint("ckpt/latest", *model, &optimizer);  // any world size
 ///
 /// Files are described per *original* parameter (its name in the unwrapped model
 /// and the element range of its flattened values each record holds), never per

@@ -2,6 +2,9 @@
 /// Loading a pretrained full state dict that only rank 0 can read into a sharded
 /// model, unit by unit, so that no rank ever holds the whole model.
 ///
+///     #include "fsdp/core/sharded_init.h"
+///     #include "fsdp/state/rank0_load.h"
+///
 ///     std::shared_ptr<GptImpl> gpt;
 ///     {
 ///       fsdp::ShardedInitContext sharded_init(pg, options);   // sharded as it is built

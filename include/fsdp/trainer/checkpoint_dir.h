@@ -19,9 +19,14 @@ namespace fsdp::trainer {
 std::string checkpoint_path(const std::string& dir, int64_t step);
 /// The steps S of the complete checkpoints DIR/step-S, ascending.
 std::vector<int64_t> checkpoint_steps(const std::string& dir);
-/// Deletes all but the `keep` (> 0) newest complete checkpoints; returns what it could
-/// not delete ("" if all went). Call it on one rank, after a save has returned.
-std::string prune_checkpoints(const std::string& dir, int64_t keep);
+/// What prune_checkpoints did.
+struct PruneResult {
+  std::vector<std::string> deleted;  ///< the checkpoints it removed, oldest first
+  std::string failed;                ///< what it could not remove, and why ("" if all went)
+};
+/// Deletes all but the `keep` (> 0) newest complete checkpoints. Call it on one rank,
+/// after a save has returned.
+PruneResult prune_checkpoints(const std::string& dir, int64_t keep);
 /// The "extra" values of DIR's metadata.json (or DIR.old's, load_checkpoint's crash
 /// fallback), without loading any tensor; false with `error` set ("no checkpoint there
 /// (...)" or "unreadable metadata.json (...)") if there is none to read.

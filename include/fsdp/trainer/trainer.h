@@ -17,8 +17,8 @@
 ///         .training_step([](auto& model, torch::data::Example<>& b) {
 ///           return torch::cross_entropy_loss(model.forward(b.data), b.target);  // mean
 ///         })
-///         .validation_step([](auto& model, torch::data::Example<>& b) {
-///           auto logits = model.forward(b.data);
+///         .validation_step([](Trainer<NetImpl>::Model& model, torch::data::Example<>& b) {
+///           torch::Tensor logits = model.forward(b.data);
 ///           return std::map<std::string, double>{
 ///               {"loss", torch::cross_entropy_loss(logits, b.target).item<double>()},
 ///               {"accuracy", logits.argmax(1).eq(b.target).to(torch::kDouble).mean().item<double>()}};
@@ -26,7 +26,11 @@
 ///     trainer.fit();   // no launcher: re-executes the program as 2 ranks (see launch.h)
 ///
 /// Types. The Trainer is a template over the model's Impl (so that the steps call
-/// its typed forward) and the batch type (default torch::data::Example<>). Datasets
+/// its typed forward) and the batch type (default torch::data::Example<>). The steps
+/// receive the model as `Trainer<Impl>::Model&` (TrainerModel<Impl> below). A generic
+/// lambda (`auto& model`) works too, but there what forward returns has a dependent
+/// type: a member template of it needs `.template` (`loss.template item<double>()`),
+/// or name the type first (`torch::Tensor logits = model.forward(x)`). Datasets
 /// are type-erased into "the batch of these sample indices": a torch::data dataset
 /// with any example type is fetched through its get_batch() and turned into a Batch
 /// by a collate function (default: stack data and targets of Example<>; a dataset
@@ -159,6 +163,48 @@ inline torch::data::Example<> default_collate(std::vector<torch::data::Example<>
 }
 inline torch::data::Example<> default_collate(torch::data::Example<> batch) { return batch; }
 
+/// The installed package's bin directory when this program was compiled against it
+/// (its exported targets define FSDP_INSTALLED_BINDIR), "" when compiled against a
+/// build tree: where fit() looks for fsdp-run first ([Note: trainer launch]). Read in
+/// the program's own translation unit, since the library cannot tell how it was found.
+inline std::string installed_bindir() {
+#ifdef FSDP_INSTALLED_BINDIR
+  return FSDP_INSTALLED_BINDIR;
+#else
+  return "";
+#endif
+}
+
+/// "3, 17, 4" (at most 8, then "...").
+inline std::string index_list(const std::vector<int64_t>& indices) {
+  std::string out;
+  for (size_t i = 0; i < indices.size() && i < 8; ++i) out += (i ? ", " : "") + std::to_string(indices[i]);
+  return indices.size() > 8 ? out + ", ..." : out;
+}
+
+/// For a batch that did not collate: which sample (by dataset index) differs in shape
+/// from the batch's first, e.g. "dataset index 7 has data of shape [5] where dataset
+/// index 4 (the batch's first) has [4]"; "" if none does or the examples are not Example<>.
+inline std::string shape_mismatch(const std::vector<torch::data::Example<>>& examples,
+                                  const std::vector<int64_t>& indices) {
+  auto shape = [](const at::Tensor& t) { return t.defined() ? c10::str(t.sizes()) : std::string("(undefined)"); };
+  for (size_t j = 1; j < examples.size() && j < indices.size(); ++j) {
+    for (const char* part : {"data", "target"}) {
+      const bool data = part[0] == 'd';
+      const std::string first = shape(data ? examples[0].data : examples[0].target);
+      const std::string here = shape(data ? examples[j].data : examples[j].target);
+      if (here != first)
+        return "dataset index " + std::to_string(indices[j]) + " has " + part + " of shape " + here +
+               " where dataset index " + std::to_string(indices[0]) + " (the batch's first) has " + first;
+    }
+  }
+  return "";
+}
+template <typename Examples>
+std::string shape_mismatch(const Examples&, const std::vector<int64_t>&) {
+  return "";
+}
+
 template <typename Dataset>
 int64_t dataset_size(const Dataset& d) {
   auto n = d.size();
@@ -215,7 +261,7 @@ class Trainer {
   /// (std::vector<ExampleType>, or the mapped batch type) into a Batch.
   template <typename Dataset, typename Collate>
   Trainer& train_data(Dataset dataset, Collate collate) {
-    std::tie(train_size_, train_batch_) = erase(std::move(dataset), std::move(collate));
+    std::tie(train_size_, train_batch_) = erase(std::move(dataset), std::move(collate), "training set");
     return *this;
   }
   template <typename Dataset>
@@ -229,7 +275,7 @@ class Trainer {
   }
   template <typename Dataset, typename Collate>
   Trainer& val_data(Dataset dataset, Collate collate) {
-    std::tie(val_size_, val_batch_) = erase(std::move(dataset), std::move(collate));
+    std::tie(val_size_, val_batch_) = erase(std::move(dataset), std::move(collate), "validation set");
     return *this;
   }
   template <typename Dataset>
@@ -301,7 +347,11 @@ class Trainer {
                   "`fsdp-run --nnodes ",
                   options_.num_nodes(), " --node-rank R --master-addr A --nproc-per-node ",
                   std::max(options_.devices(), 1), " -- PROGRAM` on every node (or torchrun / srun)");
-      if (options_.devices() > 1) relaunch_under(find_launcher(options_.launcher()), options_.devices());
+      // A wrong resume path is found here, before any rank starts.
+      const std::string resume_err = resume_path_error(options_);
+      TORCH_CHECK(resume_err.empty(), "fsdp::Trainer: ", resume_err);
+      if (options_.devices() > 1)
+        relaunch_under(find_launcher(options_.launcher(), detail::installed_bindir()), options_.devices());
       // One process: a private file store, so no port is taken.
       scratch_ = std::filesystem::temp_directory_path() /
                  ("fsdp_trainer_" + std::to_string(::getpid()) + "_store");
@@ -371,8 +421,9 @@ class Trainer {
     return p;
   }
 
+  /// `which` names the dataset in errors ("training set").
   template <typename Dataset, typename Collate>
-  static std::pair<int64_t, BatchFn> erase(Dataset dataset, Collate collate) {
+  static std::pair<int64_t, BatchFn> erase(Dataset dataset, Collate collate, const char* which) {
     // A stream dataset (BatchRequestType size_t: "the next n examples") has no sample
     // indices, so the global batch of a step could not be the same at every world size
     // and a resume could not find its place.
@@ -381,9 +432,20 @@ class Trainer {
                   "stream dataset, pass train_data(size, batch_of_indices_fn) instead");
     auto d = std::make_shared<Dataset>(std::move(dataset));
     const int64_t n = detail::dataset_size(*d);
-    BatchFn fn = [d, collate](const std::vector<int64_t>& indices) -> Batch {
+    BatchFn fn = [d, collate, which](const std::vector<int64_t>& indices) -> Batch {
       std::vector<size_t> idx(indices.begin(), indices.end());
-      return collate(d->get_batch(c10::ArrayRef<size_t>(idx)));
+      try {
+        return collate(d->get_batch(c10::ArrayRef<size_t>(idx)));
+      } catch (c10::Error& e) {
+        // torch names the sample by its place in the batch ("at entry 7"); the user knows
+        // it by its dataset index. Fetched again to see the shapes: only on this path.
+        const std::string odd = detail::shape_mismatch(d->get_batch(c10::ArrayRef<size_t>(idx)), indices);
+        TORCH_CHECK(odd.empty(), "fsdp::Trainer: the ", which, "'s samples do not stack into a batch: ", odd,
+                    "; make every sample the same shape, or give the dataset a collate function that pads "
+                    "(train_data / val_data(dataset, collate)) (torch: ", e.msg(), ")");
+        TORCH_RETHROW(e, "fsdp::Trainer: collating the ", which, "'s samples at dataset indices ",
+                      detail::index_list(indices));
+      }
     };
     return {n, std::move(fn)};
   }

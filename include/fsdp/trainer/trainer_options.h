@@ -116,20 +116,23 @@ struct TrainerOptions {
   TORCH_ARG(std::string, checkpoint_dir) = "";
   /// Save every this many steps, and after the last step. 0: only after the last step.
   TORCH_ARG(int64_t, checkpoint_interval) = 0;
-  /// Keep only the newest K complete checkpoints (0 keeps all).
+  /// Keep only the newest K complete checkpoints (0 keeps all); rank 0 says on stderr
+  /// each one it deletes.
   TORCH_ARG(int64_t, keep_checkpoints) = 2;
   /// A fresh run (not a resumed one) also saves the initial state as `step-0` before
   /// the first step, so a run that dies before its first checkpoint_interval resumes
   /// from the initial weights rather than starting afresh (fsdp-train does).
   TORCH_ARG(bool, checkpoint_at_start) = false;
   /// "": start fresh. "auto": continue from the newest usable checkpoint under
-  /// checkpoint_dir (none: start fresh). Otherwise a checkpoint directory to continue from.
+  /// checkpoint_dir (none: start fresh). Otherwise a checkpoint directory to continue
+  /// from, which fit() checks before it starts any rank (resume_path_error).
   TORCH_ARG(std::string, resume) = "";
   /// JSON lines written by rank 0: one per step, one per validation (see metrics in trainer.h).
   TORCH_ARG(std::string, metrics_file) = "";
   /// A resumed run appends to metrics_file (the lines of the steps before the
-  /// checkpoint stay). false: it truncates the file, which then holds this run's
-  /// steps only (fsdp-train's --metrics; a restarted job then has no duplicate steps).
+  /// checkpoint stay; rank 0 says so on stderr). false: it truncates the file, which
+  /// then holds this run's steps only (fsdp-train's --metrics; a restarted job then has
+  /// no duplicate steps).
   TORCH_ARG(bool, metrics_append_on_resume) = true;
   /// The key validation lines of metrics_file hold their values under.
   TORCH_ARG(std::string, metrics_validation_key) = "validation";
@@ -154,7 +157,9 @@ struct TrainerOptions {
   /// Nodes. > 1 needs a launcher on every node (fsdp-run --nnodes, torchrun, srun).
   TORCH_ARG(int, num_nodes) = 1;
   /// fsdp-run to re-execute under; empty: next to this executable, then the build and
-  /// install directories of the library, then PATH.
+  /// install directories of the library (the install directory first for a program
+  /// compiled against the installed package), then PATH. Either way it must be the
+  /// fsdp-run of this library's build ([Note: trainer launch] in launch.h).
   TORCH_ARG(std::string, launcher) = "";
   /// Rendezvous and collective timeout of the process group fit() creates.
   TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::minutes(5);
@@ -175,5 +180,11 @@ struct TrainerParts {
 /// the checks that need it); otherwise one message saying what is wrong and how to fix
 /// it. Pure (no collective): every rank computes the same answer.
 std::string trainer_options_error(const TrainerOptions& o, const TrainerParts& parts, int world_size);
+
+/// Empty if `o.resume()` is "", "auto" or a directory holding a checkpoint; otherwise why
+/// not and how to fix it. Reads the file system, so unlike trainer_options_error it is
+/// not asked on every rank: fit() asks it in the process that starts the ranks, before
+/// any starts (a rank that could not see the directory would otherwise fail alone).
+std::string resume_path_error(const TrainerOptions& o);
 
 }  // namespace fsdp::trainer

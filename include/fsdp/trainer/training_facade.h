@@ -4,14 +4,14 @@
 /// with any optimizer over its parameters (ColossalAI pairs ShardedModelV2 with
 /// ShardedOptimizerV2 behind the same calls).
 ///
-///     fsdp::optim::TrainingFacade train(zero_opt);                     // ZeRO-1/2
+///     fsdp::optim::TrainingFacade zero_train(zero_opt);                // ZeRO-1/2
 ///     fsdp::optim::TrainingFacade train(*fsdp_model, adam,             // FSDP
 ///         fsdp::optim::FacadeOptions().dynamic_loss_scale(
 ///             fsdp::optim::ZeroOptions::low_level_zero_scaler()));
-///     for (...) {
+///     for (...) {                                      // the same loop for either
 ///       train.zero_grad();
 ///       train.backward(loss_fn(model->forward(x)));   // loss * scale / accumulation steps
-///       if (!train.step()) ...;                        // skipped: inf/nan on some rank
+///       if (!train.step()) continue;                   // skipped: inf/nan on some rank
 ///     }
 ///
 /// step(): unscale, one cross-rank overflow check, skip on inf/nan anywhere (gradients
