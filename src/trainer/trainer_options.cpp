@@ -129,7 +129,7 @@ std::string resume_path_error(const TrainerOptions& o) {
   std::vector<std::pair<std::string, std::string>> values;
   std::string why;
   if (read_checkpoint_values(dir, values, why)) return "";
-  return o.resume_name() + " '" + dir + "': " + why + "; name a checkpoint directory that exists (" +
+  return "resume '" + dir + "': " + why + "; name a checkpoint directory that exists (" +
          (o.checkpoint_dir().empty() ? std::string("DIR") : o.checkpoint_dir()) +
          "/step-S), \"auto\" to continue from the newest one under checkpoint_dir, or nothing to start afresh";
 }
