@@ -132,6 +132,17 @@ struct ProcessGroup::State {
   std::shared_ptr<detail::Transport> transport;  // chosen when the group is created
   detail::CudaPlacement cuda;                    // the world's, inherited by sub-groups
   std::shared_ptr<detail::Transport> device_transport;  // CUDA tensors; null when none
+
+  // NCCL's backend warns at exit, and may leak its communicators, unless shut down first
+  // (Python's destroy_process_group); the last copy of a group shuts it down.
+  ~State() {
+    if (!pg || cuda.backend != Backend::NCCL) return;
+    try {
+      pg->getBackend(c10::kCUDA)->shutdown();
+    } catch (const std::exception&) {
+      // Nothing to do at teardown: the process is leaving the group either way.
+    }
+  }
 };
 
 ProcessGroup::ProcessGroup(c10::intrusive_ptr<::c10d::ProcessGroup> pg,
