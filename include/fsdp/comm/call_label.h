@@ -4,14 +4,11 @@
 /// the phase of training and its subject (an FSDP unit's path, a ZeRO bucket, a state-dict
 /// entry), so that errors, traces and records can say which collective of which unit it was.
 ///
-///     comm::all_gather_into(g, flat, shard, {comm::Phase::Forward, "blocks.3"});
-///     {
-///       comm::LabelScope scope({comm::Phase::Checkpoint, "save"});
-///       comm::broadcast_object(g, token);   // labelled by the scope
-///     }
+///     fsdp::comm::CallLabel label(fsdp::comm::Phase::Forward, "blocks.3");  // "forward blocks.3"
+///     fsdp::comm::LabelScope scope({fsdp::comm::Phase::Checkpoint, "save"});
 ///
-/// A call passed no label takes the innermost LabelScope of its thread, else stays
-/// Phase::Unlabelled.
+/// Every collective of collectives.h takes a label as its last argument; a call passed
+/// none takes the innermost LabelScope of its thread, else stays Phase::Unlabelled.
 
 #include <string>
 

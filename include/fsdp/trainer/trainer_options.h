@@ -42,9 +42,10 @@ const char* to_string(StrategyKind kind);
 ///    with `zero()` (its process_group, stage, module and clip_grad_norm are set by the
 ///    Trainer).
 ///
+///     using fsdp::trainer::Strategy, fsdp::trainer::StrategyKind;
 ///     Strategy s = StrategyKind::ZERO2;                       // implicit
 ///     Strategy t = Strategy(StrategyKind::FULL_SHARD).fsdp(fsdp::Options().bucket_cap_mb(25));
-///     Strategy u = Strategy::parse(argv[1]);                  // a command line's "zero2"
+///     Strategy u = Strategy::parse("zero2");                  // a command line's word
 struct Strategy {
   Strategy() = default;
   /* implicit */ Strategy(StrategyKind kind) : kind_(kind) {}
