@@ -29,6 +29,7 @@
 #include "comm/shm/shm_engine.h"
 #include "comm/shm/shm_transport.h"
 #include "comm/device/cuda_backend.h"
+#include "comm/store_bytes.h"
 #include "comm/device/device_transport.h"
 #include "transport.h"
 
@@ -46,9 +47,6 @@ std::string this_host() {
   if (gethostname(buf, sizeof(buf) - 1) != 0) return "?";
   return buf;
 }
-
-std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
-std::string str(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
 
 bool is_loopback(const std::string& addr) { return detail::is_loopback_address(addr); }
 
@@ -372,7 +370,7 @@ ProcessGroup init_process_group(const InitOptions& options) {
 
   // 2. Agreement: one world size per job, one process per rank.
   const std::string ws = std::to_string(env.world_size);
-  auto seen = str(store->compareSet("fsdp/init/world_size", {}, bytes(ws)));
+  auto seen = detail::store_string(store->compareSet("fsdp/init/world_size", {}, detail::store_bytes(ws)));
   TORCH_CHECK(seen == ws, "fsdp: rank ", env.rank, " was started with world size ", ws,
               " but another rank of this job registered world size ", seen,
               "; every rank must be launched with the same WORLD_SIZE (or this store at ",
@@ -385,7 +383,7 @@ ProcessGroup init_process_group(const InitOptions& options) {
   const std::string address = gloo_address(env);
   const std::string me = this_host() + " " + std::to_string(::getpid()) + " " +
                          (address.empty() ? "-" : address);
-  store->set("fsdp/init/peer/" + std::to_string(env.rank), bytes(me));
+  store->set("fsdp/init/peer/" + std::to_string(env.rank), detail::store_bytes(me));
   // The peer table: for error messages, and to refuse a cross-host loopback address before
   // Gloo waits for it (every rank registers before connecting, so this waits for no one extra).
   std::vector<Peer> peers(env.world_size);
@@ -394,7 +392,7 @@ ProcessGroup init_process_group(const InitOptions& options) {
     for (int r = 0; r < env.world_size; ++r) {
       std::string entry;
       try {
-        entry = str(store->get("fsdp/init/peer/" + std::to_string(r)));
+        entry = detail::store_string(store->get("fsdp/init/peer/" + std::to_string(r)));
       } catch (const std::exception& e) {
         TORCH_CHECK(false, "fsdp: rank ", env.rank, " of ", env.world_size, ": rank ", r,
                     " did not register within ", timeout.count(), " ms: ", e.what(),
@@ -408,7 +406,7 @@ ProcessGroup init_process_group(const InitOptions& options) {
   }
 
   // 3. Where CUDA tensors go ([Note: CUDA tensors in a process group]), then the world group.
-  const detail::CudaPlacement cuda = detail::place_cuda_tensors(options, env, *store, timeout);
+  const detail::CudaPlacement cuda = detail::place_cuda_tensors(options, env, *store);
   auto pg_store = c10::make_intrusive<::c10d::PrefixStore>("fsdp/pg/world", store);
   auto device = make_gloo_device(env);
   c10::intrusive_ptr<::c10d::ProcessGroup> pg;

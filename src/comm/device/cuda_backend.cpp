@@ -24,6 +24,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "comm/store_bytes.h"
+
 #ifdef FSDP_WITH_NCCL
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -63,9 +65,6 @@ std::string device_uuid(int index) {
 #endif
 }
 
-std::string str(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
-std::vector<uint8_t> bytes(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
-
 // This rank's device: the explicit index, else its local rank over the visible devices.
 int bind_device(const InitOptions& options, const LaunchEnv& env, int visible) {
   if (visible == 0) return -1;
@@ -85,28 +84,21 @@ bool nccl_built() {
 #endif
 }
 
-CudaPlacement place_cuda_tensors(const InitOptions& options, const LaunchEnv& env, c10d::Store& store,
-                                 std::chrono::milliseconds timeout) {
+CudaPlacement place_cuda_tensors(const InitOptions& options, const LaunchEnv& env, c10d::Store& store) {
   const Backend asked = options.backend();
-  TORCH_CHECK(asked != Backend::NCCL || nccl_built(), "fsdp: rank ", env.rank, ": Backend::NCCL needs a libtorch "
-              "built with CUDA and NCCL; this build has none. Use Backend::Gloo (CPU tensors)");
   const int device = bind_device(options, env, visible_cuda_devices());
-  // The table: "<uuid> <host-visible index>" or "none" per rank.
-  const std::string mine = device >= 0 ? device_uuid(device) + " " + std::to_string(device) : "none";
-  store.set("fsdp/init/gpu/" + std::to_string(env.rank), bytes(mine));
-  std::vector<std::string> uuids(env.world_size);
+  // The table: each rank's GPU UUID, or "none".
+  store.set("fsdp/init/gpu/" + std::to_string(env.rank), store_bytes(device >= 0 ? device_uuid(device) : "none"));
   std::map<std::string, std::vector<int>> ranks_of;
   int without = -1;
   for (int r = 0; r < env.world_size; ++r) {
-    std::istringstream is(str(store.get("fsdp/init/gpu/" + std::to_string(r))));
-    is >> uuids[r];
-    if (uuids[r] == "none") {
+    const std::string uuid = store_string(store.get("fsdp/init/gpu/" + std::to_string(r)));
+    if (uuid == "none") {
       if (without < 0) without = r;
     } else {
-      ranks_of[uuids[r]].push_back(r);
+      ranks_of[uuid].push_back(r);
     }
   }
-  (void)timeout;
   std::string shared;  // "ranks 0 and 1 share GPU-..." for the first shared GPU
   for (const auto& [uuid, rs] : ranks_of) {
     if (rs.size() < 2) continue;

@@ -30,9 +30,9 @@ bool nccl_built();
 /// Decides the world's placement: each rank binds a device (InitOptions::device_index, else
 /// its local rank modulo the visible devices) and publishes the device's UUID through
 /// `store`; every rank then reads the same table and decides the same. Backend::NCCL with
-/// two ranks on one GPU, or a rank without CUDA, is refused on every rank before NCCL starts.
-CudaPlacement place_cuda_tensors(const InitOptions& options, const LaunchEnv& env, c10d::Store& store,
-                                 std::chrono::milliseconds timeout);
+/// two ranks on one GPU, or a rank without CUDA, is refused on every rank before NCCL starts
+/// (a build without NCCL refuses Backend::NCCL earlier, in init_process_group).
+CudaPlacement place_cuda_tensors(const InitOptions& options, const LaunchEnv& env, c10d::Store& store);
 
 /// Registers an NCCL backend for CUDA tensors on `pg` (rank `rank` of `size`), bound to
 /// `device_index`, with the group's timeout. Only when nccl_built().

@@ -98,6 +98,7 @@
 #include "comm/comm_testing.h"
 #include "comm/process_gone.h"
 #include "comm/row_sum.h"
+#include "comm/store_bytes.h"
 #include "shm_arena.h"
 #include "shm_engine.h"
 #include "comm/tensor_bytes.h"
@@ -164,8 +165,6 @@ std::string host_identity() {
   return std::string(host) + "/" + (boot.empty() ? "?" : boot);
 }
 
-std::vector<uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
-std::string str_of(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
 
 }  // namespace
 
@@ -817,12 +816,12 @@ std::shared_ptr<ShmChannel> make_shm_channel(const ProcessGroup& g, std::shared_
   } else {
     mine << "no " << host;
   }
-  store->set(prefix + "seg/" + std::to_string(me), bytes_of(mine.str()));
+  store->set(prefix + "seg/" + std::to_string(me), store_bytes(mine.str()));
 
   bool ok = ch->segs_[me] != nullptr;
   for (int p = 0; p < n && ok; ++p) {
     if (p == me) continue;
-    std::istringstream is(str_of(store->get(prefix + "seg/" + std::to_string(p))));
+    std::istringstream is(store_string(store->get(prefix + "seg/" + std::to_string(p))));
     std::string status, their_host, their_name, apid, afd, anonce;
     uint64_t their_nonce = 0;
     is >> status >> their_host >> their_name >> their_nonce >> apid >> afd >> anonce;
@@ -839,10 +838,10 @@ std::shared_ptr<ShmChannel> make_shm_channel(const ProcessGroup& g, std::shared_
   }
   // Verdict: segments mapped ("1"), and every published arena mapped too ("1 1").
   const bool arenas_ok = ok && arena_why.empty();
-  store->set(prefix + "ok/" + std::to_string(me), bytes_of(ok ? (arenas_ok ? "1 1" : "1 0") : "0"));
+  store->set(prefix + "ok/" + std::to_string(me), store_bytes(ok ? (arenas_ok ? "1 1" : "1 0") : "0"));
   bool all_ok = true, all_arenas = true;
   for (int p = 0; p < n; ++p) {
-    const std::string v = str_of(store->get(prefix + "ok/" + std::to_string(p)));
+    const std::string v = store_string(store->get(prefix + "ok/" + std::to_string(p)));
     all_ok &= v.rfind("1", 0) == 0;
     all_arenas &= v == "1 1";
   }
