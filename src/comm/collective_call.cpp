@@ -3,6 +3,8 @@
 
 #include <atomic>
 #include <mutex>
+#include <sstream>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -56,6 +58,34 @@ CommHandle complete_locally(const CollectiveCall& c) {
   return CommHandle();
 }
 
+// "all_reduce on group 'world' (backward blocks.1) on rank 0": how errors name a call.
+std::string describe_call(const ProcessGroup& g, const CollectiveCall& c) {
+  std::ostringstream os;
+  os << to_string(c.op) << " on group '" << g.name() << "' (" << c.label.describe() << ") on rank " << g.rank();
+  return os.str();
+}
+
+// The device of a call's tensors: CPU tensors take the group's transport, CUDA tensors its
+// device transport ([Note: CUDA tensors in a process group] in device/cuda_backend.cpp).
+// Anything else, a call mixing devices, or CUDA tensors on a group that moves none is
+// refused before anything moves, naming the call.
+Transport& transport_for(const ProcessGroup& g, const CollectiveCall& c) {
+  const at::Tensor& first = c.out.defined() ? c.out : c.in;
+  if (!first.defined()) return *g.transport();
+  const at::Device d = first.device();
+  TORCH_CHECK(!c.in.defined() || c.in.device() == d, "fsdp: ", describe_call(g, c), ": its tensors are on ", d, " and ",
+              c.in.device(), "; put both on one device");
+  if (d.is_cpu()) return *g.transport();
+  TORCH_CHECK(d.is_cuda() && g.device_transport(), "fsdp: ", describe_call(g, c), ": the tensor is on ", d,
+              ", but this group moves ",
+              d.is_cuda() ? "no CUDA tensors (a rank of the world has no GPU, or this build has no CUDA; see "
+                            "fsdp::comm::Backend)"
+                          : "CPU and CUDA tensors only");
+  TORCH_CHECK(!d.has_index() || d.index() == g.cuda_device(), "fsdp: ", describe_call(g, c), ": the tensor is on ", d,
+              " but this rank is bound to cuda:", g.cuda_device(), " (InitOptions::device_index)");
+  return *g.device_transport();
+}
+
 }  // namespace
 
 const char* to_string(CollectiveOp op) {
@@ -79,38 +109,9 @@ int64_t CollectiveCall::numel() const {
   return out.defined() ? out.numel() : 0;
 }
 
-namespace {
-
-// The device of a call's tensors: CPU tensors take the group's transport, CUDA tensors its
-// device transport ([Note: CUDA tensors in a process group] in device/cuda_backend.cpp).
-// Anything else, a call mixing devices, or CUDA tensors on a group that moves none is
-// refused before anything moves, naming the call.
-Transport& transport_for(const ProcessGroup& g, const CollectiveCall& c) {
-  const at::Tensor& first = c.out.defined() ? c.out : c.in;
-  if (!first.defined() || first.device().is_cpu()) {
-    TORCH_CHECK(!c.in.defined() || c.in.device().is_cpu(), "fsdp: ", to_string(c.op), " on group '", g.name(), "' (",
-                c.label.describe(), ") on rank ", g.rank(), ": its tensors are on ", first.device(), " and ",
-                c.in.device(), "; put both on one device");
-    return *g.transport();
-  }
-  const at::Device d = first.device();
-  TORCH_CHECK(!c.in.defined() || c.in.device() == d, "fsdp: ", to_string(c.op), " on group '", g.name(), "' (",
-              c.label.describe(), ") on rank ", g.rank(), ": its tensors are on ", d, " and ", c.in.device(),
-              "; put both on one device");
-  TORCH_CHECK(d.is_cuda() && g.device_transport(), "fsdp: ", to_string(c.op), " on group '", g.name(), "' (",
-              c.label.describe(), ") on rank ", g.rank(), ": the tensor is on ", d, ", but this group moves ",
-              d.is_cuda() ? "no CUDA tensors (a rank of the world has no GPU, or this build has no CUDA; see "
-                            "fsdp::comm::Backend)"
-                          : "CPU and CUDA tensors only");
-  TORCH_CHECK(!d.has_index() || d.index() == g.cuda_device(), "fsdp: ", to_string(c.op), " on group '", g.name(),
-              "' (", c.label.describe(), ") on rank ", g.rank(), ": the tensor is on ", d, " but this rank is bound to cuda:",
-              g.cuda_device(), " (InitOptions::device_index)");
-  return *g.device_transport();
-}
-
-}  // namespace
-
 CommHandle issue(const ProcessGroup& g, CollectiveCall call) {
+  // A call passed no label takes its thread's scope (call_label.h).
+  if (call.label.empty()) call.label = scope_label();
   Transport& t = transport_for(g, call);
   notify(g, call);
   // A one-rank group completes CPU calls locally; CUDA calls still go to the backend, so

@@ -79,8 +79,6 @@ void check_dense(const at::Tensor& t, const char* what, const char* op) {
               ": ", what, " must be a defined, contiguous, dense tensor");
 }
 
-CallLabel or_scope(const CallLabel& label) { return label.empty() ? scope_label() : label; }
-
 }  // namespace
 
 CommHandle all_gather_into(const ProcessGroup& g, const at::Tensor& flat, const at::Tensor& shard,
@@ -104,7 +102,7 @@ CommHandle all_gather_into(const ProcessGroup& g, const at::Tensor& flat, const 
   call.op = detail::CollectiveOp::AllGather;
   call.out = flat;
   call.in = shard;
-  call.label = or_scope(label);
+  call.label = label;
   return detail::issue(g, std::move(call));
 }
 
@@ -123,7 +121,7 @@ CommHandle reduce_scatter(const ProcessGroup& g, const at::Tensor& out, const at
   call.out = out;
   call.in = flat;
   call.reduce = op;
-  call.label = or_scope(label);
+  call.label = label;
   return detail::issue(g, std::move(call));
 }
 
@@ -143,7 +141,7 @@ CommHandle all_reduce(const ProcessGroup& g, const at::Tensor& t, ReduceOp op, c
   call.op = detail::CollectiveOp::AllReduce;
   call.out = t;
   call.reduce = op;
-  call.label = or_scope(label);
+  call.label = label;
   return detail::issue(g, std::move(call));
 }
 
@@ -155,14 +153,14 @@ CommHandle broadcast(const ProcessGroup& g, const at::Tensor& t, int root, const
   call.op = detail::CollectiveOp::Broadcast;
   call.out = t;
   call.root = root;
-  call.label = or_scope(label);
+  call.label = label;
   return detail::issue(g, std::move(call));
 }
 
 void barrier(const ProcessGroup& g, const CallLabel& label) {
   detail::CollectiveCall call;
   call.op = detail::CollectiveOp::Barrier;
-  call.label = or_scope(label);
+  call.label = label;
   detail::issue(g, std::move(call)).wait();
 }
 
