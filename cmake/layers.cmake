@@ -3,9 +3,10 @@
 # names after DEPENDS. scripts/check_layers.py reads these same lines and checks every
 # #include against them, so an upward include fails the build (docs/architecture.md).
 fsdp_layer(comm)
+fsdp_layer(autograd)
 fsdp_layer(memory)
 fsdp_layer(precision DEPENDS comm)
-fsdp_layer(core      DEPENDS comm memory precision)
-fsdp_layer(optim     DEPENDS comm memory precision)
-fsdp_layer(state     DEPENDS comm memory precision core optim)
-fsdp_layer(trainer   DEPENDS comm memory precision core optim state)
+fsdp_layer(core      DEPENDS autograd comm memory precision)
+fsdp_layer(optim     DEPENDS autograd comm memory precision)
+fsdp_layer(state     DEPENDS autograd comm memory precision core optim)
+fsdp_layer(trainer   DEPENDS autograd comm memory precision core optim state)
