@@ -2,8 +2,9 @@
 
 #include <algorithm>
 
-#include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function_hook.h>
+
+#include "fsdp/autograd/end_of_backward.h"
 
 namespace fsdp::detail {
 
@@ -37,6 +38,10 @@ class ParamGradHook : public torch::autograd::FunctionPostHook {
   Unit* unit_;
   size_t entry_;
 };
+
+// Whether a forward now is followed by its backward: with grad, or as a checkpoint's
+// first forward, whose backward comes through a recompute ([Note: recompute]).
+bool forward_has_backward() { return at::GradMode::is_enabled() || autograd::in_checkpointed_forward(); }
 
 }  // namespace
 
@@ -103,6 +108,11 @@ UnitHooks* Runtime::call_site(Unit* unit) {
 // ---- forward ----
 
 void Runtime::root_pre_forward(Unit* root) {
+  TORCH_CHECK(!autograd::in_checkpointed_forward() && !autograd::in_recompute(), "fsdp: rank ", pg_.rank(),
+              ": the FullyShardedDataParallel root's forward runs inside fsdp::checkpoint, which FSDP does not "
+              "support (its iteration starts and ends at the root). Checkpoint pieces inside the model instead: "
+              "fsdp::apply_activation_checkpointing(*model, fsdp::checkpoint_module_type<BlockImpl>()) before "
+              "wrapping, or fsdp::checkpoint inside a module's forward");
   // A previous training forward whose backward never ran leaves units waiting;
   // start the new iteration from a clean, sharded state.
   if (!callback_queued_) {
@@ -127,9 +137,10 @@ void Runtime::arm_implicit_units() {
 }
 
 void Runtime::pre_forward(Unit& unit) {
+  if (autograd::in_recompute()) return pre_recompute(unit);
   if (std::find(pre_forward_order_.begin(), pre_forward_order_.end(), &unit) == pre_forward_order_.end())
     pre_forward_order_.push_back(&unit);
-  const bool training = at::GradMode::is_enabled();
+  const bool training = forward_has_backward();
   const bool allocated = unit.begin_forward(training, [this, &unit](size_t entry) {
     return std::make_unique<ParamGradHook>(this, &unit, entry);
   });
@@ -140,7 +151,8 @@ void Runtime::pre_forward(Unit& unit) {
 }
 
 void Runtime::post_forward(Unit& unit, const std::vector<at::Tensor>& outputs) {
-  const bool training = at::GradMode::is_enabled();
+  if (autograd::in_recompute()) return post_recompute(unit, outputs);
+  const bool training = forward_has_backward();
   unit.end_forward(training, keeps_gathered_after_forward(unit));
   observe(unit, "post_forward");
   auto it = std::find(post_forward_order_.begin(), post_forward_order_.end(), &unit);
@@ -154,6 +166,11 @@ void Runtime::post_forward(Unit& unit, const std::vector<at::Tensor>& outputs) {
     }
     return;
   }
+  arm_output_hooks(unit, outputs);
+}
+
+void Runtime::arm_output_hooks(Unit& unit, const std::vector<at::Tensor>& outputs) {
+  // Outputs without grad get none: a checkpoint's first forward arms them in its recompute.
   Unit* u = &unit;
   for (const auto& out : outputs) {
     if (!out.defined() || !out.requires_grad()) continue;
@@ -164,6 +181,26 @@ void Runtime::post_forward(Unit& unit, const std::vector<at::Tensor>& outputs) {
       return grad;
     });
   }
+}
+
+// ---- recompute ([Note: recompute]) ----
+
+void Runtime::pre_recompute(Unit& unit) {
+  auto it = std::find(backward_gather_order_.begin(), backward_gather_order_.end(), &unit);
+  TORCH_CHECK(callback_queued_ && it != backward_gather_order_.end(), "fsdp: unit '", unit.label(), "' on rank ",
+              pg_.rank(), " is recomputed by fsdp::checkpoint in backward, but its first forward was not part of "
+              "this iteration's forward with grad. Call the checkpointed function in the same forward whose "
+              "loss backward runs on");
+  gather_until(static_cast<int>(it - backward_gather_order_.begin()));
+  const bool allocated = unit.begin_recompute([this, &unit](size_t entry) {
+    return std::make_unique<ParamGradHook>(this, &unit, entry);
+  });
+  if (allocated) note_transient_bytes();
+}
+
+void Runtime::post_recompute(Unit& unit, const std::vector<at::Tensor>& outputs) {
+  unit.end_recompute();
+  arm_output_hooks(unit, outputs);
 }
 
 void Runtime::root_post_forward(Unit* root, const std::vector<at::Tensor>& outputs) {
@@ -242,7 +279,8 @@ void Runtime::ensure_final_callback() {
   if (callback_queued_) return;
   callback_queued_ = true;
   plan_backward();
-  torch::autograd::Engine::get_default_engine().queue_callback([this] { final_callback(); });
+  // On the outermost backward: a checkpoint's nested backward must not end the iteration.
+  autograd::queue_end_of_backward([this] { final_callback(); });
 }
 
 void Runtime::on_root_output_grad() {

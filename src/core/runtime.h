@@ -37,6 +37,25 @@
 // output hook) and before anything frees the buffer. limit_all_gathers keeps at
 // most one prefetched gather in flight.
 //
+// [Note: recompute]
+// An activation checkpoint (fsdp::checkpoint, include/fsdp/autograd/) runs a piece of
+// forward without grad and re-runs it inside backward ([Note: nested backward] in
+// include/fsdp/autograd/end_of_backward.h). A unit inside such a piece:
+//  * first forward (autograd::in_checkpointed_forward()): a forward with grad for the
+//    schedule: it enters the pre- and post-forward orders, so it has its place in the
+//    backward gather order and the reduce order, and reshards after forward as usual.
+//    Its outputs need no grad, so no output hook is armed yet;
+//  * recompute (autograd::in_recompute()): not recorded in any order. Its pre_forward
+//    advances the backward gather cursor up to it (gather_until, the same cursor the
+//    output hooks and the prefetch advance, so every rank issues the same gathers in the
+//    same order, and the gather is the one its backward needs anyway: FULL_SHARD still
+//    moves every parameter three times per step), then RECOMPUTE ([Note: unit
+//    lifecycle]); its post_forward arms the output hooks on the recomputed outputs and
+//    keeps the parameters gathered for the backward that follows at once.
+// A recompute runs units in forward order while the gather order is backward's, so all
+// the units of one checkpointed piece are gathered together during its recompute.
+// A checkpointed piece inside a unit needs nothing: the unit's output hook gathered it.
+//
 // [Note: last unit stays gathered]
 // Under reshard_after_forward every non-root unit frees its gathered
 // parameters after forward, except the non-root unit that finished forward
@@ -140,6 +159,10 @@ class Runtime {
   class CallSite;
 
   void arm_implicit_units();
+  void arm_output_hooks(Unit& unit, const std::vector<at::Tensor>& outputs);
+  // [Note: recompute]
+  void pre_recompute(Unit& unit);
+  void post_recompute(Unit& unit, const std::vector<at::Tensor>& outputs);
   void ensure_final_callback();
   void final_callback();
   void plan_backward();

@@ -19,6 +19,7 @@ const char* to_string(UnitState s) {
     case UnitState::AWAIT_BACKWARD: return "AWAIT_BACKWARD";
     case UnitState::GATHERED_FOR_BACKWARD: return "GATHERED_FOR_BACKWARD";
     case UnitState::BACKWARD: return "BACKWARD";
+    case UnitState::RECOMPUTE: return "RECOMPUTE";
     case UnitState::REDUCING: return "REDUCING";
     case UnitState::ACCUMULATED: return "ACCUMULATED";
     case UnitState::REDUCED: return "REDUCED";
@@ -33,10 +34,12 @@ bool unit_transition_allowed(UnitState from, UnitState to) {
       return from == S::IDLE || from == S::FORWARD || from == S::AWAIT_BACKWARD;
     case S::AWAIT_BACKWARD:  // end_forward with grad
       return from == S::FORWARD;
-    case S::GATHERED_FOR_BACKWARD:  // gather_ahead_of_backward
-      return from == S::AWAIT_BACKWARD;
-    case S::BACKWARD:  // begin_backward
-      return from == S::AWAIT_BACKWARD || from == S::GATHERED_FOR_BACKWARD;
+    case S::GATHERED_FOR_BACKWARD:  // gather_ahead_of_backward; end_recompute
+      return from == S::AWAIT_BACKWARD || from == S::RECOMPUTE;
+    case S::BACKWARD:  // begin_backward; end_recompute of a recompute entered from BACKWARD
+      return from == S::AWAIT_BACKWARD || from == S::GATHERED_FOR_BACKWARD || from == S::RECOMPUTE;
+    case S::RECOMPUTE:  // begin_recompute
+      return from == S::AWAIT_BACKWARD || from == S::GATHERED_FOR_BACKWARD || from == S::BACKWARD;
     case S::REDUCING:  // flatten_grads
     case S::ACCUMULATED:  // flatten_grads under no_sync
       return from == S::AWAIT_BACKWARD || from == S::GATHERED_FOR_BACKWARD || from == S::BACKWARD;
@@ -243,6 +246,25 @@ bool Unit::begin_backward() {
 }
 
 void Unit::open_backward_span() { backward_mark_ = ctx_.tracer->begin(); }
+
+bool Unit::begin_recompute(const GradHookFactory& make_hook) {
+  recompute_in_backward_ = state_ == UnitState::BACKWARD;
+  transition(UnitState::RECOMPUTE, "recompute (pre_forward inside backward)");
+  const bool allocated = issue_gather(comm::Phase::Backward);  // no-op when gathered in order
+  wait_gather();
+  if (flat_->state() != FlatState::Unsharded) flat_->use_unsharded_views();
+  ensure_grad_accumulators(make_hook);
+  recompute_mark_ = ctx_.tracer->begin();
+  return allocated;
+}
+
+void Unit::end_recompute() {
+  TORCH_CHECK(state_ == UnitState::RECOMPUTE, "fsdp: unit '", label(), "' on rank ", ctx_.rank,
+              ": post_forward of a recompute in state ", to_string(state_), ", expected RECOMPUTE. Does the "
+              "checkpointed function call the unit's forward from another thread?");
+  ctx_.tracer->end(trace_name("recompute"), Tracer::kCompute, recompute_mark_);
+  transition(recompute_in_backward_ ? UnitState::BACKWARD : UnitState::GATHERED_FOR_BACKWARD, "end of recompute");
+}
 
 bool Unit::note_param_grad(size_t entry) {
   if (fired_flags_[entry]) return false;

@@ -29,6 +29,14 @@
 //                            BACKWARD (no gradient parameters); IDLE (ran again without grad)
 //   Also FORWARD -> FORWARD: begin_forward inside the unit's own forward.
 //
+//   A recompute ([Note: recompute] in runtime.h): a checkpoint re-runs the unit's forward
+//   inside backward. Its first forward ran without grad as a checkpointed forward and
+//   took the arrows above as a forward with grad (-> AWAIT_BACKWARD).
+//     AWAIT_BACKWARD, GATHERED_FOR_BACKWARD --begin_recompute--> RECOMPUTE
+//        --end_recompute--> GATHERED_FOR_BACKWARD (its output hooks are armed now)
+//     BACKWARD --begin_recompute--> RECOMPUTE --end_recompute--> BACKWARD (a unit whose
+//        backward already started, e.g. also called outside the checkpoint)
+//
 //   IDLE                   sharded; parameters point at their pieces; gradients are pieces
 //   FORWARD                unsharded, inside forward
 //   AWAIT_BACKWARD         forward done with grad enabled; unsharded views kept (storage
@@ -36,6 +44,7 @@
 //   GATHERED_FOR_BACKWARD  re-gathered (gather issued) ahead of its backward by the
 //                          backward gather order or a prefetch; no output hook seen yet
 //   BACKWARD               its first output hook ran: its gradients are being computed
+//   RECOMPUTE              unsharded, its forward re-run by a checkpoint inside backward
 //   REDUCING               gradients flattened and handed to the GradReducer
 //   ACCUMULATED            gradients flattened into the no_sync accumulator (no reduction)
 //   REDUCED                this iteration's reduced shard arrived (adopt_reduced_shard)
@@ -73,6 +82,7 @@ enum class UnitState {
   AWAIT_BACKWARD,
   GATHERED_FOR_BACKWARD,
   BACKWARD,
+  RECOMPUTE,
   REDUCING,
   ACCUMULATED,
   REDUCED,
@@ -128,6 +138,13 @@ class Unit {
   /// gather. True: allocated.
   bool begin_backward();
   void open_backward_span();
+  /// -> RECOMPUTE ([Note: recompute] in runtime.h): gathers if still needed (the Runtime
+  /// issued the gather in the backward order), waits, points parameters at their full
+  /// views, installs the gradient hooks. True if it allocated the buffer.
+  bool begin_recompute(const GradHookFactory& make_hook);
+  /// Leaves RECOMPUTE for the backward state it came from (never frees the parameters:
+  /// its backward comes next).
+  void end_recompute();
   /// Whether forward ran with grad and the gradients are not flattened yet.
   bool awaits_reduction() const;
   /// AccumulateGrad wrote entry's gradient; true when this completes the unit's gradients.
@@ -173,6 +190,7 @@ class Unit {
   bool is_root_;
   bool reshard_after_forward_;
   UnitState state_ = UnitState::IDLE;
+  bool recompute_in_backward_ = false;  // RECOMPUTE was entered from BACKWARD
 
   size_t num_grad_params_ = 0;
   bool has_frozen_params_ = false;
@@ -192,7 +210,7 @@ class Unit {
   };
   std::optional<PendingGather> pending_gather_;  // an all-gather into the unsharded buffer in flight
   // Open trace spans (fsdp/trace.h); no-ops unless tracing.
-  Tracer::Mark gather_mark_, forward_mark_, backward_mark_;
+  Tracer::Mark gather_mark_, forward_mark_, backward_mark_, recompute_mark_;
 };
 
 }  // namespace fsdp::detail

@@ -1,6 +1,7 @@
 #include "zero_bucket_reducer.h"
 
-#include <torch/csrc/autograd/engine.h>
+#include "fsdp/autograd/end_of_backward.h"
+
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
@@ -80,7 +81,9 @@ void ZeroBucketReducer::ensure_callback() {
   if (callback_queued_) return;
   callback_queued_ = true;
   std::weak_ptr<ZeroBucketReducer> self = weak_from_this();
-  torch::autograd::Engine::get_default_engine().queue_callback([self] {
+  // On the outermost backward: an activation checkpoint's nested backward must not issue
+  // the buckets still open.
+  autograd::queue_end_of_backward([self] {
     if (auto r = self.lock()) r->finish_backward();
   });
 }
@@ -95,8 +98,9 @@ void ZeroBucketReducer::on_grad(size_t i) {
               "ZeroRedundancyOptimizer (stage 2, rank ", rank, "): parameter '", names_[i],
               "' received a second gradient in one backward (its bucket ", b, " is ",
               state_name(int(k.state)),
-              "). Reentrant backward (e.g. activation checkpointing) is not supported at stage 2; "
-              "use stage 1");
+              "). Stage 2 reduces each gradient once per backward: a parameter used both inside and "
+              "outside an activation checkpoint (or by two backward passes before step) gets a second one. "
+              "Keep the parameter's uses on one side of the checkpoint, or use stage 1");
   at::Tensor& grad = params_[i].mutable_grad();
   TORCH_CHECK(grad.defined() && !grad.is_sparse() && grad.numel() == slot.numel,
               "ZeroRedundancyOptimizer (stage 2, rank ", rank, "): parameter '", names_[i],

@@ -13,6 +13,9 @@
 ///    calls the unit's hooks around Impl::forward when FSDP made it a unit and is
 ///    a plain call otherwise.
 /// The wrap policy (options.h) decides which candidates become units.
+/// Every wrap candidate that is a Wrappable is also a checkpoint candidate
+/// (fsdp/autograd/checkpoint_wrapper.h): once apply_activation_checkpointing chose
+/// it, its forward (the unit's hooks included) runs inside fsdp::checkpoint.
 /// A Wrappable is also a construction point: inside a ShardedInitContext it is
 /// sharded when its constructor returns ([Note: sharded construction] in
 /// sharded_init.h).
@@ -26,6 +29,8 @@
 
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
+
+#include "fsdp/autograd/checkpoint_wrapper.h"
 
 namespace fsdp {
 
@@ -80,7 +85,7 @@ struct ConstructionUnits;
 }  // namespace detail
 
 /// Base of every Wrappable: where FSDP plugs the unit's hooks in.
-class WrappableBase {
+class WrappableBase : public CheckpointableBase {
  public:
   virtual ~WrappableBase() = default;
   UnitHooks* fsdp_unit_hooks() const { return hooks_; }
@@ -119,6 +124,14 @@ class WrappableImpl : public Impl, public WrappableBase {
 
   template <typename... Args>
   auto forward(Args&&... args) {
+    if (!activation_checkpointed()) return unit_forward(std::forward<Args>(args)...);
+    return checkpoint([this](auto&&... a) { return unit_forward(std::forward<decltype(a)>(a)...); },
+                      std::forward<Args>(args)...);
+  }
+
+ private:
+  template <typename... Args>
+  auto unit_forward(Args&&... args) {
     UnitHooks* hooks = fsdp_unit_hooks();
     if (hooks == nullptr) return Impl::forward(std::forward<Args>(args)...);
     hooks->pre_forward();
