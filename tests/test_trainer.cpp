@@ -427,6 +427,30 @@ TEST(Trainer, MixedPrecisionBf16) {
   }, rank_options());
 }
 
+// activation_checkpointing changes no bit: the same losses and final parameters as the
+// same run without it, under FSDP (a unit per checkpointed block) and ZeRO-2.
+TEST(Trainer, ActivationCheckpointingChangesNoBit) {
+  run_ranks(2, [](comm::ProcessGroup& pg) {
+    for (Strategy strategy : {by_block(StrategyKind::FULL_SHARD), Strategy(StrategyKind::ZERO2)}) {
+      run_case(strategy.name(), [&] {
+        std::vector<FitResult> results;
+        std::vector<Params> params;
+        for (bool checkpointed : {false, true}) {
+          auto o = TrainerOptions().strategy(strategy).global_batch_size(kBatch).max_steps(4).seed(3);
+          if (checkpointed) o.activation_checkpointing(checkpoint_module_type<BlockImpl>());
+          TT t = make_trainer(o, /*adam=*/true);
+          results.push_back(t.fit(pg));
+          params.push_back(full_parameters(*t.trained_model()));
+          for (auto& b : t.trained_model()->module()->blocks) EXPECT_EQ(b->activation_checkpointed(), checkpointed);
+        }
+        EXPECT_EQ(results[1].losses, results[0].losses);
+        ASSERT_EQ(params[1].size(), params[0].size());
+        for (const auto& [name, p] : params[0]) EXPECT_TRUE(torch::equal(params[1].at(name), p)) << name;
+      });
+    }
+  }, rank_options());
+}
+
 /// Counts steps; its count is saved with every checkpoint and restored on resume.
 struct Counter : Callback {
   int64_t steps = 0;

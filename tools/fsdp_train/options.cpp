@@ -118,6 +118,10 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
                  "write bytes by category at every unit boundary and optimizer step (fsdp::MemoryTracer) as "
                  "JSON lines to FILE (rank 0; put {rank} in the name for one file per rank); render with "
                  "tools/plot_memory_trace.py");
+  auto* checkpointing_opt =
+      app.add_flag("--activation-checkpointing", o.activation_checkpointing,
+                   "gpt: keep only each block's input in forward and recompute the block in backward "
+                   "(fsdp::apply_activation_checkpointing): less activation memory for one more forward");
   app.add_flag("--eager-init", o.eager_init,
                "gpt: build the whole model on every rank before sharding it (default: each block is "
                "sharded as it is constructed, fsdp::ShardedInitContext; same initial values)");
@@ -184,7 +188,7 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
        {std::tuple{hidden_opt, o.model == "mlp", "mlp"}, std::tuple{data_opt, !gpt, "mlp and cnn"},
         std::tuple{min_params_opt, !gpt, "mlp and cnn"}, std::tuple{text_opt, gpt, "gpt"},
         std::tuple{layers_opt, gpt, "gpt"}, std::tuple{dim_opt, gpt, "gpt"}, std::tuple{heads_opt, gpt, "gpt"},
-        std::tuple{context_opt, gpt, "gpt"}})
+        std::tuple{context_opt, gpt, "gpt"}, std::tuple{checkpointing_opt, gpt, "gpt"}})
     if (std::string e = only_for(opt, applies, models); !e.empty()) return usage_error(e);
   if (o.hidden < 1) return usage_error("--hidden must be >= 1, got " + std::to_string(o.hidden));
   if (o.layers < 1) return usage_error("--layers must be >= 1, got " + std::to_string(o.layers));

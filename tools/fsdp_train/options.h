@@ -64,6 +64,7 @@ struct TrainOptions {
   bool forward_prefetch = false;          ///< fsdp::Options::forward_prefetch
   double bucket_cap_mb = 0;               ///< fsdp::Options::bucket_cap_mb (<= 0: off)
   std::string memory_trace;               ///< JSON lines of fsdp::MemoryTracer samples ("{rank}": one file per rank)
+  bool activation_checkpointing = false;  ///< gpt: recompute each block's activations in backward
   bool eager_init = false;                ///< gpt: build the whole model, then shard (no ShardedInitContext)
   std::string checkpoint_dir;      ///< checkpoints go to <dir>/step-S; empty: none
   int64_t checkpoint_every = 0;    ///< also every K steps (0: only step-0 and the last step)

@@ -12,6 +12,7 @@
 
 #include "estimate.h"
 #include "phase_memory.h"
+#include "fsdp/autograd/checkpoint_wrapper.h"
 #include "fsdp/comm/collectives.h"
 #include "fsdp/comm/process_group.h"
 #include "fsdp/core/fully_sharded.h"
@@ -169,6 +170,14 @@ int64_t count_params(const TrainOptions& o, const torch::nn::Module& net) {
   TORCH_INTERNAL_ASSERT(n == model_num_params(o), "fsdp-train: --model ", o.model, " has ", n,
                         " parameters but estimate.cpp computes ", model_num_params(o), "; fix model_num_params");
   return n;
+}
+
+/// --activation-checkpointing: every block's forward runs inside fsdp::checkpoint (under FSDP
+/// the block's unit inside it), set before wrapping.
+void checkpoint_blocks(const TrainOptions& o, torch::nn::Module& gpt) {
+  if (!o.activation_checkpointing) return;
+  const int n = fsdp::apply_activation_checkpointing(gpt, fsdp::checkpoint_module_type<GptBlockImpl>());
+  TORCH_INTERNAL_ASSERT(n == o.layers, "fsdp-train: ", n, " of ", o.layers, " gpt blocks are checkpoint candidates");
 }
 
 /// fsdp-train's side of the library's loop: the header's "resumed from" line, the
@@ -340,6 +349,7 @@ int run_rank(const TrainOptions& o) {
       PhaseMemory phases;
       torch::manual_seed(o.seed);
       Gpt gpt(gpt_config(o));
+      checkpoint_blocks(o, *gpt);
       const int64_t num_params = count_params(o, *gpt);
       auto opt = make_zero_optimizer(o, pg, gpt.ptr());
       phases.end_construction();
@@ -386,6 +396,7 @@ int run_rank(const TrainOptions& o) {
       gpt = Gpt(gpt_config(o));
       if (sharded_init) units_at_construction = sharded_init->units_sharded();
     }
+    checkpoint_blocks(o, *gpt);
     const int64_t num_params = count_params(o, *gpt);
     auto model = fsdp::FullyShardedDataParallel(gpt, pg, options);
     phases.end_construction();

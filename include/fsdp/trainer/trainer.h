@@ -500,6 +500,8 @@ class Trainer {
       lm.module = model_->module_.get();
       optimizer_ = optimizer_factory_(model_->wrapper_->parameters());
     }
+    if (options_.activation_checkpointing())
+      apply_activation_checkpointing(*model_->module_, options_.activation_checkpointing());
     TORCH_CHECK(optimizer_, "fsdp::Trainer: the optimizer factory returned nullptr");
     model_->optimizer_ = optimizer_.get();
     lm.optimizer = optimizer_.get();

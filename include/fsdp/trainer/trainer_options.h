@@ -16,6 +16,7 @@
 
 #include <torch/arg.h>
 
+#include "fsdp/autograd/checkpoint_wrapper.h"
 #include "fsdp/core/options.h"
 #include "fsdp/optim/zero_redundancy_optimizer.h"
 
@@ -100,6 +101,10 @@ struct TrainerOptions {
   /// FSDP strategies skip the reduction of the first k-1 (no_sync); zero1 reduces
   /// once in step(); zero2 reduces every micro-batch (its buckets allow no other).
   TORCH_ARG(int64_t, accumulate_grad_batches) = 1;
+  /// Activation checkpointing: the checkpoint candidates of the model this policy accepts
+  /// (e.g. fsdp::checkpoint_module_type<BlockImpl>()) recompute their forward in backward
+  /// (fsdp::apply_activation_checkpointing on the factory's model, every strategy). Empty: off.
+  TORCH_ARG(CheckpointPolicy, activation_checkpointing) = nullptr;
   /// Clip the global gradient norm (L2) to this before each step. 0: off.
   TORCH_ARG(double, gradient_clip_val) = 0.0;
   TORCH_ARG(LastBatch, last_batch) = LastBatch::kShort;
