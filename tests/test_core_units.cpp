@@ -240,7 +240,7 @@ TEST(GradientDivision, TorchDefaultAndExplicit) {
 
 const std::vector<UnitState> kAllStates = {UnitState::IDLE,     UnitState::FORWARD,     UnitState::AWAIT_BACKWARD,
                                            UnitState::GATHERED_FOR_BACKWARD, UnitState::BACKWARD,
-                                           UnitState::REDUCING, UnitState::ACCUMULATED, UnitState::REDUCED};
+                                           UnitState::RECOMPUTE, UnitState::REDUCING, UnitState::ACCUMULATED, UnitState::REDUCED};
 
 TEST(UnitLifecycle, TransitionTableMatchesTheDrawing) {
   using S = UnitState;
@@ -267,6 +267,12 @@ TEST(UnitLifecycle, TransitionTableMatchesTheDrawing) {
       {S::GATHERED_FOR_BACKWARD, S::IDLE},
       {S::BACKWARD, S::IDLE},
       {S::IDLE, S::IDLE},
+      // A recompute inside backward, back to where it came from.
+      {S::AWAIT_BACKWARD, S::RECOMPUTE},
+      {S::GATHERED_FOR_BACKWARD, S::RECOMPUTE},
+      {S::BACKWARD, S::RECOMPUTE},
+      {S::RECOMPUTE, S::GATHERED_FOR_BACKWARD},
+      {S::RECOMPUTE, S::BACKWARD},
   };
   int allowed = 0;
   for (S from : kAllStates) {
@@ -363,6 +369,37 @@ TEST(UnitLifecycle, RefusedTransitionsNameUnitAndBothStates) {
   msg = error_of([&] { u.adopt_reduced_shard(torch::zeros({7})); });
   EXPECT_NE(msg.find("from AWAIT_BACKWARD to REDUCED"), std::string::npos) << msg;
   u.abandon_forward();
+  EXPECT_EQ(u.state(), UnitState::IDLE);
+}
+
+// A recompute returns to the backward state it came from, and refuses to start outside
+// backward or to end twice.
+TEST(UnitLifecycle, RecomputeReturnsWhereItCameFrom) {
+  UnitFixture fx;
+  Unit& u = *fx.unit;
+  std::vector<size_t> fired;
+  auto hook = [&](size_t i) { return std::make_unique<NoOpGradHook>(&fired, i); };
+  std::string msg = error_of([&] { u.begin_recompute(hook); });
+  EXPECT_NE(msg.find("from IDLE to RECOMPUTE"), std::string::npos) << msg;
+  {
+    torch::NoGradGuard checkpointed_forward;
+    u.begin_forward(/*training=*/true, hook);
+    u.end_forward(true, false);
+  }
+  ASSERT_EQ(u.state(), UnitState::AWAIT_BACKWARD);
+  u.begin_recompute(hook);
+  EXPECT_EQ(u.state(), UnitState::RECOMPUTE);
+  EXPECT_EQ(u.flat().state(), FlatState::Unsharded);
+  u.end_recompute();
+  EXPECT_EQ(u.state(), UnitState::GATHERED_FOR_BACKWARD);
+  msg = error_of([&] { u.end_recompute(); });
+  EXPECT_NE(msg.find("post_forward of a recompute in state GATHERED_FOR_BACKWARD, expected RECOMPUTE"),
+            std::string::npos) << msg;
+  u.begin_backward();
+  u.begin_recompute(hook);
+  u.end_recompute();
+  EXPECT_EQ(u.state(), UnitState::BACKWARD);
+  u.finish_iteration();
   EXPECT_EQ(u.state(), UnitState::IDLE);
 }
 

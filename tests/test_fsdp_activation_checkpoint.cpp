@@ -93,7 +93,7 @@ Run train_fsdp(comm::ProcessGroup& pg, Ckpt c, const Options& options, int steps
   torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-2));
   Run run;
   for (int s = 0; s < steps; ++s) {
-    opt.zero_grad();
+    opt.zero_grad(/*set_to_none=*/true);
     comm::comm_counters().reset();
     rank_loss(*model, [&](torch::Tensor x) { return model->forward(x); }, pg, s).backward();
     run.gather_bytes.push_back(comm::comm_counters().all_gather);
@@ -166,7 +166,7 @@ void trace_cases(comm::ProcessGroup& pg) {
     torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-2));
     for (int s = 0; s < 2; ++s) {
       if (s == 1) model->clear_trace();  // the second step: the schedule recorded in the first
-      opt.zero_grad();
+      opt.zero_grad(/*set_to_none=*/true);
       rank_loss(*model, [&](torch::Tensor x) { return model->forward(x); }, pg, s).backward();
       opt.step();
     }
@@ -224,7 +224,7 @@ Run train_zero(comm::ProcessGroup& pg, int stage, bool checkpointed, int steps =
   };
   Run run;
   for (int s = 0; s < steps; ++s) {
-    opt.zero_grad();
+    opt.zero_grad(/*set_to_none=*/true);
     comm::comm_counters().reset();
     rank_loss(*net, fwd, pg, s).backward();
     run.reduce_bytes.push_back(comm::comm_counters().reduce_scatter + comm::comm_counters().all_reduce);
@@ -243,6 +243,27 @@ void zero_cases(comm::ProcessGroup& pg) {
       EXPECT_EQ(run.reduce_bytes, ref.reduce_bytes) << "a bucket was reduced twice";
     });
   }
+  run_case("zero2-parameter-on-both-sides-of-a-checkpoint-fails-clearly", [&] {
+    Net net = make_net(Ckpt::None);
+    optim::ZeroRedundancyOptimizer opt(net->parameters(),
+                                       optim::inner_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(1e-2)),
+                                       optim::ZeroOptions().process_group(pg).stage(2).module(net.ptr()));
+    auto x = torch::randn({4, 13});
+    auto h = net->proj(x);
+    // proj's weight again inside the checkpoint: its gradient arrives in two parts.
+    auto out = fsdp::checkpoint(
+        [&](const torch::Tensor& a, const torch::Tensor& b) { return net->head(a + torch::linear(b, net->proj->weight)); },
+        h, x);
+    try {
+      out.sum().backward();
+      ADD_FAILURE() << "no error";
+    } catch (const c10::Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("proj.weight"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("received a second gradient"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("both inside and outside an activation checkpoint"), std::string::npos) << msg;
+    }
+  });
 }
 
 }  // namespace

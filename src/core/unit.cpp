@@ -48,8 +48,8 @@ bool unit_transition_allowed(UnitState from, UnitState to) {
     case S::IDLE:
       // end_forward without grad and abandon_forward (FORWARD, AWAIT_BACKWARD);
       // finish_iteration (everything that ran forward in this iteration, except a
-      // flat gradient still with the reducer).
-      return from != S::REDUCING;
+      // flat gradient still with the reducer, or a recompute still running).
+      return from != S::REDUCING && from != S::RECOMPUTE;
   }
   return false;
 }

@@ -52,7 +52,8 @@
 // AWAIT_BACKWARD / GATHERED_FOR_BACKWARD / BACKWARD until finish_iteration.
 // Two things stay data, not states: an all-gather in flight (a handle, also for
 // a forward prefetch of an IDLE unit) and gradient pieces set aside at backward
-// start (stash_grads); counters (gradients seen this iteration) are data too.
+// start (stash_grads); counters (gradients seen this iteration) and the backward
+// state a recompute returns to are data too.
 
 #include <functional>
 #include <memory>

@@ -1,5 +1,7 @@
 #include "zero_bucket_reducer.h"
 
+#include <algorithm>
+
 #include "fsdp/autograd/end_of_backward.h"
 
 #include <torch/csrc/autograd/function.h>
@@ -43,6 +45,7 @@ ZeroBucketReducer::ZeroBucketReducer(std::vector<at::Tensor> params, std::vector
   pool_.set_block_allocator([g = config_.group](size_t n) { return comm::allocate_collective_buffer(g, n); });
   buckets_.resize(layout_.buckets().size());
   arrived_.assign(params_.size(), 0);
+  seen_.assign(params_.size(), 0);
   used_.assign(params_.size(), 0);
 }
 
@@ -94,7 +97,7 @@ void ZeroBucketReducer::on_grad(size_t i) {
   const size_t b = static_cast<size_t>(slot.bucket);
   Bucket& k = buckets_[b];
   const int rank = config_.group.rank();
-  TORCH_CHECK(!arrived_[i] && (k.state == BucketState::EMPTY || k.state == BucketState::FILLING),
+  TORCH_CHECK(!seen_[i] && !arrived_[i] && (k.state == BucketState::EMPTY || k.state == BucketState::FILLING),
               "ZeroRedundancyOptimizer (stage 2, rank ", rank, "): parameter '", names_[i],
               "' received a second gradient in one backward (its bucket ", b, " is ",
               state_name(int(k.state)),
@@ -114,6 +117,7 @@ void ZeroBucketReducer::on_grad(size_t i) {
   k.buffer.narrow(0, slot.bucket_offset, slot.numel).copy_(grad.reshape({-1}));
   grad.reset();  // the bucket holds it now
   arrived_[i] = 1;
+  seen_[i] = 1;
   used_[i] = 1;
   if (++k.arrived == lb.end_param - lb.first_param) transition(b, BucketState::READY, "on_grad");
   issue_ready();
@@ -183,6 +187,7 @@ void ZeroBucketReducer::finish_backward() {
   for (size_t b : in_flight_) complete(b);
   in_flight_.clear();
   next_issue_ = 0;
+  std::fill(seen_.begin(), seen_.end(), 0);
   callback_queued_ = false;
 }
 

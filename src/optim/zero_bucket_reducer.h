@@ -102,7 +102,8 @@ class ZeroBucketReducer : public std::enable_shared_from_this<ZeroBucketReducer>
   const ZeroLayout& layout_;
   Config config_;
   std::vector<Bucket> buckets_;
-  std::vector<uint8_t> arrived_;  // this backward
+  std::vector<uint8_t> arrived_;  // this backward, until its bucket is reduced
+  std::vector<uint8_t> seen_;     // this backward, also after its bucket was reduced
   std::vector<uint8_t> used_;     // since clear()
   size_t next_issue_ = 0;
   std::vector<size_t> in_flight_;  // oldest first

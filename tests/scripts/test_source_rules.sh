@@ -6,6 +6,9 @@
 #     in C++ code and in our Python passes set_to_none explicitly. Comments are not code.
 #  2. Every collective goes through one function: only src/comm/collective_call.cpp calls a
 #     transport's collectives ([Note: the collective choke point] in src/comm/collective_call.h).
+#  3. End-of-backward callbacks land on the outermost backward: only src/autograd calls the
+#     engine's queue_callback; everything else calls fsdp::autograd::queue_end_of_backward
+#     ([Note: nested backward] in include/fsdp/autograd/end_of_backward.h).
 set -euo pipefail
 SRC="${FSDP_SOURCE_DIR:?set FSDP_SOURCE_DIR to the source tree}"
 cd "$SRC"
@@ -56,6 +59,26 @@ if [[ "$(transport_calls "$plant" | grep -c planted_transport)" == 1 ]]; then
   echo "ok: a planted direct transport call is found"
 else
   echo "FAIL: the check does not find a planted direct transport call"
+  status=1
+fi
+
+queue_callbacks() {  # DIR...
+  grep -rnE --include='*.cpp' --include='*.h' 'queue_callback\(' "$@" |
+    grep -vE '^[^:]+:[0-9]+:\s*(//|\*)' | grep -v '^src/autograd/' || true
+}
+found="$(queue_callbacks src include tools)"
+if [[ -n "$found" ]]; then
+  echo "FAIL: Engine::queue_callback called outside src/autograd (call fsdp::autograd::queue_end_of_backward):"
+  echo "$found"
+  status=1
+else
+  echo "ok: only src/autograd queues engine callbacks"
+fi
+printf 'void f() { torch::autograd::Engine::get_default_engine().queue_callback([] {}); }\n' >"$plant/planted_callback.cpp"
+if [[ "$(queue_callbacks "$plant" | grep -c planted_callback)" == 1 ]]; then
+  echo "ok: a planted queue_callback call is found"
+else
+  echo "FAIL: the check does not find a planted queue_callback call"
   status=1
 fi
 
