@@ -5,6 +5,9 @@
 #                    the counting CPU allocator holds beyond parameters, gradients and
 #                    optimizer state, sampled at every unit boundary) from step 2 on
 #   step             the median seconds per step of steps 3 and later (the metrics file)
+#   cpu              CPU seconds (user + system) of the whole run, every rank: on a host shared
+#                    with other work, wall time follows the neighbours' load, CPU time much less
+#                    (start-up and the final evaluation are in it, the same in both runs)
 # and the ratios of each pair, measured in the same pair. The batch is chosen so that
 # activations dominate the memory.
 #
@@ -34,7 +37,7 @@ WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 
 run() {  # NAME [FLAG]
-  "$TRAIN" --model gpt --layers "$LAYERS" --dim "$DIM" --heads "$HEADS" --context "$CONTEXT" \
+  /usr/bin/time -f "%U %S" -o "$WORK/$1.cpu" "$TRAIN" --model gpt --layers "$LAYERS" --dim "$DIM" --heads "$HEADS" --context "$CONTEXT" \
     --batch-size "$BATCH" --steps "$STEPS" --nproc "$NPROC" --log-every 1000 --eval-every 0 \
     --memory-trace "$WORK/$1.mem" --metrics "$WORK/$1.metrics" "${@:2}" >"$WORK/$1.log" 2>&1 ||
     { cat "$WORK/$1.log" >&2; exit 1; }
@@ -53,10 +56,12 @@ def measure(name):
     peak = max(s["bytes"]["other"] for s in mem if s["step"] >= 1)
     steps = [json.loads(l) for l in open(f"{work}/{name}.metrics")]
     secs = [m["samples"] / m["samples_per_s"] for m in steps if "samples_per_s" in m and m["step"] >= 3]
-    return peak, statistics.median(secs)
-print("| pair | activation peak plain | checkpointed | ratio | step plain | checkpointed | ratio |")
-print("| --- | --- | --- | --- | --- | --- | --- |")
+    cpu = sum(float(x) for x in open(f"{work}/{name}.cpu").read().split()[-2:])
+    return peak, statistics.median(secs), cpu
+print("| pair | activation peak plain | checkpointed | ratio | step plain | checkpointed | ratio | cpu plain | checkpointed | ratio |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for r in range(1, repeat + 1):
-    (pp, sp), (pc, sc) = measure(f"plain{r}"), measure(f"ckpt{r}")
-    print(f"| {r} | {pp / 2**20:.1f} MiB | {pc / 2**20:.1f} MiB | {pc / pp:.3f} | {sp:.3f} s | {sc:.3f} s | {sc / sp:.2f}x |")
+    (pp, sp, cp), (pc, sc, cc) = measure(f"plain{r}"), measure(f"ckpt{r}")
+    print(f"| {r} | {pp / 2**20:.1f} MiB | {pc / 2**20:.1f} MiB | {pc / pp:.3f} | {sp:.3f} s | {sc:.3f} s | {sc / sp:.2f}x "
+          f"| {cp:.1f} s | {cc:.1f} s | {cc / cp:.2f}x |")
 PY
