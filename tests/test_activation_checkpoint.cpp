@@ -75,6 +75,25 @@ TEST(ActivationCheckpoint, DropoutRecomputesBitForBitAndStreamContinues) {
   EXPECT_NE(out_c.grad_fn()->name().find("CheckpointFunction"), std::string::npos) << out_c.grad_fn()->name();
 }
 
+// The CUDA generator of the arguments' device is replayed too (skips without a GPU).
+TEST(ActivationCheckpoint, CudaDropoutRecomputesBitForBit) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  auto ref = make_block(6), ck = make_block(6);
+  ref->to(torch::kCUDA);
+  ck->to(torch::kCUDA);
+  auto x0 = torch::randn({4, 8}, torch::kCUDA);
+  auto xr = x0.clone().requires_grad_(true), xc = x0.clone().requires_grad_(true);
+  torch::cuda::manual_seed_all(11);
+  ref(xr).pow(2).sum().backward();
+  auto after_r = torch::rand({16}, torch::kCUDA);
+  torch::cuda::manual_seed_all(11);
+  fsdp::checkpoint([&](const torch::Tensor& t) { return ck(t); }, xc).pow(2).sum().backward();
+  auto after_c = torch::rand({16}, torch::kCUDA);
+  EXPECT_TRUE(torch::equal(xr.grad(), xc.grad()));
+  expect_same_grads(*ref, *ck);
+  EXPECT_TRUE(torch::equal(after_r, after_c)) << "the CUDA random stream after backward differs";
+}
+
 TEST(ActivationCheckpoint, NonTensorArgumentsAndTensorLists) {
   auto ref = make_block(1), ck = make_block(1);
   auto x0 = torch::randn({3, 8}), y0 = torch::randn({3, 8});

@@ -1,7 +1,7 @@
 // Activation checkpointing under FSDP and ZeRO: training with fsdp::checkpoint is bit for
 // bit the training without it (gradients after every backward, parameters after 3 Adam
-// steps; dropout inside the checkpointed pieces), at N = 1..3, FULL_SHARD and
-// SHARD_GRAD_OP, bf16 mixed precision, with a unit inside a checkpointed block (the block
+// steps; dropout inside the checkpointed pieces), at N = 1..3, FULL_SHARD, SHARD_GRAD_OP,
+// NO_SHARD (and HYBRID_SHARD at N=2), bf16 mixed precision, with a unit inside a checkpointed block (the block
 // is the unit, or holds nested units) and a checkpointed piece inside a unit; the
 // recompute's gathers are the backward gathers (the trace shows them before each
 // recompute, and FULL_SHARD moves the same bytes as without checkpointing); ZeRO-2's
@@ -131,6 +131,13 @@ void parity_cases(comm::ProcessGroup& pg) {
   for (auto strategy : {ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP}) {
     configs.push_back({to_string(strategy), Options().sharding_strategy(strategy)
                                                 .auto_wrap_policy(module_type_policy<DropBlockImpl>())});
+  }
+  configs.push_back({"NO_SHARD", Options().sharding_strategy(ShardingStrategy::NO_SHARD)
+                                     .auto_wrap_policy(module_type_policy<DropBlockImpl>())});
+  if (pg.size() % 2 == 0) {
+    configs.push_back({"HYBRID_SHARD", Options().sharding_strategy(ShardingStrategy::HYBRID_SHARD)
+                                           .shard_group_size(pg.size() / 2)
+                                           .auto_wrap_policy(module_type_policy<DropBlockImpl>())});
   }
   configs.push_back({"FULL_SHARD/bf16", Options().auto_wrap_policy(module_type_policy<DropBlockImpl>())
                                             .mixed_precision(MixedPrecision().param_dtype(torch::kBFloat16))});
