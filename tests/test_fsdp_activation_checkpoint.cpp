@@ -198,6 +198,38 @@ void trace_cases(comm::ProcessGroup& pg) {
       EXPECT_LT(recompute->end_seq, backward->end_seq);
     }
   });
+  run_case("unit-parameter-on-both-sides-of-a-checkpoint-fails-clearly", [&] {
+    // mix runs first outside the checkpoint and again inside it: its inner gradient comes
+    // first, the unit's last (norm's) completes the unit, the outer one comes too late.
+    struct SplitImpl : torch::nn::Module {
+      SplitImpl() {
+        mix = register_module("mix", torch::nn::Linear(13, 13));
+        norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({13})));
+      }
+      torch::Tensor forward(torch::Tensor x) {
+        auto h = norm(mix(x));
+        return h + fsdp::checkpoint([this](const torch::Tensor& t) { return mix(t); }, h);
+      }
+      torch::nn::Linear mix{nullptr};
+      torch::nn::LayerNorm norm{nullptr};
+    };
+    struct NetImpl2 : torch::nn::Module {
+      NetImpl2() { split = register_module("split", Wrappable<SplitImpl>()); }
+      torch::Tensor forward(torch::Tensor x) { return split->forward(x); }
+      Wrappable<SplitImpl> split{nullptr};
+    };
+    auto model = FullyShardedDataParallel(std::make_shared<NetImpl2>(), pg,
+                                          Options().auto_wrap_policy(module_type_policy<SplitImpl>()));
+    try {
+      model->forward(torch::randn({4, 13})).sum().backward();
+      ADD_FAILURE() << "no error";
+    } catch (const c10::Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("parameter 'split.mix."), std::string::npos) << msg;
+      EXPECT_NE(msg.find("received a second gradient"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("one side of the checkpoint"), std::string::npos) << msg;
+    }
+  });
   run_case("root-inside-a-checkpoint-fails-clearly", [&] {
     auto model = FullyShardedDataParallel(make_net(Ckpt::None), pg, Options());
     auto x = torch::randn({4, 13});

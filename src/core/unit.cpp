@@ -267,7 +267,16 @@ void Unit::end_recompute() {
 }
 
 bool Unit::note_param_grad(size_t entry) {
-  if (fired_flags_[entry]) return false;
+  if (fired_flags_[entry]) {
+    // A second AccumulateGrad in one backward (a checkpoint's nested backward, then the
+    // outer one) adds to the full gradient; after flatten_grads nothing would read it.
+    TORCH_CHECK(awaits_reduction(), "fsdp: parameter '", flat_->entries()[entry].fqn, "' of unit '", label(),
+                "' on rank ", ctx_.rank, " received a second gradient in one backward after its unit's gradients "
+                "were handed to the reduction (state ", to_string(state_), "). Its uses are split by an activation "
+                "checkpoint (used both inside fsdp::checkpoint and outside it): keep all of the parameter's uses "
+                "on one side of the checkpoint");
+    return false;
+  }
   fired_flags_[entry] = true;
   ++fired_;
   if (!grads_complete()) return false;
