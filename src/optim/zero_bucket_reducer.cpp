@@ -2,11 +2,11 @@
 
 #include <algorithm>
 
-#include "fsdp/autograd/end_of_backward.h"
-
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
+
+#include "fsdp/autograd/end_of_backward.h"
 
 namespace fsdp::optim::detail {
 
@@ -102,7 +102,7 @@ void ZeroBucketReducer::on_grad(size_t i) {
               "' received a second gradient in one backward (its bucket ", b, " is ",
               state_name(int(k.state)),
               "). Stage 2 reduces each gradient once per backward: a parameter used both inside and "
-              "outside an activation checkpoint (or by two backward passes before step) gets a second one. "
+              "outside an activation checkpoint gets a second one. "
               "Keep the parameter's uses on one side of the checkpoint, or use stage 1");
   at::Tensor& grad = params_[i].mutable_grad();
   TORCH_CHECK(grad.defined() && !grad.is_sparse() && grad.numel() == slot.numel,
