@@ -410,6 +410,36 @@ TEST(Trainer, MatchesSingleProcessStepByStep) {
   }, rank_options());
 }
 
+// fsdp::Options::optimizer_in_backward through the Trainer: the loop registers its
+// optimizer, and the run (losses and parameters after every step) is bitwise the run
+// that steps after backward, with and without accumulation (no_sync micro-batches).
+TEST(Trainer, OptimizerInBackwardEqualsSteppingAfterBackward) {
+  run_ranks(2, [](comm::ProcessGroup& pg) {
+    for (int64_t k : {1, 3}) {
+      for (bool adam : {false, true}) {
+        run_case(std::string(adam ? "adam" : "sgd") + " k=" + std::to_string(k), [&] {
+          auto run = [&](bool inside) {
+            Strategy s = by_block(StrategyKind::FULL_SHARD);
+            s.fsdp().optimizer_in_backward(inside);
+            TT t = make_trainer(TrainerOptions().strategy(s).global_batch_size(kBatch).accumulate_grad_batches(k)
+                                    .max_steps(4).seed(3), adam);
+            auto rec = std::make_shared<Recorder>(&t);
+            t.callback(rec);
+            FitResult r = t.fit(pg);
+            return std::make_pair(r.losses, rec->states);
+          };
+          const auto after = run(false), inside = run(true);
+          EXPECT_EQ(inside.first, after.first);
+          ASSERT_EQ(inside.second.size(), after.second.size());
+          for (size_t s = 0; s < after.second.size(); ++s)
+            for (const auto& [name, p] : after.second[s])
+              EXPECT_TRUE(torch::equal(inside.second[s].at(name), p)) << "step " << s << ": " << name;
+        });
+      }
+    }
+  }, rank_options());
+}
+
 // bf16 compute under full_shard (fsdp::MixedPrecision) and under zero2
 // (ZeroOptions::param_dtype, with fp32 masters), at N=2, step by step against the
 // fp32 reference within bf16's bounds (see kBf16UpdateBound).
@@ -820,6 +850,15 @@ TEST(Trainer, BadOptionsFailOnEveryRank) {
       }
       for (const char* name : {"fsdp", "full_shard", "shard_grad_op", "hybrid_shard", "no_shard", "zero1", "zero2"})
         EXPECT_EQ(Strategy::parse(name).name(), name);
+    });
+    run_case("optimizer in backward with clipping, or under zero2", [&] {
+      Strategy inside = by_block(StrategyKind::FULL_SHARD);
+      inside.fsdp().optimizer_in_backward(true);
+      TT t = make_trainer(TrainerOptions().strategy(inside).gradient_clip_val(1.0));
+      expect_error(t, "gradient_clip_val 1 needs every gradient before the step");
+      TT z = make_trainer(TrainerOptions().strategy(Strategy(StrategyKind::ZERO2).fsdp(
+          fsdp::Options().optimizer_in_backward(true))));
+      expect_error(z, "strategy 'zero2' does not use fsdp().optimizer_in_backward()");
     });
     run_case("fsdp mixed precision under zero2", [&] {
       TT t = make_trainer(TrainerOptions().strategy(Strategy(StrategyKind::ZERO2).fsdp(
