@@ -548,6 +548,24 @@ TEST(Trainer, ResumeBitwiseAndAcrossWorldSizes) {
       EXPECT_EQ(events->seq, " t t e1 t e2 e3 c3 t t e4 t e5 e6 c6 t t e7 e8 c8");
       if (pg.rank() == 0) expect_step_lines(metrics_o, a.losses);
     });
+    run_case("optimizer in backward: the same run, and resumed from its checkpoint and the other's", [&] {
+      // Adam and a StepLR scheduler, checkpoints every 3 steps: the optimizer state, its
+      // checkpoints and a resume are those of stepping after backward.
+      auto inside = [&](const std::string& dir, const std::string& resume) {
+        TT t = resume_trainer(dir, resume);
+        t.options().strategy().fsdp().optimizer_in_backward(true);
+        return t;
+      };
+      TT in_full = inside(ckpt + "_inside", "");
+      FitResult b = in_full.fit(pg);
+      EXPECT_EQ(b.losses, a.losses);
+      const Params final_b = full_parameters(*in_full.trained_model());
+      for (auto& [name, t] : final_a) EXPECT_TRUE(torch::equal(final_b.at(name), t)) << name;
+      TT own = inside(ckpt + "_inside2", ckpt + "_inside/step-3");
+      expect_continues_bitwise(a, final_a, own.fit(pg), own, 3);
+      TT other = inside(ckpt + "_inside3", ckpt + "/step-6");
+      expect_continues_bitwise(a, final_a, other.fit(pg), other, 6);
+    });
     run_case("same world size: bitwise", [&] {
       TT resumed = resume_trainer(ckpt + "2", ckpt + "/step-3");
       auto c = std::make_shared<Counter>();

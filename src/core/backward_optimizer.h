@@ -22,7 +22,6 @@
 // under no_sync nothing is reduced, and FullyShardedBase::no_step() holds the
 // step back for accumulation without no_sync.
 
-#include <unordered_set>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -38,7 +37,9 @@ class Unit;
 class BackwardOptimizer {
  public:
   /// Checks `optimizer` against the units (every parameter a trainable parameter of
-  /// one of them, no closure-driven optimizer) and keeps a reference to it.
+  /// one of them, no closure-driven optimizer) and keeps a reference to it. A tied
+  /// parameter listed under each of its names (model->parameters() does so) is stepped
+  /// once per listing, inside backward as after it.
   BackwardOptimizer(torch::optim::Optimizer& optimizer, const std::vector<Unit*>& units, int rank);
 
   /// Steps `unit`'s shard with its reduced gradient pieces (Unit::step_reduced_shard),
@@ -49,7 +50,6 @@ class BackwardOptimizer {
 
  private:
   torch::optim::Optimizer& optimizer_;
-  std::vector<at::Tensor> params_;  // every parameter of the optimizer, once, in group order
 };
 
 }  // namespace fsdp::detail
