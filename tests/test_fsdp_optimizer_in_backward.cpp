@@ -17,6 +17,7 @@
 #include "core/unit.h"
 #include "fsdp/comm/collectives.h"
 #include "fsdp/optim/cpu_adam.h"
+#include "fsdp/optim/zero_redundancy_optimizer.h"
 #include "harness/counting_allocator.h"
 #include "harness/models.h"
 #include "harness/multirank.h"
@@ -285,6 +286,23 @@ void refusal_cases(comm::ProcessGroup& pg) {
     torch::mse_loss(m->forward(rank_slice(x, pg.rank(), pg.size())), rank_slice(y, pg.rank(), pg.size())).backward();
     EXPECT_NE(error_of([&] { m->clip_grad_norm_(1.0); }).find("optimizer_in_backward"), std::string::npos);
   });
+  run_case("zero: stage 1, clipping, a second backward before step()", [&] {
+    auto net = make_mlp();
+    auto inner = optim::inner_optimizer<torch::optim::SGD>(torch::optim::SGDOptions(0.1));
+    auto base = optim::ZeroOptions().process_group(pg).optimizer_in_backward(true);
+    EXPECT_NE(error_of([&] { optim::ZeroRedundancyOptimizer(net->parameters(), inner, optim::ZeroOptions(base).stage(1)); })
+                  .find("needs stage 2"),
+              std::string::npos);
+    EXPECT_NE(error_of([&] {
+                optim::ZeroRedundancyOptimizer(net->parameters(), inner, optim::ZeroOptions(base).stage(2).clip_grad_norm(1));
+              }).find("clip_grad_norm needs every gradient"),
+              std::string::npos);
+    optim::ZeroRedundancyOptimizer z(net->parameters(), inner, optim::ZeroOptions(base).stage(2));
+    auto [x, y] = global_batch(0, 4 * pg.size());
+    auto loss = [&] { return torch::mse_loss(net->forward(rank_slice(x, pg.rank(), pg.size())), rank_slice(y, pg.rank(), pg.size())); };
+    loss().backward();
+    EXPECT_NE(error_of([&] { loss().backward(); }).find("call step() after every backward"), std::string::npos);
+  });
   run_case("no_sync steps nothing", [&] {
     auto m = FullyShardedDataParallel(make_mlp(), pg, on);
     torch::optim::SGD o(m->parameters(), 0.1);
@@ -304,6 +322,82 @@ void refusal_cases(comm::ProcessGroup& pg) {
     for (size_t i = 0; i < params.size(); ++i) changed = changed || !torch::equal(params[i], before[i]);
     EXPECT_TRUE(changed);
   });
+}
+
+// ZeRO-2 (ZeroOptions::optimizer_in_backward): each bucket's chunk stepped as its
+// reduce-scatter completes, against the same optimizer stepping in step(). Small buckets
+// (300 elements: several per layer, and layers split across buckets), two groups, and a
+// parameter no rank uses.
+struct ZeroCase {
+  std::string name;
+  Opt opt = Opt::AdamW;
+  int micro_batches = 1;
+  bool overlap = false;
+  bool bf16 = false;
+};
+
+optim::InnerOptimizerFactory inner_factory(Opt opt) {
+  namespace zo = fsdp::optim;
+  switch (opt) {
+    case Opt::SGD: return zo::inner_optimizer<torch::optim::SGD>(torch::optim::SGDOptions(0.05));
+    case Opt::Adam: return zo::inner_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(1e-2));
+    case Opt::AdamW: return zo::inner_optimizer<torch::optim::AdamW>(torch::optim::AdamWOptions(1e-2));
+    case Opt::CPUAdam: return zo::inner_optimizer<zo::CPUAdam>(zo::CPUAdamOptions(1e-2).adamw_mode(true));
+  }
+  return nullptr;
+}
+
+void check_zero_equal_to_step_after_backward(comm::ProcessGroup& pg, const ZeroCase& c) {
+  run_case("zero2/" + c.name, [&] {
+    struct Run {
+      torch::nn::Sequential net{nullptr};
+      std::unique_ptr<optim::ZeroRedundancyOptimizer> opt;
+      std::unique_ptr<torch::optim::StepLR> sched;
+    };
+    auto make = [&](bool inside) {
+      Run r;
+      r.net = make_mlp();
+      // Used on no rank: skipped by both (AdamW's decay would move it, and its state would exist).
+      r.net->register_parameter("unused", torch::randn({7}));
+      // The groups (weights, biases) with the options make_optimizer gives them.
+      auto groups_of = make_optimizer(c.opt, *r.net);
+      std::vector<torch::optim::OptimizerParamGroup> groups;
+      for (auto& g : groups_of->param_groups()) groups.emplace_back(g.params(), g.options().clone());
+      auto options = optim::ZeroOptions().process_group(pg).stage(2).reduce_bucket_size(300).module(r.net.ptr())
+                         .overlap_communication(c.overlap).optimizer_in_backward(inside);
+      if (c.bf16) options.param_dtype(torch::kBFloat16);
+      r.opt = std::make_unique<optim::ZeroRedundancyOptimizer>(std::move(groups), inner_factory(c.opt), options);
+      r.sched = std::make_unique<torch::optim::StepLR>(*r.opt, 1, 0.8);
+      return r;
+    };
+    Run ref = make(false), in = make(true);
+    auto run_step = [&](Run& r, bool inside, int step) {
+      r.opt->zero_grad();
+      for (int k = 0; k < c.micro_batches; ++k) {
+        std::unique_ptr<optim::ZeroRedundancyOptimizer::NoStepGuard> no_step;
+        if (inside && k + 1 < c.micro_batches) no_step = r.opt->no_step();
+        auto [x, y] = global_batch(step * c.micro_batches + k, 12);
+        auto in_x = rank_slice(x, pg.rank(), pg.size());
+        auto out = r.net->forward(c.bf16 ? in_x.to(torch::kBFloat16) : in_x).to(torch::kFloat);
+        (torch::mse_loss(out, rank_slice(y, pg.rank(), pg.size())) / double(c.micro_batches)).backward();
+      }
+      r.opt->step();
+      r.sched->step();
+    };
+    for (int s = 0; s < 4; ++s) {
+      run_step(ref, false, s);
+      run_step(in, true, s);
+      expect_same_params(*in.net, *ref.net, "step " + std::to_string(s));
+    }
+    expect_same_state(in.opt->inner(), ref.opt->inner(), c.name);
+  });
+}
+
+void zero_cases(comm::ProcessGroup& pg) {
+  check_zero_equal_to_step_after_backward(pg, {"adamw", Opt::AdamW});
+  check_zero_equal_to_step_after_backward(pg, {"sgd/overlap", Opt::SGD, 1, true});
+  check_zero_equal_to_step_after_backward(pg, {"cpu_adam/no_step x3", Opt::CPUAdam, 3});
+  check_zero_equal_to_step_after_backward(pg, {"adam/bf16/overlap", Opt::Adam, 1, true, true});
 }
 
 // Gradient memory, counted by the allocator: eight 256x256 units under FULL_SHARD, tiny
@@ -377,6 +471,10 @@ TEST(OptimizerInBackward, BitwiseEqualToSteppingAfterBackward1To4Ranks) {
 }
 
 TEST(OptimizerInBackward, RefusalsAndNoSync) { run_ranks(2, refusal_cases); }
+
+TEST(OptimizerInBackward, Zero2BitwiseEqualToSteppingInStep1To4Ranks) {
+  for (int n = 1; n <= 4; ++n) run_ranks(n, zero_cases);
+}
 
 TEST(OptimizerInBackward, GradientMemoryIsOneUnitInFlight) {
   for (int n : {1, 2}) run_ranks(n, memory_cases);

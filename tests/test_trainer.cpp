@@ -410,17 +410,20 @@ TEST(Trainer, MatchesSingleProcessStepByStep) {
   }, rank_options());
 }
 
-// fsdp::Options::optimizer_in_backward through the Trainer: the loop registers its
-// optimizer, and the run (losses and parameters after every step) is bitwise the run
-// that steps after backward, with and without accumulation (no_sync micro-batches).
+// fsdp::Options::optimizer_in_backward (and ZeroOptions' under zero2) through the Trainer:
+// the loop registers its optimizer, and the run (losses and parameters after every step)
+// is bitwise the run that steps after backward, with and without accumulation (no_sync
+// micro-batches under FSDP, no_step under zero2).
 TEST(Trainer, OptimizerInBackwardEqualsSteppingAfterBackward) {
   run_ranks(2, [](comm::ProcessGroup& pg) {
+    for (auto kind : {StrategyKind::FULL_SHARD, StrategyKind::ZERO2})
     for (int64_t k : {1, 3}) {
       for (bool adam : {false, true}) {
-        run_case(std::string(adam ? "adam" : "sgd") + " k=" + std::to_string(k), [&] {
+        run_case(to_string(kind) + std::string(adam ? " adam" : " sgd") + " k=" + std::to_string(k), [&] {
           auto run = [&](bool inside) {
-            Strategy s = by_block(StrategyKind::FULL_SHARD);
-            s.fsdp().optimizer_in_backward(inside);
+            Strategy s = by_block(kind);
+            if (kind == StrategyKind::ZERO2) s.zero().optimizer_in_backward(inside);
+            else s.fsdp().optimizer_in_backward(inside);
             TT t = make_trainer(TrainerOptions().strategy(s).global_batch_size(kBatch).accumulate_grad_batches(k)
                                     .max_steps(4).seed(3), adam);
             auto rec = std::make_shared<Recorder>(&t);
