@@ -45,9 +45,10 @@
 //                          assigns no gradient. Only the shard was written; the unsharded views
 //                          autograd may still read are another buffer, except where the shard is
 //                          the unsharded buffer (NO_SHARD in full precision): there every node
-//                          reading a parameter with a gradient has run before its AccumulateGrad,
-//                          and a stray reader fails autograd's version check instead of reading
-//                          the new values.
+//                          reading a parameter with a gradient has run before its AccumulateGrad
+//                          (a node reading a detached alias of it is the exception; torch's
+//                          optimizers then trip autograd's version check, CPUAdam's fused
+//                          kernel writes through a raw pointer and would not).
 // A unit whose parameters are all frozen has nothing to reduce: it stays in
 // AWAIT_BACKWARD / GATHERED_FOR_BACKWARD / BACKWARD until finish_iteration.
 // Two things stay data, not states: an all-gather in flight (a handle, also for
