@@ -18,6 +18,7 @@
 #include "fsdp/comm/collectives.h"
 #include "fsdp/optim/cpu_adam.h"
 #include "fsdp/optim/zero_redundancy_optimizer.h"
+#include "fsdp/trainer/training_facade.h"
 #include "harness/counting_allocator.h"
 #include "harness/models.h"
 #include "harness/multirank.h"
@@ -302,6 +303,29 @@ void refusal_cases(comm::ProcessGroup& pg) {
     auto loss = [&] { return torch::mse_loss(net->forward(rank_slice(x, pg.rank(), pg.size())), rank_slice(y, pg.rank(), pg.size())); };
     loss().backward();
     EXPECT_NE(error_of([&] { loss().backward(); }).find("call step() after every backward"), std::string::npos);
+  });
+  run_case("TrainingFacade registers the optimizer, refuses the scaler and clipping", [&] {
+    auto m = FullyShardedDataParallel(make_mlp(), pg, on);
+    torch::optim::SGD o(m->parameters(), 0.1);
+    EXPECT_NE(error_of([&] { optim::TrainingFacade(*m, o, optim::FacadeOptions().clip_grad_norm(1)); })
+                  .find("clip_grad_norm needs every gradient"),
+              std::string::npos);
+    EXPECT_NE(error_of([&] {
+                optim::TrainingFacade(*m, o, optim::FacadeOptions().dynamic_loss_scale(
+                                                 optim::ZeroOptions::low_level_zero_scaler()));
+              }).find("dynamic_loss_scale (its inf/nan check) needs every gradient"),
+              std::string::npos);
+    optim::TrainingFacade train(*m, o);
+    std::vector<torch::Tensor> before;
+    for (auto& p : m->parameters()) before.push_back(p.detach().clone());
+    auto [x, y] = global_batch(0, 4 * pg.size());
+    train.zero_grad();
+    train.backward(torch::mse_loss(m->forward(rank_slice(x, pg.rank(), pg.size())), rank_slice(y, pg.rank(), pg.size())));
+    bool changed = false;  // by backward itself
+    auto params = m->parameters();
+    for (size_t i = 0; i < params.size(); ++i) changed = changed || !torch::equal(params[i], before[i]);
+    EXPECT_TRUE(changed);
+    EXPECT_TRUE(train.step());
   });
   run_case("no_sync steps nothing", [&] {
     auto m = FullyShardedDataParallel(make_mlp(), pg, on);
