@@ -98,6 +98,7 @@ struct Args {
   bool breakdown = false;  // rank mode: also time the step's phases against the plain ones
   int shard_group = 0;
   double bucket_mb = 0;  // Options::bucket_cap_mb
+  bool in_backward = false;  // rank mode: Options::optimizer_in_backward
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -112,7 +113,7 @@ const char* kUsage =
     "                        [--cpu-adam] [--repeat 2] [--zero-targets]\n"
     "  rank mode (set by the launcher): --model M --strategy S --optim O --prefetch none|default|fwd\n"
     "                                   --shard-group G --bucket-mb MB [--rounds 2] [--only step|ceiling]\n"
-    "                                   [--breakdown] [--zero-overlap]\n";
+    "                                   [--breakdown] [--zero-overlap] [--optimizer-in-backward]\n";
 
 [[noreturn]] void usage_error(const std::string& why) {
   fsdp::tools::print_error("bench_strategies", why + "\n" + kUsage);
@@ -160,6 +161,7 @@ Args parse_args(int argc, char** argv) {
     else if (k == "--breakdown") a.breakdown = true;
     else if (k == "--shard-group") a.shard_group = number<int>(k, next());
     else if (k == "--bucket-mb") a.bucket_mb = number<double>(k, next());
+    else if (k == "--optimizer-in-backward") a.in_backward = true;
     else usage_error("unknown argument '" + k + "'");
   }
   return a;
@@ -216,6 +218,8 @@ int rank_main(const Args& a) {
     std::exit(2);
   }
   opts.bucket_cap_mb(a.bucket_mb);
+  if (a.in_backward && zero_stage) usage_error("--optimizer-in-backward applies to the FSDP strategies");
+  opts.optimizer_in_backward(a.in_backward);
   fsdp::FullyShardedDataParallel<torch::nn::SequentialImpl> model{nullptr};
   torch::nn::Sequential unwrapped{nullptr};
   int64_t numel = 0;
@@ -240,6 +244,7 @@ int rank_main(const Args& a) {
     model = fsdp::FullyShardedDataParallel(make_model(a.model), pg, opts);
     if (a.optim == "cpuadam") opt = std::make_unique<fsdp::optim::CPUAdam>(model->parameters(), fsdp::optim::CPUAdamOptions(1e-3));
     else opt = std::make_unique<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(1e-3));
+    if (a.in_backward) model->register_optimizer_in_backward(*opt);
   }
   auto forward = [&](const torch::Tensor& in) { return zero ? unwrapped->forward(in) : model->forward(in); };
   // ZeroRedundancyOptimizer::zero_grad hides the base class's (not virtual in libtorch).
@@ -389,6 +394,7 @@ int rank_main(const Args& a) {
     std::string name = zero_stage ? (zero_stage == 1 ? "ZERO1" : "ZERO2") : fsdp::to_string(strategy);
     if (a.zero_overlap) name += "+overlap";
     if (a.optim == "cpuadam") name += "+CPUAdam";
+    if (a.in_backward) name += "+in-backward";
     if (a.prefetch == "none") name += "+no-prefetch";
     if (a.prefetch == "fwd") name += "+fwd-prefetch";
     if (a.bucket_mb > 0) {

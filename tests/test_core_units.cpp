@@ -240,7 +240,8 @@ TEST(GradientDivision, TorchDefaultAndExplicit) {
 
 const std::vector<UnitState> kAllStates = {UnitState::IDLE,     UnitState::FORWARD,     UnitState::AWAIT_BACKWARD,
                                            UnitState::GATHERED_FOR_BACKWARD, UnitState::BACKWARD,
-                                           UnitState::RECOMPUTE, UnitState::REDUCING, UnitState::ACCUMULATED, UnitState::REDUCED};
+                                           UnitState::RECOMPUTE, UnitState::REDUCING, UnitState::ACCUMULATED, UnitState::REDUCED,
+                                           UnitState::STEPPED};
 
 TEST(UnitLifecycle, TransitionTableMatchesTheDrawing) {
   using S = UnitState;
@@ -273,6 +274,9 @@ TEST(UnitLifecycle, TransitionTableMatchesTheDrawing) {
       {S::BACKWARD, S::RECOMPUTE},
       {S::RECOMPUTE, S::GATHERED_FOR_BACKWARD},
       {S::RECOMPUTE, S::BACKWARD},
+      // The optimizer inside backward steps a reduced shard.
+      {S::REDUCED, S::STEPPED},
+      {S::STEPPED, S::IDLE},
   };
   int allowed = 0;
   for (S from : kAllStates) {

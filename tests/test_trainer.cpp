@@ -410,6 +410,39 @@ TEST(Trainer, MatchesSingleProcessStepByStep) {
   }, rank_options());
 }
 
+// fsdp::Options::optimizer_in_backward (and ZeroOptions' under zero2) through the Trainer:
+// the loop registers its optimizer, and the run (losses and parameters after every step)
+// is bitwise the run that steps after backward, with and without accumulation (no_sync
+// micro-batches under FSDP, no_step under zero2).
+TEST(Trainer, OptimizerInBackwardEqualsSteppingAfterBackward) {
+  run_ranks(2, [](comm::ProcessGroup& pg) {
+    for (auto kind : {StrategyKind::FULL_SHARD, StrategyKind::ZERO2})
+    for (int64_t k : {1, 3}) {
+      for (bool adam : {false, true}) {
+        run_case(to_string(kind) + std::string(adam ? " adam" : " sgd") + " k=" + std::to_string(k), [&] {
+          auto run = [&](bool inside) {
+            Strategy s = by_block(kind);
+            if (kind == StrategyKind::ZERO2) s.zero().optimizer_in_backward(inside);
+            else s.fsdp().optimizer_in_backward(inside);
+            TT t = make_trainer(TrainerOptions().strategy(s).global_batch_size(kBatch).accumulate_grad_batches(k)
+                                    .max_steps(4).seed(3), adam);
+            auto rec = std::make_shared<Recorder>(&t);
+            t.callback(rec);
+            FitResult r = t.fit(pg);
+            return std::make_pair(r.losses, rec->states);
+          };
+          const auto after = run(false), inside = run(true);
+          EXPECT_EQ(inside.first, after.first);
+          ASSERT_EQ(inside.second.size(), after.second.size());
+          for (size_t s = 0; s < after.second.size(); ++s)
+            for (const auto& [name, p] : after.second[s])
+              EXPECT_TRUE(torch::equal(inside.second[s].at(name), p)) << "step " << s << ": " << name;
+        });
+      }
+    }
+  }, rank_options());
+}
+
 // bf16 compute under full_shard (fsdp::MixedPrecision) and under zero2
 // (ZeroOptions::param_dtype, with fp32 masters), at N=2, step by step against the
 // fp32 reference within bf16's bounds (see kBf16UpdateBound).
@@ -541,6 +574,24 @@ TEST(Trainer, ResumeBitwiseAndAcrossWorldSizes) {
       // (steps 3, 6, 8) first takes every pending one back.
       EXPECT_EQ(events->seq, " t t e1 t e2 e3 c3 t t e4 t e5 e6 c6 t t e7 e8 c8");
       if (pg.rank() == 0) expect_step_lines(metrics_o, a.losses);
+    });
+    run_case("optimizer in backward: the same run, and resumed from its checkpoint and the other's", [&] {
+      // Adam and a StepLR scheduler, checkpoints every 3 steps: the optimizer state, its
+      // checkpoints and a resume are those of stepping after backward.
+      auto inside = [&](const std::string& dir, const std::string& resume) {
+        TT t = resume_trainer(dir, resume);
+        t.options().strategy().fsdp().optimizer_in_backward(true);
+        return t;
+      };
+      TT in_full = inside(ckpt + "_inside", "");
+      FitResult b = in_full.fit(pg);
+      EXPECT_EQ(b.losses, a.losses);
+      const Params final_b = full_parameters(*in_full.trained_model());
+      for (auto& [name, t] : final_a) EXPECT_TRUE(torch::equal(final_b.at(name), t)) << name;
+      TT own = inside(ckpt + "_inside2", ckpt + "_inside/step-3");
+      expect_continues_bitwise(a, final_a, own.fit(pg), own, 3);
+      TT other = inside(ckpt + "_inside3", ckpt + "/step-6");
+      expect_continues_bitwise(a, final_a, other.fit(pg), other, 6);
     });
     run_case("same world size: bitwise", [&] {
       TT resumed = resume_trainer(ckpt + "2", ckpt + "/step-3");
@@ -844,6 +895,15 @@ TEST(Trainer, BadOptionsFailOnEveryRank) {
       }
       for (const char* name : {"fsdp", "full_shard", "shard_grad_op", "hybrid_shard", "no_shard", "zero1", "zero2"})
         EXPECT_EQ(Strategy::parse(name).name(), name);
+    });
+    run_case("optimizer in backward with clipping, or under zero2", [&] {
+      Strategy inside = by_block(StrategyKind::FULL_SHARD);
+      inside.fsdp().optimizer_in_backward(true);
+      TT t = make_trainer(TrainerOptions().strategy(inside).gradient_clip_val(1.0));
+      expect_error(t, "gradient_clip_val 1 needs every gradient before the step");
+      TT z = make_trainer(TrainerOptions().strategy(Strategy(StrategyKind::ZERO2).fsdp(
+          fsdp::Options().optimizer_in_backward(true))));
+      expect_error(z, "strategy 'zero2' does not use fsdp().optimizer_in_backward()");
     });
     run_case("fsdp mixed precision under zero2", [&] {
       TT t = make_trainer(TrainerOptions().strategy(Strategy(StrategyKind::ZERO2).fsdp(

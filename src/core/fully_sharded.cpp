@@ -355,6 +355,9 @@ void FullyShardedBase::root_post_forward(const std::vector<at::Tensor>& outputs)
 }
 
 at::Tensor FullyShardedBase::clip_grad_norm_(double max_norm, double norm_type) {
+  TORCH_CHECK(!runtime_->optimizer_in_backward(), "fsdp (rank ", pg_.rank(), "): clip_grad_norm_ needs every "
+              "gradient before any parameter is stepped, but Options::optimizer_in_backward steps each unit during "
+              "backward and frees its gradients. Turn optimizer_in_backward off to clip the global norm");
   TORCH_CHECK(max_norm >= 0, "fsdp: clip_grad_norm_ max_norm must be >= 0, got ", max_norm);
   TORCH_CHECK(norm_type > 0, "fsdp: clip_grad_norm_ norm_type must be > 0 or inf, got ", norm_type);
   const bool inf = std::isinf(norm_type);
@@ -406,6 +409,24 @@ FullyShardedBase::NoSyncGuard::NoSyncGuard(FullyShardedBase* m) : m_(m), previou
   m_->runtime_->set_no_sync(true);
 }
 FullyShardedBase::NoSyncGuard::~NoSyncGuard() { m_->runtime_->set_no_sync(previous_); }
+
+void FullyShardedBase::register_optimizer_in_backward(torch::optim::Optimizer& optimizer) {
+  TORCH_CHECK(runtime_->optimizer_in_backward(), "fsdp (rank ", pg_.rank(), "): register_optimizer_in_backward "
+              "needs Options::optimizer_in_backward(true) when the model is wrapped");
+  TORCH_CHECK(!runtime_->in_backward(), "fsdp (rank ", pg_.rank(), "): register_optimizer_in_backward called "
+              "during backward; call it between iterations");
+  std::vector<Unit*> units;
+  for (auto& u : runtime_->units()) units.push_back(u.get());
+  runtime_->set_backward_optimizer(std::make_unique<detail::BackwardOptimizer>(optimizer, units, pg_.rank()));
+}
+
+FullyShardedBase::NoStepGuard::NoStepGuard(FullyShardedBase* m) : m_(m), previous_(m->runtime_->no_step()) {
+  TORCH_CHECK(m->runtime_->optimizer_in_backward(), "fsdp (rank ", m->pg_.rank(), "): no_step() holds back the "
+              "optimizer step in backward, which only Options::optimizer_in_backward(true) takes; without it "
+              "backward never steps");
+  m_->runtime_->set_no_step(true);
+}
+FullyShardedBase::NoStepGuard::~NoStepGuard() { m_->runtime_->set_no_step(previous_); }
 
 void FullyShardedBase::to(torch::Device device, torch::Dtype dtype, bool) {
   TORCH_CHECK(false, "fsdp: FullyShardedDataParallel::to(", device, ", ", dtype,

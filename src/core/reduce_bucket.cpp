@@ -192,6 +192,8 @@ void GradReducer::deliver(Reduction& r) {
   }
   r.output = r.input = at::Tensor();  // members keep what they use (views or casts)
   r.phase = Reduction::Phase::DONE;
+  if (on_delivered_)
+    for (Unit* u : r.members) on_delivered_(*u);
 }
 
 void GradReducer::finish() {

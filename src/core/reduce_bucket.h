@@ -52,6 +52,7 @@
 // before any gradient piece is assigned, so backward never waits for the link.
 
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -128,6 +129,9 @@ class GradReducer {
   void finish();
   /// Bucket buffers alive now (members' own flat gradients are the units').
   int64_t transient_bytes() const;
+  /// Called with each member right after it adopts its reduced shard, oldest reduction
+  /// first: the runtime's one arrival point for a reduced shard (Runtime::on_shard_reduced).
+  void set_on_delivered(std::function<void(Unit&)> fn) { on_delivered_ = std::move(fn); }
 
  private:
   struct Reduction;
@@ -151,6 +155,7 @@ class GradReducer {
   std::deque<std::unique_ptr<Reduction>> scattering_;  // oldest first
   std::deque<std::unique_ptr<Reduction>> replicating_;  // oldest first (HYBRID_SHARD)
   std::unique_ptr<ReplicaChain> chain_;  // HYBRID_SHARD with a replica group of > 1 ranks
+  std::function<void(Unit&)> on_delivered_;
 };
 
 }  // namespace fsdp::detail

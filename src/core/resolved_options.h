@@ -40,6 +40,8 @@ struct ResolvedOptions {
   MixedPrecision mixed_precision;
   /// Options::keep_freed_host_memory, unless the environment tunes malloc itself.
   bool keep_freed_host_memory = true;
+  /// Options::optimizer_in_backward ([Note: optimizer in backward]).
+  bool optimizer_in_backward = false;
 };
 
 /// Checks every option that can be checked without collectives and resolves the

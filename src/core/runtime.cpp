@@ -65,6 +65,7 @@ Runtime::Runtime(comm::ProcessGroup pg, ResolvedOptions options) : pg_(std::move
   const int max_scattering = options_.strategy == ShardingStrategy::NO_SHARD ? 2 : 1;
   reducer_ = std::make_unique<GradReducer>(reduce_pg_, replica_pg_, options_.bucket_cap_bytes, tracer_.get(), &pool_,
                                            max_scattering);
+  reducer_->set_on_delivered([this](Unit& u) { on_shard_reduced(u); });
 }
 
 void Runtime::build_hybrid_groups() {
@@ -122,8 +123,15 @@ void Runtime::root_pre_forward(Unit* root) {
     post_forward_order_.clear();
     backward_planned_ = false;
   }
+  if (at::GradMode::is_enabled()) check_backward_optimizer();
   if (root) pre_forward(*root);
   arm_implicit_units();
+}
+
+void Runtime::check_backward_optimizer() const {
+  TORCH_CHECK(!options_.optimizer_in_backward || backward_optimizer_, "fsdp (rank ", pg_.rank(),
+              "): Options::optimizer_in_backward is set, but no optimizer was registered to step in backward; call "
+              "model->register_optimizer_in_backward(optimizer) before the first training forward");
 }
 
 void Runtime::arm_implicit_units() {
@@ -350,6 +358,13 @@ void Runtime::reduce(Unit& unit) {
     note_transient_bytes();
   }
   observe(unit, "post_backward");
+}
+
+void Runtime::on_shard_reduced(Unit& unit) {
+  // [Note: optimizer in backward]: only a final reduction steps. Under no_sync nothing
+  // is reduced; under no_step the pieces are assigned at the end of backward as usual.
+  if (!backward_optimizer_ || no_step_) return;
+  backward_optimizer_->step(unit);
 }
 
 void Runtime::final_callback() {

@@ -87,6 +87,7 @@
 #include <string>
 #include <vector>
 
+#include "backward_optimizer.h"
 #include "memory/buffer_pool.h"
 #include "fsdp/comm/process_group.h"
 #include "fsdp/core/options.h"
@@ -145,6 +146,15 @@ class Runtime {
   void set_no_sync(bool v) { no_sync_ = v; }
   bool no_sync() const { return no_sync_; }
 
+  // [Note: optimizer in backward]
+  void set_backward_optimizer(std::unique_ptr<BackwardOptimizer> optimizer) {
+    backward_optimizer_ = std::move(optimizer);
+  }
+  bool optimizer_in_backward() const { return options_.optimizer_in_backward; }
+  /// Backward reduces but does not step (more micro-batches follow).
+  void set_no_step(bool v) { no_step_ = v; }
+  bool no_step() const { return no_step_; }
+
   /// Observer of unit boundaries, installed by the wrapper for the memory tracer
   /// (include/fsdp/core/memory_tracer.h): called with the unit's path and
   /// "pre_forward" | "post_forward" | "pre_backward" | "post_backward".
@@ -168,6 +178,10 @@ class Runtime {
   void plan_backward();
   void gather_until(int position);   // backward gathers up to this position
   void on_grads_complete(Unit& unit);
+  /// A unit's reduced shard arrived (the GradReducer's delivery): the one arrival
+  /// point of a reduced shard, once per unit and iteration.
+  void on_shard_reduced(Unit& unit);
+  void check_backward_optimizer() const;
   void reduce(Unit& unit);           // flatten, hand to the reducer (in reduce_order_)
   void note_transient_bytes();
   /// Whether `unit` keeps its parameters gathered after forward ([Note: last unit stays gathered]).
@@ -208,6 +222,8 @@ class Runtime {
   bool backward_planned_ = false;
   bool callback_queued_ = false;
   bool no_sync_ = false;
+  bool no_step_ = false;
+  std::unique_ptr<BackwardOptimizer> backward_optimizer_;
   std::vector<const Unit*> kept_after_forward_;  // from the previous iteration's forward
   std::vector<Unit*> recorded_forward_order_;  // pre-forward order of the last training forward
 

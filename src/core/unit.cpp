@@ -23,6 +23,7 @@ const char* to_string(UnitState s) {
     case UnitState::REDUCING: return "REDUCING";
     case UnitState::ACCUMULATED: return "ACCUMULATED";
     case UnitState::REDUCED: return "REDUCED";
+    case UnitState::STEPPED: return "STEPPED";
   }
   return "?";
 }
@@ -45,6 +46,8 @@ bool unit_transition_allowed(UnitState from, UnitState to) {
       return from == S::AWAIT_BACKWARD || from == S::GATHERED_FOR_BACKWARD || from == S::BACKWARD;
     case S::REDUCED:  // adopt_reduced_shard
       return from == S::REDUCING;
+    case S::STEPPED:  // step_reduced_shard
+      return from == S::REDUCED;
     case S::IDLE:
       // end_forward without grad and abandon_forward (FORWARD, AWAIT_BACKWARD);
       // finish_iteration (everything that ran forward in this iteration, except a
@@ -377,19 +380,57 @@ bool all_bits_zero(const at::Tensor& t) {
 
 }  // namespace
 
+at::Tensor Unit::reduced_grad_piece(size_t i) const {
+  at::Tensor piece = storage_alias(flat_->piece_of(reduced_shard_, i));
+  const at::Tensor stashed = stashed_grads_ ? (*stashed_grads_)[i] : at::Tensor();
+  if (stashed.defined() && !all_bits_zero(stashed)) piece.add_(stashed.view(piece.sizes()));
+  return piece;
+}
+
+void Unit::step_reduced_shard(const std::function<void()>& step) {
+  transition(UnitState::STEPPED, "optimizer step in backward");
+  // Parameters with a gradient point at their shard pieces for the step, as they do
+  // outside backward, so the optimizer sees the shapes (and state keys) it always
+  // sees; frozen parameters keep their views (the optimizer skips them, and later
+  // nodes of this backward may still read them).
+  auto& entries = flat_->entries();
+  std::vector<at::Tensor> autograd_views(entries.size());
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (!entries[i].param.requires_grad()) continue;
+    autograd_views[i] = entries[i].param.tensor_data();
+    entries[i].param.set_data(flat_->piece_of(flat_->shard(), i));
+    entries[i].param.mutable_grad() = reduced_grad_piece(i);
+  }
+  auto restore = [&] {
+    for (size_t i = 0; i < entries.size(); ++i) {
+      if (!autograd_views[i].defined()) continue;
+      entries[i].param.mutable_grad() = at::Tensor();
+      entries[i].param.set_data(autograd_views[i]);
+    }
+    reduced_shard_ = at::Tensor();
+    stashed_grads_.reset();
+  };
+  try {
+    step();
+  } catch (...) {
+    restore();
+    throw;
+  }
+  restore();
+}
+
 void Unit::finish_iteration() {
   auto& entries = flat_->entries();
   TORCH_INTERNAL_ASSERT(!flat_grad_.defined(), "unit '", label(), "' finishes with an unreduced flat gradient");
   auto stashed = [&](size_t i) { return stashed_grads_ ? (*stashed_grads_)[i] : at::Tensor(); };
   const bool reduced = state_ == UnitState::REDUCED;
+  const bool stepped = state_ == UnitState::STEPPED;
   transition(UnitState::IDLE, "finish_iteration");
   if (reduced) {
-    for (size_t i = 0; i < entries.size(); ++i) {
-      if (!entries[i].param.requires_grad()) continue;
-      at::Tensor piece = storage_alias(flat_->piece_of(reduced_shard_, i));
-      if (stashed(i).defined() && !all_bits_zero(stashed(i))) piece.add_(stashed(i).view(piece.sizes()));
-      entries[i].param.mutable_grad() = piece;
-    }
+    for (size_t i = 0; i < entries.size(); ++i)
+      if (entries[i].param.requires_grad()) entries[i].param.mutable_grad() = reduced_grad_piece(i);
+  } else if (stepped) {
+    // The step consumed this iteration's pieces and the ones set aside: no gradient.
   } else {
     // No reduction this iteration (no_sync, or no gradient parameters):
     // previous gradient pieces come back unchanged.

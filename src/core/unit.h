@@ -24,8 +24,9 @@
 //    |   AWAIT_BACKWARD, GATHERED_FOR_BACKWARD, BACKWARD
 //    |      --flatten_grads--> REDUCING --adopt_reduced_shard--> REDUCED
 //    |      --flatten_grads (no_sync)--> ACCUMULATED
+//    |   REDUCED --step_reduced_shard--> STEPPED (optimizer in backward, final reduction)
 //    |
-//    +-- finish_iteration -- REDUCED, ACCUMULATED; AWAIT_BACKWARD, GATHERED_FOR_BACKWARD,
+//    +-- finish_iteration -- REDUCED, STEPPED, ACCUMULATED; AWAIT_BACKWARD, GATHERED_FOR_BACKWARD,
 //                            BACKWARD (no gradient parameters); IDLE (ran again without grad)
 //   Also FORWARD -> FORWARD: begin_forward inside the unit's own forward.
 //
@@ -48,6 +49,15 @@
 //   REDUCING               gradients flattened and handed to the GradReducer
 //   ACCUMULATED            gradients flattened into the no_sync accumulator (no reduction)
 //   REDUCED                this iteration's reduced shard arrived (adopt_reduced_shard)
+//   STEPPED                the optimizer stepped the shard with the reduced gradient pieces
+//                          (Options::optimizer_in_backward) and they were freed: finish_iteration
+//                          assigns no gradient. Only the shard was written; the unsharded views
+//                          autograd may still read are another buffer, except where the shard is
+//                          the unsharded buffer (NO_SHARD in full precision): there every node
+//                          reading a parameter with a gradient has run before its AccumulateGrad
+//                          (a node reading a detached alias of it is the exception; torch's
+//                          optimizers then trip autograd's version check, CPUAdam's fused
+//                          kernel writes through a raw pointer and would not).
 // A unit whose parameters are all frozen has nothing to reduce: it stays in
 // AWAIT_BACKWARD / GATHERED_FOR_BACKWARD / BACKWARD until finish_iteration.
 // Two things stay data, not states: an all-gather in flight (a handle, also for
@@ -87,6 +97,7 @@ enum class UnitState {
   REDUCING,
   ACCUMULATED,
   REDUCED,
+  STEPPED,
 };
 const char* to_string(UnitState s);
 /// The arrows of [Note: unit lifecycle].
@@ -160,6 +171,10 @@ class Unit {
   const at::Tensor& flat_grad() const { return flat_grad_; }
   at::Tensor take_flat_grad();         // the reducer takes (and later frees) it
   void adopt_reduced_shard(at::Tensor shard);  // REDUCING -> REDUCED: divide, cast, keep
+  /// REDUCED -> STEPPED: runs `step` while every gradient parameter points at its shard
+  /// piece and holds its gradient piece (what finish_iteration would assign), then frees
+  /// the pieces and points the parameters back at the views autograd knows.
+  void step_reduced_shard(const std::function<void()>& step);
   void finish_iteration();             // -> IDLE: assign gradient pieces, reshard
 
   /// Mixed precision's forward input cast (UnitHooks::forward_input_dtype).
@@ -182,6 +197,9 @@ class Unit {
   void free_unsharded();               // waits for an in-flight gather first
   void reshard();                      // parameters back to their pieces, buffer freed
   void clear_iteration();
+  /// Entry i's gradient piece of this iteration: the reduced shard's piece plus the
+  /// piece set aside at backward start.
+  at::Tensor reduced_grad_piece(size_t i) const;
   std::string trace_name(const char* what) const;
 
   UnitContext ctx_;

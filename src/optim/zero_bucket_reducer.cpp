@@ -167,6 +167,13 @@ void ZeroBucketReducer::complete(size_t b) {
   k.arrived = 0;
   for (int i = lb.first_param; i < lb.end_param; ++i) arrived_[i] = 0;
   transition(b, BucketState::EMPTY, "complete");
+  if (on_reduced_) on_reduced_(b);
+}
+
+void ZeroBucketReducer::consume(size_t b) {
+  const ZeroBucket& lb = layout_.buckets()[b];
+  buckets_[b].accumulated = false;
+  for (int i = lb.first_param; i < lb.end_param; ++i) used_[i] = 0;
 }
 
 void ZeroBucketReducer::finish_backward() {

@@ -23,7 +23,11 @@
 //   EMPTY     again once the reduction completed and its chunk joined the partition
 // With overlap_communication, up to two buckets are REDUCING at a time (the oldest is
 // completed before a third is issued); without it each is completed as it is issued.
+// Under ZeroOptions::optimizer_in_backward the optimizer steps a bucket's chunk at its
+// REDUCING -> EMPTY (on_reduced), then consume()s it: the next backward writes the chunk
+// afresh instead of adding to what was stepped.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -73,6 +77,11 @@ class ZeroBucketReducer : public std::enable_shared_from_this<ZeroBucketReducer>
   void clear();
   /// Zeroes the partition, keeps the used flags (zero_grad(false)).
   void zero();
+  /// Called with a bucket's index once its chunk of the partition is complete (REDUCING ->
+  /// EMPTY), in bucket order: where the optimizer steps it inside backward.
+  void set_on_reduced(std::function<void(size_t bucket)> fn) { on_reduced_ = std::move(fn); }
+  /// Bucket b's chunk was stepped: forget its accumulation and its parameters' used flags.
+  void consume(size_t b);
   /// Partition and bucket buffers alive. Not the (at most four) freed bucket buffers the
   /// pool keeps for the next backward, as DeepSpeed keeps its reduction buffers: memory
   /// the allocator holds beyond the gradients (MemoryCategory::kOther).
@@ -114,6 +123,7 @@ class ZeroBucketReducer : public std::enable_shared_from_this<ZeroBucketReducer>
   // Bucket buffers, on memory the peers read in place ([Note: exchange arena] in
   // src/comm/shm/shm_arena.cpp) and kept between steps ([Note: buffer pool]).
   fsdp::detail::BufferPool pool_;
+  std::function<void(size_t)> on_reduced_;
 };
 
 }  // namespace fsdp::optim::detail

@@ -6,6 +6,7 @@
 // zero_bucket_reducer.h.
 #include "fsdp/optim/zero_redundancy_optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -59,6 +60,9 @@ struct ZeroRedundancyOptimizer::Impl {
   std::unique_ptr<precision::DynamicGradScaler> scaler;  // dynamic_loss_scale
   double last_norm = -1;
   bool last_applied = true;
+  // ZeroOptions::optimizer_in_backward: no_step() in force; buckets stepped since step().
+  bool no_step = false;
+  std::vector<uint8_t> stepped;
 
   int rank() const { return pg.rank(); }
   bool mixed() const { return master.defined(); }
@@ -96,6 +100,11 @@ struct ZeroRedundancyOptimizer::Impl {
   void drop_unused(const StepAgreement& agreed);
   void discard_gradients();
   void inner_step(const std::vector<torch::optim::OptimizerParamGroup>& groups);
+
+  // The optimizer in backward ([Note: ZeRO-2 gradient buckets]).
+  void step_bucket(size_t b, const std::vector<torch::optim::OptimizerParamGroup>& groups);
+  std::vector<double> agree_used_in_bucket(const detail::ZeroBucket& lb);
+  bool stepped_any() const;
 };
 
 namespace {
@@ -141,6 +150,14 @@ void validate(const ZeroOptions& o) {
               o.gradient_accumulation_steps());
   TORCH_CHECK(!o.sync_buffers() || o.module(),
               "ZeroRedundancyOptimizer: sync_buffers needs the model: ZeroOptions().module(model.ptr())");
+  if (o.optimizer_in_backward()) {
+    TORCH_CHECK(o.stage() == 2, "ZeroRedundancyOptimizer: optimizer_in_backward needs stage 2 (stage 1 reduces in "
+                "step(), so nothing is ready to step during backward); use stage(2)");
+    TORCH_CHECK(o.clip_grad_norm() == 0 && !o.dynamic_loss_scale(), "ZeroRedundancyOptimizer: ",
+                o.clip_grad_norm() != 0 ? "clip_grad_norm" : "dynamic_loss_scale (its inf/nan check)",
+                " needs every gradient before any step, but optimizer_in_backward steps each bucket during "
+                "backward; drop it or turn optimizer_in_backward off");
+  }
 }
 
 // In place from rank 0, for tensors of any layout.
@@ -214,6 +231,10 @@ void ZeroRedundancyOptimizer::construct(std::vector<torch::optim::OptimizerParam
   for (size_t g = 0; g < groups.size(); ++g)
     add_param_group_keeping_options(*this, torch::optim::OptimizerParamGroup(groups[g].params(), ig[g].options().clone()));
   m.make_reducer();
+  if (m.options.optimizer_in_backward()) {
+    m.stepped.assign(m.layout->buckets().size(), 0);
+    m.reducer->set_on_reduced([this](size_t b) { impl_->step_bucket(b, param_groups_); });
+  }
   if (m.options.verbose() && m.rank() == 0) m.print_layout();
 }
 
@@ -354,6 +375,19 @@ torch::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
   }
   torch::NoGradGuard no_grad;
   Impl& m = *impl_;
+  if (m.options.optimizer_in_backward()) {
+    // Backward stepped every bucket (finishing it steps the rest): only the all-gather is left.
+    if (m.reducer->in_backward()) m.reducer->finish_backward();
+    if (m.stepped_any()) {
+      std::fill(m.stepped.begin(), m.stepped.end(), 0);
+      m.reducer->clear();
+      all_gather_parameters();
+      if (m.options.sync_buffers()) broadcast_buffers(m.pg, *m.options.module());
+      m.last_norm = -1;
+      m.last_applied = true;
+      return loss;
+    }
+  }
   // 1. Reduce (stage 1 now; stage 2 finishes what backward left in flight).
   std::vector<double> used = m.reduce_gradients();
   // 2. The pieces' gradients, unscaled; one all-reduce for what every rank must agree on.
@@ -480,6 +514,58 @@ void ZeroRedundancyOptimizer::Impl::inner_step(const std::vector<torch::optim::O
   if (stage2()) reducer->clear();
   else stage1->clear();
 }
+
+bool ZeroRedundancyOptimizer::Impl::stepped_any() const {
+  return std::find(stepped.begin(), stepped.end(), 1) != stepped.end();
+}
+
+/// Which of the bucket's parameters have a gradient on some rank (step()'s agreement, for
+/// one bucket); every rank completes its buckets in the same order, so these all-reduces match.
+std::vector<double> ZeroRedundancyOptimizer::Impl::agree_used_in_bucket(const detail::ZeroBucket& lb) {
+  std::vector<double> used(reducer->used().begin() + lb.first_param, reducer->used().begin() + lb.end_param);
+  if (pg.size() == 1 || used.empty()) return used;
+  at::Tensor summed = torch::tensor(used, at::TensorOptions().dtype(at::kDouble));
+  comm::all_reduce(pg, summed, comm::ReduceOp::Sum, {comm::Phase::Backward, "bucket used"}).wait();
+  auto a = summed.accessor<double, 1>();
+  return std::vector<double>(a.data(), a.data() + used.size());
+}
+
+/// ZeroOptions::optimizer_in_backward: bucket b's chunk is complete; its pieces are
+/// stepped as step() would step them (the parameters used nowhere skipped), then the
+/// chunk is consumed. Only this bucket's pieces have a gradient during the step.
+void ZeroRedundancyOptimizer::Impl::step_bucket(size_t b,
+                                                const std::vector<torch::optim::OptimizerParamGroup>& groups) {
+  if (no_step) return;
+  TORCH_CHECK(!stepped[b], "ZeroRedundancyOptimizer (rank ", rank(), "): a second backward would step bucket ", b,
+              " before step() all-gathered the parameters the first one stepped; under optimizer_in_backward call "
+              "step() after every backward, and wrap the micro-batches but the last of an accumulation in no_step()");
+  torch::NoGradGuard no_grad;
+  const detail::ZeroBucket& lb = layout->buckets()[b];
+  const std::vector<double> used = agree_used_in_bucket(lb);
+  const at::Tensor& reduced = partition();
+  std::vector<size_t> mine;
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    const ZeroPiece& pc = pieces[k];
+    if (pc.param < lb.first_param || pc.param >= lb.end_param || used[pc.param - lb.first_param] == 0) continue;
+    piece_tensors[k].mutable_grad() = reduced.narrow(0, pc.local_offset, pc.numel);
+    mine.push_back(k);
+  }
+  auto& inner_groups = inner->param_groups();
+  for (size_t g = 0; g < groups.size(); ++g) inner_groups[g].set_options(groups[g].options().clone());
+  inner->step();
+  for (size_t k : mine) piece_tensors[k].mutable_grad().reset();
+  reducer->consume(b);
+  stepped[b] = 1;
+}
+
+ZeroRedundancyOptimizer::NoStepGuard::NoStepGuard(ZeroRedundancyOptimizer* opt)
+    : opt_(opt), previous_(opt->impl_->no_step) {
+  TORCH_CHECK(opt->impl_->options.optimizer_in_backward(), "ZeroRedundancyOptimizer (rank ", opt->impl_->rank(),
+              "): no_step() holds back the step in backward, which only ZeroOptions::optimizer_in_backward(true) "
+              "takes; without it backward never steps");
+  opt_->impl_->no_step = true;
+}
+ZeroRedundancyOptimizer::NoStepGuard::~NoStepGuard() { opt_->impl_->no_step = previous_; }
 
 void ZeroRedundancyOptimizer::all_gather_parameters() {
   torch::NoGradGuard no_grad;

@@ -65,6 +65,10 @@ std::string trainer_options_error(const TrainerOptions& o, const TrainerParts& p
     // would silently run in fp32.
     e << "strategy '" << s << "' does not use fsdp().mixed_precision() (the model is not wrapped); "
       << "set Strategy::zero().param_dtype(torch::kBFloat16) for bf16 under ZeRO";
+  else if (o.strategy().is_zero() && o.strategy().fsdp().optimizer_in_backward())
+    // Silently stepping after backward would hide that the option is not taken.
+    e << "strategy '" << s << "' does not use fsdp().optimizer_in_backward() (the model is not wrapped); "
+      << "set Strategy::zero().optimizer_in_backward(true) under zero2";
   else if (!parts.model)
     e << "no model: call Trainer::model(factory) with a function that builds the model";
   else if (!parts.optimizer)
@@ -109,6 +113,11 @@ std::string trainer_options_error(const TrainerOptions& o, const TrainerParts& p
     e << "val_check_interval, checkpoint_interval and keep_checkpoints must be >= 0 and log_every_n_steps > 0";
   else if (!(o.gradient_clip_val() >= 0))
     e << "gradient_clip_val must be >= 0 (0: off), got " << o.gradient_clip_val();
+  else if (o.gradient_clip_val() > 0 && (o.strategy().is_zero() ? o.strategy().zero().optimizer_in_backward()
+                                                                  : o.strategy().fsdp().optimizer_in_backward()))
+    e << "gradient_clip_val " << o.gradient_clip_val() << " needs every gradient before the step, but "
+      << (o.strategy().is_zero() ? "ZeroOptions" : "fsdp::Options")
+      << "::optimizer_in_backward steps inside backward; set gradient_clip_val(0) or turn optimizer_in_backward off";
   else if (o.checkpoint_interval() > 0 && o.checkpoint_dir().empty())
     e << "checkpoint_interval " << o.checkpoint_interval() << " needs a checkpoint_dir";
   else if (o.checkpoint_at_start() && o.checkpoint_dir().empty())

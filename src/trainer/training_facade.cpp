@@ -18,6 +18,15 @@ TrainingFacade::TrainingFacade(FullyShardedBase& model, torch::optim::Optimizer&
               options_.clip_grad_norm());
   TORCH_CHECK(options_.gradient_accumulation_steps() >= 1,
               "TrainingFacade: gradient_accumulation_steps must be >= 1, got ", options_.gradient_accumulation_steps());
+  if (model.options().optimizer_in_backward()) {
+    // Both read every gradient before any step; inside backward each unit is stepped first.
+    TORCH_CHECK(!options_.dynamic_loss_scale() && options_.clip_grad_norm() == 0, "TrainingFacade (rank ",
+                model.process_group().rank(), "): FacadeOptions ",
+                options_.dynamic_loss_scale() ? "dynamic_loss_scale (its inf/nan check)" : "clip_grad_norm",
+                " needs every gradient before the step, but fsdp::Options::optimizer_in_backward steps each unit "
+                "inside backward; drop it or turn optimizer_in_backward off");
+    model.register_optimizer_in_backward(opt);
+  }
   if (options_.dynamic_loss_scale())
     scaler_ = std::make_unique<precision::ShardedGradScaler>(model.process_group(), *options_.dynamic_loss_scale());
 }

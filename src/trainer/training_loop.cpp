@@ -141,6 +141,10 @@ FitResult run_training_loop(const TrainerOptions& o, const comm::ProcessGroup& p
                             const LoopNames& names) {
   const detail::LoopContext ctx{o, pg, model, data, callbacks, names};
   detail::check_model(model, ctx.program());
+  // Options::optimizer_in_backward: the loop's optimizer steps each unit inside backward;
+  // its step() after backward then finds no gradient ([Note: optimizer in backward]).
+  if (model.fsdp && model.fsdp->options().optimizer_in_backward())
+    model.fsdp->register_optimizer_in_backward(*model.optimizer);
   return detail::run_phases(ctx);
 }
 

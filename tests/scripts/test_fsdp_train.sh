@@ -79,8 +79,10 @@ done
 pass "all strategies start from the same loss ($f1)"
 
 # The schedule flags move collectives, never numbers: same losses bit for bit.
+# --optimizer-in-backward steps each unit inside backward: the same numbers too.
 for flags in "--backward-prefetch none --forward-prefetch --bucket-cap-mb 8" "--backward-prefetch pre" \
-  "--backward-prefetch post --bucket-cap-mb 8"; do
+  "--backward-prefetch post --bucket-cap-mb 8" "--optimizer-in-backward" \
+  "--optimizer-in-backward --bucket-cap-mb 8"; do
   # shellcheck disable=SC2086
   run --strategy full_shard --steps 30 --no-shuffle $flags --metrics "$WORK/schedule.jsonl"
   [[ $RC == 0 ]] || { cat "$OUT"; fail "$flags: exit status $RC"; }
@@ -128,6 +130,7 @@ expect_error "--text $WORK/short.txt has 10 bytes: too short for --context 64" -
 expect_error "--context must be >= 1, got 0" --model gpt --context 0
 expect_error "--layers applies to --model gpt only, not --model mlp" --layers 3
 expect_error "--hidden applies to --model mlp only, not --model gpt" --model gpt --hidden 128
+expect_error "--optimizer-in-backward needs gradients reduced during backward" --strategy zero1 --optimizer-in-backward
 # Under a launcher the world size is only known to the ranks: every rank must refuse.
 run --batch-size 63 --nproc 1 --steps 1  # passes the pre-spawn check (63 % 1 == 0)
 [[ $RC == 0 ]] || fail "--nproc 1 --batch-size 63 should run (exit $RC)"

@@ -41,6 +41,13 @@ for opt in adam sgd; do
   done
 done
 
+# zero2 --optimizer-in-backward: each bucket stepped as its reduce-scatter completes, same losses.
+run --strategy zero2 --optimizer adam --optimizer-in-backward --steps 20 --no-shuffle --metrics "$WORK/inbwd.jsonl"
+[[ $RC == 0 ]] || fail "zero2 --optimizer-in-backward: exit status $RC"
+losses "$WORK/inbwd.jsonl" zero2 >"$WORK/inbwd.losses" || fail "zero2 --optimizer-in-backward: bad metrics"
+cmp -s "$WORK/zero2-adam.losses" "$WORK/inbwd.losses" || fail "zero2 --optimizer-in-backward changed the losses"
+pass "zero2/adam --optimizer-in-backward: 20 losses equal bit for bit"
+
 run --estimate-memory
 [[ $RC == 0 ]] || fail "--estimate-memory: exit $RC"
 for s in ZERO1 ZERO2; do grep -q "^$s " "$OUT" || fail "--estimate-memory: no $s line"; done

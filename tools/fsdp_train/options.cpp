@@ -114,6 +114,9 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
       ->capture_default_str();
   app.add_flag("--forward-prefetch", o.forward_prefetch,
                "gather the next unit during this unit's forward (order of the previous step)");
+  app.add_flag("--optimizer-in-backward", o.optimizer_in_backward,
+               "step each unit's shard with the optimizer inside backward, as its reduction completes "
+               "(same results; FSDP: gradients freed unit by unit; zero2: each bucket's chunk; not zero1)");
   app.add_option("--memory-trace", o.memory_trace,
                  "write bytes by category at every unit boundary and optimizer step (fsdp::MemoryTracer) as "
                  "JSON lines to FILE (rank 0; put {rank} in the name for one file per rank); render with "
@@ -204,6 +207,9 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
       o.strategy != "hybrid_shard" && o.strategy != "zero1" && o.strategy != "zero2")
     return usage_error("unknown --strategy '" + o.strategy +
                        "'; expected full_shard, shard_grad_op, no_shard, hybrid_shard, zero1 or zero2");
+  if (o.optimizer_in_backward && o.strategy == "zero1")
+    return usage_error("--optimizer-in-backward needs gradients reduced during backward: the FSDP strategies or "
+                       "zero2, not --strategy zero1 (it reduces in the step)");
   if (group_opt->count() > 0 && o.strategy != "hybrid_shard")
     return usage_error("--shard-group-size applies to --strategy hybrid_shard only");
   if (o.shard_group_size < 0)

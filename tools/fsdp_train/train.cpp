@@ -75,7 +75,8 @@ std::unique_ptr<torch::optim::Optimizer> make_zero_optimizer(const TrainOptions&
     inner = zo::inner_optimizer<zo::CPUAdam>(zo::CPUAdamOptions(lr).weight_decay(o.weight_decay));
   auto params = net->parameters();
   const int stage = fsdp::trainer::Strategy::parse(o.strategy).zero_stage();
-  auto options = zo::ZeroOptions().process_group(pg).stage(stage).module(net);
+  auto options = zo::ZeroOptions().process_group(pg).stage(stage).module(net).optimizer_in_backward(
+      o.optimizer_in_backward);
   // bf16 as under FSDP: bf16 parameters for compute, fp32 masters stepped, fp32 reduced gradients.
   if (o.mixed_precision == "bf16") options.param_dtype(torch::kBFloat16);
   return std::make_unique<zo::ZeroRedundancyOptimizer>(params, inner, options);
@@ -374,7 +375,8 @@ int run_rank(const TrainOptions& o) {
                            .sharding_strategy(fsdp::parse_sharding_strategy(o.strategy))
                            .shard_group_size(o.shard_group_size)
                            .forward_prefetch(o.forward_prefetch)
-                           .bucket_cap_mb(o.bucket_cap_mb);
+                           .bucket_cap_mb(o.bucket_cap_mb)
+                           .optimizer_in_backward(o.optimizer_in_backward);
   base.backward_prefetch(o.backward_prefetch == "post"   ? fsdp::BackwardPrefetch::BACKWARD_POST
                          : o.backward_prefetch == "none" ? fsdp::BackwardPrefetch::NONE
                                                          : fsdp::BackwardPrefetch::BACKWARD_PRE);

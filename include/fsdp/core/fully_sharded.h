@@ -28,6 +28,10 @@
 #include "fsdp/core/wrappable.h"
 #include "fsdp/core/state_dict_type.h"
 
+namespace torch::optim {
+class Optimizer;
+}
+
 namespace fsdp {
 
 namespace detail {
@@ -76,7 +80,8 @@ class FullyShardedBase : public torch::nn::Module {
   /// (under HYBRID_SHARD the norm is reduced over the shard group only: the
   /// replica groups hold identical gradients).
   /// norm_type: any p > 0, or infinity. Returns the total norm before clipping.
-  /// Collective: every rank calls it.
+  /// Collective: every rank calls it. Refused under Options::optimizer_in_backward
+  /// (each unit was stepped before the norm of all gradients existed).
   at::Tensor clip_grad_norm_(double max_norm, double norm_type = 2.0);
 
   /// Within its scope, backward accumulates unreduced gradients locally (under
@@ -95,6 +100,30 @@ class FullyShardedBase : public torch::nn::Module {
     bool previous_;
   };
   [[nodiscard]] std::unique_ptr<NoSyncGuard> no_sync() { return std::make_unique<NoSyncGuard>(this); }
+
+  /// Options::optimizer_in_backward: `optimizer` steps each unit's shard inside
+  /// backward, as its reduction completes ([Note: optimizer in backward] in
+  /// src/core/backward_optimizer.h). Every parameter of it must be a trainable
+  /// parameter of this model's units; LBFGS is refused. It must outlive the model or
+  /// be replaced by another call first. Call before the first training forward.
+  void register_optimizer_in_backward(torch::optim::Optimizer& optimizer);
+
+  /// Options::optimizer_in_backward, gradient accumulation without no_sync: within its
+  /// scope backward reduces as usual but does not step (gradient pieces accumulate as
+  /// without the option); the first backward after it, the last micro-batch, steps
+  /// with their sum. Under no_sync nothing is reduced, so nothing steps either.
+  class NoStepGuard {
+   public:
+    explicit NoStepGuard(FullyShardedBase* m);
+    ~NoStepGuard();
+    NoStepGuard(const NoStepGuard&) = delete;
+    NoStepGuard& operator=(const NoStepGuard&) = delete;
+
+   private:
+    FullyShardedBase* m_;
+    bool previous_;
+  };
+  [[nodiscard]] std::unique_ptr<NoStepGuard> no_step() { return std::make_unique<NoStepGuard>(this); }
 
   // Module calls that would break sharding are rejected with the alternative.
   void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override;

@@ -140,6 +140,16 @@ struct Options {
   /// biases, small heads), whose collectives each pay a fixed per-message cost;
   /// 1-4 MB then suffices. Measurements: docs/benchmarks.md, "Gradient buckets".
   TORCH_ARG(double, bucket_cap_mb) = 0;
+  /// Step each unit's shard inside backward, the moment its reduction completes, with
+  /// the optimizer given to FullyShardedBase::register_optimizer_in_backward (the user's
+  /// own, e.g. torch::optim::AdamW or fsdp::optim::CPUAdam: its state and checkpoints
+  /// are unchanged). Results are bitwise those of stepping after backward; gradients are
+  /// freed unit by unit, so backward holds about one unit's reduced gradient instead of
+  /// the whole model's. After such a backward no gradient is defined and the optimizer's
+  /// own step() finds nothing to do. Refused while on: clip_grad_norm_, the loss
+  /// scaler's inf check, LBFGS. Accumulation: only a backward outside no_sync() and
+  /// no_step() steps. See [Note: optimizer in backward] in src/core/backward_optimizer.h.
+  TORCH_ARG(bool, optimizer_in_backward) = false;
 };
 
 /// Options::bucket_cap_mb in bytes, 0 when bucketing is off (cap <= 0). Throws

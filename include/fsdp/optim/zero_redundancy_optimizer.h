@@ -114,6 +114,14 @@ struct ZeroOptions {
   /// backward(loss) divides the loss by this (DeepSpeed's engine does so for
   /// gradient accumulation); a plain loss.backward() never is. >= 1.
   TORCH_ARG(int64_t, gradient_accumulation_steps) = 1;
+  /// Stage 2 only: step each bucket's chunk of the partition inside backward, as soon as
+  /// its reduce-scatter completes (one small all-reduce per bucket finds the parameters
+  /// unused on every rank, which are skipped as after backward); step() then only
+  /// all-gathers the parameters. Same results bit for bit as stepping in step(). Refused
+  /// with clip_grad_norm and dynamic_loss_scale (both read every gradient before any step).
+  /// Every backward steps, so call step() after each one, and wrap every micro-batch but
+  /// the last of an accumulation in no_step().
+  TORCH_ARG(bool, optimizer_in_backward) = false;
 
  public:
   /// LowLevelZero's scaler: initial 2^16, growth interval 2000, max 2^24, hysteresis 2.
@@ -173,6 +181,22 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
   /// class. Stage 1: as torch's (set_to_none resets grad(), else zeroes it in place);
   /// stage 2: also clears the gradient partition (set_to_none) or zeroes it.
   void zero_grad(bool set_to_none = true);
+
+  /// ZeroOptions::optimizer_in_backward: within its scope backward reduces (gradients
+  /// accumulate in the partition) but steps nothing; the first backward after it steps.
+  /// A step() after a backward that stepped nothing steps as without the option.
+  class NoStepGuard {
+   public:
+    explicit NoStepGuard(ZeroRedundancyOptimizer* opt);
+    ~NoStepGuard();
+    NoStepGuard(const NoStepGuard&) = delete;
+    NoStepGuard& operator=(const NoStepGuard&) = delete;
+
+   private:
+    ZeroRedundancyOptimizer* opt_;
+    bool previous_;
+  };
+  [[nodiscard]] std::unique_ptr<NoStepGuard> no_step() { return std::make_unique<NoStepGuard>(this); }
 
   /// Refused (each rank's state covers only its pieces): use fsdp::consolidate_state_dict.
   void save(torch::serialize::OutputArchive& archive) const override;

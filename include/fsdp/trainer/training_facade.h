@@ -49,6 +49,8 @@ class TrainingFacade {
   /// Drives `opt` (which must outlive this): every call is opt's.
   explicit TrainingFacade(ZeroRedundancyOptimizer& opt);
   /// Drives an FSDP model and an optimizer over its parameters (both must outlive this).
+  /// Under fsdp::Options::optimizer_in_backward it registers `opt` with the model (step()
+  /// then only finishes the iteration) and refuses dynamic_loss_scale and clip_grad_norm.
   TrainingFacade(FullyShardedBase& model, torch::optim::Optimizer& opt, FacadeOptions options = {});
   ~TrainingFacade();
 

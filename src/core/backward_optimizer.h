@@ -1,0 +1,55 @@
+#pragma once
+// The user's optimizer, stepped inside backward (Options::optimizer_in_backward).
+//
+// [Note: optimizer in backward]
+// Each unit's shard is stepped the moment its final reduction of the iteration
+// arrives (Runtime::on_shard_reduced), by the user's own optimizer object: one
+// optimizer, not one per parameter, so its state, state dicts and checkpoints are
+// exactly those of stepping after backward. A step sees only this unit's
+// gradients: every other gradient of the optimizer's parameters is set aside for
+// its duration (autograd gradients of units still to be reduced, pieces of units
+// not in this backward), and torch optimizers skip parameters without one. Each
+// parameter is therefore stepped exactly once per iteration, with exactly the
+// gradient piece it would have after backward; per-parameter updates (SGD, Adam,
+// AdamW, CPUAdam, ...) make that bitwise equal to one step after backward. The
+// pieces are freed after the step, so backward holds the reduced shards of the
+// units in flight instead of the whole model's. Optimizers that need every
+// gradient at once (a closure, LBFGS) cannot work this way and are refused; so
+// are the things that read every gradient before a step (global-norm clipping,
+// the loss scaler's inf check), at the call that would do them.
+//
+// A reduction is final unless the caller said that more micro-batches follow:
+// under no_sync nothing is reduced, and FullyShardedBase::no_step() holds the
+// step back for accumulation without no_sync.
+
+#include <vector>
+
+#include <ATen/ATen.h>
+
+namespace torch::optim {
+class Optimizer;
+}
+
+namespace fsdp::detail {
+
+class Unit;
+
+class BackwardOptimizer {
+ public:
+  /// Checks `optimizer` against the units (every parameter a trainable parameter of
+  /// one of them, no closure-driven optimizer) and keeps a reference to it. A tied
+  /// parameter listed under each of its names (model->parameters() does so) is stepped
+  /// once per listing, inside backward as after it.
+  BackwardOptimizer(torch::optim::Optimizer& optimizer, const std::vector<Unit*>& units, int rank);
+
+  /// Steps `unit`'s shard with its reduced gradient pieces (Unit::step_reduced_shard),
+  /// every other gradient of the optimizer's parameters set aside meanwhile.
+  void step(Unit& unit);
+
+  const torch::optim::Optimizer& optimizer() const { return optimizer_; }
+
+ private:
+  torch::optim::Optimizer& optimizer_;
+};
+
+}  // namespace fsdp::detail
