@@ -24,6 +24,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "comm/gloo/gloo_transport.h"
+#include "flight_recorder.h"
 #include "process_gone.h"
 #include "route.h"
 #include "comm/shm/shm_engine.h"
@@ -130,6 +131,7 @@ struct ProcessGroup::State {
   std::shared_ptr<detail::Transport> transport;  // chosen when the group is created
   detail::CudaPlacement cuda;                    // the world's, inherited by sub-groups
   std::shared_ptr<detail::Transport> device_transport;  // CUDA tensors; null when none
+  detail::FlightRecorder recorder;                      // this group's own, never inherited
 
   // NCCL's backend warns at exit, and may leak its communicators, unless shut down first
   // (Python's destroy_process_group); the last copy of a group shuts it down.
@@ -201,6 +203,20 @@ std::string ProcessGroup::describe_peer(int r) const {
     os << " [pid " << p.pid << " on " << p.host << "]";
   }
   return os.str();
+}
+
+detail::FlightRecorder& ProcessGroup::flight_recorder() const {
+  FSDP_PG_STATE();
+  return state_->recorder;
+}
+
+bool ProcessGroup::peer_gone(int r) const {
+  FSDP_PG_STATE();
+  if (r < 0 || r >= static_cast<int>(state_->global_ranks.size())) return false;
+  const int g = state_->global_ranks[r];
+  if (g >= static_cast<int>(state_->world_peers.size())) return false;
+  const Peer& p = state_->world_peers[g];
+  return p.host == this_host() && p.pid > 0 && detail::process_gone(p.pid);
 }
 
 std::string ProcessGroup::dead_peers_hint() const {

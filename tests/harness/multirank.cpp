@@ -16,6 +16,7 @@
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
+#include "comm/flight_exchange.h"
 #include "harness/temp_dir.h"
 
 extern char** environ;
@@ -134,6 +135,29 @@ comm::InitOptions worker_init_options() {
       .overrides(ov);
 }
 
+namespace {
+
+// Every multi-rank test also checks that its ranks issued the same collectives on the world
+// group (op, dtype, size, label at each sequence number: [Note: first divergence] in
+// src/comm/divergence.h), so that a normal run never looks like a divergence to the flight
+// recorder. Ranks that planted a failure (a failed record) or left early are not compared.
+void expect_ranks_agreed(const comm::ProcessGroup& pg) {
+  if (pg.size() < 2) return;
+  auto x = comm::detail::exchange_records(pg, "harness-end", std::chrono::seconds(20));
+  if (!x.store_error.empty()) return;  // a test that took the store down
+  std::vector<comm::detail::RankRecords> answered;
+  for (const auto& r : x.ranks) {
+    if (!r.answered) continue;
+    for (const auto& c : r.records)
+      if (c.state == comm::detail::RecordState::Failed) return;
+    answered.push_back(r);
+  }
+  const std::string d = comm::detail::describe_divergence(pg.name(), answered);
+  EXPECT_EQ(d, "") << "the ranks' collectives on the world group differ";
+}
+
+}  // namespace
+
 void run_ranks(int world_size, const std::function<void(comm::ProcessGroup&)>& body,
                const RankOptions& options) {
   const int call = next_call_index();
@@ -144,6 +168,7 @@ void run_ranks(int world_size, const std::function<void(comm::ProcessGroup&)>& b
     try {
       auto pg = comm::init_process_group(opts);
       body(pg);
+      expect_ranks_agreed(pg);
       std::ofstream(ran_marker(worker_scratch_dir(), env_int(kRankVar, 0))) << "ran\n";
     } catch (const std::exception& e) {
       ADD_FAILURE() << "rank " << env_int(kRankVar, 0) << " threw: " << e.what();

@@ -22,6 +22,7 @@ namespace fsdp::comm {
 namespace detail {
 class ShmChannel;
 class Transport;
+class FlightRecorder;
 }  // namespace detail
 
 /// What moves CUDA tensors (CPU tensors always take shared memory or Gloo). NCCL needs one
@@ -107,6 +108,10 @@ class ProcessGroup {
   std::string describe_peer(int rank) const;
   /// Names ranks of this group that can be known to be gone (same host, pid dead).
   std::string dead_peers_hint() const;
+  /// True when member `rank` ran on this host and its process has exited.
+  bool peer_gone(int rank) const;
+  /// This group's record of its recent collectives (src/comm/flight_recorder.h).
+  detail::FlightRecorder& flight_recorder() const;
 
  private:
   struct State;
