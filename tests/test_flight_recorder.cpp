@@ -18,6 +18,8 @@
 #include "comm/flight_recorder.h"
 #include "fsdp/comm/call_label.h"
 #include "fsdp/comm/collectives.h"
+#include "fsdp/core/fully_sharded.h"
+#include "harness/models.h"
 #include "harness/multirank.h"
 
 using namespace fsdp;
@@ -191,6 +193,108 @@ TEST(FlightRecorderFaults, RankStuckOutsideACollectiveIsNamedAsNotAnswering) {
     EXPECT_NE(msg.find("while rank 0 waits at all_reduce #1 (loss, step)"), std::string::npos) << msg;
     EXPECT_LT(seconds_since(start), 3.0 + 5.0);
   }, faulty_world());
+}
+
+// ---- a rank that skips one unit's forward ----
+
+// Three units of the same size: a rank that skips blocks1 gathers blocks2 where the others
+// gather blocks1, which no transport can tell apart by size.
+struct SkippingNetImpl : torch::nn::Module {
+  explicit SkippingNetImpl(int skip) : skip(skip) {
+    for (int i = 0; i < 3; ++i)
+      blocks.push_back(register_module("blocks" + std::to_string(i), fsdp::Wrappable<torch::nn::LinearImpl>(8, 8)));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    for (int i = 0; i < 3; ++i)
+      if (i != skip) x = torch::relu(blocks[i]->forward(x));
+    return x;
+  }
+  int skip;
+  std::vector<fsdp::Wrappable<torch::nn::LinearImpl>> blocks;
+};
+TORCH_MODULE(SkippingNet);
+
+void train_step_skipping_on_rank1(comm::ProcessGroup& pg) {
+  torch::manual_seed(0);
+  auto model = FullyShardedDataParallel(SkippingNet(pg.rank() == 1 ? 1 : -1), pg,
+                                        Options().auto_wrap_policy(always_wrap_policy()));
+  model->forward(torch::ones({4, 8})).sum().backward();
+}
+
+TEST(FlightRecorderFaults, RankThatSkipsAUnitsForwardIsNamed) {
+  run_ranks(2, [](comm::ProcessGroup& pg) {
+    const auto start = Clock::now();
+    const std::string msg = error_of([&] { train_step_skipping_on_rank1(pg); });
+    EXPECT_NE(msg.find("rank 0 is at all_gather #"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("(blocks1, forward)"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("while rank 1 is at all_gather #"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("(blocks2, forward)"), std::string::npos) << msg;
+    EXPECT_LT(seconds_since(start), 3.0 + 5.0);
+  }, faulty_world());
+}
+
+// ---- the checked mode ----
+
+RankOptions checked_world() {
+  RankOptions o = faulty_world();
+  o.collective_timeout = std::chrono::milliseconds(30000);  // the check must not wait for it
+  o.extra_env.push_back("FSDP_CHECK_COLLECTIVES=1");
+  return o;
+}
+
+TEST(FlightRecorderChecked, SkippedUnitFailsAtOnce) {
+  run_ranks(2, [](comm::ProcessGroup& pg) {
+    ASSERT_TRUE(pg.checks_collectives());
+    const auto start = Clock::now();
+    const std::string msg = error_of([&] { train_step_skipping_on_rank1(pg); });
+    EXPECT_NE(msg.find("collective check (FSDP_CHECK_COLLECTIVES)"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("rank 0 is at all_gather #"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("(blocks1, forward)"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("(blocks2, forward)"), std::string::npos) << msg;
+    EXPECT_LT(seconds_since(start), 5.0);
+  }, checked_world());
+}
+
+// Over Gloo an unchecked size mismatch aborts the receiving rank inside Gloo; checked, both
+// ranks fail before anything moves.
+TEST(FlightRecorderChecked, SizeMismatchOverGlooFailsAtOnceOnEveryRank) {
+  run_ranks(2, [](comm::ProcessGroup& pg) {
+    const int64_t n = pg.rank() == 1 ? 4096 : 8192;
+    const auto start = Clock::now();
+    const std::string msg = error_of([&] {
+      auto t = torch::ones({n});
+      comm::all_reduce(pg, t, comm::ReduceOp::Sum, {Phase::Backward, "fc1"}).wait();
+    });
+    EXPECT_NE(msg.find("ranks disagree at all_reduce #1 (fc1, backward): rank 0 has 8,192 elements, rank 1 has 4,096"),
+              std::string::npos)
+        << msg;
+    EXPECT_LT(seconds_since(start), 5.0);
+  }, checked_world());
+}
+
+// A normal run in checked mode: FSDP training with its gather and reduce groups, which run
+// ahead of each other, passes every check and trains like one process on both ranks' data.
+TEST(FlightRecorderChecked, AgreeingRanksPassEveryCheck) {
+  run_ranks(2, [](comm::ProcessGroup& pg) {
+    torch::manual_seed(0);
+    SkippingNet reference(-1);
+    torch::manual_seed(0);
+    auto model = FullyShardedDataParallel(SkippingNet(-1), pg, Options().auto_wrap_policy(always_wrap_policy()));
+    torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
+    torch::optim::SGD ref_opt(reference->parameters(), torch::optim::SGDOptions(0.1));
+    auto input = [](int rank, int step) { return torch::ones({4, 8}) * (0.1 * (rank + 1) + step); };
+    for (int step = 0; step < 3; ++step) {
+      opt.zero_grad();
+      model->forward(input(pg.rank(), step)).sum().backward();
+      opt.step();
+      ref_opt.zero_grad();
+      ((reference->forward(input(0, step)).sum() + reference->forward(input(1, step)).sum()) / 2).backward();
+      ref_opt.step();
+    }
+    const auto full = full_params(model);
+    for (const auto& p : reference->named_parameters())
+      EXPECT_LT(rel_diff(full.at(p.key()), p.value()), 1e-6) << p.key();
+  }, checked_world());
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 
 #include <ATen/ATen.h>
 
+#include "collective_check.h"
 #include "flight_exchange.h"
 #include "flight_recorder.h"
 #include "tensor_bytes.h"
@@ -133,6 +134,14 @@ CommHandle issue(const ProcessGroup& g, CollectiveCall call) {
   count(g, call);
   FlightRecorder& recorder = g.flight_recorder();
   const uint64_t seq = recorder.record(call);
+  if (g.checks_collectives()) {
+    try {
+      check_before_issue(g, recorder.at(seq));
+    } catch (...) {
+      recorder.fail(seq);
+      throw;
+    }
+  }
   CommHandle handle;
   try {
     handle = hand_to_transport(t, g, call);

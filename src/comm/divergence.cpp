@@ -119,6 +119,10 @@ std::string describe_missing(const std::string& group, uint64_t seq, const std::
 }  // namespace
 
 std::string describe_divergence(const std::string& group, const std::vector<RankRecords>& ranks) {
+  return find_divergence(group, ranks).text;
+}
+
+Divergence find_divergence(const std::string& group, const std::vector<RankRecords>& ranks) {
   std::vector<const RankRecords*> answered;
   std::vector<int> silent;
   for (const RankRecords& r : ranks) {
@@ -139,12 +143,12 @@ std::string describe_divergence(const std::string& group, const std::vector<Rank
       else if (last_seq(*r) < seq) behind.push_back(r);
     }
     const std::vector<Agreement> groups = group_calls(at);
-    if (auto d = describe_disagreement(groups)) return *d;
+    if (auto d = describe_disagreement(groups)) return {DivergenceKind::Content, *d};
     const bool stuck_here = std::any_of(at.begin(), at.end(),
                                         [](const auto& p) { return p.second->state != RecordState::Completed; });
-    if (!behind.empty() && stuck_here) return describe_missing(group, seq, groups, behind);
+    if (!behind.empty() && stuck_here) return {DivergenceKind::Behind, describe_missing(group, seq, groups, behind)};
   }
-  if (silent.empty()) return "";
+  if (silent.empty()) return {};
   std::string s = name_ranks(silent) + " did" +
                   " not answer: not in a collective of group '" + group + "' (stuck elsewhere, or gone)";
   for (const RankRecords* r : answered) {
@@ -152,11 +156,11 @@ std::string describe_divergence(const std::string& group, const std::vector<Rank
       if (c.state == RecordState::Completed) continue;
       std::vector<int> waiting;
       for (const RankRecords* o : answered) waiting.push_back(o->rank);
-      return s + ", while " + name_ranks(waiting) + (waiting.size() == 1 ? " waits" : " wait") + " at " +
-             c.describe();
+      return {DivergenceKind::Silent, s + ", while " + name_ranks(waiting) +
+                                          (waiting.size() == 1 ? " waits" : " wait") + " at " + c.describe()};
     }
   }
-  return s;
+  return {DivergenceKind::Silent, s};
 }
 
 }  // namespace fsdp::comm::detail

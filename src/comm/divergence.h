@@ -23,6 +23,18 @@ struct RankRecords {
   std::vector<CallRecord> records;  ///< oldest first
 };
 
+enum class DivergenceKind {
+  None,    ///< the answers agree
+  Content, ///< ranks issued different collectives at one sequence number
+  Behind,  ///< ranks wait in a collective that others have not issued
+  Silent,  ///< only: some ranks did not answer
+};
+struct Divergence {
+  DivergenceKind kind = DivergenceKind::None;
+  std::string text;
+};
+Divergence find_divergence(const std::string& group, const std::vector<RankRecords>& ranks);
+
 /// The first divergence among `ranks` (every rank of group `group`, in rank order), e.g.
 /// "rank 1 is at all_gather #57 (blocks.3, forward) while ranks 0, 2, 3 are at
 /// reduce_scatter #57 (blocks.2, backward)"; "" when the answers agree.

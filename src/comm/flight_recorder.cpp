@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <sstream>
 
+#include <c10/util/Exception.h>
+
 #include "collective_call.h"
 
 namespace fsdp::comm::detail {
@@ -51,6 +53,15 @@ void FlightRecorder::set_state(uint64_t seq, RecordState s) {
   if (r.seq == seq) r.state = s;  // else overwritten long ago: nothing left to mark
 }
 
+CallRecord FlightRecorder::at(uint64_t seq) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const size_t i = seq % kCapacity;
+  TORCH_INTERNAL_ASSERT(ring_[i].seq == seq, "fsdp: flight record #", seq, " is gone");
+  CallRecord r = ring_[i];
+  r.site = describe_site(sites_[i].first, sites_[i].second);
+  return r;
+}
+
 std::vector<CallRecord> FlightRecorder::recent() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<CallRecord> out;
@@ -60,6 +71,38 @@ std::vector<CallRecord> FlightRecorder::recent() const {
     out.back().site = describe_site(sites_[i].first, sites_[i].second);
   }
   std::sort(out.begin(), out.end(), [](const CallRecord& a, const CallRecord& b) { return a.seq < b.seq; });
+  return out;
+}
+
+namespace {
+
+struct Registry {
+  std::mutex mu;
+  std::vector<GroupRecorder> entries;
+};
+
+Registry& registry() {
+  static Registry r;
+  return r;
+}
+
+}  // namespace
+
+void register_recorder(GroupRecorder entry) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.entries.erase(std::remove_if(r.entries.begin(), r.entries.end(),
+                                 [](const GroupRecorder& e) { return e.recorder.expired(); }),
+                  r.entries.end());
+  r.entries.push_back(std::move(entry));
+}
+
+std::vector<GroupRecorder> live_recorders(const void* world) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  std::vector<GroupRecorder> out;
+  for (const GroupRecorder& e : r.entries)
+    if (e.world == world && !e.recorder.expired()) out.push_back(e);
   return out;
 }
 

@@ -7,12 +7,13 @@
 // bounded ring per group: its sequence number on that group (1, 2, ... in issue order, the
 // same number on every rank for the same collective when the ranks agree), op, dtype, element
 // count, label (phase, unit path or bucket) and the line that made the label, and whether it
-// completed. When a collective fails, the ranks compare their rings (flight_exchange.h) and
-// the error names the first place they disagree (divergence.h). Sub-groups have rings and
+// completed. When a collective fails, the ranks compare the rings of all their groups
+// (flight_exchange.h) and the error names the first place they disagree (divergence.h). Sub-groups have rings and
 // counters of their own, so groups running ahead of each other never look like a divergence.
 // One record costs a lock and a few stores (no allocation once a slot's subject string has
 // grown to its size); docs/benchmarks.md has the measured cost per step.
 #include <array>
+#include <memory>
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -54,19 +55,10 @@ class FlightRecorder {
   uint64_t record(const CollectiveCall& call);
   void complete(uint64_t seq) { set_state(seq, RecordState::Completed); }
   void fail(uint64_t seq) { set_state(seq, RecordState::Failed); }
+  /// Record `seq` as it is now (site filled); requires a seq not yet overwritten.
+  CallRecord at(uint64_t seq) const;
   /// The records still in the ring, oldest first.
   std::vector<CallRecord> recent() const;
-  /// The text of this group's failure exchange ([Note: failure exchange] in
-  /// flight_exchange.h); `make` runs for the first failure only, later ones get its text.
-  template <class Make>
-  std::string failure_text(Make make) {
-    std::lock_guard<std::mutex> lock(failure_mu_);
-    if (!exchanged_) {
-      failure_text_ = make();
-      exchanged_ = true;
-    }
-    return failure_text_;
-  }
 
  private:
   void set_state(uint64_t seq, RecordState s);
@@ -76,10 +68,21 @@ class FlightRecorder {
   // Where each slot's label was made; turned into text only when the ring is read.
   std::array<std::pair<const char*, int>, kCapacity> sites_{};
   uint64_t next_seq_ = 1;
-  std::mutex failure_mu_;  // held through the exchange: a second failure waits for its text
-  bool exchanged_ = false;
-  std::string failure_text_;
 };
+
+/// A live group's recorder, as the failure exchange finds it: every group of a world is
+/// compared, since a divergence on one group (the gathers) often shows as a hang on another
+/// (the reductions).
+struct GroupRecorder {
+  std::string group;              ///< ProcessGroup::name()
+  int group_rank = 0;
+  std::vector<int> global_ranks;  ///< member i -> world rank
+  const void* world = nullptr;    ///< the world's store: groups of another world are not ours
+  std::weak_ptr<FlightRecorder> recorder;
+};
+void register_recorder(GroupRecorder entry);
+/// The live groups of `world` in this process, in creation order.
+std::vector<GroupRecorder> live_recorders(const void* world);
 
 /// Records as text lines and back, for the exchange through the store.
 std::string encode_records(const std::vector<CallRecord>& records);

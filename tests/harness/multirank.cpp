@@ -137,23 +137,23 @@ comm::InitOptions worker_init_options() {
 
 namespace {
 
-// Every multi-rank test also checks that its ranks issued the same collectives on the world
-// group (op, dtype, size, label at each sequence number: [Note: first divergence] in
+// Every multi-rank test also checks that its ranks issued the same collectives on every group
+// of its world (op, dtype, size, label at each sequence number: [Note: first divergence] in
 // src/comm/divergence.h), so that a normal run never looks like a divergence to the flight
-// recorder. Ranks that planted a failure (a failed record) or left early are not compared.
+// recorder. Worlds with a planted failure (a failed record) are not compared, nor ranks that
+// left early.
 void expect_ranks_agreed(const comm::ProcessGroup& pg) {
   if (pg.size() < 2) return;
-  auto x = comm::detail::exchange_records(pg, "harness-end", std::chrono::seconds(20));
+  const auto x = comm::detail::exchange_records(pg, "harness-end", std::chrono::seconds(20));
   if (!x.store_error.empty()) return;  // a test that took the store down
-  std::vector<comm::detail::RankRecords> answered;
-  for (const auto& r : x.ranks) {
-    if (!r.answered) continue;
-    for (const auto& c : r.records)
-      if (c.state == comm::detail::RecordState::Failed) return;
-    answered.push_back(r);
+  for (const auto& rank : x.ranks) {
+    if (!rank) continue;
+    for (const auto& group : rank->groups)
+      for (const auto& c : group.second.second)
+        if (c.state == comm::detail::RecordState::Failed) return;  // a planted failure
   }
-  const std::string d = comm::detail::describe_divergence(pg.name(), answered);
-  EXPECT_EQ(d, "") << "the ranks' collectives on the world group differ";
+  const auto lines = comm::detail::describe_groups(x, pg.name(), /*silent_too=*/false);
+  for (const auto& line : lines) ADD_FAILURE() << "the ranks' collectives differ " << line;
 }
 
 }  // namespace
