@@ -73,6 +73,7 @@
 #include "fsdp/optim/cpu_adam.h"
 #include "fsdp/optim/zero_redundancy_optimizer.h"
 #include "bench_launch.h"
+#include "comm/collective_call.h"
 #include "compute_ceiling.h"
 
 #ifndef FSDP_SOURCE_DIR
@@ -275,12 +276,18 @@ int rank_main(const Args& a) {
   // load that comes and goes on a shared machine hits both alike.
   double step_ms = 0, ceiling_ms = 0;
   int64_t bytes = 0;
+  // Collectives this rank issues per step (what the flight recorder records: bench_flight_recorder).
+  int64_t calls = 0;
+  const int counting = fsdp::comm::detail::add_collective_observer(
+      [&calls](const fsdp::comm::ProcessGroup&, const fsdp::comm::detail::CollectiveCall&) { ++calls; });
   for (int round = 0; round < std::max(1, a.rounds); ++round) {
     const double c = plain.ms(pg, a.steps);
     fsdp::comm::barrier(pg);
     fsdp::comm::comm_counters().reset();
+    if (round == 0) calls = 0;
     const double s = fsdp::bench::timed_together_ms(pg, a.steps, step);
     bytes = fsdp::comm::comm_counters().total() / a.steps;
+    if (round == 0) fsdp::comm::detail::remove_collective_observer(counting);
     ceiling_ms = round == 0 ? c : std::min(ceiling_ms, c);
     step_ms = round == 0 ? s : std::min(step_ms, s);
   }
@@ -410,12 +417,12 @@ int rank_main(const Args& a) {
         "\"optim_bytes\": %lld, \"peak_rss_bytes\": %lld, \"ring_optimum_bytes\": %lld, "
         "\"transport\": \"%s\", \"ceiling_ms\": %.3f, \"vs_ceiling\": %.3f, \"optimizer_ms\": %.3f, "
         "\"memcpy_gb_per_s\": %.2f, \"copy_ms\": %.3f, \"attainable_ms\": %.3f, \"vs_attainable\": %.3f, "
-        "\"memcpy_uncached_gb_per_s\": %.2f, \"copy_uncached_ms\": %.3f}\n",
+        "\"memcpy_uncached_gb_per_s\": %.2f, \"copy_uncached_ms\": %.3f, \"collectives_per_step\": %.1f}\n",
         a.model.c_str(), name.c_str(), n, step_s * 1e3, global_batch / step_s, (long long)bytes,
         (long long)mem.param_shard_bytes, (long long)mem.grad_shard_bytes, (long long)optim_bytes,
         (long long)ru.ru_maxrss * 1024, (long long)optimum, shm ? "shm" : "gloo-tcp", ceiling_ms,
         ceiling_ms / step_ms, optimizer_ms, memcpy_bps * 1e-9, copy_ms, attainable_ms, attainable_ms / step_ms,
-        uncached_bps * 1e-9, copy_uncached_ms);
+        uncached_bps * 1e-9, copy_uncached_ms, static_cast<double>(calls) / a.steps);
     std::fflush(stdout);
   }
   return 0;

@@ -26,6 +26,21 @@ std::string CallLabel::describe() const {
   return s;
 }
 
+std::string CallLabel::site() const { return describe_site(file, line); }
+
+std::string describe_site(const char* file, int line) {
+  if (file == nullptr) return "";
+  std::string f = file;
+  for (const char* root : {"/src/", "/tools/", "/tests/", "/examples/"}) {
+    const size_t at = f.rfind(root);
+    if (at != std::string::npos) {
+      f = f.substr(at + 1);
+      break;
+    }
+  }
+  return f + ":" + std::to_string(line);
+}
+
 LabelScope::LabelScope(CallLabel label) : previous_(std::move(current_scope)) {
   current_scope = std::move(label);
 }

@@ -10,6 +10,9 @@
 
 #include <ATen/ATen.h>
 
+#include "collective_check.h"
+#include "flight_exchange.h"
+#include "flight_recorder.h"
 #include "tensor_bytes.h"
 #include "transport.h"
 
@@ -86,6 +89,17 @@ Transport& transport_for(const ProcessGroup& g, const CollectiveCall& c) {
   return *g.device_transport();
 }
 
+CommHandle hand_to_transport(Transport& t, const ProcessGroup& g, const CollectiveCall& call) {
+  switch (call.op) {
+    case CollectiveOp::AllGather: return t.all_gather(g, call.out, call.in);
+    case CollectiveOp::ReduceScatter: return t.reduce_scatter(g, call.out, call.in, call.reduce);
+    case CollectiveOp::AllReduce: return t.all_reduce(g, call.out, call.reduce);
+    case CollectiveOp::Broadcast: return t.broadcast(g, call.out, call.root);
+    case CollectiveOp::Barrier: t.barrier(g); return CommHandle();
+  }
+  TORCH_INTERNAL_ASSERT(false, "fsdp: unknown collective op");
+}
+
 }  // namespace
 
 const char* to_string(CollectiveOp op) {
@@ -118,14 +132,25 @@ CommHandle issue(const ProcessGroup& g, CollectiveCall call) {
   // that a one-GPU run issues what a many-GPU run does.
   if (g.size() == 1 && &t == g.transport().get()) return complete_locally(call);
   count(g, call);
-  switch (call.op) {
-    case CollectiveOp::AllGather: return t.all_gather(g, call.out, call.in);
-    case CollectiveOp::ReduceScatter: return t.reduce_scatter(g, call.out, call.in, call.reduce);
-    case CollectiveOp::AllReduce: return t.all_reduce(g, call.out, call.reduce);
-    case CollectiveOp::Broadcast: return t.broadcast(g, call.out, call.root);
-    case CollectiveOp::Barrier: t.barrier(g); return CommHandle();
+  FlightRecorder& recorder = g.flight_recorder();
+  const uint64_t seq = recorder.record(call);
+  if (g.checks_collectives()) {
+    try {
+      check_before_issue(g, recorder.at(seq));
+    } catch (...) {
+      recorder.fail(seq);
+      throw;
+    }
   }
-  TORCH_INTERNAL_ASSERT(false, "fsdp: unknown collective op");
+  CommHandle handle;
+  try {
+    handle = hand_to_transport(t, g, call);
+  } catch (const std::exception& e) {
+    fail_collective(g, seq, e);
+  }
+  if (handle.defined()) handle.attach_record(g, seq);
+  else recorder.complete(seq);
+  return handle;
 }
 
 int add_collective_observer(CollectiveObserver observer) {

@@ -7,7 +7,9 @@
 // CollectiveCall and hand it to issue(). issue() is the only caller of a group's transport
 // for collectives: it knows the group, the op, the dtype, the element count and the
 // caller's label, counts the bytes the algorithm moves, shows the call to the observers,
-// and hands it to the transport (or completes it locally on a group of one rank). What
+// records it in the group's flight recorder (flight_recorder.h: a failure's error then names
+// where the ranks first disagree), and hands it to the transport (or completes it locally
+// on a group of one rank). What
 // must see every collective (a device-specific transport choice, a record of recent calls
 // for diagnosing hangs, cross-rank checks of what each rank issues) belongs here, not at
 // the call sites. One exchange stays outside: the barrier that completes a sub-group's

@@ -11,6 +11,8 @@
 
 #include "collective_call.h"
 #include "comm_testing.h"
+#include "flight_exchange.h"
+#include "flight_recorder.h"
 #include "group_comm_state.h"
 #include "tensor_bytes.h"
 #include "transport.h"
@@ -57,10 +59,18 @@ CommHandle::CommHandle(c10::intrusive_ptr<c10d::Work> work, ProcessGroup group, 
 void CommHandle::wait() {
   if (done_) return;
   done_ = true;
-  if (work_) group_.transport()->wait(work_, group_, op_);
-  if (finish_) finish_();
+  try {
+    if (work_) group_.transport()->wait(work_, group_, op_);
+    if (finish_) finish_();
+  } catch (const std::exception& e) {
+    work_.reset();
+    finish_ = nullptr;
+    if (record_seq_ == 0) throw;
+    detail::fail_collective(record_group_, record_seq_, e);
+  }
   work_.reset();
   finish_ = nullptr;
+  if (record_seq_ != 0) record_group_.flight_recorder().complete(record_seq_);
 }
 
 int64_t comm_cached_bytes() { return detail::GroupCommState::cached_bytes(); }

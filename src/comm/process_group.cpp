@@ -24,6 +24,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "comm/gloo/gloo_transport.h"
+#include "flight_recorder.h"
 #include "process_gone.h"
 #include "route.h"
 #include "comm/shm/shm_engine.h"
@@ -108,6 +109,8 @@ detail::TransportConfig transport_config(const InitOptions& options, int rank) {
   }
   const char* direct_env = std::getenv("FSDP_SHM_DIRECT");
   config.shm_direct = !(direct_env && std::string(direct_env) == "0");
+  const char* check_env = std::getenv("FSDP_CHECK_COLLECTIVES");
+  config.check_collectives = options.check_collectives() || (check_env && std::string(check_env) == "1");
   return config;
 }
 
@@ -130,6 +133,7 @@ struct ProcessGroup::State {
   std::shared_ptr<detail::Transport> transport;  // chosen when the group is created
   detail::CudaPlacement cuda;                    // the world's, inherited by sub-groups
   std::shared_ptr<detail::Transport> device_transport;  // CUDA tensors; null when none
+  std::shared_ptr<detail::FlightRecorder> recorder;     // this group's own, never inherited
 
   // NCCL's backend warns at exit, and may leak its communicators, unless shut down first
   // (Python's destroy_process_group); the last copy of a group shuts it down.
@@ -154,6 +158,9 @@ ProcessGroup::ProcessGroup(c10::intrusive_ptr<::c10d::ProcessGroup> pg,
   state_->global_ranks = std::move(global_ranks);
   state_->env = std::move(env);
   state_->timeout = timeout;
+  state_->recorder = std::make_shared<detail::FlightRecorder>();
+  detail::register_recorder({state_->name, state_->pg ? state_->pg->getRank() : 0, state_->global_ranks, state_->store.get(),
+                             state_->recorder});
   // Until the creator chooses (init_process_group, new_subgroup): Gloo, which every group can use.
   state_->transport = std::make_shared<detail::GlooTransport>(nullptr);
 }
@@ -201,6 +208,25 @@ std::string ProcessGroup::describe_peer(int r) const {
     os << " [pid " << p.pid << " on " << p.host << "]";
   }
   return os.str();
+}
+
+bool ProcessGroup::checks_collectives() const {
+  FSDP_PG_STATE();
+  return state_->transport_config.check_collectives;
+}
+
+detail::FlightRecorder& ProcessGroup::flight_recorder() const {
+  FSDP_PG_STATE();
+  return *state_->recorder;
+}
+
+bool ProcessGroup::peer_gone(int r) const {
+  FSDP_PG_STATE();
+  if (r < 0 || r >= static_cast<int>(state_->global_ranks.size())) return false;
+  const int g = state_->global_ranks[r];
+  if (g >= static_cast<int>(state_->world_peers.size())) return false;
+  const Peer& p = state_->world_peers[g];
+  return p.host == this_host() && p.pid > 0 && detail::process_gone(p.pid);
 }
 
 std::string ProcessGroup::dead_peers_hint() const {

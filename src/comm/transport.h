@@ -98,6 +98,8 @@ struct TransportConfig {
   /// Pieces that lie in the exchange arena are read by peers in place (FSDP_SHM_DIRECT
   /// is not "0"; [Note: exchange arena] in shm_arena.cpp).
   bool shm_direct = true;
+  /// InitOptions::check_collectives, or FSDP_CHECK_COLLECTIVES=1 (collective_check.h).
+  bool check_collectives = false;
 };
 
 /// The transport of the new group `g` (rank, size, name, store and peer table set).

@@ -16,6 +16,7 @@
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
+#include "comm/flight_exchange.h"
 #include "harness/temp_dir.h"
 
 extern char** environ;
@@ -134,6 +135,29 @@ comm::InitOptions worker_init_options() {
       .overrides(ov);
 }
 
+namespace {
+
+// Every multi-rank test also checks that its ranks issued the same collectives on every group
+// of its world (op, dtype, size, label at each sequence number: [Note: first divergence] in
+// src/comm/divergence.h), so that a normal run never looks like a divergence to the flight
+// recorder. Worlds with a planted failure (a failed record) are not compared, nor ranks that
+// left early.
+void expect_ranks_agreed(const comm::ProcessGroup& pg) {
+  if (pg.size() < 2) return;
+  const auto x = comm::detail::exchange_records(pg, "harness-end", std::chrono::seconds(20));
+  if (!x.store_error.empty()) return;  // a test that took the store down
+  for (const auto& rank : x.ranks) {
+    if (!rank) continue;
+    for (const auto& group : rank->groups)
+      for (const auto& c : group.second.second)
+        if (c.state == comm::detail::RecordState::Failed) return;  // a planted failure
+  }
+  const auto lines = comm::detail::describe_groups(x, pg.name(), /*silent_too=*/false);
+  for (const auto& line : lines) ADD_FAILURE() << "the ranks' collectives differ " << line;
+}
+
+}  // namespace
+
 void run_ranks(int world_size, const std::function<void(comm::ProcessGroup&)>& body,
                const RankOptions& options) {
   const int call = next_call_index();
@@ -144,6 +168,7 @@ void run_ranks(int world_size, const std::function<void(comm::ProcessGroup&)>& b
     try {
       auto pg = comm::init_process_group(opts);
       body(pg);
+      expect_ranks_agreed(pg);
       std::ofstream(ran_marker(worker_scratch_dir(), env_int(kRankVar, 0))) << "ran\n";
     } catch (const std::exception& e) {
       ADD_FAILURE() << "rank " << env_int(kRankVar, 0) << " threw: " << e.what();

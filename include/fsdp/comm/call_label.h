@@ -29,14 +29,26 @@ const char* to_string(Phase phase);
 
 struct CallLabel {
   CallLabel() = default;
-  /* implicit */ CallLabel(Phase p, std::string s = {}) : phase(p), subject(std::move(s)) {}
+  /// The file and line default to where the label is written: the call site that the flight
+  /// recorder names (src/comm/flight_recorder.h).
+  /* implicit */ CallLabel(Phase p, std::string s = {}, const char* file = __builtin_FILE(),
+                           int line = __builtin_LINE())
+      : phase(p), subject(std::move(s)), file(file), line(line) {}
   bool empty() const { return phase == Phase::Unlabelled && subject.empty(); }
   /// "forward blocks.3", "step", "unlabelled".
   std::string describe() const;
+  /// "src/core/unit.cpp:120" (the path from its last "src/" or "tools/" on), "" when unknown.
+  std::string site() const;
 
   Phase phase = Phase::Unlabelled;
   std::string subject;  ///< unit path, bucket, entry; "" when the phase says enough
+  const char* file = nullptr;  ///< where the label was made (a string literal)
+  int line = 0;
 };
+
+/// "src/core/unit.cpp:120": `file` from its last "src/", "tools/", "tests/" or "examples/"
+/// on; "" when `file` is null.
+std::string describe_site(const char* file, int line);
 
 /// Within its lifetime, collectives issued on this thread without a label of their own take
 /// `label`. Scopes nest; the innermost wins.

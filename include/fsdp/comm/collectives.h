@@ -76,6 +76,12 @@ class CommHandle {
   void wait();
   bool defined() const { return work_ != nullptr || finish_ != nullptr; }
   CommPath path() const { return path_; }
+  /// Internal: the flight record (src/comm/flight_recorder.h) that wait() completes, or
+  /// marks failed.
+  void attach_record(const ProcessGroup& g, uint64_t seq) {
+    record_group_ = g;
+    record_seq_ = seq;
+  }
 
  private:
   c10::intrusive_ptr<c10d::Work> work_;
@@ -84,6 +90,8 @@ class CommHandle {
   std::function<void()> finish_;
   bool done_ = false;
   CommPath path_ = CommPath::Local;
+  ProcessGroup record_group_;
+  uint64_t record_seq_ = 0;
 };
 
 /// Smallest multiple of `size` that is >= numel.

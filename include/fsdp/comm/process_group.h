@@ -22,6 +22,7 @@ namespace fsdp::comm {
 namespace detail {
 class ShmChannel;
 class Transport;
+class FlightRecorder;
 }  // namespace detail
 
 /// What moves CUDA tensors (CPU tensors always take shared memory or Gloo). NCCL needs one
@@ -53,6 +54,12 @@ struct InitOptions {
   TORCH_ARG(bool, shared_memory) = true;
   /// The CUDA device this rank binds: -1 takes its local rank modulo the visible devices.
   TORCH_ARG(int, device_index) = -1;
+  /// Checked mode: before each collective, every rank compares its op, dtype, size and label
+  /// with the others' through the store (not the transport being checked), so a rank that
+  /// issues another collective fails at once, naming the divergence, instead of at the
+  /// timeout. Costs a store round trip per collective: for finding a hang, not for training.
+  /// FSDP_CHECK_COLLECTIVES=1 turns it on too. Sub-groups inherit it.
+  TORCH_ARG(bool, check_collectives) = false;
 };
 
 /// A process group and this rank's place in it. Cheap to copy (shared state).
@@ -107,6 +114,12 @@ class ProcessGroup {
   std::string describe_peer(int rank) const;
   /// Names ranks of this group that can be known to be gone (same host, pid dead).
   std::string dead_peers_hint() const;
+  /// True when member `rank` ran on this host and its process has exited.
+  bool peer_gone(int rank) const;
+  /// InitOptions::check_collectives (or FSDP_CHECK_COLLECTIVES=1) of its world.
+  bool checks_collectives() const;
+  /// This group's record of its recent collectives (src/comm/flight_recorder.h).
+  detail::FlightRecorder& flight_recorder() const;
 
  private:
   struct State;

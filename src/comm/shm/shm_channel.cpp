@@ -96,6 +96,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "comm/comm_testing.h"
+#include "comm/divergence.h"
 #include "comm/process_gone.h"
 #include "comm/row_sum.h"
 #include "comm/store_bytes.h"
@@ -128,6 +129,11 @@ struct alignas(64) SlotHeader {
   // -1: the piece's bytes are in the slot. Else they are at this offset of the writer's
   // exchange arena (written before seq is published, read after it is seen).
   int64_t src_off = -1;
+  // Which operation of the writer's the piece belongs to ([Note: checked slots]); written
+  // before seq is published, checked by every reader after it is seen.
+  uint64_t op_number = 0;
+  int64_t op_bytes = 0;
+  uint32_t op_kind = 0;
 };
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free &&
@@ -343,8 +349,17 @@ std::vector<PieceDesc> layout(bool gather, int w, int n, const Geometry& g, int6
 
 }  // namespace
 
+// [Note: checked slots]
+// Piece numbers are never sent, so ranks that issue different collectives (another size,
+// another op, one more or one fewer) would read each other's pieces as if they matched and
+// complete with wrong data. Every piece therefore carries its operation's number on the
+// channel, kind and size in bytes, and a reader that finds other values than its own
+// fails the operation naming both sides, before it uses the bytes.
 struct ShmOp {
   std::string name;
+  uint64_t number = 0;   // 1, 2, ... in issue order on the channel
+  uint32_t kind = 0;     // 1 all-gather, 2 reduce-scatter, 3 all-reduce
+  int64_t bytes = 0;     // the flat buffer (all-gather, reduce-scatter) or the tensor
   std::vector<Stage> stages;
   size_t stage = 0;
   size_t writes_total = 0, writes_done = 0;
@@ -384,6 +399,25 @@ void reduce_rows(at::ScalarType dtype, ReduceOp op, char* dst, const std::vector
   if (op == ReduceOp::Avg) out.div_(static_cast<int64_t>(parts.size()));
 }
 
+const char* kind_name(uint32_t kind) {
+  switch (kind) {
+    case 1: return "all_gather";
+    case 2: return "reduce_scatter";
+    case 3: return "all_reduce";
+  }
+  return "unknown operation";
+}
+
+// "" when the piece behind `sh` belongs to `op` as this rank issued it ([Note: checked slots]).
+std::string slot_mismatch(const ShmOp& op, const std::string& writer, const SlotHeader& sh) {
+  if (sh.op_number == op.number && sh.op_kind == op.kind && sh.op_bytes == op.bytes) return "";
+  std::ostringstream os;
+  os << writer << " sent data of its " << kind_name(sh.op_kind) << " #" << sh.op_number << " of "
+     << with_thousands(sh.op_bytes) << " bytes where this rank is at " << kind_name(op.kind) << " #" << op.number
+     << " of " << with_thousands(op.bytes) << " bytes: the ranks issued different collectives on this group";
+  return os.str();
+}
+
 }  // namespace
 
 bool ShmChannel::progress_locked() {
@@ -412,6 +446,9 @@ bool ShmChannel::progress_locked() {
           sh->src_off = -1;
         }
         *op.written += w.bytes;
+        sh->op_number = op.number;
+        sh->op_bytes = op.bytes;
+        sh->op_kind = op.kind;
         sh->readers_left.store(w.reader < 0 ? size_ - 1 : 1, std::memory_order_relaxed);
         sh->seq.store(w.piece, std::memory_order_release);
         published_ = w.piece;
@@ -433,6 +470,11 @@ bool ShmChannel::progress_locked() {
         for (const auto& [w, piece] : r.pieces) {
           const auto* sh = segs_[w]->slot(static_cast<int>((piece - 1) % nslots_));
           if (sh->seq.load(std::memory_order_acquire) != piece) {
+            ready = false;
+            break;
+          }
+          if (mismatch_.empty()) mismatch_ = slot_mismatch(op, peer_names_[w], *sh);
+          if (!mismatch_.empty()) {
             ready = false;
             break;
           }
@@ -493,6 +535,7 @@ bool ShmChannel::progress_locked() {
 
 std::shared_ptr<ShmOp> ShmChannel::issue(std::shared_ptr<ShmOp> op) {
   std::lock_guard<std::mutex> lock(engine_->mutex());
+  op->number = ++ops_issued_;
   TORCH_CHECK(broken_.empty(), "fsdp: ", op->name, " on group '", group_name_, "' (rank ", rank_,
               "): the group's shared-memory transport failed earlier: ", broken_);
   for (const auto& st : op->stages) op->writes_total += st.writes.size();
@@ -563,6 +606,8 @@ void build_stage(Stage& st, bool gather, int me, int n, const Geometry& geo, int
 std::shared_ptr<ShmOp> ShmChannel::all_gather(const at::Tensor& flat, const at::Tensor& shard) {
   auto op = std::make_shared<ShmOp>();
   op->name = "all_gather";
+  op->kind = 1;
+  op->bytes = nbytes(flat);
   op->written = &shm_slot_counters().all_gather;
   op->in_place = &shm_in_place_counters().all_gather;
   op->dtype = flat.scalar_type();
@@ -586,6 +631,8 @@ std::shared_ptr<ShmOp> ShmChannel::all_gather(const at::Tensor& flat, const at::
 std::shared_ptr<ShmOp> ShmChannel::reduce_scatter(const at::Tensor& out, const at::Tensor& flat, ReduceOp rop) {
   auto op = std::make_shared<ShmOp>();
   op->name = "reduce_scatter";
+  op->kind = 2;
+  op->bytes = nbytes(flat);
   op->written = &shm_slot_counters().reduce_scatter;
   op->in_place = &shm_in_place_counters().reduce_scatter;
   op->dtype = flat.scalar_type();
@@ -610,6 +657,8 @@ std::shared_ptr<ShmOp> ShmChannel::reduce_scatter(const at::Tensor& out, const a
 std::shared_ptr<ShmOp> ShmChannel::all_reduce(const at::Tensor& t, ReduceOp rop) {
   auto op = std::make_shared<ShmOp>();
   op->name = "all_reduce";
+  op->kind = 3;
+  op->bytes = nbytes(t);
   op->written = &shm_slot_counters().all_reduce;
   op->in_place = &shm_in_place_counters().all_reduce;
   op->dtype = t.scalar_type();
@@ -715,6 +764,7 @@ void ShmChannel::wait(ShmOp& op) {
     TORCH_CHECK(false, msg);
   };
   int idle = 0;
+  std::string mismatch;  // [Note: checked slots]
   for (;;) {
     {
       std::lock_guard<std::mutex> lock(e.mutex());
@@ -723,11 +773,13 @@ void ShmChannel::wait(ShmOp& op) {
                   "): the group's shared-memory transport failed earlier: ", broken_);
       const bool moved = e.progress_locked();
       if (op.done) return;
-      if (moved) {
+      mismatch = mismatch_;
+      if (moved && mismatch.empty()) {
         idle = 0;
         continue;
       }
     }
+    if (!mismatch.empty()) fail(mismatch);
     // Spin a little: a peer one piece behind publishes within microseconds.
     if (++idle < 64) {
       for (int k = 0; k < 32; ++k) cpu_relax();

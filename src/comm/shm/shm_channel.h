@@ -84,6 +84,8 @@ class ShmChannel {
   std::shared_ptr<ShmArena> own_arena_;
   std::vector<std::shared_ptr<ShmArena>> arenas_;
   std::string broken_;            // set when a wait failed: later calls fail at once
+  uint64_t ops_issued_ = 0;       // numbers the operations ([Note: checked slots])
+  std::string mismatch_;          // the first checked slot that did not match
 };
 
 /// The channel of group `g`, registered with `engine`, with ring slots of `slot_bytes`
