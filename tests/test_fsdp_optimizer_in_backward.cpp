@@ -29,15 +29,6 @@ using namespace fsdp::testing;
 namespace {
 
 enum class Opt { SGD, Adam, AdamW, CPUAdam };
-const char* name_of(Opt o) {
-  switch (o) {
-    case Opt::SGD: return "sgd";
-    case Opt::Adam: return "adam";
-    case Opt::AdamW: return "adamw";
-    case Opt::CPUAdam: return "cpu_adam";
-  }
-  return "?";
-}
 
 // Two groups that each span several units: weights (decayed) and biases (not).
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(Opt opt, torch::nn::Module& m) {
@@ -76,7 +67,9 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(Opt opt, torch::nn::Modu
 void expect_same_state(torch::optim::Optimizer& a, torch::optim::Optimizer& b, const std::string& where) {
   auto same = [&](const torch::Tensor& x, const torch::Tensor& y, const char* what) {
     ASSERT_EQ(x.defined(), y.defined()) << where << ": " << what;
-    if (x.defined()) EXPECT_TRUE(torch::equal(x, y)) << where << ": " << what << " differs";
+    if (x.defined()) {
+      EXPECT_TRUE(torch::equal(x, y)) << where << ": " << what << " differs";
+    }
   };
   ASSERT_EQ(a.param_groups().size(), b.param_groups().size());
   for (size_t g = 0; g < a.param_groups().size(); ++g) {
