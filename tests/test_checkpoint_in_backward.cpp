@@ -55,11 +55,11 @@ void fsdp_case(comm::ProcessGroup& pg, ShardingStrategy strategy) {
     for (int step = 0; step < 3; ++step) {
       auto [x, y] = global_batch(step, 12);
       const auto xs = rank_slice(x, pg.rank(), pg.size());
-      ref_opt.zero_grad();
+      ref_opt.zero_grad(/*set_to_none=*/true);
       loss_of(ref->forward(xs), y, pg).backward();
       ref_opt.step();
       ref_sched.step();
-      opt.zero_grad();
+      opt.zero_grad(/*set_to_none=*/true);
       loss_of(model->forward(xs), y, pg).backward();
       opt.step();  // nothing left to step
       sched.step();
@@ -89,7 +89,7 @@ void zero2_case(comm::ProcessGroup& pg) {
     for (int step = 0; step < 3; ++step) {
       auto [x, y] = global_batch(step, 12);
       for (Run* r : {&ref, &in}) {
-        r->opt->zero_grad();
+        r->opt->zero_grad(/*set_to_none=*/true);
         loss_of(r->net->forward(rank_slice(x, pg.rank(), pg.size())), y, pg).backward();
         r->opt->step();
       }

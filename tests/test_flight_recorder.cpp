@@ -284,10 +284,10 @@ TEST(FlightRecorderChecked, AgreeingRanksPassEveryCheck) {
     torch::optim::SGD ref_opt(reference->parameters(), torch::optim::SGDOptions(0.1));
     auto input = [](int rank, int step) { return torch::ones({4, 8}) * (0.1 * (rank + 1) + step); };
     for (int step = 0; step < 3; ++step) {
-      opt.zero_grad();
+      opt.zero_grad(/*set_to_none=*/true);
       model->forward(input(pg.rank(), step)).sum().backward();
       opt.step();
-      ref_opt.zero_grad();
+      ref_opt.zero_grad(/*set_to_none=*/true);
       ((reference->forward(input(0, step)).sum() + reference->forward(input(1, step)).sum()) / 2).backward();
       ref_opt.step();
     }

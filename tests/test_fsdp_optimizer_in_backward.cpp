@@ -137,7 +137,7 @@ void check_equal_to_step_after_backward(comm::ProcessGroup& pg, const Case& c, M
     model->register_optimizer_in_backward(*opt);
     torch::optim::StepLR ref_sched(*ref_opt, 1, 0.8), sched(*opt, 1, 0.8);
     auto run_step = [&](auto& m, torch::optim::Optimizer& o, torch::optim::StepLR& s, bool in_backward, int step) {
-      o.zero_grad();
+      o.zero_grad(/*set_to_none=*/true);
       for (int k = 0; k < c.micro_batches; ++k) {
         const bool last = k + 1 == c.micro_batches;
         std::unique_ptr<FullyShardedBase::NoSyncGuard> no_sync;
@@ -312,7 +312,7 @@ void refusal_cases(comm::ProcessGroup& pg) {
     std::vector<torch::Tensor> before;
     for (auto& p : m->parameters()) before.push_back(p.detach().clone());
     auto [x, y] = global_batch(0, 4 * pg.size());
-    train.zero_grad();
+    train.zero_grad(/*set_to_none=*/true);
     train.backward(torch::mse_loss(m->forward(rank_slice(x, pg.rank(), pg.size())), rank_slice(y, pg.rank(), pg.size())));
     bool changed = false;  // by backward itself
     auto params = m->parameters();
@@ -389,7 +389,7 @@ void check_zero_equal_to_step_after_backward(comm::ProcessGroup& pg, const ZeroC
     };
     Run ref = make(false), in = make(true);
     auto run_step = [&](Run& r, bool inside, int step) {
-      r.opt->zero_grad();
+      r.opt->zero_grad(/*set_to_none=*/true);
       for (int k = 0; k < c.micro_batches; ++k) {
         std::unique_ptr<optim::ZeroRedundancyOptimizer::NoStepGuard> no_step;
         if (inside && k + 1 < c.micro_batches) no_step = r.opt->no_step();
@@ -443,7 +443,7 @@ void memory_cases(comm::ProcessGroup& pg) {
       auto x = torch::randn({4, 256});
       Measured r;
       for (int step = 0; step < 4; ++step) {
-        o.zero_grad();
+        o.zero_grad(/*set_to_none=*/true);
         // Gloo's threads drop finished buffers shortly after wait() returns (test_fsdp_memory).
         comm::barrier(pg);
         std::this_thread::sleep_for(std::chrono::milliseconds(50));

@@ -97,6 +97,15 @@ left="$(survivors "60.$MARK")"
 [[ -z "$left" ]] || fail "ranks still running after fsdp-run exited: $left"
 pass "fail-fast in ${took}s"
 
+# --- 3b. a rank on another path: the flight recorder's divergence, once for the job ----------
+run --nproc 2 -- "$FSDP_BIN_DIR/dist_smoke" --skip-rank 1 --timeout-ms 5000
+[[ "$RC" != 0 ]] || fail "dist_smoke --skip-rank 1 should fail"
+records="$(grep -c 'collective record (rank ' "$ERR" || true)"
+expect_eq "$records" 1 "the divergence is printed once for the job, not once per rank"
+grep -q "is at all_gather #" "$ERR" && grep -q "is at reduce_scatter #" "$ERR" ||
+  fail "the divergence should name rank 0's all_gather and rank 1's reduce_scatter"
+pass "a rank on another path: the divergence printed once"
+
 # A rank that ignores SIGTERM (and so do its subprocesses) is SIGKILLed after the grace period.
 start="$(now)"
 # Rank 0 fails only once rank 1 ignores SIGTERM (the ready file), or SIGTERM could win the race.

@@ -20,7 +20,9 @@
 // collectives and must fail with the library's error ("... failed on rank ...") within
 // `--timeout-ms` (default 10000), which is also the process group's timeout. `--hang-rank K`
 // makes rank K stay alive but stop calling collectives (a stuck rank): the others must then
-// fail by the timeout itself, since no connection closes.
+// fail by the timeout itself, since no connection closes. `--skip-rank K` makes rank K skip
+// the all-gather (a rank that took another path): every rank's error then names the
+// divergence from the flight recorder, and fsdp-run prints it once for the job.
 
 #include <algorithm>
 #include <chrono>
@@ -44,12 +46,13 @@ namespace comm = fsdp::comm;
 struct Args {
   int fail_rank = -1;
   int hang_rank = -1;
+  int skip_rank = -1;
   long timeout_ms = 10000;
 };
 
 [[noreturn]] void usage_error(const std::string& what) {
   std::fprintf(stderr,
-               "dist_smoke: %s\nusage: dist_smoke [--fail-rank K | --hang-rank K] [--timeout-ms MS]\n",
+               "dist_smoke: %s\nusage: dist_smoke [--fail-rank K | --hang-rank K | --skip-rank K] [--timeout-ms MS]\n",
                what.c_str());
   std::exit(2);
 }
@@ -73,12 +76,15 @@ Args parse_args(int argc, char** argv) {
     } else if (a == "--hang-rank") {
       args.hang_rank = static_cast<int>(parse_long(a, next));
       ++i;
+    } else if (a == "--skip-rank") {
+      args.skip_rank = static_cast<int>(parse_long(a, next));
+      ++i;
     } else if (a == "--timeout-ms") {
       args.timeout_ms = parse_long(a, next);
       ++i;
       if (args.timeout_ms <= 0) usage_error("--timeout-ms must be positive");
     } else if (a == "-h" || a == "--help") {
-      std::printf("usage: dist_smoke [--fail-rank K | --hang-rank K] [--timeout-ms MS]\n");
+      std::printf("usage: dist_smoke [--fail-rank K | --hang-rank K | --skip-rank K] [--timeout-ms MS]\n");
       std::exit(0);
     } else {
       usage_error("unknown argument '" + a + "'");
@@ -158,11 +164,13 @@ int main(int argc, char** argv) {
     comm::all_reduce(pg, summed).wait();
     expect_equal("all_reduce of ones", rank, summed, at::full({chunk}, float(world), opts));
 
-    auto flat = at::empty({world * chunk}, opts);
-    auto shard = at::full({chunk}, float(rank + 1), opts);
-    comm::all_gather_into(pg, flat, shard).wait();
-    auto gathered_want = at::arange(1, world + 1, opts).repeat_interleave(chunk);
-    expect_equal("all_gather_into", rank, flat, gathered_want);
+    if (rank != args.skip_rank) {
+      auto flat = at::empty({world * chunk}, opts);
+      auto shard = at::full({chunk}, float(rank + 1), opts);
+      comm::all_gather_into(pg, flat, shard).wait();
+      auto gathered_want = at::arange(1, world + 1, opts).repeat_interleave(chunk);
+      expect_equal("all_gather_into", rank, flat, gathered_want);
+    }
 
     auto to_scatter = at::arange(world * chunk, opts) + float(rank);
     auto out = at::empty({chunk}, opts);

@@ -24,6 +24,21 @@ void OutputStream::write_all(std::string_view bytes) {
   }
 }
 
+bool RepeatedRecordFilter::drop(std::string_view line) {
+  constexpr std::string_view kHead = "collective record (rank ";
+  const std::size_t head = line.find(kHead);
+  if (head == std::string_view::npos) return false;
+  const std::size_t text = line.find("): ", head + kHead.size());
+  if (text == std::string_view::npos) return false;
+  return !shown_.emplace(line.substr(text + 3)).second;
+}
+
+void LinePrefixer::add_line(std::string& out, std::string_view line) const {
+  if (filter_ != nullptr && filter_->drop(line)) return;
+  out += prefix_;
+  out.append(line);
+}
+
 void LinePrefixer::feed(std::string_view bytes) {
   // All lines completed by this chunk go out in one write.
   std::string out;
@@ -39,9 +54,8 @@ void LinePrefixer::feed(std::string_view bytes) {
       }
       break;
     }
-    out += prefix_;
-    out += partial_;
-    out.append(bytes.substr(0, nl + 1));
+    partial_.append(bytes.substr(0, nl + 1));
+    add_line(out, partial_);
     partial_.clear();
     bytes.remove_prefix(nl + 1);
   }

@@ -9,6 +9,8 @@
 /// single thread, so lines of different ranks never mix mid-line.
 
 #include <cstddef>
+#include <functional>
+#include <set>
 #include <string>
 #include <string_view>
 
@@ -27,13 +29,26 @@ class OutputStream {
   bool broken_ = false;
 };
 
+/// The flight recorder's line ("collective record (rank N): <text>", src/comm/flight_exchange.h),
+/// which every rank of a failed job prints with the same text: shown for the first rank that
+/// prints a text, dropped for the others, so the job says it once.
+class RepeatedRecordFilter {
+ public:
+  /// True when `line` is a record line whose text was shown already.
+  bool drop(std::string_view line);
+
+ private:
+  std::set<std::string, std::less<>> shown_;
+};
+
 class LinePrefixer {
  public:
   /// A partial longer than this is written as a line of its own (with a '\n' added), so a
   /// rank that never writes '\n' cannot make fsdp-run buffer without bound.
   static constexpr std::size_t kMaxPartialBytes = 64 * 1024;
 
-  LinePrefixer(std::string prefix, OutputStream& out) : prefix_(std::move(prefix)), out_(&out) {}
+  LinePrefixer(std::string prefix, OutputStream& out, RepeatedRecordFilter* filter = nullptr)
+      : prefix_(std::move(prefix)), out_(&out), filter_(filter) {}
 
   /// Takes the next bytes read from the rank; writes every line they complete.
   void feed(std::string_view bytes);
@@ -41,8 +56,11 @@ class LinePrefixer {
   void finish();
 
  private:
+  void add_line(std::string& out, std::string_view line) const;
+
   std::string prefix_;
   OutputStream* out_;
+  RepeatedRecordFilter* filter_;  // null: every line is shown
   std::string partial_;
 };
 

@@ -173,7 +173,8 @@ void Supervisor::start_ranks() {
     const int rank = spec_.topology.global_rank(local_rank);
     const std::string prefix = "[rank" + std::to_string(rank) + "]: ";
     slots_.push_back(std::unique_ptr<RankSlot>(
-        new RankSlot{RankProcess(rank), LinePrefixer(prefix, stdout_), LinePrefixer(prefix, stderr_)}));
+        new RankSlot{RankProcess(rank), LinePrefixer(prefix, stdout_),
+                                   LinePrefixer(prefix, stderr_, &repeated_records_)}));
     RankProcess& process = slots_.back()->process;
     std::string failure;
     int code = 0;

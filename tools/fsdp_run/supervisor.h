@@ -111,6 +111,7 @@ class Supervisor {
   OrphanGuard orphan_guard_;  // kills the ranks' groups if fsdp-run dies before finish()
   OutputStream stdout_{1};
   OutputStream stderr_{2};
+  RepeatedRecordFilter repeated_records_;  // the flight recorder's divergence, once per job
   std::vector<std::unique_ptr<RankSlot>> slots_;
   LauncherState state_ = LauncherState::Running;
   int exit_code_ = 0;
