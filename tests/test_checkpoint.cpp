@@ -825,34 +825,11 @@ TEST(StateDict, MixedPrecisionKeepsFullPrecision) {
 
 namespace {
 
-// A weight shared by two modules (an embedding and an output head, as in a
-// language model with tied embeddings), all in one unit.
-constexpr int64_t kVocab = 11, kDim = 6;
-struct HolderImpl : torch::nn::Module {
-  torch::Tensor weight;
-  explicit HolderImpl(torch::Tensor w) { weight = register_parameter("weight", std::move(w)); }
-};
-TORCH_MODULE(Holder);
-struct TiedNetImpl : torch::nn::Module {
-  Holder embed{nullptr}, head{nullptr};
-  torch::nn::Linear mid{nullptr};
-  explicit TiedNetImpl(uint64_t seed) {
-    torch::manual_seed(seed);
-    auto w = torch::randn({kVocab, kDim}) * 0.4;
-    embed = register_module("embed", Holder(w));
-    mid = register_module("mid", torch::nn::Linear(kDim, kDim));
-    head = register_module("head", Holder(w));  // the same tensor: tied
-  }
-  torch::Tensor forward(torch::Tensor x) {
-    return torch::tanh(mid(x.matmul(embed->weight))).matmul(head->weight.t());
-  }
-};
-TORCH_MODULE(TiedNet);
-using TiedModel = FullyShardedDataParallel<TiedNetImpl>;
+using TiedModel = FullyShardedDataParallel<TiedEmbeddingNetImpl>;
 
 std::pair<torch::Tensor, torch::Tensor> tied_batch(int64_t step) {
   auto g = at::detail::createCPUGenerator(1000 + step);
-  return {torch::randn({kBatch, kVocab}, g), torch::randn({kBatch, kVocab}, g)};
+  return {torch::randn({kBatch, kTiedVocab}, g), torch::randn({kBatch, kTiedVocab}, g)};
 }
 
 template <typename Fwd>
@@ -873,10 +850,10 @@ void train_tied(Fwd&& forward, torch::optim::Optimizer& opt, int64_t from, int64
 // global batch.
 TEST(StateDict, TiedParametersUnderEveryName) {
   run_ranks(2, [](comm::ProcessGroup& pg) {
-    TiedModel m(TiedNet(0), pg, Options().sharding_strategy(ShardingStrategy::FULL_SHARD));
+    TiedModel m(TiedEmbeddingNet(0), pg, Options().sharding_strategy(ShardingStrategy::FULL_SHARD));
     torch::optim::Adam opt(m->parameters(), torch::optim::AdamOptions(1e-2));
     train_tied([&](const torch::Tensor& x) { return m->forward(x); }, opt, 0, 3, pg.rank(), pg.size());
-    TiedNet ref(0);
+    TiedEmbeddingNet ref(0);
     torch::optim::Adam ref_opt(ref->parameters(), torch::optim::AdamOptions(1e-2));
     train_tied([&](const torch::Tensor& x) { return ref->forward(x); }, ref_opt, 0, 3, 0, 1);
     const auto sd = state_dict(*m);
@@ -886,15 +863,15 @@ TEST(StateDict, TiedParametersUnderEveryName) {
       EXPECT_TRUE(torch::equal(sd["embed.weight"], sd["head.weight"]));
       for (const auto& p : ref->named_parameters()) EXPECT_LT(rel_diff(sd[p.key()], p.value()), 1e-5) << p.key();
       // The reference moved away from the initial weights (the check can fail).
-      EXPECT_GT(rel_diff(sd["head.weight"], TiedNet(0)->head->weight), 1e-3);
+      EXPECT_GT(rel_diff(sd["head.weight"], TiedEmbeddingNet(0)->head->weight), 1e-3);
     });
     run_case("tied: load_state_dict with both names, with one, and with disagreeing values", [&] {
-      TiedModel m2(TiedNet(5), pg);
+      TiedModel m2(TiedEmbeddingNet(5), pg);
       load_state_dict(*m2, sd);
       auto got = state_dict(*m2);
       for (const auto& kv : sd) EXPECT_TRUE(torch::equal(got[kv.key()], kv.value())) << kv.key();
       for (const char* only : {"embed.weight", "head.weight"}) {
-        TiedModel m3(TiedNet(6), pg);
+        TiedModel m3(TiedEmbeddingNet(6), pg);
         StateDict one;
         for (const auto& kv : sd)
           if (kv.key() != (std::string(only) == "embed.weight" ? "head.weight" : "embed.weight"))
@@ -904,7 +881,7 @@ TEST(StateDict, TiedParametersUnderEveryName) {
       }
       StateDict bad;
       for (const auto& kv : sd) bad.insert(kv.key(), kv.key() == "head.weight" ? kv.value() + 1 : kv.value());
-      TiedModel m4(TiedNet(7), pg);
+      TiedModel m4(TiedEmbeddingNet(7), pg);
       EXPECT_THROW(load_state_dict(*m4, bad), c10::Error);
     });
     run_case("tied: checkpoint round trip, consolidated under both names", [&] {
@@ -915,7 +892,7 @@ TEST(StateDict, TiedParametersUnderEveryName) {
         std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
         EXPECT_NE(text.find("\"head.weight\": \"embed.weight\""), std::string::npos) << text.substr(0, 2000);
       }
-      TiedModel m2(TiedNet(8), pg);
+      TiedModel m2(TiedEmbeddingNet(8), pg);
       torch::optim::Adam opt2(m2->parameters(), torch::optim::AdamOptions(1e-2));
       load_checkpoint(dir, *m2, &opt2);
       auto got = state_dict(*m2);

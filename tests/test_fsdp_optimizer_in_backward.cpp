@@ -169,26 +169,6 @@ Options hybrid(int n) {
   return Options().sharding_strategy(ShardingStrategy::HYBRID_SHARD).shard_group_size(n % 2 == 0 ? 2 : n);
 }
 
-// A weight shared by two modules (tied embeddings), in one unit.
-constexpr int64_t kVocab = 11, kDim = 6;
-struct HolderImpl : torch::nn::Module {
-  torch::Tensor weight;
-  explicit HolderImpl(torch::Tensor w) { weight = register_parameter("weight", std::move(w)); }
-};
-TORCH_MODULE(Holder);
-struct TiedNetImpl : torch::nn::Module {
-  Holder embed{nullptr}, head{nullptr};
-  torch::nn::Linear mid{nullptr};
-  TiedNetImpl() {
-    torch::manual_seed(3);
-    auto w = torch::randn({kVocab, kDim}) * 0.4;
-    embed = register_module("embed", Holder(w));
-    mid = register_module("mid", torch::nn::Linear(kDim, kDim));
-    head = register_module("head", Holder(w));  // the same tensor: tied
-  }
-  torch::Tensor forward(torch::Tensor x) { return torch::tanh(mid(x.matmul(embed->weight))).matmul(head->weight.t()); }
-};
-TORCH_MODULE(TiedNet);
 
 void equality_cases(comm::ProcessGroup& pg) {
   const int n = pg.size();
@@ -197,8 +177,8 @@ void equality_cases(comm::ProcessGroup& pg) {
   auto batch = [](int64_t s) { return global_batch(s, 12); };
   auto tied_batch = [](int64_t s) {
     auto g = at::detail::createCPUGenerator(2000 + s);
-    auto x = torch::randn({12, kVocab}, g);
-    return std::make_pair(x, torch::randn({12, kVocab}, g));
+    auto x = torch::randn({12, kTiedVocab}, g);
+    return std::make_pair(x, torch::randn({12, kTiedVocab}, g));
   };
   const auto each = always_wrap_policy();
   const auto blocks = size_based_policy(100);
@@ -224,7 +204,7 @@ void equality_cases(comm::ProcessGroup& pg) {
       pg, {"mlp/no_shard/cpu_adam/no_step x2", strategy(S::NO_SHARD).auto_wrap_policy(each), Opt::CPUAdam, Accumulate::NoStep, 2, 3},
       mlp, batch);
   // Tied weights (one unit), buckets of several units, mixed precision.
-  check_equal_to_step_after_backward(pg, {"tied/full_shard/adamw", strategy(S::FULL_SHARD), Opt::AdamW}, [] { return TiedNet(); },
+  check_equal_to_step_after_backward(pg, {"tied/full_shard/adamw", strategy(S::FULL_SHARD), Opt::AdamW}, [] { return TiedEmbeddingNet(3); },
                                      tied_batch);
   check_equal_to_step_after_backward(
       pg, {"mlp/full_shard/adamw/buckets", strategy(S::FULL_SHARD).auto_wrap_policy(each).bucket_cap_mb(1), Opt::AdamW}, mlp, batch);

@@ -77,32 +77,20 @@ bool world_rank_gone(const ProcessGroup& g, int w) {
 
 void publish_and_collect(ProcessGroup world, std::string prefix, std::string mine, int me, Clock::time_point deadline,
                          std::shared_ptr<Exchange> x) {
-  const auto& store = world.store();
-  const int n = static_cast<int>(x->ranks.size());
   try {
-    store->set(prefix + std::to_string(me), store_bytes(mine));
+    world.store()->set(prefix + std::to_string(me), store_bytes(mine));
     {
       std::lock_guard<std::mutex> lock(x->mu);
       x->published = true;
     }
-    std::vector<bool> settled(n, false);
-    settled[me] = true;
-    for (int left = n - 1; left > 0 && Clock::now() < deadline;) {
-      for (int r = 0; r < n; ++r) {
-        if (settled[r]) continue;
-        const std::string key = prefix + std::to_string(r);
-        if (store->check({key})) {
-          RankGroups groups = decode_groups(store_string(store->get(key)));
+    collect_from_ranks(
+        world, static_cast<int>(x->ranks.size()), me, [&](int r) { return prefix + std::to_string(r); },
+        [&](int r) { return world_rank_gone(world, r); }, deadline, std::chrono::milliseconds(20),
+        [&](int r, const std::string& text) {
+          RankGroups groups = decode_groups(text);
           std::lock_guard<std::mutex> lock(x->mu);
           x->ranks[r] = std::move(groups);
-        } else if (!world_rank_gone(world, r)) {
-          continue;
-        }
-        settled[r] = true;
-        --left;
-      }
-      if (left > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
+        });
   } catch (const std::exception& e) {
     std::lock_guard<std::mutex> lock(x->mu);
     x->store_error = e.what();
@@ -130,6 +118,27 @@ std::vector<RankRecords> members_of(const WorldExchange& x, const GroupRecorder&
 }
 
 }  // namespace
+
+void collect_from_ranks(const ProcessGroup& g, int n, int me, const std::function<std::string(int)>& key_of,
+                        const std::function<bool(int)>& gone, Clock::time_point deadline, std::chrono::microseconds pause,
+                        const std::function<void(int, const std::string&)>& on_found) {
+  const auto& store = g.store();
+  std::vector<bool> settled(n, false);
+  settled[me] = true;
+  for (int left = n - 1; left > 0 && Clock::now() < deadline;) {
+    for (int r = 0; r < n; ++r) {
+      if (settled[r]) continue;
+      const std::string key = key_of(r);
+      if (store->check({key})) on_found(r, store_string(store->get(key)));
+      else if (!gone(r)) continue;
+      settled[r] = true;
+      --left;
+    }
+    if (left == 0) break;
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(20000));
+  }
+}
 
 WorldExchange exchange_records(const ProcessGroup& g, const std::string& tag, std::chrono::milliseconds wait) {
   const void* world = g.store().get();

@@ -15,6 +15,7 @@
 // (other handles of the same step, other groups) repeat its text.
 #include <chrono>
 #include <exception>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -38,6 +39,15 @@ struct WorldExchange {
   std::vector<GroupRecorder> mine;               ///< this rank's groups, in creation order
   std::string store_error;                       ///< non-empty: this rank could not publish
 };
+
+/// Reads `key_of(r)` from `g`'s store for every rank r != `me` of `n`, handing each text to
+/// `on_found` as it appears, until every rank answered or is `gone`, or `deadline` passed.
+/// Rounds are `pause` apart, doubling up to 20 ms. Shared by the failure exchange and the
+/// checked mode; only the store carries it.
+void collect_from_ranks(const ProcessGroup& g, int n, int me, const std::function<std::string(int)>& key_of,
+                        const std::function<bool(int)>& gone, std::chrono::steady_clock::time_point deadline,
+                        std::chrono::microseconds pause,
+                        const std::function<void(int, const std::string&)>& on_found);
 
 /// Publishes this rank's records of every group of `g`'s world under `tag` (a key of its own
 /// for each exchange) and collects the other ranks' until each answered or is known gone, at

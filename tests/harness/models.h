@@ -59,6 +59,30 @@ inline TinyTransformer make_transformer(uint64_t seed = 0) {
   return TinyTransformer(13, 24, 5, 2);
 }
 
+/// A weight shared by two modules (an embedding and an output head, as in a language model
+/// with tied embeddings), all in one unit.
+constexpr int64_t kTiedVocab = 11, kTiedDim = 6;
+struct HolderImpl : torch::nn::Module {
+  torch::Tensor weight;
+  explicit HolderImpl(torch::Tensor w) { weight = register_parameter("weight", std::move(w)); }
+};
+TORCH_MODULE(Holder);
+struct TiedEmbeddingNetImpl : torch::nn::Module {
+  Holder embed{nullptr}, head{nullptr};
+  torch::nn::Linear mid{nullptr};
+  explicit TiedEmbeddingNetImpl(uint64_t seed) {
+    torch::manual_seed(seed);
+    auto w = torch::randn({kTiedVocab, kTiedDim}) * 0.4;
+    embed = register_module("embed", Holder(w));
+    mid = register_module("mid", torch::nn::Linear(kTiedDim, kTiedDim));
+    head = register_module("head", Holder(w));  // the same tensor: tied
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    return torch::tanh(mid(x.matmul(embed->weight))).matmul(head->weight.t());
+  }
+};
+TORCH_MODULE(TiedEmbeddingNet);
+
 /// Deterministic global batch for step s.
 inline std::pair<torch::Tensor, torch::Tensor> global_batch(int64_t step, int64_t batch, int64_t in = 13,
                                                             int64_t out = 5) {
