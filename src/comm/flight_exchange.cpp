@@ -75,6 +75,25 @@ bool world_rank_gone(const ProcessGroup& g, int w) {
   return it != members.end() && g.peer_gone(static_cast<int>(it - members.begin()));
 }
 
+// World rank 0 hosts the store (unless the launcher's agent does) and takes it down when it
+// exits, possibly before a peer read its records: every rank says it has read, and rank 0
+// leaves only when each rank that answered said so too (or is gone, or the deadline passed).
+// The other ranks do not wait: the last reader would find the store gone under it.
+void stay_until_read(const ProcessGroup& world, const std::string& prefix, int me, Clock::time_point deadline,
+                     Exchange& x) {
+  world.store()->set(prefix + "read/" + std::to_string(me), store_bytes("1"));
+  if (me != 0) return;
+  std::vector<bool> answered(x.ranks.size());
+  {
+    std::lock_guard<std::mutex> lock(x.mu);
+    for (size_t r = 0; r < x.ranks.size(); ++r) answered[r] = x.ranks[r].has_value();
+  }
+  collect_from_ranks(
+      world, static_cast<int>(answered.size()), me, [&](int r) { return prefix + "read/" + std::to_string(r); },
+      [&](int r) { return !answered[r] || world_rank_gone(world, r); }, deadline, std::chrono::milliseconds(5),
+      [](int, const std::string&) {});
+}
+
 void publish_and_collect(ProcessGroup world, std::string prefix, std::string mine, int me, Clock::time_point deadline,
                          std::shared_ptr<Exchange> x) {
   try {
@@ -91,6 +110,7 @@ void publish_and_collect(ProcessGroup world, std::string prefix, std::string min
           std::lock_guard<std::mutex> lock(x->mu);
           x->ranks[r] = std::move(groups);
         });
+    stay_until_read(world, prefix, me, deadline, *x);
   } catch (const std::exception& e) {
     std::lock_guard<std::mutex> lock(x->mu);
     x->store_error = e.what();

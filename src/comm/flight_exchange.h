@@ -11,7 +11,9 @@
 // leaves), so they publish within about the same time. The store itself may be gone (its
 // host rank died, or the link is cut): every store call runs on a thread of its own that the
 // failing rank waits for only so long, and the rank then reports "store unreachable" with
-// its own last records. A process takes part in one failure exchange per world: later failures
+// its own last records. World rank 0, which hosts the store, leaves the exchange only when every
+// rank that answered has read the others' records too, so that it does not take the store down
+// under a peer still reading. A process takes part in one failure exchange per world: later failures
 // (other handles of the same step, other groups) repeat its text.
 #include <chrono>
 #include <exception>
