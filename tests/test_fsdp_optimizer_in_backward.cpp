@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <set>
 #include <thread>
 
 #include "core/unit.h"
@@ -450,7 +451,69 @@ void memory_cases(comm::ProcessGroup& pg) {
   });
 }
 
+// A layer whose backward sleeps, so that the reductions of the units after it land while
+// it runs.
+struct SlowBackward : torch::autograd::Function<SlowBackward> {
+  static at::Tensor forward(torch::autograd::AutogradContext*, const at::Tensor& x) { return x.clone(); }
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext*, torch::autograd::tensor_list g) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    return g;
+  }
+};
+
+torch::nn::Sequential make_slow_mlp() {
+  torch::manual_seed(7);
+  return torch::nn::Sequential(torch::nn::Linear(13, 32),
+                               torch::nn::Functional([](const at::Tensor& x) { return SlowBackward::apply(x); }),
+                               torch::nn::Linear(32, 32), torch::nn::ReLU(), torch::nn::Linear(32, 17),
+                               torch::nn::ReLU(), torch::nn::Linear(17, 5));
+}
+
+// Under HYBRID_SHARD over Gloo a unit steps as its replica all-reduce lands, while backward
+// still runs: every unit but the first layer has stepped before that layer's backward
+// begins (the sleep lies between them). And the result is still that of stepping after
+// backward.
+void hybrid_arrival_cases(comm::ProcessGroup& pg) {
+  const Options hybrid_units = hybrid(pg.size()).auto_wrap_policy(always_wrap_policy());
+  check_equal_to_step_after_backward(pg, {"slow mlp/hybrid_shard/adam over gloo", hybrid_units, Opt::Adam, Accumulate::None, 1, 2},
+                                     make_slow_mlp, [](int64_t s) { return global_batch(s, 12); });
+  run_case("units step as their replica all-reduces land", [&] {
+    auto model = FullyShardedDataParallel(make_slow_mlp(), pg, Options(hybrid_units).optimizer_in_backward(true));
+    torch::optim::Adam opt(model->parameters(), 0.01);
+    model->register_optimizer_in_backward(opt);
+    std::vector<std::pair<std::string, std::string>> events;
+    model->set_unit_boundary_observer([&](const std::string& unit, const char* phase) { events.emplace_back(unit, phase); });
+    auto [x, y] = global_batch(0, 12);
+    torch::mse_loss(model->forward(rank_slice(x, pg.rank(), pg.size())), rank_slice(y, pg.rank(), pg.size())).backward();
+    model->set_unit_boundary_observer(nullptr);
+    // The first layer is the last unit whose backward begins.
+    std::string first_layer;
+    size_t its_pre_backward = 0;
+    for (size_t i = 0; i < events.size(); ++i)
+      if (events[i].second == std::string("pre_backward")) std::tie(its_pre_backward, first_layer) = std::make_pair(i, events[i].first);
+    std::set<std::string> stepped, stepped_before;
+    long steps = 0;
+    for (size_t i = 0; i < events.size(); ++i) {
+      if (events[i].second != std::string("stepped")) continue;
+      ++steps;
+      stepped.insert(events[i].first);
+      if (i < its_pre_backward) stepped_before.insert(events[i].first);
+    }
+    ASSERT_EQ(stepped.size(), 4u) << "a unit per Linear steps";
+    EXPECT_EQ(steps, 4) << "each unit steps once";
+    ASSERT_EQ(stepped.count(first_layer), 1u) << "the last unit to begin backward is a Linear: " << first_layer;
+    stepped.erase(first_layer);
+    EXPECT_EQ(stepped_before, stepped) << "every other unit stepped before the first layer's backward began";
+  });
+}
+
 }  // namespace
+
+TEST(OptimizerInBackward, HybridStepsAsReplicaAllReducesLand) {
+  RankOptions o;
+  o.extra_env = {"FSDP_SHARED_MEMORY=0"};  // the replica group on Gloo, whose completion can be asked
+  run_ranks(4, hybrid_arrival_cases, o);
+}
 
 TEST(OptimizerInBackward, LifecycleArrows) {
   using fsdp::detail::UnitState;

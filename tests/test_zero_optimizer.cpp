@@ -243,7 +243,9 @@ void check_case(comm::ProcessGroup& pg, const Case& c) {
       auto branch_before = ref->branch->weight.detach().clone();
       ref_opt->step();
       if (ref_sched) ref_sched->step();
-      if (branch_unused(s, n) && !c.zero_in_place) ASSERT_TRUE(torch::equal(branch_before, ref->branch->weight));
+      if (branch_unused(s, n) && !c.zero_in_place) {
+        ASSERT_TRUE(torch::equal(branch_before, ref->branch->weight));
+      }
 
       opt.zero_grad(/*set_to_none=*/!c.zero_in_place);
       auto ours_before = model->branch->weight.detach().clone();
@@ -251,14 +253,18 @@ void check_case(comm::ProcessGroup& pg, const Case& c) {
         auto [x, y] = global_batch(10 * s + mb, kPerRank * n);
         torch::mse_loss(model->forward(rank_slice(x, rank, n), uses(s, rank)), rank_slice(y, rank, n))
             .backward();
-        if (c.stage == 2)
+        if (c.stage == 2) {
           for (auto& p : model->parameters()) EXPECT_FALSE(p.grad().defined()) << "stage 2 keeps no full gradient";
+        }
       }
       opt.step();
       if (sched) sched->step();
-      if (branch_unused(s, n) && !c.zero_in_place)
+      if (branch_unused(s, n) && !c.zero_in_place) {
         EXPECT_TRUE(torch::equal(ours_before, model->branch->weight)) << "unused everywhere: must be skipped";
-      if (c.clip > 0) EXPECT_GT(opt.last_grad_norm(), c.clip) << "the case should clip";
+      }
+      if (c.clip > 0) {
+        EXPECT_GT(opt.last_grad_norm(), c.clip) << "the case should clip";
+      }
 
       for (const auto& p : ref->named_parameters()) {
         torch::Tensor ours = model->named_parameters()[p.key()];
@@ -267,8 +273,9 @@ void check_case(comm::ProcessGroup& pg, const Case& c) {
                                                      << rel_diff(ours, p.value());
           // Stage 1 all-reduce leaves every rank the averaged gradients, as DDP does (our
           // grad() shares the reduced bucket's memory).
-          if (c.stage == 1 && c.reduction == Stage1Reduction::kAllReduce && p.value().grad().defined())
+          if (c.stage == 1 && c.reduction == Stage1Reduction::kAllReduce && p.value().grad().defined()) {
             EXPECT_TRUE(torch::equal(ours.grad(), p.value().grad())) << "step " << s << " grad of " << p.key();
+          }
         } else {
           EXPECT_LT(rel_diff(ours, p.value()), tol) << "step " << s << " " << p.key();
         }
@@ -290,7 +297,9 @@ void check_case(comm::ProcessGroup& pg, const Case& c) {
           if (!st) continue;
           ++with_state;
           const auto& entry = osd.state.at(p.key());
-          if (entry.count("step")) EXPECT_EQ(entry.at("step").item<int64_t>(), st->step) << p.key();
+          if (entry.count("step")) {
+            EXPECT_EQ(entry.at("step").item<int64_t>(), st->step) << p.key();
+          }
           for (const auto& t : st->tensors) {
             ASSERT_TRUE(entry.count(t.first)) << p.key() << " " << t.first;
             EXPECT_TRUE(torch::equal(entry.at(t.first), t.second)) << p.key() << " " << t.first;
@@ -327,9 +336,10 @@ void check_case(comm::ProcessGroup& pg, const Case& c) {
     }
     // The scheduler acted on our groups (that the inner optimizer followed shows in the
     // parity above: its learning rate halves every step).
-    if (c.scheduler)
+    if (c.scheduler) {
       for (size_t gi = 0; gi < opt.param_groups().size(); ++gi)
         EXPECT_EQ(opt.param_groups()[gi].options().get_lr(), ref_opt->param_groups()[gi].options().get_lr());
+    }
   });
 }
 
@@ -658,7 +668,9 @@ void buffer_cases(comm::ProcessGroup& pg) {
     auto [x, y] = global_batch(0, kPerRank * n);
     torch::mse_loss(model->forward(rank_slice(x, rank, n)), rank_slice(y, rank, n)).backward();
     const bool same_before = same_as_rank0(bn->running_mean);  // collective: every rank calls it
-    if (rank != 0) EXPECT_FALSE(same_before) << "the test needs per-rank statistics";
+    if (rank != 0) {
+      EXPECT_FALSE(same_before) << "the test needs per-rank statistics";
+    }
     opt.step();
     EXPECT_TRUE(same_as_rank0(bn->running_mean)) << "sync_buffers did not broadcast after the step";
     EXPECT_TRUE(same_as_rank0(bn->running_var));
@@ -766,8 +778,9 @@ TEST(ZeroLayout, PiecesTileEveryParameterOnce) {
         EXPECT_EQ(b.padded % n, 0);
         EXPECT_LT(b.padded - b.numel, n);
         EXPECT_TRUE(b.numel <= cap || b.end_param - b.first_param == 1) << "over the cap";
-        if (b.end_param < static_cast<int>(numels.size()))
+        if (b.end_param < static_cast<int>(numels.size())) {
           EXPECT_GT(b.numel + numels[b.end_param], cap) << "closed too early";
+        }
         flat += b.padded;
         part += b.chunk;
       }

@@ -73,6 +73,8 @@ void CommHandle::wait() {
   if (record_seq_ != 0) record_group_.flight_recorder().complete(record_seq_);
 }
 
+bool CommHandle::is_completed() const { return done_ || (work_ && work_->isCompleted()); }
+
 int64_t comm_cached_bytes() { return detail::GroupCommState::cached_bytes(); }
 
 at::DataPtr allocate_collective_buffer(const ProcessGroup& g, size_t nbytes) {

@@ -196,6 +196,24 @@ void GradReducer::deliver(Reduction& r) {
     for (Unit* u : r.members) on_delivered_(*u);
 }
 
+void GradReducer::deliver_landed() {
+  // Completed collectives only: every wait below returns at once. A chained reduce-scatter
+  // counts once the chain issued its replica all-reduce; that all-reduce is then tested.
+  for (;;) {
+    if (!replicating_.empty()) {
+      if (!replicating_.front()->handle.is_completed()) return;
+      complete_replication(*replicating_.front());
+      replicating_.pop_front();
+      continue;
+    }
+    if (scattering_.empty()) return;
+    const Reduction& r = *scattering_.front();
+    const bool landed = r.link ? chain_->is_scattered(*r.link) : r.handle.is_completed();
+    if (!landed) return;
+    complete_oldest_scatter();
+  }
+}
+
 void GradReducer::finish() {
   former_.clear();
   issue_open_bucket();

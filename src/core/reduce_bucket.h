@@ -124,6 +124,9 @@ class GradReducer {
   /// `unit` has flattened its gradient (Unit::flatten_grads): it joins the open
   /// bucket, which may be issued.
   void add(Unit* unit);
+  /// Delivers, oldest first, each reduction whose collectives have already completed,
+  /// without blocking; stops at the first still in flight, so deliveries keep their order.
+  void deliver_landed();
   /// End of backward: issues the open bucket and completes every reduction, so
   /// that every member holds its reduced shard.
   void finish();

@@ -74,6 +74,11 @@ comm::CommHandle ReplicaChain::scattered(Link& link, Tracer::Mark* mark, comm::C
   return std::move(link.replica);
 }
 
+bool ReplicaChain::is_scattered(const Link& link) const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return link.ready;
+}
+
 void ReplicaChain::run(std::shared_ptr<State> s) {
   for (;;) {
     std::shared_ptr<Link> link;

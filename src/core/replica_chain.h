@@ -81,6 +81,8 @@ class ReplicaChain {
   /// returns that all-reduce (begun at *mark, for span "replica_all_reduce <label>") and
   /// the path its reduce-scatter took. Rethrows the thread's error. Once per link.
   comm::CommHandle scattered(Link& link, Tracer::Mark* mark, comm::CommPath* scatter_path);
+  /// Whether scattered(link) would return at once, asked without blocking.
+  bool is_scattered(const Link& link) const;
 
  private:
   struct State;

@@ -316,6 +316,7 @@ void Runtime::on_output_grad(Unit& unit) {
   // backward order or a prefetch) still comes here, so that it waits for its
   // gather and prefetches the next one.
   if (unit.state() != UnitState::AWAIT_BACKWARD && unit.state() != UnitState::GATHERED_FOR_BACKWARD) return;
+  deliver_landed_shards();
   auto it = std::find(backward_gather_order_.begin(), backward_gather_order_.end(), &unit);
   TORCH_INTERNAL_ASSERT(it != backward_gather_order_.end(), "unit not in this iteration's forward");
   gather_until(static_cast<int>(it - backward_gather_order_.begin()));
@@ -338,6 +339,7 @@ void Runtime::on_grads_complete(Unit& unit) {
     if (u->awaits_reduction()) reduce(*u);
     ++reduce_ptr_;
   }
+  deliver_landed_shards();
 }
 
 void Runtime::reduce(Unit& unit) {
@@ -365,6 +367,14 @@ void Runtime::on_shard_reduced(Unit& unit) {
   // is reduced; under no_step the pieces are assigned at the end of backward as usual.
   if (!backward_optimizer_ || no_step_) return;
   backward_optimizer_->step(unit);
+  observe(unit, "stepped");
+}
+
+void Runtime::deliver_landed_shards() {
+  // Polled at each unit's backward hooks, the only moments the backward thread is ours;
+  // without an in-backward optimizer a shard can wait for the end of backward.
+  if (!backward_optimizer_ || no_step_ || no_sync_) return;
+  reducer_->deliver_landed();
 }
 
 void Runtime::final_callback() {

@@ -181,6 +181,9 @@ class Runtime {
   /// A unit's reduced shard arrived (the GradReducer's delivery): the one arrival
   /// point of a reduced shard, once per unit and iteration.
   void on_shard_reduced(Unit& unit);
+  /// With the optimizer inside backward: hands over every reduced shard already landed, so
+  /// that units step while later reductions are still on the link.
+  void deliver_landed_shards();
   void check_backward_optimizer() const;
   void reduce(Unit& unit);           // flatten, hand to the reducer (in reduce_order_)
   void note_transient_bytes();

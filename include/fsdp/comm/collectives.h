@@ -75,6 +75,10 @@ class CommHandle {
   /// Blocks until done (or throws after the group's timeout). Idempotent.
   void wait();
   bool defined() const { return work_ != nullptr || finish_ != nullptr; }
+  /// Whether wait() would return without waiting on a peer, asked without blocking: true once
+  /// waited, or when the backend's work has completed (Gloo). A transport that moves data
+  /// only while someone waits (shared memory) answers false until wait() ran.
+  bool is_completed() const;
   CommPath path() const { return path_; }
   /// Internal: the flight record (src/comm/flight_recorder.h) that wait() completes, or
   /// marks failed.
