@@ -18,6 +18,13 @@
 // are the things that read every gradient before a step (global-norm clipping,
 // the loss scaler's inf check), at the call that would do them.
 //
+// A reduction arrives when the reducer delivers it: when the reducer waits for it
+// (making room for the next one, or at the end of backward), or earlier, when a
+// unit's backward hook finds it already complete without waiting
+// (Runtime::deliver_landed_shards). That lets HYBRID_SHARD step a unit while the
+// replica all-reduces after it are still on the slow link; a transport that moves
+// data only while waited on (shared memory) delivers at the waits alone.
+//
 // A reduction is final unless the caller said that more micro-batches follow:
 // under no_sync nothing is reduced, and FullyShardedBase::no_step() holds the
 // step back for accumulation without no_sync.
