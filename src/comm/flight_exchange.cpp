@@ -10,6 +10,7 @@
 #include <thread>
 
 #include <c10/util/Exception.h>
+#include <c10/util/Logging.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "flight_recorder.h"
@@ -160,7 +161,21 @@ void collect_from_ranks(const ProcessGroup& g, int n, int me, const std::functio
   }
 }
 
+// c10d's store client logs a warning with a C++ backtrace when the store's host is gone; the
+// exchange says so itself ("store unreachable"), so warnings stay held back while it runs,
+// and after it while a store call of its thread may still be under way.
+class HeldBackStoreWarnings {
+ public:
+  HeldBackStoreWarnings() : saved_(FLAGS_caffe2_log_level) { FLAGS_caffe2_log_level = std::max(saved_, kErrorLevel); }
+  void restore() { FLAGS_caffe2_log_level = saved_; }
+
+ private:
+  static constexpr int kErrorLevel = 2;
+  int saved_;
+};
+
 WorldExchange exchange_records(const ProcessGroup& g, const std::string& tag, std::chrono::milliseconds wait) {
+  HeldBackStoreWarnings held_back;
   const void* world = g.store().get();
   WorldExchange out;
   out.mine = live_recorders(world);
@@ -177,6 +192,7 @@ WorldExchange exchange_records(const ProcessGroup& g, const std::string& tag, st
   // A little past the thread's own deadline: its last store read may be under way.
   x->cv.wait_until(lock, deadline + std::chrono::milliseconds(500), [&] { return x->done; });
   out.ranks = x->ranks;
+  if (x->done) held_back.restore();
   if (!x->published || !x->store_error.empty())
     out.store_error = x->store_error.empty() ? "no answer" : first_line(x->store_error);
   return out;
