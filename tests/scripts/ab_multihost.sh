@@ -4,13 +4,18 @@
 # without its calibration and compute-only runs), alternating A and B (ABBA...) on the same hosts.
 #
 #   A=<bin dir> B=<bin dir> bash tests/scripts/ab_multihost.sh [PAIRS] [RATE] [STRATEGY...]
-#   (defaults: 6 1gbit hybrid_shard; env STEPS=33)
+#   (defaults: 6 1gbit hybrid_shard; env STEPS=33; B_FLAGS: what B's runs add to fsdp-train's
+#   arguments, B defaulting to A, for an A/B of one build with and without a flag)
 #
 # Per run: rank 0's median step time over steps 3..STEPS (--metrics). Prints one JSON line
 # per run and, per strategy, the median of the per-pair ratios B/A.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
-: "${A:?set A to the baseline's bin directory}" "${B:?set B to the candidate's bin directory}"
+: "${A:?set A to the baseline's bin directory}"
+B_FLAGS="${B_FLAGS:-}"
+[[ -n "$B_FLAGS" ]] && B="${B:-$A}"
+: "${B:?set B to the candidate's bin directory (or B_FLAGS)}"
+read -r -a EXTRA <<<"$B_FLAGS"
 FSDP_BIN_DIR="$A"
 export FSDP_BIN_DIR
 # shellcheck source=lib/two_hosts.sh
@@ -29,10 +34,11 @@ for ((i = 1; i <= PAIRS; i++)); do
   ((i % 2)) || order=(B A)
   for s in "${STRATS[@]}"; do
     for w in "${order[@]}"; do
-      [[ $w == A ]] && BIN="$A" || BIN="$B"
+      flags=()
+      [[ $w == A ]] && BIN="$A" || { BIN="$B"; flags=("${EXTRA[@]}"); }
       m="$WORK/m.$i.$w.$s.jsonl"
       two_host_job "ab.$i.$w.$s" "$BIN/fsdp-train" --strategy "$s" --hidden 512 --steps "$STEPS" --no-shuffle \
-        --timeout 120 --metrics "$m"
+        --timeout 120 --metrics "$m" "${flags[@]}"
       step="$("$PY" -c "import sys; sys.path.insert(0, '$HERE/lib'); import link_traffic as t; print(round(t.step_seconds('$m', 64), 5))")"
       line="{\"pair\": $i, \"build\": \"$w\", \"strategy\": \"$s\", \"rate\": \"$RATE\", \"step_s\": $step, \"load\": $(cut -d' ' -f1 /proc/loadavg)}"
       echo "$line" | tee -a "$RES"
