@@ -17,8 +17,8 @@
 #   4. rank 3 gathers twice as many elements (a wider model), checked: named with both sizes.
 #      (Unchecked, Gloo aborts the receiving ranks inside its own thread: "Received data size
 #      doesn't match expected size".)
-# Each job's wall time includes starting 4 ranks and their rendezvous (about 2 s here), so
-# the bounds are the issue's (timeout + 5 s; checked: 5 s) plus 5 s for that.
+# Each job's wall time includes starting 4 ranks and their rendezvous, so the bounds are the
+# issue's (timeout + 5 s; checked: 5 s) plus 5 s for that.
 # Needs root (namespaces): as another user it prints SKIP; under CI=true it fails instead.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
