@@ -10,11 +10,13 @@
 #       --steps 30 --warmup 5
 #
 # A and B are directories holding fsdp-run and bench_strategies. NPROC (default 2) ranks,
-# OMP_NUM_THREADS=1. Ratio < 1: B is faster.
+# OMP_NUM_THREADS=1. Ratio < 1: B is faster. A_ENV / B_ENV (space-separated NAME=VALUE) set
+# variables for one side only, so one build can be compared with itself under a setting, e.g.
+# the checked mode's cost: A=build/bin B=build/bin B_ENV=FSDP_CHECK_COLLECTIVES=1.
 set -euo pipefail
 
 usage() {
-  echo "usage: A=<bin dir> B=<bin dir> [NPROC=2] bash bench/ab_strategies.sh PAIRS -- <bench_strategies rank-mode args>" >&2
+  echo "usage: A=<bin dir> B=<bin dir> [A_ENV=..] [B_ENV=..] [NPROC=2] bash bench/ab_strategies.sh PAIRS -- <bench_strategies rank-mode args>" >&2
   exit 2
 }
 [[ $# -ge 2 && "$2" == "--" ]] || usage
@@ -27,11 +29,12 @@ for d in "$A" "$B"; do
   [[ -x "$d/fsdp-run" && -x "$d/bench_strategies" ]] || { echo "ab_strategies: $d lacks fsdp-run or bench_strategies" >&2; exit 2; }
 done
 
-# step_ms of one run of binary dir $1 (rank 0's JSON line).
+# step_ms of one run of binary dir $1 with the variables $2 (rank 0's JSON line).
 step_ms() {
-  local dir=$1 out
-  shift
-  out=$(OMP_NUM_THREADS=1 "$dir/fsdp-run" --nproc "$nproc" -- "$dir/bench_strategies" "$@" 2>&1) || {
+  local dir=$1 vars out
+  read -r -a vars <<<"$2"
+  shift 2
+  out=$(env "${vars[@]}" OMP_NUM_THREADS=1 "$dir/fsdp-run" --nproc "$nproc" -- "$dir/bench_strategies" "$@" 2>&1) || {
     echo "ab_strategies: run of $dir failed:" >&2
     echo "$out" >&2
     exit 1
@@ -42,9 +45,9 @@ step_ms() {
 ratios=()
 for ((i = 1; i <= pairs; ++i)); do
   if ((i % 2)); then
-    a=$(step_ms "$A" "$@"); b=$(step_ms "$B" "$@")
+    a=$(step_ms "$A" "${A_ENV:-}" "$@"); b=$(step_ms "$B" "${B_ENV:-}" "$@")
   else
-    b=$(step_ms "$B" "$@"); a=$(step_ms "$A" "$@")
+    b=$(step_ms "$B" "${B_ENV:-}" "$@"); a=$(step_ms "$A" "${A_ENV:-}" "$@")
   fi
   [[ -n "$a" && -n "$b" ]] || { echo "ab_strategies: no step_ms in a run's output" >&2; exit 1; }
   r=$(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.3f", b / a }')

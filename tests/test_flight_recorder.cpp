@@ -8,10 +8,19 @@
 //    collective and a rank stuck outside any collective; on the shared-memory transport, a
 //    rank whose tensor has another size, caught by the slots' headers within 5 s. (Over Gloo a
 //    size mismatch aborts the receiving rank inside Gloo's own thread, with Gloo's message.)
+//  - The faults of a training loop on both transports, unchecked and checked (PlantedFault):
+//    a rank that skips one unit's forward, a rank whose model has another width (FSDP
+//    refuses it at construction), a rank that takes a state dict while the other steps, a
+//    rank that takes an extra micro-batch (checked: named by the wait across groups,
+//    [Note: waits across groups] in collective_check.h).
+//  - A wider model under ZeRO, whose construction broadcast passes unchecked with the sizes
+//    differing (broadcasts go through Gloo on both transports) and is named at the first step.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
+#include <regex>
 #include <thread>
 
 #include "comm/divergence.h"
@@ -19,6 +28,8 @@
 #include "fsdp/comm/call_label.h"
 #include "fsdp/comm/collectives.h"
 #include "fsdp/core/fully_sharded.h"
+#include "fsdp/optim/zero_redundancy_optimizer.h"
+#include "fsdp/state/state_dict.h"
 #include "harness/models.h"
 #include "harness/multirank.h"
 
@@ -199,10 +210,12 @@ TEST(FlightRecorderFaults, RankStuckOutsideACollectiveIsNamedAsNotAnswering) {
 
 // Three units of the same size: a rank that skips blocks1 gathers blocks2 where the others
 // gather blocks1, which no transport can tell apart by size.
+// `width`: the features between the blocks (8 in and out either way).
 struct SkippingNetImpl : torch::nn::Module {
-  explicit SkippingNetImpl(int skip) : skip(skip) {
+  explicit SkippingNetImpl(int skip, int width = 8) : skip(skip) {
     for (int i = 0; i < 3; ++i)
-      blocks.push_back(register_module("blocks" + std::to_string(i), fsdp::Wrappable<torch::nn::LinearImpl>(8, 8)));
+      blocks.push_back(register_module("blocks" + std::to_string(i),
+                                       fsdp::Wrappable<torch::nn::LinearImpl>(i == 0 ? 8 : width, i == 2 ? 8 : width)));
   }
   torch::Tensor forward(torch::Tensor x) {
     for (int i = 0; i < 3; ++i)
@@ -214,25 +227,6 @@ struct SkippingNetImpl : torch::nn::Module {
 };
 TORCH_MODULE(SkippingNet);
 
-void train_step_skipping_on_rank1(comm::ProcessGroup& pg) {
-  torch::manual_seed(0);
-  auto model = FullyShardedDataParallel(SkippingNet(pg.rank() == 1 ? 1 : -1), pg,
-                                        Options().auto_wrap_policy(always_wrap_policy()));
-  model->forward(torch::ones({4, 8})).sum().backward();
-}
-
-TEST(FlightRecorderFaults, RankThatSkipsAUnitsForwardIsNamed) {
-  run_ranks(2, [](comm::ProcessGroup& pg) {
-    const auto start = Clock::now();
-    const std::string msg = error_of([&] { train_step_skipping_on_rank1(pg); });
-    EXPECT_NE(msg.find("rank 0 is at all_gather #"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("(blocks1, forward)"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("while rank 1 is at all_gather #"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("(blocks2, forward)"), std::string::npos) << msg;
-    EXPECT_LT(seconds_since(start), 3.0 + 5.0);
-  }, faulty_world());
-}
-
 // ---- the checked mode ----
 
 RankOptions checked_world() {
@@ -240,19 +234,6 @@ RankOptions checked_world() {
   o.collective_timeout = std::chrono::milliseconds(30000);  // the check must not wait for it
   o.extra_env.push_back("FSDP_CHECK_COLLECTIVES=1");
   return o;
-}
-
-TEST(FlightRecorderChecked, SkippedUnitFailsAtOnce) {
-  run_ranks(2, [](comm::ProcessGroup& pg) {
-    ASSERT_TRUE(pg.checks_collectives());
-    const auto start = Clock::now();
-    const std::string msg = error_of([&] { train_step_skipping_on_rank1(pg); });
-    EXPECT_NE(msg.find("collective check (FSDP_CHECK_COLLECTIVES)"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("rank 0 is at all_gather #"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("(blocks1, forward)"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("(blocks2, forward)"), std::string::npos) << msg;
-    EXPECT_LT(seconds_since(start), 5.0);
-  }, checked_world());
 }
 
 // Over Gloo an unchecked size mismatch aborts the receiving rank inside Gloo; checked, both
@@ -295,6 +276,275 @@ TEST(FlightRecorderChecked, AgreeingRanksPassEveryCheck) {
     for (const auto& p : reference->named_parameters())
       EXPECT_LT(rel_diff(full.at(p.key()), p.value()), 1e-6) << p.key();
   }, checked_world());
+}
+
+
+// ---- the matrix: faults of a training loop, on both transports, unchecked and checked ----
+//
+// Each fault runs on the shared-memory transport and on Gloo, without and with the checked
+// mode. Unchecked, the ranks wait until the 3 s timeout (or until a slot header disagrees) and
+// every rank's error names the first divergence within the timeout + 5 s; checked, every rank
+// fails in under 5 s, with a 30 s timeout that a check waiting for it would overrun.
+
+struct Setting {
+  bool gloo;
+  bool checked;
+};
+
+class PlantedFault : public ::testing::TestWithParam<Setting> {
+ protected:
+  static RankOptions world() {
+    RankOptions o = GetParam().checked ? checked_world() : faulty_world();
+    if (!GetParam().gloo)
+      o.extra_env.erase(std::remove(o.extra_env.begin(), o.extra_env.end(), "FSDP_SHARED_MEMORY=0"), o.extra_env.end());
+    return o;
+  }
+  static double limit_s() { return GetParam().checked ? 5.0 : 3.0 + 5.0; }
+  static void expect_transport(const comm::ProcessGroup& pg) {
+    EXPECT_EQ(pg.checks_collectives(), GetParam().checked);
+    EXPECT_EQ(pg.shm_channel() != nullptr, !GetParam().gloo);
+  }
+};
+
+// A small FSDP training loop as a trainer runs it: SGD on SkippingNet's three units, and the
+// step's loss summed over the ranks on the world group.
+struct Trainee {
+  explicit Trainee(comm::ProcessGroup& pg, int width = 8)
+      : pg(pg),
+        model(SkippingNet(-1, width), pg, Options().auto_wrap_policy(always_wrap_policy())),
+        opt(model->parameters(), torch::optim::SGDOptions(0.1)) {}
+  void step(int micro_batches = 1) {
+    opt.zero_grad(/*set_to_none=*/true);
+    auto loss = torch::zeros({});
+    for (int m = 0; m < micro_batches; ++m) {
+      auto l = model->forward(torch::ones({4, 8})).sum();
+      l.backward();
+      loss += l.detach();
+    }
+    opt.step();
+    comm::all_reduce(pg, loss, comm::ReduceOp::Sum, {Phase::Step, "loss"}).wait();
+  }
+  comm::ProcessGroup& pg;
+  FullyShardedDataParallel<SkippingNetImpl> model;
+  torch::optim::SGD opt;
+};
+
+// Where this rank's next collective on a group goes: the group's name and the number after
+// its last record. `op`: the group whose last record is of that op; "" for the world group.
+struct NextCall {
+  std::string group;
+  uint64_t seq = 0;
+};
+NextCall next_call(const comm::ProcessGroup& pg, const std::string& op) {
+  for (const auto& g : comm::detail::live_recorders(pg.store().get())) {
+    auto rec = g.recorder.lock();
+    if (!rec) continue;
+    const auto records = rec->recent();
+    const bool match = op.empty() ? g.group == pg.name() : !records.empty() && records.back().op == op;
+    if (match) return {g.group, records.empty() ? 1 : records.back().seq + 1};
+  }
+  ADD_FAILURE() << "no group of this world has issued " << (op.empty() ? "anything" : op);
+  return {};
+}
+
+// "all_gather #7 (blocks0, forward) at src/core/unit.cpp:N": a record as the texts describe
+// it, with the line of its site left out (see without_lines).
+std::string at_call(const char* op, uint64_t seq, const std::string& label, const std::string& file) {
+  return std::string(op) + " #" + std::to_string(seq) + " (" + label + ") at " + file + ":N";
+}
+// `text` with every "file.cpp:123" as "file.cpp:N": the sites' lines are not the facts tested.
+std::string without_lines(const std::string& text) {
+  return std::regex_replace(text, std::regex("\\.cpp:[0-9]+"), ".cpp:N");
+}
+// How each mode heads a divergence on `group`: the failure exchange's line for this rank, or
+// the check's error.
+std::string divergence_head(const comm::ProcessGroup& pg, const std::string& group, bool checked) {
+  const std::string r = std::to_string(pg.rank());
+  return checked ? "fsdp: collective check (FSDP_CHECK_COLLECTIVES) on group '" + group + "', rank " + r + ": "
+                 : "collective record (rank " + r + "): on group '" + group + "': ";
+}
+
+INSTANTIATE_TEST_SUITE_P(Matrix, PlantedFault,
+                         ::testing::Values(Setting{false, false}, Setting{true, false}, Setting{false, true},
+                                           Setting{true, true}),
+                         [](const ::testing::TestParamInfo<Setting>& i) {
+                           return std::string(i.param.gloo ? "Gloo" : "SharedMemory") +
+                                  (i.param.checked ? "Checked" : "Unchecked");
+                         });
+
+// After a step together, rank 1 skips blocks1's forward: where rank 0 gathers blocks1, it
+// gathers blocks2, of the same size, which no transport can tell apart; the records can.
+TEST_P(PlantedFault, RankThatSkipsAUnitsForwardIsNamed) {
+  run_ranks(2, [](comm::ProcessGroup& pg) {
+    expect_transport(pg);
+    Trainee t(pg);
+    t.step();
+    const NextCall gather = next_call(pg, "all_gather");  // blocks0's, then the divergence
+    if (pg.rank() == 1) std::dynamic_pointer_cast<SkippingNetImpl>(t.model->module_ptr())->skip = 1;
+    const auto start = Clock::now();
+    const std::string msg = without_lines(error_of([&] { t.step(); }));
+    EXPECT_NE(msg.find(divergence_head(pg, gather.group, GetParam().checked) + "rank 0 is at " +
+                       at_call("all_gather", gather.seq + 1, "blocks1, forward", "src/core/unit.cpp") +
+                       " while rank 1 is at " + at_call("all_gather", gather.seq + 1, "blocks2, forward", "src/core/unit.cpp") +
+                       "\n"),
+              std::string::npos)
+        << msg;
+    EXPECT_LT(seconds_since(start), limit_s());
+  }, world());
+}
+
+// FSDP compares every rank's parameter list with rank 0's at construction, so a rank whose
+// model has another width fails there, on every rank and before any collective of training,
+// naming the parameter and both shapes; the checked mode finds nothing earlier (the
+// comparison's own collectives agree).
+TEST_P(PlantedFault, RankWithAnotherWidthIsNamedAtConstruction) {
+  run_ranks(2, [](comm::ProcessGroup& pg) {
+    expect_transport(pg);
+    const auto start = Clock::now();
+    const std::string msg = error_of([&] { Trainee(pg, pg.rank() == 1 ? 16 : 8).step(); });
+    EXPECT_NE(msg.find("fsdp: the model differs across ranks (seen on rank " + std::to_string(pg.rank()) +
+                       "): rank 1 differs from rank 0 at parameter #0: rank 0 has 'blocks0.weight [8, 8] Float'"),
+              std::string::npos)
+        << msg;
+    EXPECT_EQ(msg.find(", this rank has 'blocks0.weight [16, 8] Float'") != std::string::npos, pg.rank() == 1) << msg;
+    EXPECT_LT(seconds_since(start), limit_s());
+  }, world());
+}
+
+// After a step together, rank 1 takes a FULL state dict (a gather per unit, in unit order)
+// while rank 0 goes on training. The gathers have the same size and op as the forward's, so
+// no transport can tell them apart; the records can, by their label.
+TEST_P(PlantedFault, RankThatTakesAStateDictWhileTheOthersStepIsNamed) {
+  run_ranks(2, [](comm::ProcessGroup& pg) {
+    expect_transport(pg);
+    Trainee t(pg);
+    t.step();
+    const NextCall gather = next_call(pg, "all_gather");
+    const auto start = Clock::now();
+    const std::string msg = without_lines(error_of([&] {
+      if (pg.rank() == 1) fsdp::state_dict(*t.model);
+      t.step();
+    }));
+    EXPECT_NE(msg.find(divergence_head(pg, gather.group, GetParam().checked) + "rank 0 is at " +
+                       at_call("all_gather", gather.seq, "blocks0, forward", "src/core/unit.cpp") + " while rank 1 is at " +
+                       at_call("all_gather", gather.seq, "blocks0, state_dict", "src/core/state_view.cpp") + "\n"),
+              std::string::npos)
+        << msg;
+    EXPECT_LT(seconds_since(start), limit_s());
+  }, world());
+}
+
+// After two steps together, rank 1 accumulates two micro-batches where rank 0 takes one. Its
+// first micro-batch issues what rank 0's step does; its second forward gathers what rank 0
+// never gathers in this step, while rank 0 sums the loss on the world group.
+TEST_P(PlantedFault, RankThatTakesAnExtraMicroBatchIsNamed) {
+  run_ranks(2, [](comm::ProcessGroup& pg) {
+    expect_transport(pg);
+    Trainee t(pg);
+    t.step();
+    const uint64_t gathers_before = next_call(pg, "all_gather").seq;
+    t.step();
+    const NextCall loss = next_call(pg, "");
+    NextCall gather = next_call(pg, "all_gather");
+    // Rank 1's first micro-batch pairs with rank 0's step; its second starts a step later.
+    gather.seq += gather.seq - gathers_before;
+    const auto start = Clock::now();
+    const std::string msg = without_lines(error_of([&] { t.step(pg.rank() == 1 ? 2 : 1); }));
+    const std::string rank0_at = at_call("all_reduce", loss.seq, "loss, step", "tests/test_flight_recorder.cpp");
+    const std::string rank1_at = at_call("all_gather", gather.seq, "blocks0, forward", "src/core/unit.cpp");
+    if (GetParam().checked) {
+      // Each waits in the check of another group: named by the wait across groups.
+      const std::string mine = pg.rank() == 0 ? rank0_at : rank1_at, theirs = pg.rank() == 0 ? rank1_at : rank0_at;
+      const std::string my_group = pg.rank() == 0 ? loss.group : gather.group;
+      const std::string their_group = pg.rank() == 0 ? gather.group : loss.group;
+      const std::string me = std::to_string(pg.rank()), peer = std::to_string(1 - pg.rank());
+      EXPECT_NE(msg.find(divergence_head(pg, my_group, true) + "rank " + me + " is at " + mine + " on group '" +
+                         my_group + "' while rank " + peer + " is at " + theirs + " on group '" + their_group +
+                         "', which rank " + me + " has not issued: each waits for the other"),
+                std::string::npos)
+          << msg;
+    } else {
+      // The extra forward matches no gather of rank 0; rank 0's loss no all-reduce of rank 1.
+      EXPECT_NE(msg.find(divergence_head(pg, loss.group, false) + "rank 0 is at " + rank0_at + " while rank 1 has not issued #" +
+                         std::to_string(loss.seq) + " on group '" + loss.group + "'; rank 1's last is " +
+                         at_call("all_reduce", loss.seq - 1, "loss, step", "tests/test_flight_recorder.cpp") +
+                         ", completed"),
+                std::string::npos)
+          << msg;
+      EXPECT_NE(msg.find(divergence_head(pg, gather.group, false) + "rank 1 is at " + rank1_at +
+                         " while rank 0 has not issued #" + std::to_string(gather.seq) + " on group '" + gather.group +
+                         "'; rank 0's last is " +
+                         at_call("all_gather", gather.seq - 1, "blocks0, backward", "src/core/unit.cpp") + ", completed"),
+                std::string::npos)
+          << msg;
+    }
+    EXPECT_LT(seconds_since(start), limit_s());
+  }, world());
+}
+
+// Without FSDP's construction check, a wider model reaches the collectives: ZeRO broadcasts
+// rank 0's flat parameter buffer (every parameter's elements, 3 * (8 * 8 + 8) = 216 at width 8,
+// (8 * 16 + 16) + (16 * 16 + 16) + (16 * 8 + 8) = 552 at width 16) at construction, then
+// reduces and gathers it in step().
+optim::ZeroRedundancyOptimizer zero_of(SkippingNet& net, comm::ProcessGroup& pg) {
+  return optim::ZeroRedundancyOptimizer(net->parameters(),
+                                        optim::inner_optimizer<torch::optim::SGD>(torch::optim::SGDOptions(0.1)),
+                                        optim::ZeroOptions().process_group(pg));
+}
+const char* kZeroBroadcastDiffers =
+    "ranks disagree at broadcast #1 (ZeroRedundancyOptimizer, setup): rank 0 has 216 elements, rank 1 has 552 (at "
+    "src/optim/zero_redundancy_optimizer.cpp:";
+
+// Unchecked, the broadcast itself passes on both ranks: the shared-memory transport hands
+// broadcasts to Gloo, which lets a shorter message land in a longer buffer (rank 1 gets rank
+// 0's 216 values and keeps the rest). The first step's collectives then differ in size, the
+// slots' headers stop them, and the records name the broadcast where it began.
+TEST(FlightRecorderFaults, WiderModelUnderZeroIsNamedAtItsBroadcastByTheFirstStep) {
+  RankOptions o = faulty_world();
+  o.extra_env.clear();
+  run_ranks(2, [](comm::ProcessGroup& pg) {
+    ASSERT_NE(pg.shm_channel(), nullptr) << "the shared-memory transport is not in use";
+    SkippingNet net(-1, pg.rank() == 1 ? 16 : 8);
+    auto opt = zero_of(net, pg);
+    const auto start = Clock::now();
+    const std::string msg = error_of([&] {
+      net->forward(torch::ones({4, 8})).sum().backward();
+      opt.step();
+    });
+    EXPECT_NE(msg.find("shared-memory transport"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("collective record (rank " + std::to_string(pg.rank()) + "): on group 'world': " +
+                       kZeroBroadcastDiffers),
+              std::string::npos)
+        << msg;
+    EXPECT_LT(seconds_since(start), 5.0);
+  }, o);
+}
+
+// Checked, construction fails on every rank at the broadcast, on either transport.
+void zero_with_wider_rank1_checked(comm::ProcessGroup& pg) {
+  const auto start = Clock::now();
+  const std::string msg = error_of([&] {
+    SkippingNet net(-1, pg.rank() == 1 ? 16 : 8);
+    zero_of(net, pg);
+  });
+  EXPECT_NE(msg.find("fsdp: collective check (FSDP_CHECK_COLLECTIVES) on group 'world', rank " +
+                     std::to_string(pg.rank()) + ": " + kZeroBroadcastDiffers),
+            std::string::npos)
+      << msg;
+  EXPECT_LT(seconds_since(start), 5.0);
+}
+
+TEST(FlightRecorderChecked, WiderModelUnderZeroFailsAtOnceOnSharedMemory) {
+  RankOptions o = checked_world();
+  o.extra_env = {"FSDP_CHECK_COLLECTIVES=1"};
+  run_ranks(2, [](comm::ProcessGroup& pg) {
+    ASSERT_NE(pg.shm_channel(), nullptr) << "the shared-memory transport is not in use";
+    zero_with_wider_rank1_checked(pg);
+  }, o);
+}
+
+TEST(FlightRecorderChecked, WiderModelUnderZeroFailsAtOnceOverGloo) {
+  run_ranks(2, [](comm::ProcessGroup& pg) { zero_with_wider_rank1_checked(pg); }, checked_world());
 }
 
 }  // namespace

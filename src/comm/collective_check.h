@@ -12,6 +12,19 @@
 // timeout is named as not arriving; one known gone, at once. The store is a channel of its
 // own, so the check does not depend on the transport it checks. A rank deletes its key of #s-2
 // when it publishes #s: every rank had read it before publishing #s-1.
+//
+// [Note: waits across groups]
+// Ranks that took different paths often wait on different groups: rank 1 in the check of
+// the gathers' #7 (an extra forward), rank 0 in the check of the world's #2 (the loss it sums
+// after its step). Neither check can see a difference on its own group, and each would wait
+// for the timeout. So a rank that has waited kAnnounceWaitAfter publishes where it waits
+// ("fsdp/check/waiting/<world rank>"), and reads where the ranks it waits for wait: when such
+// a rank waits at #t of another group and this rank has not issued that group's #t (it cannot,
+// blocked here), the two wait for each other, and once that has held for kWaitCycleHolds (a
+// collective issued from another thread of this process would have ended it) both fail naming
+// both sides. A rank withdraws its key when its wait ends with every rank arrived, and leaves
+// it when its check fails, so that the peer waiting for it finds where it stopped. A key left
+// from an earlier wait is harmless: that wait ended, so this rank had issued its #t.
 #include "flight_recorder.h"
 #include "fsdp/comm/process_group.h"
 

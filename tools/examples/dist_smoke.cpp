@@ -23,6 +23,11 @@
 // fail by the timeout itself, since no connection closes. `--skip-rank K` makes rank K skip
 // the all-gather (a rank that took another path): every rank's error then names the
 // divergence from the flight recorder, and fsdp-run prints it once for the job.
+// `--wide-rank K` makes rank K contribute twice as many elements to the all-gather (a rank
+// whose model is wider), `--extra-rank K` makes it run the all-reduce twice (a rank that
+// takes an extra micro-batch). Over Gloo these are meant for the checked mode
+// (FSDP_CHECK_COLLECTIVES=1): unchecked, Gloo aborts a rank that receives a message of
+// another size inside its own thread.
 
 #include <algorithm>
 #include <chrono>
@@ -47,12 +52,15 @@ struct Args {
   int fail_rank = -1;
   int hang_rank = -1;
   int skip_rank = -1;
+  int wide_rank = -1;
+  int extra_rank = -1;
   long timeout_ms = 10000;
 };
 
 [[noreturn]] void usage_error(const std::string& what) {
   std::fprintf(stderr,
-               "dist_smoke: %s\nusage: dist_smoke [--fail-rank K | --hang-rank K | --skip-rank K] [--timeout-ms MS]\n",
+               "dist_smoke: %s\nusage: dist_smoke [--fail-rank K | --hang-rank K | --skip-rank K | --wide-rank K | "
+               "--extra-rank K] [--timeout-ms MS]\n",
                what.c_str());
   std::exit(2);
 }
@@ -79,12 +87,19 @@ Args parse_args(int argc, char** argv) {
     } else if (a == "--skip-rank") {
       args.skip_rank = static_cast<int>(parse_long(a, next));
       ++i;
+    } else if (a == "--wide-rank") {
+      args.wide_rank = static_cast<int>(parse_long(a, next));
+      ++i;
+    } else if (a == "--extra-rank") {
+      args.extra_rank = static_cast<int>(parse_long(a, next));
+      ++i;
     } else if (a == "--timeout-ms") {
       args.timeout_ms = parse_long(a, next);
       ++i;
       if (args.timeout_ms <= 0) usage_error("--timeout-ms must be positive");
     } else if (a == "-h" || a == "--help") {
-      std::printf("usage: dist_smoke [--fail-rank K | --hang-rank K | --skip-rank K] [--timeout-ms MS]\n");
+      std::printf("usage: dist_smoke [--fail-rank K | --hang-rank K | --skip-rank K | --wide-rank K | --extra-rank K] "
+                  "[--timeout-ms MS]\n");
       std::exit(0);
     } else {
       usage_error("unknown argument '" + a + "'");
@@ -163,10 +178,12 @@ int main(int argc, char** argv) {
     auto summed = at::ones({chunk}, opts);
     comm::all_reduce(pg, summed).wait();
     expect_equal("all_reduce of ones", rank, summed, at::full({chunk}, float(world), opts));
+    if (rank == args.extra_rank) comm::all_reduce(pg, summed).wait();
 
     if (rank != args.skip_rank) {
-      auto flat = at::empty({world * chunk}, opts);
-      auto shard = at::full({chunk}, float(rank + 1), opts);
+      const int64_t mine = rank == args.wide_rank ? 2 * chunk : chunk;
+      auto flat = at::empty({world * mine}, opts);
+      auto shard = at::full({mine}, float(rank + 1), opts);
       comm::all_gather_into(pg, flat, shard).wait();
       auto gathered_want = at::arange(1, world + 1, opts).repeat_interleave(chunk);
       expect_equal("all_gather_into", rank, flat, gathered_want);
