@@ -2,8 +2,8 @@
 // FakeStreams: (a) the state machine alone: every hazard planted is reported, naming the
 // stream, the buffer and the missing wait, and correct sequences pass; (b) FSDP training
 // with the fake streams switched on, at 1-3 ranks, FULL_SHARD, SHARD_GRAD_OP, NO_SHARD,
-// the prefetch settings, limit_all_gathers, bf16, the optimizer inside backward and
-// activation checkpointing: no hazard, the waits counted are one per gather and per
+// HYBRID_SHARD, the prefetch settings, limit_all_gathers, buckets, bf16, no_sync, the
+// optimizer inside backward and activation checkpointing: no hazard, the waits counted are one per gather and per
 // reduction (from the trace), and the results are bitwise equal to the same training
 // without the stream order; (c) a wait left out of the runtime makes that training fail
 // with the hazard it causes.
@@ -208,7 +208,7 @@ TEST(StreamOrderCuda, RecordsAndWaitsOnDeviceStreams) {
 
 // ---- (b) FSDP training with the fake streams ----
 
-enum class Extra { None, Bf16, OptimizerInBackward, Checkpoint };
+enum class Extra { None, Bf16, OptimizerInBackward, Checkpoint, NoSync };
 
 struct Config {
   std::string name;
@@ -237,6 +237,7 @@ std::vector<Config> configs(int world) {
                Extra::OptimizerInBackward});
   c.push_back({"FULL_SHARD/checkpoint", base(FULL), Extra::Checkpoint});
   c.push_back({"SHARD_GRAD_OP/checkpoint", base(ShardingStrategy::SHARD_GRAD_OP), Extra::Checkpoint});
+  c.push_back({"FULL_SHARD/no_sync", base(FULL), Extra::NoSync});
   // Replicated across every rank: the chain's replica all-reduce after each reduction.
   if (world > 1) c.push_back({"HYBRID_SHARD/replicas", base(ShardingStrategy::HYBRID_SHARD).shard_group_size(1)});
   for (auto& x : c) {
@@ -282,9 +283,14 @@ Run train(comm::ProcessGroup& pg, const Config& c, std::shared_ptr<FakeStreams> 
   Run run;
   for (int s = 0; s < steps; ++s) {
     opt.zero_grad(/*set_to_none=*/true);
-    auto [x, y] = global_batch(s, 12);
-    auto out = m->forward(rank_slice(x, pg.rank(), pg.size())).to(torch::kFloat);
-    torch::mse_loss(out, rank_slice(y, pg.rank(), pg.size())).backward();
+    // NoSync: a first micro-batch accumulates without reducing.
+    for (int k = c.extra == Extra::NoSync ? 0 : 1; k < 2; ++k) {
+      std::unique_ptr<FullyShardedBase::NoSyncGuard> no_sync;
+      if (k == 0) no_sync = m->no_sync();
+      auto [x, y] = global_batch(2 * s + k, 12);
+      auto out = m->forward(rank_slice(x, pg.rank(), pg.size())).to(torch::kFloat);
+      torch::mse_loss(out, rank_slice(y, pg.rank(), pg.size())).backward();
+    }
     std::vector<torch::Tensor> g;
     for (auto& p : m->parameters()) g.push_back(p.grad().defined() ? p.grad().clone() : torch::Tensor());
     run.grads.push_back(std::move(g));
