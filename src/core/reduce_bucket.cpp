@@ -165,7 +165,7 @@ void GradReducer::complete_scatter(Reduction& r) {
   }
   r.handle.wait();
   tracer_->end("reduce " + r.label, Tracer::kReduce, r.mark, comm::to_string(r.handle.path()));
-  deliver(r);  // frees the flat gradients (the input) while the handle still holds them
+  deliver(r);  // frees the flat gradients (the input), then the handle that held them
 }
 
 void GradReducer::complete_chained_scatter(Reduction& r) {
@@ -189,6 +189,7 @@ void GradReducer::complete_replication(Reduction& r) {
 
 void GradReducer::deliver(Reduction& r) {
   order_reduced(r);
+  r.handle = comm::CommHandle();  // the collective's Work goes once its input is released
   if (auto* so = streams()) so->read(StreamKind::Compute, r.output);  // adopt_reduced_shard reads it
   for (size_t i = 0; i < r.members.size(); ++i) {
     const int64_t chunk = r.members[i]->flat().sharded() ? r.members[i]->flat().chunk_numel()
@@ -196,7 +197,6 @@ void GradReducer::deliver(Reduction& r) {
     r.members[i]->adopt_reduced_shard(r.output.narrow(0, r.offsets[i], chunk));
   }
   r.output = r.input = at::Tensor();  // members keep what they use (views or casts)
-  r.handle = comm::CommHandle();
   r.phase = Reduction::Phase::DONE;
   if (on_delivered_)
     for (Unit* u : r.members) on_delivered_(*u);
