@@ -49,9 +49,10 @@ void BucketFormer::clear() {
 }
 
 GradReducer::GradReducer(comm::ProcessGroup reduce_group, comm::ProcessGroup replica_group,
-                         int64_t cap_bytes, Tracer* tracer, BufferPool* pool, int max_scattering)
+                         int64_t cap_bytes, Tracer* tracer, BufferPool* pool, int max_scattering,
+                         StreamOrder* streams)
     : reduce_pg_(std::move(reduce_group)), replica_pg_(std::move(replica_group)), tracer_(tracer), pool_(pool),
-      former_(cap_bytes), max_scattering_(max_scattering) {
+      former_(cap_bytes), max_scattering_(max_scattering), streams_(streams) {
   TORCH_INTERNAL_ASSERT(max_scattering_ >= 1);
   if (replica_pg_.defined() && replica_pg_.size() > 1) chain_ = std::make_unique<ReplicaChain>(replica_pg_, tracer_);
 }
@@ -131,24 +132,28 @@ std::unique_ptr<GradReducer::Reduction> GradReducer::issue(std::vector<Unit*> me
     r->input = members.front()->take_flat_grad();  // no copy: the unbucketed reduction
   } else {
     r->input = pool_->empty(rows * total, first.flat_grad().options());
+    if (auto* so = streams()) so->acquire(StreamKind::Compute, r->input, "bucket input", r->label);
     auto table = r->input.view({rows, total});
     for (size_t i = 0; i < members.size(); ++i) {
       at::Tensor g = members[i]->take_flat_grad();
       const int64_t chunk = g.numel() / rows;
       table.narrow(1, r->offsets[i], chunk).copy_(g.view({rows, chunk}));
+      if (auto* so = streams()) so->release(StreamKind::Compute, g);
     }  // each member's flat gradient is freed here, after its copy
+    if (auto* so = streams()) so->write(StreamKind::Compute, r->input);
   }
   r->members = std::move(members);
   r->mark = tracer_->begin();
+  // Not pooled when sharded: the output becomes the gradient pieces, which outlive the step.
+  r->output = sharded ? at::empty({total}, r->input.options()) : r->input;
+  order_issue(*r);
   if (sharded) {
-    // Not pooled: the output becomes the gradient pieces, which outlive the step.
-    r->output = at::empty({total}, r->input.options());
     r->handle = comm::reduce_scatter(reduce_pg_, r->output, r->input, comm::ReduceOp::Sum,
                                       {comm::Phase::Backward, r->label});
   } else {
-    r->output = r->input;
     r->handle = comm::all_reduce(reduce_pg_, r->input, comm::ReduceOp::Sum, {comm::Phase::Backward, r->label});
   }
+  order_issued(*r);
   return r;
 }
 
@@ -160,9 +165,7 @@ void GradReducer::complete_scatter(Reduction& r) {
   }
   r.handle.wait();
   tracer_->end("reduce " + r.label, Tracer::kReduce, r.mark, comm::to_string(r.handle.path()));
-  r.handle = comm::CommHandle();
-  if (!r.output.is_same(r.input)) r.input = at::Tensor();  // the flat gradients are freed once reduced
-  deliver(r);
+  deliver(r);  // frees the flat gradients (the input), then the handle that held them
 }
 
 void GradReducer::complete_chained_scatter(Reduction& r) {
@@ -172,7 +175,7 @@ void GradReducer::complete_chained_scatter(Reduction& r) {
   comm::CommPath scatter_path = comm::CommPath::Local;
   r.handle = chain_->scattered(*r.link, &r.mark, &scatter_path);
   r.link.reset();
-  if (!r.output.is_same(r.input)) r.input = at::Tensor();  // the flat gradients are freed once reduced
+  order_reduced(r);  // the flat gradients (the input) are freed once reduced
   r.phase = Reduction::Phase::REPLICATING;
 }
 
@@ -185,6 +188,9 @@ void GradReducer::complete_replication(Reduction& r) {
 }
 
 void GradReducer::deliver(Reduction& r) {
+  order_reduced(r);
+  r.handle = comm::CommHandle();  // the collective's Work goes once its input is released
+  if (auto* so = streams()) so->read(StreamKind::Compute, r.output);  // adopt_reduced_shard reads it
   for (size_t i = 0; i < r.members.size(); ++i) {
     const int64_t chunk = r.members[i]->flat().sharded() ? r.members[i]->flat().chunk_numel()
                                                          : r.members[i]->flat().padded_numel();
@@ -212,6 +218,40 @@ void GradReducer::deliver_landed() {
     if (!landed) return;
     complete_oldest_scatter();
   }
+}
+
+// ---- stream order ([Note: stream order wiring] in runtime.h) ----
+
+void GradReducer::order_issue(Reduction& r) {
+  StreamOrder* so = streams();
+  if (!so) return;
+  // The gradient is ready on compute (its flattening, or the bucket's copy, wrote it last).
+  so->wait_written(WaitSite::ReduceWaitsCompute, StreamKind::ReduceScatter, r.input);
+  so->read(StreamKind::ReduceScatter, r.input);
+  if (!r.output.is_same(r.input))
+    so->acquire(StreamKind::ReduceScatter, r.output, "reduced shard", r.label, /*fresh=*/true);
+}
+
+void GradReducer::order_issued(Reduction& r) {
+  StreamOrder* so = streams();
+  if (!so) return;
+  so->write(StreamKind::ReduceScatter, r.output);
+  // HYBRID_SHARD: the chain's replica all-reduce rewrites the output on the same stream.
+  if (chain_) so->write(StreamKind::ReduceScatter, r.output);
+}
+
+void GradReducer::order_reduced(Reduction& r) {
+  // The arrival point of the reduced shards: compute waits for the reduction before it
+  // frees the input or anything reads the output (adopt_reduced_shard, then
+  // Runtime::on_shard_reduced).
+  // Under HYBRID_SHARD the input goes when the scatter is done and the output arrives
+  // after the replica all-reduce: compute waits at both.
+  const bool frees_input = r.input.defined() && !r.output.is_same(r.input);
+  if (StreamOrder* so = streams()) {
+    so->wait_written(WaitSite::ComputeWaitsReduce, StreamKind::Compute, r.output);
+    if (frees_input) so->release(StreamKind::Compute, r.input);
+  }
+  if (frees_input) r.input = at::Tensor();
 }
 
 void GradReducer::finish() {

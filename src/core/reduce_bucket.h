@@ -64,6 +64,7 @@
 #include "memory/buffer_pool.h"
 #include "fsdp/core/trace.h"
 #include "replica_chain.h"
+#include "stream_order.h"
 
 namespace fsdp::detail {
 
@@ -112,9 +113,10 @@ class GradReducer {
   /// cap_bytes <= 0: every unit is reduced alone. A bucket's input buffer comes
   /// from `pool` ([Note: buffer pool]), like the flat gradients it concatenates.
   /// max_scattering: reductions whose collective may be in flight at once
-  /// ([Note: reductions in flight]).
+  /// ([Note: reductions in flight]). streams: the runtime's stream order ([Note: stream
+  /// order wiring] in runtime.h), or null.
   GradReducer(comm::ProcessGroup reduce_group, comm::ProcessGroup replica_group, int64_t cap_bytes,
-              Tracer* tracer, BufferPool* pool, int max_scattering);
+              Tracer* tracer, BufferPool* pool, int max_scattering, StreamOrder* streams = nullptr);
   ~GradReducer();
 
   /// `unit` comes next in the reduction order and is about to flatten its
@@ -148,6 +150,11 @@ class GradReducer {
   void complete_chained_scatter(Reduction& r);  // SCATTERING -> REPLICATING, from the chain
   void complete_replication(Reduction& r);  // REPLICATING -> DONE
   void deliver(Reduction& r);               // members adopt their shards
+  // [Note: stream order wiring]: each returns at once when the stream order is off.
+  StreamOrder* streams() const { return streams_ && streams_->enabled() ? streams_ : nullptr; }
+  void order_issue(Reduction& r);           // the reduction stream takes the ready gradient
+  void order_issued(Reduction& r);          // ... and writes the output
+  void order_reduced(Reduction& r);         // compute waits for the reduction, frees the input
 
   comm::ProcessGroup reduce_pg_, replica_pg_;
   Tracer* tracer_;
@@ -159,6 +166,7 @@ class GradReducer {
   std::deque<std::unique_ptr<Reduction>> replicating_;  // oldest first (HYBRID_SHARD)
   std::unique_ptr<ReplicaChain> chain_;  // HYBRID_SHARD with a replica group of > 1 ranks
   std::function<void(Unit&)> on_delivered_;
+  StreamOrder* streams_;
 };
 
 }  // namespace fsdp::detail

@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/function_hook.h>
 
 #include "fsdp/autograd/end_of_backward.h"
+#include "stream_order_testing.h"
 
 namespace fsdp::detail {
 
@@ -57,15 +58,30 @@ Runtime::Runtime(comm::ProcessGroup pg, ResolvedOptions options) : pg_(std::move
   reduce_pg_ = options_.reduce_group.defined() ? options_.reduce_group : shard_pg_.new_subgroup(all);
   TORCH_INTERNAL_ASSERT(reduce_pg_.size() == n, "reduce group of ", reduce_pg_.size(), " ranks over a shard group of ",
                         n, " passed resolve_options");
+  set_up_stream_order();
   // On one host the peers read the gathered and reduced buffers in place ([Note: exchange
-  // arena]); every group of the world shares the process's arena.
-  pool_.set_block_allocator([g = gather_pg_](size_t nbytes) { return comm::allocate_collective_buffer(g, nbytes); });
+  // arena]); every group of the world shares the process's arena. A new block has no
+  // stream history ([Note: stream order wiring]).
+  pool_.set_block_allocator([g = gather_pg_, streams = &streams_](size_t nbytes) {
+    at::DataPtr block = comm::allocate_collective_buffer(g, nbytes);
+    streams->forget(block.get());
+    return block;
+  });
   tracer_ = std::make_unique<Tracer>(options_.trace_dir, pg_.global_rank());
   // [Note: reductions in flight]
   const int max_scattering = options_.strategy == ShardingStrategy::NO_SHARD ? 2 : 1;
   reducer_ = std::make_unique<GradReducer>(reduce_pg_, replica_pg_, options_.bucket_cap_bytes, tracer_.get(), &pool_,
-                                           max_scattering);
+                                           max_scattering, &streams_);
   reducer_->set_on_delivered([this](Unit& u) { on_shard_reduced(u); });
+}
+
+void Runtime::set_up_stream_order() {
+  // [Note: stream order wiring]: on for the runtimes a test switches it on for. The CUDA
+  // backend (cuda_streams.h) joins here once units live on CUDA devices.
+  const StreamOrderTestHooks& hooks = stream_order_test_hooks();
+  if (!hooks.make_backend) return;
+  streams_.set_backend(hooks.make_backend());
+  streams_.set_skipped_wait(hooks.skipped_wait);
 }
 
 void Runtime::build_hybrid_groups() {
@@ -96,6 +112,7 @@ Unit* Runtime::add_unit(std::string path, std::unique_ptr<FlatParameter> flat, b
   ctx.tracer = tracer_.get();
   ctx.divide = options_.divide;
   ctx.cast_forward_inputs = options_.mixed_precision.cast_forward_inputs();
+  ctx.streams = &streams_;
   units_.push_back(std::make_unique<Unit>(std::move(ctx), static_cast<int>(units_.size()), std::move(path),
                                           std::move(flat), is_root, reshard_after_forward));
   return units_.back().get();

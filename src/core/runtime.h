@@ -80,6 +80,28 @@
 // order on every rank (consecutive blocks, then strided), before the dedicated
 // gather/reduce groups, which then cover the shard group. For the other
 // strategies the shard group is the world group and there is no replica group.
+//
+// [Note: stream order wiring]
+// Where the runtime declares its buffers' uses and waits to the stream order ([Note:
+// stream order] in stream_order.h), all behind the seams of docs/runtime_seams.md:
+// buffers come from the pool, waits go through handles.
+//  * Unit::issue_gather: the all-gather stream waits an event compute records at the
+//    issue (GatherWaitsCompute: covers the last reads of the pool block it overwrites,
+//    the optimizer's writes to the shard, the low-precision cast), acquires the block and
+//    writes the unsharded flat parameter;
+//  * Unit::wait_gather (the gather's handle): compute waits the all-gather's event
+//    (ComputeWaitsGather) and frees the cast source; begin_forward, begin_backward and
+//    begin_recompute then read the unsharded flat parameter on compute;
+//  * Unit::free_unsharded (reshard, after forward or backward): compute releases the
+//    block behind its last read, so its next user waits on that;
+//  * Unit::flatten_grads: compute acquires and writes the flat gradient;
+//  * GradReducer::issue: the reduce-scatter stream waits the flat gradient's (or the
+//    bucket's) write (ReduceWaitsCompute), reads it and writes the reduced output;
+//  * GradReducer::deliver, the arrival point before adopt_reduced_shard and
+//    on_shard_reduced: compute waits the reduction's event (ComputeWaitsReduce), frees
+//    the input while the collective's handle still holds it, and reads the output.
+// The pool tells the stream order of every new block, so a block's history is that of
+// its reuses only. Off, every call returns at once: plain CPU training pays a branch.
 
 #include <algorithm>
 #include <functional>
@@ -95,6 +117,7 @@
 #include "fsdp/core/wrappable.h"
 #include "reduce_bucket.h"
 #include "resolved_options.h"
+#include "stream_order.h"
 #include "unit.h"
 
 namespace fsdp::detail {
@@ -127,6 +150,8 @@ class Runtime {
   /// HYBRID_SHARD: the ranks holding the same shard; undefined otherwise.
   const comm::ProcessGroup& replica_group() const { return replica_pg_; }
   Tracer& tracer() const { return *tracer_; }
+  /// [Note: stream order wiring]
+  const StreamOrder& streams() const { return streams_; }
   /// Large per-iteration buffers ([Note: buffer pool]).
   BufferPool& pool() { return pool_; }
 
@@ -192,6 +217,7 @@ class Runtime {
     return std::find(kept_after_forward_.begin(), kept_after_forward_.end(), &unit) != kept_after_forward_.end();
   }
   void build_hybrid_groups();
+  void set_up_stream_order();
 
   // [Note: prefetch]
   bool may_prefetch(const Unit& current) const;
@@ -203,6 +229,7 @@ class Runtime {
   comm::ProcessGroup pg_, gather_pg_, reduce_pg_, shard_pg_, replica_pg_;
   ResolvedOptions options_;
   std::unique_ptr<Tracer> tracer_;
+  StreamOrder streams_;  // off (no backend) unless a device or a test switches it on
   // Up to eight idle blocks. In backward four are live at once (a unit's gathered
   // parameters, the next unit's prefetch, the flat gradient being built and the one
   // in flight), and units of different sizes need blocks of their own (a request

@@ -93,12 +93,16 @@ bool Unit::issue_gather(comm::Phase phase) {
     // The cast copy must live until the gather completes (wait_gather).
     PendingGather g;
     g.source = flat_->shard_for_gather();
+    order_gather_issue(g.source);
     gather_mark_ = ctx_.tracer->begin();
     g.handle = comm::all_gather_into(ctx_.gather_group, flat_->unsharded(), g.source, {phase, label()});
+    order_gather_issued();
     pending_gather_ = std::move(g);
   } else {
     at::NoGradGuard no_grad;  // NO_SHARD with param_dtype: a local low-precision copy
+    if (auto* so = streams()) so->acquire(StreamKind::Compute, flat_->unsharded(), "unsharded flat parameter", label());
     flat_->unsharded().copy_(flat_->shard());
+    if (auto* so = streams()) so->write(StreamKind::Compute, flat_->unsharded());
   }
   return true;
 }
@@ -110,10 +114,49 @@ void Unit::wait_gather() {
   pending_gather_.reset();
   g.handle.wait();
   ctx_.tracer->end(trace_name("all_gather"), Tracer::kGather, gather_mark_, comm::to_string(g.handle.path()));
+  order_gather_waited(g.source);  // before g, the handle and its source, goes
+}
+
+// ---- stream order ([Note: stream order wiring] in runtime.h) ----
+
+void Unit::order_gather_issue(const at::Tensor& source) {
+  StreamOrder* so = streams();
+  if (!so) return;
+  // A low-precision source is a fresh cast compute wrote; otherwise it is the shard.
+  const bool cast = !source.is_same(flat_->shard());
+  if (cast) {
+    so->acquire(StreamKind::Compute, source, "all-gather source (cast shard)", label(), /*fresh=*/true);
+    so->write(StreamKind::Compute, source);
+  }
+  // Everything compute issued so far comes first: the last reads of the pool block the
+  // gather overwrites, the optimizer's writes to the shard, the cast.
+  so->wait(WaitSite::GatherWaitsCompute, StreamKind::AllGather,
+           so->record(StreamKind::Compute, "the issue of the all-gather of unit '" + label() + "'"));
+  so->acquire(StreamKind::AllGather, flat_->unsharded(), "unsharded flat parameter", label());
+  if (cast) so->read(StreamKind::AllGather, source);
+}
+
+void Unit::order_gather_issued() {
+  if (StreamOrder* so = streams()) so->write(StreamKind::AllGather, flat_->unsharded());
+}
+
+void Unit::order_gather_waited(const at::Tensor& source) {
+  StreamOrder* so = streams();
+  if (!so) return;
+  so->wait_written(WaitSite::ComputeWaitsGather, StreamKind::Compute, flat_->unsharded());
+  if (!source.is_same(flat_->shard())) so->release(StreamKind::Compute, source);
+}
+
+void Unit::order_compute_reads_unsharded() {
+  StreamOrder* so = streams();
+  if (!so || !flat_->separate_unsharded()) return;
+  so->read(StreamKind::Compute, flat_->unsharded());
 }
 
 void Unit::free_unsharded() {
   wait_gather();  // never free a buffer a collective is still writing into
+  // Compute gives the block back behind its last read of it ([Note: stream order]).
+  if (auto* so = streams(); so && flat_->unsharded_allocated()) so->release(StreamKind::Compute, flat_->unsharded());
   flat_->free_unsharded();
 }
 
@@ -151,6 +194,7 @@ bool Unit::begin_forward(bool training, const GradHookFactory& make_hook) {
   // backward starts (stash_grads), so that the user can still zero or read them.
   const bool allocated = issue_gather(comm::Phase::Forward);
   wait_gather();
+  order_compute_reads_unsharded();
   if (flat_->state() != FlatState::Unsharded) flat_->use_unsharded_views();
   if (training) ensure_grad_accumulators(make_hook);
   return allocated;
@@ -245,6 +289,7 @@ bool Unit::begin_backward() {
   const bool allocated = issue_gather(comm::Phase::Backward);
   transition(UnitState::BACKWARD, "output gradient hook");
   wait_gather();
+  order_compute_reads_unsharded();
   return allocated;
 }
 
@@ -255,6 +300,7 @@ bool Unit::begin_recompute(const GradHookFactory& make_hook) {
   transition(UnitState::RECOMPUTE, "recompute (pre_forward inside backward)");
   const bool allocated = issue_gather(comm::Phase::Backward);  // no-op when gathered in order
   wait_gather();
+  order_compute_reads_unsharded();
   if (flat_->state() != FlatState::Unsharded) flat_->use_unsharded_views();
   ensure_grad_accumulators(make_hook);
   recompute_mark_ = ctx_.tracer->begin();
@@ -301,6 +347,7 @@ void Unit::flatten_grads(bool no_sync) {
   // is written once: gradients are copied in, gradients that were never produced
   // (unused or frozen parameters) and the padding are zeros.
   flat_grad_ = ctx_.pool->empty(flat_->padded_numel(), flat_->options().dtype(flat_->reduce_dtype()));
+  if (auto* so = streams()) so->acquire(StreamKind::Compute, flat_grad_, "flat gradient", label());
   // The pre-division is fused into the copy (one pass over the gradient instead of
   // two) when that computes the same bits as copy-then-divide: the same division
   // kernel on the same values, i.e. no cast on the way in and nothing added first.
@@ -332,6 +379,7 @@ void Unit::flatten_grads(bool no_sync) {
     flat_grad_.narrow(0, flat_->total_numel(), flat_->padded_numel() - flat_->total_numel()).zero_();
   if (no_sync_grad_.defined()) {
     flat_grad_.add_(no_sync_grad_);
+    if (auto* so = streams()) so->release(StreamKind::Compute, no_sync_grad_);
     no_sync_grad_ = at::Tensor();
   }
   if (no_sync) {
@@ -340,6 +388,7 @@ void Unit::flatten_grads(bool no_sync) {
     return;
   }
   if (pre != 1 && !divide_now) flat_grad_.div_(pre);
+  if (auto* so = streams()) so->write(StreamKind::Compute, flat_grad_);  // the gradient is ready
 }
 
 at::Tensor Unit::take_flat_grad() {

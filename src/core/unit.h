@@ -79,6 +79,7 @@
 #include "fsdp/comm/collectives.h"
 #include "fsdp/core/trace.h"
 #include "resolved_options.h"
+#include "stream_order.h"
 
 namespace torch::autograd {
 struct FunctionPostHook;
@@ -111,6 +112,7 @@ struct UnitContext {
   Tracer* tracer = nullptr;
   GradientDivision divide;           // applied before and after the reduction
   bool cast_forward_inputs = false;  // MixedPrecision::cast_forward_inputs
+  StreamOrder* streams = nullptr;    // uses and waits ([Note: stream order wiring]); may be null
 };
 
 class Unit {
@@ -195,6 +197,13 @@ class Unit {
   void transition(UnitState to, const char* event);
   void ensure_grad_accumulators(const GradHookFactory& make_hook);
   void free_unsharded();               // waits for an in-flight gather first
+  // [Note: stream order wiring] in runtime.h: what this unit's buffers go through; each
+  // returns at once when the stream order is off.
+  StreamOrder* streams() const { return ctx_.streams && ctx_.streams->enabled() ? ctx_.streams : nullptr; }
+  void order_gather_issue(const at::Tensor& source);  // the all-gather is about to be issued
+  void order_gather_issued();                          // ... and was
+  void order_gather_waited(const at::Tensor& source);  // its handle completed
+  void order_compute_reads_unsharded();
   void reshard();                      // parameters back to their pieces, buffer freed
   void clear_iteration();
   /// Entry i's gradient piece of this iteration: the reduced shard's piece plus the

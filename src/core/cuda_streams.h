@@ -1,0 +1,18 @@
+#pragma once
+// Internal to src/core: the stream order's CUDA backend ([Note: stream order] in
+// stream_order.h): compute is the device's current stream when made, the all-gather,
+// reduce-scatter and copy streams come from libtorch's stream pool; record and wait are
+// CUDA events (at::cuda::CUDAEvent) on them. It checks nothing: FakeStreams checks the
+// same calls on the CPU.
+#include <memory>
+
+#include "stream_order.h"
+
+namespace fsdp::detail {
+
+/// Whether this build has the CUDA backend (libtorch built with CUDA).
+bool cuda_streams_built();
+/// The backend on CUDA device `device`; refuses when cuda_streams_built() is false.
+std::shared_ptr<StreamBackend> make_cuda_streams(int device);
+
+}  // namespace fsdp::detail

@@ -1,0 +1,24 @@
+#pragma once
+// Internal to the library, for tests (they have src/ on their include path): switches the
+// stream order ([Note: stream order] in stream_order.h) on for the runtimes built while
+// set, with a backend of the test's choosing (FakeStreams on the CPU), and plants a
+// missing wait to prove the checker is live. Process-wide; read when a runtime is built.
+#include <functional>
+#include <memory>
+#include <optional>
+
+#include "stream_order.h"
+
+namespace fsdp::detail {
+
+struct StreamOrderTestHooks {
+  /// Called once per new runtime; empty (the default): no stream order.
+  std::function<std::shared_ptr<StreamBackend>()> make_backend;
+  /// The wait the runtime leaves out (a planted hazard).
+  std::optional<WaitSite> skipped_wait;
+};
+
+void set_stream_order_test_hooks(StreamOrderTestHooks hooks);
+const StreamOrderTestHooks& stream_order_test_hooks();
+
+}  // namespace fsdp::detail
