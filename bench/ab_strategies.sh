@@ -12,7 +12,9 @@
 # A and B are directories holding fsdp-run and bench_strategies. NPROC (default 2) ranks,
 # OMP_NUM_THREADS=1. Ratio < 1: B is faster. A_ENV / B_ENV (space-separated NAME=VALUE) set
 # variables for one side only, so one build can be compared with itself under a setting, e.g.
-# the checked mode's cost: A=build/bin B=build/bin B_ENV=FSDP_CHECK_COLLECTIVES=1.
+# the checked mode's cost: A=build/bin B=build/bin B_ENV=FSDP_CHECK_COLLECTIVES=1. B_FLAGS
+# (space-separated) are added to B's bench_strategies arguments, e.g. --optimizer-in-backward.
+# Each pair also prints each side's vs_ceiling (the bench's concurrent compute ceiling / step).
 set -euo pipefail
 
 usage() {
@@ -29,30 +31,34 @@ for d in "$A" "$B"; do
   [[ -x "$d/fsdp-run" && -x "$d/bench_strategies" ]] || { echo "ab_strategies: $d lacks fsdp-run or bench_strategies" >&2; exit 2; }
 done
 
-# step_ms of one run of binary dir $1 with the variables $2 (rank 0's JSON line).
+# "step_ms vs_ceiling" of one run of binary dir $1 with the variables $2 and the extra
+# arguments $3 (rank 0's JSON line).
 step_ms() {
-  local dir=$1 vars out
+  local dir=$1 vars flags out
   read -r -a vars <<<"$2"
-  shift 2
-  out=$(env "${vars[@]}" OMP_NUM_THREADS=1 "$dir/fsdp-run" --nproc "$nproc" -- "$dir/bench_strategies" "$@" 2>&1) || {
+  read -r -a flags <<<"$3"
+  shift 3
+  out=$(env "${vars[@]}" OMP_NUM_THREADS=1 "$dir/fsdp-run" --nproc "$nproc" -- "$dir/bench_strategies" "$@" "${flags[@]}" 2>&1) || {
     echo "ab_strategies: run of $dir failed:" >&2
     echo "$out" >&2
     exit 1
   }
-  echo "$out" | sed -n 's/.*"step_ms": \([0-9.]*\).*/\1/p' | head -n 1
+  echo "$out" | sed -n 's/.*"step_ms": \([0-9.]*\).*"vs_ceiling": \([0-9.]*\).*/\1 \2/p' | head -n 1
 }
 
 ratios=()
 for ((i = 1; i <= pairs; ++i)); do
   if ((i % 2)); then
-    a=$(step_ms "$A" "${A_ENV:-}" "$@"); b=$(step_ms "$B" "${B_ENV:-}" "$@")
+    ra=$(step_ms "$A" "${A_ENV:-}" "" "$@"); rb=$(step_ms "$B" "${B_ENV:-}" "${B_FLAGS:-}" "$@")
   else
-    b=$(step_ms "$B" "${B_ENV:-}" "$@"); a=$(step_ms "$A" "${A_ENV:-}" "$@")
+    rb=$(step_ms "$B" "${B_ENV:-}" "${B_FLAGS:-}" "$@"); ra=$(step_ms "$A" "${A_ENV:-}" "" "$@")
   fi
-  [[ -n "$a" && -n "$b" ]] || { echo "ab_strategies: no step_ms in a run's output" >&2; exit 1; }
+  [[ -n "$ra" && -n "$rb" ]] || { echo "ab_strategies: no step_ms / vs_ceiling in a run's output" >&2; exit 1; }
+  read -r a ca <<<"$ra"
+  read -r b cb <<<"$rb"
   r=$(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.3f", b / a }')
   ratios+=("$r")
-  echo "pair $i: A $a ms  B $b ms  B/A $r  (load $(cut -d' ' -f1 /proc/loadavg))"
+  echo "pair $i: A $a ms (vs ceiling $ca)  B $b ms (vs ceiling $cb)  B/A $r  (load $(cut -d' ' -f1 /proc/loadavg))"
 done
 median=$(printf '%s\n' "${ratios[@]}" | sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else printf "%.3f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }')
 echo "median B/A over $pairs pairs: $median  (ratios: ${ratios[*]})"

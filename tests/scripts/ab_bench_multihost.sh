@@ -14,7 +14,7 @@ set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 # shellcheck source=lib/two_hosts.sh
 source "$HERE/lib/two_hosts.sh"
-: "${B_FLAGS:?set B_FLAGS to what B adds to bench_strategies\' arguments}"
+: "${B_FLAGS:?set B_FLAGS to what B adds to the arguments of bench_strategies}"
 PAIRS="${1:-6}"
 RATE="${2:-1gbit}"
 shift 2 || true

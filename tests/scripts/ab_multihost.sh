@@ -11,10 +11,10 @@
 # per run and, per strategy, the median of the per-pair ratios B/A.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
-: "${A:?set A to the baseline's bin directory}"
+: "${A:?set A to the bin directory of the baseline}"
 B_FLAGS="${B_FLAGS:-}"
 [[ -n "$B_FLAGS" ]] && B="${B:-$A}"
-: "${B:?set B to the candidate's bin directory (or B_FLAGS)}"
+: "${B:?set B to the bin directory of the candidate (or B_FLAGS)}"
 read -r -a EXTRA <<<"$B_FLAGS"
 FSDP_BIN_DIR="$A"
 export FSDP_BIN_DIR
