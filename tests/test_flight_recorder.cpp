@@ -482,69 +482,52 @@ TEST_P(PlantedFault, RankThatTakesAnExtraMicroBatchIsNamed) {
   }, world());
 }
 
-// Without FSDP's construction check, a wider model reaches the collectives: ZeRO broadcasts
-// rank 0's flat parameter buffer (every parameter's elements, 3 * (8 * 8 + 8) = 216 at width 8,
-// (8 * 16 + 16) + (16 * 16 + 16) + (16 * 8 + 8) = 552 at width 16) at construction, then
-// reduces and gathers it in step().
+// ZeRO compares the trainable parameters across ranks at construction, as FSDP does, before
+// rank 0's values are broadcast into them (a broadcast over Gloo would take rank 0's shorter
+// message into rank 1's longer buffer without a word).
 optim::ZeroRedundancyOptimizer zero_of(SkippingNet& net, comm::ProcessGroup& pg) {
   return optim::ZeroRedundancyOptimizer(net->parameters(),
                                         optim::inner_optimizer<torch::optim::SGD>(torch::optim::SGDOptions(0.1)),
                                         optim::ZeroOptions().process_group(pg));
 }
-const char* kZeroBroadcastDiffers =
-    "ranks disagree at broadcast #1 (ZeroRedundancyOptimizer, setup): rank 0 has 216 elements, rank 1 has 552 (at "
-    "src/optim/zero_redundancy_optimizer.cpp:";
 
-// Unchecked, the broadcast itself passes on both ranks: the shared-memory transport hands
-// broadcasts to Gloo, which lets a shorter message land in a longer buffer (rank 1 gets rank
-// 0's 216 values and keeps the rest). The first step's collectives then differ in size, the
-// slots' headers stop them, and the records name the broadcast where it began.
-TEST(FlightRecorderFaults, WiderModelUnderZeroIsNamedAtItsBroadcastByTheFirstStep) {
-  RankOptions o = faulty_world();
-  o.extra_env.clear();
-  run_ranks(2, [](comm::ProcessGroup& pg) {
-    ASSERT_NE(pg.shm_channel(), nullptr) << "the shared-memory transport is not in use";
-    SkippingNet net(-1, pg.rank() == 1 ? 16 : 8);
-    auto opt = zero_of(net, pg);
-    const auto start = Clock::now();
-    const std::string msg = error_of([&] {
-      net->forward(torch::ones({4, 8})).sum().backward();
-      opt.step();
-    });
-    EXPECT_NE(msg.find("shared-memory transport"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("collective record (rank " + std::to_string(pg.rank()) + "): on group 'world': " +
-                       kZeroBroadcastDiffers),
-              std::string::npos)
-        << msg;
-    EXPECT_LT(seconds_since(start), 5.0);
-  }, o);
-}
-
-// Checked, construction fails on every rank at the broadcast, on either transport.
-void zero_with_wider_rank1_checked(comm::ProcessGroup& pg) {
+// Every rank refuses, naming rank 1's first differing parameter (in ZeRO's flat order) and both
+// shapes, whether checked or not.
+void zero_with_wider_rank1_is_refused(comm::ProcessGroup& pg) {
   const auto start = Clock::now();
   const std::string msg = error_of([&] {
     SkippingNet net(-1, pg.rank() == 1 ? 16 : 8);
     zero_of(net, pg);
   });
-  EXPECT_NE(msg.find("fsdp: collective check (FSDP_CHECK_COLLECTIVES) on group 'world', rank " +
-                     std::to_string(pg.rank()) + ": " + kZeroBroadcastDiffers),
-            std::string::npos)
-      << msg;
+  const std::string expected = "ZeroRedundancyOptimizer: the trainable parameters differ across ranks (seen on rank " +
+                               std::to_string(pg.rank()) +
+                               "): rank 1 differs from rank 0 at parameter #1: rank 0 has 'param_groups[0][4] [8, 8] Float in group 0'";
+  EXPECT_NE(msg.find(expected), std::string::npos) << msg;
+  if (pg.rank() == 1) EXPECT_NE(msg.find("this rank has 'param_groups[0][4] [8, 16] Float in group 0'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("Build the same model and parameter groups on every rank"), std::string::npos) << msg;
   EXPECT_LT(seconds_since(start), 5.0);
 }
 
-TEST(FlightRecorderChecked, WiderModelUnderZeroFailsAtOnceOnSharedMemory) {
+TEST(FlightRecorderFaults, WiderModelUnderZeroIsRefusedAtConstruction) {
+  RankOptions o = faulty_world();
+  o.extra_env.clear();
+  run_ranks(2, [](comm::ProcessGroup& pg) {
+    ASSERT_NE(pg.shm_channel(), nullptr) << "the shared-memory transport is not in use";
+    zero_with_wider_rank1_is_refused(pg);
+  }, o);
+}
+
+TEST(FlightRecorderChecked, WiderModelUnderZeroIsRefusedAtConstructionOnSharedMemory) {
   RankOptions o = checked_world();
   o.extra_env = {"FSDP_CHECK_COLLECTIVES=1"};
   run_ranks(2, [](comm::ProcessGroup& pg) {
     ASSERT_NE(pg.shm_channel(), nullptr) << "the shared-memory transport is not in use";
-    zero_with_wider_rank1_checked(pg);
+    zero_with_wider_rank1_is_refused(pg);
   }, o);
 }
 
-TEST(FlightRecorderChecked, WiderModelUnderZeroFailsAtOnceOverGloo) {
-  run_ranks(2, [](comm::ProcessGroup& pg) { zero_with_wider_rank1_checked(pg); }, checked_world());
+TEST(FlightRecorderChecked, WiderModelUnderZeroIsRefusedAtConstructionOverGloo) {
+  run_ranks(2, [](comm::ProcessGroup& pg) { zero_with_wider_rank1_is_refused(pg); }, checked_world());
 }
 
 }  // namespace

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <sstream>
 
+#include <c10/util/Exception.h>
 #include <torch/torch.h>
 
 #include "fsdp/comm/collectives.h"
@@ -46,3 +48,49 @@ std::vector<std::string> all_gather_object(const ProcessGroup& pg, const std::st
 }
 
 }  // namespace fsdp::comm
+
+namespace fsdp::comm::detail {
+
+namespace {
+
+std::vector<std::string> split_lines(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream is(text);
+  for (std::string l; std::getline(is, l);) out.push_back(l);
+  return out;
+}
+
+// Index of the first line where `mine` and `root` differ; -1 when they agree.
+int64_t first_difference(const std::vector<std::string>& mine, const std::vector<std::string>& root) {
+  for (size_t i = 0; i < std::max(mine.size(), root.size()); ++i)
+    if (i >= mine.size() || i >= root.size() || mine[i] != root[i]) return static_cast<int64_t>(i);
+  return -1;
+}
+
+std::string line_or_none(const std::vector<std::string>& lines, int64_t i, const std::string& item) {
+  return i < static_cast<int64_t>(lines.size()) ? "'" + lines[i] + "'" : "no such " + item;
+}
+
+}  // namespace
+
+void check_same_on_all_ranks(const ProcessGroup& pg, const std::vector<std::string>& lines,
+                             const SameOnAllRanksText& text) {
+  if (pg.size() == 1) return;
+  std::string mine;
+  for (const std::string& l : lines) mine += l + "\n";
+  const std::vector<std::string> root = split_lines(broadcast_object(pg, mine, 0, {Phase::Setup, text.who}));
+  // Every rank learns every rank's first difference, so all raise the same error.
+  auto flags = at::zeros({pg.size()}, at::kLong);
+  flags[pg.rank()] = first_difference(lines, root) + 1;
+  all_reduce(pg, flags, ReduceOp::Sum, {Phase::Setup, text.who}).wait();
+  for (int r = 0; r < pg.size(); ++r) {
+    const int64_t i = flags[r].item<int64_t>() - 1;
+    if (i < 0) continue;
+    const std::string this_rank = r == pg.rank() ? ", this rank has " + line_or_none(lines, i, text.item) : "";
+    TORCH_CHECK(false, text.who, ": ", text.what_differs, " across ranks (seen on rank ", pg.rank(), "): rank ", r,
+                " differs from rank 0 at ", text.item, " #", i, ": rank 0 has ", line_or_none(root, i, text.item),
+                this_rank, ". ", text.fix);
+  }
+}
+
+}  // namespace fsdp::comm::detail

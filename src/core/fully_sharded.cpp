@@ -40,39 +40,9 @@ std::string describe(const at::Tensor& t) {
 // rank raises the same error naming the first difference (never a hang).
 void check_same_model_on_all_ranks(const comm::ProcessGroup& pg, torch::nn::Module& model) {
   std::vector<std::string> lines;
-  std::string desc;
-  for (const auto& p : model.named_parameters()) {
-    lines.push_back(p.key() + " " + describe(p.value()));
-    desc += lines.back() + "\n";
-  }
-  if (pg.size() == 1) return;
-  const std::string root_desc = comm::broadcast_object(pg, desc, 0);
-  std::vector<std::string> root_lines;
-  std::istringstream is(root_desc);
-  for (std::string l; std::getline(is, l);) root_lines.push_back(l);
-  int64_t mismatch = -1;
-  for (size_t i = 0; i < std::max(lines.size(), root_lines.size()); ++i) {
-    if (i >= lines.size() || i >= root_lines.size() || lines[i] != root_lines[i]) {
-      mismatch = static_cast<int64_t>(i);
-      break;
-    }
-  }
-  auto flags = torch::zeros({pg.size()}, torch::kLong);
-  flags[pg.rank()] = mismatch + 1;
-  comm::all_reduce(pg, flags).wait();
-  for (int r = 0; r < pg.size(); ++r) {
-    const int64_t idx = flags[r].item<int64_t>() - 1;
-    if (idx < 0) continue;
-    const std::string root_has =
-        idx < static_cast<int64_t>(root_lines.size()) ? "'" + root_lines[idx] + "'" : "no such parameter";
-    std::string mine;
-    if (r == pg.rank())
-      mine = std::string(", this rank has ") +
-             (idx < static_cast<int64_t>(lines.size()) ? "'" + lines[idx] + "'" : "no such parameter");
-    TORCH_CHECK(false, "fsdp: the model differs across ranks (seen on rank ", pg.rank(), "): rank ", r,
-                " differs from rank 0 at parameter #", idx, ": rank 0 has ", root_has, mine,
-                ". Build the same model on every rank before wrapping");
-  }
+  for (const auto& p : model.named_parameters()) lines.push_back(p.key() + " " + describe(p.value()));
+  comm::detail::check_same_on_all_ranks(
+      pg, lines, {"fsdp", "the model differs", "parameter", "Build the same model on every rank before wrapping"});
 }
 
 // Unsupported mixed-precision combinations fail here, before any group exists.

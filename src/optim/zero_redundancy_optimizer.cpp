@@ -10,11 +10,13 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <sstream>
 
 #include <torch/torch.h>
 
 #include "fsdp/comm/collectives.h"
 #include "fsdp/memory/optimizer_state_bytes.h"
+#include "comm/object_collectives.h"
 #include "zero_bucket_reducer.h"
 #include "zero_bucket_window.h"
 #include "zero_layout.h"
@@ -83,6 +85,7 @@ struct ZeroRedundancyOptimizer::Impl {
 
   // Construction, in order.
   void take_parameters(const std::vector<torch::optim::OptimizerParamGroup>& groups);
+  void check_same_parameters_on_all_ranks() const;
   void build_flat_buffer();
   void broadcast_initial_values();
   void make_masters();
@@ -220,6 +223,7 @@ void ZeroRedundancyOptimizer::construct(std::vector<torch::optim::OptimizerParam
               "fsdp::optim::inner_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(1e-3))");
   torch::NoGradGuard no_grad;
   m.take_parameters(groups);
+  m.check_same_parameters_on_all_ranks();
   m.build_flat_buffer();
   m.broadcast_initial_values();
   if (m.options.param_dtype()) m.make_masters();
@@ -250,6 +254,20 @@ void ZeroRedundancyOptimizer::Impl::take_parameters(
     keys.push_back(e.key);
     group_of.push_back(e.group);
   }
+}
+
+/// Before rank 0's values are broadcast into them: a rank with another model would reach
+/// collectives of other sizes (a broadcast over Gloo even takes a shorter message quietly).
+void ZeroRedundancyOptimizer::Impl::check_same_parameters_on_all_ranks() const {
+  std::vector<std::string> lines;
+  for (size_t i = 0; i < params.size(); ++i) {
+    std::ostringstream os;
+    os << names[i] << " " << params[i].sizes() << " " << params[i].scalar_type() << " in group " << group_of[i];
+    lines.push_back(os.str());
+  }
+  comm::detail::check_same_on_all_ranks(pg, lines,
+                                        {"ZeroRedundancyOptimizer", "the trainable parameters differ", "parameter",
+                                         "Build the same model and parameter groups on every rank"});
 }
 
 /// The layout and the flat buffer; parameters become views of it (same TensorImpls).
