@@ -153,18 +153,19 @@ void pipeline_cases(comm::ProcessGroup& pg) {
   });
 
   run_case("the small-buffer path at its threshold, and the buffer it keeps", [&] {
-    // What the group keeps tells the path: alltoall leases a scratch of the flat size,
-    // send/recv a receive buffer of (n-1)/n of it (all-gather none).
+    // What the group keeps tells the path: alltoall leases a scratch of twice n rows (what
+    // goes, what comes), each a chunk behind a 64-byte header; send/recv a receive buffer of
+    // (n-1)/n of the flat size (all-gather none).
     const int64_t limit = comm::comm_alltoall_max_bytes();
     for (int64_t chunk : {limit / 4 / n, limit / 4 / n + 1}) {
       const bool small = n > 2 && 4 * n * chunk <= limit;
+      const int64_t kept = small ? 2 * n * (64 + 4 * chunk) : 4 * chunk * (n - 1);
       auto g = pg.new_subgroup(all);
       const int64_t before = comm::comm_cached_bytes();
       auto out = torch::empty({chunk});
       comm::reduce_scatter(g, out, random_flat(chunk * n, r)).wait();
       EXPECT_TRUE(torch::equal(out, reference_chunk(chunk, n, r))) << "chunk " << chunk;
-      EXPECT_EQ(comm::comm_cached_bytes() - before, 4 * chunk * (small ? n : n - 1))
-          << "chunk " << chunk;
+      EXPECT_EQ(comm::comm_cached_bytes() - before, kept) << "chunk " << chunk;
       auto avg = torch::empty({chunk});
       comm::reduce_scatter(g, avg, random_flat(chunk * n, r), comm::ReduceOp::Avg).wait();
       EXPECT_TRUE(torch::equal(avg, reference_chunk(chunk, n, r) / n));
@@ -177,7 +178,7 @@ void pipeline_cases(comm::ProcessGroup& pg) {
       for (int q = 0; q < n; ++q) {
         EXPECT_TRUE(torch::equal(flat.slice(0, q * chunk, (q + 1) * chunk), rank_values(chunk, q)));
       }
-      EXPECT_EQ(comm::comm_cached_bytes() - before, 4 * chunk * (small ? n : n - 1));
+      EXPECT_EQ(comm::comm_cached_bytes() - before, kept);
     }
   });
 

@@ -8,9 +8,9 @@
 #      3 s: both launchers fail and each host prints the divergence once (fsdp-run's filter),
 #      naming rank 1 at all_reduce #2 against ranks 0, 2, 3 at all_gather #2.
 #   2. rank 3 (host 1) skips the all-gather, unchecked: its reduce-scatter meets the others'
-#      all-gather in Gloo's alltoall with the same bytes, so nothing fails in the transport and
-#      the ranks read each other's data; only dist_smoke's own check of the values stops the
-#      job, and no record line appears. (On one host, shared memory's slot headers stop it:
+#      all-gather in Gloo's alltoall with the same bytes; the rows' headers stop it (a rank
+#      names the sender of a reduce_scatter row where it is at all_gather) and each host prints
+#      the divergence once. (On one host, shared memory's slot headers do the same:
 #      test_fsdp_run.sh.)
 #   3. the same, checked (FSDP_CHECK_COLLECTIVES=1, timeout 30 s): every rank on both hosts
 #      fails at once naming rank 3 at reduce_scatter #2 against the others' all_gather #2.
@@ -74,10 +74,12 @@ pass "rank 1 on host 0 runs an extra all-reduce: both hosts stopped in $ELAPSED 
 
 fault skip FSDP_CHECK_COLLECTIVES=0 --skip-rank 3 --timeout-ms 3000
 within skip $((3 + 5 + 5))
-grep -qE "dist_smoke rank=[0-3]: FAILED: dist_smoke: (all_gather_into|reduce_scatter) on rank [0-3]: element [0-9]+ is [0-9.]+, expected" \
-  "$WORK"/skip.h*.out || fail "skip: no rank reported wrong values"
-! grep -q "collective record" "$WORK"/skip.h*.out || fail "skip: a record line appeared; update this test and the docs"
-pass "rank 3 on host 1 skips the all-gather, unchecked: Gloo's alltoall paired its reduce-scatter with the others' all-gather (wrong values, no record line; $ELAPSED s)"
+! grep -qE "element [0-9]+ is [0-9.]+, expected" "$WORK"/skip.h*.out || fail "skip: a rank read wrong values"
+grep -qE "rank 3 \[pid [0-9]+ on [^]]+\] sent a row of its reduce_scatter of 64 bytes where this rank is at all_gather of 64 bytes" \
+  "$WORK"/skip.h*.out || fail "skip: no rank named rank 3's reduce_scatter row"
+on_each_host skip "collective record \(rank [0-3]\): " 1
+on_each_host skip "collective record \(rank [0-3]\): on group 'world': rank 3 is at reduce_scatter #2 \(unlabelled\) while ranks 0, 1, 2 are at all_gather #2 \(unlabelled\)$"
+pass "rank 3 on host 1 skips the all-gather, unchecked: the alltoall rows' headers named its reduce-scatter, each host printing the divergence once ($ELAPSED s)"
 
 fault skipchecked FSDP_CHECK_COLLECTIVES=1 --skip-rank 3 --timeout-ms 30000
 within skipchecked $((5 + 5))

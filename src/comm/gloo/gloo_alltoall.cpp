@@ -17,9 +17,17 @@
 //     nothing measurable.
 //   - These run on Gloo's worker threads, so they queue behind collectives already issued
 //     on the group; small ones are short.
+//   - Checked rows: an all-gather and a reduce-scatter of the same flat size move the same
+//     bytes through the same alltoall, so ranks that issued different ones would exchange
+//     each other's data without a word. Each row therefore travels behind a header of the
+//     op and its flat size, and a row whose header is not this rank's op fails the call
+//     naming both sides. The rows live in the scratch (two of them: what goes, what comes),
+//     which costs one more copy of the flat size than the bare exchange did.
 #include "gloo_alltoall.h"
 
+#include <cstring>
 #include <memory>
+#include <sstream>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -32,6 +40,57 @@
 namespace fsdp::comm::detail {
 
 namespace {
+
+// `t`'s bytes, not owning them.
+at::Tensor byte_view(const at::Tensor& t) {
+  TORCH_INTERNAL_ASSERT(t.is_contiguous(), "alltoall: a flat buffer must be contiguous");
+  return at::from_blob(t.data_ptr(), {nbytes(t)}, t.options().dtype(at::kByte));
+}
+
+// `bytes` read as `like.numel()` elements of `like`'s dtype, not owning them.
+at::Tensor typed_view(const at::Tensor& bytes, const at::Tensor& like) {
+  return at::from_blob(bytes.data_ptr(), {like.numel()}, like.options());
+}
+
+// What precedes each row on the wire ("Checked rows" in the note above).
+struct RowHeader {
+  uint32_t magic;
+  uint32_t op;  // 1: all_gather, 2: reduce_scatter
+  int64_t flat_bytes;
+};
+constexpr uint32_t kRowMagic = 0x46534450;  // "FSDP"
+constexpr int64_t kHeaderBytes = 64;        // keeps every row's payload 64-byte aligned
+static_assert(sizeof(RowHeader) <= kHeaderBytes);
+
+const char* op_name(uint32_t op) {
+  return op == 1 ? "all_gather" : op == 2 ? "reduce_scatter" : "an unknown collective";
+}
+
+// n rows of a header then `row_bytes` of payload, in a kByte tensor.
+struct Rows {
+  at::Tensor bytes;  // [n, kHeaderBytes + row_bytes]
+  int64_t row_bytes;
+
+  at::Tensor payload(int p) const { return bytes[p].narrow(0, kHeaderBytes, row_bytes); }
+  void stamp(uint32_t op, int64_t flat_bytes) {
+    const RowHeader h{kRowMagic, op, flat_bytes};
+    for (int64_t p = 0; p < bytes.size(0); ++p) std::memcpy(bytes[p].data_ptr(), &h, sizeof h);
+  }
+  // "" when every row came from a rank at this same call.
+  std::string mismatch(const ProcessGroup& g, uint32_t op, int64_t flat_bytes) const {
+    for (int p = 0; p < g.size(); ++p) {
+      RowHeader h;
+      std::memcpy(&h, bytes[p].data_ptr(), sizeof h);
+      if (h.magic == kRowMagic && h.op == op && h.flat_bytes == flat_bytes) continue;
+      std::ostringstream os;
+      os << g.describe_peer(p) << " sent a row of its " << (h.magic == kRowMagic ? op_name(h.op) : "an unknown collective")
+         << " of " << h.flat_bytes << " bytes where this rank is at " << op_name(op) << " of " << flat_bytes
+         << " bytes: the ranks issued different collectives on this group";
+      return os.str();
+    }
+    return "";
+  }
+};
 
 // The tensors of one Gloo alltoall. Gloo's work object keeps the tensors it was given
 // until its worker thread lets go of the work, which can be after wait() has returned:
@@ -53,17 +112,20 @@ struct AlltoallLease {
   AlltoallLease(const AlltoallLease&) = delete;
   AlltoallLease& operator=(const AlltoallLease&) = delete;
 
-  // A tensor shaped like `like` on the scratch (not owning it).
-  at::Tensor on_scratch(const at::Tensor& like) const {
-    return at::from_blob(scratch.data_ptr(), like.sizes(), like.options());
+  // Rows number `which` (0: what goes, 1: what comes) of n rows of `row_bytes` each, on the
+  // scratch (not owning it).
+  Rows rows(int which, int n, int64_t row_bytes) const {
+    const int64_t stride = kHeaderBytes + row_bytes;
+    auto* base = static_cast<uint8_t*>(scratch.data_ptr()) + which * n * stride;
+    return Rows{at::from_blob(base, {n, stride}, scratch.options()), row_bytes};
   }
   // `t` (which stays alive in the lease) as a non-owning view for Gloo.
   at::Tensor lend(const at::Tensor& t) {
     owned.push_back(t);
     return at::from_blob(t.data_ptr(), t.sizes(), t.strides(), t.options());
   }
-  void start(const at::Tensor& out, const at::Tensor& in) {
-    at::Tensor o = lend(gloo_wire_view(out)), i = lend(gloo_wire_view(in));
+  void start(const Rows& out, const Rows& in) {
+    at::Tensor o = lend(out.bytes), i = lend(in.bytes);
     std::vector<int64_t> equal_splits;
     work = group.c10d()->alltoall_base(o, i, equal_splits, equal_splits);
   }
@@ -86,36 +148,55 @@ struct AlltoallLease {
 
 }  // namespace
 
+// The two rows of one call: what goes and what comes, each row `chunk_bytes` behind its header.
+int64_t scratch_bytes(int n, int64_t chunk_bytes) { return 2 * n * (kHeaderBytes + chunk_bytes); }
+
+void check_rows(const Rows& received, const ProcessGroup& g, uint32_t op, int64_t flat_bytes) {
+  const std::string m = received.mismatch(g, op, flat_bytes);
+  TORCH_CHECK(m.empty(), m);
+}
+
 CommHandle alltoall_all_gather(GlooTransport& t, const ProcessGroup& g, const at::Tensor& flat,
                                const at::Tensor& shard) {
+  constexpr uint32_t kOp = 1;
   const int n = g.size();
-  auto lease = std::make_shared<AlltoallLease>(t, g, nbytes(flat));
-  auto repeated = lease->on_scratch(flat);
-  auto rows = repeated.view({n, shard.numel()});
-  for (int p = 0; p < n; ++p) rows[p].copy_(shard);
-  lease->start(flat, repeated);
-  return CommHandle({}, g, "all_gather", [lease]() {
+  const int64_t chunk = nbytes(shard), flat_bytes = nbytes(flat);
+  auto lease = std::make_shared<AlltoallLease>(t, g, scratch_bytes(n, chunk));
+  Rows going = lease->rows(0, n, chunk), coming = lease->rows(1, n, chunk);
+  going.stamp(kOp, flat_bytes);
+  const at::Tensor shard_bytes = byte_view(shard.contiguous());
+  for (int p = 0; p < n; ++p) going.payload(p).copy_(shard_bytes);
+  lease->start(coming, going);
+  return CommHandle({}, g, "all_gather", [lease, coming, flat, n, flat_bytes]() {
     lease->wait("all_gather");
+    check_rows(coming, lease->group, kOp, flat_bytes);
+    const at::Tensor out = byte_view(flat).view({n, coming.row_bytes});
+    for (int p = 0; p < n; ++p) out[p].copy_(coming.payload(p));
     lease->release();
   }, CommPath::Gloo);
 }
 
 CommHandle alltoall_reduce_scatter(GlooTransport& t, const ProcessGroup& g, const at::Tensor& out,
                                    const at::Tensor& flat, ReduceOp op) {
+  constexpr uint32_t kOp = 2;
   const int n = g.size();
-  auto lease = std::make_shared<AlltoallLease>(t, g, nbytes(flat));
-  auto received = lease->on_scratch(flat);
-  lease->start(received, flat);
-  auto rows = received.view({n, out.numel()});
-  return CommHandle({}, g, "reduce_scatter", [lease, out, rows, n, op]() mutable {
+  const int64_t chunk = nbytes(out), flat_bytes = nbytes(flat);
+  auto lease = std::make_shared<AlltoallLease>(t, g, scratch_bytes(n, chunk));
+  Rows going = lease->rows(0, n, chunk), coming = lease->rows(1, n, chunk);
+  going.stamp(kOp, flat_bytes);
+  const at::Tensor in = byte_view(flat).view({n, chunk});
+  for (int p = 0; p < n; ++p) going.payload(p).copy_(in[p]);
+  lease->start(coming, going);
+  return CommHandle({}, g, "reduce_scatter", [lease, coming, out, n, op, flat_bytes]() mutable {
     lease->wait("reduce_scatter");
-    // Every row is here (ours as Gloo's copy) and `flat` is no longer read, so `out` may
-    // alias it.
+    check_rows(coming, lease->group, kOp, flat_bytes);
+    // Every row is here (ours as Gloo's copy); `flat` was copied out before the call, so
+    // `out` may alias it.
     std::vector<at::Tensor> parts;
-    for (int p = 0; p < n; ++p) parts.push_back(rows[p]);
+    for (int p = 0; p < n; ++p) parts.push_back(typed_view(coming.payload(p), out));
     sum_rows_into(out, parts);
     if (op == ReduceOp::Avg) out.div_(n);
-    rows = at::Tensor();
+    parts.clear();
     lease->release();
   }, CommPath::Gloo);
 }
