@@ -190,22 +190,6 @@ TEST(FlightRecorderFaults, RankWithAnotherSizeIsCaughtBySharedMemorySlots) {
   }, o);
 }
 
-TEST(FlightRecorderFaults, RankStuckOutsideACollectiveIsNamedAsNotAnswering) {
-  run_ranks(2, [](comm::ProcessGroup& pg) {
-    auto t = torch::ones({16});
-    if (pg.rank() == 1) {
-      // Stuck past the peer's timeout and its exchange, then gone without a word.
-      std::this_thread::sleep_for(std::chrono::seconds(8));
-      return;
-    }
-    const auto start = Clock::now();
-    const std::string msg = error_of([&] { comm::all_reduce(pg, t, comm::ReduceOp::Sum, {Phase::Step, "loss"}).wait(); });
-    EXPECT_NE(msg.find("rank 1 did not answer: not in a collective of group 'world'"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("while rank 0 waits at all_reduce #1 (loss, step)"), std::string::npos) << msg;
-    EXPECT_LT(seconds_since(start), 3.0 + 5.0);
-  }, faulty_world());
-}
-
 // ---- a rank that skips one unit's forward ----
 
 // Three units of the same size: a rank that skips blocks1 gathers blocks2 where the others
@@ -391,6 +375,27 @@ TEST_P(PlantedFault, RankThatSkipsAUnitsForwardIsNamed) {
         << msg;
     EXPECT_LT(seconds_since(start), limit_s());
   }, world());
+}
+
+// A rank stuck outside any collective (a sleep past the peer's timeout and its exchange)
+// is named as not arriving, on either transport, checked or not: nothing diverges before
+// the timeout, so the checked mode too waits for it, with the same 3 s.
+TEST_P(PlantedFault, RankStuckOutsideACollectiveIsNamedAsNotArriving) {
+  RankOptions o = world();
+  o.collective_timeout = std::chrono::milliseconds(3000);
+  run_ranks(2, [](comm::ProcessGroup& pg) {
+    expect_transport(pg);
+    auto t = torch::ones({16});
+    if (pg.rank() == 1) {
+      std::this_thread::sleep_for(std::chrono::seconds(7));  // then gone without a word
+      return;
+    }
+    const auto start = Clock::now();
+    const std::string msg = error_of([&] { comm::all_reduce(pg, t, comm::ReduceOp::Sum, {Phase::Step, "loss"}).wait(); });
+    EXPECT_NE(msg.find("rank 1 did not answer: not in a collective of group 'world'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("while rank 0 waits at all_reduce #1 (loss, step)"), std::string::npos) << msg;
+    EXPECT_LT(seconds_since(start), 3.0 + 5.0);
+  }, o);
 }
 
 // FSDP compares every rank's parameter list with rank 0's at construction, so a rank whose
