@@ -24,6 +24,7 @@
 #include "fsdp/state/optim_state_dict.h"
 #include "fsdp/state/state_dict.h"
 #include "fsdp/state/summon_full_params.h"
+#include "harness/error_of.h"
 #include "harness/models.h"
 #include "harness/multirank.h"
 #include "harness/temp_dir.h"
@@ -200,15 +201,6 @@ void flip_byte(const std::string& path, int64_t at) {
   c ^= 0x5a;
   f.seekp(at);
   f.write(&c, 1);
-}
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
 }
 
 }  // namespace

@@ -19,6 +19,9 @@
 #include "core/resolved_options.h"
 #include "core/unit.h"
 #include "fsdp/comm/collectives.h"
+#include "harness/error_of.h"
+
+using fsdp::testing::error_of;
 
 namespace {
 
@@ -341,15 +344,6 @@ struct UnitFixture {
     unit = std::make_unique<Unit>(std::move(ctx), 1, "blocks.1", std::move(flat), /*is_root=*/false, false);
   }
 };
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 TEST(UnitLifecycle, RefusedTransitionsNameUnitAndBothStates) {
   UnitFixture fx;

@@ -17,10 +17,13 @@
 #include <unistd.h>
 
 #include "fsdp/comm/collectives.h"
+#include "harness/error_of.h"
 #include "harness/multirank.h"
 
 using namespace fsdp;
 using fsdp::testing::run_ranks;
+
+using fsdp::testing::error_of;
 
 namespace {
 
@@ -53,15 +56,6 @@ comm::InitOptions tcp_options(int rank, int world, int port, std::chrono::millis
   ov.master_addr = "127.0.0.1";
   ov.master_port = port;
   return comm::InitOptions().overrides(ov).timeout(timeout);
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t) {

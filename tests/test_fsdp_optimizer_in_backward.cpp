@@ -20,6 +20,7 @@
 #include "fsdp/optim/cpu_adam.h"
 #include "fsdp/optim/zero_redundancy_optimizer.h"
 #include "fsdp/trainer/training_facade.h"
+#include "harness/error_of.h"
 #include "harness/counting_allocator.h"
 #include "harness/models.h"
 #include "harness/multirank.h"
@@ -214,15 +215,6 @@ void equality_cases(comm::ProcessGroup& pg) {
            strategy(S::FULL_SHARD).auto_wrap_policy(blocks).mixed_precision(MixedPrecision().param_dtype(torch::kBFloat16)),
            Opt::AdamW},
       transformer, batch);
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "";
 }
 
 void refusal_cases(comm::ProcessGroup& pg) {

@@ -3,21 +3,15 @@
 #include <gtest/gtest.h>
 
 #include "fsdp/comm/launch_env.h"
+#include "harness/error_of.h"
 
 using fsdp::comm::LaunchSource;
 using fsdp::comm::map_env;
 using fsdp::comm::parse_launch_env;
 
-namespace {
+using fsdp::testing::error_of;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "";
-}
+namespace {
 
 }  // namespace
 

@@ -21,6 +21,7 @@
 #include "fsdp/core/sharded_init.h"
 #include "fsdp/state/rank0_load.h"
 #include "fsdp/state/state_dict.h"
+#include "harness/error_of.h"
 #include "harness/counting_allocator.h"
 #include "harness/models.h"
 #include "harness/multirank.h"
@@ -33,6 +34,8 @@ using fsdp::testing::run_case;
 using fsdp::testing::run_ranks;
 using fsdp::testing::TinyTransformer;
 using fsdp::testing::TinyTransformerImpl;
+
+using fsdp::testing::error_of;
 
 namespace {
 
@@ -49,15 +52,6 @@ void expect_bitwise_equal(const std::map<std::string, torch::Tensor>& a, const s
     ASSERT_NE(it, b.end()) << name;
     EXPECT_TRUE(t.sizes() == it->second.sizes() && torch::equal(t, it->second)) << name;
   }
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "";
 }
 
 std::shared_ptr<TinyTransformerImpl> build_sharded(comm::ProcessGroup& pg, const Options& o, uint64_t seed,

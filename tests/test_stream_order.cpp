@@ -19,6 +19,7 @@
 #include "core/stream_order.h"
 #include "core/stream_order_testing.h"
 #include "fsdp/autograd/checkpoint_wrapper.h"
+#include "harness/error_of.h"
 #include "harness/models.h"
 #include "harness/multirank.h"
 
@@ -36,16 +37,6 @@ constexpr StreamKind kGather = StreamKind::AllGather;
 constexpr StreamKind kReduce = StreamKind::ReduceScatter;
 
 // The message of the c10::Error `fn` throws ("" when it throws none).
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "";
-}
-
 void expect_contains(const std::string& msg, const std::string& part) {
   EXPECT_NE(msg.find(part), std::string::npos) << "'" << part << "' not in: " << msg;
 }
