@@ -46,10 +46,13 @@ constexpr int64_t kSlack = 32 * 1024;  // small tensors of save_checkpoint: leng
 
 // What a FULL state dict allocates to gather one unit, beyond the dict: the unit's
 // padded flat buffer, plus on Gloo at N >= 3 (units under comm_alltoall_max_bytes go
-// through Gloo's alltoall) a scratch buffer of the flat size that holds the shard N
-// times. The shared-memory transport copies from its ring slots straight into the
-// flat buffer.
-int64_t gather_bytes(bool shared_memory) { return (shared_memory ? 1 : 2) * kPaddedUnitBytes; }
+// through Gloo's alltoall) a scratch of the rows going and coming: 2N rows of a shard
+// behind a 64-byte header each. The shared-memory transport copies from its ring slots
+// straight into the flat buffer.
+constexpr int64_t kAlltoallScratchBytes = 2 * kWorld * (64 + kPaddedUnitBytes / kWorld);
+int64_t gather_bytes(bool shared_memory) {
+  return kPaddedUnitBytes + (shared_memory ? 0 : kAlltoallScratchBytes);
+}
 
 // Bytes of the distinct storages of every parameter, gradient and Adam state tensor.
 int64_t training_state_bytes(const std::vector<at::Tensor>& params, const torch::optim::Adam& opt) {
