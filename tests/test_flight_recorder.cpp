@@ -134,10 +134,12 @@ RankOptions faulty_world() {
 }
 
 // Runs `body`, which must throw, and returns the error's message.
-// What the planted fault throws; a fault that does not fail is a failure of the test.
+// What the planted fault throws, each line ended by a newline (so a test can match a whole
+// line, the last one too); a fault that does not fail is a failure of the test.
 std::string fault_error(const std::function<void()>& body) {
   std::string msg = error_of(body);
   if (msg.empty()) ADD_FAILURE() << "the planted fault did not fail";
+  if (!msg.empty() && msg.back() != '\n') msg += '\n';
   return msg;
 }
 
