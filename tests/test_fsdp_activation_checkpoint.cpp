@@ -67,8 +67,9 @@ const char* to_string(Ckpt c) { return c == Ckpt::None ? "none" : c == Ckpt::Uni
 Net make_net(Ckpt c, int layers = 3) {
   torch::manual_seed(0);
   Net net(layers, c == Ckpt::InsideUnit);
-  if (c == Ckpt::UnitInside)
+  if (c == Ckpt::UnitInside) {
     EXPECT_EQ(apply_activation_checkpointing(*net, checkpoint_module_type<DropBlockImpl>()), layers);
+  }
   return net;
 }
 
@@ -113,8 +114,9 @@ void expect_bitwise_equal(const Run& a, const Run& ref) {
     ASSERT_EQ(a.grads[s].size(), ref.grads[s].size());
     for (size_t i = 0; i < a.grads[s].size(); ++i) {
       ASSERT_EQ(a.grads[s][i].defined(), ref.grads[s][i].defined()) << "step " << s << " parameter " << i;
-      if (ref.grads[s][i].defined())
+      if (ref.grads[s][i].defined()) {
         EXPECT_TRUE(torch::equal(a.grads[s][i], ref.grads[s][i])) << "gradient, step " << s << " parameter " << i;
+      }
     }
   }
   ASSERT_EQ(a.params.size(), ref.params.size());
@@ -192,7 +194,9 @@ void trace_cases(comm::ProcessGroup& pg) {
       EXPECT_EQ(gathers, b == 0 ? 2 : 1) << unit;
       const TraceSpan* gather = find_span(spans, "all_gather " + unit, true);
       ASSERT_NE(gather, nullptr);
-      if (b == 0) EXPECT_LE(gather->end_seq, recompute->begin_seq) << "the recompute ran before its gather completed";
+      if (b == 0) {
+        EXPECT_LE(gather->end_seq, recompute->begin_seq) << "the recompute ran before its gather completed";
+      }
       const TraceSpan* backward = find_span(spans, "backward " + unit, false);
       ASSERT_NE(backward, nullptr);
       EXPECT_LT(recompute->end_seq, backward->end_seq);

@@ -67,8 +67,9 @@ void tracer_cases(comm::ProcessGroup& pg) {
       const auto& u = m.usage;
       EXPECT_EQ(u[MemoryCategory::kParameterShards], shard_bytes) << m.unit << " " << m.phase;
       EXPECT_GE(m.allocator_bytes, u.total() - u[MemoryCategory::kOther]) << m.unit << " " << m.phase;
-      if (m.phase == "pre_forward" || m.phase == "pre_backward")
+      if (m.phase == "pre_forward" || m.phase == "pre_backward") {
         EXPECT_GE(u[MemoryCategory::kUnshardedParameters], padded_bytes.at(m.unit)) << m.unit << " " << m.phase;
+      }
       if (m.phase == "optimizer_step") {
         EXPECT_EQ(u[MemoryCategory::kOptimizerState], 2 * piece_bytes) << "step " << m.step;
         EXPECT_EQ(u[MemoryCategory::kGradients], piece_bytes) << "step " << m.step;
