@@ -15,6 +15,7 @@
 #include "fsdp/optim/zero_redundancy_optimizer.h"
 #include "harness/models.h"
 #include "harness/multirank.h"
+#include "harness/trained_state.h"
 
 using namespace fsdp;
 using namespace fsdp::testing;
@@ -75,9 +76,7 @@ Net make_net(Ckpt c, int layers = 3) {
 
 // What one training run leaves on this rank: its gradient pieces after every backward
 // and its parameter pieces at the end, and the collective bytes of every step.
-struct Run {
-  std::vector<std::vector<torch::Tensor>> grads;
-  std::vector<torch::Tensor> params;
+struct Run : TrainedState {
   std::vector<int64_t> gather_bytes, reduce_bytes;
 };
 
@@ -106,22 +105,6 @@ Run train_fsdp(comm::ProcessGroup& pg, Ckpt c, const Options& options, int steps
   }
   for (auto& p : model->parameters()) run.params.push_back(p.detach().clone());
   return run;
-}
-
-void expect_bitwise_equal(const Run& a, const Run& ref) {
-  ASSERT_EQ(a.grads.size(), ref.grads.size());
-  for (size_t s = 0; s < a.grads.size(); ++s) {
-    ASSERT_EQ(a.grads[s].size(), ref.grads[s].size());
-    for (size_t i = 0; i < a.grads[s].size(); ++i) {
-      ASSERT_EQ(a.grads[s][i].defined(), ref.grads[s][i].defined()) << "step " << s << " parameter " << i;
-      if (ref.grads[s][i].defined()) {
-        EXPECT_TRUE(torch::equal(a.grads[s][i], ref.grads[s][i])) << "gradient, step " << s << " parameter " << i;
-      }
-    }
-  }
-  ASSERT_EQ(a.params.size(), ref.params.size());
-  for (size_t i = 0; i < a.params.size(); ++i)
-    EXPECT_TRUE(torch::equal(a.params[i], ref.params[i])) << "parameter " << i << " after the steps";
 }
 
 void parity_cases(comm::ProcessGroup& pg) {

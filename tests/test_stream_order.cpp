@@ -22,6 +22,7 @@
 #include "harness/error_of.h"
 #include "harness/models.h"
 #include "harness/multirank.h"
+#include "harness/trained_state.h"
 
 using namespace fsdp;
 using namespace fsdp::testing;
@@ -238,10 +239,8 @@ std::vector<Config> configs(int world) {
   return c;
 }
 
-struct Run {
-  std::vector<std::vector<torch::Tensor>> grads;  // after every backward
-  std::vector<torch::Tensor> params;              // at the end
-  int64_t gathers = 0, reductions = 0;            // spans in the trace
+struct Run : TrainedState {
+  int64_t gathers = 0, reductions = 0;  // spans in the trace
 };
 
 // The fake streams, switched on for the runtimes built while this lives.
@@ -293,22 +292,6 @@ Run train(comm::ProcessGroup& pg, const Config& c, std::shared_ptr<FakeStreams> 
     if (span.name.rfind("reduce ", 0) == 0) ++run.reductions;
   }
   return run;
-}
-
-void expect_bitwise_equal(const Run& a, const Run& ref) {
-  ASSERT_EQ(a.grads.size(), ref.grads.size());
-  for (size_t s = 0; s < a.grads.size(); ++s) {
-    ASSERT_EQ(a.grads[s].size(), ref.grads[s].size());
-    for (size_t i = 0; i < a.grads[s].size(); ++i) {
-      ASSERT_EQ(a.grads[s][i].defined(), ref.grads[s][i].defined()) << "step " << s << " parameter " << i;
-      if (ref.grads[s][i].defined()) {
-        EXPECT_TRUE(torch::equal(a.grads[s][i], ref.grads[s][i])) << "gradient, step " << s << " parameter " << i;
-      }
-    }
-  }
-  ASSERT_EQ(a.params.size(), ref.params.size());
-  for (size_t i = 0; i < a.params.size(); ++i)
-    EXPECT_TRUE(torch::equal(a.params[i], ref.params[i])) << "parameter " << i << " after the steps";
 }
 
 void training_cases(comm::ProcessGroup& pg) {
