@@ -92,18 +92,17 @@ struct Rows {
   }
 };
 
-// The tensors of one Gloo alltoall. Gloo's work object keeps the tensors it was given
+// The scratch of one Gloo alltoall. Gloo's work object keeps the tensors it was given
 // until its worker thread lets go of the work, which can be after wait() has returned:
-// the caller's flat buffer and our scratch would outlive the call by a moment (two units'
-// gathers in a row would briefly hold three buffers; send/recv works are ours and do not).
-// So Gloo gets non-owning views, and the lease holds the tensors themselves until the
-// work is complete, then lets go (the scratch goes back to the group, kept if large:
-// [Note: per-group comm state]).
+// the scratch would outlive the call by a moment (two units' gathers in a row would
+// briefly hold three buffers; send/recv works are ours and do not). So Gloo gets
+// non-owning views of the rows (the caller's tensors never reach it), and the lease holds
+// the scratch until the work is complete, then gives it back to the group, kept if large
+// ([Note: per-group comm state]).
 struct AlltoallLease {
   std::shared_ptr<GlooTransport> transport;
   ProcessGroup group;
-  at::Tensor scratch;             // kByte, from GroupCommState::acquire_scratch
-  std::vector<at::Tensor> owned;  // what the views handed to Gloo point into
+  at::Tensor scratch;  // kByte, from GroupCommState::acquire_scratch; the rows live here
   c10::intrusive_ptr<c10d::Work> work;
 
   AlltoallLease(GlooTransport& t, ProcessGroup g, int64_t scratch_bytes)
@@ -119,13 +118,8 @@ struct AlltoallLease {
     auto* base = static_cast<uint8_t*>(scratch.data_ptr()) + which * n * stride;
     return Rows{at::from_blob(base, {n, stride}, scratch.options()), row_bytes};
   }
-  // `t` (which stays alive in the lease) as a non-owning view for Gloo.
-  at::Tensor lend(const at::Tensor& t) {
-    owned.push_back(t);
-    return at::from_blob(t.data_ptr(), t.sizes(), t.strides(), t.options());
-  }
   void start(const Rows& out, const Rows& in) {
-    at::Tensor o = lend(out.bytes), i = lend(in.bytes);
+    at::Tensor o = out.bytes, i = in.bytes;  // non-owning views of the scratch
     std::vector<int64_t> equal_splits;
     work = group.c10d()->alltoall_base(o, i, equal_splits, equal_splits);
   }
@@ -133,16 +127,12 @@ struct AlltoallLease {
   // After the work completed.
   void release() {
     work.reset();
-    owned.clear();
     transport->comm_state().release_scratch(std::move(scratch));
   }
   ~AlltoallLease() {
-    // A handle dropped without wait() while Gloo may still read or write: leak what it
-    // points into rather than free it under Gloo's feet.
-    if (work && !work->isCompleted()) {
-      new at::Tensor(std::move(scratch));
-      new std::vector<at::Tensor>(std::move(owned));
-    }
+    // A handle dropped without wait() while Gloo may still read or write: leak the
+    // scratch rather than free it under Gloo's feet.
+    if (work && !work->isCompleted()) new at::Tensor(std::move(scratch));
   }
 };
 
