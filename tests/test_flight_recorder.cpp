@@ -408,10 +408,10 @@ TEST_P(PlantedFault, RankWithAnotherWidthIsNamedAtConstruction) {
     const auto start = Clock::now();
     const std::string msg = fault_error([&] { Trainee(pg, pg.rank() == 1 ? 16 : 8).step(); });
     EXPECT_NE(msg.find("fsdp: the model differs across ranks (seen on rank " + std::to_string(pg.rank()) +
-                       "): rank 1 differs from rank 0 at parameter #0: rank 0 has 'blocks0.weight [8, 8] Float'"),
+                       "): rank 1 differs from rank 0 at parameter #0: rank 0 has 'blocks0.weight [8, 8] Float cpu'"),
               std::string::npos)
         << msg;
-    EXPECT_EQ(msg.find(", this rank has 'blocks0.weight [16, 8] Float'") != std::string::npos, pg.rank() == 1) << msg;
+    EXPECT_EQ(msg.find(", this rank has 'blocks0.weight [16, 8] Float cpu'") != std::string::npos, pg.rank() == 1) << msg;
     EXPECT_LT(seconds_since(start), limit_s());
   }, world());
 }
@@ -506,10 +506,10 @@ void zero_with_wider_rank1_is_refused(comm::ProcessGroup& pg) {
   });
   const std::string expected = "ZeroRedundancyOptimizer: the trainable parameters differ across ranks (seen on rank " +
                                std::to_string(pg.rank()) +
-                               "): rank 1 differs from rank 0 at parameter #1: rank 0 has 'param_groups[0][4] [8, 8] Float in group 0'";
+                               "): rank 1 differs from rank 0 at parameter #1: rank 0 has 'param_groups[0][4] [8, 8] Float cpu in group 0'";
   EXPECT_NE(msg.find(expected), std::string::npos) << msg;
   if (pg.rank() == 1) {
-    EXPECT_NE(msg.find("this rank has 'param_groups[0][4] [8, 16] Float in group 0'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("this rank has 'param_groups[0][4] [8, 16] Float cpu in group 0'"), std::string::npos) << msg;
   }
   EXPECT_NE(msg.find("Build the same model and parameter groups on every rank"), std::string::npos) << msg;
   EXPECT_LT(seconds_since(start), 5.0);

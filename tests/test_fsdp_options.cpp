@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "fsdp/comm/collectives.h"
+#include "fsdp/optim/zero_redundancy_optimizer.h"
 #include "harness/models.h"
 #include "harness/multirank.h"
 
@@ -58,6 +59,41 @@ void expect_matches(const std::map<std::string, torch::Tensor>& got,
     ASSERT_TRUE(got.count(name)) << what << ": " << name;
     EXPECT_LT(rel_diff(got.at(name), w), 1e-5) << what << ": " << name;
   }
+}
+
+// A module with a parameter on the CPU and one on `second` (the meta device: this machine
+// has no GPU, and placement refuses every device but CPU and CUDA alike).
+struct TwoDevicesImpl : torch::nn::Module {
+  TwoDevicesImpl(bool first_on_cpu, torch::Device second) {
+    a = register_parameter("a", torch::ones({4}, first_on_cpu ? torch::Device(torch::kCPU) : second));
+    b = register_parameter("b", torch::ones({4}, second));
+  }
+  torch::Tensor forward(torch::Tensor x) { return x * a * b; }
+  torch::Tensor a, b;
+};
+TORCH_MODULE(TwoDevices);
+
+// [Note: device placement]: one device per model, checked before any group is made, for
+// FSDP and ZeRO alike (the CUDA cases are tests/test_fsdp_cuda.cpp's, on a GPU machine).
+void device_cases(comm::ProcessGroup& pg) {
+  run_case("a model on two devices, or on a device neither CPU nor CUDA, is refused by name", [&] {
+    const torch::Device meta(torch::kMeta);
+    expect_error([&] { FullyShardedDataParallel(TwoDevices(true, meta), pg); },
+                 "fsdp (rank " + std::to_string(pg.rank()) + "): the model's parameters are on more than one "
+                 "device: 'a' on cpu, 'b' on meta", "two devices");
+    expect_error([&] { FullyShardedDataParallel(TwoDevices(false, meta), pg); },
+                 "parameter 'a' is on meta; FSDP and ZeRO run on CPU and CUDA devices only", "meta");
+    auto zero_of = [&](TwoDevices m) {
+      optim::ZeroRedundancyOptimizer(m->parameters(),
+                                     optim::inner_optimizer<torch::optim::SGD>(torch::optim::SGDOptions(0.1)),
+                                     optim::ZeroOptions().process_group(pg));
+    };
+    expect_error([&] { zero_of(TwoDevices(true, meta)); },
+                 "ZeroRedundancyOptimizer (rank " + std::to_string(pg.rank()) + "): trainable parameter "
+                 "param_groups[0][0] is Float on cpu but param_groups[0][1] is Float on meta", "ZeRO, two devices");
+    expect_error([&] { zero_of(TwoDevices(false, meta)); },
+                 "] is on meta; FSDP and ZeRO run on CPU and CUDA devices only", "ZeRO, meta");
+  });
 }
 
 void option_cases(comm::ProcessGroup& pg) {
@@ -151,6 +187,7 @@ void option_cases(comm::ProcessGroup& pg) {
     auto total = model->clip_grad_norm_(1e9, 2.0);
     EXPECT_NEAR(total.item<double>(), std::sqrt(managed_sq + ignored_sq), 1e-5 * std::sqrt(managed_sq + ignored_sq));
   });
+  device_cases(pg);
 }
 
 }  // namespace

@@ -327,6 +327,103 @@ TEST(FsdpFakeStreams, TrainsWithoutHazardsAt1Rank) { run_ranks(1, training_cases
 TEST(FsdpFakeStreams, TrainsWithoutHazardsAt2Ranks) { run_ranks(2, training_cases); }
 TEST(FsdpFakeStreams, TrainsWithoutHazardsAt3Ranks) { run_ranks(3, training_cases); }
 
+// ---- (d) on a GPU: the CUDA stream order, with delays injected on one stream ----
+//
+// A gpu case of its own (test_stream_order_cuda). FSDP on the rank's GPU orders its
+// all-gather and reduce-scatter streams through the CUDA backend; a spin kernel queued on
+// one of them before each collective makes any missing wait show as other values, so each
+// delayed run must equal the undelayed one bit for bit (same kernels, same order). At one
+// rank the "all-gather" is a copy on the all-gather stream, ordered for compute by the
+// stream order alone: leaving that wait out must change the values (the check is live).
+
+class StreamHooksScope {
+ public:
+  explicit StreamHooksScope(fsdp::detail::StreamOrderTestHooks hooks) {
+    fsdp::detail::set_stream_order_test_hooks(std::move(hooks));
+  }
+  ~StreamHooksScope() { fsdp::detail::set_stream_order_test_hooks({}); }
+};
+
+constexpr int64_t kDelayCycles = 20'000'000;  // ~10 ms at H100 clocks: longer than any unit's compute
+
+TrainedState train_on_gpu(comm::ProcessGroup& pg, const Config& c, fsdp::detail::StreamOrderTestHooks hooks,
+                          int steps = 3) {
+  const torch::Device gpu(torch::kCUDA, pg.cuda_device());
+  torch::manual_seed(0);
+  TinyTransformer net(13, 24, 5, 3);
+  net->to(gpu);
+  std::optional<FullyShardedDataParallel<TinyTransformerImpl>> model;
+  {
+    StreamHooksScope scope(std::move(hooks));
+    model.emplace(net, pg, c.options);
+  }
+  auto& m = *model;
+  torch::optim::Adam opt(m->parameters(), torch::optim::AdamOptions(1e-2));
+  if (c.extra == Extra::OptimizerInBackward) m->register_optimizer_in_backward(opt);
+  TrainedState run;
+  for (int s = 0; s < steps; ++s) {
+    opt.zero_grad(/*set_to_none=*/true);
+    auto [x, y] = global_batch(s, 12);
+    auto out = m->forward(rank_slice(x, pg.rank(), pg.size()).to(gpu)).to(torch::kFloat);
+    torch::mse_loss(out, rank_slice(y, pg.rank(), pg.size()).to(gpu)).backward();
+    std::vector<torch::Tensor> g;
+    for (auto& p : m->parameters()) g.push_back(p.grad().defined() ? p.grad().cpu() : torch::Tensor());
+    run.grads.push_back(std::move(g));
+    opt.step();
+  }
+  for (auto& p : m->parameters()) run.params.push_back(p.detach().cpu());
+  return run;
+}
+
+bool same_params(const TrainedState& a, const TrainedState& b) {
+  if (a.params.size() != b.params.size()) return false;
+  for (size_t i = 0; i < a.params.size(); ++i)
+    if (!torch::equal(a.params[i], b.params[i])) return false;
+  return true;
+}
+
+void delayed_stream_cases(comm::ProcessGroup& pg) {
+  for (const Config& c : configs(pg.size())) {
+    if (c.extra == Extra::Checkpoint || c.extra == Extra::NoSync) continue;  // their CPU cases cover the order
+    run_case(c.name, [&] {
+      const TrainedState ref = train_on_gpu(pg, c, {});
+      for (StreamKind delayed : {kGather, kReduce}) {
+        SCOPED_TRACE(std::string("delayed: ") + fsdp::detail::to_string(delayed));
+        fsdp::detail::StreamOrderTestHooks hooks;
+        hooks.delayed_stream = delayed;
+        hooks.delay_cycles = kDelayCycles;
+        expect_bitwise_equal(train_on_gpu(pg, c, hooks), ref);
+      }
+    });
+  }
+  if (pg.size() != 1) return;
+  run_case("a wait left out shows under the delay", [&] {
+    const Config full{"FULL_SHARD", Options().auto_wrap_policy(module_type_policy<BlockImpl>())};
+    const TrainedState ref = train_on_gpu(pg, full, {});
+    fsdp::detail::StreamOrderTestHooks hooks;
+    hooks.delayed_stream = kGather;
+    hooks.delay_cycles = kDelayCycles;
+    hooks.skipped_wait = WaitSite::ComputeWaitsGather;
+    EXPECT_FALSE(same_params(train_on_gpu(pg, full, hooks), ref))
+        << "compute read the gathered parameters before the delayed all-gather stream wrote them, "
+           "and still got the same values: the delay did not reach the all-gather stream";
+  });
+}
+
+TEST(FsdpCudaStreams, DelayedStreamsKeepParityAt1RankNccl) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device on this machine";
+  RankOptions o;
+  o.backend = comm::Backend::NCCL;
+  run_ranks(1, delayed_stream_cases, o);
+}
+
+TEST(FsdpCudaStreams, DelayedStreamsKeepParityAt2RanksGlooOnOneGpu) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device on this machine";
+  RankOptions o;
+  o.backend = comm::Backend::Gloo;
+  run_ranks(2, delayed_stream_cases, o);
+}
+
 // ---- (c) a wait left out of the runtime ----
 
 TEST(FsdpFakeStreams, PlantedMissingWaitIsReported) {

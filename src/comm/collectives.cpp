@@ -60,7 +60,7 @@ void CommHandle::wait() {
   if (done_) return;
   done_ = true;
   try {
-    if (work_) group_.transport()->wait(work_, group_, op_);
+    if (work_) (on_device_ ? group_.device_transport() : group_.transport())->wait(work_, group_, op_);
     if (finish_) finish_();
   } catch (const std::exception& e) {
     work_.reset();
@@ -71,6 +71,11 @@ void CommHandle::wait() {
   work_.reset();
   finish_ = nullptr;
   if (record_seq_ != 0) record_group_.flight_recorder().complete(record_seq_);
+}
+
+void CommHandle::order_current_stream() const {
+  // Gloo's CUDA work records the events that order the streams only when it ends.
+  if (work_ && !done_ && path_ == CommPath::Nccl) work_->synchronize();
 }
 
 bool CommHandle::is_completed() const { return done_ || (work_ && work_->isCompleted()); }

@@ -9,6 +9,9 @@
 
 #ifdef FSDP_WITH_CUDA_STREAMS
 #include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/Sleep.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
 
@@ -24,7 +27,7 @@ struct CudaEvent : EventImpl {
 
 class CudaStreams : public StreamBackend {
  public:
-  explicit CudaStreams(c10::DeviceIndex device) {
+  CudaStreams(c10::DeviceIndex device, CudaStreamDelay delay) : delay_(delay) {
     streams_[index(StreamKind::Compute)] = c10::cuda::getCurrentCUDAStream(device);
     // Communication gets high priority, as in PyTorch FSDP: a collective's kernels
     // should not queue behind a long compute kernel.
@@ -48,26 +51,42 @@ class CudaStreams : public StreamBackend {
   // The device keeps the order; FakeStreams checks these same calls on the CPU.
   void check(StreamKind, BufferUse, const BufferRecord&) override {}
 
+  std::shared_ptr<void> make_current(StreamKind s) override {
+    auto guard = std::make_shared<c10::cuda::CUDAStreamGuard>(stream(s));
+    if (delay_.stream == s && delay_.cycles > 0) at::cuda::sleep(delay_.cycles);
+    return guard;
+  }
+
+  // The pool hands a block to any stream and reuses it without the caching allocator
+  // seeing (FakeStreams checks that order). What the allocator must know is the end: when
+  // the pool lets the block go, the allocator records an event on every stream named here
+  // and reuses the memory only after them.
+  void adopt_block(const at::DataPtr& block) override {
+    for (StreamKind s : {StreamKind::AllGather, StreamKind::ReduceScatter, StreamKind::Copy})
+      c10::cuda::CUDACachingAllocator::recordStream(block, stream(s));
+  }
+
  private:
   static size_t index(StreamKind s) { return static_cast<size_t>(s); }
   c10::cuda::CUDAStream stream(StreamKind s) const { return *streams_[index(s)]; }
 
   std::array<std::optional<c10::cuda::CUDAStream>, kStreamKinds> streams_;
+  CudaStreamDelay delay_;
 };
 
 }  // namespace
 
 bool cuda_streams_built() { return true; }
 
-std::shared_ptr<StreamBackend> make_cuda_streams(int device) {
-  return std::make_shared<CudaStreams>(static_cast<c10::DeviceIndex>(device));
+std::shared_ptr<StreamBackend> make_cuda_streams(int device, CudaStreamDelay delay) {
+  return std::make_shared<CudaStreams>(static_cast<c10::DeviceIndex>(device), delay);
 }
 
 #else
 
 bool cuda_streams_built() { return false; }
 
-std::shared_ptr<StreamBackend> make_cuda_streams(int device) {
+std::shared_ptr<StreamBackend> make_cuda_streams(int device, CudaStreamDelay) {
   TORCH_CHECK(false, "fsdp: CUDA streams for device ", device, " were asked for, but this fsdp-cpp was built "
               "against a libtorch without CUDA; build against a CUDA libtorch (docs/gpu.md)");
 }

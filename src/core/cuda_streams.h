@@ -4,7 +4,9 @@
 // reduce-scatter and copy streams come from libtorch's stream pool; record and wait are
 // CUDA events (at::cuda::CUDAEvent) on them. It checks nothing: FakeStreams checks the
 // same calls on the CPU.
+#include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "stream_order.h"
 
@@ -12,7 +14,13 @@ namespace fsdp::detail {
 
 /// Whether this build has the CUDA backend (libtorch built with CUDA).
 bool cuda_streams_built();
+/// What a test injects: a spin of `cycles` on `stream` each time it is made current.
+struct CudaStreamDelay {
+  std::optional<StreamKind> stream;
+  int64_t cycles = 0;
+};
+
 /// The backend on CUDA device `device`; refuses when cuda_streams_built() is false.
-std::shared_ptr<StreamBackend> make_cuda_streams(int device);
+std::shared_ptr<StreamBackend> make_cuda_streams(int device, CudaStreamDelay delay = {});
 
 }  // namespace fsdp::detail

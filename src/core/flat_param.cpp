@@ -63,7 +63,7 @@ void FlatParameter::alloc_unsharded(BufferPool& pool) {
   if (unsharded_allocated()) return;
   const size_t nbytes = padded_numel_ * unsharded_.element_size();
   auto* impl = unsharded_.storage().unsafeGetStorageImpl();
-  impl->set_data_ptr_noswap(pool.allocate(nbytes));
+  impl->set_data_ptr_noswap(pool.allocate(nbytes, unsharded_.device()));
   impl->set_nbytes(nbytes);
 }
 

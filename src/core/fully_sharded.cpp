@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include "comm/object_collectives.h"
+#include "comm/device/placement.h"
 #include "fsdp/comm/collectives.h"
 #include "fsdp/core/host_memory.h"
 #include "resolved_options.h"
@@ -30,10 +31,17 @@ using detail::Unit;
 
 namespace {
 
+// The device's type, not its index: ranks sharing a host hold the model on GPUs of their own.
 std::string describe(const at::Tensor& t) {
   std::ostringstream os;
-  os << t.sizes() << " " << t.scalar_type() << (t.requires_grad() ? "" : " frozen");
+  os << t.sizes() << " " << t.scalar_type() << " " << t.device().type() << (t.requires_grad() ? "" : " frozen");
   return os.str();
+}
+
+std::vector<std::pair<std::string, at::Tensor>> named_tensors(torch::nn::Module& model) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& p : model.named_parameters()) out.emplace_back("'" + p.key() + "'", p.value());
+  return out;
 }
 
 // Every rank compares its parameter list with rank 0's; on a difference every
@@ -146,7 +154,7 @@ FullyShardedBase::FullyShardedBase(std::shared_ptr<torch::nn::Module> model, com
   comm::LabelScope label({comm::Phase::Setup, "FullyShardedDataParallel"});
   // Options are checked here, before the first collective: a rank with a bad
   // option must fail alone and at once, not leave its peers waiting in one.
-  const detail::ResolvedOptions resolved = detail::resolve_options(options_, pg_);
+  detail::ResolvedOptions resolved = detail::resolve_options(options_, pg_);
   // Wrapping twice would stack hooks on the same call sites.
   for (const auto& m : model_->modules()) {
     auto* w = dynamic_cast<WrappableBase*>(m.get());
@@ -160,6 +168,7 @@ FullyShardedBase::FullyShardedBase(std::shared_ptr<torch::nn::Module> model, com
   }
   TORCH_CHECK(!std::dynamic_pointer_cast<FullyShardedBase>(model_),
               "fsdp: the module is already a FullyShardedDataParallel; wrap the model once");
+  resolved.device = comm::detail::placement_device(named_tensors(*model_), pg_, "fsdp");
 
   // Units a ShardedInitContext sharded at construction are adopted as they are,
   // so they must have been laid out for this group and these options.

@@ -54,7 +54,9 @@ GradReducer::GradReducer(comm::ProcessGroup reduce_group, comm::ProcessGroup rep
     : reduce_pg_(std::move(reduce_group)), replica_pg_(std::move(replica_group)), tracer_(tracer), pool_(pool),
       former_(cap_bytes), max_scattering_(max_scattering), streams_(streams) {
   TORCH_INTERNAL_ASSERT(max_scattering_ >= 1);
-  if (replica_pg_.defined() && replica_pg_.size() > 1) chain_ = std::make_unique<ReplicaChain>(replica_pg_, tracer_);
+  if (replica_pg_.defined() && replica_pg_.size() > 1)
+    chain_ = std::make_unique<ReplicaChain>(replica_pg_, tracer_,
+                                            streams_ ? streams_->current_maker(StreamKind::ReduceScatter) : nullptr);
 }
 
 GradReducer::~GradReducer() = default;
@@ -147,11 +149,15 @@ std::unique_ptr<GradReducer::Reduction> GradReducer::issue(std::vector<Unit*> me
   // Not pooled when sharded: the output becomes the gradient pieces, which outlive the step.
   r->output = sharded ? at::empty({total}, r->input.options()) : r->input;
   order_issue(*r);
-  if (sharded) {
-    r->handle = comm::reduce_scatter(reduce_pg_, r->output, r->input, comm::ReduceOp::Sum,
-                                      {comm::Phase::Backward, r->label});
-  } else {
-    r->handle = comm::all_reduce(reduce_pg_, r->input, comm::ReduceOp::Sum, {comm::Phase::Backward, r->label});
+  {
+    const auto on_stream = streams() ? streams()->make_current(StreamKind::ReduceScatter) : nullptr;
+    if (sharded) {
+      r->handle = comm::reduce_scatter(reduce_pg_, r->output, r->input, comm::ReduceOp::Sum,
+                                        {comm::Phase::Backward, r->label});
+    } else {
+      r->handle = comm::all_reduce(reduce_pg_, r->input, comm::ReduceOp::Sum, {comm::Phase::Backward, r->label});
+    }
+    r->handle.order_current_stream();
   }
   order_issued(*r);
   return r;

@@ -31,12 +31,16 @@ struct ReplicaChain::State {
   bool stop = false;
   Tracer* tracer = nullptr;              // null once the chain is destroyed (under mu)
   std::exception_ptr failed;             // the first error: later links fail with it
+  std::function<std::shared_ptr<void>()> on_stream;
 };
 
-ReplicaChain::ReplicaChain(comm::ProcessGroup replica_group, Tracer* tracer) : state_(std::make_shared<State>()) {
+ReplicaChain::ReplicaChain(comm::ProcessGroup replica_group, Tracer* tracer,
+                           std::function<std::shared_ptr<void>()> on_stream)
+    : state_(std::make_shared<State>()) {
   TORCH_INTERNAL_ASSERT(replica_group.defined() && replica_group.size() > 1);
   state_->replica_pg = std::move(replica_group);
   state_->tracer = tracer;
+  state_->on_stream = std::move(on_stream);
   std::thread(run, state_).detach();  // shares only state_ (see "Shutdown" in the note)
 }
 
@@ -80,6 +84,7 @@ bool ReplicaChain::is_scattered(const Link& link) const {
 }
 
 void ReplicaChain::run(std::shared_ptr<State> s) {
+  const std::shared_ptr<void> on_stream = s->on_stream ? s->on_stream() : nullptr;
   for (;;) {
     std::shared_ptr<Link> link;
     std::exception_ptr failed;
@@ -112,6 +117,7 @@ void ReplicaChain::run(std::shared_ptr<State> s) {
         // the world.
         replica = comm::all_reduce(s->replica_pg, link->output, comm::ReduceOp::Sum,
                                    {comm::Phase::Backward, "replicas of " + link->label});
+        replica.order_current_stream();
       } catch (...) {
         error = std::current_exception();
       }

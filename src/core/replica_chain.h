@@ -49,6 +49,7 @@
 // pointer: an idle thread exits at once; one still blocked in a wait (an exception
 // left reductions in flight) exits when that wait returns or times out, without
 // issuing anything more, so the destructor never blocks on a peer.
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -66,8 +67,11 @@ class ReplicaChain {
   struct Link;
 
   /// replica_group: of size > 1. tracer: where the thread records the end of each
-  /// reduce-scatter span and the start of each replica all-reduce span.
-  ReplicaChain(comm::ProcessGroup replica_group, Tracer* tracer);
+  /// reduce-scatter span and the start of each replica all-reduce span. on_stream: made
+  /// once by the thread and held while it runs, so that it waits and issues on the
+  /// reduce-scatter stream ([Note: stream order wiring]); may be empty.
+  ReplicaChain(comm::ProcessGroup replica_group, Tracer* tracer,
+               std::function<std::shared_ptr<void>()> on_stream = {});
   ~ReplicaChain();
   ReplicaChain(const ReplicaChain&) = delete;
   ReplicaChain& operator=(const ReplicaChain&) = delete;

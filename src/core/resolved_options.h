@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <string>
 
+#include <c10/core/Device.h>
+
 #include "fsdp/comm/process_group.h"
 #include "fsdp/core/options.h"
 
@@ -42,6 +44,9 @@ struct ResolvedOptions {
   bool keep_freed_host_memory = true;
   /// Options::optimizer_in_backward ([Note: optimizer in backward]).
   bool optimizer_in_backward = false;
+  /// Where the model's parameters are, checked by placement_device ([Note: device
+  /// placement]); set by the wrapper, not by resolve_options.
+  c10::Device device = c10::kCPU;
 };
 
 /// Checks every option that can be checked without collectives and resolves the

@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/function_hook.h>
 
 #include "fsdp/autograd/end_of_backward.h"
+#include "cuda_streams.h"
 #include "stream_order_testing.h"
 
 namespace fsdp::detail {
@@ -60,13 +61,10 @@ Runtime::Runtime(comm::ProcessGroup pg, ResolvedOptions options) : pg_(std::move
                         n, " passed resolve_options");
   set_up_stream_order();
   // On one host the peers read the gathered and reduced buffers in place ([Note: exchange
-  // arena]); every group of the world shares the process's arena. A new block has no
-  // stream history ([Note: stream order wiring]).
-  pool_.set_block_allocator([g = gather_pg_, streams = &streams_](size_t nbytes) {
-    at::DataPtr block = comm::allocate_collective_buffer(g, nbytes);
-    streams->forget(block.get());
-    return block;
-  });
+  // arena]); every group of the world shares the process's arena. Device blocks come from
+  // the device's allocator. A new block has no stream history ([Note: stream order wiring]).
+  pool_.set_block_allocator([g = gather_pg_](size_t nbytes) { return comm::allocate_collective_buffer(g, nbytes); });
+  pool_.set_new_block_observer([streams = &streams_](const at::DataPtr& block) { streams->new_block(block); });
   tracer_ = std::make_unique<Tracer>(options_.trace_dir, pg_.global_rank());
   // [Note: reductions in flight]
   const int max_scattering = options_.strategy == ShardingStrategy::NO_SHARD ? 2 : 1;
@@ -76,9 +74,14 @@ Runtime::Runtime(comm::ProcessGroup pg, ResolvedOptions options) : pg_(std::move
 }
 
 void Runtime::set_up_stream_order() {
-  // [Note: stream order wiring]: on for the runtimes a test switches it on for. The CUDA
-  // backend (cuda_streams.h) joins here once units live on CUDA devices.
+  // [Note: stream order wiring]: CUDA streams for a model on a GPU ([Note: device
+  // placement]); the fake streams where a test switches them on (on the CPU only).
   const StreamOrderTestHooks& hooks = stream_order_test_hooks();
+  if (options_.device.is_cuda()) {
+    streams_.set_backend(make_cuda_streams(options_.device.index(), {hooks.delayed_stream, hooks.delay_cycles}));
+    streams_.set_skipped_wait(hooks.skipped_wait);
+    return;
+  }
   if (!hooks.make_backend) return;
   streams_.set_backend(hooks.make_backend());
   streams_.set_skipped_wait(hooks.skipped_wait);

@@ -99,9 +99,10 @@ void StreamOrder::release(StreamKind s, const at::Tensor& t) {
   b->consumers.push_back(backend_->record(s, "the release of the " + b->name));
 }
 
-void StreamOrder::forget(const void* data) {
+void StreamOrder::new_block(const at::DataPtr& block) {
   if (!backend_) return;
-  buffers_.erase(data);
+  buffers_.erase(block.get());
+  backend_->adopt_block(block);
 }
 
 // ---- events ----

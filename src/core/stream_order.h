@@ -26,6 +26,7 @@
 // (cuda_streams.h) records and waits real events and checks nothing. Without a backend
 // (plain CPU training) every call returns at once.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -81,6 +82,13 @@ class StreamBackend {
   virtual void wait(StreamKind s, const StreamEvent& e) = 0;
   /// `s` is about to use `b` as `use`; throws if the order does not allow it.
   virtual void check(StreamKind s, BufferUse use, const BufferRecord& b) = 0;
+  /// Makes `s` this thread's current stream until the returned guard dies, so that a
+  /// collective issued meanwhile queues behind `s` (NCCL's stream waits the current one);
+  /// null where the streams are not real.
+  virtual std::shared_ptr<void> make_current(StreamKind) { return nullptr; }
+  /// The pool made a new device block that every stream may use: its memory must not go
+  /// back to the device allocator before their work on it is done.
+  virtual void adopt_block(const at::DataPtr&) {}
 };
 
 /// The waits the runtime makes, by name ([Note: stream order wiring] in runtime.h).
@@ -111,8 +119,18 @@ class StreamOrder {
   /// `s` gives the buffer back; the event behind its last use on `s` stays with the
   /// block for its next user.
   void release(StreamKind s, const at::Tensor& t);
-  /// The pool allocated a new block at `data`: whatever was there before is gone.
-  void forget(const void* data);
+  /// The pool allocated a new block: whatever was at its address before is gone.
+  void new_block(const at::DataPtr& block);
+
+  // ---- the issuing thread's current stream ----
+  /// While the result lives, `s` is this thread's current stream (nothing without real
+  /// streams). Safe from any thread: it reads only the backend.
+  std::shared_ptr<void> make_current(StreamKind s) const { return backend_ ? backend_->make_current(s) : nullptr; }
+  /// make_current(s) for another thread, which may outlive this StreamOrder (empty: none).
+  std::function<std::shared_ptr<void>()> current_maker(StreamKind s) const {
+    if (!backend_) return nullptr;
+    return [backend = backend_, s] { return backend->make_current(s); };
+  }
 
   // ---- events ----
   StreamEvent record(StreamKind s, std::string what);

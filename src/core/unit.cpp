@@ -95,7 +95,11 @@ bool Unit::issue_gather(comm::Phase phase) {
     g.source = flat_->shard_for_gather();
     order_gather_issue(g.source);
     gather_mark_ = ctx_.tracer->begin();
-    g.handle = comm::all_gather_into(ctx_.gather_group, flat_->unsharded(), g.source, {phase, label()});
+    {
+      const auto on_stream = streams() ? streams()->make_current(StreamKind::AllGather) : nullptr;
+      g.handle = comm::all_gather_into(ctx_.gather_group, flat_->unsharded(), g.source, {phase, label()});
+      g.handle.order_current_stream();
+    }
     order_gather_issued();
     pending_gather_ = std::move(g);
   } else {

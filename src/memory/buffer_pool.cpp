@@ -5,12 +5,13 @@
 #include <vector>
 
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/DeviceGuard.h>
 
 namespace fsdp::detail {
 
 struct BufferPool::State {
   struct Block {
-    at::DataPtr mem;  // from the CPU allocator; freed when the Block dies
+    at::DataPtr mem;  // from the block allocator; freed when the Block dies
     size_t capacity = 0;
   };
   // What a handed-out DataPtr's deleter context points at.
@@ -21,13 +22,22 @@ struct BufferPool::State {
 
   int max_idle;
   size_t min_block_bytes;
-  std::function<at::DataPtr(size_t)> allocate_block;  // empty: the CPU allocator
+  std::function<at::DataPtr(size_t)> allocate_block;  // host blocks; empty: the CPU allocator
+  std::function<void(const at::DataPtr&)> on_new_block;
   mutable std::mutex mu;
   std::vector<Block> idle;
 
+  at::DataPtr new_block(size_t nbytes, at::Device device) const {
+    if (!device.is_cpu()) {
+      const c10::DeviceGuard on(device);  // the allocator serves the current device
+      return c10::GetAllocator(device.type())->allocate(nbytes);
+    }
+    return allocate_block ? allocate_block(nbytes) : c10::GetAllocator(c10::DeviceType::CPU)->allocate(nbytes);
+  }
+
   void give_back(Block b) {
     std::lock_guard<std::mutex> lock(mu);
-    const bool small = b.capacity < min_block_bytes && !allocate_block;
+    const bool small = b.capacity < min_block_bytes && !allocate_block && b.mem.device().is_cpu();
     if (small || static_cast<int>(idle.size()) >= max_idle) return;  // b frees
     idle.push_back(std::move(b));
   }
@@ -46,14 +56,16 @@ BufferPool::BufferPool(int max_idle, int64_t min_block_bytes) : state_(std::make
   state_->min_block_bytes = static_cast<size_t>(min_block_bytes);
 }
 
-at::DataPtr BufferPool::allocate(size_t nbytes) {
+at::DataPtr BufferPool::allocate(size_t nbytes, at::Device device) {
   State::Block block;
+  std::function<void(const at::DataPtr&)> observer;
   {
     std::lock_guard<std::mutex> lock(state_->mu);
+    observer = state_->on_new_block;
     auto& idle = state_->idle;
     auto best = idle.end();
     for (auto it = idle.begin(); it != idle.end(); ++it) {
-      const bool fits = it->capacity >= nbytes && it->capacity < 2 * nbytes;
+      const bool fits = it->mem.device() == device && it->capacity >= nbytes && it->capacity < 2 * nbytes;
       if (fits && (best == idle.end() || it->capacity < best->capacity)) best = it;
     }
     if (best != idle.end()) {
@@ -62,18 +74,19 @@ at::DataPtr BufferPool::allocate(size_t nbytes) {
     }
   }
   if (!block.mem) {
-    block.mem = state_->allocate_block ? state_->allocate_block(nbytes)
-                                       : c10::GetAllocator(c10::DeviceType::CPU)->allocate(nbytes);
+    block.mem = state_->new_block(nbytes, device);
     block.capacity = nbytes;
+    if (observer) observer(block.mem);
   }
   void* data = block.mem.get();
+  const at::Device block_device = block.mem.device();
   auto* lease = new State::Lease{state_, std::move(block)};
-  return at::DataPtr(data, lease, &State::return_lease, at::Device(at::kCPU));
+  return at::DataPtr(data, lease, &State::return_lease, block_device);
 }
 
 at::Tensor BufferPool::empty(int64_t numel, const at::TensorOptions& options) {
   const size_t nbytes = static_cast<size_t>(numel) * options.dtype().itemsize();
-  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, allocate(nbytes), /*allocator=*/nullptr,
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, allocate(nbytes, options.device()), /*allocator=*/nullptr,
                        /*resizable=*/false);
   return at::empty({0}, options).set_(storage, 0, {numel}, {1});
 }
@@ -81,6 +94,11 @@ at::Tensor BufferPool::empty(int64_t numel, const at::TensorOptions& options) {
 void BufferPool::set_block_allocator(std::function<at::DataPtr(size_t)> allocate_block) {
   std::lock_guard<std::mutex> lock(state_->mu);
   state_->allocate_block = std::move(allocate_block);
+}
+
+void BufferPool::set_new_block_observer(std::function<void(const at::DataPtr&)> observer) {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  state_->on_new_block = std::move(observer);
 }
 
 int64_t BufferPool::idle_bytes() const {

@@ -33,7 +33,11 @@
 // New blocks come from the block allocator: the CPU allocator by default; the
 // runtime sets comm::allocate_collective_buffer for its groups, so that on one host
 // the peers read these buffers in place ([Note: exchange arena] in
-// src/comm/shm/shm_arena.cpp).
+// src/comm/shm/shm_arena.cpp). Blocks on a GPU come from the device's caching
+// allocator: it has no faults to avoid, but a block kept here is reused without it, so
+// whoever reuses one must order the streams ([Note: stream order] in
+// src/core/stream_order.h), and every stream that may use a block must be known to the
+// allocator before the block goes back to it (the new-block observer).
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -47,13 +51,16 @@ class BufferPool {
  public:
   BufferPool(int max_idle, int64_t min_block_bytes);
 
-  /// Memory for at least `nbytes` bytes; freeing the DataPtr returns it here.
-  at::DataPtr allocate(size_t nbytes);
+  /// Memory for at least `nbytes` bytes on `device`; freeing the DataPtr returns it here.
+  at::DataPtr allocate(size_t nbytes, at::Device device = at::kCPU);
   /// A 1-D tensor of `numel` elements of `options` on pooled memory (contents undefined).
   at::Tensor empty(int64_t numel, const at::TensorOptions& options);
 
-  /// Where new blocks come from (set before the first allocation).
+  /// Where new host blocks come from (set before the first allocation); device blocks
+  /// come from the device's own allocator.
   void set_block_allocator(std::function<at::DataPtr(size_t)> allocate_block);
+  /// Called with every new block, host or device, before it is handed out.
+  void set_new_block_observer(std::function<void(const at::DataPtr&)> observer);
 
   /// Bytes of idle blocks held, and releasing them.
   int64_t idle_bytes() const;

@@ -16,6 +16,7 @@
 
 #include "fsdp/comm/collectives.h"
 #include "fsdp/memory/optimizer_state_bytes.h"
+#include "comm/device/placement.h"
 #include "comm/object_collectives.h"
 #include "zero_bucket_reducer.h"
 #include "zero_bucket_window.h"
@@ -254,6 +255,11 @@ void ZeroRedundancyOptimizer::Impl::take_parameters(
     keys.push_back(e.key);
     group_of.push_back(e.group);
   }
+  // One device, the rank's ([Note: device placement]); the flat buffer and the reducers'
+  // pools follow the parameters' device.
+  std::vector<std::pair<std::string, at::Tensor>> named;
+  for (size_t i = 0; i < params.size(); ++i) named.emplace_back(names[i], params[i]);
+  comm::detail::placement_device(named, pg, "ZeroRedundancyOptimizer");
 }
 
 /// Before rank 0's values are broadcast into them: a rank with another model would reach
@@ -262,7 +268,8 @@ void ZeroRedundancyOptimizer::Impl::check_same_parameters_on_all_ranks() const {
   std::vector<std::string> lines;
   for (size_t i = 0; i < params.size(); ++i) {
     std::ostringstream os;
-    os << names[i] << " " << params[i].sizes() << " " << params[i].scalar_type() << " in group " << group_of[i];
+    os << names[i] << " " << params[i].sizes() << " " << params[i].scalar_type() << " " << params[i].device().type()
+       << " in group " << group_of[i];
     lines.push_back(os.str());
   }
   comm::detail::check_same_on_all_ranks(pg, lines,

@@ -80,6 +80,17 @@ class CommHandle {
   /// only while someone waits (shared memory) answers false until wait() ran.
   bool is_completed() const;
   CommPath path() const { return path_; }
+  /// CUDA tensors: makes the calling thread's current stream wait for the collective
+  /// without blocking the host where the backend can (NCCL, whose work runs on a stream of
+  /// its own); elsewhere nothing, since wait() orders the streams there. FSDP calls it with
+  /// its all-gather or reduce-scatter stream current, right after the issue.
+  void order_current_stream() const;
+  /// Internal: the handle of a collective on CUDA tensors, which the group's device
+  /// transport waits.
+  CommHandle& on_device() {
+    on_device_ = true;
+    return *this;
+  }
   /// Internal: the flight record (src/comm/flight_recorder.h) that wait() completes, or
   /// marks failed.
   void attach_record(const ProcessGroup& g, uint64_t seq) {
@@ -94,6 +105,7 @@ class CommHandle {
   std::function<void()> finish_;
   bool done_ = false;
   CommPath path_ = CommPath::Local;
+  bool on_device_ = false;
   ProcessGroup record_group_;
   uint64_t record_seq_ = 0;
 };

@@ -21,7 +21,7 @@ CommHandle DeviceTransport::all_gather(const ProcessGroup& g, const at::Tensor& 
   at::Tensor out = flat;
   at::Tensor in = shard;
   auto work = g.c10d()->_allgather_base(out, in);
-  return CommHandle(work, g, "all_gather", [out, in]() {}, path_);
+  return CommHandle(work, g, "all_gather", [out, in]() {}, path_).on_device();
 }
 
 CommHandle DeviceTransport::reduce_scatter(const ProcessGroup& g, const at::Tensor& out, const at::Tensor& flat,
@@ -36,7 +36,7 @@ CommHandle DeviceTransport::reduce_scatter(const ProcessGroup& g, const at::Tens
   return CommHandle(work, g, "reduce_scatter", [out, target, input, op, n]() {
     if (op == ReduceOp::Avg) target.div_(n);
     if (!target.is_same(out)) out.copy_(target);
-  }, path_);
+  }, path_).on_device();
 }
 
 CommHandle DeviceTransport::all_reduce(const ProcessGroup& g, const at::Tensor& t, ReduceOp op) {
@@ -47,7 +47,7 @@ CommHandle DeviceTransport::all_reduce(const ProcessGroup& g, const at::Tensor& 
   const int n = g.size();
   return CommHandle(work, g, "all_reduce", [tensors, op, n]() {
     if (op == ReduceOp::Avg) tensors[0].div_(n);
-  }, path_);
+  }, path_).on_device();
 }
 
 CommHandle DeviceTransport::broadcast(const ProcessGroup& g, const at::Tensor& t, int root) {
@@ -55,7 +55,7 @@ CommHandle DeviceTransport::broadcast(const ProcessGroup& g, const at::Tensor& t
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
   auto work = g.c10d()->broadcast(tensors, opts);
-  return CommHandle(work, g, "broadcast", [tensors]() {}, path_);
+  return CommHandle(work, g, "broadcast", [tensors]() {}, path_).on_device();
 }
 
 void DeviceTransport::barrier(const ProcessGroup& g) {
@@ -70,7 +70,10 @@ std::shared_ptr<Transport> make_device_transport(const CudaPlacement& placement)
 
 void DeviceTransport::wait(const c10::intrusive_ptr<c10d::Work>& work, const ProcessGroup& g, const std::string& op) {
   try {
-    work->wait(g.timeout());
+    // NCCL: the current stream waits, the host does not; NCCL's watchdog enforces the
+    // group's timeout (a timeout here would block the host until the work ends).
+    if (path_ == CommPath::Nccl) work->wait();
+    else work->wait(g.timeout());
   } catch (const std::exception& e) {
     const auto* ce = dynamic_cast<const c10::Error*>(&e);
     const char* cause = ce ? ce->what_without_backtrace() : e.what();
