@@ -519,7 +519,9 @@ std::vector<nlohmann::json> expect_step_lines(const std::string& path, const std
     lines.push_back(nlohmann::json::parse(line));
     const size_t n = lines.size();
     EXPECT_EQ(lines.back().at("step").get<int64_t>(), int64_t(n));
-    if (n <= losses.size()) EXPECT_EQ(lines.back().at("loss").get<double>(), losses[n - 1]) << "step " << n;
+    if (n <= losses.size()) {
+      EXPECT_EQ(lines.back().at("loss").get<double>(), losses[n - 1]) << "step " << n;
+    }
   }
   EXPECT_EQ(lines.size(), losses.size()) << path;
   return lines;
