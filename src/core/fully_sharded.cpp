@@ -67,10 +67,6 @@ void check_mixed_precision(const MixedPrecision& mp, torch::nn::Module& model, i
     TORCH_CHECK(at::isFloatingType(p.value().scalar_type()), "fsdp (rank ", rank,
                 "): mixed precision needs floating-point parameters; '", p.key(), "' is ",
                 p.value().scalar_type());
-    TORCH_CHECK(!(*mp.param_dtype() == at::kHalf && p.value().device().is_cpu()), "fsdp (rank ", rank,
-                "): MixedPrecision param_dtype Half on CPU ('", p.key(),
-                "'): libtorch 1.13 has no fp16 matmul on CPU (addmm_impl_cpu_ not implemented for "
-                "'Half'). Use param_dtype BFloat16 for CPU compute; fp16 works as reduce_dtype");
   }
 }
 
