@@ -74,7 +74,7 @@ else
 fi
 BIN=$BUILD/bin
 
-note "== bench_strategies rows (steps $STEPS, warmup $WARMUP, each row at most ${ROW_TIMEOUT}s)"
+[[ "$GPT_ONLY" == 1 ]] || note "== bench_strategies rows (steps $STEPS, warmup $WARMUP, each row at most ${ROW_TIMEOUT}s)"
 # nproc strategy optim prefetch shard_group bucket_mb transport: bench_strategies.cpp's
 # launcher_main() list, in its order.
 rows=(
