@@ -8,11 +8,21 @@
 # under $FSDP_PYTHON.
 #
 #   bash scripts/gpu_bench.sh
+#   GPU_BENCH_GPT=1 bash scripts/gpu_bench.sh     # only the one-GPU GPT benchmark (below)
+#
+# GPU_BENCH_GPT=1 runs only issue 33's one-GPU speed benchmark instead of the rows above (one
+# benchmark per GPU sitting): builds bench_gpu_gpt alone, runs it (a ~1.3 B GPT, plain libtorch
+# against FSDP FULL_SHARD at one rank over NCCL, alternating in one process), then
+# bench/fsdp2_gpt.py under the machine's torch (plain PyTorch against FSDP2, the same model and
+# data), each under BENCH_GPT_TIMEOUT_S (240 s), and writes the ratios (FSDP/plain, FSDP/FSDP2,
+# the two plain baselines) into summary.txt and bench.jsonl. BENCH_GPT_ARGS (default "--steps 10
+# --warmup 2 --rounds 3") go to both programs, e.g. "--tiny" for a smoke run.
 #
 # Environment (optional), besides gpu_check.sh's OUT, FSDP_GPU_DEPS, FSDP_PYTHON, BUILD_DIR,
 # JOBS and GPU_CUDA_ARCH: BENCH_MODELS (default "mlp transformer"), BENCH_STEPS (30),
 # BENCH_WARMUP (5), BENCH_CPU_ADAM (1: the CPUAdam rows too), BENCH_PYTHON (1: the Python DDP
 # rows), BENCH_ROW_TIMEOUT_S (90), GPU_BENCH_BUDGET_S (the whole run, default 480 s),
+# GPU_BENCH_GPT=1 (only the GPT benchmark; BENCH_GPT_ARGS, BENCH_GPT_TIMEOUT_S),
 # GPU_BENCH_SKIP_BUILD=1 (run what BUILD_DIR/bin already holds, e.g. after gpu_check.sh with
 # BUILD_DIR=build-gpu: no configure, no build).
 #
@@ -26,6 +36,7 @@ MODELS=${BENCH_MODELS:-mlp transformer}
 STEPS=${BENCH_STEPS:-30}
 WARMUP=${BENCH_WARMUP:-5}
 ROW_TIMEOUT=${BENCH_ROW_TIMEOUT_S:-90}
+GPT_ONLY=${GPU_BENCH_GPT:-0}
 : >"$SUMMARY"
 rm -f "$RESULTS"/{configure.log,build.log,bench.log,bench.jsonl}
 touch "$RESULTS/bench.jsonl" "$RESULTS/bench.log"
@@ -38,7 +49,11 @@ finish() {
   exit "$1"
 }
 
-note "fsdp-cpp gpu_bench: bench_strategies rows against $PY's torch, budget ${BUDGET}s"
+if [[ "$GPT_ONLY" == 1 ]]; then
+  note "fsdp-cpp gpu_bench: the one-GPU GPT benchmark (bench_gpu_gpt, bench/fsdp2_gpt.py) against $PY's torch, budget ${BUDGET}s"
+else
+  note "fsdp-cpp gpu_bench: bench_strategies rows against $PY's torch, budget ${BUDGET}s"
+fi
 gpu_collect_machine_info
 gpu_env_setup || finish 1
 if [[ "${GPU_BENCH_SKIP_BUILD:-0}" == 1 ]]; then
@@ -50,6 +65,8 @@ else
   note "== build"
   targets=(fsdp-run)
   for src in "$FSDP_ROOT"/bench/bench_*.cpp; do targets+=("$(basename "$src" .cpp)"); done
+  # The GPT benchmark runs one process, without fsdp-run.
+  [[ "$GPT_ONLY" == 1 ]] && targets=(bench_gpu_gpt)
   stage build "$RESULTS/build.log" cmake --build "$BUILD" -j "$JOBS" --target "${targets[@]}" || {
     grep -m 15 -E 'error:|FAILED:|undefined reference' "$RESULTS/build.log" | cut -c1-300 | sed 's/^/  /' | tee -a "$SUMMARY"
     finish 1
@@ -57,7 +74,7 @@ else
 fi
 BIN=$BUILD/bin
 
-note "== bench_strategies rows (steps $STEPS, warmup $WARMUP, each row at most ${ROW_TIMEOUT}s)"
+[[ "$GPT_ONLY" == 1 ]] || note "== bench_strategies rows (steps $STEPS, warmup $WARMUP, each row at most ${ROW_TIMEOUT}s)"
 # nproc strategy optim prefetch shard_group bucket_mb transport: bench_strategies.cpp's
 # launcher_main() list, in its order.
 rows=(
@@ -102,6 +119,20 @@ run_row() {
     "$( ((rc == 124 || rc == 137)) && echo ', row time limit')")"
   rm -f "$RESULTS/.row.out"
 }
+
+if [[ "$GPT_ONLY" == 1 ]]; then
+  GPT_TIMEOUT=${BENCH_GPT_TIMEOUT_S:-240}
+  read -r -a gpt_args <<<"${BENCH_GPT_ARGS:---steps 10 --warmup 2 --rounds 3}"
+  note "== the one-GPU GPT benchmark (${gpt_args[*]}; each program at most ${GPT_TIMEOUT}s)"
+  ROW_TIMEOUT=$GPT_TIMEOUT
+  t_rows=$SECONDS
+  run_row "gpt PLAIN,FULL_SHARD (C++, NCCL N=1)" "$BIN/bench_gpu_gpt" "${gpt_args[@]}"
+  run_row "gpt PYTHON_PLAIN,PYTHON_FSDP2" "$PY" "$FSDP_ROOT/bench/fsdp2_gpt.py" "${gpt_args[@]}"
+  note "$(printf 'time %-12s %4d s  (at %d s)' gpt $((SECONDS - t_rows)) $((SECONDS - T0)))"
+  # Per mode: step time, tokens/s, peak; then the targets (ratios of tokens/s, medians).
+  "$PY" "$FSDP_ROOT/scripts/gpu_bench_gpt_summary.py" "$RESULTS/bench.jsonl" | tee -a "$SUMMARY"
+  finish 0
+fi
 
 t_rows=$SECONDS
 for m in $MODELS; do
