@@ -60,6 +60,9 @@
 /// only in rounding, except that random draws inside the model (dropout) then start
 /// from rank 0's generator state on every rank and differ from the uninterrupted run.
 /// There is no loss scaler on CPU (bf16 needs none), so there is no scaler state.
+/// Under TrainerOptions::device "cuda" the checkpoint is the same (host bytes: it resumes
+/// on CPU ranks, and a CPU run's on GPU ranks); the CUDA generators' states are not in it,
+/// so random draws on the GPU after a resume differ from the uninterrupted run.
 ///
 /// Metrics (metrics_file, JSON lines, rank 0, flushed per line):
 ///   {"step","epoch","loss","samples","lr","samples_per_s","memory":{"param_bytes",
