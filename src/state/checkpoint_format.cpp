@@ -147,6 +147,7 @@ RankFileWriter::~RankFileWriter() {
 
 constexpr size_t kDefaultStagingChunkBytes = size_t(64) << 20;
 std::atomic<size_t> staging_chunk{0};  // set_checkpoint_staging_chunk_bytes (checkpoint_testing.h); 0: default
+std::atomic<bool> stage_host{false};    // set_checkpoint_stage_host_tensors (checkpoint_testing.h)
 
 size_t staging_chunk_bytes() {
   const size_t n = staging_chunk.load(std::memory_order_relaxed);
@@ -197,7 +198,7 @@ void RankFileWriter::write(const std::string& item, const std::string& kind, con
   r.end = end;
   r.dtype = dtype_name(t.scalar_type());
   const size_t nbytes = t.numel() * t.element_size();
-  const bool staged = !t.device().is_cpu();  // [Note: staging device tensors]
+  const bool staged = !t.device().is_cpu() || stage_host.load(std::memory_order_relaxed);  // [Note: staging device tensors]
   if (staged) r.crc32 = write_staged(t);
   else write_bytes(static_cast<const char*>(t.data_ptr()), nbytes);
   // Start the write-back of this record now (asynchronous), so the disk works
@@ -376,4 +377,5 @@ void set_checkpoint_crc_zlib(bool on) { state::format::force_zlib.store(on, std:
 void set_checkpoint_staging_chunk_bytes(int64_t bytes) {
   state::format::staging_chunk.store(bytes > 0 ? static_cast<size_t>(bytes) : 0, std::memory_order_relaxed);
 }
+void set_checkpoint_stage_host_tensors(bool on) { state::format::stage_host.store(on, std::memory_order_relaxed); }
 }  // namespace fsdp::detail

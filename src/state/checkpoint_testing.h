@@ -36,4 +36,9 @@ void set_consolidate_zip64_always(bool on);
 /// it before saving.
 void set_checkpoint_staging_chunk_bytes(int64_t bytes);
 
+/// Stages host tensors too, as device tensors are: the staging path's chunks and checksums
+/// checked on a machine without a GPU (the files must come out byte for byte the same).
+/// Process-wide; set it before saving.
+void set_checkpoint_stage_host_tensors(bool on);
+
 }  // namespace fsdp::detail
