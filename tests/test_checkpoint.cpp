@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <nlohmann/json.hpp>
@@ -234,6 +235,44 @@ TEST(Checkpoint, ReshardAcrossWorldSizesAndStrategies) {
 // that path. Saved at N=3, loaded at N=2: odd sizes put records at destinations
 // that are not 16-byte aligned and cut others into pieces below the threshold.
 // Parameters and Adam moments must come back bit for bit.
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// The path a CUDA model's records take ([Note: staging device tensors]: through a host buffer,
+// chunk by chunk, checksummed as they go), taken here by host tensors: 100-byte chunks (25
+// fp32 elements, so records end inside a chunk and span several) write the same files, byte
+// for byte, with the same checksums, and the checkpoint loads.
+TEST(Checkpoint, StagedRecordsAreTheSameBytes) {
+  run_ranks(2, [](comm::ProcessGroup& pg) {
+    auto m = wrap(0, pg, ShardingStrategy::FULL_SHARD, true);
+    auto opt = make_optimizer("adam", m);
+    train(m, *opt, 0, 2, pg);
+    const std::string plain = test_dir() + "/plain", staged = test_dir() + "/staged";
+    save_checkpoint(plain, *m, opt.get());
+    fsdp::detail::set_checkpoint_stage_host_tensors(true);
+    fsdp::detail::set_checkpoint_staging_chunk_bytes(100);
+    save_checkpoint(staged, *m, opt.get());
+    fsdp::detail::set_checkpoint_stage_host_tensors(false);
+    fsdp::detail::set_checkpoint_staging_chunk_bytes(0);
+    const std::string mine = "/shard_rank0000" + std::to_string(pg.rank()) + ".bin";
+    const std::string a = file_bytes(plain + mine), b = file_bytes(staged + mine);
+    EXPECT_GT(a.size(), 400u) << "records this small would not cross chunks";
+    EXPECT_TRUE(a == b) << "rank " << pg.rank() << "'s file differs when staged";
+    const auto meta_a = nlohmann::json::parse(file_bytes(plain + "/metadata.json"));
+    const auto meta_b = nlohmann::json::parse(file_bytes(staged + "/metadata.json"));
+    EXPECT_EQ(meta_a.at("records"), meta_b.at("records"));  // offsets and CRC-32s
+    EXPECT_EQ(meta_a.at("files"), meta_b.at("files"));      // sizes and whole-file CRC-32s
+    auto fresh = wrap(1, pg, ShardingStrategy::FULL_SHARD, true);
+    auto fresh_opt = make_optimizer("adam", fresh);
+    load_checkpoint(staged, *fresh, fresh_opt.get());
+    const auto want = values(full_params(m)), got = values(full_params(fresh));
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(torch::equal(got[i], want[i])) << "parameter " << i;
+  }, rank_options());
+}
+
 TEST(Checkpoint, MegabyteRecordsLoadBitwiseAtAnotherWorldSize) {
   using Lin = FullyShardedDataParallel<torch::nn::LinearImpl>;
   auto make = [](int seed, comm::ProcessGroup& pg) {

@@ -6,6 +6,7 @@
 // gathered for forward holds at least its padded flat buffer, and the allocator
 // (counting enabled before the model is built) holds at least the categories.
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include <fstream>
@@ -67,6 +68,7 @@ void tracer_cases(comm::ProcessGroup& pg) {
       const auto& u = m.usage;
       EXPECT_EQ(u[MemoryCategory::kParameterShards], shard_bytes) << m.unit << " " << m.phase;
       EXPECT_GE(m.allocator_bytes, u.total() - u[MemoryCategory::kOther]) << m.unit << " " << m.phase;
+      EXPECT_EQ(m.cuda.allocated, -1) << "a CPU model's sample holds no CUDA statistics";
       if (m.phase == "pre_forward" || m.phase == "pre_backward") {
         EXPECT_GE(u[MemoryCategory::kUnshardedParameters], padded_bytes.at(m.unit)) << m.unit << " " << m.phase;
       }
@@ -95,12 +97,53 @@ void tracer_cases(comm::ProcessGroup& pg) {
         for (const char* key : {"\"phase\":\"pre_forward\"", "\"unit\":\"\"", "\"parameter_shards\":",
                                 "\"optimizer_state\":", "\"other\":", "\"step\":0"})
           EXPECT_NE(line.find(key), std::string::npos) << key << " in " << line;
+        EXPECT_EQ(line.find("\"cuda\""), std::string::npos) << line;
       }
     }
     EXPECT_EQ(lines, static_cast<int64_t>(tracer.samples().size()));
   });
 }
 
+// A model on the rank's GPU: every sample holds the CUDA caching allocator's statistics of
+// that device (allocated >= the parameter shards, which live there; reserved >= allocated;
+// peak >= allocated), "other" is what that allocator holds beyond the categories, and the
+// dump carries them under "cuda". A CPU model's samples hold -1s and no "cuda" key.
+void cuda_tracer_case(comm::ProcessGroup& pg) {
+  ASSERT_GE(pg.cuda_device(), 0) << "the process group moves no CUDA tensors";
+  const torch::Device device(torch::kCUDA, pg.cuda_device());
+  auto net = fsdp::testing::make_transformer(0);
+  net->to(device);
+  auto model = FullyShardedDataParallel(net, pg, Options().auto_wrap_policy(always_wrap_policy()));
+  torch::optim::Adam opt(model->parameters(), 1e-3);
+  MemoryTracer tracer(*model, &opt);
+  auto [x, y] = fsdp::testing::global_batch(0, 8);
+  torch::mse_loss(model->forward(fsdp::testing::rank_slice(x, pg.rank(), pg.size()).to(device)),
+                  fsdp::testing::rank_slice(y, pg.rank(), pg.size()).to(device))
+      .backward();
+  opt.step();
+  tracer.step();
+  ASSERT_FALSE(tracer.samples().empty());
+  for (const auto& m : tracer.samples()) {
+    EXPECT_GE(m.cuda.allocated, m.usage[MemoryCategory::kParameterShards]) << m.unit << " " << m.phase;
+    EXPECT_GE(m.cuda.reserved, m.cuda.allocated) << m.unit << " " << m.phase;
+    EXPECT_GE(m.cuda.peak_allocated, m.cuda.allocated) << m.unit << " " << m.phase;
+    EXPECT_EQ(m.usage.total(), std::max(m.cuda.allocated, m.usage.total() - m.usage[MemoryCategory::kOther]))
+        << "other is the allocator's bytes beyond the categories: " << m.unit << " " << m.phase;
+  }
+  const std::string file = fsdp::testing::worker_scratch_dir() + "/cuda_rank" + std::to_string(pg.rank()) + ".jsonl";
+  tracer.dump(file);
+  std::ifstream in(file);
+  std::string line;
+  ASSERT_TRUE(std::getline(in, line));
+  for (const char* key : {"\"cuda\":", "\"allocated_bytes\":", "\"reserved_bytes\":", "\"peak_allocated_bytes\":"})
+    EXPECT_NE(line.find(key), std::string::npos) << key << " in " << line;
+}
+
 }  // namespace
 
 TEST(MemoryTracer, SamplesUnitBoundaries) { run_ranks(2, tracer_cases); }
+
+TEST(MemoryTracerCuda, ReportsTheCachingAllocatorOfTheModelsDevice) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device (torch::cuda::is_available() is false)";
+  run_ranks(1, cuda_tracer_case);
+}

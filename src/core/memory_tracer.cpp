@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/CachingDeviceAllocator.h>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
@@ -116,10 +117,35 @@ int64_t counted_allocations() {
 namespace {
 std::mutex tracers_mutex;
 std::set<MemoryTracer*> live_tracers;
+
+/// The CUDA device of the model's parameters, -1 when they are not on one.
+int cuda_device_of(FullyShardedBase& model) {
+  for (const auto& p : model.parameters())
+    if (p.defined()) return p.is_cuda() ? p.device().index() : -1;
+  return -1;
+}
+
+/// The CUDA caching allocator's statistics of `device`, through the device-generic
+/// allocator interface it implements (c10::DeviceAllocator): no CUDA header here, and only
+/// asked for a model whose parameters are on CUDA, so the CUDA allocator is registered.
+CudaAllocatorBytes cuda_allocator_bytes(int device) {
+  CudaAllocatorBytes out;
+  if (device < 0) return out;
+  const auto stats =
+      c10::getDeviceAllocator(c10::DeviceType::CUDA)->getDeviceStats(static_cast<c10::DeviceIndex>(device));
+  constexpr auto kAll = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  out.allocated = stats.allocated_bytes[kAll].current;
+  out.reserved = stats.reserved_bytes[kAll].current;
+  out.peak_allocated = stats.allocated_bytes[kAll].peak;
+  return out;
+}
 }  // namespace
 
 MemoryTracer::MemoryTracer(FullyShardedBase& model, torch::optim::Optimizer* optimizer)
-    : model_(model), optimizer_(optimizer), rank_(model.process_group().global_rank()) {
+    : model_(model),
+      optimizer_(optimizer),
+      rank_(model.process_group().global_rank()),
+      cuda_device_(cuda_device_of(model)) {
   optimizer_bytes_ = optimizer_state_bytes();
   model_.set_unit_boundary_observer(
       [this](const std::string& unit, const char* phase) { sample(unit, phase); });
@@ -144,7 +170,10 @@ MemoryUsage MemoryTracer::get_memory_usage() {
   u[MemoryCategory::kUnshardedParameters] = s.unsharded_bytes;
   u[MemoryCategory::kGradients] = s.grad_shard_bytes;
   u[MemoryCategory::kOptimizerState] = optimizer_bytes_;
-  if (memory::allocator_counting_enabled()) {
+  if (cuda_device_ >= 0) {
+    const int64_t known = u.total();
+    u[MemoryCategory::kOther] = std::max<int64_t>(0, cuda_allocator_bytes(cuda_device_).allocated - known);
+  } else if (memory::allocator_counting_enabled()) {
     const int64_t known = u.total();
     u[MemoryCategory::kOther] = std::max<int64_t>(0, memory::counted_allocator_bytes() - known);
   }
@@ -158,6 +187,7 @@ void MemoryTracer::sample(const std::string& unit, const char* phase) {
   m.phase = phase;
   m.usage = get_memory_usage();
   if (memory::allocator_counting_enabled()) m.allocator_bytes = memory::counted_allocator_bytes();
+  m.cuda = cuda_allocator_bytes(cuda_device_);
   samples_.push_back(std::move(m));
 }
 
@@ -176,6 +206,9 @@ void write_samples(std::ostream& out, const std::vector<MemorySample>& samples, 
       bytes[memory_category_name(static_cast<MemoryCategory>(c))] = m.usage.bytes[c];
     j["bytes"] = bytes;
     j["allocator_bytes"] = m.allocator_bytes;
+    if (m.cuda.allocated >= 0)
+      j["cuda"] = {{"allocated_bytes", m.cuda.allocated}, {"reserved_bytes", m.cuda.reserved},
+                   {"peak_allocated_bytes", m.cuda.peak_allocated}};
     out << j.dump() << '\n';
   }
 }

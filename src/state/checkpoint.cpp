@@ -431,7 +431,7 @@ LoadPlan plan_load(const Loaded& l, torch::nn::Module& module, const std::vector
             if (current && current->tensors.count(k)) {
               const at::Tensor& c = current->tensors.at(k);
               if (c.sizes() == param.sizes() && c.scalar_type() == param.scalar_type() && c.is_contiguous() &&
-                  c.device().is_cpu() && !c.requires_grad())
+                  c.device() == param.device() && !c.requires_grad())
                 t = c;
             }
             if (!t.defined()) t = at::empty(param.sizes(), param.options().requires_grad(false));
@@ -501,11 +501,14 @@ void agree_to_commit(const comm::ProcessGroup& pg, const std::string& my_error, 
   TORCH_CHECK(false, msg);
 }
 
-// Step 3 of [Note: atomic load].
+// Step 3 of [Note: atomic load]. A target on a device (a CUDA model's parameters and
+// optimizer state) is written in place by one host-to-device copy per record piece, from
+// the mapping: checkpoints hold host bytes whatever device saved them, so a GPU run's
+// checkpoint loads into a CPU run and the other way round.
 void commit(LoadPlan& plan, torch::optim::Optimizer* optimizer) {
   for (const auto& c : plan.copies) {
     const int64_t n = c.dst.numel();
-    if (c.dst.is_contiguous()) {
+    if (c.dst.is_contiguous() && c.dst.device().is_cpu()) {
       state::format::copy_out(c.dst.data_ptr(), c.src, static_cast<size_t>(n) * c.dst.element_size());
     } else {
       c.dst.copy_(at::from_blob(const_cast<char*>(c.src), {n}, at::TensorOptions().dtype(c.dst.scalar_type())));

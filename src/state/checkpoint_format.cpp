@@ -145,10 +145,50 @@ RankFileWriter::~RankFileWriter() {
   if (fd_ >= 0) ::close(fd_);
 }
 
+constexpr size_t kDefaultStagingChunkBytes = size_t(64) << 20;
+std::atomic<size_t> staging_chunk{0};  // set_checkpoint_staging_chunk_bytes (checkpoint_testing.h); 0: default
+std::atomic<bool> stage_host{false};    // set_checkpoint_stage_host_tensors (checkpoint_testing.h)
+
+size_t staging_chunk_bytes() {
+  const size_t n = staging_chunk.load(std::memory_order_relaxed);
+  return n > 0 ? n : kDefaultStagingChunkBytes;
+}
+
+void RankFileWriter::write_bytes(const char* p, size_t nbytes) {
+  size_t done = 0;
+  while (done < nbytes) {
+    const ssize_t w = ::write(fd_, p + done, nbytes - done);
+    if (w < 0 && errno == EINTR) continue;
+    TORCH_CHECK(w > 0, "fsdp checkpoint: writing '", path_, "' failed: ", std::strerror(errno));
+    done += static_cast<size_t>(w);
+  }
+}
+
+uint32_t RankFileWriter::write_staged(const at::Tensor& t) {
+  const int64_t esize = static_cast<int64_t>(t.element_size());
+  // Whole elements per chunk, at least one.
+  const int64_t chunk_numel = std::max<int64_t>(1, static_cast<int64_t>(staging_chunk_bytes()) / esize);
+  const int64_t numel = t.numel();
+  const int64_t staging_bytes = std::min(numel, chunk_numel) * esize;
+  if (!staging_.defined() || staging_.numel() < staging_bytes)
+    staging_ = at::empty({staging_bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(t.is_cuda()));
+  const at::Tensor flat = t.view({-1});
+  uint32_t crc = 0;
+  for (int64_t first = 0; first < numel; first += chunk_numel) {
+    const int64_t n = std::min(chunk_numel, numel - first);
+    at::Tensor host = staging_.narrow(0, 0, n * esize).view(t.scalar_type());
+    host.copy_(flat.narrow(0, first, n));  // synchronous: the bytes are on the host after it
+    const char* p = static_cast<const char*>(host.data_ptr());
+    write_bytes(p, static_cast<size_t>(n * esize));
+    crc = crc32_of(p, static_cast<size_t>(n * esize), crc);
+  }
+  return crc;
+}
+
 void RankFileWriter::write(const std::string& item, const std::string& kind, const at::Tensor& t, int64_t begin,
                            int64_t end) {
-  TORCH_INTERNAL_ASSERT(t.is_contiguous() && t.device().is_cpu() && t.numel() == end - begin,
-                        "record ", item, "/", kind, " is not a contiguous CPU tensor of ", end - begin, " elements");
+  TORCH_INTERNAL_ASSERT(t.is_contiguous() && t.numel() == end - begin, "record ", item, "/", kind,
+                        " is not a contiguous tensor of ", end - begin, " elements");
   Record r;
   r.item = item;
   r.kind = kind;
@@ -158,20 +198,15 @@ void RankFileWriter::write(const std::string& item, const std::string& kind, con
   r.end = end;
   r.dtype = dtype_name(t.scalar_type());
   const size_t nbytes = t.numel() * t.element_size();
-  const char* p = static_cast<const char*>(t.data_ptr());
-  size_t done = 0;
-  while (done < nbytes) {
-    const ssize_t w = ::write(fd_, p + done, nbytes - done);
-    if (w < 0 && errno == EINTR) continue;
-    TORCH_CHECK(w > 0, "fsdp checkpoint: writing '", path_, "' failed: ", std::strerror(errno));
-    done += static_cast<size_t>(w);
-  }
+  const bool staged = !t.device().is_cpu() || stage_host.load(std::memory_order_relaxed);  // [Note: staging device tensors]
+  if (staged) r.crc32 = write_staged(t);
+  else write_bytes(static_cast<const char*>(t.data_ptr()), nbytes);
   // Start the write-back of this record now (asynchronous), so the disk works
   // while the next records are copied; the fsync in finish() makes it durable.
   if (nbytes > 0) ::sync_file_range(fd_, size_, static_cast<off_t>(nbytes), SYNC_FILE_RANGE_WRITE);
   size_ += static_cast<int64_t>(nbytes);
   records_.push_back(std::move(r));
-  pending_.push_back(t);
+  pending_.push_back(staged ? at::Tensor() : t);
 }
 
 int64_t RankFileWriter::finish() {
@@ -183,8 +218,9 @@ int64_t RankFileWriter::finish() {
   });
   for (size_t i = 0; i < records_.size(); ++i) {
     const at::Tensor& t = pending_[i];
-    const size_t nbytes = t.numel() * t.element_size();
-    records_[i].crc32 = crc32_of(t.data_ptr(), nbytes);
+    const size_t nbytes = static_cast<size_t>(records_[i].end - records_[i].begin) *
+                          c10::elementSize(parse_dtype(records_[i].dtype));
+    if (t.defined()) records_[i].crc32 = crc32_of(t.data_ptr(), nbytes);  // else staged: checksummed by write()
     // Whole-file CRC from the records', without a second pass over the bytes.
     file_crc_ = static_cast<uint32_t>(::crc32_combine(file_crc_, records_[i].crc32, static_cast<z_off_t>(nbytes)));
   }
@@ -338,4 +374,8 @@ std::string read_text_file(const std::string& path) {
 
 namespace fsdp::detail {
 void set_checkpoint_crc_zlib(bool on) { state::format::force_zlib.store(on, std::memory_order_relaxed); }
+void set_checkpoint_staging_chunk_bytes(int64_t bytes) {
+  state::format::staging_chunk.store(bytes > 0 ? static_cast<size_t>(bytes) : 0, std::memory_order_relaxed);
+}
+void set_checkpoint_stage_host_tensors(bool on) { state::format::stage_host.store(on, std::memory_order_relaxed); }
 }  // namespace fsdp::detail

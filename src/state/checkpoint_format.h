@@ -61,6 +61,15 @@ void copy_out(void* dst, const void* src, size_t n);
 
 // Appends records to one file: writes, checksums, fsync on close.
 //
+// [Note: staging device tensors]
+// A record of a tensor that is not in host memory (a CUDA model's parameter piece,
+// optimizer state or buffer) goes through one host staging buffer of at most
+// staging_chunk_bytes() (64 MiB; pinned for CUDA): each chunk is copied to the host,
+// written, and checksummed while it is still in the CPU cache, then the buffer takes the
+// next chunk. So a save holds one chunk of host memory beyond what the model holds, whatever
+// the model's size, and the record's CRC-32 is known when write() returns. Host tensors
+// take the path below unchanged (no copy).
+//
 // [Note: checksums overlap the fsync]
 // write() only copies the bytes into the page cache (and asks the kernel to
 // start writing them back); the CRC-32s are computed in finish(), from the
@@ -72,8 +81,8 @@ class RankFileWriter {
  public:
   RankFileWriter(const std::string& dir, std::string file_name);
   ~RankFileWriter();
-  // Writes t (contiguous CPU) as a record of elements [begin, end) of `item`.
-  // Its crc32 is filled in by finish().
+  // Writes t (contiguous; any device) as a record of elements [begin, end) of `item`.
+  // Its crc32 is filled in by finish() (a host tensor) or here (a device tensor, staged).
   void write(const std::string& item, const std::string& kind, const at::Tensor& t, int64_t begin, int64_t end);
   // Checksums every record while fsync runs, closes; returns the file size.
   int64_t finish();
@@ -88,8 +97,16 @@ class RankFileWriter {
   int64_t size_ = 0;
   uint32_t file_crc_ = 0;
   std::vector<Record> records_;
-  std::vector<at::Tensor> pending_;  // records_[i]'s bytes, until checksummed
+  std::vector<at::Tensor> pending_;  // records_[i]'s bytes, until checksummed (undefined: staged, done)
+  at::Tensor staging_;               // host bytes a device record passes through, chunk by chunk
+
+  void write_bytes(const char* p, size_t nbytes);
+  // [Note: staging device tensors]: returns the CRC-32 of t's bytes.
+  uint32_t write_staged(const at::Tensor& t);
 };
+
+// The chunk size of [Note: staging device tensors] (set_checkpoint_staging_chunk_bytes).
+size_t staging_chunk_bytes();
 
 // Reads records of a checkpoint directory, checking sizes and checksums.
 class RankFileReader {

@@ -30,4 +30,15 @@ void set_checkpoint_crc_zlib(bool on);
 /// accept them without writing 4 GiB. Process-wide.
 void set_consolidate_zip64_always(bool on);
 
+/// The bytes a checkpoint writer stages from a device tensor at a time ([Note: staging
+/// device tensors] in checkpoint_format.h; default 64 MiB), so that a test sees a record
+/// cross several chunks without a large model. 0 restores the default. Process-wide; set
+/// it before saving.
+void set_checkpoint_staging_chunk_bytes(int64_t bytes);
+
+/// Stages host tensors too, as device tensors are: the staging path's chunks and checksums
+/// checked on a machine without a GPU (the files must come out byte for byte the same).
+/// Process-wide; set it before saving.
+void set_checkpoint_stage_host_tensors(bool on);
+
 }  // namespace fsdp::detail

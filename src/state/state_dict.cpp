@@ -30,6 +30,11 @@ const char* name_of(StateDictType t) {
   return "?";
 }
 
+// A copy of `t`, on the CPU under offload_to_cpu.
+at::Tensor offloaded(const at::Tensor& t, const FullStateDictConfig& cfg) {
+  return cfg.offload_to_cpu() && !t.device().is_cpu() ? t.to(at::kCPU) : t.clone();
+}
+
 StateDict full_state_dict(FullyShardedBase& model, const FullStateDictConfig& cfg) {
   comm::LabelScope label_scope({comm::Phase::StateDict, "full_state_dict"});
   detail::StateView view(model);
@@ -44,17 +49,22 @@ StateDict full_state_dict(FullyShardedBase& model, const FullStateDictConfig& cf
     const at::Tensor full = view.gather_full(u);
     if (!keep) continue;
     const auto& entries = view.entries(u);
-    for (size_t i = 0; i < entries.size(); ++i)
-      value_of[entries[i].param.unsafeGetTensorImpl()] = view.view_of(u, full, i).clone();
+    for (size_t i = 0; i < entries.size(); ++i) {
+      const at::Tensor v = view.view_of(u, full, i);
+      // offload_to_cpu: the host copy is the only one kept, so a device holds one unit's
+      // full values at a time. On the CPU both are a copy.
+      value_of[entries[i].param.unsafeGetTensorImpl()] =
+          cfg.offload_to_cpu() && !v.device().is_cpu() ? v.to(at::kCPU) : v.clone();
+    }
   }
   StateDict out;
   if (!keep) return out;
   for (const auto& p : model.module_ptr()->named_parameters()) {
     auto it = value_of.find(p.value().unsafeGetTensorImpl());
     // Ignored parameters are replicated and full already.
-    out.insert(p.key(), it != value_of.end() ? it->second : p.value().detach().clone());
+    out.insert(p.key(), it != value_of.end() ? it->second : offloaded(p.value().detach(), cfg));
   }
-  for (const auto& b : model.module_ptr()->named_buffers()) out.insert(b.key(), b.value().detach().clone());
+  for (const auto& b : model.module_ptr()->named_buffers()) out.insert(b.key(), offloaded(b.value().detach(), cfg));
   return out;
 }
 

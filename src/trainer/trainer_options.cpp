@@ -4,11 +4,20 @@
 #include <utility>
 #include <vector>
 
+#include <torch/cuda.h>
+
 #include "fsdp/trainer/checkpoint_dir.h"
 
 namespace fsdp::trainer {
 
 namespace {
+
+/// "" for a device word TrainerOptions::device knows, else what is wrong.
+std::string device_word_error(const std::string& device) {
+  if (device == "cpu" || device == "cuda") return "";
+  return "unknown device '" + device + "'; use \"cpu\" or \"cuda\" (the rank's GPU; an index is not given: " +
+         "the process group binds each rank's, see comm::InitOptions::device_index)";
+}
 
 constexpr StrategyKind kAllKinds[] = {StrategyKind::FSDP,         StrategyKind::FULL_SHARD, StrategyKind::SHARD_GRAD_OP,
                                       StrategyKind::HYBRID_SHARD, StrategyKind::NO_SHARD,   StrategyKind::ZERO1,
@@ -129,6 +138,12 @@ std::string trainer_options_error(const TrainerOptions& o, const TrainerParts& p
       << o.num_nodes();
   else if (o.threads() < 0)
     e << "threads must be >= 0, got " << o.threads();
+  else if (const std::string d = device_word_error(o.device()); !d.empty())
+    e << d;
+  else if (o.device() == "cuda" && !parts.batch_to_device)
+    e << "device \"cuda\" moves each batch to the GPU, but the batch type is not torch::data::Example<>; "
+      << "give Trainer::batch_to_device(fn) to move it (or move the batch inside the steps and say so with "
+      << "batch_to_device([](Batch&, const torch::Device&) {}))";
   return e.str();
 }
 
@@ -141,6 +156,24 @@ std::string resume_path_error(const TrainerOptions& o) {
   return "resume '" + dir + "': " + why + "; name a checkpoint directory that exists (" +
          (o.checkpoint_dir().empty() ? std::string("DIR") : o.checkpoint_dir()) +
          "/step-S), \"auto\" to continue from the newest one under checkpoint_dir, or nothing to start afresh";
+}
+
+std::string device_error(const TrainerOptions& o) {
+  if (std::string d = device_word_error(o.device()); !d.empty()) return d;
+  if (o.device() == "cuda" && !torch::cuda::is_available())
+    return "device \"cuda\" but torch sees no CUDA device on this machine (torch::cuda::is_available() is "
+           "false: no GPU or NVIDIA driver, CUDA_VISIBLE_DEVICES hides them, or libtorch was built without "
+           "CUDA); use device(\"cpu\"), or run where a GPU is visible";
+  return "";
+}
+
+c10::Device training_device(const TrainerOptions& o, const comm::ProcessGroup& pg) {
+  if (o.device() == "cpu") return c10::Device(c10::kCPU);
+  TORCH_INTERNAL_ASSERT(o.device() == "cuda", "training_device of an unchecked device '", o.device(), "'");
+  TORCH_CHECK(pg.cuda_device() >= 0, "fsdp::Trainer (rank ", pg.rank(), "): device \"cuda\" but process group '",
+              pg.name(), "' moves no CUDA tensors (some rank has no GPU, or the group was made before torch saw "
+              "one); give every rank a GPU, or use device(\"cpu\")");
+  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(pg.cuda_device()));
 }
 
 }  // namespace fsdp::trainer

@@ -131,6 +131,14 @@ expect_error "--context must be >= 1, got 0" --model gpt --context 0
 expect_error "--layers applies to --model gpt only, not --model mlp" --layers 3
 expect_error "--hidden applies to --model mlp only, not --model gpt" --model gpt --hidden 128
 expect_error "--optimizer-in-backward needs gradients reduced during backward" --strategy zero1 --optimizer-in-backward
+expect_error "unknown --device 'gpu'; expected cpu or cuda" --device gpu
+expect_error "--optimizer cpu_adam steps host memory; with --device cuda use --optimizer adam" --device cuda --optimizer cpu_adam
+# --device cuda on a machine without a GPU: one line, before any rank starts (where torch sees a
+# GPU, scripts/gpu_check.sh's gpu run trains on it instead; this check is for GPU-less machines).
+if ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+  expect_error "fsdp-train: error: --device cuda: torch sees no CUDA device on this machine" --device cuda
+  [[ $(grep -c . "$OUT") == 1 ]] || fail "--device cuda without a GPU printed more than one line: $(cat "$OUT")"
+fi
 # Under a launcher the world size is only known to the ranks: every rank must refuse.
 run --batch-size 63 --nproc 1 --steps 1  # passes the pre-spawn check (63 % 1 == 0)
 [[ $RC == 0 ]] || fail "--nproc 1 --batch-size 63 should run (exit $RC)"

@@ -61,6 +61,7 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
+  if (std::string e = check_device(o); !e.empty()) return fail(e);
   if (std::string e = check_inputs(o); !e.empty()) return fail(e);
   if (std::string e = check_resume(o); !e.empty()) return fail(e);
   if (std::string e = check_world_size(o, world); !e.empty()) return fail(e);

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 
 #include <CLI/CLI.hpp>
+#include <torch/cuda.h>
 
 #include "text.h"
 
@@ -55,6 +56,12 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
                  "seconds the rendezvous and each collective wait for a peer before failing")
       ->capture_default_str();
   app.add_option("--threads", o.threads, "intra-op threads per rank")->capture_default_str();
+  app.add_option("--device", o.device,
+                 "cpu | cuda: where each rank trains (cuda: the rank's GPU, its local rank modulo the visible "
+                 "GPUs; the model is built whole on the CPU, moved there, then wrapped, as with --eager-init; "
+                 "NCCL when every rank has a GPU of its own, Gloo when ranks share one; not with --optimizer "
+                 "cpu_adam)")
+      ->capture_default_str();
   app.add_option("--model", o.model,
                  "mlp | cnn (both on Fashion-MNIST) | gpt (decoder-only transformer on the bytes of --text)")
       ->capture_default_str();
@@ -171,6 +178,7 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
   o.optimizer = lower(o.optimizer);
   o.mixed_precision = lower(o.mixed_precision);
   o.backward_prefetch = lower(o.backward_prefetch);
+  o.device = lower(o.device);
 
   if (o.nproc < 1) return usage_error("--nproc must be >= 1, got " + std::to_string(o.nproc));
   if (!(o.timeout_seconds > 0 && o.timeout_seconds <= 1e6)) {
@@ -218,6 +226,10 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
   if (o.optimizer != "sgd" && o.optimizer != "adam" && o.optimizer != "adamw" && o.optimizer != "cpu_adam")
     return usage_error("unknown --optimizer '" + o.optimizer + "'; expected sgd, adam, adamw or cpu_adam");
   if (o.effective_lr() <= 0) return usage_error("--lr must be > 0");
+  if (o.device != "cpu" && o.device != "cuda")
+    return usage_error("unknown --device '" + o.device + "'; expected cpu or cuda");
+  if (o.device == "cuda" && o.optimizer == "cpu_adam")
+    return usage_error("--optimizer cpu_adam steps host memory; with --device cuda use --optimizer adam (or adamw)");
   if (o.weight_decay < 0) return usage_error("--weight-decay must be >= 0");
   if (o.momentum < 0) return usage_error("--momentum must be >= 0");
   if (o.min_num_params < 0) return usage_error("--min-num-params must be >= 0");
@@ -285,6 +297,12 @@ std::string check_data_dir(const TrainOptions& o) {
 
 std::string check_inputs(const TrainOptions& o) {
   return o.model == "gpt" ? check_text_file(o) : check_data_dir(o);
+}
+
+std::string check_device(const TrainOptions& o) {
+  if (o.device != "cuda" || torch::cuda::is_available()) return "";
+  return "--device cuda: torch sees no CUDA device on this machine (no GPU or NVIDIA driver, CUDA_VISIBLE_DEVICES "
+         "hides them, or libtorch was built without CUDA); use --device cpu, or run where a GPU is visible";
 }
 
 }  // namespace fsdp::train

@@ -35,6 +35,7 @@ struct TrainOptions {
   /// Rendezvous and collective timeout; a peer silent this long fails the collective.
   double timeout_seconds = 300;
   int threads = 1;                 ///< at::set_num_threads per rank (2 cores, 2 ranks)
+  std::string device = "cpu";      ///< cpu | cuda (the rank's GPU, ProcessGroup::cuda_device())
   std::string model = "mlp";       ///< mlp | cnn (Fashion-MNIST) | gpt (bytes of a text file)
   int64_t hidden = 512;            ///< mlp only
   std::string data_dir = kDefaultDataDir;  ///< mlp, cnn
@@ -96,5 +97,8 @@ std::string check_world_size(const TrainOptions& o, int world_size);
 /// Fashion-MNIST files readable in o.data_dir; gpt needs o.text_path readable and long
 /// enough for one window of context+1 bytes in each of its train and validation parts.
 std::string check_inputs(const TrainOptions& o);
+/// Empty if o.device can train on this machine (--device cuda: torch sees a CUDA device),
+/// else the message and the fix.
+std::string check_device(const TrainOptions& o);
 
 }  // namespace fsdp::train

@@ -82,6 +82,17 @@ std::unique_ptr<torch::optim::Optimizer> make_zero_optimizer(const TrainOptions&
   return std::make_unique<zo::ZeroRedundancyOptimizer>(params, inner, options);
 }
 
+/// The model on the rank's device (--device), before it is wrapped or handed to ZeRO.
+void place(torch::nn::Module& model, const torch::Device& device) {
+  if (!device.is_cpu()) model.to(device);
+}
+
+/// The batch on the rank's device (--device); as is on the CPU.
+Batch to_device(Batch b, const torch::Device& device) {
+  if (device.is_cpu()) return b;
+  return {b.inputs.to(device), b.targets.to(device)};
+}
+
 struct EvalResult {
   double loss = 0, accuracy = 0;
   int64_t correct = 0, total = 0;  ///< predictions: images, or bytes of the windows
@@ -90,7 +101,8 @@ struct EvalResult {
 /// Each rank evaluates its contiguous slice of the task's evaluation set; sums are
 /// all-reduced. Every rank runs the same number of forwards (FSDP's forward is collective),
 /// the last ones possibly on empty batches when the slices differ in size.
-EvalResult evaluate(const Forward& forward, const comm::ProcessGroup& pg, const Task& task) {
+EvalResult evaluate(const Forward& forward, const comm::ProcessGroup& pg, const Task& task,
+                    const torch::Device& device) {
   torch::NoGradGuard no_grad;
   const int64_t n = task.eval_size(), r = pg.rank(), w = pg.size(), per_batch = task.eval_batch_size();
   const int64_t begin = r * n / w, end = (r + 1) * n / w;
@@ -99,7 +111,7 @@ EvalResult evaluate(const Forward& forward, const comm::ProcessGroup& pg, const 
   double loss_sum = 0, correct = 0, count = 0;
   for (int64_t b = 0; b < batches; ++b) {
     int64_t lo = std::min(end, begin + b * per_batch), hi = std::min(end, lo + per_batch);
-    Batch batch = task.eval_batch(lo, hi);
+    Batch batch = to_device(task.eval_batch(lo, hi), device);
     torch::Tensor logits = forward(batch.inputs);
     if (hi > lo) {
       loss_sum += task_loss(logits, batch.targets,
@@ -234,17 +246,17 @@ fsdp::trainer::TrainerOptions loop_options(const TrainOptions& o, int64_t total_
 /// sampler, the task loss, fsdp-train's evaluation (its result kept in `last_eval` for
 /// the summary) and its resume check (the flags that must match, resume.h).
 fsdp::trainer::LoopData loop_data(const TrainOptions& o, const comm::ProcessGroup& pg, Task& task,
-                                  const Forward& forward, EvalResult& last_eval) {
+                                  const Forward& forward, const torch::Device& device, EvalResult& last_eval) {
   fsdp::trainer::LoopData data;
   data.train_size = task.train_size();
   data.steps_per_epoch = task.steps_per_epoch();
   data.batch_indices = [&task](int64_t step) { return task.train_indices(step); };
-  data.train_step = [&task, &forward](const std::vector<int64_t>& indices) {
-    Batch batch = task.train_samples(indices);
+  data.train_step = [&task, &forward, device](const std::vector<int64_t>& indices) {
+    Batch batch = to_device(task.train_samples(indices), device);
     return task_loss(forward(batch.inputs), batch.targets);
   };
-  data.validation_loop = [&pg, &task, &forward, &last_eval](int64_t step) {
-    last_eval = evaluate(forward, pg, task);
+  data.validation_loop = [&pg, &task, &forward, device, &last_eval](int64_t step) {
+    last_eval = evaluate(forward, pg, task, device);
     fsdp::trainer::ValidationMetrics vm;
     vm.values = {{"loss", last_eval.loss}, {"accuracy", last_eval.accuracy}};
     vm.samples = last_eval.total;
@@ -268,7 +280,7 @@ fsdp::trainer::LoopData loop_data(const TrainOptions& o, const comm::ProcessGrou
 /// unwrapped model; `forward` the typed forward.
 int train(const TrainOptions& o, const comm::ProcessGroup& pg, FullyShardedBase* fsdp_model, torch::nn::Module& module,
           std::unique_ptr<torch::optim::Optimizer> opt, const Forward& forward, Task& task, int64_t num_params,
-          const PhaseMemory& phases) {
+          const PhaseMemory& phases, const torch::Device& device) {
   const int rank = pg.rank(), world = pg.size();
   const bool lead = rank == 0;
   auto* zero_opt = dynamic_cast<fsdp::optim::ZeroRedundancyOptimizer*>(opt.get());
@@ -284,9 +296,10 @@ int train(const TrainOptions& o, const comm::ProcessGroup& pg, FullyShardedBase*
   }
   if (lead)
     std::fprintf(stderr,
-                 "fsdp-train: %s (%lld params, %zu units), %s, %d ranks, %s lr %g, global batch %lld, %lld steps\n",
+                 "fsdp-train: %s (%lld params, %zu units), %s, %d ranks on %s, %s lr %g, global batch %lld, "
+                 "%lld steps\n",
                  o.model.c_str(), (long long)num_params, fsdp_model ? fsdp_model->unit_paths().size() : size_t{0},
-                 o.strategy.c_str(), world, o.optimizer.c_str(), o.effective_lr(), (long long)o.batch_size,
+                 o.strategy.c_str(), world, device.is_cpu() ? "cpu" : "cuda", o.optimizer.c_str(), o.effective_lr(), (long long)o.batch_size,
                  (long long)total_steps);
 
   fsdp::trainer::LoopModel lm;
@@ -301,7 +314,7 @@ int train(const TrainOptions& o, const comm::ProcessGroup& pg, FullyShardedBase*
   names.program = "fsdp-train";
   names.resume = "--resume";
   const fsdp::trainer::FitResult r =
-      fsdp::trainer::run_training_loop(loop_options(o, total_steps), pg, lm, loop_data(o, pg, task, forward, last_eval),
+      fsdp::trainer::run_training_loop(loop_options(o, total_steps), pg, lm, loop_data(o, pg, task, forward, device, last_eval),
                                        {std::make_shared<TrainHooks>(o, lead, tracer.get())}, names);
 
   if (tracer) {
@@ -338,10 +351,19 @@ int run_rank(const TrainOptions& o) {
 
   // Checked on every rank, so each exits non-zero on its own instead of waiting for peers.
   std::string err = check_world_size(o, world);
+  if (err.empty()) err = check_device(o);
+  if (err.empty() && o.device == "cuda" && pg.cuda_device() < 0)
+    err = "--device cuda, but the process group moves no CUDA tensors (some rank has no GPU); give every rank a "
+          "GPU, or use --device cpu";
   if (!err.empty()) {
     std::fprintf(stderr, "fsdp-train: error (rank %d): %s\n", rank, err.c_str());
     return 2;
   }
+  // The model goes to the rank's device before it is wrapped or handed to ZeRO
+  // (FSDP's and ZeRO's contract); each batch follows it there.
+  const torch::Device device = o.device == "cuda"
+                                   ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(pg.cuda_device()))
+                                   : torch::Device(torch::kCPU);
 
   if (o.is_zero()) {
     // No wrapper: the model as built, the optimizer sharded (it broadcasts rank 0's weights).
@@ -352,22 +374,25 @@ int run_rank(const TrainOptions& o) {
       Gpt gpt(gpt_config(o));
       checkpoint_blocks(o, *gpt);
       const int64_t num_params = count_params(o, *gpt);
+      place(*gpt, device);
       auto opt = make_zero_optimizer(o, pg, gpt.ptr());
       phases.end_construction();
       return train(o, pg, nullptr, *gpt, std::move(opt), [&](const torch::Tensor& x) { return gpt->forward(x); },
-                   *task, num_params, phases);
+                   *task, num_params, phases, device);
     }
     auto task = make_image_task(o);
     PhaseMemory phases;
     torch::manual_seed(o.seed);
     torch::nn::Sequential net = o.model == "cnn" ? make_cnn() : make_mlp(o.hidden);
     const int64_t num_params = count_params(o, *net);
+    place(*net, device);
     auto opt = make_zero_optimizer(o, pg, net.ptr());
     phases.end_construction();
     // Under bf16 the parameters are bf16: cast the images as FSDP's cast_forward_inputs does.
     const auto dtype = o.mixed_precision == "bf16" ? torch::kBFloat16 : torch::kFloat;
     return train(o, pg, nullptr, *net, std::move(opt),
-                 [&](const torch::Tensor& x) { return net->forward(x.to(dtype)); }, *task, num_params, phases);
+                 [&](const torch::Tensor& x) { return net->forward(x.to(dtype)); }, *task, num_params, phases,
+                 device);
   }
 
   // Library options shared by every model; the wrap policy is the model's.
@@ -389,26 +414,30 @@ int run_rank(const TrainOptions& o) {
     torch::manual_seed(o.seed);
     const auto options = fsdp::Options(base).auto_wrap_policy(fsdp::module_type_policy<GptBlockImpl>());
     // Sharded construction: each block is sharded when its constructor returns, so a rank
-    // never holds more than one full block (same values as eager construction).
+    // never holds more than one full block (same values as eager construction). It shards
+    // on the CPU: --device cuda builds eagerly and moves the model before wrapping.
+    const bool eager = o.eager_init || !device.is_cpu();
     Gpt gpt{nullptr};
     int64_t units_at_construction = 0;
     {
       std::optional<fsdp::ShardedInitContext> sharded_init;
-      if (!o.eager_init) sharded_init.emplace(pg, options);
+      if (!eager) sharded_init.emplace(pg, options);
       gpt = Gpt(gpt_config(o));
       if (sharded_init) units_at_construction = sharded_init->units_sharded();
     }
     checkpoint_blocks(o, *gpt);
     const int64_t num_params = count_params(o, *gpt);
+    place(*gpt, device);
     auto model = fsdp::FullyShardedDataParallel(gpt, pg, options);
     phases.end_construction();
     if (rank == 0)
       std::printf("model: %s construction (%lld units sharded as built), construction peak %.1f MiB above the "
                   "resident set before it, peak RSS so far %.1f MiB (rank 0)\n",
-                  o.eager_init ? "eager" : "sharded", (long long)units_at_construction,
+                  eager ? "eager" : "sharded", (long long)units_at_construction,
                   double(phases.construction_peak()) / (1 << 20), double(phases.run_peak()) / (1 << 20));
     const int rc = train(o, pg, model.get(), *gpt, make_optimizer(o, model->parameters()),
-                         [&](const torch::Tensor& x) { return model->forward(x); }, *task, num_params, phases);
+                         [&](const torch::Tensor& x) { return model->forward(x); }, *task, num_params, phases,
+                         device);
     if (rank == 0) std::printf("peak RSS over the run %.1f MiB (rank 0)\n", double(phases.run_peak()) / (1 << 20));
     return rc;
   }
@@ -417,12 +446,13 @@ int run_rank(const TrainOptions& o) {
   torch::manual_seed(o.seed);
   torch::nn::Sequential net = o.model == "cnn" ? make_cnn() : make_mlp(o.hidden);
   const int64_t num_params = count_params(o, *net);
+  place(*net, device);
   auto model = fsdp::FullyShardedDataParallel(
       net, pg,
       fsdp::Options(base).auto_wrap_policy(fsdp::size_based_policy(o.min_num_params)));
   phases.end_construction();
   return train(o, pg, model.get(), *net, make_optimizer(o, model->parameters()),
-               [&](const torch::Tensor& x) { return model->forward(x); }, *task, num_params, phases);
+               [&](const torch::Tensor& x) { return model->forward(x); }, *task, num_params, phases, device);
 }
 
 }  // namespace fsdp::train

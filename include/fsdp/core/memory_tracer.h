@@ -19,6 +19,12 @@
 /// beyond those (activations, temporaries), only when allocator counting was
 /// enabled before the model was built (otherwise other = 0 and the sample says so).
 /// Cost per sample: a walk over the units' sizes and one atomic read.
+///
+/// A model on a CUDA device (its parameters there when the tracer is made): each sample
+/// also holds the CUDA caching allocator's statistics of that device (MemorySample::cuda:
+/// bytes allocated, reserved, and the peak allocated since the process started or
+/// torch's last peak reset), and "other" is what that allocator holds beyond the
+/// categories (the CPU allocator's count does not see device memory).
 
 #include <cstdint>
 #include <string>
@@ -46,12 +52,21 @@ int64_t counted_allocator_bytes();
 int64_t counted_allocations();
 }  // namespace memory
 
+/// The CUDA caching allocator's statistics of one device (its DeviceStats, aggregate over
+/// pools); -1 where the traced model is not on a CUDA device.
+struct CudaAllocatorBytes {
+  int64_t allocated = -1;       ///< live bytes handed out (torch.cuda.memory_allocated)
+  int64_t reserved = -1;        ///< bytes the allocator holds from the driver (memory_reserved)
+  int64_t peak_allocated = -1;  ///< highest `allocated` so far (max_memory_allocated)
+};
+
 struct MemorySample {
   int64_t step = 0;     ///< optimizer steps taken before the sample
   std::string unit;     ///< unit path ("" is the root; "-" for an optimizer step)
   std::string phase;    ///< pre_forward | post_forward | pre_backward | post_backward | optimizer_step
   MemoryUsage usage;
   int64_t allocator_bytes = -1;  ///< live counted bytes; -1 when counting is not enabled
+  CudaAllocatorBytes cuda;       ///< the model's CUDA device; -1s for a model on the CPU
 };
 
 class MemoryTracer {
@@ -82,6 +97,7 @@ class MemoryTracer {
   int rank_ = 0;
   int64_t step_ = 0;
   int64_t optimizer_bytes_ = 0;  // recounted at each step (the state changes only there)
+  int cuda_device_ = -1;         // the model's CUDA device index, -1 on the CPU
   std::vector<MemorySample> samples_;
 };
 

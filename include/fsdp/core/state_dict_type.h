@@ -9,7 +9,8 @@ namespace fsdp {
 enum class StateDictType { FULL, LOCAL, SHARDED };
 
 struct FullStateDictConfig {
-  /// Copy each gathered value to CPU (a no-op on this CPU-only build, kept for API parity).
+  /// Copy each gathered value to the CPU, unit by unit, so that a CUDA model's device holds
+  /// one unit's full values at a time (a CPU model's values are copied either way).
   TORCH_ARG(bool, offload_to_cpu) = false;
   /// Only rank 0 keeps the values; other ranks return an empty dict.
   TORCH_ARG(bool, rank0_only) = false;

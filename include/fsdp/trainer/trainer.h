@@ -60,6 +60,9 @@
 /// only in rounding, except that random draws inside the model (dropout) then start
 /// from rank 0's generator state on every rank and differ from the uninterrupted run.
 /// There is no loss scaler on CPU (bf16 needs none), so there is no scaler state.
+/// Under TrainerOptions::device "cuda" the checkpoint is the same (host bytes: it resumes
+/// on CPU ranks, and a CPU run's on GPU ranks); the CUDA generators' states are not in it,
+/// so random draws on the GPU after a resume differ from the uninterrupted run.
 ///
 /// Metrics (metrics_file, JSON lines, rank 0, flushed per line):
 ///   {"step","epoch","loss","samples","lr","samples_per_s","memory":{"param_bytes",
@@ -232,6 +235,8 @@ class Trainer {
   using BatchSampler = std::function<std::vector<int64_t>(int64_t step)>;
   /// A whole validation of one's own (collective): the global metrics after step `step`.
   using ValidationLoop = std::function<ValidationMetrics(Model&, const comm::ProcessGroup&, int64_t step)>;
+  /// Moves a batch to the training device (see batch_to_device).
+  using BatchToDevice = std::function<void(Batch&, const torch::Device&)>;
   /// "" if a checkpoint's extra values continue this run, else why not (see resume_check).
   using ResumeCheck = std::function<std::string(const std::string& dir, const std::map<std::string, std::string>&)>;
 
@@ -325,6 +330,14 @@ class Trainer {
     resume_check_ = std::move(check);
     return *this;
   }
+  /// How a batch moves to the training device under TrainerOptions::device "cuda": `fn(batch,
+  /// device)` moves its tensors in place, before the training or validation step sees it.
+  /// Needed for a Batch type other than torch::data::Example<> (whose data and target the
+  /// Trainer moves itself); not called under "cpu".
+  Trainer& batch_to_device(BatchToDevice fn) {
+    batch_to_device_ = std::move(fn);
+    return *this;
+  }
   Trainer& callback(std::shared_ptr<Callback> cb) {
     callbacks_.push_back(std::move(cb));
     return *this;
@@ -339,6 +352,9 @@ class Trainer {
     const std::string err =
         trainer_options_error(options_, parts(), under_launcher() ? 0 : std::max(options_.devices(), 1));
     TORCH_CHECK(err.empty(), "fsdp::Trainer: ", err);
+    // A machine without the device fails here, before any rank starts.
+    const std::string device_err = device_error(options_);
+    TORCH_CHECK(device_err.empty(), "fsdp::Trainer: ", device_err);
     comm::InitOptions init = comm::InitOptions().timeout(options_.timeout());
     scratch_.clear();
     if (!under_launcher()) {
@@ -379,6 +395,9 @@ class Trainer {
   FitResult fit(comm::ProcessGroup pg) {
     const std::string err = trainer_options_error(options_, parts(), pg.size());
     TORCH_CHECK(err.empty(), "fsdp::Trainer (rank ", pg.rank(), "): ", err);
+    const std::string device_err = device_error(options_);
+    TORCH_CHECK(device_err.empty(), "fsdp::Trainer (rank ", pg.rank(), "): ", device_err);
+    device_ = training_device(options_, pg);
     if (options_.threads() > 0) at::set_num_threads(options_.threads());
     const LoopModel lm = build(pg);
     LoopData data;
@@ -386,11 +405,13 @@ class Trainer {
     data.val_size = val_batch_ ? val_size_ : 0;
     data.train_step = [this](const std::vector<int64_t>& indices) {
       Batch b = train_batch_(indices);
+      to_device(b);
       return training_step_(*model_, b);
     };
     if (validation_step_)
       data.validation_step = [this](const std::vector<int64_t>& indices) {
         Batch b = val_batch_(indices);
+        to_device(b);
         return validation_step_(*model_, b);
       };
     if (validation_loop_)
@@ -418,7 +439,24 @@ class Trainer {
     p.sampler_steps_per_epoch = sampler_steps_per_epoch_;
     p.train_size = train_size_;
     p.val_size = val_size_;
+    p.batch_to_device = std::is_same_v<Batch, torch::data::Example<>> || bool(batch_to_device_);
     return p;
+  }
+
+  /// The batch on the training device (device_): as is on the CPU.
+  void to_device(Batch& b) const {
+    if (device_.is_cpu()) return;
+    if (batch_to_device_) {
+      batch_to_device_(b, device_);
+      return;
+    }
+    if constexpr (std::is_same_v<Batch, torch::data::Example<>>) {
+      b.data = b.data.to(device_);
+      if (b.target.defined()) b.target = b.target.to(device_);
+    } else {
+      TORCH_INTERNAL_ASSERT(false, "trainer_options_error lets no other batch type reach a device without "
+                            "batch_to_device");
+    }
   }
 
   /// `which` names the dataset in errors ("training set").
@@ -464,8 +502,14 @@ class Trainer {
       for (const auto& p : m.parameters()) n += p.numel();
       return n;
     };
+    // The contract of FSDP and ZeRO on a device: the model is there before it is wrapped or
+    // handed to the ZeRO optimizer (whose flat buffers and partitions follow it).
+    auto place = [this] {
+      if (!device_.is_cpu()) model_->module_->to(device_);
+    };
     if (st.is_zero()) {
       model_->module_ = model_factory_();
+      place();
       lm.num_params = count(*model_->module_);
       lm.module = model_->module_.get();
       optim::ZeroOptions zo = st.zero();
@@ -485,12 +529,15 @@ class Trainer {
       const fsdp::Options fo = st.resolved_fsdp();
       // Without a wrap policy the model is one unit, complete only when the factory
       // returns: nothing to shard during construction (ShardedInitContext refuses it).
-      if (st.sharded_construction() && fo.sharding_strategy() != ShardingStrategy::NO_SHARD &&
+      // Sharded construction shards on the CPU: a model bound for a GPU is built whole,
+      // moved, then wrapped (TrainerOptions::device).
+      if (device_.is_cpu() && st.sharded_construction() && fo.sharding_strategy() != ShardingStrategy::NO_SHARD &&
           fo.auto_wrap_policy()) {
         ShardedInitContext sharded_init(pg, fo);
         model_->module_ = model_factory_();
       } else {
         model_->module_ = model_factory_();
+        place();
       }
       lm.num_params = count(*model_->module_);
       model_->wrapper_ = std::make_shared<FullyShardedDataParallelImpl<ModelImpl>>(model_->module_, pg, fo);
@@ -524,8 +571,11 @@ class Trainer {
   int64_t sampler_steps_per_epoch_ = 0;
   ValidationLoop validation_loop_;
   ResumeCheck resume_check_;
+  BatchToDevice batch_to_device_;
   std::vector<std::shared_ptr<Callback>> callbacks_;
   std::filesystem::path scratch_;
+  /// Where the last fit() trains (TrainerOptions::device on this rank).
+  torch::Device device_ = torch::kCPU;
 
   // What the last fit() built; the scheduler refers to the optimizer, which refers
   // to the model's parameters: destroyed in reverse order.

@@ -14,9 +14,11 @@
 #include <cstdint>
 #include <string>
 
+#include <c10/core/Device.h>
 #include <torch/arg.h>
 
 #include "fsdp/autograd/checkpoint_wrapper.h"
+#include "fsdp/comm/process_group.h"
 #include "fsdp/core/options.h"
 #include "fsdp/optim/zero_redundancy_optimizer.h"
 
@@ -59,8 +61,8 @@ struct Strategy {
   /// FSDP strategies that shard parameters (full_shard, shard_grad_op,
   /// hybrid_shard): call the model factory inside an fsdp::ShardedInitContext, so that
   /// each fsdp::Wrappable the wrap policy picks is sharded as soon as it is built
-  /// (Lightning's configure_sharded_model). false, or no auto_wrap_policy (the model is
-  /// then one unit): build the whole model, then wrap.
+  /// (Lightning's configure_sharded_model). false, no auto_wrap_policy (the model is
+  /// then one unit) or TrainerOptions::device "cuda": build the whole model, then wrap.
   TORCH_ARG(bool, sharded_construction) = true;
 
  public:
@@ -171,6 +173,18 @@ struct TrainerOptions {
   TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::minutes(5);
   /// intra-op threads per rank (at::set_num_threads). 0: leave as is.
   TORCH_ARG(int, threads) = 0;
+  /// Where each rank trains: "cpu", or "cuda" (the rank's GPU, ProcessGroup::cuda_device():
+  /// its local rank modulo the visible GPUs unless the process group was told otherwise).
+  /// Under "cuda" fit() moves the model the factory built to that GPU before wrapping it
+  /// (FSDP) or building the ZeroRedundancyOptimizer over it, so the factory runs outside
+  /// fsdp::ShardedInitContext there (Strategy::sharded_construction applies to "cpu" only:
+  /// the model is built whole on the CPU first); moves each batch to the GPU before the
+  /// training and validation steps (torch::data::Example<> by itself, another Batch type
+  /// through Trainer::batch_to_device); and reports losses and metrics as host numbers, as
+  /// on the CPU. Checkpoints hold host bytes either way: one saved on GPUs resumes on CPUs
+  /// and the other way round. Checked up front: an unknown word by trainer_options_error,
+  /// "cuda" on a machine without a usable GPU by device_error.
+  TORCH_ARG(std::string, device) = "cpu";
 };
 
 /// What the Trainer was given besides the options, for trainer_options_error.
@@ -180,6 +194,9 @@ struct TrainerParts {
   bool validation_loop = false, batch_sampler = false;
   int64_t train_size = 0, val_size = 0;
   int64_t sampler_steps_per_epoch = 0;  ///< given with the batch sampler
+  /// Batches can be moved to a device: the Batch type is torch::data::Example<>, or a
+  /// Trainer::batch_to_device function was given (needed by device "cuda").
+  bool batch_to_device = true;
 };
 
 /// Empty if `o` and `parts` can train at `world_size` ranks (0: not known yet, skip
@@ -192,5 +209,16 @@ std::string trainer_options_error(const TrainerOptions& o, const TrainerParts& p
 /// not asked on every rank: fit() asks it in the process that starts the ranks, before
 /// any starts (a rank that could not see the directory would otherwise fail alone).
 std::string resume_path_error(const TrainerOptions& o);
+
+/// Empty if `o.device()` can train on this machine; otherwise what is wrong and how to fix
+/// it (an unknown word, or "cuda" where torch sees no CUDA device). Reads the machine, so
+/// like resume_path_error it is not part of trainer_options_error: fit() asks it before any
+/// rank starts and again on every rank (ranks may run on other machines).
+std::string device_error(const TrainerOptions& o);
+
+/// The device rank `pg.rank()` trains on under `o.device()`: the CPU, or the CUDA device
+/// the process group bound (ProcessGroup::cuda_device()). Fails, naming the rank and the
+/// fix, when "cuda" is asked of a group that moves no CUDA tensors (a rank without a GPU).
+c10::Device training_device(const TrainerOptions& o, const comm::ProcessGroup& pg);
 
 }  // namespace fsdp::trainer
