@@ -9,6 +9,8 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <fstream>
+#include <iterator>
 #include <functional>
 #include <string>
 #include <vector>
@@ -327,6 +329,71 @@ TEST(BufferPool, KeepsSmallBlocksOfABlockAllocatorOnly) {
   EXPECT_EQ(cpu.idle_bytes(), 0);  // glibc reuses it from its heap
   cpu.allocate(2 << 20);
   EXPECT_EQ(cpu.idle_bytes(), 2 << 20);
+}
+
+// Every new block, and only new ones, goes to the observer (the stream order forgets the
+// address's history and a GPU backend names the block to the caching allocator); a block
+// kept idle serves a request of its own device only.
+TEST(BufferPool, TellsTheObserverOfNewBlocksOnly) {
+  fsdp::detail::BufferPool pool{4, 0};
+  std::vector<const void*> seen;
+  pool.set_new_block_observer([&](const at::DataPtr& b) { seen.push_back(b.get()); });
+  const void* first = nullptr;
+  {
+    at::DataPtr a = pool.allocate(4096);
+    first = a.get();
+    EXPECT_EQ(a.device(), at::Device(at::kCPU));
+  }
+  { at::DataPtr again = pool.allocate(4096); EXPECT_EQ(again.get(), first); }  // the idle block
+  at::DataPtr big = pool.allocate(1 << 20);
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[0], first);
+  EXPECT_EQ(seen[1], big.get());
+  const at::Tensor t = pool.empty(16, at::TensorOptions().dtype(at::kFloat));
+  EXPECT_EQ(t.numel(), 16);
+  EXPECT_TRUE(t.device().is_cpu());
+}
+
+// Device times ([Note: device placement] traces): spans opened with a device stream carry
+// the times of the events their clock recorded, read only when the trace is; a collective's
+// device end is the one marked right after its issue, not the later end of its host span.
+struct FakeClock : fsdp::DeviceClock {
+  int64_t now = 1000;
+  std::vector<int> tids;
+  std::shared_ptr<void> mark(int tid) override {
+    tids.push_back(tid);
+    return std::make_shared<int64_t>(now += 10);
+  }
+  int64_t time_us(const std::shared_ptr<void>& e) override { return *static_cast<int64_t*>(e.get()); }
+};
+
+TEST(Tracer, DeviceTimesComeFromTheClock) {
+  fsdp::Tracer tracer{::testing::TempDir() + "/fsdp_device_trace", 0};
+  auto clock = std::make_shared<FakeClock>();
+  tracer.set_device_clock(clock);
+  auto gather = tracer.begin(fsdp::Tracer::kGather);  // event at 1010
+  tracer.end_on_device(gather);                        // 1020, at the issue
+  auto forward = tracer.begin(fsdp::Tracer::kCompute); // 1030
+  clock->now = 5000;
+  tracer.end("all_gather l1", fsdp::Tracer::kGather, gather);  // no new event
+  tracer.end("forward l1", fsdp::Tracer::kCompute, forward);   // 5010
+  auto host_only = tracer.begin();
+  tracer.end("reduce l1", fsdp::Tracer::kReduce, host_only);
+  EXPECT_EQ(clock->tids, (std::vector<int>{1, 1, 0, 0}));
+  const auto spans = tracer.spans();
+  ASSERT_EQ(spans.size(), 3u);
+  EXPECT_EQ(spans[0].device_begin_us, 1010);
+  EXPECT_EQ(spans[0].device_end_us, 1020);
+  EXPECT_EQ(spans[1].device_begin_us, 1030);
+  EXPECT_EQ(spans[1].device_end_us, 5010);
+  EXPECT_EQ(spans[2].device_begin_us, -1);
+  const std::string path = tracer.flush();
+  std::ifstream in(path);
+  const std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(json.find("\"tid\":11,\"ts\":1010,\"dur\":10"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"tid\":10,\"ts\":1030,\"dur\":3980"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"name\":\"device: all_gather\""), std::string::npos) << json;
+  EXPECT_EQ(json.find("\"tid\":12,\"ts\""), std::string::npos) << "the host-only span has no device event";
 }
 
 struct UnitFixture {

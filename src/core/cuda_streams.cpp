@@ -3,6 +3,7 @@
 #include "cuda_streams.h"
 
 #include <array>
+#include <chrono>
 #include <optional>
 
 #include <c10/util/Exception.h>
@@ -57,6 +58,8 @@ class CudaStreams : public StreamBackend {
     return guard;
   }
 
+  std::shared_ptr<DeviceClock> device_clock() override;
+
   // The pool hands a block to any stream and reuses it without the caching allocator
   // seeing (FakeStreams checks that order). What the allocator must know is the end: when
   // the pool lets the block go, the allocator records an event on every stream named here
@@ -73,6 +76,38 @@ class CudaStreams : public StreamBackend {
   std::array<std::optional<c10::cuda::CUDAStream>, kStreamKinds> streams_;
   CudaStreamDelay delay_;
 };
+
+// Timed events on the streams, placed on the tracer's wall clock through one origin event
+// the host waited for (so its wall time is known to within the wait's return).
+class CudaClock : public DeviceClock {
+ public:
+  explicit CudaClock(std::array<c10::cuda::CUDAStream, 3> streams) : streams_(streams) {
+    origin_.record(streams_[0]);
+    origin_.synchronize();
+    origin_us_ = std::chrono::duration_cast<std::chrono::microseconds>(
+                     std::chrono::system_clock::now().time_since_epoch()).count();
+  }
+  std::shared_ptr<void> mark(int tid) override {
+    auto ev = std::make_shared<at::cuda::CUDAEvent>(cudaEventDefault);  // timing on
+    ev->record(streams_.at(static_cast<size_t>(tid)));
+    return ev;
+  }
+  int64_t time_us(const std::shared_ptr<void>& event) override {
+    auto* ev = static_cast<at::cuda::CUDAEvent*>(event.get());
+    ev->synchronize();
+    return origin_us_ + static_cast<int64_t>(origin_.elapsed_time(*ev) * 1000.0);
+  }
+
+ private:
+  std::array<c10::cuda::CUDAStream, 3> streams_;
+  at::cuda::CUDAEvent origin_{cudaEventDefault};
+  int64_t origin_us_ = 0;
+};
+
+std::shared_ptr<DeviceClock> CudaStreams::device_clock() {
+  return std::make_shared<CudaClock>(std::array<c10::cuda::CUDAStream, 3>{
+      stream(StreamKind::Compute), stream(StreamKind::AllGather), stream(StreamKind::ReduceScatter)});
+}
 
 }  // namespace
 

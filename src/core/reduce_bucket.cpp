@@ -145,10 +145,10 @@ std::unique_ptr<GradReducer::Reduction> GradReducer::issue(std::vector<Unit*> me
     if (auto* so = streams()) so->write(StreamKind::Compute, r->input);
   }
   r->members = std::move(members);
-  r->mark = tracer_->begin();
   // Not pooled when sharded: the output becomes the gradient pieces, which outlive the step.
   r->output = sharded ? at::empty({total}, r->input.options()) : r->input;
   order_issue(*r);
+  r->mark = tracer_->begin(Tracer::kReduce);  // after the stream's wait: the device span is the reduction's
   {
     const auto on_stream = streams() ? streams()->make_current(StreamKind::ReduceScatter) : nullptr;
     if (sharded) {
@@ -159,6 +159,7 @@ std::unique_ptr<GradReducer::Reduction> GradReducer::issue(std::vector<Unit*> me
     }
     r->handle.order_current_stream();
   }
+  tracer_->end_on_device(r->mark);
   order_issued(*r);
   return r;
 }

@@ -66,6 +66,7 @@ Runtime::Runtime(comm::ProcessGroup pg, ResolvedOptions options) : pg_(std::move
   pool_.set_block_allocator([g = gather_pg_](size_t nbytes) { return comm::allocate_collective_buffer(g, nbytes); });
   pool_.set_new_block_observer([streams = &streams_](const at::DataPtr& block) { streams->new_block(block); });
   tracer_ = std::make_unique<Tracer>(options_.trace_dir, pg_.global_rank());
+  if (tracer_->enabled()) tracer_->set_device_clock(streams_.device_clock());
   // [Note: reductions in flight]
   const int max_scattering = options_.strategy == ShardingStrategy::NO_SHARD ? 2 : 1;
   reducer_ = std::make_unique<GradReducer>(reduce_pg_, replica_pg_, options_.bucket_cap_bytes, tracer_.get(), &pool_,

@@ -35,6 +35,8 @@
 
 #include <ATen/ATen.h>
 
+#include "fsdp/core/trace.h"
+
 namespace fsdp::detail {
 
 enum class StreamKind : uint8_t {
@@ -89,6 +91,9 @@ class StreamBackend {
   /// The pool made a new device block that every stream may use: its memory must not go
   /// back to the device allocator before their work on it is done.
   virtual void adopt_block(const at::DataPtr&) {}
+  /// Device times for the trace (tracer tids 0, 1, 2: compute, all-gather, reduce-scatter);
+  /// null where the streams are not real.
+  virtual std::shared_ptr<DeviceClock> device_clock() { return nullptr; }
 };
 
 /// The waits the runtime makes, by name ([Note: stream order wiring] in runtime.h).
@@ -127,6 +132,8 @@ class StreamOrder {
   /// streams). Safe from any thread: it reads only the backend.
   std::shared_ptr<void> make_current(StreamKind s) const { return backend_ ? backend_->make_current(s) : nullptr; }
   /// make_current(s) for another thread, which may outlive this StreamOrder (empty: none).
+  /// The backend's device clock for the trace (null: none).
+  std::shared_ptr<DeviceClock> device_clock() const { return backend_ ? backend_->device_clock() : nullptr; }
   std::function<std::shared_ptr<void>()> current_maker(StreamKind s) const {
     if (!backend_) return nullptr;
     return [backend = backend_, s] { return backend->make_current(s); };

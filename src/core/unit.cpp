@@ -94,12 +94,13 @@ bool Unit::issue_gather(comm::Phase phase) {
     PendingGather g;
     g.source = flat_->shard_for_gather();
     order_gather_issue(g.source);
-    gather_mark_ = ctx_.tracer->begin();
+    gather_mark_ = ctx_.tracer->begin(Tracer::kGather);
     {
       const auto on_stream = streams() ? streams()->make_current(StreamKind::AllGather) : nullptr;
       g.handle = comm::all_gather_into(ctx_.gather_group, flat_->unsharded(), g.source, {phase, label()});
       g.handle.order_current_stream();
     }
+    ctx_.tracer->end_on_device(gather_mark_);
     order_gather_issued();
     pending_gather_ = std::move(g);
   } else {
@@ -205,7 +206,7 @@ bool Unit::begin_forward(bool training, const GradHookFactory& make_hook) {
 }
 
 void Unit::open_forward_span() {
-  if (!forward_mark_.open()) forward_mark_ = ctx_.tracer->begin();
+  if (!forward_mark_.open()) forward_mark_ = ctx_.tracer->begin(Tracer::kCompute);
 }
 
 void Unit::end_forward(bool training, bool keep_gathered) {
@@ -297,7 +298,7 @@ bool Unit::begin_backward() {
   return allocated;
 }
 
-void Unit::open_backward_span() { backward_mark_ = ctx_.tracer->begin(); }
+void Unit::open_backward_span() { backward_mark_ = ctx_.tracer->begin(Tracer::kCompute); }
 
 bool Unit::begin_recompute(const GradHookFactory& make_hook) {
   recompute_in_backward_ = state_ == UnitState::BACKWARD;
@@ -307,7 +308,7 @@ bool Unit::begin_recompute(const GradHookFactory& make_hook) {
   order_compute_reads_unsharded();
   if (flat_->state() != FlatState::Unsharded) flat_->use_unsharded_views();
   ensure_grad_accumulators(make_hook);
-  recompute_mark_ = ctx_.tracer->begin();
+  recompute_mark_ = ctx_.tracer->begin(Tracer::kCompute);
   return allocated;
 }
 

@@ -19,8 +19,15 @@
 /// shared-memory rings inside a host, "gloo": Gloo over TCP, "local": a group of one).
 /// Under HYBRID_SHARD across hosts the shard group's spans say "shm" and the replica
 /// all-reduce's "gloo".
+///
+/// On a GPU, host times show when work was issued, and issues always overlap. A model on a
+/// GPU also records device times: events on the span's stream when its work starts and ends
+/// there (the compute stream for forward and backward, the all-gather and reduce-scatter
+/// streams for the collectives; not the replica all-reduce). They appear as tids 10, 11 and 12
+/// ("device: compute", ...) on the same clock, and in TraceSpan::device_begin_us/end_us.
 
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -33,6 +40,18 @@ struct TraceSpan {
   int64_t begin_us = 0, end_us = 0;
   int64_t begin_seq = 0, end_seq = 0;
   std::string transport;  ///< collective spans: "shm", "gloo" or "local"; compute spans: ""
+  /// When the span's work ran on its device stream (same clock as begin_us); -1 without one.
+  int64_t device_begin_us = -1, device_end_us = -1;
+};
+
+/// Device times for the tracer (a model on a GPU; tests give a fake one).
+class DeviceClock {
+ public:
+  virtual ~DeviceClock() = default;
+  /// An event on stream `tid`'s device stream, behind the work issued to it so far.
+  virtual std::shared_ptr<void> mark(int tid) = 0;
+  /// When `event` happened, in wall-clock microseconds; waits for it.
+  virtual int64_t time_us(const std::shared_ptr<void>& event) = 0;
 };
 
 class Tracer {
@@ -41,13 +60,22 @@ class Tracer {
   /// A span that has begun.
   struct Mark {
     int64_t us = -1, seq = -1;
+    int device_tid = -1;                          ///< the stream of the device events
+    std::shared_ptr<void> device_begin, device_end;
     bool open() const { return seq >= 0; }
   };
 
   /// dir empty: disabled (every call is a no-op).
   Tracer(std::string dir, int rank);
   bool enabled() const { return !dir_.empty(); }
-  Mark begin();
+  /// Device times from here on (null: none).
+  void set_device_clock(std::shared_ptr<DeviceClock> clock);
+  /// Opens a span; with a device clock and device_tid >= 0, also marks its start on that
+  /// stream.
+  Mark begin(int device_tid = -1);
+  /// Marks the end of the span's device work now (a collective: right after its issue, before
+  /// later work joins the stream). Without it, end() marks it.
+  void end_on_device(Mark& mark);
   /// Closes mark (no-op if not open). `transport`: see TraceSpan::transport.
   void end(const std::string& name, int tid, Mark& mark, const char* transport = "");
   std::vector<TraceSpan> spans() const;
@@ -56,11 +84,20 @@ class Tracer {
   std::string flush() const;
 
  private:
+  struct DeviceEvents {
+    size_t span;
+    std::shared_ptr<void> begin, end;
+  };
+  /// Reads the device events recorded so far into their spans (under mu_).
+  void resolve_device_times() const;
+
   std::string dir_;
   int rank_;
   mutable std::mutex mu_;
   int64_t seq_ = 0;
-  std::vector<TraceSpan> spans_;
+  mutable std::vector<TraceSpan> spans_;
+  std::shared_ptr<DeviceClock> clock_;
+  mutable std::vector<DeviceEvents> pending_;
 };
 
 }  // namespace fsdp
