@@ -41,7 +41,7 @@
 // Both step with the fused kernel at::_fused_adam_ (lr 1e-4, betas 0.9/0.999, eps 1e-8, no
 // weight decay: torch.optim.Adam(fused=True)'s defaults but lr) over the fp32 parameters (FSDP:
 // the model's parameters(), its fp32 shards), its state made at construction; gradients are set
-// to none before each step (zero_grad(set_to_none=True), as in Python).
+// to none before each step (clear_grads: set_to_none=True, as in Python).
 //
 // Measured: every mode runs `--rounds` phases, alternating (plain, fsdp, plain, fsdp, ...); a
 // phase is `--warmup` untimed steps, then `--steps` steps each timed alone with
@@ -247,7 +247,7 @@ class FusedAdam {
       steps_.push_back(torch::zeros({}, p.options().dtype(at::kFloat)));
     }
   }
-  void zero_grad() {
+  void clear_grads() {
     for (auto& p : params_) p.mutable_grad().reset();
   }
   // torch.optim.Adam(fused=True)'s _fused_adam: steps += 1, then one fused launch (per
@@ -472,7 +472,7 @@ int run(const Args& a) {
 
   const int64_t tokens_per_step = a.batch * a.seq;
   auto step = [&](Mode& m) {
-    m.opt->zero_grad();
+    m.opt->clear_grads();
     const int64_t i = m.next_batch++ % a.batches;
     auto logits = m.forward(xs[i]);
     auto loss = at::cross_entropy_loss(logits.reshape({-1, a.vocab}).to(at::kFloat), ys[i].reshape({-1}));
@@ -516,7 +516,7 @@ int run(const Args& a) {
         m.round_ms.push_back(this_round);
         // Between phases a mode holds its parameters and Adam state only: no gradients,
         // no cached transient buffers (FSDP's empty_cache).
-        m.opt->zero_grad();
+        m.opt->clear_grads();
         if (m.wrapped) m.wrapped->empty_cache();
         sync(dev);
         m.footprint = allocated_now(dev) - base - others;

@@ -236,7 +236,7 @@ void zero_parity(comm::ProcessGroup& pg, const std::string& name, Make make, int
       const auto ref_grads = named_grads(*ref);
       ref_opt.step();
 
-      opt.zero_grad();
+      opt.zero_grad(/*set_to_none=*/true);
       auto loss = torch::mse_loss(model->forward(rank_slice(x, pg.rank(), pg.size())),
                                   rank_slice(y, pg.rank(), pg.size()));
       loss.backward();
@@ -309,7 +309,7 @@ ByHandRun by_hand_low_precision(torch::Device dev, int world, at::ScalarType dty
     auto [x, y] = batch_on(static_cast<int64_t>(s), dev);
     std::vector<torch::Tensor> sum(lp.size());
     for (int r = 0; r < world; ++r) {
-      low->zero_grad();
+      low->zero_grad(/*set_to_none=*/true);
       auto out = low->forward(rank_slice(x, r, world).to(dtype));
       (torch::mse_loss(out.to(torch::kFloat), rank_slice(y, r, world)) * scales[s]).backward();
       for (size_t i = 0; i < lp.size(); ++i) {

@@ -8,11 +8,15 @@
 
 #include <c10/util/Exception.h>
 
+// Events and the stream guard are c10's device-generic ones (c10::Event, c10::StreamGuard), not
+// at::cuda::CUDAEvent and c10::cuda::CUDAStreamGuard, whose inline code calls the CUDA runtime:
+// through libc10_cuda, our programs load no CUDA runtime of their own beside the wheel's
+// (test_runtime_libraries).
 #ifdef FSDP_WITH_CUDA_STREAMS
-#include <ATen/cuda/CUDAEvent.h>
+#include <c10/core/Event.h>
 #include <ATen/cuda/Sleep.h>
 #include <c10/cuda/CUDACachingAllocator.h>
-#include <c10/cuda/CUDAGuard.h>
+#include <c10/core/StreamGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
 
@@ -23,7 +27,7 @@ namespace fsdp::detail {
 namespace {
 
 struct CudaEvent : EventImpl {
-  at::cuda::CUDAEvent event;  // timing off: only ordering
+  c10::Event event{c10::DeviceType::CUDA};  // timing off: only ordering
 };
 
 class CudaStreams : public StreamBackend {
@@ -53,7 +57,7 @@ class CudaStreams : public StreamBackend {
   void check(StreamKind, BufferUse, const BufferRecord&) override {}
 
   std::shared_ptr<void> make_current(StreamKind s) override {
-    auto guard = std::make_shared<c10::cuda::CUDAStreamGuard>(stream(s));
+    auto guard = std::make_shared<c10::StreamGuard>(stream(s));
     if (delay_.stream == s && delay_.cycles > 0) at::cuda::sleep(delay_.cycles);
     return guard;
   }
@@ -88,19 +92,19 @@ class CudaClock : public DeviceClock {
                      std::chrono::system_clock::now().time_since_epoch()).count();
   }
   std::shared_ptr<void> mark(int tid) override {
-    auto ev = std::make_shared<at::cuda::CUDAEvent>(cudaEventDefault);  // timing on
+    auto ev = std::make_shared<c10::Event>(c10::DeviceType::CUDA, c10::EventFlag::BACKEND_DEFAULT);  // timing on
     ev->record(streams_.at(static_cast<size_t>(tid)));
     return ev;
   }
   int64_t time_us(const std::shared_ptr<void>& event) override {
-    auto* ev = static_cast<at::cuda::CUDAEvent*>(event.get());
+    auto* ev = static_cast<c10::Event*>(event.get());
     ev->synchronize();
-    return origin_us_ + static_cast<int64_t>(origin_.elapsed_time(*ev) * 1000.0);
+    return origin_us_ + static_cast<int64_t>(origin_.elapsedTime(*ev) * 1000.0);
   }
 
  private:
   std::array<c10::cuda::CUDAStream, 3> streams_;
-  at::cuda::CUDAEvent origin_{cudaEventDefault};
+  c10::Event origin_{c10::DeviceType::CUDA, c10::EventFlag::BACKEND_DEFAULT};
   int64_t origin_us_ = 0;
 };
 
