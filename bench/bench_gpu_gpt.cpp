@@ -27,7 +27,7 @@
 // LayerNorm weight 1 and bias 0. Data: `--batches` (4) batches of uniform random tokens made on
 // the GPU from seed 1234, used in turn by every mode (x = tokens[:, :-1], y = tokens[:, 1:]).
 //
-// The two modes compute the same thing in bf16 with fp32 master weights:
+// The modes compute the same thing in bf16 with fp32 master weights:
 //  * PLAIN: the model's fp32 parameters; the forward casts each of them to bf16 where it is
 //    used (once per parameter per step; the tied wte once for both its uses), a
 //    differentiable cast, so backward computes the bf16 gradients and accumulates them into
@@ -38,10 +38,15 @@
 //    embeddings and the final LayerNorm, MixedPrecision(param_dtype=bf16, reduce_dtype=fp32 by
 //    default; --reduce-dtype bf16), backward_prefetch BACKWARD_PRE (the default). The forward's
 //    casts are then no-ops (the gathered parameters are bf16 already): casts_per_step says so.
-// Both step with the fused kernel at::_fused_adam_ (lr 1e-4, betas 0.9/0.999, eps 1e-8, no
-// weight decay: torch.optim.Adam(fused=True)'s defaults but lr) over the fp32 parameters (FSDP:
-// the model's parameters(), its fp32 shards), its state made at construction; gradients are set
-// to none before each step (clear_grads: set_to_none=True, as in Python).
+//  * FULL_SHARD_OFFLOAD (--modes offload, not run by default): FULL_SHARD with
+//    Options::offload_params and optimizer_in_backward: fp32 shards, gradients and Adam state in
+//    pinned host memory, each unit stepped by fsdp::optim::CPUAdam on the host (all the cores the
+//    process has) as its gradient lands; bench/fsdp2_gpt.py --modes fsdp2_offload is its FSDP2
+//    counterpart (CPUOffloadPolicy).
+// PLAIN and FULL_SHARD step with the fused kernel at::_fused_adam_ (lr 1e-4, betas 0.9/0.999, eps
+// 1e-8, no weight decay: torch.optim.Adam(fused=True)'s defaults but lr) over the fp32 parameters
+// (FSDP: the model's parameters(), its fp32 shards), its state made at construction; gradients are
+// set to none before each step (clear_grads: set_to_none=True, as in Python).
 //
 // Measured: every mode runs `--rounds` phases, alternating (plain, fsdp, plain, fsdp, ...); a
 // phase is `--warmup` untimed steps, then `--steps` steps each timed alone with
@@ -98,6 +103,7 @@
 #include "fsdp/core/fully_sharded.h"
 #include "fsdp/core/options.h"
 #include "fsdp/core/wrappable.h"
+#include "fsdp/optim/cpu_adam.h"
 
 namespace {
 
@@ -283,11 +289,13 @@ struct Counts {
 };
 
 struct Mode {
-  std::string key;   // "plain" | "fsdp"
-  std::string name;  // "PLAIN" | "FULL_SHARD"
+  std::string key;   // "plain" | "fsdp" | "offload"
+  std::string name;  // "PLAIN" | "FULL_SHARD" | "FULL_SHARD_OFFLOAD"
   Gpt plain{nullptr};
   fsdp::FullyShardedDataParallel<GptImpl> wrapped{nullptr};
-  std::unique_ptr<FusedAdam> opt;
+  std::unique_ptr<FusedAdam> opt;                    // plain, fsdp: on the GPU
+  std::unique_ptr<fsdp::optim::CPUAdam> host_opt;    // offload: on the host, inside backward
+  Counts counts;                                     // collectives of its timed steps
   int64_t footprint = 0;  // bytes its model and optimizer hold between its phases
   int64_t params = 0;     // parameters (full model)
   int64_t units = 0;
@@ -297,10 +305,21 @@ struct Mode {
   int64_t peak_raw = 0, peak_alone = 0, other_bytes = 0;
   int64_t casts = 0, timed_steps = 0, next_batch = 0;
   std::string error;
-  bool alive() const { return error.empty() && opt != nullptr; }
+  bool alive() const { return error.empty() && (opt != nullptr || host_opt != nullptr); }
+  bool sharded() const { return key != "plain"; }
+  void clear_grads() {
+    if (opt) opt->clear_grads();
+    if (host_opt) host_opt->zero_grad(/*set_to_none=*/true);
+  }
+  // The offload mode stepped every unit inside backward: its step() finds nothing to do.
+  void step_optimizer() {
+    if (opt) opt->step();
+    if (host_opt) host_opt->step();
+  }
   torch::Tensor forward(const torch::Tensor& x) { return wrapped ? wrapped->forward(x) : plain->forward(x); }
   void release() {
     opt.reset();
+    host_opt.reset();
     plain = nullptr;
     wrapped = nullptr;
   }
@@ -348,7 +367,8 @@ std::string check_args(const Args& a) {
   if (a.width % a.heads != 0) return "--width must be a multiple of --heads";
   if (a.modes.empty()) return "--modes needs plain and/or fsdp";
   for (const auto& m : a.modes)
-    if (m != "plain" && m != "fsdp") return "--modes takes plain and/or fsdp, got '" + m + "'";
+    if (m != "plain" && m != "fsdp" && m != "offload")
+      return "--modes takes plain, fsdp and/or offload, got '" + m + "'";
   for (size_t i = 0; i < a.modes.size(); ++i)
     if (std::count(a.modes.begin(), a.modes.end(), a.modes[i]) > 1) return "--modes names '" + a.modes[i] + "' twice";
   if (a.reduce_dtype != "fp32" && a.reduce_dtype != "bf16")
@@ -357,13 +377,13 @@ std::string check_args(const Args& a) {
 }
 
 int run(const Args& a) {
-  const bool want_fsdp = std::find(a.modes.begin(), a.modes.end(), "fsdp") != a.modes.end();
+  const bool want_fsdp = std::any_of(a.modes.begin(), a.modes.end(), [](const std::string& k) { return k != "plain"; });
 
   std::vector<std::unique_ptr<Mode>> modes;
   for (const auto& k : a.modes) {
     auto m = std::make_unique<Mode>();
     m->key = k;
-    m->name = k == "plain" ? "PLAIN" : "FULL_SHARD";
+    m->name = k == "plain" ? "PLAIN" : k == "fsdp" ? "FULL_SHARD" : "FULL_SHARD_OFFLOAD";
     modes.push_back(std::move(m));
   }
   auto mode_of = [&](const std::string& k) -> Mode* {
@@ -398,7 +418,8 @@ int run(const Args& a) {
         backend = "gloo";
       }
     } catch (const std::exception& e) {
-      mode_of("fsdp")->error = "init_process_group: " + text_of(e);
+      for (auto& m : modes)
+        if (m->sharded()) m->error = "init_process_group: " + text_of(e);
     }
   }
   use_device(dev);
@@ -440,10 +461,18 @@ int run(const Args& a) {
                         .auto_wrap_policy(fsdp::module_type_policy<BlockImpl>())
                         .mixed_precision(mp)
                         .forward_prefetch(a.forward_prefetch);
+        const bool offload = m->key == "offload";
+        if (offload) opts.offload_params(true).optimizer_in_backward(true);
         m->wrapped = fsdp::FullyShardedDataParallel<GptImpl>(model, pg, opts);
         model = nullptr;
         m->units = static_cast<int64_t>(m->wrapped->unit_paths().size());
-        m->opt = std::make_unique<FusedAdam>(m->wrapped->parameters(), a.lr);
+        if (offload) {
+          // CPUAdam's defaults are Adam's (betas 0.9/0.999, eps 1e-8, no weight decay).
+          m->host_opt = std::make_unique<fsdp::optim::CPUAdam>(m->wrapped->parameters(), fsdp::optim::CPUAdamOptions(a.lr));
+          m->wrapped->register_optimizer_in_backward(*m->host_opt);
+        } else {
+          m->opt = std::make_unique<FusedAdam>(m->wrapped->parameters(), a.lr);
+        }
       }
       sync(dev);
       m->footprint = allocated_now(dev) - base - total_footprints();
@@ -455,11 +484,13 @@ int run(const Args& a) {
   }
 
   // Collectives, counted during the timed steps only.
-  Counts counts;
-  std::atomic<bool> counting{false};
+  // Into the mode whose timed steps are running (nullptr: not counting).
+  std::atomic<Counts*> counting{nullptr};
   const int observer = fsdp::comm::detail::add_collective_observer(
       [&](const fsdp::comm::ProcessGroup&, const fsdp::comm::detail::CollectiveCall& c) {
-        if (!counting.load(std::memory_order_relaxed)) return;
+        Counts* into = counting.load(std::memory_order_relaxed);
+        if (into == nullptr) return;
+        Counts& counts = *into;
         using Op = fsdp::comm::detail::CollectiveOp;
         switch (c.op) {
           case Op::AllGather: ++counts.all_gather; break;
@@ -472,12 +503,12 @@ int run(const Args& a) {
 
   const int64_t tokens_per_step = a.batch * a.seq;
   auto step = [&](Mode& m) {
-    m.opt->clear_grads();
+    m.clear_grads();
     const int64_t i = m.next_batch++ % a.batches;
     auto logits = m.forward(xs[i]);
     auto loss = at::cross_entropy_loss(logits.reshape({-1, a.vocab}).to(at::kFloat), ys[i].reshape({-1}));
     loss.backward();
-    m.opt->step();
+    m.step_optimizer();
     return loss.detach();
   };
 
@@ -491,7 +522,7 @@ int run(const Args& a) {
         sync(dev);
         reset_peak(dev);
         const int64_t casts0 = g_casts.load();
-        counting = m.key == "fsdp";
+        counting = m.sharded() ? &m.counts : nullptr;
         std::vector<double> this_round;
         for (int s = 0; s < a.steps; ++s) {
           sync(dev);
@@ -502,7 +533,7 @@ int run(const Args& a) {
           this_round.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
           m.losses.push_back(loss.item<double>());
         }
-        counting = false;
+        counting = nullptr;
         m.casts += g_casts.load() - casts0;
         m.timed_steps += a.steps;
         const int64_t others = total_footprints() - m.footprint;
@@ -516,12 +547,12 @@ int run(const Args& a) {
         m.round_ms.push_back(this_round);
         // Between phases a mode holds its parameters and Adam state only: no gradients,
         // no cached transient buffers (FSDP's empty_cache).
-        m.opt->clear_grads();
+        m.clear_grads();
         if (m.wrapped) m.wrapped->empty_cache();
         sync(dev);
         m.footprint = allocated_now(dev) - base - others;
       } catch (const std::exception& e) {
-        counting = false;
+        counting = nullptr;
         m.error = "round " + std::to_string(round) + ": " + text_of(e);
         m.footprint = 0;
         // The other modes go on, unless the device itself failed: then every mode stops and
@@ -552,11 +583,11 @@ int run(const Args& a) {
   for (auto& mp : modes) {
     const Mode& m = *mp;
     if (m.ms.empty()) {
-      std::printf("%-10s failed: %s\n", m.name.c_str(), m.error.c_str());
+      std::printf("%-18s failed: %s\n", m.name.c_str(), m.error.c_str());
       continue;
     }
     const double ms = median(m.ms);
-    std::printf("%-10s %8.1f ms/step  %8.0f tokens/s  peak %.2f GiB (raw %.2f GiB)%s%s\n", m.name.c_str(), ms,
+    std::printf("%-18s %8.1f ms/step  %8.0f tokens/s  peak %.2f GiB (raw %.2f GiB)%s%s\n", m.name.c_str(), ms,
                 tokens_per_step / (ms * 1e-3), m.peak_alone * gib, m.peak_raw * gib, m.error.empty() ? "" : "  error: ",
                 m.error.c_str());
   }
@@ -575,12 +606,12 @@ int run(const Args& a) {
                   "{\"bench\": \"gpu_gpt\", \"model\": \"gpt\", \"strategy\": \"%s\", \"world_size\": 1, "
                   "\"device\": \"%s\", \"params\": %lld, \"layers\": %lld, \"width\": %lld, \"heads\": %lld, "
                   "\"vocab\": %lld, \"batch\": %lld, \"seq\": %lld, \"tokens_per_step\": %lld, "
-                  "\"param_dtype\": \"bf16\", \"master_dtype\": \"fp32\", \"optimizer\": \"fused_adam\", \"embedding\": \"tied\"",
+                  "\"param_dtype\": \"bf16\", \"master_dtype\": \"fp32\", \"optimizer\": \"%s\", \"embedding\": \"tied\"",
                   m.name.c_str(), json_escape(gpu).c_str(), (long long)m.params, (long long)a.layers,
                   (long long)a.width, (long long)a.heads, (long long)a.vocab, (long long)a.batch, (long long)a.seq,
-                  (long long)tokens_per_step);
+                  (long long)tokens_per_step, m.key == "offload" ? "cpu_adam_in_backward" : "fused_adam");
     j << b;
-    if (m.key == "fsdp") j << ", \"reduce_dtype\": \"" << a.reduce_dtype << "\", \"backend\": \"" << backend << "\"";
+    if (m.sharded()) j << ", \"reduce_dtype\": \"" << a.reduce_dtype << "\", \"backend\": \"" << backend << "\"";
     if (!m.ms.empty()) {
       const double ms = median(m.ms);
       double sum = 0;
@@ -595,14 +626,14 @@ int run(const Args& a) {
                     a.batch / (ms * 1e-3), (long long)m.timed_steps, (long long)m.peak_alone, (long long)m.peak_raw,
                     (long long)m.other_bytes, static_cast<double>(m.casts) / m.timed_steps);
       j << b << ", \"step_ms_per_round\": " << list(per_round, "%.3f");
-      if (m.key == "fsdp") {
+      if (m.sharded()) {
         const double k = 1.0 / m.timed_steps;
         std::snprintf(b, sizeof b,
                       ", \"units\": %lld, \"all_gathers_per_step\": %.1f, \"reduce_scatters_per_step\": %.1f, "
                       "\"all_reduces_per_step\": %.1f, \"other_collectives_per_step\": %.1f, "
                       "\"collective_bytes_per_step\": %.0f, \"max_loss_diff_vs_plain\": %.6f",
-                      (long long)m.units, counts.all_gather * k, counts.reduce_scatter * k, counts.all_reduce * k,
-                      counts.other * k, counts.bytes * k, loss_diff(m));
+                      (long long)m.units, m.counts.all_gather * k, m.counts.reduce_scatter * k,
+                      m.counts.all_reduce * k, m.counts.other * k, m.counts.bytes * k, loss_diff(m));
         j << b;
       }
       j << ", \"losses\": " << list(m.losses, "%.5f");

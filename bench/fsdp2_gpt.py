@@ -15,6 +15,10 @@ first losses agree to bf16 rounding). Two modes, alternating in rounds in one pr
     one-rank NCCL process group (file store: no network, not even loopback TCP for the store),
     MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32; --reduce-dtype bf16), defaults
     otherwise (reshard_after_forward=True: FULL_SHARD). The forward's casts are then no-ops.
+  * PYTHON_FSDP2_OFFLOAD (--modes fsdp2_offload, not run by default): PYTHON_FSDP2 with
+    fully_shard(offload_policy=CPUOffloadPolicy()): fp32 shards, gradients and Adam state on the
+    host, torch.optim.Adam (its default implementation) stepping them there after backward; the counterpart of
+    bench_gpu_gpt's FULL_SHARD_OFFLOAD.
 
 Timing, memory and output as bench_gpu_gpt: --warmup untimed steps then --steps timed steps per
 phase, each step between torch.cuda.synchronize() calls; step_ms is the median of a mode's timed
@@ -48,7 +52,8 @@ def parse_args():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batches", type=int, default=4)
-    ap.add_argument("--modes", default="plain,fsdp2", help="plain and/or fsdp2, in each round's order")
+    ap.add_argument("--modes", default="plain,fsdp2",
+                    help="plain, fsdp2 and/or fsdp2_offload, in each round's order")
     ap.add_argument("--reduce-dtype", choices=["fp32", "bf16"], default="fp32")
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--tiny", action="store_true",
@@ -61,8 +66,8 @@ def parse_args():
             setattr(a, k, v)
     a.modes = [m for m in a.modes.split(",") if m]
     for m in a.modes:
-        if m not in ("plain", "fsdp2"):
-            ap.error("--modes takes plain and/or fsdp2, got %r" % m)
+        if m not in ("plain", "fsdp2", "fsdp2_offload"):
+            ap.error("--modes takes plain, fsdp2 and/or fsdp2_offload, got %r" % m)
     if a.width % a.heads:
         ap.error("--width must be a multiple of --heads")
     return a
@@ -149,7 +154,7 @@ def main():
     torch.cuda.set_device(dev)
     f = dict(device=dev, dtype=torch.float32)
     store = None
-    if "fsdp2" in a.modes:
+    if any(m != "plain" for m in a.modes):
         store = os.path.join(tempfile.gettempdir(), "fsdp2_gpt.%d.store" % os.getpid())
         if os.path.exists(store):
             os.remove(store)
@@ -165,7 +170,7 @@ def main():
     class Mode:
         def __init__(self, key):
             self.key = key
-            self.name = "PYTHON_PLAIN" if key == "plain" else "PYTHON_FSDP2"
+            self.name = {"plain": "PYTHON_PLAIN", "fsdp2": "PYTHON_FSDP2", "fsdp2_offload": "PYTHON_FSDP2_OFFLOAD"}[key]
             self.model = self.opt = None
             self.footprint = 0
             self.params = 0
@@ -184,18 +189,20 @@ def main():
             torch.manual_seed(0)  # the same initial weights in every mode (and as in C++)
             model = Gpt(f)
             m.params = sum(p.numel() for p in model.parameters())
-            if m.key == "fsdp2":
+            if m.key in ("fsdp2", "fsdp2_offload"):
                 from torch.distributed.device_mesh import init_device_mesh
-                from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+                from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
                 mesh = init_device_mesh("cuda", (1,))
                 mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
                                           reduce_dtype=torch.float32 if a.reduce_dtype == "fp32" else torch.bfloat16)
+                off = CPUOffloadPolicy() if m.key == "fsdp2_offload" else OffloadPolicy()
                 for blk in model.h:
-                    fully_shard(blk, mesh=mesh, mp_policy=mp)
-                fully_shard(model, mesh=mesh, mp_policy=mp)
+                    fully_shard(blk, mesh=mesh, mp_policy=mp, offload_policy=off)
+                fully_shard(model, mesh=mesh, mp_policy=mp, offload_policy=off)
             m.model = model
-            m.opt = torch.optim.Adam(model.parameters(), lr=a.lr, fused=True)
+            # On host parameters (DTensors) Adam's default implementation, as FSDP2's docs use it.
+            m.opt = torch.optim.Adam(model.parameters(), lr=a.lr, fused=m.key != "fsdp2_offload" or None)
             torch.cuda.synchronize()
             m.footprint = torch.cuda.memory_allocated(dev) - base - footprints()
         except Exception as e:  # noqa: BLE001 - reported in the mode's JSON line
@@ -265,8 +272,8 @@ def main():
                "device": torch.cuda.get_device_name(dev), "torch": torch.__version__, "params": m.params,
                "layers": a.layers, "width": a.width, "heads": a.heads, "vocab": a.vocab, "batch": a.batch,
                "seq": a.seq, "tokens_per_step": tokens_per_step, "param_dtype": "bf16", "master_dtype": "fp32",
-               "optimizer": "fused_adam", "embedding": "tied"}
-        if m.key == "fsdp2":
+               "optimizer": "adam" if m.key == "fsdp2_offload" else "fused_adam", "embedding": "tied"}
+        if m.key != "plain":
             row.update(reduce_dtype=a.reduce_dtype, backend="nccl")
         if m.ms:
             ms = statistics.median(m.ms)
@@ -277,7 +284,7 @@ def main():
                        peak_bytes=m.peak_alone, peak_allocated_bytes=m.peak_raw, other_mode_bytes=m.other_bytes,
                        casts_per_step=m.casts / m.timed_steps,
                        step_ms_per_round=[round(statistics.median(r), 3) for r in m.round_ms])
-            if m.key == "fsdp2":
+            if m.key != "plain":
                 row["units"] = a.layers + 1
                 if plain is not None and plain.losses:
                     n = min(len(plain.losses), len(m.losses))

@@ -23,6 +23,8 @@
 # BENCH_WARMUP (5), BENCH_CPU_ADAM (1: the CPUAdam rows too), BENCH_PYTHON (1: the Python DDP
 # rows), BENCH_ROW_TIMEOUT_S (90), GPU_BENCH_BUDGET_S (the whole run, default 480 s),
 # GPU_BENCH_GPT=1 (only the GPT benchmark; BENCH_GPT_ARGS, BENCH_GPT_TIMEOUT_S),
+# GPU_BENCH_GPT_OFFLOAD=1 (only the GPT benchmark's CPU offload modes: FULL_SHARD_OFFLOAD against
+# FSDP2 with CPUOffloadPolicy; BENCH_GPT_ARGS e.g. "--steps 3 --warmup 1 --rounds 1"),
 # GPU_BENCH_SKIP_BUILD=1 (run what BUILD_DIR/bin already holds, e.g. after gpu_check.sh with
 # BUILD_DIR=build-gpu: no configure, no build).
 #
@@ -37,6 +39,8 @@ STEPS=${BENCH_STEPS:-30}
 WARMUP=${BENCH_WARMUP:-5}
 ROW_TIMEOUT=${BENCH_ROW_TIMEOUT_S:-90}
 GPT_ONLY=${GPU_BENCH_GPT:-0}
+GPT_OFFLOAD=${GPU_BENCH_GPT_OFFLOAD:-0}
+[[ "$GPT_OFFLOAD" == 1 ]] && GPT_ONLY=1
 : >"$SUMMARY"
 rm -f "$RESULTS"/{configure.log,build.log,bench.log,bench.jsonl}
 touch "$RESULTS/bench.jsonl" "$RESULTS/bench.log"
@@ -126,8 +130,13 @@ if [[ "$GPT_ONLY" == 1 ]]; then
   note "== the one-GPU GPT benchmark (${gpt_args[*]}; each program at most ${GPT_TIMEOUT}s)"
   ROW_TIMEOUT=$GPT_TIMEOUT
   t_rows=$SECONDS
-  run_row "gpt PLAIN,FULL_SHARD (C++, NCCL N=1)" "$BIN/bench_gpu_gpt" "${gpt_args[@]}"
-  run_row "gpt PYTHON_PLAIN,PYTHON_FSDP2" "$PY" "$FSDP_ROOT/bench/fsdp2_gpt.py" "${gpt_args[@]}"
+  if [[ "$GPT_OFFLOAD" == 1 ]]; then
+    run_row "gpt FULL_SHARD_OFFLOAD (C++, CPUAdam)" "$BIN/bench_gpu_gpt" "${gpt_args[@]}" --modes offload
+    run_row "gpt PYTHON_FSDP2_OFFLOAD" "$PY" "$FSDP_ROOT/bench/fsdp2_gpt.py" "${gpt_args[@]}" --modes fsdp2_offload
+  else
+    run_row "gpt PLAIN,FULL_SHARD (C++, NCCL N=1)" "$BIN/bench_gpu_gpt" "${gpt_args[@]}"
+    run_row "gpt PYTHON_PLAIN,PYTHON_FSDP2" "$PY" "$FSDP_ROOT/bench/fsdp2_gpt.py" "${gpt_args[@]}"
+  fi
   note "$(printf 'time %-12s %4d s  (at %d s)' gpt $((SECONDS - t_rows)) $((SECONDS - T0)))"
   # Per mode: step time, tokens/s, peak; then the targets (ratios of tokens/s, medians).
   "$PY" "$FSDP_ROOT/scripts/gpu_bench_gpt_summary.py" "$RESULTS/bench.jsonl" | tee -a "$SUMMARY"

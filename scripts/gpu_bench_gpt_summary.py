@@ -4,8 +4,10 @@
 Reads bench.jsonl (the JSON lines of bench_gpu_gpt and bench/fsdp2_gpt.py), prints a line per
 mode (step time, tokens/s, peak memory, FSDP's collectives per step) and per target, and appends
 the targets that need both programs' lines to bench.jsonl: full_shard_vs_python_fsdp2 (tokens/s of
-the C++ FULL_SHARD over FSDP2's, goal >= 1.0; also each against its own process's plain baseline)
-and plain_vs_python_plain (the two baselines, which should agree).
+the C++ FULL_SHARD over FSDP2's, goal >= 1.0; also each against its own process's plain baseline),
+plain_vs_python_plain (the two baselines, which should agree) and, with GPU_BENCH_GPT_OFFLOAD=1,
+offload_vs_python_fsdp2_offload (CPU offload: FULL_SHARD_OFFLOAD over FSDP2 with CPUOffloadPolicy,
+goal >= 3.0).
 
   python3 scripts/gpu_bench_gpt_summary.py RESULTS/bench.jsonl
 """
@@ -52,7 +54,8 @@ def main(path):
         return None
 
     for name, num, den, goal in (("full_shard_vs_python_fsdp2", "FULL_SHARD", "PYTHON_FSDP2", 1.0),
-                                 ("plain_vs_python_plain", "PLAIN", "PYTHON_PLAIN", None)):
+                                 ("plain_vs_python_plain", "PLAIN", "PYTHON_PLAIN", None),
+                                 ("offload_vs_python_fsdp2_offload", "FULL_SHARD_OFFLOAD", "PYTHON_FSDP2_OFFLOAD", 3.0)):
         x = ratio(num, den)
         if x is None:
             continue

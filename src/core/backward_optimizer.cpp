@@ -69,7 +69,12 @@ BackwardOptimizer::BackwardOptimizer(torch::optim::Optimizer& optimizer, const s
 
 void BackwardOptimizer::step(Unit& unit) {
   SetAsideGrads others(optimizer_);
-  unit.step_reduced_shard([this] { optimizer_.step(); });
+  try {
+    unit.step_reduced_shard([this] { optimizer_.step(); });
+  } catch (const c10::OutOfMemoryError& e) {
+    // A unit's first step creates its optimizer state (Adam: two shard-sized tensors).
+    unit.out_of_memory(e, "stepping the optimizer (its state is created at the first step)", 0);
+  }
 }
 
 }  // namespace fsdp::detail

@@ -8,12 +8,24 @@ namespace fsdp::detail {
 
 const char* to_string(FlatState s) { return s == FlatState::Sharded ? "SHARDED" : "UNSHARDED"; }
 
+namespace {
+
+// Where an offloaded shard lives: host memory, pinned when the compute device is a
+// GPU so that its copies can run asynchronously.
+at::TensorOptions host_options(const at::TensorOptions& compute) {
+  return compute.device(c10::kCPU).pinned_memory(compute.device().is_cuda());
+}
+
+}  // namespace
+
 FlatParameter::FlatParameter(std::vector<FlatParamEntry> entries, int rank, int world, bool sharded,
-                             FlatPrecision precision)
+                             FlatPrecision precision, bool offload)
     : entries_(std::move(entries)), rank_(sharded ? rank : 0), world_(sharded ? world : 1),
-      sharded_(sharded), precision_(precision) {
+      sharded_(sharded), precision_(precision), offloaded_(offload),
+      compute_device_(entries_.empty() ? c10::Device(c10::kCPU) : entries_.front().param.device()) {
   TORCH_INTERNAL_ASSERT(!entries_.empty());
-  const auto opts = entries_.front().param.options();
+  const auto compute_opts = entries_.front().param.options().requires_grad(false);
+  const auto opts = offloaded_ ? host_options(compute_opts) : compute_opts;
   for (auto& e : entries_) {
     e.offset = total_numel_;
     total_numel_ += e.numel;
@@ -21,7 +33,7 @@ FlatParameter::FlatParameter(std::vector<FlatParamEntry> entries, int rank, int 
   padded_numel_ = comm::padded_numel(total_numel_, world_);
   chunk_numel_ = padded_numel_ / world_;
   const int64_t lo = rank_ * chunk_numel_, hi = lo + chunk_numel_;
-  shard_ = at::zeros({chunk_numel_}, opts.requires_grad(false));
+  shard_ = at::empty({chunk_numel_}, opts).zero_();
   for (auto& e : entries_) {
     e.piece_begin = std::max(e.offset, lo);
     e.piece_end = std::min(e.offset + e.numel, hi);
@@ -33,11 +45,11 @@ FlatParameter::FlatParameter(std::vector<FlatParamEntry> entries, int rank, int 
     }
   }
   const auto compute = precision_.param_dtype.value_or(shard_.scalar_type());
-  if (sharded_ || compute != shard_.scalar_type()) {
+  if (sharded_ || offloaded_ || compute != shard_.scalar_type()) {
     // Created without memory (allocating and freeing it here would put a whole
     // unit's worth of bytes on the construction peak); alloc_unsharded gives it
     // storage when a gather needs it.
-    unsharded_ = at::empty({0}, shard_.options().dtype(compute));
+    unsharded_ = at::empty({0}, compute_opts.dtype(compute));
     unsharded_.unsafeGetTensorImpl()->set_sizes_contiguous({padded_numel_});
     free_unsharded();
   } else {
@@ -55,7 +67,19 @@ int64_t FlatParameter::unsharded_bytes() const {
 }
 
 at::Tensor FlatParameter::shard_for_gather() const {
+  if (offloaded_)  // always a copy: the shard stays the host's, the gather reads the device's
+    return shard_.to(options().dtype(compute_dtype()), /*non_blocking=*/true, /*copy=*/true);
   return low_precision() ? shard_.to(compute_dtype()) : shard_;
+}
+
+at::Tensor FlatParameter::to_shard_side(const at::Tensor& shard_sized, at::ScalarType dtype) const {
+  if (!offloaded_) return shard_sized.scalar_type() == dtype ? shard_sized : shard_sized.to(dtype);
+  // Always a copy, as on a GPU. Pinned, so that a GPU's copy to it is a DMA; blocking, so
+  // that the optimizer may read it at once (the copy waits for the reduction on the
+  // current stream).
+  at::Tensor host = at::empty(shard_sized.sizes(), host_options(shard_sized.options().dtype(dtype)));
+  host.copy_(shard_sized);
+  return host;
 }
 
 void FlatParameter::alloc_unsharded(BufferPool& pool) {

@@ -36,6 +36,20 @@
 // reduced, and cast to the shard's dtype for the optimizer (unless
 // keep_low_precision_grads).
 
+// [Note: offload]
+// With Options::offload_params the shard (full-precision master weights) lives in
+// host memory, pinned when the model is on a GPU, and the parameters' pieces, their
+// gradient pieces and hence the optimizer state are host tensors. The model's device
+// is the *compute device*: the unsharded buffer, flat gradients and reductions live
+// there, as without offload. Two copies join the sides: shard_for_gather copies the
+// shard to the compute device (in compute_dtype: only those bytes cross) before every
+// all-gather, and Unit::adopt_reduced_shard copies the reduced gradient shard to the
+// host. Even NO_SHARD in full precision then has a separate unsharded buffer (a device
+// copy of the host shard). options() describes the compute side (flat-sized work),
+// shard().options() the host side. When host and device are one memory (a model on
+// the CPU) the copies are plain memory copies and every value equals the run without
+// offload bit for bit.
+
 #include <optional>
 #include <string>
 #include <vector>
@@ -71,7 +85,7 @@ class FlatParameter {
  public:
   /// Copies the parameters' current values into this rank's shard.
   FlatParameter(std::vector<FlatParamEntry> entries, int rank, int world, bool sharded,
-                FlatPrecision precision = {});
+                FlatPrecision precision = {}, bool offload = false);
 
   FlatState state() const { return state_; }
   bool sharded() const { return sharded_; }
@@ -81,7 +95,10 @@ class FlatParameter {
   std::vector<FlatParamEntry>& entries() { return entries_; }
   const std::vector<FlatParamEntry>& entries() const { return entries_; }
   const at::Tensor& shard() const { return shard_; }
-  at::TensorOptions options() const { return shard_.options(); }
+  /// The compute side: the shard's dtype on the model's device ([Note: offload]).
+  at::TensorOptions options() const { return shard_.options().device(compute_device_); }
+  /// The shard is in host memory away from the compute device ([Note: offload]).
+  bool offloaded() const { return offloaded_; }
   /// Dtypes: see [Note: mixed precision].
   const FlatPrecision& precision() const { return precision_; }
   at::ScalarType compute_dtype() const { return unsharded_.scalar_type(); }
@@ -90,10 +107,14 @@ class FlatParameter {
     return precision_.keep_low_precision_grads ? compute_dtype() : shard_.scalar_type();
   }
   bool low_precision() const { return compute_dtype() != shard_.scalar_type(); }
-  /// The unsharded buffer is not the shard itself (sharded, or a low-precision copy).
-  bool separate_unsharded() const { return sharded_ || low_precision(); }
-  /// The shard as the all-gather sends it (cast to compute_dtype()).
+  /// The unsharded buffer is not the shard itself (sharded, a low-precision copy, or
+  /// a device copy of an offloaded shard).
+  bool separate_unsharded() const { return sharded_ || low_precision() || offloaded_; }
+  /// The shard as the all-gather sends it (cast to compute_dtype(), on the compute device).
   at::Tensor shard_for_gather() const;
+  /// A shard-sized tensor of this unit (a reduced gradient) in `dtype` where the shard
+  /// lives: itself or a cast without offload, a host copy with it.
+  at::Tensor to_shard_side(const at::Tensor& shard_sized, at::ScalarType dtype) const;
 
   /// Unsharded buffer: allocation state and the tensor collectives fill.
   bool unsharded_allocated() const;
@@ -125,6 +146,8 @@ class FlatParameter {
   int world_;
   bool sharded_;
   FlatPrecision precision_;
+  bool offloaded_;
+  c10::Device compute_device_;
   int64_t total_numel_ = 0;
   int64_t padded_numel_ = 0;
   int64_t chunk_numel_ = 0;

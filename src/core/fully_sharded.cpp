@@ -85,7 +85,7 @@ Unit* create_unit(Runtime& runtime, const detail::ResolvedOptions& resolved, Pla
   const detail::FlatPrecision precision =
       detail::unit_precision(resolved.mixed_precision, p.entries.front().param.scalar_type(), full_precision_unit);
   auto flat = std::make_unique<FlatParameter>(std::move(p.entries), shard_group.rank(), shard_group.size(),
-                                              sharded && !full_precision_unit, precision);
+                                              sharded && !full_precision_unit, precision, resolved.offload_params);
   return runtime.add_unit(p.path, std::move(flat), p.kind == PlannedUnit::Kind::Root,
                           resolved.reshard_after_forward && !full_precision_unit);
 }
@@ -175,6 +175,10 @@ FullyShardedBase::FullyShardedBase(std::shared_ptr<torch::nn::Module> model, com
     if (!construction.empty())
       for (const auto& item : model_->named_modules()) path_of[item.value().get()] = item.key();
     for (const auto& [module, cu] : construction) {
+      TORCH_CHECK(!resolved.offload_params, "fsdp (rank ", pg_.rank(), "): unit '", path_of[module],
+                  "' was sharded at construction by a ShardedInitContext, whose shards live on the model's "
+                  "device; Options::offload_params cannot take them over. Construct the model without a "
+                  "ShardedInitContext to offload it");
       const auto expected = detail::sharding_signature(pg_, resolved, cu->flat->shard().scalar_type());
       TORCH_CHECK(detail::same_sharding(cu->signature, expected), "fsdp (rank ", pg_.rank(), "): unit '",
                   path_of[module], "' was sharded at construction by a ShardedInitContext for ",

@@ -96,6 +96,7 @@ ResolvedOptions resolve_options(const Options& options, const comm::ProcessGroup
   r.mixed_precision = options.mixed_precision();
   r.keep_freed_host_memory = options.keep_freed_host_memory() && !malloc_tuned_by_environment();
   r.optimizer_in_backward = options.optimizer_in_backward();
+  r.offload_params = options.offload_params();
   r.trace_dir = options.trace_dir();
   if (r.trace_dir.empty())
     if (const char* env = std::getenv("FSDP_TRACE")) r.trace_dir = env;

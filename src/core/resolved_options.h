@@ -44,6 +44,8 @@ struct ResolvedOptions {
   bool keep_freed_host_memory = true;
   /// Options::optimizer_in_backward ([Note: optimizer in backward]).
   bool optimizer_in_backward = false;
+  /// Options::offload_params ([Note: offload] in flat_param.h).
+  bool offload_params = false;
   /// Where the model's parameters are, checked by placement_device ([Note: device
   /// placement]); set by the wrapper, not by resolve_options.
   c10::Device device = c10::kCPU;

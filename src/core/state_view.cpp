@@ -114,8 +114,10 @@ at::Tensor StateView::gather_full(size_t u, const at::Tensor& chunk) const {
   if (!flat.sharded()) return chunk;
   // Own buffers in the shards' dtype, not the unit's unsharded buffer (the
   // low-precision compute copy under mixed precision): the full-precision values.
+  // On the compute device, where the group moves tensors ([Note: offload] in flat_param.h).
   auto full = torch::empty({flat.padded_numel()}, flat.options());
-  comm::all_gather_into(runtime_->gather_group(), full, chunk, {comm::Phase::StateDict, runtime_->units().at(u)->label()})
+  comm::all_gather_into(runtime_->gather_group(), full, chunk.to(full.device()),
+                        {comm::Phase::StateDict, runtime_->units().at(u)->label()})
       .wait();  // the shard group
   return full;
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <sstream>
 
 #include <ATen/ScalarOps.h>
 #include <torch/csrc/autograd/function.h>
@@ -87,7 +88,11 @@ std::string Unit::trace_name(const char* what) const { return std::string(what) 
 
 bool Unit::issue_gather(comm::Phase phase) {
   if (!needs_gather()) return false;
-  flat_->alloc_unsharded(*ctx_.pool);
+  try {
+    flat_->alloc_unsharded(*ctx_.pool);
+  } catch (const c10::OutOfMemoryError& e) {
+    out_of_memory(e, "gathering the parameters", flat_->padded_numel() * int64_t(c10::elementSize(flat_->compute_dtype())));
+  }
   if (flat_->sharded()) {
     // Cast before the gather: param_dtype bytes move ([Note: mixed precision]).
     // The cast copy must live until the gather completes (wait_gather).
@@ -163,6 +168,15 @@ void Unit::free_unsharded() {
   // Compute gives the block back behind its last read of it ([Note: stream order]).
   if (auto* so = streams(); so && flat_->unsharded_allocated()) so->release(StreamKind::Compute, flat_->unsharded());
   flat_->free_unsharded();
+}
+
+void Unit::out_of_memory(const c10::OutOfMemoryError& e, const char* what, int64_t bytes) const {
+  std::ostringstream size;
+  if (bytes > 0) size << " (" << bytes << " bytes on " << flat_->options().device() << ")";
+  TORCH_CHECK_WITH(OutOfMemoryError, false, "fsdp (rank ", ctx_.rank, "): out of memory ", what, " of unit '",
+                   label(), "'", size.str(), ". Shard over more ranks, wrap "
+                   "smaller units, compute in bf16 (MixedPrecision), or keep the shards, gradients and optimizer "
+                   "state in host memory with Options::offload_params(true). ", e.what_without_backtrace());
 }
 
 void Unit::reshard() {
@@ -351,7 +365,11 @@ void Unit::flatten_grads(bool no_sync) {
   // Reduced in reduce_dtype ([Note: mixed precision]); copy_ casts. Every element
   // is written once: gradients are copied in, gradients that were never produced
   // (unused or frozen parameters) and the padding are zeros.
-  flat_grad_ = ctx_.pool->empty(flat_->padded_numel(), flat_->options().dtype(flat_->reduce_dtype()));
+  try {
+    flat_grad_ = ctx_.pool->empty(flat_->padded_numel(), flat_->options().dtype(flat_->reduce_dtype()));
+  } catch (const c10::OutOfMemoryError& e) {
+    out_of_memory(e, "flattening the gradients", flat_->padded_numel() * int64_t(c10::elementSize(flat_->reduce_dtype())));
+  }
   if (auto* so = streams()) so->acquire(StreamKind::Compute, flat_grad_, "flat gradient", label());
   // The pre-division is fused into the copy (one pass over the gradient instead of
   // two) when that computes the same bits as copy-then-divide: the same division
@@ -406,8 +424,9 @@ void Unit::adopt_reduced_shard(at::Tensor shard) {
   transition(UnitState::REDUCED, "adopt_reduced_shard");
   reduced_shard_ = std::move(shard);
   if (ctx_.divide.post != 1) reduced_shard_.div_(ctx_.divide.post);
-  // Gradient pieces in the optimizer's dtype (fp32 master) unless asked otherwise.
-  if (reduced_shard_.scalar_type() != flat_->grad_dtype()) reduced_shard_ = reduced_shard_.to(flat_->grad_dtype());
+  // Gradient pieces in the optimizer's dtype (fp32 master) unless asked otherwise, where
+  // the shard is ([Note: offload] in flat_param.h).
+  reduced_shard_ = flat_->to_shard_side(reduced_shard_, flat_->grad_dtype());
 }
 
 namespace {

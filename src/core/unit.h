@@ -191,6 +191,9 @@ class Unit {
   FlatParameter& flat() { return *flat_; }
   const FlatParameter& flat() const { return *flat_; }
   int64_t transient_bytes() const;     // unsharded params + flat grads in flight + no_sync grads
+  /// Rethrows an out-of-memory error met making `what` of this unit (`bytes`, if known: > 0),
+  /// naming the unit and the ways out; still a c10::OutOfMemoryError.
+  [[noreturn]] void out_of_memory(const c10::OutOfMemoryError& e, const char* what, int64_t bytes) const;
   int64_t grad_piece_bytes() const;
 
  private:

@@ -108,12 +108,17 @@ void load_state_dict_from_rank0(FullyShardedBase& model, const StateDict& rank0_
   // the most any rank holds beyond its shards. (Not one per unit: the transport
   // may drop its reference to a broadcast tensor only after wait() returns, so
   // two units' buffers could be alive at once.)
+  // An unsharded unit's shard is broadcast in place unless it is offloaded to the host
+  // ([Note: offload] in flat_param.h): the group moves tensors on the compute device.
+  auto in_place = [&](size_t u) {
+    return !view.sharded(u) && view.shard(u).device() == view.flat_options(u).device();
+  };
   int64_t largest = 0;
   for (size_t u = 0; u < view.num_units(); ++u)
-    if (view.sharded(u)) largest = std::max(largest, view.padded_numel(u));
+    if (!in_place(u)) largest = std::max(largest, view.padded_numel(u));
   at::Tensor buffer;
   for (size_t u = 0; u < view.num_units(); ++u) {
-    if (!view.sharded(u)) {
+    if (in_place(u)) {
       // The shard is the whole flat buffer: filled on rank 0, broadcast in place.
       if (root) fill_unit(view, u, view.shard(u), rank0_dict, piece_of);
       comm::broadcast(pg, view.shard(u), 0).wait();

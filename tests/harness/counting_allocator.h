@@ -21,6 +21,10 @@ class CountingAllocator final : public c10::Allocator {
  public:
   explicit CountingAllocator(c10::Allocator* base) : base_(base) { instance() = this; }
   c10::DataPtr allocate(size_t n) override {
+    // A memory cap for out-of-memory tests, failing as a device allocator does.
+    const int64_t limit = limit_.load();
+    TORCH_CHECK_WITH(OutOfMemoryError, limit <= 0 || live_.load() + static_cast<int64_t>(n) <= limit,
+                     "CountingAllocator: ", n, " bytes would exceed the test's limit of ", limit, " bytes");
     c10::DataPtr inner = base_->allocate(n);
     void* data = inner.get();
     const c10::Device device = inner.device();
@@ -51,12 +55,15 @@ class CountingAllocator final : public c10::Allocator {
   int64_t live() const { return live_; }
   int64_t peak() const { return peak_; }
   void reset_peak() { peak_ = live_.load(); }
+  /// Allocations beyond `bytes` live bytes throw c10::OutOfMemoryError; 0: no limit.
+  void set_limit(int64_t bytes) { limit_ = bytes; }
 
  private:
   struct Block {
     c10::DataPtr inner;
     size_t n;
   };
+  std::atomic<int64_t> limit_{0};
   static CountingAllocator*& instance() {
     static CountingAllocator* self = nullptr;
     return self;

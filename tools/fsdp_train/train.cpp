@@ -401,7 +401,8 @@ int run_rank(const TrainOptions& o) {
                            .shard_group_size(o.shard_group_size)
                            .forward_prefetch(o.forward_prefetch)
                            .bucket_cap_mb(o.bucket_cap_mb)
-                           .optimizer_in_backward(o.optimizer_in_backward);
+                           .optimizer_in_backward(o.optimizer_in_backward)
+                           .offload_params(o.offload_params);
   base.backward_prefetch(o.backward_prefetch == "post"   ? fsdp::BackwardPrefetch::BACKWARD_POST
                          : o.backward_prefetch == "none" ? fsdp::BackwardPrefetch::NONE
                                                          : fsdp::BackwardPrefetch::BACKWARD_PRE);

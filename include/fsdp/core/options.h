@@ -150,6 +150,19 @@ struct Options {
   /// scaler's inf check, LBFGS. Accumulation: only a backward outside no_sync() and
   /// no_step() steps. See [Note: optimizer in backward] in src/core/backward_optimizer.h.
   TORCH_ARG(bool, optimizer_in_backward) = false;
+  /// CPU offload (PyTorch FSDP's CPUOffload(offload_params=true), FairScale's
+  /// move_params_to_cpu + move_grads_to_cpu): each unit's shard (the full-precision
+  /// master weights), its reduced gradient pieces and therefore the optimizer state
+  /// live in host memory, pinned when the model is on a GPU. Only compute-dtype copies
+  /// visit the model's device: a unit's shard is copied there for its all-gather, its
+  /// gradients are reduced there, and the reduced shard is copied back to the host.
+  /// Wrap the model on its device as usual, then build the optimizer over the wrapped
+  /// parameters (host tensors): fsdp::optim::CPUAdam steps them at the host's memory
+  /// bandwidth, and with optimizer_in_backward each unit steps as its gradient lands.
+  /// Values equal those of the same training without offload when the optimizer is the
+  /// same (on a CPU-only machine host and device are one memory: the copies and the
+  /// accounting still run). See [Note: offload] in src/core/flat_param.h.
+  TORCH_ARG(bool, offload_params) = false;
 };
 
 /// Options::bucket_cap_mb in bytes, 0 when bucketing is off (cap <= 0). Throws
@@ -168,6 +181,9 @@ struct MemoryStats {
   int64_t unsharded_bytes = 0;
   int64_t unsharded_peak_bytes = 0;
   int64_t cached_bytes = 0;
+  /// Of param_shard_bytes + grad_shard_bytes, the bytes in host memory because of
+  /// Options::offload_params (0 without it).
+  int64_t offloaded_bytes = 0;
 };
 
 }  // namespace fsdp
