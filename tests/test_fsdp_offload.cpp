@@ -8,8 +8,8 @@
 // reduced gradient shard, and the accounting (MemoryStats::offloaded_bytes, closed form). Cases:
 // every strategy at 1-3 ranks, Adam and CPUAdam, stepping after backward and inside it
 // (optimizer_in_backward), bf16 mixed precision, buckets, accumulation under no_sync; checkpoints
-// saved with offload resume without it and the other way round; the refusals; an out-of-memory
-// error naming the unit.
+// saved with offload resume without it and the other way round; the refusals (ranks that
+// disagree on the placement, shards made at construction); an out-of-memory error naming the unit.
 // FsdpOffloadCuda (ctest label gpu, skips without a GPU): a model on the rank's GPU keeps no fp32
 // parameter bytes there after wrapping, its parameters are pinned host tensors, and CPUAdam on the
 // host trains it like Adam on the GPU without offload within a stated tolerance.
@@ -185,6 +185,15 @@ TEST(FsdpOffload, RefusesShardsMadeAtConstruction) {
     }
     const std::string w = error_of([&] { FullyShardedDataParallel(m, pg, o); });
     EXPECT_NE(w.find("offload_params cannot take them over"), std::string::npos) << w;
+  });
+}
+
+TEST(FsdpOffload, PlacementAgreesAcrossRanks) {
+  run_ranks(2, [](comm::ProcessGroup& pg) {
+    const Options o = Options().auto_wrap_policy(always_wrap_policy()).offload_params(pg.rank() == 1);
+    const std::string e = error_of([&] { FullyShardedDataParallel(make_mlp(), pg, o); });
+    EXPECT_NE(e.find("fsdp: the placement differs across ranks"), std::string::npos) << e;
+    EXPECT_NE(e.find("rank 0 has 'offload_params(false)'"), std::string::npos) << e;
   });
 }
 

@@ -211,6 +211,11 @@ FullyShardedBase::FullyShardedBase(std::shared_ptr<torch::nn::Module> model, com
     for (auto& b : model_->buffers()) comm::broadcast(pg_, b, 0).wait();
   }
   check_same_model_on_all_ranks(pg_, *model_);
+  // Offload changes no collective's size, so ranks that disagree would train without a
+  // hang, with shards in different memories: refused like a different model.
+  comm::detail::check_same_on_all_ranks(
+      pg_, {std::string("offload_params(") + (resolved.offload_params ? "true" : "false") + ")"},
+      {"fsdp", "the placement differs", "option", "Pass the same Options::offload_params on every rank"});
   const auto& mp = options_.mixed_precision();
   check_mixed_precision(mp, *model_, pg_.rank());
   if (mp.param_dtype() && mp.cast_forward_inputs()) root_input_dtype_ = mp.param_dtype();
