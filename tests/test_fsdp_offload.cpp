@@ -28,6 +28,7 @@
 #include "harness/error_of.h"
 #include "harness/models.h"
 #include "harness/multirank.h"
+#include "harness/same_params.h"
 
 using namespace fsdp;
 using namespace fsdp::testing;
@@ -48,15 +49,6 @@ struct Case {
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(bool cpu_adam, torch::nn::Module& m) {
   if (cpu_adam) return std::make_unique<optim::CPUAdam>(m.parameters(), optim::CPUAdamOptions(1e-2).weight_decay(0.01));
   return std::make_unique<torch::optim::Adam>(m.parameters(), torch::optim::AdamOptions(1e-2).weight_decay(0.01));
-}
-
-void expect_same_params(torch::nn::Module& a, torch::nn::Module& b, const std::string& where) {
-  auto pa = a.named_parameters(), pb = b.named_parameters();
-  ASSERT_EQ(pa.size(), pb.size());
-  for (size_t i = 0; i < pa.size(); ++i) {
-    ASSERT_EQ(pa[i].key(), pb[i].key());
-    EXPECT_TRUE(torch::equal(pa[i].value(), pb[i].value())) << where << ": parameter " << pa[i].key() << " differs";
-  }
 }
 
 // One optimizer step of the wrapped model `m` on the rank's slice of global step `step`'s batch.

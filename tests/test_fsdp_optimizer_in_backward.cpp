@@ -24,6 +24,7 @@
 #include "harness/counting_allocator.h"
 #include "harness/models.h"
 #include "harness/multirank.h"
+#include "harness/same_params.h"
 
 using namespace fsdp;
 using namespace fsdp::testing;
@@ -103,15 +104,6 @@ void expect_same_state(torch::optim::Optimizer& a, torch::optim::Optimizer& b, c
         ADD_FAILURE() << where << ": unexpected state class";
       }
     }
-  }
-}
-
-void expect_same_params(torch::nn::Module& a, torch::nn::Module& b, const std::string& where) {
-  auto pa = a.named_parameters(), pb = b.named_parameters();
-  ASSERT_EQ(pa.size(), pb.size());
-  for (size_t i = 0; i < pa.size(); ++i) {
-    ASSERT_EQ(pa[i].key(), pb[i].key());
-    EXPECT_TRUE(torch::equal(pa[i].value(), pb[i].value())) << where << ": parameter " << pa[i].key() << " differs";
   }
 }
 
