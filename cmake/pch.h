@@ -1,5 +1,6 @@
-// The one precompiled header of the project (see CMakeLists.txt). Only heavy,
-// stable third-party headers belong here; never the project's own.
+// The one precompiled header of the project (see CMakeLists.txt; the tests build it once
+// more at their own optimization level, tests/CMakeLists.txt). Only heavy, stable
+// third-party headers belong here; never the project's own.
 #pragma once
 #include <torch/torch.h>
 #include <torch/csrc/autograd/engine.h>

@@ -38,8 +38,9 @@ How a snippet becomes a translation unit:
        - tests/snippets/snippet_fixtures.h: the names the documentation uses without declaring
          them (pg, model, optimizer, x, y, MyNet, NetImpl, BlockImpl, MyDataset, ...),
        - the snippet's own #include lines, moved to the top,
-     inside `namespace snippet`, so that a snippet's own declaration of a fixture's name hides
-     the fixture. In it, top-level declarations (lines at brace depth 0 that start `struct`,
+     inside `namespace snippet_<NAME>`, so that a snippet's own declaration of a fixture's name
+     hides the fixture, and so that fragments compiled together in one translation unit (CMake
+     batches them, tests/snippets/CMakeLists.txt) keep their declarations apart. In it, top-level declarations (lines at brace depth 0 that start `struct`,
      `class`, `enum`, `union`, `template`, `namespace`, `using` or `TORCH_MODULE(`, up to the
      end of that declaration) stay at namespace scope; every other line becomes, in order, the
      body of the function `snippet_body()`.
@@ -221,11 +222,11 @@ def fragment_source(s):
         out.append(f'#include "{s.origin[len("include/"):]}"')
     out.append('#include "snippets/snippet_fixtures.h"')
     out += emit(includes, s.origin)
-    out += ["namespace snippet {", "using namespace snippet_fixtures;"]
+    out += [f"namespace snippet_{s.name} {{", "using namespace snippet_fixtures;"]
     out += emit(scope, s.origin)
     out.append("void snippet_body() {")
     out += emit(body, s.origin)
-    out += ["}", "}  // namespace snippet", ""]
+    out += ["}", f"}}  // namespace snippet_{s.name}", ""]
     return "\n".join(out)
 
 

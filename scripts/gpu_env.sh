@@ -67,7 +67,7 @@ print(torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cud
 }
 
 # Exports what the build, the tests and the consumer projects the tests configure
-# (test_install, test_examples: find_package(fsdp) -> hwy, Torch) need.
+# (test_examples: find_package(fsdp) -> hwy, Torch) need.
 gpu_env_setup() {
   if [[ ! -f "$DEPS/MANIFEST.txt" ]]; then
     note "FAIL: $DEPS/MANIFEST.txt missing: run scripts/gather_gpu_deps.sh on a machine with network first, and bring $DEPS along"

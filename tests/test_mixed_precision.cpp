@@ -239,6 +239,10 @@ void run_all(comm::ProcessGroup& pg) {
   };
   for (auto strategy : {ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP}) {
     for (const auto& c : configs) {
+      // fp16 compute once, under FULL_SHARD: what it adds over bf16 (a half-precision forward
+      // and backward on the CPU) does not depend on the strategy, and SHARD_GRAD_OP's casts
+      // of the parameters are the ones bf16_params checks.
+      if (strategy == ShardingStrategy::SHARD_GRAD_OP && std::string(c.name) == "fp16_params") continue;
       run_case(std::string(to_string(strategy)) + "_" + c.name, [&] {
         auto r = train_fsdp(pg, [] { return make_mlp(7); }, mp_options(strategy, c.mp), kSteps);
         const double dl = std::abs(r.final_loss - reference.final_loss) / reference.final_loss;

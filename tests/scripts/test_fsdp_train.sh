@@ -80,6 +80,8 @@ pass "all strategies start from the same loss ($f1)"
 
 # The schedule flags move collectives, never numbers: same losses bit for bit.
 # --optimizer-in-backward steps each unit inside backward: the same numbers too.
+# --backward-prefetch pre is the default: that run repeats full_shard's flags, so it is also
+# section 2's check that the same flags twice give the same losses and eval.
 for flags in "--backward-prefetch none --forward-prefetch --bucket-cap-mb 8" "--backward-prefetch pre" \
   "--backward-prefetch post --bucket-cap-mb 8" "--optimizer-in-backward" \
   "--optimizer-in-backward --bucket-cap-mb 8"; do
@@ -92,18 +94,10 @@ for flags in "--backward-prefetch none --forward-prefetch --bucket-cap-mb 8" "--
 done
 
 # --- 2. determinism ----------------------------------------------------------------------
-run --strategy full_shard --steps 30 --no-shuffle --metrics "$WORK/again.jsonl"
-[[ $RC == 0 ]] || fail "repeat run: exit status $RC"
-losses "$WORK/again.jsonl" >"$WORK/again.losses" || fail "repeat run: bad metrics file"
-diff "$WORK/full_shard.losses" "$WORK/again.losses" >/dev/null ||
-  fail "same flags, different losses: $(diff "$WORK/full_shard.losses" "$WORK/again.losses" | head -n 4)"
-pass "same flags twice: identical losses and eval"
-# Shuffled runs too (the permutation is seeded, identical on every rank).
-run --steps 20 --seed 7 --metrics "$WORK/s1.jsonl"; [[ $RC == 0 ]] || fail "shuffled run: exit $RC"
-run --steps 20 --seed 7 --metrics "$WORK/s2.jsonl"; [[ $RC == 0 ]] || fail "shuffled run 2: exit $RC"
-cmp -s <(grep -o '"loss":[^,]*' "$WORK/s1.jsonl") <(grep -o '"loss":[^,]*' "$WORK/s2.jsonl") ||
-  fail "shuffled runs with --seed 7 differ"
-pass "shuffled runs with the same seed: identical losses"
+# Same flags twice, --no-shuffle: the --backward-prefetch pre run of section 1 (the default
+# flags again) equals full_shard's losses and eval. Shuffled runs with the same seed (the
+# permutation is seeded, identical on every rank): section 6's "shuffled" variant (--seed 3)
+# runs 10 steps with checkpoints and 20 without, and their first 10 losses must be equal.
 
 # --- 3. bad flags fail fast with the right message ---------------------------------------
 expect_error() {  # expect_error "<message fragment>" args...
@@ -187,15 +181,17 @@ pass "--estimate-memory counts the cnn and the gpt"
 # to the bit for 30 steps: any wrong init, data window, gradient factor or optimizer update
 # shows. The gpt's attention is written differently here
 # (a tril mask): its losses agree to rounding only (measured 4.9e-8 over 10 steps).
-reference() {  # reference mlp|cnn <steps> <batch> <lr> | reference gpt <steps> <batch> <lr> <text> <layers> <dim> <heads> <context>
-  # REF_OPT=adam|adamw|sgd (REF_WD: weight decay, sgd: momentum 0.9), REF_MP=none|bf16,
-  # REF_SAVE=FILE: torch.save of the final state dict. Adam and AdamW step with libtorch's
-  # arithmetic (LibtorchAdam below); REF_TORCH_OPTIM=1: with torch.optim's, which since
-  # torch 2.x rounds differently (lerp_), so only a tolerance holds against it.
-  # REF_WORLD=N: the global batch is split into N rank slices whose gradients are reduced
-  # as the library does (each divided by the predivide factor, summed in rank order, divided
-  # by the rest of N, in the reduce dtype); the loss is the mean of the slices' losses.
-  "$PY" - "$DATA" "$@" <<'PY'
+# The reference program, $REF_PY DATA mlp|cnn <steps> <batch> <lr>
+#                    or $REF_PY DATA gpt <steps> <batch> <lr> <text> <layers> <dim> <heads> <context>:
+# REF_OPT=adam|adamw|sgd (REF_WD: weight decay, sgd: momentum 0.9), REF_MP=none|bf16,
+# REF_SAVE=FILE: torch.save of the final state dict. Adam and AdamW step with libtorch's
+# arithmetic (LibtorchAdam below); REF_TORCH_OPTIM=1: with torch.optim's, which since
+# torch 2.x rounds differently (lerp_), so only a tolerance holds against it.
+# REF_WORLD=N: the global batch is split into N rank slices whose gradients are reduced
+# as the library does (each divided by the predivide factor, summed in rank order, divided
+# by the rest of N, in the reduce dtype); the loss is the mean of the slices' losses.
+REF_PY="$WORK/reference.py"
+cat >"$REF_PY" <<'PY'
 import copy, gzip, math, os, sys
 import numpy as np
 import torch
@@ -317,6 +313,32 @@ for s in range(steps):
 if os.environ.get("REF_SAVE"):
     torch.save(net.state_dict(), os.environ["REF_SAVE"])
 PY
+# references NAME [VAR=VALUE...] -- ARGS... ; ...: every reference run of this section in one
+# Python process, so that torch loads once rather than once per run. Each run gets the
+# reference program's arguments ARGS and its REF_* variables, starts from its own seed as the
+# program does alone, and prints its losses into $WORK/NAME.ref.
+references() {
+  "$PY" - "$REF_PY" "$DATA" "$WORK" "$@" <<'PY' || fail "the PyTorch references failed"
+import contextlib, os, runpy, sys
+script, data, work, rest = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+runs = []
+while rest:
+    end = rest.index(";") if ";" in rest else len(rest)
+    runs.append(rest[:end])
+    rest = rest[end + 1:]
+for name, *words in runs:
+    cut = words.index("--")
+    env = dict(w.split("=", 1) for w in words[:cut])
+    for k in [k for k in os.environ if k.startswith("REF_")]:
+        del os.environ[k]
+    os.environ.update(env)
+    sys.argv = [script, data, *words[cut + 1:]]
+    try:
+        with open(f"{work}/{name}.ref", "w") as out, contextlib.redirect_stdout(out):
+            runpy.run_path(script, run_name="__main__")
+    except BaseException as e:
+        sys.exit(f"the reference {name} ({' '.join(words)}) failed: {e!r}")
+PY
 }
 # Compares the losses of file $1 (fsdp-train) with the first ones, all of file $2 (the
 # reference, REF_STEPS of them): every relative difference must be below REF_TOL (0: equal
@@ -352,7 +374,18 @@ check_run() {  # check_run <name> <steps> <header fragment> <summary fragment>
 
 # The mlp: one rank against plain PyTorch on the whole batch, then the section 1 runs (every
 # strategy, bf16) and each optimizer at 2 ranks against the 2-slice reference.
-REF_SAVE="$WORK/mlp1.ref.pt" reference mlp 30 64 0.001 >"$WORK/mlp1.ref" || fail "mlp: the PyTorch reference failed"
+# First every reference of this section (the mlp's, the cnn's, the gpt's).
+GPL=/usr/share/common-licenses/GPL-3
+references mlp1 REF_SAVE="$WORK/mlp1.ref.pt" -- mlp 30 64 0.001 \; \
+  mlp1.torch_optim REF_TORCH_OPTIM=1 -- mlp 30 64 0.001 \; \
+  mlp2 REF_WORLD=2 -- mlp 30 64 0.001 \; \
+  mlp2_bf16 REF_WORLD=2 REF_MP=bf16 -- mlp 30 64 0.001 \; \
+  sgd REF_WORLD=2 REF_OPT=sgd REF_WD=0 -- mlp 30 64 0.05 \; \
+  sgd_nproc1 REF_WORLD=1 REF_OPT=sgd REF_WD=0 -- mlp 30 64 0.05 \; \
+  adamw REF_WORLD=2 REF_OPT=adamw REF_WD=0.01 -- mlp 30 64 0.001 \; \
+  cnn REF_WORLD=2 -- cnn 30 64 0.001 \; \
+  cnn_bf16 REF_WORLD=2 REF_MP=bf16 -- cnn 30 64 0.001 \; \
+  gpt REF_WORLD=2 -- gpt $REF_STEPS 32 0.001 "$GPL" 2 64 4 64
 run --nproc 1 --steps 30 --no-shuffle --metrics "$WORK/mlp_nproc1.jsonl" --checkpoint-dir "$WORK/mlp1ck"
 [[ $RC == 0 ]] || fail "mlp --nproc 1: exit status $RC"
 losses "$WORK/mlp_nproc1.jsonl" >"$WORK/mlp_nproc1.losses" || fail "mlp --nproc 1: bad metrics file"
@@ -369,36 +402,32 @@ assert not bad, f"weights differ: {bad}"
 ' "$WORK/mlp1.pt" "$WORK/mlp1.ref.pt" || fail "mlp --nproc 1: final weights differ from PyTorch's"
 pass "mlp --nproc 1: 30 Adam steps equal plain unsharded PyTorch to the bit (losses and final weights)"
 # torch.optim.Adam itself (lerp_ for exp_avg since torch 2.x): within 1e-6 relative, 30 steps.
-REF_TORCH_OPTIM=1 reference mlp 30 64 0.001 >"$WORK/mlp1.torch_optim.ref" || fail "mlp: the torch.optim.Adam reference failed"
 d="$(compare_losses "$WORK/mlp_nproc1.losses" "$WORK/mlp1.torch_optim.ref" 1e-6 30 2>&1)" ||
   fail "mlp --nproc 1: losses differ from torch.optim.Adam's by 1e-6 or more: $d"
 pass "mlp --nproc 1: 30 steps within $d relative of torch.optim.Adam's (its own rounding)"
-REF_WORLD=2 reference mlp 30 64 0.001 >"$WORK/mlp2.ref" || fail "mlp: the PyTorch reference failed"
 for name in full_shard shard_grad_op no_shard hybrid_shard; do
   exact $name "$WORK/mlp2.ref"
 done
 pass "mlp full_shard, shard_grad_op, no_shard, hybrid_shard: 30 Adam steps equal PyTorch to the bit"
-REF_WORLD=2 REF_MP=bf16 reference mlp 30 64 0.001 >"$WORK/mlp2_bf16.ref" || fail "mlp bf16: the PyTorch reference failed"
 exact bf16 "$WORK/mlp2_bf16.ref"
 pass "mlp --mixed-precision bf16: 30 steps equal PyTorch with the same casts to the bit"
-for variant in "sgd:--optimizer sgd:sgd:0.05:0" "sgd_nproc1:--optimizer sgd --nproc 1:sgd:0.05:0" \
-  "adamw:--optimizer adamw --weight-decay 0.01:adamw:0.001:0.01" "cpu_adam:--optimizer cpu_adam:adam:0.001:0"; do
-  IFS=: read -r name flags ref_opt lr wd <<<"$variant"
+# Each against the reference of its name above (cpu_adam: mlp2's, the same Adam at 2 ranks).
+for variant in "sgd:--optimizer sgd:sgd:sgd" "sgd_nproc1:--optimizer sgd --nproc 1:sgd:sgd_nproc1" \
+  "adamw:--optimizer adamw --weight-decay 0.01:adamw:adamw" "cpu_adam:--optimizer cpu_adam:adam:mlp2"; do
+  IFS=: read -r name flags ref_opt ref <<<"$variant"
   # shellcheck disable=SC2086
   run $flags --steps 30 --no-shuffle --metrics "$WORK/$name.jsonl"
   [[ $RC == 0 ]] || fail "$name: exit status $RC"
   losses "$WORK/$name.jsonl" >"$WORK/$name.losses" || fail "$name: bad metrics file"
-  world=2; [[ $flags == *"--nproc 1"* ]] && world=1
-  REF_WORLD=$world REF_OPT=$ref_opt REF_WD=$wd reference mlp 30 64 "$lr" >"$WORK/$name.ref" || fail "$name: the PyTorch reference failed"
   if [[ $name == cpu_adam ]]; then
     # CPUAdam's fused kernel rounds as libtorch 1.13's Adam did; the wheel's ATen kernels
     # (vectorised addcmul/addcdiv) round some elements differently: close, not bitwise.
-    d="$(compare_losses "$WORK/$name.losses" "$WORK/$name.ref" 1e-6 30 2>&1)" ||
+    d="$(compare_losses "$WORK/$name.losses" "$WORK/$ref.ref" 1e-6 30 2>&1)" ||
       fail "$name: losses differ from the unsharded PyTorch reference by 1e-6 or more: $d"
     pass "mlp $flags: 30 steps within $d relative of PyTorch's torch.optim.${ref_opt}"
     continue
   fi
-  exact "$name" "$WORK/$name.ref"
+  exact "$name" "$WORK/$ref.ref"
   pass "mlp $flags: 30 steps equal PyTorch's torch.optim.${ref_opt} to the bit"
 done
 
@@ -406,20 +435,16 @@ run --model cnn --steps 30 --no-shuffle --metrics "$WORK/cnn.jsonl"
 # root (the first Conv2d: 160 < --min-num-params 1000) + second Conv2d + Linear
 check_run cnn 30 "cnn (20490 params, 3 units)" "test accuracy:"
 cnn_acc="$(grep -o 'test accuracy: [0-9.]*%' "$OUT")"
-REF_WORLD=2 reference cnn 30 64 0.001 >"$WORK/cnn.ref" || fail "cnn: the PyTorch reference failed"
 exact cnn "$WORK/cnn.ref"
 pass "cnn: 30 steps, loss $first -> $last, $cnn_acc, equal to PyTorch to the bit"
 run --model cnn --mixed-precision bf16 --steps 30 --no-shuffle --metrics "$WORK/cnn_bf16.jsonl"
 check_run cnn_bf16 30 "cnn (20490 params, 3 units)" "test accuracy:"
-REF_WORLD=2 REF_MP=bf16 reference cnn 30 64 0.001 >"$WORK/cnn_bf16.ref" || fail "cnn bf16: the PyTorch reference failed"
 exact cnn_bf16 "$WORK/cnn_bf16.ref"
 pass "cnn --mixed-precision bf16: 30 steps, loss $first -> $last, equal to PyTorch with the same casts to the bit"
 
-GPL=/usr/share/common-licenses/GPL-3
 run --model gpt --steps 30 --no-shuffle --metrics "$WORK/gpt.jsonl"
 # root (embeddings, final norm, head) + one unit per block
 check_run gpt 30 "gpt (136960 params, 3 units)" "validation next-byte accuracy:"
-REF_WORLD=2 reference gpt $REF_STEPS 32 0.001 "$GPL" 2 64 4 64 >"$WORK/gpt.ref" || fail "gpt: the PyTorch reference failed"
 d="$(compare_losses "$WORK/gpt.losses" "$WORK/gpt.ref" 2>&1)" || fail "gpt: losses differ from the unsharded PyTorch reference: $d"
 pass "gpt: 30 steps, loss $first -> $last, max rel. diff to PyTorch over $REF_STEPS steps $d"
 # The other strategies on the custom model (the Sequential ones are covered by section 1).

@@ -2,8 +2,9 @@
 # The C++ snippets of README.md and of the public headers' comments compile, and the programs
 # among them run (scripts/extract_snippets.py says what a snippet is and how each compiles).
 #  1. Builds the target `snippets`: it extracts every snippet from the documentation as it is
-#     now and compiles each as its own translation unit. A snippet that does not compile fails
-#     the test, named by its file and line (the compiler's errors carry the same lines).
+#     now and compiles it (programs one each, fragments in batches, each in a namespace of its
+#     own). A snippet that does not compile fails the test, named by its file and line (the
+#     compiler's errors carry the same lines).
 #  2. Reports how many were compiled and every snippet marked not compiled, with its reason.
 #  3. Runs every program in a fresh directory: it must exit 0, and a program that trains with
 #     fsdp::trainer::Trainer must show a finite loss (its progress lines or a metrics file)
@@ -18,7 +19,9 @@ if ! cmake --build "$BUILD" --target snippets -- -k 0 > "$WORK/build.out" 2>&1; 
   grep -E "error|FAILED|^extract_snippets" "$WORK/build.out" | head -60 >&2 || true
   if [[ -f "$LISTING" ]]; then
     while IFS=$'\t' read -r kind name origin _; do
-      grep -qE "FAILED: .*[/ ]${name}(\.cpp\.o|)( |$)" "$WORK/build.out" &&
+      # A program fails as its own object; a fragment in a batch is named by its generated
+      # file or by its namespace in the compiler's messages.
+      grep -qE "FAILED: .*[/ ]${name}(\.cpp\.o|)( |$)|snippets/${name}\.cpp:|snippet_${name}::" "$WORK/build.out" &&
         echo "FAIL: the snippet at $origin ($kind, $BUILD/snippets/$name.cpp) does not compile" >&2
     done < "$LISTING"
   fi

@@ -1,4 +1,4 @@
-# Sourced by tests that consume the *installed* package (test_install.sh, test_examples.sh).
+# Sourced by tests that consume the *installed* package (test_examples.sh).
 # Needs FSDP_BIN_DIR (set by ctest: <build>/bin).
 #
 #   fsdp_install PREFIX            cmake --install of the build tree into PREFIX, checked
