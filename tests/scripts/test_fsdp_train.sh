@@ -79,12 +79,13 @@ done
 pass "all strategies start from the same loss ($f1)"
 
 # The schedule flags move collectives, never numbers: same losses bit for bit.
-# --optimizer-in-backward steps each unit inside backward: the same numbers too.
+# --optimizer-in-backward steps each unit inside backward: the same numbers too, also with
+# --offload-params (shards, gradients and Adam state on the host: here one memory with the device).
 # --backward-prefetch pre is the default: that run repeats full_shard's flags, so it is also
 # section 2's check that the same flags twice give the same losses and eval.
 for flags in "--backward-prefetch none --forward-prefetch --bucket-cap-mb 8" "--backward-prefetch pre" \
   "--backward-prefetch post --bucket-cap-mb 8" "--optimizer-in-backward" \
-  "--optimizer-in-backward --bucket-cap-mb 8"; do
+  "--optimizer-in-backward --bucket-cap-mb 8" "--offload-params --optimizer-in-backward"; do
   # shellcheck disable=SC2086
   run --strategy full_shard --steps 30 --no-shuffle $flags --metrics "$WORK/schedule.jsonl"
   [[ $RC == 0 ]] || { cat "$OUT"; fail "$flags: exit status $RC"; }
@@ -125,6 +126,7 @@ expect_error "--context must be >= 1, got 0" --model gpt --context 0
 expect_error "--layers applies to --model gpt only, not --model mlp" --layers 3
 expect_error "--hidden applies to --model mlp only, not --model gpt" --model gpt --hidden 128
 expect_error "--optimizer-in-backward needs gradients reduced during backward" --strategy zero1 --optimizer-in-backward
+expect_error "--offload-params applies to the FSDP strategies" --strategy zero2 --offload-params
 expect_error "unknown --device 'gpu'; expected cpu or cuda" --device gpu
 expect_error "--optimizer cpu_adam steps host memory; with --device cuda use --optimizer adam" --device cuda --optimizer cpu_adam
 # --device cuda on a machine without a GPU: one line, before any rank starts (where torch sees a
