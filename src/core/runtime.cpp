@@ -427,9 +427,10 @@ MemoryStats Runtime::memory_stats() const {
   MemoryStats s;
   for (const auto& u : units_) {
     const int64_t param_bytes = u->flat().shard().numel() * int64_t(u->flat().shard().element_size());
+    const int64_t grad_bytes = u->grad_piece_bytes();
     s.param_shard_bytes += param_bytes;
-    s.grad_shard_bytes += u->grad_piece_bytes();
-    if (u->flat().offloaded()) s.offloaded_bytes += param_bytes + u->grad_piece_bytes();
+    s.grad_shard_bytes += grad_bytes;
+    if (u->flat().offloaded()) s.offloaded_bytes += param_bytes + grad_bytes;
     s.unsharded_bytes += u->transient_bytes();
   }
   s.unsharded_bytes += reducer_->transient_bytes();
