@@ -316,6 +316,7 @@ struct ZeroCase {
   int micro_batches = 1;
   bool overlap = false;
   bool bf16 = false;
+  bool offload = false;  // the side stepping in backward offloads (ZeroOptions::cpu_offload)
 };
 
 optim::InnerOptimizerFactory inner_factory(Opt opt) {
@@ -346,7 +347,8 @@ void check_zero_equal_to_step_after_backward(comm::ProcessGroup& pg, const ZeroC
       std::vector<torch::optim::OptimizerParamGroup> groups;
       for (auto& g : groups_of->param_groups()) groups.emplace_back(g.params(), g.options().clone());
       auto options = optim::ZeroOptions().process_group(pg).stage(2).reduce_bucket_size(300).module(r.net.ptr())
-                         .overlap_communication(c.overlap).optimizer_in_backward(inside);
+                         .overlap_communication(c.overlap).optimizer_in_backward(inside)
+                         .cpu_offload(inside && c.offload);
       if (c.bf16) options.param_dtype(torch::kBFloat16);
       r.opt = std::make_unique<optim::ZeroRedundancyOptimizer>(std::move(groups), inner_factory(c.opt), options);
       r.sched = std::make_unique<torch::optim::StepLR>(*r.opt, 1, 0.8);
@@ -380,6 +382,7 @@ void zero_cases(comm::ProcessGroup& pg) {
   check_zero_equal_to_step_after_backward(pg, {"sgd/overlap", Opt::SGD, 1, true});
   check_zero_equal_to_step_after_backward(pg, {"cpu_adam/no_step x3", Opt::CPUAdam, 3});
   check_zero_equal_to_step_after_backward(pg, {"adam/bf16/overlap", Opt::Adam, 1, true, true});
+  check_zero_equal_to_step_after_backward(pg, {"cpu_adam/bf16/offload/no_step x2", Opt::CPUAdam, 2, false, true, true});
 }
 
 // Gradient memory, counted by the allocator: eight 256x256 units under FULL_SHARD, tiny

@@ -139,6 +139,7 @@ struct Case {
   bool scheduler = false;
   bool state_dict = false;  // consolidate, compare with the reference's state, reload
   bool zero_in_place = false;  // zero_grad(false): gradients zeroed and accumulated into in place
+  bool offload = false;        // ZeroOptions::cpu_offload (host and device are one memory here)
 };
 
 // Rank s % (n + 1) uses the branch at step s; at s % (n + 1) == n no rank does.
@@ -179,6 +180,7 @@ void check_case(comm::ProcessGroup& pg, const Case& c) {
                               .reduce_bucket_size(c.bucket)
                               .overlap_communication(c.overlap)
                               .clip_grad_norm(c.clip)
+                              .cpu_offload(c.offload)
                               .module(model.ptr());
     ZeroRedundancyOptimizer opt(make_groups(c.opt, *model), make_factory(c.opt), options);
     for (const auto& p : model->named_parameters())
@@ -346,7 +348,7 @@ void check_case(comm::ProcessGroup& pg, const Case& c) {
 // A case is its name: '/'-separated words, each setting one field of Case (so a name
 // cannot drift from what it runs): stage1 | stage2, all_reduce | reduce_scatter,
 // sgd | adamw | cpu_adam, accum<k>, clip, overlap, lr (a StepLR scheduler),
-// state_dict, bucket<elements>, one-bucket, zero_in_place.
+// state_dict, bucket<elements>, one-bucket, zero_in_place, offload.
 Case parse_case(const std::string& name) {
   Case c;
   c.name = name;
@@ -368,6 +370,7 @@ Case parse_case(const std::string& name) {
     else if (w == "lr") c.scheduler = true;
     else if (w == "state_dict") c.state_dict = true;
     else if (w == "zero_in_place") c.zero_in_place = true;
+    else if (w == "offload") c.offload = true;
     else if (w == "one-bucket") c.bucket = 1024 * 1024;
     else if (w.rfind("bucket", 0) == 0) c.bucket = number_after("bucket");
     else throw std::invalid_argument("parse_case: unknown word '" + w + "' in '" + name + "'");
@@ -386,11 +389,16 @@ const char* const kParityCases[] = {
     "stage2/adamw/accum2/clip/overlap",
     "stage2/adamw/one-bucket/state_dict",
     "stage2/cpu_adam/bucket7/lr",
+    // cpu_offload: the pieces step host copies; the same values.
+    "stage1/all_reduce/adamw/accum2/offload/state_dict",
+    "stage1/reduce_scatter/cpu_adam/bucket64/clip/offload/lr",
+    "stage2/cpu_adam/bucket7/accum2/overlap/offload/state_dict",
 };
 const char* const kMixedCases[] = {
     "stage2/adamw/accum2",
     "stage1/all_reduce/adamw",
     "stage1/reduce_scatter/sgd/accum2",
+    "stage2/cpu_adam/offload",
 };
 
 void check_mixed_case(comm::ProcessGroup& pg, const Case& c);
@@ -438,6 +446,13 @@ void refusal_cases(comm::ProcessGroup& pg) {
                                   ZeroOptions().process_group(pg));
         },
         "LBFGS cannot be sharded");
+    // Offloading on one rank only: refused on every rank, naming what rank 0 passed.
+    expect_error(
+        [&] {
+          ZeroRedundancyOptimizer(model->parameters(), adam,
+                                  ZeroOptions().process_group(pg).cpu_offload(pg.rank() == pg.size() - 1));
+        },
+        "rank 0 has 'cpu_offload(false)'");
   });
 }
 
@@ -468,6 +483,32 @@ void memory_cases(comm::ProcessGroup& pg) {
     EXPECT_LE(owned, opt.partition_numel());
     // Padding (< N per bucket) is all that separates the partition from the pieces.
     EXPECT_GE(owned, opt.partition_numel() - opt.num_buckets() * (pg.size() - 1));
+    EXPECT_EQ(u.offloaded_bytes, 0);
+  });
+  // cpu_offload: the partition's host copy (masters), the optimizer state and the host copy
+  // of the reduced gradients are the offloaded bytes; the device keeps the parameters and
+  // the reduced partition until the step consumes it.
+  run_case("memory/stage2/offload", [&] {
+    auto model = make_net();
+    ZeroRedundancyOptimizer opt(model->parameters(),
+                                fsdp::optim::inner_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(1e-3)),
+                                ZeroOptions().process_group(pg).stage(2).reduce_bucket_size(100).cpu_offload(true));
+    const int64_t part = 4 * opt.partition_numel();
+    auto before = opt.get_memory_usage();
+    EXPECT_EQ(before[MemoryCategory::kMasterWeights], part);
+    EXPECT_EQ(before.offloaded_bytes, part);
+    auto [x, y] = global_batch(0, kPerRank * pg.size());
+    torch::mse_loss(model->forward(rank_slice(x, pg.rank(), pg.size()), true), rank_slice(y, pg.rank(), pg.size()))
+        .backward();
+    opt.step();
+    auto u = opt.get_memory_usage();
+    int64_t owned = 0;
+    for (const auto& g : opt.inner().param_groups())
+      for (const auto& p : g.params()) owned += p.numel();
+    EXPECT_EQ(u[MemoryCategory::kOptimizerState], 8 * owned);
+    EXPECT_EQ(u[MemoryCategory::kGradients], part) << "only the host copy of the reduced partition is left";
+    EXPECT_EQ(u.offloaded_bytes, part + 8 * owned + part);
+    for (const auto& t : opt.local_pieces()) EXPECT_TRUE(t.tensor.device().is_cpu());
   });
 }
 
@@ -496,6 +537,7 @@ void check_mixed_case(comm::ProcessGroup& pg, const Case& c) {
                                     .stage1_reduction(c.reduction)
                                     .reduce_bucket_size(c.bucket)
                                     .param_dtype(bf16)
+                                    .cpu_offload(c.offload)
                                     .module(model.ptr()));
     for (auto& p : model->parameters()) ASSERT_EQ(p.scalar_type(), bf16);
     auto usage = opt.get_memory_usage();

@@ -54,7 +54,8 @@ struct ZeroRedundancyOptimizer::Impl {
   std::vector<at::Tensor> frozen;
   std::unique_ptr<ZeroLayout> layout;
   at::Tensor flat;                          // every trainable parameter views it
-  at::Tensor master;                        // mixed precision: fp32 partition (pieces view it)
+  at::Tensor master;                        // mixed precision or offload: the partition the pieces view
+  at::Tensor host_grads;                    // cpu_offload: the reduced partition's host copy
   std::vector<ZeroPiece> pieces;            // this rank's
   std::vector<at::Tensor> piece_tensors;    // views of `flat`, what the inner optimizer steps
   std::unique_ptr<torch::optim::Optimizer> inner;
@@ -68,12 +69,14 @@ struct ZeroRedundancyOptimizer::Impl {
   std::vector<uint8_t> stepped;
 
   int rank() const { return pg.rank(); }
-  bool mixed() const { return master.defined(); }
+  // The pieces view a partition of their own (fp32 masters, host copies), not `flat`.
+  bool has_masters() const { return master.defined(); }
+  bool offload() const { return options.cpu_offload(); }
   at::ScalarType comm_dtype() const {
     return options.communication_dtype().value_or(flat.scalar_type());
   }
   // dtype of reduced gradients kept for the inner optimizer (the pieces').
-  at::ScalarType grad_dtype() const { return mixed() ? master.scalar_type() : flat.scalar_type(); }
+  at::ScalarType grad_dtype() const { return has_masters() ? master.scalar_type() : flat.scalar_type(); }
   int window() const { return options.overlap_communication() ? 2 : 1; }
   bool stage2() const { return options.stage() == 2; }
   bool all_reduce_variant() const {
@@ -81,7 +84,7 @@ struct ZeroRedundancyOptimizer::Impl {
   }
   // The pieces' gradients are views of the parameters' grad() (stage 1 all-reduce in the
   // parameters' dtype), else of a partition: stage 2's, or stage 1's made in step().
-  bool grads_in_params() const { return all_reduce_variant() && !mixed(); }
+  bool grads_in_params() const { return all_reduce_variant() && !has_masters(); }
   const at::Tensor& partition() const { return stage2() ? reducer->partition() : stage1->partition(); }
 
   // Construction, in order.
@@ -89,6 +92,7 @@ struct ZeroRedundancyOptimizer::Impl {
   void check_same_parameters_on_all_ranks() const;
   void build_flat_buffer();
   void broadcast_initial_values();
+  void check_same_placement_on_all_ranks() const;
   void make_masters();
   std::vector<torch::optim::OptimizerParamGroup> make_pieces(
       const std::vector<torch::optim::OptimizerParamGroup>& groups);
@@ -99,6 +103,7 @@ struct ZeroRedundancyOptimizer::Impl {
   // step(), in order.
   std::vector<double> reduce_gradients();
   void attach_piece_gradients();
+  const at::Tensor& piece_gradient_source(int64_t offset, int64_t numel);
   void scale_gradients(double factor);
   StepAgreement agree(std::vector<double> used);
   void drop_unused(const StepAgreement& agreed);
@@ -225,9 +230,10 @@ void ZeroRedundancyOptimizer::construct(std::vector<torch::optim::OptimizerParam
   torch::NoGradGuard no_grad;
   m.take_parameters(groups);
   m.check_same_parameters_on_all_ranks();
+  m.check_same_placement_on_all_ranks();
   m.build_flat_buffer();
   m.broadcast_initial_values();
-  if (m.options.param_dtype()) m.make_masters();
+  if (m.options.param_dtype() || m.offload()) m.make_masters();
   m.make_inner(make_inner, m.make_pieces(groups));
   // This optimizer's own groups hold the user's parameters and the inner groups'
   // resolved options, which step() hands back down (LR schedulers act here).
@@ -302,16 +308,29 @@ void ZeroRedundancyOptimizer::Impl::broadcast_initial_values() {
   if (options.module()) broadcast_buffers(pg, *options.module());
 }
 
-/// Mixed precision: fp32 masters of this rank's chunks (from the fp32 values, before
-/// rounding), then every parameter, frozen ones included, in param_dtype.
+/// A rank offloading while another does not would step different memories and, on a GPU,
+/// all-gather from different places: refused before anything is built.
+void ZeroRedundancyOptimizer::Impl::check_same_placement_on_all_ranks() const {
+  comm::detail::check_same_on_all_ranks(
+      pg, {std::string("cpu_offload(") + (offload() ? "true" : "false") + ")"},
+      {"ZeroRedundancyOptimizer", "the placement differs", "option", "Pass the same ZeroOptions::cpu_offload on every rank"});
+}
+
+/// The masters of this rank's chunks, from the full-precision values (before rounding):
+/// fp32 under mixed precision, in host memory under cpu_offload (pinned when the
+/// parameters are on a GPU, so the copies each way are DMA). Then, under mixed
+/// precision, every parameter, frozen ones included, in param_dtype.
 void ZeroRedundancyOptimizer::Impl::make_masters() {
-  const auto dtype = *options.param_dtype();
-  master = at::empty({layout->partition_numel()}, flat.options());
+  auto master_options = flat.options();
+  if (offload()) master_options = master_options.device(at::kCPU).pinned_memory(flat.is_cuda());
+  master = at::empty({layout->partition_numel()}, master_options);
   for (size_t b = 0; b < layout->buckets().size(); ++b) {
     const auto& lb = layout->buckets()[b];
     master.narrow(0, lb.local_offset, lb.chunk)
         .copy_(flat.narrow(0, layout->chunk_offset(static_cast<int>(b), rank()), lb.chunk));
   }
+  if (!options.param_dtype()) return;
+  const auto dtype = *options.param_dtype();
   flat = collective_zeros(pg, flat.numel(), flat.options().dtype(dtype)).copy_(flat);
   for (size_t i = 0; i < params.size(); ++i) {
     const auto& slot = layout->params()[i];
@@ -327,7 +346,7 @@ std::vector<torch::optim::OptimizerParamGroup> ZeroRedundancyOptimizer::Impl::ma
   pieces = layout->pieces(rank());
   std::vector<std::vector<at::Tensor>> by_group(groups.size());
   for (const ZeroPiece& pc : pieces) {
-    piece_tensors.push_back(mixed() ? master.narrow(0, pc.local_offset, pc.numel)
+    piece_tensors.push_back(has_masters() ? master.narrow(0, pc.local_offset, pc.numel)
                                     : flat.narrow(0, pc.flat_offset, pc.numel));
     by_group[group_of[pc.param]].push_back(piece_tensors.back());
   }
@@ -365,7 +384,7 @@ void ZeroRedundancyOptimizer::Impl::make_reducer() {
     c.comm_options = flat.options().dtype(comm_dtype());
     c.grad_options = flat.options().dtype(grad_dtype());
     c.all_reduce = all_reduce_variant();
-    c.mixed = mixed();
+    c.mixed = has_masters();
     c.window = window();
     stage1 = std::make_unique<ZeroStage1Reducer>(*layout, c);
     return;
@@ -458,9 +477,10 @@ std::vector<double> ZeroRedundancyOptimizer::Impl::reduce_gradients() {
   return used;
 }
 
-/// Each piece's gradient: a view of the reduced gradients.
+/// Each piece's gradient: a view of the reduced gradients (of their host copy under
+/// cpu_offload).
 void ZeroRedundancyOptimizer::Impl::attach_piece_gradients() {
-  const at::Tensor& reduced = partition();
+  const at::Tensor& reduced = grads_in_params() ? partition() : piece_gradient_source(0, layout->partition_numel());
   for (size_t k = 0; k < pieces.size(); ++k) {
     const ZeroPiece& pc = pieces[k];
     at::Tensor g;
@@ -472,6 +492,20 @@ void ZeroRedundancyOptimizer::Impl::attach_piece_gradients() {
     }
     piece_tensors[k].mutable_grad() = g;
   }
+}
+
+/// The partition the pieces' gradients view, with elements [offset, offset + numel)
+/// current: the reduced partition itself, or under cpu_offload its host copy, into which
+/// that range is copied now (the optimizer steps host tensors). Undefined when nothing
+/// was reduced.
+const at::Tensor& ZeroRedundancyOptimizer::Impl::piece_gradient_source(int64_t offset, int64_t numel) {
+  const at::Tensor& reduced = partition();
+  if (!offload() || !reduced.defined()) return reduced;
+  if (!host_grads.defined())
+    host_grads = at::empty({layout->partition_numel()},
+                           reduced.options().device(at::kCPU).pinned_memory(reduced.is_cuda()));
+  host_grads.narrow(0, offset, numel).copy_(reduced.narrow(0, offset, numel));
+  return host_grads;
 }
 
 /// Multiplies the gradients the step uses by `factor` (unscaling, clipping).
@@ -567,7 +601,7 @@ void ZeroRedundancyOptimizer::Impl::step_bucket(size_t b,
   torch::NoGradGuard no_grad;
   const detail::ZeroBucket& lb = layout->buckets()[b];
   const std::vector<double> used = agree_used_in_bucket(lb);
-  const at::Tensor& reduced = partition();
+  const at::Tensor& reduced = piece_gradient_source(lb.local_offset, lb.chunk);
   std::vector<size_t> mine;
   for (size_t k = 0; k < pieces.size(); ++k) {
     const ZeroPiece& pc = pieces[k];
@@ -597,8 +631,9 @@ void ZeroRedundancyOptimizer::all_gather_parameters() {
   Impl& m = *impl_;
   const ZeroLayout& layout = *m.layout;
   const int nbuckets = static_cast<int>(layout.buckets().size());
-  // Under mixed precision this rank's chunks are first rounded from the masters.
-  if (m.mixed()) {
+  // This rank's chunks first come from the masters: rounded under mixed precision, copied
+  // from the host under cpu_offload.
+  if (m.has_masters()) {
     for (int b = 0; b < nbuckets; ++b) {
       const auto& lb = layout.buckets()[b];
       m.flat.narrow(0, layout.chunk_offset(b, m.rank()), lb.chunk).copy_(m.master.narrow(0, lb.local_offset, lb.chunk));
@@ -695,6 +730,11 @@ MemoryUsage ZeroRedundancyOptimizer::get_memory_usage() const {
   u[MemoryCategory::kGradients] = grads;
   if (m.master.defined()) u[MemoryCategory::kMasterWeights] = static_cast<int64_t>(m.master.nbytes());
   u[MemoryCategory::kOptimizerState] = memory::optimizer_state_bytes(*m.inner);
+  if (m.offload()) {
+    const int64_t host_grads = m.host_grads.defined() ? static_cast<int64_t>(m.host_grads.nbytes()) : 0;
+    u[MemoryCategory::kGradients] += host_grads;
+    u.offloaded_bytes = u[MemoryCategory::kMasterWeights] + u[MemoryCategory::kOptimizerState] + host_grads;
+  }
   // Freed bucket buffers kept for the next step ([Note: stage 1 buckets] in zero_stage1_reducer.h).
   u[MemoryCategory::kOther] = (m.stage1 ? m.stage1->idle_bytes() : 0) + (m.reducer ? m.reducer->idle_bytes() : 0);
   return u;

@@ -34,6 +34,9 @@ constexpr const char* memory_category_name(MemoryCategory c) {
 struct MemoryUsage {
   std::string device = "cpu";
   int64_t bytes[kNumMemoryCategories] = {};
+  /// Of total(), the bytes in host memory away from `device` because of offload
+  /// (ZeroOptions::cpu_offload); 0 without it.
+  int64_t offloaded_bytes = 0;
 
   int64_t& operator[](MemoryCategory c) { return bytes[static_cast<int>(c)]; }
   int64_t operator[](MemoryCategory c) const { return bytes[static_cast<int>(c)]; }

@@ -122,6 +122,18 @@ struct ZeroOptions {
   /// Every backward steps, so call step() after each one, and wrap every micro-batch but
   /// the last of an accumulation in no_step().
   TORCH_ARG(bool, optimizer_in_backward) = false;
+  /// ZeRO-Offload (LowLevelZero's cpu_offload, DeepSpeed's offload_optimizer): this
+  /// rank's partition of the parameters in full precision (the masters the inner
+  /// optimizer steps), the reduced gradients it steps with and so the optimizer state
+  /// live in host memory, pinned when the parameters are on a GPU. The parameters stay
+  /// where they are, in their compute dtype; gradients are reduced there as without
+  /// offload, and this rank's reduced chunk is copied to the host before its step (each
+  /// bucket's as it completes under optimizer_in_backward). After the step the updated
+  /// chunks are copied back and all-gathered. Build the inner optimizer for host tensors:
+  /// fsdp::optim::CPUAdam. Same values as without offload for the same inner optimizer
+  /// (on a CPU-only machine host and device are one memory: the copies and the
+  /// accounting still run). Every rank passes the same value.
+  TORCH_ARG(bool, cpu_offload) = false;
 
  public:
   /// LowLevelZero's scaler: initial 2^16, growth interval 2000, max 2^24, hysteresis 2.
@@ -213,7 +225,9 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
   /// fp32 master partition (mixed precision), optimizer state (the tensors of Adam,
   /// AdamW, CPUAdam, SGD, Adagrad and RMSprop states; other state classes count 0),
   /// and other: the freed bucket buffers kept for the next step (at most four buckets
-  /// per stage-1 step or stage-2 backward), which empty_cache() releases.
+  /// per stage-1 step or stage-2 backward), which empty_cache() releases. Under
+  /// cpu_offload the masters, the optimizer state and the host copy of the reduced
+  /// gradients are in host memory: MemoryUsage::offloaded_bytes.
   MemoryUsage get_memory_usage() const;
   /// Releases the freed bucket buffers kept for the next step (MemoryCategory::kOther
   /// in get_memory_usage()); the next step allocates them again.
