@@ -12,7 +12,9 @@
 // disagree on the placement, shards made at construction); an out-of-memory error naming the unit.
 // FsdpOffloadCuda (ctest label gpu, skips without a GPU): a model on the rank's GPU keeps no fp32
 // parameter bytes there after wrapping, its parameters are pinned host tensors, and CPUAdam on the
-// host trains it like Adam on the GPU without offload within a stated tolerance.
+// host trains it like Adam on the GPU without offload within a stated tolerance; the same for
+// ZeRO-2 with ZeroOptions::cpu_offload (its masters pinned on the host, no optimizer state on the GPU).
+// ZeRO's CPU cases are in test_zero_optimizer and test_fsdp_optimizer_in_backward.
 #include <c10/core/CachingDeviceAllocator.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -23,12 +25,16 @@
 
 #include "fsdp/core/sharded_init.h"
 #include "fsdp/optim/cpu_adam.h"
+#include "fsdp/optim/zero_redundancy_optimizer.h"
 #include "fsdp/state/checkpoint.h"
 #include "harness/counting_allocator.h"
 #include "harness/error_of.h"
 #include "harness/models.h"
 #include "harness/multirank.h"
 #include "harness/same_params.h"
+
+// White-box: the inner optimizer's state by parameter.
+#include "state/optim_state.h"
 
 using namespace fsdp;
 using namespace fsdp::testing;
@@ -232,6 +238,15 @@ int64_t cuda_allocated_bytes(int device) {
 // (a step skipped or taken twice, or a stale shard, is off by > 1e-2).
 constexpr double kHostVsDeviceAdamTol = 1e-5;
 
+void expect_close_params(torch::nn::Module& host_stepped, torch::nn::Module& device_stepped) {
+  auto pa = host_stepped.named_parameters(), pb = device_stepped.named_parameters();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    const auto a = pa[i].value().detach().cpu().to(torch::kDouble), b = pb[i].value().detach().cpu().to(torch::kDouble);
+    const double rel = (a - b).norm().item<double>() / std::max(b.norm().item<double>(), 1e-30);
+    EXPECT_LT(rel, kHostVsDeviceAdamTol) << pa[i].key();
+  }
+}
+
 TEST(FsdpOffloadCuda, ShardsLeaveTheGpuAndTrainLikeAdamOnIt) {
   std::string why;
   if (no_gpu(&why)) GTEST_SKIP() << why;
@@ -271,12 +286,54 @@ TEST(FsdpOffloadCuda, ShardsLeaveTheGpuAndTrainLikeAdamOnIt) {
       torch::mse_loss(model->forward(x.to(gpu)), y.to(gpu)).backward();
       opt.step();
     }
-    auto pa = model->named_parameters(), pb = ref->named_parameters();
-    for (size_t i = 0; i < pa.size(); ++i) {
-      const auto a = pa[i].value().detach().to(torch::kDouble), b = pb[i].value().detach().cpu().to(torch::kDouble);
-      const double rel = (a - b).norm().item<double>() / std::max(b.norm().item<double>(), 1e-30);
-      EXPECT_LT(rel, kHostVsDeviceAdamTol) << pa[i].key();
+    expect_close_params(*model, *ref);
+  }, ro);
+}
+
+// ZeRO-2 with cpu_offload: the parameters stay on the GPU in their dtype; the masters CPUAdam
+// steps are pinned host memory, the Adam state is on the host, and the run trains like ZeRO-2
+// with torch's Adam on the GPU.
+TEST(FsdpOffloadCuda, ZeroPartitionOnTheHostTrainsLikeAdamOnTheGpu) {
+  std::string why;
+  if (no_gpu(&why)) GTEST_SKIP() << why;
+  RankOptions ro;
+  ro.backend = comm::Backend::NCCL;
+  run_ranks(1, [](comm::ProcessGroup& pg) {
+    at::globalContext().setAllowTF32CuBLAS(false);
+    const torch::Device gpu(torch::kCUDA, pg.cuda_device());
+    namespace zo = fsdp::optim;
+    auto make = [&](bool offload) {
+      auto m = make_transformer();
+      m->to(gpu);
+      auto inner = offload ? zo::inner_optimizer<zo::CPUAdam>(zo::CPUAdamOptions(1e-2).weight_decay(0.01))
+                           : zo::inner_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(1e-2).weight_decay(0.01));
+      auto o = zo::ZeroOptions().process_group(pg).stage(2).module(m.ptr()).cpu_offload(offload)
+                   .optimizer_in_backward(offload);
+      return std::make_pair(m, std::make_unique<zo::ZeroRedundancyOptimizer>(m->parameters(), inner, o));
+    };
+    auto [ref, ref_opt] = make(false);
+    auto [model, opt] = make(true);
+    for (const auto& pc : opt->local_pieces()) EXPECT_TRUE(pc.tensor.device().is_cpu() && pc.tensor.is_pinned());
+    for (const auto& p : model->parameters()) EXPECT_TRUE(p.device().is_cuda());
+    for (int s = 0; s < 4; ++s) {
+      auto [x, y] = global_batch(s, kBatch);
+      ref_opt->zero_grad(/*set_to_none=*/true);
+      torch::mse_loss(ref->forward(x.to(gpu)), y.to(gpu)).backward();
+      ref_opt->step();
+      opt->zero_grad(/*set_to_none=*/true);
+      torch::mse_loss(model->forward(x.to(gpu)), y.to(gpu)).backward();
+      opt->step();
     }
+    const MemoryUsage u = opt->get_memory_usage();
+    EXPECT_GT(u[MemoryCategory::kOptimizerState], 0);
+    EXPECT_EQ(u.offloaded_bytes, u[MemoryCategory::kMasterWeights] + u[MemoryCategory::kOptimizerState] +
+                                     4 * opt->partition_numel());
+    for (const auto& pc : opt->local_pieces()) {
+      const auto st = fsdp::state::get_param_state(opt->inner(), pc.tensor);
+      ASSERT_TRUE(st.has_value());
+      for (const auto& kv : st->tensors) EXPECT_TRUE(kv.second.device().is_cpu()) << kv.first << " on " << kv.second.device();
+    }
+    expect_close_params(*model, *ref);
   }, ro);
 }
 

@@ -126,7 +126,6 @@ expect_error "--context must be >= 1, got 0" --model gpt --context 0
 expect_error "--layers applies to --model gpt only, not --model mlp" --layers 3
 expect_error "--hidden applies to --model mlp only, not --model gpt" --model gpt --hidden 128
 expect_error "--optimizer-in-backward needs gradients reduced during backward" --strategy zero1 --optimizer-in-backward
-expect_error "--offload-params applies to the FSDP strategies" --strategy zero2 --offload-params
 expect_error "unknown --device 'gpu'; expected cpu or cuda" --device gpu
 expect_error "--optimizer cpu_adam steps host memory; with --device cuda use --optimizer adam" --device cuda --optimizer cpu_adam
 # --device cuda on a machine without a GPU: one line, before any rank starts (where torch sees a

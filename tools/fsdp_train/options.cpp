@@ -126,7 +126,8 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
                "(same results; FSDP: gradients freed unit by unit; zero2: each bucket's chunk; not zero1)");
   app.add_flag("--offload-params", o.offload_params,
                "keep each unit's fp32 shard, its gradients and the optimizer state in host memory; only "
-               "compute-dtype copies visit the device (FSDP strategies; pair with --optimizer cpu_adam)");
+               "compute-dtype copies visit the device (zero1/zero2: this rank's partition; pair with "
+               "--optimizer cpu_adam)");
   app.add_option("--memory-trace", o.memory_trace,
                  "write bytes by category at every unit boundary and optimizer step (fsdp::MemoryTracer) as "
                  "JSON lines to FILE (rank 0; put {rank} in the name for one file per rank); render with "
@@ -231,9 +232,6 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
   if (o.effective_lr() <= 0) return usage_error("--lr must be > 0");
   if (o.device != "cpu" && o.device != "cuda")
     return usage_error("unknown --device '" + o.device + "'; expected cpu or cuda");
-  if (o.offload_params && (o.strategy == "zero1" || o.strategy == "zero2"))
-    return usage_error("--offload-params applies to the FSDP strategies (full_shard, shard_grad_op, no_shard, "
-                       "hybrid_shard), not --strategy " + o.strategy);
   if (o.device == "cuda" && o.optimizer == "cpu_adam" && !o.offload_params)
     return usage_error("--optimizer cpu_adam steps host memory; with --device cuda use --optimizer adam (or adamw), "
                        "or add --offload-params to keep the optimizer's shards on the host");

@@ -75,8 +75,12 @@ std::unique_ptr<torch::optim::Optimizer> make_zero_optimizer(const TrainOptions&
     inner = zo::inner_optimizer<zo::CPUAdam>(zo::CPUAdamOptions(lr).weight_decay(o.weight_decay));
   auto params = net->parameters();
   const int stage = fsdp::trainer::Strategy::parse(o.strategy).zero_stage();
-  auto options = zo::ZeroOptions().process_group(pg).stage(stage).module(net).optimizer_in_backward(
-      o.optimizer_in_backward);
+  auto options = zo::ZeroOptions()
+                     .process_group(pg)
+                     .stage(stage)
+                     .module(net)
+                     .optimizer_in_backward(o.optimizer_in_backward)
+                     .cpu_offload(o.offload_params);
   // bf16 as under FSDP: bf16 parameters for compute, fp32 masters stepped, fp32 reduced gradients.
   if (o.mixed_precision == "bf16") options.param_dtype(torch::kBFloat16);
   return std::make_unique<zo::ZeroRedundancyOptimizer>(params, inner, options);
