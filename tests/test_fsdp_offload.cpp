@@ -302,17 +302,17 @@ TEST(FsdpOffloadCuda, ZeroPartitionOnTheHostTrainsLikeAdamOnTheGpu) {
     at::globalContext().setAllowTF32CuBLAS(false);
     const torch::Device gpu(torch::kCUDA, pg.cuda_device());
     namespace zo = fsdp::optim;
-    auto make = [&](bool offload) {
+    auto make = [&](bool offload, double margin) {
       auto m = make_transformer();
       m->to(gpu);
       auto inner = offload ? zo::inner_optimizer<zo::CPUAdam>(zo::CPUAdamOptions(1e-2).weight_decay(0.01))
                            : zo::inner_optimizer<torch::optim::Adam>(torch::optim::AdamOptions(1e-2).weight_decay(0.01));
       auto o = zo::ZeroOptions().process_group(pg).stage(2).module(m.ptr()).cpu_offload(offload)
-                   .optimizer_in_backward(offload);
+                   .optimizer_in_backward(offload).gpu_margin_mem_ratio(margin);
       return std::make_pair(m, std::make_unique<zo::ZeroRedundancyOptimizer>(m->parameters(), inner, o));
     };
-    auto [ref, ref_opt] = make(false);
-    auto [model, opt] = make(true);
+    auto [ref, ref_opt] = make(false, 0.0);
+    auto [model, opt] = make(true, 0.0);
     for (const auto& pc : opt->local_pieces()) EXPECT_TRUE(pc.tensor.device().is_cpu() && pc.tensor.is_pinned());
     for (const auto& p : model->parameters()) EXPECT_TRUE(p.device().is_cuda());
     for (int s = 0; s < 4; ++s) {
@@ -334,6 +334,23 @@ TEST(FsdpOffloadCuda, ZeroPartitionOnTheHostTrainsLikeAdamOnTheGpu) {
       for (const auto& kv : st->tensors) EXPECT_TRUE(kv.second.device().is_cpu()) << kv.first << " on " << kv.second.device();
     }
     expect_close_params(*model, *ref);
+    // gpu_margin_mem_ratio 1: after the first step this small model's masters and Adam state all
+    // fit in the GPU's margin and move there; CPUAdam steps them with tensor ops on the GPU.
+    auto [placed, placed_opt] = make(true, 1.0);
+    for (int s = 0; s < 4; ++s) {
+      auto [x, y] = global_batch(s, kBatch);
+      placed_opt->zero_grad(/*set_to_none=*/true);
+      torch::mse_loss(placed->forward(x.to(gpu)), y.to(gpu)).backward();
+      placed_opt->step();
+      if (s == 0) {
+        EXPECT_EQ(placed_opt->num_buckets_on_device(), placed_opt->num_buckets());
+        for (const auto& pc : placed_opt->local_pieces()) EXPECT_TRUE(pc.tensor.is_cuda());
+      }
+    }
+    const MemoryUsage pu = placed_opt->get_memory_usage();
+    EXPECT_EQ(pu.offloaded_bytes, pu[MemoryCategory::kMasterWeights] / 2 + 4 * placed_opt->partition_numel())
+        << "left on the host: the host partition and the gradients' host copy";
+    expect_close_params(*placed, *ref);
   }, ro);
 }
 

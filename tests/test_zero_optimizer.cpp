@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -40,7 +41,9 @@
 #include "harness/temp_dir.h"
 
 // White-box: the layout's arithmetic; the reference optimizer's state by parameter.
+#include "memory/device_memory.h"
 #include "optim/zero_layout.h"
+#include "optim/zero_placement.h"
 #include "state/optim_state.h"
 
 using namespace fsdp;
@@ -140,6 +143,22 @@ struct Case {
   bool state_dict = false;  // consolidate, compare with the reference's state, reload
   bool zero_in_place = false;  // zero_grad(false): gradients zeroed and accumulated into in place
   bool offload = false;        // ZeroOptions::cpu_offload (host and device are one memory here)
+  bool auto_placement = false;  // and gpu_margin_mem_ratio, with a device-memory probe (below)
+};
+
+// gpu_margin_mem_ratio on a CPU-only machine: a probe stands in for the GPU's capacity and peak,
+// so that the margin is `budget` bytes; set once the partition's size is known. Half the bytes the
+// Adam masters and state take (12 per element): some buckets move to the "device" (another
+// allocation on the CPU), the others stay.
+struct DeviceMemoryProbe {
+  static constexpr double kRatio = 0.5;
+  int64_t budget = 0;
+  DeviceMemoryProbe() {
+    memory::set_device_memory_probe_for_testing([this](const c10::Device&) {
+      return memory::DeviceMemory{(int64_t(1) << 20) + static_cast<int64_t>(budget / kRatio), int64_t(1) << 20};
+    });
+  }
+  ~DeviceMemoryProbe() { memory::set_device_memory_probe_for_testing(nullptr); }
 };
 
 // Rank s % (n + 1) uses the branch at step s; at s % (n + 1) == n no rank does.
@@ -151,6 +170,26 @@ constexpr int64_t kPerRank = 4;  // samples per rank and micro-batch
 
 void set_grads_to_none(torch::nn::Module& m) {
   for (auto& p : m.parameters()) p.mutable_grad().reset();
+}
+
+// After the first step under gpu_margin_mem_ratio: some buckets moved, not all; what moved
+// (masters and Adam state, 4 + 8 bytes per element) fits the budget; the rest is counted on the
+// host: the whole host partition, the gradients' host copy and the state left there.
+void expect_auto_placement(ZeroRedundancyOptimizer& opt, int64_t budget, int n) {
+  EXPECT_GT(opt.num_buckets_on_device(), 0);
+  EXPECT_LT(opt.num_buckets_on_device(), opt.num_buckets());
+  const MemoryUsage u = opt.get_memory_usage();
+  const int64_t part = 4 * opt.partition_numel();
+  const int64_t device_masters = u[MemoryCategory::kMasterWeights] - part;
+  const int64_t host_state = u.offloaded_bytes - part - part;
+  const int64_t device_state = u[MemoryCategory::kOptimizerState] - host_state;
+  EXPECT_GT(device_masters, 0);
+  // Adam: two moments per element of a piece; a moved chunk also holds its bucket's padding
+  // (< N elements), which has no state.
+  EXPECT_LE(device_state, 2 * device_masters);
+  EXPECT_GT(device_state, 2 * (device_masters - 4 * int64_t(n) * opt.num_buckets_on_device()));
+  EXPECT_LE(device_masters + device_state, budget);
+  EXPECT_GT(host_state, 0);
 }
 
 void check_case(comm::ProcessGroup& pg, const Case& c) {
@@ -181,10 +220,14 @@ void check_case(comm::ProcessGroup& pg, const Case& c) {
                               .overlap_communication(c.overlap)
                               .clip_grad_norm(c.clip)
                               .cpu_offload(c.offload)
+                              .gpu_margin_mem_ratio(c.auto_placement ? DeviceMemoryProbe::kRatio : 0.0)
                               .module(model.ptr());
+    std::optional<DeviceMemoryProbe> probe;
+    if (c.auto_placement) probe.emplace();
     ZeroRedundancyOptimizer opt(make_groups(c.opt, *model), make_factory(c.opt), options);
     for (const auto& p : model->named_parameters())
       ASSERT_TRUE(torch::equal(p.value(), initial[p.key()])) << "not broadcast from rank 0: " << p.key();
+    if (probe) probe->budget = 6 * opt.partition_numel();
     std::unique_ptr<torch::optim::StepLR> sched;
     if (c.scheduler) sched = std::make_unique<torch::optim::StepLR>(opt, 1, 0.5);
 
@@ -260,6 +303,7 @@ void check_case(comm::ProcessGroup& pg, const Case& c) {
         }
       }
       opt.step();
+      if (probe && s == 0) expect_auto_placement(opt, probe->budget, n);
       if (sched) sched->step();
       if (branch_unused(s, n) && !c.zero_in_place) {
         EXPECT_TRUE(torch::equal(ours_before, model->branch->weight)) << "unused everywhere: must be skipped";
@@ -348,7 +392,8 @@ void check_case(comm::ProcessGroup& pg, const Case& c) {
 // A case is its name: '/'-separated words, each setting one field of Case (so a name
 // cannot drift from what it runs): stage1 | stage2, all_reduce | reduce_scatter,
 // sgd | adamw | cpu_adam, accum<k>, clip, overlap, lr (a StepLR scheduler),
-// state_dict, bucket<elements>, one-bucket, zero_in_place, offload.
+// state_dict, bucket<elements>, one-bucket, zero_in_place, offload, auto (offload and
+// gpu_margin_mem_ratio).
 Case parse_case(const std::string& name) {
   Case c;
   c.name = name;
@@ -371,6 +416,7 @@ Case parse_case(const std::string& name) {
     else if (w == "state_dict") c.state_dict = true;
     else if (w == "zero_in_place") c.zero_in_place = true;
     else if (w == "offload") c.offload = true;
+    else if (w == "auto") c.offload = c.auto_placement = true;
     else if (w == "one-bucket") c.bucket = 1024 * 1024;
     else if (w.rfind("bucket", 0) == 0) c.bucket = number_after("bucket");
     else throw std::invalid_argument("parse_case: unknown word '" + w + "' in '" + name + "'");
@@ -393,6 +439,8 @@ const char* const kParityCases[] = {
     "stage1/all_reduce/adamw/accum2/offload/state_dict",
     "stage1/reduce_scatter/cpu_adam/bucket64/clip/offload/lr",
     "stage2/cpu_adam/bucket7/accum2/overlap/offload/state_dict",
+    "stage2/adamw/bucket64/accum2/auto",
+    "stage1/reduce_scatter/cpu_adam/bucket64/auto/state_dict",
 };
 const char* const kMixedCases[] = {
     "stage2/adamw/accum2",
@@ -446,6 +494,17 @@ void refusal_cases(comm::ProcessGroup& pg) {
                                   ZeroOptions().process_group(pg));
         },
         "LBFGS cannot be sharded");
+    expect_error(
+        [&] {
+          ZeroRedundancyOptimizer(model->parameters(), adam, ZeroOptions().process_group(pg).gpu_margin_mem_ratio(0.5));
+        },
+        "add cpu_offload(true)");
+    expect_error(
+        [&] {
+          ZeroRedundancyOptimizer(model->parameters(), adam,
+                                  ZeroOptions().process_group(pg).cpu_offload(true).gpu_margin_mem_ratio(1.5));
+        },
+        "gpu_margin_mem_ratio must be in [0, 1], got 1.5");
     // Offloading on one rank only: refused on every rank, naming what rank 0 passed.
     expect_error(
         [&] {
@@ -830,6 +889,16 @@ TEST(ZeroLayout, PiecesTileEveryParameterOnce) {
       EXPECT_EQ(layout.partition_numel(), part);
     }
   }
+}
+
+TEST(ZeroPlacement, BucketsInFlatOrderWhileTheyFit) {
+  using fsdp::optim::detail::device_buckets;
+  using fsdp::optim::detail::margin_budget;
+  EXPECT_EQ(device_buckets({5, 3, 8, 2}, 9), (std::vector<uint8_t>{1, 1, 0, 0}));
+  EXPECT_EQ(device_buckets({5, 3, 8, 2}, 10), (std::vector<uint8_t>{1, 1, 0, 1}));
+  EXPECT_EQ(device_buckets({5, 3}, 0), (std::vector<uint8_t>{0, 0}));
+  EXPECT_EQ(margin_budget({1000, 200}, 0.5), 400);
+  EXPECT_EQ(margin_budget({1000, 1200}, 1.0), 0) << "a peak above the capacity leaves no margin";
 }
 
 TEST(ZeroOptimizer, ParityWithSingleProcess) {

@@ -10,20 +10,31 @@ namespace fsdp::memory {
 
 namespace {
 
-int64_t n(const at::Tensor& t) { return t.defined() ? static_cast<int64_t>(t.nbytes()) : int64_t{0}; }
+std::vector<at::Tensor> defined(std::initializer_list<at::Tensor> ts) {
+  std::vector<at::Tensor> out;
+  for (const auto& t : ts)
+    if (t.defined()) out.push_back(t);
+  return out;
+}
 
 }  // namespace
 
-int64_t optimizer_state_bytes(const torch::optim::OptimizerParamState& s) {
+std::vector<at::Tensor> optimizer_state_tensors(const torch::optim::OptimizerParamState& s) {
   if (auto* a = dynamic_cast<const torch::optim::AdamParamState*>(&s))
-    return n(a->exp_avg()) + n(a->exp_avg_sq()) + n(a->max_exp_avg_sq());
+    return defined({a->exp_avg(), a->exp_avg_sq(), a->max_exp_avg_sq()});
   if (auto* a = dynamic_cast<const torch::optim::AdamWParamState*>(&s))
-    return n(a->exp_avg()) + n(a->exp_avg_sq()) + n(a->max_exp_avg_sq());
-  if (auto* a = dynamic_cast<const torch::optim::SGDParamState*>(&s)) return n(a->momentum_buffer());
-  if (auto* a = dynamic_cast<const torch::optim::AdagradParamState*>(&s)) return n(a->sum());
+    return defined({a->exp_avg(), a->exp_avg_sq(), a->max_exp_avg_sq()});
+  if (auto* a = dynamic_cast<const torch::optim::SGDParamState*>(&s)) return defined({a->momentum_buffer()});
+  if (auto* a = dynamic_cast<const torch::optim::AdagradParamState*>(&s)) return defined({a->sum()});
   if (auto* a = dynamic_cast<const torch::optim::RMSpropParamState*>(&s))
-    return n(a->square_avg()) + n(a->momentum_buffer()) + n(a->grad_avg());
-  return 0;
+    return defined({a->square_avg(), a->momentum_buffer(), a->grad_avg()});
+  return {};
+}
+
+int64_t optimizer_state_bytes(const torch::optim::OptimizerParamState& s) {
+  int64_t total = 0;
+  for (const auto& t : optimizer_state_tensors(s)) total += static_cast<int64_t>(t.nbytes());
+  return total;
 }
 
 int64_t optimizer_state_bytes(const torch::optim::Optimizer& opt) {

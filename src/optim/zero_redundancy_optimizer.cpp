@@ -21,6 +21,8 @@
 #include "zero_bucket_reducer.h"
 #include "zero_bucket_window.h"
 #include "zero_layout.h"
+#include "zero_placement.h"
+#include "optim/param_state_key.h"
 #include "zero_stage1_reducer.h"
 #include "zero_trainable.h"
 
@@ -56,6 +58,10 @@ struct ZeroRedundancyOptimizer::Impl {
   at::Tensor flat;                          // every trainable parameter views it
   at::Tensor master;                        // mixed precision or offload: the partition the pieces view
   at::Tensor host_grads;                    // cpu_offload: the reduced partition's host copy
+  // gpu_margin_mem_ratio: buckets whose masters moved back to the device (their chunk there,
+  // which the bucket's pieces view), once the first step has been placed.
+  std::vector<at::Tensor> device_masters;
+  bool placed = false;
   std::vector<ZeroPiece> pieces;            // this rank's
   std::vector<at::Tensor> piece_tensors;    // views of `flat`, what the inner optimizer steps
   std::unique_ptr<torch::optim::Optimizer> inner;
@@ -103,7 +109,9 @@ struct ZeroRedundancyOptimizer::Impl {
   // step(), in order.
   std::vector<double> reduce_gradients();
   void attach_piece_gradients();
-  const at::Tensor& piece_gradient_source(int64_t offset, int64_t numel);
+  size_t bucket_of(const ZeroPiece& pc) const { return static_cast<size_t>(layout->params()[pc.param].bucket); }
+  bool on_host(size_t b) const { return offload() && !device_masters[b].defined(); }
+  const at::Tensor& gradient_source(size_t b);
   void scale_gradients(double factor);
   StepAgreement agree(std::vector<double> used);
   void drop_unused(const StepAgreement& agreed);
@@ -114,6 +122,12 @@ struct ZeroRedundancyOptimizer::Impl {
   void step_bucket(size_t b, const std::vector<torch::optim::OptimizerParamGroup>& groups);
   std::vector<double> agree_used_in_bucket(const detail::ZeroBucket& lb);
   bool stepped_any() const;
+
+  // gpu_margin_mem_ratio ([Note: auto placement]), at the end of the first step.
+  void place_after_warmup();
+  int64_t state_bytes(size_t piece) const;
+  void move_bucket_to_device(size_t b);
+  int64_t host_state_bytes() const;
 };
 
 namespace {
@@ -159,6 +173,12 @@ void validate(const ZeroOptions& o) {
               o.gradient_accumulation_steps());
   TORCH_CHECK(!o.sync_buffers() || o.module(),
               "ZeroRedundancyOptimizer: sync_buffers needs the model: ZeroOptions().module(model.ptr())");
+  TORCH_CHECK(std::isfinite(o.gpu_margin_mem_ratio()) && o.gpu_margin_mem_ratio() >= 0 &&
+                  o.gpu_margin_mem_ratio() <= 1,
+              "ZeroRedundancyOptimizer: gpu_margin_mem_ratio must be in [0, 1], got ", o.gpu_margin_mem_ratio());
+  TORCH_CHECK(o.gpu_margin_mem_ratio() == 0 || o.cpu_offload(),
+              "ZeroRedundancyOptimizer: gpu_margin_mem_ratio places offloaded optimizer state back on the device, "
+              "but cpu_offload is off; add cpu_offload(true) or drop gpu_margin_mem_ratio");
   if (o.optimizer_in_backward()) {
     TORCH_CHECK(o.stage() == 2, "ZeroRedundancyOptimizer: optimizer_in_backward needs stage 2 (stage 1 reduces in "
                 "step(), so nothing is ready to step during backward); use stage(2)");
@@ -235,6 +255,7 @@ void ZeroRedundancyOptimizer::construct(std::vector<torch::optim::OptimizerParam
   m.broadcast_initial_values();
   if (m.options.param_dtype() || m.offload()) m.make_masters();
   m.make_inner(make_inner, m.make_pieces(groups));
+  m.device_masters.resize(m.layout->buckets().size());
   // This optimizer's own groups hold the user's parameters and the inner groups'
   // resolved options, which step() hands back down (LR schedulers act here).
   defaults_ = m.inner->defaults().clone();
@@ -426,6 +447,7 @@ torch::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
       std::fill(m.stepped.begin(), m.stepped.end(), 0);
       m.reducer->clear();
       all_gather_parameters();
+      m.place_after_warmup();
       if (m.options.sync_buffers()) broadcast_buffers(m.pg, *m.options.module());
       m.last_norm = -1;
       m.last_applied = true;
@@ -457,6 +479,7 @@ torch::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
   // 4. This rank's pieces, then 5. every rank's updated chunks into the parameters.
   m.inner_step(param_groups_);
   all_gather_parameters();
+  m.place_after_warmup();
   if (m.options.sync_buffers()) broadcast_buffers(m.pg, *m.options.module());
   if (m.scaler) m.scaler->update(/*overflow=*/false);
   m.last_applied = true;
@@ -477,35 +500,90 @@ std::vector<double> ZeroRedundancyOptimizer::Impl::reduce_gradients() {
   return used;
 }
 
-/// Each piece's gradient: a view of the reduced gradients (of their host copy under
-/// cpu_offload).
+/// Each piece's gradient: a view of the reduced gradients (of their host copy where the
+/// piece is on the host under cpu_offload).
 void ZeroRedundancyOptimizer::Impl::attach_piece_gradients() {
-  const at::Tensor& reduced = grads_in_params() ? partition() : piece_gradient_source(0, layout->partition_numel());
+  size_t source_bucket = SIZE_MAX;
+  const at::Tensor* reduced = nullptr;
   for (size_t k = 0; k < pieces.size(); ++k) {
     const ZeroPiece& pc = pieces[k];
     at::Tensor g;
     if (grads_in_params()) {
       const at::Tensor& full = params[pc.param].grad();
       if (full.defined()) g = full.view({-1}).narrow(0, pc.param_offset, pc.numel);
-    } else if (reduced.defined()) {
-      g = reduced.narrow(0, pc.local_offset, pc.numel);
+    } else {
+      if (bucket_of(pc) != source_bucket) {  // pieces are in flat order: one source per bucket
+        source_bucket = bucket_of(pc);
+        reduced = &gradient_source(source_bucket);
+      }
+      if (reduced->defined()) g = reduced->narrow(0, pc.local_offset, pc.numel);
     }
     piece_tensors[k].mutable_grad() = g;
   }
 }
 
-/// The partition the pieces' gradients view, with elements [offset, offset + numel)
-/// current: the reduced partition itself, or under cpu_offload its host copy, into which
-/// that range is copied now (the optimizer steps host tensors). Undefined when nothing
-/// was reduced.
-const at::Tensor& ZeroRedundancyOptimizer::Impl::piece_gradient_source(int64_t offset, int64_t numel) {
+/// The partition bucket b's pieces take their gradients from: the reduced partition itself,
+/// or where the bucket is on the host its host copy, into which b's chunk is copied now (the
+/// optimizer steps host tensors with host gradients). Undefined when nothing was reduced.
+const at::Tensor& ZeroRedundancyOptimizer::Impl::gradient_source(size_t b) {
   const at::Tensor& reduced = partition();
-  if (!offload() || !reduced.defined()) return reduced;
+  if (!on_host(b) || !reduced.defined()) return reduced;
   if (!host_grads.defined())
     host_grads = at::empty({layout->partition_numel()},
                            reduced.options().device(at::kCPU).pinned_memory(reduced.is_cuda()));
-  host_grads.narrow(0, offset, numel).copy_(reduced.narrow(0, offset, numel));
+  const auto& lb = layout->buckets()[b];
+  host_grads.narrow(0, lb.local_offset, lb.chunk).copy_(reduced.narrow(0, lb.local_offset, lb.chunk));
   return host_grads;
+}
+
+/// Bytes of the optimizer state of piece k (0 before its first step).
+int64_t ZeroRedundancyOptimizer::Impl::state_bytes(size_t k) const {
+  const auto& state = inner->state();
+  auto it = state.find(detail::param_state_key(piece_tensors[k]));
+  return it == state.end() || !it->second ? 0 : memory::optimizer_state_bytes(*it->second);
+}
+
+int64_t ZeroRedundancyOptimizer::Impl::host_state_bytes() const {
+  int64_t total = 0;
+  for (size_t k = 0; k < pieces.size(); ++k)
+    if (on_host(bucket_of(pieces[k]))) total += state_bytes(k);
+  return total;
+}
+
+/// gpu_margin_mem_ratio, after the first step: the buckets whose masters and state fit in
+/// the margin move to the device ([Note: auto placement]). Once.
+void ZeroRedundancyOptimizer::Impl::place_after_warmup() {
+  if (placed || options.gpu_margin_mem_ratio() == 0) return;
+  placed = true;
+  const int64_t budget = detail::margin_budget(memory::device_memory(flat.device()), options.gpu_margin_mem_ratio());
+  std::vector<int64_t> bytes(layout->buckets().size(), 0);
+  for (size_t k = 0; k < pieces.size(); ++k)
+    bytes[bucket_of(pieces[k])] += static_cast<int64_t>(piece_tensors[k].nbytes()) + state_bytes(k);
+  const std::vector<uint8_t> chosen = detail::device_buckets(bytes, budget);
+  for (size_t b = 0; b < chosen.size(); ++b)
+    if (chosen[b]) move_bucket_to_device(b);
+}
+
+/// Bucket b's masters to a chunk on the device, which its pieces then view (their
+/// TensorImpls, and so the optimizer's keys, stay), and their state tensors with them.
+void ZeroRedundancyOptimizer::Impl::move_bucket_to_device(size_t b) {
+  const auto& lb = layout->buckets()[b];
+  at::Tensor chunk = at::empty({lb.chunk}, master.options().device(flat.device()));
+  chunk.copy_(master.narrow(0, lb.local_offset, lb.chunk));
+  auto& state = inner->state();
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    const ZeroPiece& pc = pieces[k];
+    if (bucket_of(pc) != b) continue;
+    piece_tensors[k].set_data(chunk.narrow(0, pc.local_offset - lb.local_offset, pc.numel));
+    auto it = state.find(detail::param_state_key(piece_tensors[k]));
+    if (it == state.end() || !it->second) continue;
+    for (at::Tensor t : memory::optimizer_state_tensors(*it->second)) {
+      at::Tensor moved = at::empty_like(t, t.options().device(flat.device()));
+      moved.copy_(t);
+      t.set_data(moved);
+    }
+  }
+  device_masters[b] = chunk;
 }
 
 /// Multiplies the gradients the step uses by `factor` (unscaling, clipping).
@@ -601,7 +679,7 @@ void ZeroRedundancyOptimizer::Impl::step_bucket(size_t b,
   torch::NoGradGuard no_grad;
   const detail::ZeroBucket& lb = layout->buckets()[b];
   const std::vector<double> used = agree_used_in_bucket(lb);
-  const at::Tensor& reduced = piece_gradient_source(lb.local_offset, lb.chunk);
+  const at::Tensor& reduced = gradient_source(b);
   std::vector<size_t> mine;
   for (size_t k = 0; k < pieces.size(); ++k) {
     const ZeroPiece& pc = pieces[k];
@@ -636,7 +714,9 @@ void ZeroRedundancyOptimizer::all_gather_parameters() {
   if (m.has_masters()) {
     for (int b = 0; b < nbuckets; ++b) {
       const auto& lb = layout.buckets()[b];
-      m.flat.narrow(0, layout.chunk_offset(b, m.rank()), lb.chunk).copy_(m.master.narrow(0, lb.local_offset, lb.chunk));
+      const at::Tensor& from = m.device_masters[b].defined() ? m.device_masters[b]
+                                                             : m.master.narrow(0, lb.local_offset, lb.chunk);
+      m.flat.narrow(0, layout.chunk_offset(b, m.rank()), lb.chunk).copy_(from);
     }
   }
   if (m.pg.size() == 1) return;
@@ -700,6 +780,10 @@ double ZeroRedundancyOptimizer::last_grad_norm() const { return impl_->last_norm
 int64_t ZeroRedundancyOptimizer::flat_numel() const { return impl_->layout->flat_numel(); }
 int64_t ZeroRedundancyOptimizer::partition_numel() const { return impl_->layout->partition_numel(); }
 int ZeroRedundancyOptimizer::num_buckets() const { return static_cast<int>(impl_->layout->buckets().size()); }
+int ZeroRedundancyOptimizer::num_buckets_on_device() const {
+  return static_cast<int>(std::count_if(impl_->device_masters.begin(), impl_->device_masters.end(),
+                                        [](const at::Tensor& t) { return t.defined(); }));
+}
 
 std::vector<ZeroRedundancyOptimizer::TrainableParam> ZeroRedundancyOptimizer::trainable_parameters() const {
   std::vector<TrainableParam> out;
@@ -728,12 +812,16 @@ MemoryUsage ZeroRedundancyOptimizer::get_memory_usage() const {
     if (p.grad().defined()) grads += static_cast<int64_t>(p.grad().nbytes());
   if (m.stage1) grads += m.stage1->bytes();
   u[MemoryCategory::kGradients] = grads;
-  if (m.master.defined()) u[MemoryCategory::kMasterWeights] = static_cast<int64_t>(m.master.nbytes());
+  const int64_t host_masters = m.master.defined() ? static_cast<int64_t>(m.master.nbytes()) : 0;
+  u[MemoryCategory::kMasterWeights] = host_masters;
+  for (const auto& chunk : m.device_masters)
+    if (chunk.defined()) u[MemoryCategory::kMasterWeights] += static_cast<int64_t>(chunk.nbytes());
   u[MemoryCategory::kOptimizerState] = memory::optimizer_state_bytes(*m.inner);
   if (m.offload()) {
+    // The host partition stays allocated whole: buckets moved to the device leave their range unused.
     const int64_t host_grads = m.host_grads.defined() ? static_cast<int64_t>(m.host_grads.nbytes()) : 0;
     u[MemoryCategory::kGradients] += host_grads;
-    u.offloaded_bytes = u[MemoryCategory::kMasterWeights] + u[MemoryCategory::kOptimizerState] + host_grads;
+    u.offloaded_bytes = host_masters + m.host_state_bytes() + host_grads;
   }
   // Freed bucket buffers kept for the next step ([Note: stage 1 buckets] in zero_stage1_reducer.h).
   u[MemoryCategory::kOther] = (m.stage1 ? m.stage1->idle_bytes() : 0) + (m.reducer ? m.reducer->idle_bytes() : 0);

@@ -8,6 +8,9 @@
 // Adagrad's sum. Step counters are scalars and not counted. A state class not listed here
 // counts 0: add it here rather than in a caller.
 #include <cstdint>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
 
 namespace torch::optim {
 class Optimizer;
@@ -17,6 +20,9 @@ struct OptimizerParamState;
 namespace fsdp::memory {
 
 int64_t optimizer_state_bytes(const torch::optim::OptimizerParamState& state);
+/// The state's tensors (handles sharing the state's TensorImpls; undefined ones left out), for
+/// those classes; none for others.
+std::vector<at::Tensor> optimizer_state_tensors(const torch::optim::OptimizerParamState& state);
 /// Sum over `opt.state()` (the parameters this optimizer has stepped so far).
 int64_t optimizer_state_bytes(const torch::optim::Optimizer& opt);
 

@@ -134,6 +134,15 @@ struct ZeroOptions {
   /// (on a CPU-only machine host and device are one memory: the copies and the
   /// accounting still run). Every rank passes the same value.
   TORCH_ARG(bool, cpu_offload) = false;
+  /// With cpu_offload, ColossalAI's "auto" placement: after the first step, this fraction
+  /// of the device memory that step left unused at its peak (the device's memory times the
+  /// caching allocator's memory fraction, minus its peak allocated bytes) takes back buckets'
+  /// masters and optimizer state, which the inner optimizer then steps on the device
+  /// (CPUAdam: with tensor ops there, its fused kernel on the host); the rest stay on the
+  /// host. 0 (default): everything offloaded stays on the host; 1: as much as fits. Decided
+  /// once. Needs the parameters on a CUDA device to move anything. See [Note: auto
+  /// placement] in src/optim/zero_placement.h.
+  TORCH_ARG(double, gpu_margin_mem_ratio) = 0.0;
 
  public:
   /// LowLevelZero's scaler: initial 2^16, growth interval 2000, max 2^24, hysteresis 2.
@@ -237,6 +246,9 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
   int64_t flat_numel() const;
   int64_t partition_numel() const;
   int num_buckets() const;
+  /// gpu_margin_mem_ratio: how many buckets' masters and optimizer state were moved back to
+  /// the device (0 before the first step).
+  int num_buckets_on_device() const;
 
   /// For the state layer (include/fsdp/state/zero_state_dict.h). A trainable parameter:
   /// its name in options().module() ("" without a module) and its index in
