@@ -13,17 +13,12 @@
 #include "comm/collective_call.h"
 #include "fsdp/comm/collectives.h"
 #include "harness/multirank.h"
+#include "harness/no_gpu.h"
 
 using namespace fsdp;
 using namespace fsdp::testing;
 
 namespace {
-
-bool no_gpu(std::string* why) {
-  if (torch::cuda::is_available()) return false;
-  *why = "no CUDA device visible (the gpu-labelled cases run on a GPU machine: scripts/gpu_check.sh)";
-  return true;
-}
 
 torch::TensorOptions on_gpu(const comm::ProcessGroup& pg, at::ScalarType dtype = at::kFloat) {
   return torch::TensorOptions().device(torch::kCUDA, pg.cuda_device()).dtype(dtype);

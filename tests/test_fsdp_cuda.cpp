@@ -42,6 +42,7 @@
 #include "fsdp/state/state_dict.h"
 #include "harness/models.h"
 #include "harness/multirank.h"
+#include "harness/no_gpu.h"
 
 using namespace fsdp;
 using namespace fsdp::testing;
@@ -65,12 +66,6 @@ constexpr double kFp32Tol = 1e-5;
 constexpr double kLowPrecisionTol = 1e-2;
 
 using NamedTensors = std::map<std::string, torch::Tensor>;
-
-bool no_gpu(std::string* why) {
-  if (torch::cuda::is_available()) return false;
-  *why = "no CUDA device visible (the gpu-labelled cases run on a GPU machine: scripts/gpu_check.sh)";
-  return true;
-}
 
 torch::Device gpu(const comm::ProcessGroup& pg) { return torch::Device(torch::kCUDA, pg.cuda_device()); }
 

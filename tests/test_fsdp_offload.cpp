@@ -14,11 +14,14 @@
 // parameter bytes there after wrapping, its parameters are pinned host tensors, and CPUAdam on the
 // host trains it like Adam on the GPU without offload within a stated tolerance; the same for
 // ZeRO-2 with ZeroOptions::cpu_offload (its masters pinned on the host, no optimizer state on the GPU).
-// ZeRO's CPU cases are in test_zero_optimizer and test_fsdp_optimizer_in_backward.
+// ZeRO's CPU cases are in test_zero_optimizer and test_fsdp_optimizer_in_backward. And about 1B
+// parameters under a 12 GiB cap (setMemoryFraction): out of memory, naming the unit, without
+// offload; trains with it.
 #include <c10/core/CachingDeviceAllocator.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <functional>
 #include <memory>
 #include <string>
@@ -32,8 +35,10 @@
 #include "harness/models.h"
 #include "harness/multirank.h"
 #include "harness/same_params.h"
+#include "harness/no_gpu.h"
 
-// White-box: the inner optimizer's state by parameter.
+// White-box: the inner optimizer's state by parameter; a GPU memory cap.
+#include "memory/device_memory.h"
 #include "state/optim_state.h"
 
 using namespace fsdp;
@@ -219,12 +224,6 @@ TEST(FsdpOffload, OutOfMemoryNamesTheUnit) {
 
 // ---- on a GPU ----
 
-bool no_gpu(std::string* why) {
-  if (torch::cuda::is_available()) return false;
-  *why = "no CUDA device visible (the gpu-labelled cases run on a GPU machine: scripts/gpu_check.sh)";
-  return true;
-}
-
 int64_t cuda_allocated_bytes(int device) {
   // Through c10's device-generic interface: no CUDA header in this test.
   return c10::getDeviceAllocator(c10::DeviceType::CUDA)
@@ -351,6 +350,68 @@ TEST(FsdpOffloadCuda, ZeroPartitionOnTheHostTrainsLikeAdamOnTheGpu) {
     EXPECT_EQ(pu.offloaded_bytes, pu[MemoryCategory::kMasterWeights] / 2 + 4 * placed_opt->partition_numel())
         << "left on the host: the host partition and the gradients' host copy";
     expect_close_params(*placed, *ref);
+  }, ro);
+}
+
+// About 1B parameters (16 bias-free 8192x8192 layers, one unit each) under a GPU memory cap of
+// 12 GiB (setMemoryFraction): their fp32 shards, gradients and Adam state, 16 B per parameter
+// (17 GB), exceed it. Without offload, Adam stepping inside backward runs out of memory while
+// creating a unit's state, and the error names the unit; with offload_params and CPUAdam on the
+// host the same model trains (finite losses, parameters move) under the cap, and the GPU's peak
+// stays under it.
+TEST(FsdpOffloadCuda, BillionParametersTrainUnderACapOnlyWithOffload) {
+  std::string why;
+  if (no_gpu(&why)) GTEST_SKIP() << why;
+  RankOptions ro;
+  ro.backend = comm::Backend::NCCL;
+  constexpr int64_t kDim = 8192, kLayers = 16;
+  constexpr int64_t kCap = int64_t(12) << 30;
+  auto billion = [] {
+    torch::manual_seed(0);
+    torch::nn::Sequential net;
+    for (int64_t i = 0; i < kLayers; ++i) net->push_back(torch::nn::Linear(torch::nn::LinearOptions(kDim, kDim).bias(false)));
+    return net;
+  };
+  run_ranks(1, [&](comm::ProcessGroup& pg) {
+    const torch::Device gpu(torch::kCUDA, pg.cuda_device());
+    memory::set_device_memory_fraction(gpu, 1.0);
+    const double capacity = static_cast<double>(memory::device_memory(gpu).capacity);
+    memory::set_device_memory_fraction(gpu, static_cast<double>(kCap) / capacity);
+    auto net = billion();
+    net->to(gpu);
+    auto m = FullyShardedDataParallel(net, pg, Options().auto_wrap_policy(always_wrap_policy()).optimizer_in_backward(true));
+    torch::optim::Adam opt(m->parameters(), torch::optim::AdamOptions(1e-4));
+    m->register_optimizer_in_backward(opt);
+    std::string message;
+    try {
+      m->forward(torch::randn({8, kDim}, gpu)).square().mean().backward();
+    } catch (const c10::OutOfMemoryError& e) {
+      message = e.what_without_backtrace();
+    }
+    EXPECT_NE(message.find("out of memory stepping the optimizer"), std::string::npos) << "'" << message << "'";
+    EXPECT_NE(message.find("of unit '"), std::string::npos) << message;
+  }, ro);
+  run_ranks(1, [&](comm::ProcessGroup& pg) {
+    const torch::Device gpu(torch::kCUDA, pg.cuda_device());
+    memory::set_device_memory_fraction(gpu, 1.0);
+    const double capacity = static_cast<double>(memory::device_memory(gpu).capacity);
+    memory::set_device_memory_fraction(gpu, static_cast<double>(kCap) / capacity);
+    auto net = billion();
+    net->to(gpu);
+    auto m = FullyShardedDataParallel(
+        net, pg, Options().auto_wrap_policy(always_wrap_policy()).offload_params(true).optimizer_in_backward(true));
+    optim::CPUAdam opt(m->parameters(), optim::CPUAdamOptions(1e-4));
+    m->register_optimizer_in_backward(opt);
+    const auto before = m->parameters()[0].detach().clone();
+    for (int s = 0; s < 2; ++s) {
+      opt.zero_grad(/*set_to_none=*/true);
+      auto loss = m->forward(torch::randn({8, kDim}, gpu)).square().mean();
+      loss.backward();
+      opt.step();
+      EXPECT_TRUE(std::isfinite(loss.item<double>())) << "step " << s;
+    }
+    EXPECT_FALSE(torch::equal(before, m->parameters()[0])) << "the offloaded run did not step";
+    EXPECT_LE(memory::device_memory(gpu).peak_allocated, kCap);
   }, ro);
 }
 

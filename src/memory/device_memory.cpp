@@ -5,6 +5,8 @@
 
 #include <utility>
 
+#include <c10/util/Exception.h>
+
 #ifdef FSDP_WITH_CUDA
 #include <ATen/cuda/CUDAContextLight.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -36,6 +38,16 @@ DeviceMemory device_memory(const c10::Device& device) {
   (void)device;
 #endif
   return m;
+}
+
+void set_device_memory_fraction(const c10::Device& device, double fraction) {
+#ifdef FSDP_WITH_CUDA
+  if (device.is_cuda()) {
+    c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, device.has_index() ? device.index() : 0);
+    return;
+  }
+#endif
+  TORCH_CHECK(false, "set_device_memory_fraction: ", device, " is not a CUDA device of this build");
 }
 
 void set_device_memory_probe_for_testing(std::function<DeviceMemory(const c10::Device&)> p) {

@@ -18,6 +18,11 @@ struct DeviceMemory {
 
 DeviceMemory device_memory(const c10::Device& device);
 
+/// Caps what the caching allocator may hand out on a CUDA device to `fraction` of its memory
+/// (CUDACachingAllocator::setMemoryFraction): tests that stand in for a smaller GPU. Throws
+/// without CUDA.
+void set_device_memory_fraction(const c10::Device& device, double fraction);
+
 /// Tests: device_memory() answers with `probe` instead (an empty function restores it). Lets
 /// a CPU-only machine exercise the placement a GPU's numbers would choose.
 void set_device_memory_probe_for_testing(std::function<DeviceMemory(const c10::Device&)> probe);
