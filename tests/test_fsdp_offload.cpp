@@ -232,6 +232,12 @@ int64_t cuda_allocated_bytes(int device) {
       .current;
 }
 
+RankOptions nccl_options() {
+  RankOptions ro;
+  ro.backend = comm::Backend::NCCL;
+  return ro;
+}
+
 // CPUAdam on the host against torch's Adam on the GPU: the same update in another order of
 // float operations (fused vs. op by op), so equal to rounding: relative L2 < 1e-5 after 4 steps
 // (a step skipped or taken twice, or a stale shard, is off by > 1e-2).
@@ -249,8 +255,7 @@ void expect_close_params(torch::nn::Module& host_stepped, torch::nn::Module& dev
 TEST(FsdpOffloadCuda, ShardsLeaveTheGpuAndTrainLikeAdamOnIt) {
   std::string why;
   if (no_gpu(&why)) GTEST_SKIP() << why;
-  RankOptions ro;
-  ro.backend = comm::Backend::NCCL;
+  const RankOptions ro = nccl_options();
   run_ranks(1, [](comm::ProcessGroup& pg) {
     at::globalContext().setAllowTF32CuBLAS(false);
     const torch::Device gpu(torch::kCUDA, pg.cuda_device());
@@ -295,8 +300,7 @@ TEST(FsdpOffloadCuda, ShardsLeaveTheGpuAndTrainLikeAdamOnIt) {
 TEST(FsdpOffloadCuda, ZeroPartitionOnTheHostTrainsLikeAdamOnTheGpu) {
   std::string why;
   if (no_gpu(&why)) GTEST_SKIP() << why;
-  RankOptions ro;
-  ro.backend = comm::Backend::NCCL;
+  const RankOptions ro = nccl_options();
   run_ranks(1, [](comm::ProcessGroup& pg) {
     at::globalContext().setAllowTF32CuBLAS(false);
     const torch::Device gpu(torch::kCUDA, pg.cuda_device());
@@ -353,6 +357,15 @@ TEST(FsdpOffloadCuda, ZeroPartitionOnTheHostTrainsLikeAdamOnTheGpu) {
   }, ro);
 }
 
+// The rank's GPU, with the caching allocator capped at `cap` bytes.
+torch::Device capped_gpu(const comm::ProcessGroup& pg, int64_t cap) {
+  const torch::Device gpu(torch::kCUDA, pg.cuda_device());
+  memory::set_device_memory_fraction(gpu, 1.0);
+  const double capacity = static_cast<double>(memory::device_memory(gpu).capacity);
+  memory::set_device_memory_fraction(gpu, static_cast<double>(cap) / capacity);
+  return gpu;
+}
+
 // About 1B parameters (16 bias-free 8192x8192 layers, one unit each) under a GPU memory cap of
 // 12 GiB (setMemoryFraction): their fp32 shards, gradients and Adam state, 16 B per parameter
 // (17 GB), exceed it. Without offload, Adam stepping inside backward runs out of memory while
@@ -362,8 +375,7 @@ TEST(FsdpOffloadCuda, ZeroPartitionOnTheHostTrainsLikeAdamOnTheGpu) {
 TEST(FsdpOffloadCuda, BillionParametersTrainUnderACapOnlyWithOffload) {
   std::string why;
   if (no_gpu(&why)) GTEST_SKIP() << why;
-  RankOptions ro;
-  ro.backend = comm::Backend::NCCL;
+  const RankOptions ro = nccl_options();
   constexpr int64_t kDim = 8192, kLayers = 16;
   constexpr int64_t kCap = int64_t(12) << 30;
   auto billion = [] {
@@ -373,10 +385,7 @@ TEST(FsdpOffloadCuda, BillionParametersTrainUnderACapOnlyWithOffload) {
     return net;
   };
   run_ranks(1, [&](comm::ProcessGroup& pg) {
-    const torch::Device gpu(torch::kCUDA, pg.cuda_device());
-    memory::set_device_memory_fraction(gpu, 1.0);
-    const double capacity = static_cast<double>(memory::device_memory(gpu).capacity);
-    memory::set_device_memory_fraction(gpu, static_cast<double>(kCap) / capacity);
+    const torch::Device gpu = capped_gpu(pg, kCap);
     auto net = billion();
     net->to(gpu);
     auto m = FullyShardedDataParallel(net, pg, Options().auto_wrap_policy(always_wrap_policy()).optimizer_in_backward(true));
@@ -392,10 +401,7 @@ TEST(FsdpOffloadCuda, BillionParametersTrainUnderACapOnlyWithOffload) {
     EXPECT_NE(message.find("of unit '"), std::string::npos) << message;
   }, ro);
   run_ranks(1, [&](comm::ProcessGroup& pg) {
-    const torch::Device gpu(torch::kCUDA, pg.cuda_device());
-    memory::set_device_memory_fraction(gpu, 1.0);
-    const double capacity = static_cast<double>(memory::device_memory(gpu).capacity);
-    memory::set_device_memory_fraction(gpu, static_cast<double>(kCap) / capacity);
+    const torch::Device gpu = capped_gpu(pg, kCap);
     auto net = billion();
     net->to(gpu);
     auto m = FullyShardedDataParallel(
