@@ -262,6 +262,24 @@ void refusal_cases(comm::ProcessGroup& pg) {
     loss().backward();
     EXPECT_NE(error_of([&] { loss().backward(); }).find("call step() after every backward"), std::string::npos);
   });
+  run_case("zero: a step on the host thread fails; step() says so", [&] {
+    // cpu_offload steps each bucket on a host thread ([Note: host steps]): its error surfaces
+    // at step(), the thread skips the steps after it, and the optimizer still closes.
+    struct FailingSGD : torch::optim::SGD {
+      using torch::optim::SGD::SGD;
+      torch::Tensor step(LossClosure) override { TORCH_CHECK(false, "the inner step failed on purpose"); }
+    };
+    auto net = make_mlp();
+    optim::InnerOptimizerFactory failing = [](std::vector<torch::optim::OptimizerParamGroup> groups) {
+      return std::unique_ptr<torch::optim::Optimizer>(new FailingSGD(groups, torch::optim::SGDOptions(0.1)));
+    };
+    optim::ZeroRedundancyOptimizer z(net->parameters(), failing,
+                                     optim::ZeroOptions().process_group(pg).stage(2).reduce_bucket_size(300)
+                                         .optimizer_in_backward(true).cpu_offload(true));
+    auto [x, y] = global_batch(0, 4 * pg.size());
+    torch::mse_loss(net->forward(rank_slice(x, pg.rank(), pg.size())), rank_slice(y, pg.rank(), pg.size())).backward();
+    EXPECT_NE(error_of([&] { z.step(); }).find("the inner step failed on purpose"), std::string::npos);
+  });
   run_case("TrainingFacade registers the optimizer, refuses the scaler and clipping", [&] {
     auto m = FullyShardedDataParallel(make_mlp(), pg, on);
     torch::optim::SGD o(m->parameters(), 0.1);

@@ -12,6 +12,8 @@
 #include <limits>
 #include <sstream>
 
+#include <c10/core/Event.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/torch.h>
 
 #include "fsdp/comm/collectives.h"
@@ -20,6 +22,7 @@
 #include "comm/object_collectives.h"
 #include "zero_bucket_reducer.h"
 #include "zero_bucket_window.h"
+#include "host_step_queue.h"
 #include "zero_layout.h"
 #include "zero_placement.h"
 #include "optim/param_state_key.h"
@@ -73,6 +76,9 @@ struct ZeroRedundancyOptimizer::Impl {
   // ZeroOptions::optimizer_in_backward: no_step() in force; buckets stepped since step().
   bool no_step = false;
   std::vector<uint8_t> stepped;
+  // With cpu_offload: the thread that steps the buckets ([Note: host steps]). Last, so that
+  // it is destroyed, and its tasks finished, before what they use.
+  std::unique_ptr<detail::HostStepQueue> host_steps;
 
   int rank() const { return pg.rank(); }
   // The pieces view a partition of their own (fp32 masters, host copies), not `flat`.
@@ -111,7 +117,12 @@ struct ZeroRedundancyOptimizer::Impl {
   void attach_piece_gradients();
   size_t bucket_of(const ZeroPiece& pc) const { return static_cast<size_t>(layout->params()[pc.param].bucket); }
   bool on_host(size_t b) const { return offload() && !device_masters[b].defined(); }
-  const at::Tensor& gradient_source(size_t b);
+  const at::Tensor& gradient_source(size_t b, bool async = false);
+  // The posted host steps have run (their errors rethrown): the inner optimizer, the pieces
+  // and their gradients are this thread's again.
+  void settle() {
+    if (host_steps) host_steps->drain();
+  }
   void scale_gradients(double factor);
   StepAgreement agree(std::vector<double> used);
   void drop_unused(const StepAgreement& agreed);
@@ -266,6 +277,7 @@ void ZeroRedundancyOptimizer::construct(std::vector<torch::optim::OptimizerParam
   if (m.options.optimizer_in_backward()) {
     m.stepped.assign(m.layout->buckets().size(), 0);
     m.reducer->set_on_reduced([this](size_t b) { impl_->step_bucket(b, param_groups_); });
+    if (m.offload()) m.host_steps = std::make_unique<detail::HostStepQueue>();
   }
   if (m.options.verbose() && m.rank() == 0) m.print_layout();
 }
@@ -443,6 +455,7 @@ torch::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
   if (m.options.optimizer_in_backward()) {
     // Backward stepped every bucket (finishing it steps the rest): only the all-gather is left.
     if (m.reducer->in_backward()) m.reducer->finish_backward();
+    m.settle();
     if (m.stepped_any()) {
       std::fill(m.stepped.begin(), m.stepped.end(), 0);
       m.reducer->clear();
@@ -524,17 +537,31 @@ void ZeroRedundancyOptimizer::Impl::attach_piece_gradients() {
 
 /// The partition bucket b's pieces take their gradients from: the reduced partition itself,
 /// or where the bucket is on the host its host copy, into which b's chunk is copied now (the
-/// optimizer steps host tensors with host gradients). Undefined when nothing was reduced.
-const at::Tensor& ZeroRedundancyOptimizer::Impl::gradient_source(size_t b) {
+/// optimizer steps host tensors with host gradients; `async`: a copy from a GPU returns at
+/// once, and copy_done() says when it has landed). Undefined when nothing was reduced.
+const at::Tensor& ZeroRedundancyOptimizer::Impl::gradient_source(size_t b, bool async) {
   const at::Tensor& reduced = partition();
   if (!on_host(b) || !reduced.defined()) return reduced;
   if (!host_grads.defined())
     host_grads = at::empty({layout->partition_numel()},
                            reduced.options().device(at::kCPU).pinned_memory(reduced.is_cuda()));
   const auto& lb = layout->buckets()[b];
-  host_grads.narrow(0, lb.local_offset, lb.chunk).copy_(reduced.narrow(0, lb.local_offset, lb.chunk));
+  host_grads.narrow(0, lb.local_offset, lb.chunk).copy_(reduced.narrow(0, lb.local_offset, lb.chunk), async);
   return host_grads;
 }
+
+namespace {
+
+// An event after the work queued so far on `t`'s device's current stream (a GPU's); null for
+// the CPU, whose copies are done when they return.
+std::shared_ptr<c10::Event> copy_done(const at::Tensor& t) {
+  if (!t.defined() || t.device().is_cpu()) return nullptr;
+  auto event = std::make_shared<c10::Event>(t.device().type());
+  event->record(c10::impl::VirtualGuardImpl(t.device().type()).getStream(t.device()));
+  return event;
+}
+
+}  // namespace
 
 /// Bytes of the optimizer state of piece k (0 before its first step).
 int64_t ZeroRedundancyOptimizer::Impl::state_bytes(size_t k) const {
@@ -679,18 +706,25 @@ void ZeroRedundancyOptimizer::Impl::step_bucket(size_t b,
   torch::NoGradGuard no_grad;
   const detail::ZeroBucket& lb = layout->buckets()[b];
   const std::vector<double> used = agree_used_in_bucket(lb);
-  const at::Tensor& reduced = gradient_source(b);
   std::vector<size_t> mine;
   for (size_t k = 0; k < pieces.size(); ++k) {
     const ZeroPiece& pc = pieces[k];
-    if (pc.param < lb.first_param || pc.param >= lb.end_param || used[pc.param - lb.first_param] == 0) continue;
-    piece_tensors[k].mutable_grad() = reduced.narrow(0, pc.local_offset, pc.numel);
-    mine.push_back(k);
+    if (pc.param >= lb.first_param && pc.param < lb.end_param && used[pc.param - lb.first_param] != 0)
+      mine.push_back(k);
   }
-  auto& inner_groups = inner->param_groups();
-  for (size_t g = 0; g < groups.size(); ++g) inner_groups[g].set_options(groups[g].options().clone());
-  inner->step();
-  for (size_t k : mine) piece_tensors[k].mutable_grad().reset();
+  const bool on_thread = host_steps != nullptr;
+  at::Tensor reduced = gradient_source(b, /*async=*/on_thread);
+  std::shared_ptr<c10::Event> landed = on_thread && on_host(b) ? copy_done(partition()) : nullptr;
+  auto step = [this, mine, reduced, landed, groups = &groups] {
+    if (landed) landed->synchronize();
+    for (size_t k : mine) piece_tensors[k].mutable_grad() = reduced.narrow(0, pieces[k].local_offset, pieces[k].numel);
+    auto& inner_groups = inner->param_groups();
+    for (size_t g = 0; g < groups->size(); ++g) inner_groups[g].set_options((*groups)[g].options().clone());
+    inner->step();
+    for (size_t k : mine) piece_tensors[k].mutable_grad().reset();
+  };
+  if (on_thread) host_steps->post(std::move(step));
+  else step();
   reducer->consume(b);
   stepped[b] = 1;
 }
@@ -707,6 +741,7 @@ ZeroRedundancyOptimizer::NoStepGuard::~NoStepGuard() { opt_->impl_->no_step = pr
 void ZeroRedundancyOptimizer::all_gather_parameters() {
   torch::NoGradGuard no_grad;
   Impl& m = *impl_;
+  m.settle();
   const ZeroLayout& layout = *m.layout;
   const int nbuckets = static_cast<int>(layout.buckets().size());
   // This rank's chunks first come from the masters: rounded under mixed precision, copied
@@ -754,6 +789,7 @@ void ZeroRedundancyOptimizer::load_loss_scaler_state(const precision::GradScaler
 
 void ZeroRedundancyOptimizer::zero_grad(bool set_to_none) {
   Impl& m = *impl_;
+  m.settle();
   if (m.reducer) {
     TORCH_CHECK(!m.reducer->in_backward(), "ZeroRedundancyOptimizer (rank ", m.rank(),
                 "): zero_grad during backward");
@@ -775,7 +811,10 @@ void ZeroRedundancyOptimizer::load(torch::serialize::InputArchive&) {
 }
 
 const ZeroOptions& ZeroRedundancyOptimizer::options() const { return impl_->options; }
-torch::optim::Optimizer& ZeroRedundancyOptimizer::inner() { return *impl_->inner; }
+torch::optim::Optimizer& ZeroRedundancyOptimizer::inner() {
+  impl_->settle();
+  return *impl_->inner;
+}
 double ZeroRedundancyOptimizer::last_grad_norm() const { return impl_->last_norm; }
 int64_t ZeroRedundancyOptimizer::flat_numel() const { return impl_->layout->flat_numel(); }
 int64_t ZeroRedundancyOptimizer::partition_numel() const { return impl_->layout->partition_numel(); }
@@ -793,6 +832,7 @@ std::vector<ZeroRedundancyOptimizer::TrainableParam> ZeroRedundancyOptimizer::tr
 }
 
 std::vector<ZeroRedundancyOptimizer::LocalPiece> ZeroRedundancyOptimizer::local_pieces() const {
+  impl_->settle();
   std::vector<LocalPiece> out;
   for (size_t k = 0; k < impl_->pieces.size(); ++k) {
     const ZeroPiece& pc = impl_->pieces[k];
@@ -802,6 +842,7 @@ std::vector<ZeroRedundancyOptimizer::LocalPiece> ZeroRedundancyOptimizer::local_
 }
 
 MemoryUsage ZeroRedundancyOptimizer::get_memory_usage() const {
+  impl_->settle();
   const Impl& m = *impl_;
   MemoryUsage u;
   u.device = m.flat.device().str();
