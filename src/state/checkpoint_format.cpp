@@ -154,15 +154,18 @@ size_t staging_chunk_bytes() {
   return n > 0 ? n : kDefaultStagingChunkBytes;
 }
 
-void RankFileWriter::write_bytes(const char* p, size_t nbytes) {
+void write_all(int fd, const void* data, size_t n, const char* who, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
   size_t done = 0;
-  while (done < nbytes) {
-    const ssize_t w = ::write(fd_, p + done, nbytes - done);
+  while (done < n) {
+    const ssize_t w = ::write(fd, p + done, n - done);
     if (w < 0 && errno == EINTR) continue;
-    TORCH_CHECK(w > 0, "fsdp checkpoint: writing '", path_, "' failed: ", std::strerror(errno));
+    TORCH_CHECK(w > 0, who, ": writing '", path, "' failed: ", std::strerror(errno));
     done += static_cast<size_t>(w);
   }
 }
+
+void RankFileWriter::write_bytes(const char* p, size_t nbytes) { write_all(fd_, p, nbytes, "fsdp checkpoint", path_); }
 
 uint32_t RankFileWriter::write_staged(const at::Tensor& t) {
   const int64_t esize = static_cast<int64_t>(t.element_size());
@@ -340,15 +343,11 @@ const char* MappedRecords::verified(const Record& r) {
 void write_file_synced(const std::string& path, const std::string& contents) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   TORCH_CHECK(fd >= 0, "fsdp checkpoint: cannot create '", path, "': ", std::strerror(errno));
-  size_t done = 0;
-  while (done < contents.size()) {
-    const ssize_t w = ::write(fd, contents.data() + done, contents.size() - done);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      ::close(fd);
-      TORCH_CHECK(false, "fsdp checkpoint: writing '", path, "' failed: ", std::strerror(errno));
-    }
-    done += static_cast<size_t>(w);
+  try {
+    write_all(fd, contents.data(), contents.size(), "fsdp checkpoint", path);
+  } catch (...) {
+    ::close(fd);
+    throw;
   }
   const int rc = ::fsync(fd);
   ::close(fd);

@@ -154,6 +154,10 @@ class MappedRecords {
   std::map<std::pair<std::string, int64_t>, const char*> checked_;  // (file, offset) -> bytes
 };
 
+/// Writes all n bytes to `fd` (retrying short writes and EINTR); throws "<who>: writing
+/// '<path>' failed: <reason>" otherwise.
+void write_all(int fd, const void* data, size_t n, const char* who, const std::string& path);
+
 void write_file_synced(const std::string& path, const std::string& contents);
 void fsync_dir(const std::string& dir);
 std::string read_text_file(const std::string& path);

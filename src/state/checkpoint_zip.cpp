@@ -49,14 +49,7 @@ bool StoredZipWriter::zip64_size(uint64_t size) const { return force_zip64_ || s
 bool StoredZipWriter::zip64_offset(uint64_t offset) const { return force_zip64_ || offset >= kMax32; }
 
 void StoredZipWriter::put(const void* data, size_t n) {
-  const char* p = static_cast<const char*>(data);
-  size_t done = 0;
-  while (done < n) {
-    const ssize_t w = ::write(fd_, p + done, n - done);
-    if (w < 0 && errno == EINTR) continue;
-    TORCH_CHECK(w > 0, "fsdp-ckpt: writing '", path_, "' failed: ", std::strerror(errno));
-    done += static_cast<size_t>(w);
-  }
+  write_all(fd_, data, n, "fsdp-ckpt", path_);
   pos_ += n;
   // Start the write-back of every full 8 MiB behind us (asynchronous), so the
   // disk works while the next chunks are read; finish()'s fsync makes it durable.
