@@ -73,6 +73,10 @@ void train_step(comm::ProcessGroup& pg, Wrapped& m, torch::optim::Optimizer& opt
     auto out = m->forward(rank_slice(x, pg.rank(), pg.size())).to(torch::kFloat);
     (torch::mse_loss(out, rank_slice(y, pg.rank(), pg.size())) / double(micro_batches)).backward();
   }
+  // Stepped inside backward (on the host thread, [Note: host steps]): nothing left to step.
+  if (m->options().optimizer_in_backward()) {
+    for (const auto& p : m->named_parameters()) EXPECT_FALSE(p.value().grad().defined()) << p.key() << " not stepped in backward";
+  }
   opt.step();  // a no-op after a backward that stepped
 }
 
@@ -188,6 +192,26 @@ TEST(FsdpOffload, RefusesShardsMadeAtConstruction) {
     }
     const std::string w = error_of([&] { FullyShardedDataParallel(m, pg, o); });
     EXPECT_NE(w.find("offload_params cannot take them over"), std::string::npos) << w;
+  });
+}
+
+// With optimizer_in_backward the steps run on a host thread ([Note: host steps]); one that
+// fails makes backward raise its error, and the model still closes.
+TEST(FsdpOffload, AHostStepsErrorIsRaisedByBackward) {
+  run_ranks(2, [](comm::ProcessGroup& pg) {
+    struct FailingSGD : torch::optim::SGD {
+      using torch::optim::SGD::SGD;
+      torch::Tensor step(LossClosure) override { TORCH_CHECK(false, "the step failed on purpose"); }
+    };
+    auto m = FullyShardedDataParallel(
+        make_mlp(), pg, Options().auto_wrap_policy(always_wrap_policy()).offload_params(true).optimizer_in_backward(true));
+    FailingSGD opt(m->parameters(), torch::optim::SGDOptions(0.1));
+    m->register_optimizer_in_backward(opt);
+    auto [x, y] = global_batch(0, kBatch);
+    const std::string e = error_of([&] {
+      torch::mse_loss(m->forward(rank_slice(x, pg.rank(), pg.size())), rank_slice(y, pg.rank(), pg.size())).backward();
+    });
+    EXPECT_NE(e.find("the step failed on purpose"), std::string::npos) << e;
   });
 }
 

@@ -6,6 +6,7 @@
 #include <torch/optim/lbfgs.h>
 #include <torch/optim/optimizer.h>
 
+#include "memory/host_step_queue.h"
 #include "unit.h"
 
 namespace fsdp::detail {
@@ -21,34 +22,40 @@ std::unordered_set<const c10::TensorImpl*> managed_params(const std::vector<Unit
   return out;
 }
 
-// Moves every defined gradient of the optimizer's parameters aside for its lifetime,
-// then puts them back. The groups are read at each step, so that a group added after
-// registration is set aside too. A tied parameter listed twice is set aside once (its
-// second listing then finds no gradient) and put back once.
-class SetAsideGrads {
+// Narrows each of the optimizer's groups to `unit`'s trainable parameters (in their
+// order, a parameter listed twice kept twice) for its lifetime, then restores them: the
+// step sees no other parameter, whatever gradient it holds (autograd's, of units still in
+// backward; pieces of units not in this backward). The groups are read at each step, so
+// that a group added after registration is narrowed too.
+class StepOnly {
  public:
-  explicit SetAsideGrads(const torch::optim::Optimizer& optimizer) {
-    for (const auto& group : optimizer.param_groups()) {
-      for (const auto& p : group.params()) {
-        if (!p.grad().defined()) continue;
-        params_.push_back(p);
-        grads_.push_back(std::exchange(params_.back().mutable_grad(), at::Tensor()));
-      }
+  StepOnly(torch::optim::Optimizer& optimizer, const Unit& unit) : optimizer_(optimizer) {
+    std::unordered_set<const c10::TensorImpl*> mine;
+    for (const auto& e : unit.flat().entries())
+      if (e.param.requires_grad()) mine.insert(e.param.unsafeGetTensorImpl());
+    for (auto& group : optimizer_.param_groups()) {
+      std::vector<at::Tensor> narrowed;
+      for (const auto& p : group.params())
+        if (mine.count(p.unsafeGetTensorImpl())) narrowed.push_back(p);
+      saved_.push_back(std::exchange(group.params(), std::move(narrowed)));
     }
   }
-  ~SetAsideGrads() {
-    for (size_t i = 0; i < params_.size(); ++i) params_[i].mutable_grad() = std::move(grads_[i]);
+  ~StepOnly() {
+    auto& groups = optimizer_.param_groups();
+    for (size_t g = 0; g < saved_.size(); ++g) groups[g].params() = std::move(saved_[g]);
   }
-  SetAsideGrads(const SetAsideGrads&) = delete;
-  SetAsideGrads& operator=(const SetAsideGrads&) = delete;
+  StepOnly(const StepOnly&) = delete;
+  StepOnly& operator=(const StepOnly&) = delete;
 
  private:
-  std::vector<at::Tensor> params_, grads_;
+  torch::optim::Optimizer& optimizer_;
+  std::vector<std::vector<at::Tensor>> saved_;
 };
 
 }  // namespace
 
-BackwardOptimizer::BackwardOptimizer(torch::optim::Optimizer& optimizer, const std::vector<Unit*>& units, int rank)
+BackwardOptimizer::BackwardOptimizer(torch::optim::Optimizer& optimizer, const std::vector<Unit*>& units, int rank,
+                                     bool on_host_thread)
     : optimizer_(optimizer) {
   TORCH_CHECK(dynamic_cast<torch::optim::LBFGS*>(&optimizer) == nullptr, "fsdp (rank ", rank,
               "): Options::optimizer_in_backward cannot step torch::optim::LBFGS: it re-evaluates the loss "
@@ -65,10 +72,22 @@ BackwardOptimizer::BackwardOptimizer(torch::optim::Optimizer& optimizer, const s
                   "the optimizer over model->parameters() of trainable, wrapped modules only");
     }
   }
+  if (on_host_thread) host_steps_ = std::make_unique<HostStepQueue>();
 }
 
+BackwardOptimizer::~BackwardOptimizer() = default;
+
 void BackwardOptimizer::step(Unit& unit) {
-  SetAsideGrads others(optimizer_);
+  if (host_steps_) host_steps_->post([this, &unit] { step_now(unit); });
+  else step_now(unit);
+}
+
+void BackwardOptimizer::drain() {
+  if (host_steps_) host_steps_->drain();
+}
+
+void BackwardOptimizer::step_now(Unit& unit) {
+  StepOnly only(optimizer_, unit);
   try {
     unit.step_reduced_shard([this] { optimizer_.step(); });
   } catch (const c10::OutOfMemoryError& e) {

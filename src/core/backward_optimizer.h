@@ -6,9 +6,9 @@
 // arrives (Runtime::on_shard_reduced), by the user's own optimizer object: one
 // optimizer, not one per parameter, so its state, state dicts and checkpoints are
 // exactly those of stepping after backward. A step sees only this unit's
-// gradients: every other gradient of the optimizer's parameters is set aside for
-// its duration (autograd gradients of units still to be reduced, pieces of units
-// not in this backward), and torch optimizers skip parameters without one. Each
+// parameters: the optimizer's groups are narrowed to them for its duration, so no
+// other gradient (autograd's, of units still to be reduced; pieces of units not in
+// this backward) is read, and torch optimizers skip parameters without one. Each
 // parameter is therefore stepped exactly once per iteration, with exactly the
 // gradient piece it would have after backward; per-parameter updates (SGD, Adam,
 // AdamW, CPUAdam, ...) make that bitwise equal to one step after backward. The
@@ -28,7 +28,13 @@
 // A reduction is final unless the caller said that more micro-batches follow:
 // under no_sync nothing is reduced, and FullyShardedBase::no_step() holds the
 // step back for accumulation without no_sync.
+//
+// With Options::offload_params the steps run on a host thread while backward goes
+// on ([Note: host steps] in src/memory/host_step_queue.h); the end of backward waits
+// for them. A step there narrows the optimizer's groups to the unit's parameters, so
+// it reads no gradient but its own.
 
+#include <memory>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -39,6 +45,7 @@ class Optimizer;
 
 namespace fsdp::detail {
 
+class HostStepQueue;
 class Unit;
 
 class BackwardOptimizer {
@@ -47,16 +54,25 @@ class BackwardOptimizer {
   /// one of them, no closure-driven optimizer) and keeps a reference to it. A tied
   /// parameter listed under each of its names (model->parameters() does so) is stepped
   /// once per listing, inside backward as after it.
-  BackwardOptimizer(torch::optim::Optimizer& optimizer, const std::vector<Unit*>& units, int rank);
+  /// on_host_thread: steps run on a thread of their own (offload_params).
+  BackwardOptimizer(torch::optim::Optimizer& optimizer, const std::vector<Unit*>& units, int rank,
+                    bool on_host_thread);
+  ~BackwardOptimizer();
 
   /// Steps `unit`'s shard with its reduced gradient pieces (Unit::step_reduced_shard),
-  /// every other gradient of the optimizer's parameters set aside meanwhile.
+  /// the optimizer's groups narrowed to the unit's parameters meanwhile: now, or on the
+  /// host thread.
   void step(Unit& unit);
+  /// Returns once every posted step has run; rethrows the first error one threw.
+  void drain();
 
   const torch::optim::Optimizer& optimizer() const { return optimizer_; }
 
  private:
+  void step_now(Unit& unit);
+
   torch::optim::Optimizer& optimizer_;
+  std::unique_ptr<HostStepQueue> host_steps_;  // last: destroyed (its steps finished) first
 };
 
 }  // namespace fsdp::detail

@@ -74,11 +74,11 @@ at::Tensor FlatParameter::shard_for_gather() const {
 
 at::Tensor FlatParameter::to_shard_side(const at::Tensor& shard_sized, at::ScalarType dtype) const {
   if (!offloaded_) return shard_sized.scalar_type() == dtype ? shard_sized : shard_sized.to(dtype);
-  // Always a copy, as on a GPU. Pinned, so that a GPU's copy to it is a DMA; blocking, so
-  // that the optimizer may read it at once (the copy waits for the reduction on the
-  // current stream).
+  // Always a copy, as on a GPU. Pinned, so that a GPU's copy to it is a DMA, queued after the
+  // reduction on the current stream without waiting for it: the unit records an event after
+  // it, which whoever reads the copy waits for (Unit::wait_reduced_landed).
   at::Tensor host = at::empty(shard_sized.sizes(), host_options(shard_sized.options().dtype(dtype)));
-  host.copy_(shard_sized);
+  host.copy_(shard_sized, /*non_blocking=*/shard_sized.is_cuda());
   return host;
 }
 

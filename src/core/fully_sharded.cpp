@@ -401,7 +401,8 @@ void FullyShardedBase::register_optimizer_in_backward(torch::optim::Optimizer& o
               "during backward; call it between iterations");
   std::vector<Unit*> units;
   for (auto& u : runtime_->units()) units.push_back(u.get());
-  runtime_->set_backward_optimizer(std::make_unique<detail::BackwardOptimizer>(optimizer, units, pg_.rank()));
+  runtime_->set_backward_optimizer(
+      std::make_unique<detail::BackwardOptimizer>(optimizer, units, pg_.rank(), runtime_->offload_params()));
 }
 
 FullyShardedBase::NoStepGuard::NoStepGuard(FullyShardedBase* m) : m_(m), previous_(m->runtime_->no_step()) {

@@ -406,6 +406,7 @@ void Runtime::final_callback() {
     if (u->awaits_reduction()) reduce(*u);
   }
   reducer_->finish();  // every reduced shard is in place before pieces are assigned
+  if (backward_optimizer_) backward_optimizer_->drain();  // the host thread's steps too
   for (Unit* u : backward_gather_order_) u->wait_gather();
   for (Unit* u : reduce_order_) u->finish_iteration();
   callback_queued_ = false;

@@ -176,6 +176,7 @@ class Runtime {
     backward_optimizer_ = std::move(optimizer);
   }
   bool optimizer_in_backward() const { return options_.optimizer_in_backward; }
+  bool offload_params() const { return options_.offload_params; }
   /// Backward reduces but does not step (more micro-batches follow).
   void set_no_step(bool v) { no_step_ = v; }
   bool no_step() const { return no_step_; }

@@ -12,8 +12,6 @@
 #include <limits>
 #include <sstream>
 
-#include <c10/core/Event.h>
-#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/torch.h>
 
 #include "fsdp/comm/collectives.h"
@@ -22,7 +20,7 @@
 #include "comm/object_collectives.h"
 #include "zero_bucket_reducer.h"
 #include "zero_bucket_window.h"
-#include "host_step_queue.h"
+#include "memory/host_step_queue.h"
 #include "zero_layout.h"
 #include "zero_placement.h"
 #include "optim/param_state_key.h"
@@ -78,7 +76,7 @@ struct ZeroRedundancyOptimizer::Impl {
   std::vector<uint8_t> stepped;
   // With cpu_offload: the thread that steps the buckets ([Note: host steps]). Last, so that
   // it is destroyed, and its tasks finished, before what they use.
-  std::unique_ptr<detail::HostStepQueue> host_steps;
+  std::unique_ptr<fsdp::detail::HostStepQueue> host_steps;
 
   int rank() const { return pg.rank(); }
   // The pieces view a partition of their own (fp32 masters, host copies), not `flat`.
@@ -277,7 +275,7 @@ void ZeroRedundancyOptimizer::construct(std::vector<torch::optim::OptimizerParam
   if (m.options.optimizer_in_backward()) {
     m.stepped.assign(m.layout->buckets().size(), 0);
     m.reducer->set_on_reduced([this](size_t b) { impl_->step_bucket(b, param_groups_); });
-    if (m.offload()) m.host_steps = std::make_unique<detail::HostStepQueue>();
+    if (m.offload()) m.host_steps = std::make_unique<fsdp::detail::HostStepQueue>();
   }
   if (m.options.verbose() && m.rank() == 0) m.print_layout();
 }
@@ -538,7 +536,7 @@ void ZeroRedundancyOptimizer::Impl::attach_piece_gradients() {
 /// The partition bucket b's pieces take their gradients from: the reduced partition itself,
 /// or where the bucket is on the host its host copy, into which b's chunk is copied now (the
 /// optimizer steps host tensors with host gradients; `async`: a copy from a GPU returns at
-/// once, and copy_done() says when it has landed). Undefined when nothing was reduced.
+/// once, and an event after it says when it has landed). Undefined when nothing was reduced.
 const at::Tensor& ZeroRedundancyOptimizer::Impl::gradient_source(size_t b, bool async) {
   const at::Tensor& reduced = partition();
   if (!on_host(b) || !reduced.defined()) return reduced;
@@ -550,18 +548,6 @@ const at::Tensor& ZeroRedundancyOptimizer::Impl::gradient_source(size_t b, bool 
   return host_grads;
 }
 
-namespace {
-
-// An event after the work queued so far on `t`'s device's current stream (a GPU's); null for
-// the CPU, whose copies are done when they return.
-std::shared_ptr<c10::Event> copy_done(const at::Tensor& t) {
-  if (!t.defined() || t.device().is_cpu()) return nullptr;
-  auto event = std::make_shared<c10::Event>(t.device().type());
-  event->record(c10::impl::VirtualGuardImpl(t.device().type()).getStream(t.device()));
-  return event;
-}
-
-}  // namespace
 
 /// Bytes of the optimizer state of piece k (0 before its first step).
 int64_t ZeroRedundancyOptimizer::Impl::state_bytes(size_t k) const {
@@ -714,7 +700,8 @@ void ZeroRedundancyOptimizer::Impl::step_bucket(size_t b,
   }
   const bool on_thread = host_steps != nullptr;
   at::Tensor reduced = gradient_source(b, /*async=*/on_thread);
-  std::shared_ptr<c10::Event> landed = on_thread && on_host(b) ? copy_done(partition()) : nullptr;
+  std::shared_ptr<c10::Event> landed =
+      on_thread && on_host(b) && reduced.defined() ? fsdp::detail::event_after_queued_work(partition().device()) : nullptr;
   auto step = [this, mine, reduced, landed, groups = &groups] {
     if (landed) landed->synchronize();
     for (size_t k : mine) piece_tensors[k].mutable_grad() = reduced.narrow(0, pieces[k].local_offset, pieces[k].numel);

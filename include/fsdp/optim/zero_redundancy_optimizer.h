@@ -130,7 +130,7 @@ struct ZeroOptions {
   /// offload, and this rank's reduced chunk is copied to the host before its step. Under
   /// optimizer_in_backward each bucket's chunk is copied as it completes and stepped on a
   /// host thread while backward goes on; step() waits for those steps ([Note: host steps]
-  /// in src/optim/host_step_queue.h). After the step the updated chunks are copied back and
+  /// in src/memory/host_step_queue.h). After the step the updated chunks are copied back and
   /// all-gathered. Build the inner optimizer for host tensors:
   /// fsdp::optim::CPUAdam. Same values as without offload for the same inner optimizer
   /// (on a CPU-only machine host and device are one memory: the copies and the

@@ -3,9 +3,17 @@
 #include <utility>
 
 #include <ATen/Parallel.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
-namespace fsdp::optim::detail {
+namespace fsdp::detail {
+
+std::shared_ptr<c10::Event> event_after_queued_work(const c10::Device& device) {
+  if (device.is_cpu()) return nullptr;
+  auto event = std::make_shared<c10::Event>(device.type());
+  event->record(c10::impl::VirtualGuardImpl(device.type()).getStream(device));
+  return event;
+}
 
 HostStepQueue::HostStepQueue() : thread_([this, n = at::get_num_threads()] { run(n); }) {}
 
@@ -65,4 +73,4 @@ void HostStepQueue::run(int intra_op_threads) {
   }
 }
 
-}  // namespace fsdp::optim::detail
+}  // namespace fsdp::detail
