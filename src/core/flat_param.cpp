@@ -74,11 +74,11 @@ at::Tensor FlatParameter::shard_for_gather() const {
 
 at::Tensor FlatParameter::to_shard_side(const at::Tensor& shard_sized, at::ScalarType dtype) const {
   if (!offloaded_) return shard_sized.scalar_type() == dtype ? shard_sized : shard_sized.to(dtype);
-  // Always a copy, as on a GPU. Pinned, so that a GPU's copy to it is a DMA, queued after the
-  // reduction on the current stream without waiting for it: the unit records an event after
-  // it, which whoever reads the copy waits for (Unit::wait_reduced_landed).
+  // Always a copy, as on a GPU. Pinned, so that a GPU's copy to it is a DMA; blocking, because
+  // the source may view a reduction's output buffer, which returns to its pool (and the next
+  // reduction) once the shard is delivered. The host thread then steps it ([Note: host steps]).
   at::Tensor host = at::empty(shard_sized.sizes(), host_options(shard_sized.options().dtype(dtype)));
-  host.copy_(shard_sized, /*non_blocking=*/shard_sized.is_cuda());
+  host.copy_(shard_sized);
   return host;
 }
 

@@ -9,7 +9,6 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
-#include "memory/host_step_queue.h"
 #include "memory/storage_alias.h"
 
 namespace fsdp::detail {
@@ -427,15 +426,7 @@ void Unit::adopt_reduced_shard(at::Tensor shard) {
   if (ctx_.divide.post != 1) reduced_shard_.div_(ctx_.divide.post);
   // Gradient pieces in the optimizer's dtype (fp32 master) unless asked otherwise, where
   // the shard is ([Note: offload] in flat_param.h).
-  const c10::Device reduced_on = reduced_shard_.device();
   reduced_shard_ = flat_->to_shard_side(reduced_shard_, flat_->grad_dtype());
-  if (reduced_shard_.device() != reduced_on) reduced_landed_ = event_after_queued_work(reduced_on);
-}
-
-void Unit::wait_reduced_landed() {
-  if (!reduced_landed_) return;
-  reduced_landed_->synchronize();
-  reduced_landed_.reset();
 }
 
 namespace {
@@ -475,7 +466,6 @@ void Unit::step_reduced_shard(const std::function<void()>& step) {
   // outside backward, so the optimizer sees the shapes (and state keys) it always
   // sees; frozen parameters keep their views (the optimizer skips them, and later
   // nodes of this backward may still read them).
-  wait_reduced_landed();
   auto& entries = flat_->entries();
   std::vector<at::Tensor> autograd_views(entries.size());
   for (size_t i = 0; i < entries.size(); ++i) {
@@ -509,7 +499,6 @@ void Unit::finish_iteration() {
   const bool reduced = state_ == UnitState::REDUCED;
   const bool stepped = state_ == UnitState::STEPPED;
   transition(UnitState::IDLE, "finish_iteration");
-  wait_reduced_landed();
   if (reduced) {
     for (size_t i = 0; i < entries.size(); ++i)
       if (entries[i].param.requires_grad()) entries[i].param.mutable_grad() = reduced_grad_piece(i);

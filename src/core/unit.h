@@ -72,7 +72,6 @@
 #include <vector>
 
 #include <ATen/ATen.h>
-#include <c10/core/Event.h>
 
 #include "memory/grad_accumulator_handle.h"
 #include "memory/buffer_pool.h"
@@ -213,8 +212,6 @@ class Unit {
   /// Entry i's gradient piece of this iteration: the reduced shard's piece plus the
   /// piece set aside at backward start.
   at::Tensor reduced_grad_piece(size_t i) const;
-  // The reduced shard's copy to the host (offload from a GPU) has landed.
-  void wait_reduced_landed();
   std::string trace_name(const char* what) const;
 
   UnitContext ctx_;
@@ -236,7 +233,6 @@ class Unit {
 
   at::Tensor flat_grad_;        // flattened, awaiting reduction (flat-sized)
   at::Tensor reduced_shard_;    // REDUCED: reduction output (shard-sized; may view a bucket's output)
-  std::shared_ptr<c10::Event> reduced_landed_;  // offload from a GPU: after reduced_shard_'s copy to the host
   at::Tensor no_sync_grad_;     // accumulated unsharded gradient under no_sync
 
   struct PendingGather {

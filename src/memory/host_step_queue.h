@@ -5,9 +5,10 @@
 // [Note: host steps]
 // Stepping a unit's shard (a bucket's chunk) where its reduction completes would hold
 // backward for as long as the host's optimizer takes: on a GPU the device would idle while
-// CPUAdam runs. Instead the hook starts the reduced gradient's copy to the host
-// (asynchronous into pinned memory, an event recorded after it) and posts the step here; the
-// thread waits for the event, steps, and takes the next one, while backward goes on issuing
+// CPUAdam runs. Instead the hook copies the reduced gradient to pinned host memory (ZeRO:
+// queued without waiting, an event recorded after it; FSDP: blocking, its source may be a
+// pooled reduction buffer) and posts the step here; the thread waits for the event if any,
+// steps, and takes the next one, while backward goes on issuing
 // kernels and reductions (DeepSpeed's ZeRO-Offload overlaps its CPU Adam with backward the
 // same way). The optimizer, and the parameters and gradients of the units (buckets) posted,
 // are this thread's alone until the queue is drained: at the end of backward (FSDP) or in
