@@ -3,20 +3,11 @@
 #include <c10/core/StorageImpl.h>
 
 #include "fsdp/comm/collectives.h"
+#include "memory/host_options.h"
 
 namespace fsdp::detail {
 
 const char* to_string(FlatState s) { return s == FlatState::Sharded ? "SHARDED" : "UNSHARDED"; }
-
-namespace {
-
-// Where an offloaded shard lives: host memory, pinned when the compute device is a
-// GPU so that its copies can run asynchronously.
-at::TensorOptions host_options(const at::TensorOptions& compute) {
-  return compute.device(c10::kCPU).pinned_memory(compute.device().is_cuda());
-}
-
-}  // namespace
 
 FlatParameter::FlatParameter(std::vector<FlatParamEntry> entries, int rank, int world, bool sharded,
                              FlatPrecision precision, bool offload)
@@ -25,7 +16,7 @@ FlatParameter::FlatParameter(std::vector<FlatParamEntry> entries, int rank, int 
       compute_device_(entries_.empty() ? c10::Device(c10::kCPU) : entries_.front().param.device()) {
   TORCH_INTERNAL_ASSERT(!entries_.empty());
   const auto compute_opts = entries_.front().param.options().requires_grad(false);
-  const auto opts = offloaded_ ? host_options(compute_opts) : compute_opts;
+  const auto opts = offloaded_ ? memory::host_options(compute_opts) : compute_opts;
   for (auto& e : entries_) {
     e.offset = total_numel_;
     total_numel_ += e.numel;
@@ -77,7 +68,7 @@ at::Tensor FlatParameter::to_shard_side(const at::Tensor& shard_sized, at::Scala
   // Always a copy, as on a GPU. Pinned, so that a GPU's copy to it is a DMA; blocking, because
   // the source may view a reduction's output buffer, which returns to its pool (and the next
   // reduction) once the shard is delivered. The host thread then steps it ([Note: host steps]).
-  at::Tensor host = at::empty(shard_sized.sizes(), host_options(shard_sized.options().dtype(dtype)));
+  at::Tensor host = at::empty(shard_sized.sizes(), memory::host_options(shard_sized.options().dtype(dtype)));
   host.copy_(shard_sized);
   return host;
 }

@@ -20,6 +20,7 @@
 #include "comm/object_collectives.h"
 #include "zero_bucket_reducer.h"
 #include "zero_bucket_window.h"
+#include "memory/host_options.h"
 #include "memory/host_step_queue.h"
 #include "zero_layout.h"
 #include "zero_placement.h"
@@ -353,7 +354,7 @@ void ZeroRedundancyOptimizer::Impl::check_same_placement_on_all_ranks() const {
 /// precision, every parameter, frozen ones included, in param_dtype.
 void ZeroRedundancyOptimizer::Impl::make_masters() {
   auto master_options = flat.options();
-  if (offload()) master_options = master_options.device(at::kCPU).pinned_memory(flat.is_cuda());
+  if (offload()) master_options = memory::host_options(master_options);
   master = at::empty({layout->partition_numel()}, master_options);
   for (size_t b = 0; b < layout->buckets().size(); ++b) {
     const auto& lb = layout->buckets()[b];
@@ -541,8 +542,7 @@ const at::Tensor& ZeroRedundancyOptimizer::Impl::gradient_source(size_t b, bool 
   const at::Tensor& reduced = partition();
   if (!on_host(b) || !reduced.defined()) return reduced;
   if (!host_grads.defined())
-    host_grads = at::empty({layout->partition_numel()},
-                           reduced.options().device(at::kCPU).pinned_memory(reduced.is_cuda()));
+    host_grads = at::empty({layout->partition_numel()}, memory::host_options(reduced.options()));
   const auto& lb = layout->buckets()[b];
   host_grads.narrow(0, lb.local_offset, lb.chunk).copy_(reduced.narrow(0, lb.local_offset, lb.chunk), async);
   return host_grads;
