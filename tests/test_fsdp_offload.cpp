@@ -21,16 +21,20 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 
 #include "fsdp/core/sharded_init.h"
+#include "fsdp/memory/optimizer_state_bytes.h"
 #include "fsdp/optim/cpu_adam.h"
 #include "fsdp/optim/zero_redundancy_optimizer.h"
 #include "fsdp/state/checkpoint.h"
 #include "harness/counting_allocator.h"
+#include "harness/device_memory_probe.h"
 #include "harness/error_of.h"
 #include "harness/models.h"
 #include "harness/multirank.h"
@@ -39,6 +43,7 @@
 
 // White-box: the inner optimizer's state by parameter; a GPU memory cap.
 #include "memory/device_memory.h"
+#include "memory/param_state_key.h"
 #include "state/optim_state.h"
 
 using namespace fsdp;
@@ -153,6 +158,91 @@ void equality_cases(comm::ProcessGroup& pg) {
 
 TEST(FsdpOffload, EqualsTrainingWithoutOffload) {
   for (int n : {1, 2, 3}) run_ranks(n, equality_cases);
+}
+
+// Placement "auto" (Options::gpu_margin_mem_ratio): a probe stands in for the GPU, with a budget of
+// half the bytes the shards and their Adam state take. After the first backward the units that
+// fit are back on the compute device (here another CPU allocation, so the moves must carry every
+// value and state over), the rest stay offloaded, the choice does not change afterwards, and
+// training equals the run without offload bit for bit.
+void expect_placed_within_budget(FullyShardedBase& model, const torch::optim::Optimizer& opt, int64_t budget) {
+  const auto placed = model.units_placed_on_device();
+  const auto paths = model.unit_paths();
+  ASSERT_GT(placed.size(), 0u) << "nothing was placed";
+  const MemoryStats stats = model.memory_stats();
+  EXPECT_GT(stats.offloaded_bytes, 0) << "everything was placed";
+  // After a backward that stepped there are no gradient pieces: what is not offloaded is the
+  // placed units' shards.
+  const int64_t placed_shards = stats.param_shard_bytes - stats.offloaded_bytes;
+  std::map<std::string, at::Tensor> params;
+  for (const auto& p : model.named_parameters()) params[p.key()] = p.value();
+  int64_t placed_state = 0;
+  for (const auto& path : placed) {
+    const size_t i = std::find(paths.begin(), paths.end(), path) - paths.begin();
+    ASSERT_LT(i, paths.size()) << path;
+    for (const auto& fqn : model.unit_parameter_names(i)) {
+      auto it = opt.state().find(memory::param_state_key(params.at(fqn)));
+      if (it != opt.state().end()) placed_state += memory::optimizer_state_bytes(*it->second);
+    }
+  }
+  EXPECT_GT(placed_state, 0) << "the placed units' state is unknown";
+  EXPECT_LE(placed_shards + placed_state, budget);
+}
+
+template <typename ModelFactory>
+void check_auto_placement(comm::ProcessGroup& pg, const Case& c, ModelFactory make) {
+  run_case(c.name, [&] {
+    DeviceMemoryProbe probe;
+    const Options base = Options(c.options).optimizer_in_backward(true);
+    auto ref = FullyShardedDataParallel(make(), pg, base);
+    auto model = FullyShardedDataParallel(
+        make(), pg, Options(base).offload_params(true).gpu_margin_mem_ratio(DeviceMemoryProbe::kRatio));
+    probe.budget = 3 * model->memory_stats().param_shard_bytes / 2;
+    auto ref_opt = make_optimizer(c.cpu_adam, *ref);
+    auto opt = make_optimizer(c.cpu_adam, *model);
+    ref->register_optimizer_in_backward(*ref_opt);
+    model->register_optimizer_in_backward(*opt);
+    std::vector<std::string> first;
+    for (int s = 0; s < c.steps; ++s) {
+      train_step(pg, ref, *ref_opt, s);
+      train_step(pg, model, *opt, s);
+      expect_same_params(*model, *ref, "step " + std::to_string(s));
+      if (s == 0) {
+        expect_placed_within_budget(*model, *opt, probe.budget);
+        first = model->units_placed_on_device();
+      }
+    }
+    EXPECT_EQ(model->units_placed_on_device(), first) << "placed once, after the first backward";
+  });
+}
+
+TEST(FsdpOffload, AutoPlacementMovesWhatFitsAndTrainsTheSame) {
+  for (int n : {1, 2, 3}) {
+    run_ranks(n, [](comm::ProcessGroup& pg) {
+      using S = ShardingStrategy;
+      auto mlp = [] { return make_mlp(); };
+      auto transformer = [] { return make_transformer(); };
+      check_auto_placement(pg, {"mlp/full_shard/adam", Options().auto_wrap_policy(always_wrap_policy())}, mlp);
+      check_auto_placement(pg, {"transformer/no_shard/cpu_adam", Options().sharding_strategy(S::NO_SHARD)
+                                    .auto_wrap_policy(always_wrap_policy()), true}, transformer);
+      check_auto_placement(pg, {"transformer/shard_grad_op/cpu_adam/bf16", Options().sharding_strategy(S::SHARD_GRAD_OP)
+                                    .auto_wrap_policy(always_wrap_policy())
+                                    .mixed_precision(MixedPrecision().param_dtype(torch::kBFloat16)), true}, transformer);
+    });
+  }
+}
+
+TEST(FsdpOffload, AutoPlacementRefusals) {
+  run_ranks(1, [](comm::ProcessGroup& pg) {
+    const Options o = Options().auto_wrap_policy(always_wrap_policy());
+    auto refusal = [&](const Options& bad) { return error_of([&] { FullyShardedDataParallel(make_mlp(), pg, bad); }); };
+    const std::string range = refusal(Options(o).offload_params(true).optimizer_in_backward(true).gpu_margin_mem_ratio(1.5));
+    EXPECT_NE(range.find("gpu_margin_mem_ratio must be in [0, 1], got 1.5"), std::string::npos) << range;
+    const std::string no_offload = refusal(Options(o).optimizer_in_backward(true).gpu_margin_mem_ratio(0.5));
+    EXPECT_NE(no_offload.find("offload_params is off; add offload_params(true)"), std::string::npos) << no_offload;
+    const std::string no_in_backward = refusal(Options(o).offload_params(true).gpu_margin_mem_ratio(0.5));
+    EXPECT_NE(no_in_backward.find("add optimizer_in_backward(true)"), std::string::npos) << no_in_backward;
+  });
 }
 
 // A checkpoint is the same whichever side its shards were on: saved after 2 steps by one
@@ -305,16 +395,40 @@ TEST(FsdpOffloadCuda, ShardsLeaveTheGpuAndTrainLikeAdamOnIt) {
     }
     optim::CPUAdam opt(model->parameters(), optim::CPUAdamOptions(1e-2).weight_decay(0.01));
     model->register_optimizer_in_backward(opt);
-    for (int s = 0; s < 4; ++s) {
+    auto train = [&](auto& m, torch::optim::Optimizer& optimizer, int s) {
       auto [x, y] = global_batch(s, kBatch);
-      ref_opt.zero_grad(/*set_to_none=*/true);
-      torch::mse_loss(ref->forward(x.to(gpu)), y.to(gpu)).backward();
-      ref_opt.step();
-      opt.zero_grad(/*set_to_none=*/true);
-      torch::mse_loss(model->forward(x.to(gpu)), y.to(gpu)).backward();
-      opt.step();
+      optimizer.zero_grad(/*set_to_none=*/true);
+      torch::mse_loss(m->forward(x.to(gpu)), y.to(gpu)).backward();
+      optimizer.step();
+    };
+    for (int s = 0; s < 4; ++s) {
+      train(ref, ref_opt, s);
+      train(model, opt, s);
     }
     expect_close_params(*model, *ref);
+    // gpu_margin_mem_ratio 1: after the first backward this small model's shards and Adam state
+    // all fit in the GPU's margin and move there; CPUAdam steps them with tensor ops on the GPU.
+    auto placed = FullyShardedDataParallel(
+        on_gpu(), pg, Options(o).offload_params(true).optimizer_in_backward(true).gpu_margin_mem_ratio(1.0));
+    optim::CPUAdam placed_opt(placed->parameters(), optim::CPUAdamOptions(1e-2).weight_decay(0.01));
+    placed->register_optimizer_in_backward(placed_opt);
+    for (int s = 0; s < 4; ++s) {
+      train(placed, placed_opt, s);
+      if (s > 0) continue;
+      auto sorted = [](std::vector<std::string> v) {
+        std::sort(v.begin(), v.end());
+        return v;
+      };
+      EXPECT_EQ(sorted(placed->units_placed_on_device()), sorted(placed->unit_paths()));
+      EXPECT_EQ(placed->memory_stats().offloaded_bytes, 0);
+      for (const auto& p : placed->named_parameters()) {
+        EXPECT_TRUE(p.value().is_cuda()) << p.key();
+        const auto st = fsdp::state::get_param_state(placed_opt, p.value());
+        ASSERT_TRUE(st.has_value()) << p.key();
+        for (const auto& kv : st->tensors) EXPECT_TRUE(kv.second.is_cuda()) << p.key() << "." << kv.first;
+      }
+    }
+    expect_close_params(*placed, *ref);
   }, ro);
 }
 

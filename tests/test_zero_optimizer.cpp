@@ -36,6 +36,7 @@
 #include "fsdp/state/zero_checkpoint.h"
 #include "fsdp/state/zero_state_dict.h"
 #include "harness/counting_allocator.h"
+#include "harness/device_memory_probe.h"
 #include "harness/models.h"
 #include "harness/multirank.h"
 #include "harness/temp_dir.h"
@@ -43,7 +44,7 @@
 // White-box: the layout's arithmetic; the reference optimizer's state by parameter.
 #include "memory/device_memory.h"
 #include "optim/zero_layout.h"
-#include "optim/zero_placement.h"
+#include "memory/placement.h"
 #include "state/optim_state.h"
 
 using namespace fsdp;
@@ -146,20 +147,8 @@ struct Case {
   bool auto_placement = false;  // and gpu_margin_mem_ratio, with a device-memory probe (below)
 };
 
-// gpu_margin_mem_ratio on a CPU-only machine: a probe stands in for the GPU's capacity and peak,
-// so that the margin is `budget` bytes; set once the partition's size is known. Half the bytes the
-// Adam masters and state take (12 per element): some buckets move to the "device" (another
-// allocation on the CPU), the others stay.
-struct DeviceMemoryProbe {
-  static constexpr double kRatio = 0.5;
-  int64_t budget = 0;
-  DeviceMemoryProbe() {
-    memory::set_device_memory_probe_for_testing([this](const c10::Device&) {
-      return memory::DeviceMemory{(int64_t(1) << 20) + static_cast<int64_t>(budget / kRatio), int64_t(1) << 20};
-    });
-  }
-  ~DeviceMemoryProbe() { memory::set_device_memory_probe_for_testing(nullptr); }
-};
+// gpu_margin_mem_ratio: the probe's budget is half the bytes the Adam masters and state take (12
+// per element): some buckets move to the "device", the others stay.
 
 // Rank s % (n + 1) uses the branch at step s; at s % (n + 1) == n no rank does.
 bool uses_branch(int step, int rank, int n) { return step % (n + 1) == rank; }
@@ -892,11 +881,11 @@ TEST(ZeroLayout, PiecesTileEveryParameterOnce) {
 }
 
 TEST(ZeroPlacement, BucketsInFlatOrderWhileTheyFit) {
-  using fsdp::optim::detail::device_buckets;
-  using fsdp::optim::detail::margin_budget;
-  EXPECT_EQ(device_buckets({5, 3, 8, 2}, 9), (std::vector<uint8_t>{1, 1, 0, 0}));
-  EXPECT_EQ(device_buckets({5, 3, 8, 2}, 10), (std::vector<uint8_t>{1, 1, 0, 1}));
-  EXPECT_EQ(device_buckets({5, 3}, 0), (std::vector<uint8_t>{0, 0}));
+  using fsdp::memory::device_pieces;
+  using fsdp::memory::margin_budget;
+  EXPECT_EQ(device_pieces({5, 3, 8, 2}, 9), (std::vector<uint8_t>{1, 1, 0, 0}));
+  EXPECT_EQ(device_pieces({5, 3, 8, 2}, 10), (std::vector<uint8_t>{1, 1, 0, 1}));
+  EXPECT_EQ(device_pieces({5, 3}, 0), (std::vector<uint8_t>{0, 0}));
   EXPECT_EQ(margin_budget({1000, 200}, 0.5), 400);
   EXPECT_EQ(margin_budget({1000, 1200}, 1.0), 0) << "a peak above the capacity leaves no margin";
 }

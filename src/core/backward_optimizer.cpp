@@ -78,8 +78,14 @@ BackwardOptimizer::BackwardOptimizer(torch::optim::Optimizer& optimizer, const s
 BackwardOptimizer::~BackwardOptimizer() = default;
 
 void BackwardOptimizer::step(Unit& unit) {
-  if (host_steps_) host_steps_->post([this, &unit] { step_now(unit); });
-  else step_now(unit);
+  if (host_steps_ && unit.flat().offloaded()) {
+    host_steps_->post([this, &unit] { step_now(unit); });
+    return;
+  }
+  // A unit on the device steps where its reduced shard is, now (its source may view a pooled
+  // reduction buffer), after the host steps before it: they narrow the same groups.
+  drain();
+  step_now(unit);
 }
 
 void BackwardOptimizer::drain() {

@@ -32,7 +32,9 @@
 // With Options::offload_params the steps run on a host thread while backward goes
 // on ([Note: host steps] in src/memory/host_step_queue.h); the end of backward waits
 // for them. A step there narrows the optimizer's groups to the unit's parameters, so
-// it reads no gradient but its own.
+// it reads no gradient but its own. A unit placement "auto" moved back to the device
+// (Options::gpu_margin_mem_ratio) steps on the backward thread, once the host steps
+// posted before it have run.
 
 #include <memory>
 #include <vector>
@@ -60,8 +62,8 @@ class BackwardOptimizer {
   ~BackwardOptimizer();
 
   /// Steps `unit`'s shard with its reduced gradient pieces (Unit::step_reduced_shard),
-  /// the optimizer's groups narrowed to the unit's parameters meanwhile: now, or on the
-  /// host thread.
+  /// the optimizer's groups narrowed to the unit's parameters meanwhile: on the host
+  /// thread where it is offloaded and there is one, now otherwise.
   void step(Unit& unit);
   /// Returns once every posted step has run; rethrows the first error one threw.
   void drain();

@@ -73,6 +73,16 @@ at::Tensor FlatParameter::to_shard_side(const at::Tensor& shard_sized, at::Scala
   return host;
 }
 
+void FlatParameter::place_on_compute_device() {
+  TORCH_INTERNAL_ASSERT(offloaded_ && state_ == FlatState::Sharded && (padded_numel_ == 0 || !unsharded_allocated()));
+  at::Tensor placed = at::empty_like(shard_, options().pinned_memory(false));
+  placed.copy_(shard_);
+  shard_ = std::move(placed);
+  offloaded_ = false;
+  if (!separate_unsharded()) unsharded_ = shard_;  // NO_SHARD in full precision computes in the shard
+  use_shard_views();
+}
+
 void FlatParameter::alloc_unsharded(BufferPool& pool) {
   TORCH_INTERNAL_ASSERT(separate_unsharded());
   if (unsharded_allocated()) return;

@@ -99,6 +99,10 @@ class FlatParameter {
   at::TensorOptions options() const { return shard_.options().device(compute_device_); }
   /// The shard is in host memory away from the compute device ([Note: offload]).
   bool offloaded() const { return offloaded_; }
+  /// Moves an offloaded shard to the compute device for good ([Note: auto placement] in
+  /// src/memory/placement.h): the parameters then view it there. Sharded state, unsharded
+  /// buffer freed.
+  void place_on_compute_device();
   /// Dtypes: see [Note: mixed precision].
   const FlatPrecision& precision() const { return precision_; }
   at::ScalarType compute_dtype() const { return unsharded_.scalar_type(); }

@@ -328,6 +328,12 @@ void FullyShardedBase::set_unit_boundary_observer(
 void FullyShardedBase::reset_peak_memory_stats() { runtime_->reset_peak(); }
 void FullyShardedBase::empty_cache() { runtime_->pool().release_idle(); }
 
+std::vector<std::string> FullyShardedBase::units_placed_on_device() const {
+  std::vector<std::string> paths;
+  for (const detail::Unit* u : runtime_->placed_on_device()) paths.push_back(u->path());
+  return paths;
+}
+
 std::vector<TraceSpan> FullyShardedBase::trace_spans() const { return runtime_->tracer().spans(); }
 std::string FullyShardedBase::flush_trace() { return runtime_->tracer().flush(); }
 void FullyShardedBase::clear_trace() { runtime_->tracer().clear(); }

@@ -63,6 +63,24 @@ GradientDivision gradient_division(double predivide_factor, int world) {
   return GradientDivision{pre, world / pre};
 }
 
+namespace {
+
+double checked_margin_ratio(const Options& o, int rank) {
+  const double ratio = o.gpu_margin_mem_ratio();
+  TORCH_CHECK(std::isfinite(ratio) && ratio >= 0 && ratio <= 1, "fsdp (rank ", rank,
+              "): gpu_margin_mem_ratio must be in [0, 1], got ", ratio);
+  TORCH_CHECK(ratio == 0 || o.offload_params(), "fsdp (rank ", rank, "): gpu_margin_mem_ratio places offloaded "
+              "shards back on the device, but offload_params is off; add offload_params(true) or drop "
+              "gpu_margin_mem_ratio");
+  TORCH_CHECK(ratio == 0 || o.optimizer_in_backward(), "fsdp (rank ", rank, "): gpu_margin_mem_ratio moves each "
+              "placed unit's optimizer state with its shard, and FSDP knows the optimizer only when it steps it in "
+              "backward; add optimizer_in_backward(true) (and register_optimizer_in_backward) or drop "
+              "gpu_margin_mem_ratio");
+  return ratio;
+}
+
+}  // namespace
+
 ResolvedOptions resolve_options(const Options& options, const comm::ProcessGroup& pg) {
   ResolvedOptions r;
   const int n = pg.size();
@@ -97,6 +115,7 @@ ResolvedOptions resolve_options(const Options& options, const comm::ProcessGroup
   r.keep_freed_host_memory = options.keep_freed_host_memory() && !malloc_tuned_by_environment();
   r.optimizer_in_backward = options.optimizer_in_backward();
   r.offload_params = options.offload_params();
+  r.gpu_margin_mem_ratio = checked_margin_ratio(options, pg.rank());
   r.trace_dir = options.trace_dir();
   if (r.trace_dir.empty())
     if (const char* env = std::getenv("FSDP_TRACE")) r.trace_dir = env;

@@ -7,6 +7,7 @@
 #include "fsdp/autograd/end_of_backward.h"
 #include "cuda_streams.h"
 #include "stream_order_testing.h"
+#include "unit_placement.h"
 
 namespace fsdp::detail {
 
@@ -409,10 +410,19 @@ void Runtime::final_callback() {
   if (backward_optimizer_) backward_optimizer_->drain();  // the host thread's steps too
   for (Unit* u : backward_gather_order_) u->wait_gather();
   for (Unit* u : reduce_order_) u->finish_iteration();
+  place_after_warmup();
   callback_queued_ = false;
   backward_planned_ = false;
   pre_forward_order_.clear();
   post_forward_order_.clear();
+}
+
+void Runtime::place_after_warmup() {
+  const bool stepped = backward_optimizer_ && !no_step_ && !no_sync_;
+  if (placed_ || options_.gpu_margin_mem_ratio == 0 || !stepped) return;
+  placed_ = true;
+  placed_on_device_ =
+      place_units_on_device(reduce_order_, backward_optimizer_->optimizer(), options_.gpu_margin_mem_ratio);
 }
 
 // ---- memory ----

@@ -177,6 +177,8 @@ class Runtime {
   }
   bool optimizer_in_backward() const { return options_.optimizer_in_backward; }
   bool offload_params() const { return options_.offload_params; }
+  /// Units Options::gpu_margin_mem_ratio moved back to the compute device (in reduce order).
+  const std::vector<Unit*>& placed_on_device() const { return placed_on_device_; }
   /// Backward reduces but does not step (more micro-batches follow).
   void set_no_step(bool v) { no_step_ = v; }
   bool no_step() const { return no_step_; }
@@ -211,6 +213,8 @@ class Runtime {
   /// that units step while later reductions are still on the link.
   void deliver_landed_shards();
   void check_backward_optimizer() const;
+  /// Options::gpu_margin_mem_ratio: once, at the end of the first backward that stepped.
+  void place_after_warmup();
   void reduce(Unit& unit);           // flatten, hand to the reducer (in reduce_order_)
   void note_transient_bytes();
   /// Whether `unit` keeps its parameters gathered after forward ([Note: last unit stays gathered]).
@@ -255,6 +259,8 @@ class Runtime {
   bool no_sync_ = false;
   bool no_step_ = false;
   std::unique_ptr<BackwardOptimizer> backward_optimizer_;
+  bool placed_ = false;  // [Note: auto placement] in src/memory/placement.h
+  std::vector<Unit*> placed_on_device_;
   std::vector<const Unit*> kept_after_forward_;  // from the previous iteration's forward
   std::vector<Unit*> recorded_forward_order_;  // pre-forward order of the last training forward
 

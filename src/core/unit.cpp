@@ -516,6 +516,17 @@ void Unit::finish_iteration() {
   reshard();
 }
 
+void Unit::place_shard_on_device() {
+  TORCH_INTERNAL_ASSERT(state_ == UnitState::IDLE && !pending_gather_ && flat_->offloaded(), "unit '", label(),
+                        "' placed on the device in state ", to_string(state_));
+  auto& entries = flat_->entries();
+  std::vector<at::Tensor> grads(entries.size());
+  for (size_t i = 0; i < entries.size(); ++i) grads[i] = std::move(entries[i].param.mutable_grad());
+  flat_->place_on_compute_device();
+  for (size_t i = 0; i < entries.size(); ++i)
+    if (grads[i].defined()) entries[i].param.mutable_grad() = grads[i].to(flat_->options().device());
+}
+
 int64_t Unit::transient_bytes() const {
   int64_t b = flat_->unsharded_bytes();
   auto bytes = [](const at::Tensor& t) { return t.defined() ? t.numel() * int64_t(t.element_size()) : 0; };

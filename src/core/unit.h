@@ -178,6 +178,9 @@ class Unit {
   /// the pieces and points the parameters back at the views autograd knows.
   void step_reduced_shard(const std::function<void()>& step);
   void finish_iteration();             // -> IDLE: assign gradient pieces, reshard
+  /// IDLE, offloaded: the shard (and any gradient pieces) move to the compute device for
+  /// good ([Note: auto placement] in src/memory/placement.h).
+  void place_shard_on_device();
 
   /// Mixed precision's forward input cast (UnitHooks::forward_input_dtype).
   std::optional<at::ScalarType> forward_input_dtype() const;

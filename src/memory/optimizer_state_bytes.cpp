@@ -44,4 +44,12 @@ int64_t optimizer_state_bytes(const torch::optim::Optimizer& opt) {
   return total;
 }
 
+void move_optimizer_state(const torch::optim::OptimizerParamState& state, const c10::Device& device) {
+  for (at::Tensor t : optimizer_state_tensors(state)) {
+    at::Tensor moved = at::empty_like(t, t.options().device(device).pinned_memory(false));
+    moved.copy_(t);
+    t.set_data(moved);
+  }
+}
+
 }  // namespace fsdp::memory

@@ -18,7 +18,7 @@
 #include "optim/kernels/adam_kernel.h"
 #include "fsdp/optim/group_options.h"
 #include "optimizer_archive.h"
-#include "param_state_key.h"
+#include "memory/param_state_key.h"
 
 namespace fsdp {
 namespace optim {
@@ -35,8 +35,8 @@ constexpr int64_t kChunkAlign = 64;
 // waking a thread costs more than streaming 32K elements (~1 MB of traffic).
 constexpr int64_t kGrainElements = 32768;
 
-using optim::detail::param_state_key;
-using optim::detail::ParamStateKey;
+using memory::param_state_key;
+using memory::ParamStateKey;
 
 void check_options(const CPUAdamOptions& o, const std::string& where) {
   TORCH_CHECK(o.lr() >= 0, "CPUAdam: invalid learning rate: ", o.lr(), where,

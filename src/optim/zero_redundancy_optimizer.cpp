@@ -23,8 +23,8 @@
 #include "memory/host_options.h"
 #include "memory/host_step_queue.h"
 #include "zero_layout.h"
-#include "zero_placement.h"
-#include "optim/param_state_key.h"
+#include "memory/placement.h"
+#include "memory/param_state_key.h"
 #include "zero_stage1_reducer.h"
 #include "zero_trainable.h"
 
@@ -552,7 +552,7 @@ const at::Tensor& ZeroRedundancyOptimizer::Impl::gradient_source(size_t b, bool 
 /// Bytes of the optimizer state of piece k (0 before its first step).
 int64_t ZeroRedundancyOptimizer::Impl::state_bytes(size_t k) const {
   const auto& state = inner->state();
-  auto it = state.find(detail::param_state_key(piece_tensors[k]));
+  auto it = state.find(memory::param_state_key(piece_tensors[k]));
   return it == state.end() || !it->second ? 0 : memory::optimizer_state_bytes(*it->second);
 }
 
@@ -568,11 +568,11 @@ int64_t ZeroRedundancyOptimizer::Impl::host_state_bytes() const {
 void ZeroRedundancyOptimizer::Impl::place_after_warmup() {
   if (placed || options.gpu_margin_mem_ratio() == 0) return;
   placed = true;
-  const int64_t budget = detail::margin_budget(memory::device_memory(flat.device()), options.gpu_margin_mem_ratio());
+  const int64_t budget = memory::margin_budget(memory::device_memory(flat.device()), options.gpu_margin_mem_ratio());
   std::vector<int64_t> bytes(layout->buckets().size(), 0);
   for (size_t k = 0; k < pieces.size(); ++k)
     bytes[bucket_of(pieces[k])] += static_cast<int64_t>(piece_tensors[k].nbytes()) + state_bytes(k);
-  const std::vector<uint8_t> chosen = detail::device_buckets(bytes, budget);
+  const std::vector<uint8_t> chosen = memory::device_pieces(bytes, budget);
   for (size_t b = 0; b < chosen.size(); ++b)
     if (chosen[b]) move_bucket_to_device(b);
 }
@@ -588,13 +588,8 @@ void ZeroRedundancyOptimizer::Impl::move_bucket_to_device(size_t b) {
     const ZeroPiece& pc = pieces[k];
     if (bucket_of(pc) != b) continue;
     piece_tensors[k].set_data(chunk.narrow(0, pc.local_offset - lb.local_offset, pc.numel));
-    auto it = state.find(detail::param_state_key(piece_tensors[k]));
-    if (it == state.end() || !it->second) continue;
-    for (at::Tensor t : memory::optimizer_state_tensors(*it->second)) {
-      at::Tensor moved = at::empty_like(t, t.options().device(flat.device()));
-      moved.copy_(t);
-      t.set_data(moved);
-    }
+    auto it = state.find(memory::param_state_key(piece_tensors[k]));
+    if (it != state.end() && it->second) memory::move_optimizer_state(*it->second, flat.device());
   }
   device_masters[b] = chunk;
 }

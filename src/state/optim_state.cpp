@@ -4,13 +4,13 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
-#include "optim/param_state_key.h"
+#include "memory/param_state_key.h"
 #include "fsdp/optim/cpu_adam.h"
 
 namespace fsdp::state {
 
 namespace {
-using optim::detail::param_state_key;
+using memory::param_state_key;
 
 template <typename S>
 ParamOptimState adam_like(const S& s) {

@@ -1,8 +1,8 @@
 #pragma once
 // Per-parameter optimizer state as named tensors, for the optimizers the
 // checkpoint layer knows (torch::optim::Adam, AdamW, SGD; fsdp::optim::CPUAdam).
-// libtorch keys state by the parameter's TensorImpl address (as a string,
-// src/optim/param_state_key.h); the state layer reaches optimizer state only
+// libtorch keys state by the parameter's TensorImpl address
+// (src/memory/param_state_key.h); the state layer reaches optimizer state only
 // through these functions.
 
 #include <map>

@@ -62,6 +62,9 @@ class FullyShardedBase : public torch::nn::Module {
   void reset_peak_memory_stats();
   /// Releases the freed transient buffers FSDP keeps for reuse (MemoryStats::cached_bytes).
   void empty_cache();
+  /// Paths of the units Options::gpu_margin_mem_ratio moved back to the compute device, in
+  /// the order backward reduces them (empty before the first backward that stepped).
+  std::vector<std::string> units_placed_on_device() const;
 
   /// Called at every unit boundary with the unit's path and the phase
   /// ("pre_forward", "post_forward", "pre_backward", "post_backward"); empty

@@ -163,6 +163,17 @@ struct Options {
   /// same (on a CPU-only machine host and device are one memory: the copies and the
   /// accounting still run). See [Note: offload] in src/core/flat_param.h.
   TORCH_ARG(bool, offload_params) = false;
+  /// Placement "auto" (ColossalAI's gpu_margin_mem_ratio; ZeroOptions has the same): with
+  /// offload_params and optimizer_in_backward, at the end of the first backward that steps,
+  /// this fraction of the device memory that iteration left unused at its peak (the device's
+  /// memory times the caching allocator's memory fraction, minus its peak allocated bytes)
+  /// takes back units' shards and their optimizer state, in the order backward reduces the
+  /// units, while they fit; those units are then stepped on the device (CPUAdam: with tensor
+  /// ops there, its fused kernel on the host), the rest stay on the host. 0 (default): all
+  /// stay on the host; 1: as many as fit. Decided once (units_placed_on_device() lists them).
+  /// Needs optimizer_in_backward because the state moves with its shard, and FSDP knows the
+  /// optimizer only when it steps it. See [Note: auto placement] in src/memory/placement.h.
+  TORCH_ARG(double, gpu_margin_mem_ratio) = 0.0;
 };
 
 /// Options::bucket_cap_mb in bytes, 0 when bucketing is off (cap <= 0). Throws

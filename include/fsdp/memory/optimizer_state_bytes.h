@@ -25,5 +25,8 @@ int64_t optimizer_state_bytes(const torch::optim::OptimizerParamState& state);
 std::vector<at::Tensor> optimizer_state_tensors(const torch::optim::OptimizerParamState& state);
 /// Sum over `opt.state()` (the parameters this optimizer has stepped so far).
 int64_t optimizer_state_bytes(const torch::optim::Optimizer& opt);
+/// Moves the state's tensors to `device` in place (their TensorImpls, which the state
+/// holds, stay; values copied): placement moving a parameter moves its state with it.
+void move_optimizer_state(const torch::optim::OptimizerParamState& state, const c10::Device& device);
 
 }  // namespace fsdp::memory

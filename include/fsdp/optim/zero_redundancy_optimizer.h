@@ -143,7 +143,7 @@ struct ZeroOptions {
   /// (CPUAdam: with tensor ops there, its fused kernel on the host); the rest stay on the
   /// host. 0 (default): everything offloaded stays on the host; 1: as much as fits. Decided
   /// once. Needs the parameters on a CUDA device to move anything. See [Note: auto
-  /// placement] in src/optim/zero_placement.h.
+  /// placement] in src/memory/placement.h.
   TORCH_ARG(double, gpu_margin_mem_ratio) = 0.0;
 
  public:
