@@ -36,12 +36,17 @@
 
 namespace fsdp::comm {
 
-namespace {
-
+// Where a rank runs, for error messages. Not in the anonymous namespace: ProcessGroup::State
+// holds a table of them.
+namespace detail {
 struct Peer {
   std::string host;
   int pid = 0;
 };
+}  // namespace detail
+using detail::Peer;
+
+namespace {
 
 std::string this_host() {
   char buf[256] = {0};

@@ -275,7 +275,8 @@ void ring(SegHeader* h) {
 // ---------------------------------------------------------------------------------------
 // Operations
 
-namespace {
+// The plan of an operation's stages. Not in the anonymous namespace: ShmOp holds them.
+namespace shm_plan {
 
 // One piece this rank writes into its ring.
 struct Write {
@@ -315,6 +316,13 @@ struct Stage {
     return next_write == writes.size() && next_read == reads.size() && next_release == in_place.size();
   }
 };
+
+}  // namespace shm_plan
+using shm_plan::Read;
+using shm_plan::Stage;
+using shm_plan::Write;
+
+namespace {
 
 // Chunk p of a buffer: bytes [off[p], off[p] + len[p]).
 struct Geometry {
