@@ -126,6 +126,9 @@ expect_error "--context must be >= 1, got 0" --model gpt --context 0
 expect_error "--layers applies to --model gpt only, not --model mlp" --layers 3
 expect_error "--hidden applies to --model mlp only, not --model gpt" --model gpt --hidden 128
 expect_error "--optimizer-in-backward needs gradients reduced during backward" --strategy zero1 --optimizer-in-backward
+expect_error "--gpu-margin-mem-ratio places offloaded state back on the GPU; add --offload-params" --gpu-margin-mem-ratio 0.5
+expect_error "--gpu-margin-mem-ratio with --strategy full_shard needs --optimizer-in-backward" --offload-params --gpu-margin-mem-ratio 0.5
+expect_error "--gpu-margin-mem-ratio must be in [0, 1]" --offload-params --gpu-margin-mem-ratio 2
 expect_error "unknown --device 'gpu'; expected cpu or cuda" --device gpu
 expect_error "--optimizer cpu_adam steps host memory; with --device cuda use --optimizer adam" --device cuda --optimizer cpu_adam
 # --device cuda on a machine without a GPU: one line, before any rank starts (where torch sees a

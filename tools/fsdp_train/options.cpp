@@ -128,6 +128,11 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
                "keep each unit's fp32 shard, its gradients and the optimizer state in host memory; only "
                "compute-dtype copies visit the device (zero1/zero2: this rank's partition; pair with "
                "--optimizer cpu_adam)");
+  app.add_option("--gpu-margin-mem-ratio", o.gpu_margin_mem_ratio,
+                 "with --offload-params (and --optimizer-in-backward for the FSDP strategies): after the first "
+                 "step, move units' (zero1/zero2: buckets') shards and optimizer state back to the GPU while they "
+                 "fit in this fraction of the memory the step left free (placement auto)")
+      ->capture_default_str();
   app.add_option("--memory-trace", o.memory_trace,
                  "write bytes by category at every unit boundary and optimizer step (fsdp::MemoryTracer) as "
                  "JSON lines to FILE (rank 0; put {rank} in the name for one file per rank); render with "
@@ -248,6 +253,14 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
   if (o.backward_prefetch != "pre" && o.backward_prefetch != "post" && o.backward_prefetch != "none")
     return usage_error("unknown --backward-prefetch '" + o.backward_prefetch + "'; expected pre, post or none");
   if (!(o.bucket_cap_mb < 1e12)) return usage_error("--bucket-cap-mb must be a finite number of MiB (<= 0: off)");
+  if (!(o.gpu_margin_mem_ratio >= 0 && o.gpu_margin_mem_ratio <= 1))
+    return usage_error("--gpu-margin-mem-ratio must be in [0, 1]");
+  if (o.gpu_margin_mem_ratio > 0 && !o.offload_params)
+    return usage_error("--gpu-margin-mem-ratio places offloaded state back on the GPU; add --offload-params");
+  if (o.gpu_margin_mem_ratio > 0 && !o.optimizer_in_backward && o.strategy.rfind("zero", 0) != 0)
+    return usage_error("--gpu-margin-mem-ratio with --strategy " + o.strategy + " needs --optimizer-in-backward "
+                       "(FSDP moves each unit's optimizer state with it, and knows the optimizer only when it "
+                       "steps it in backward)");
   if (o.keep_checkpoints < 0)
     return usage_error("--keep-checkpoints must be >= 0 (0: keep all), got " + std::to_string(o.keep_checkpoints));
   if (keep_opt->count() > 0 && o.checkpoint_dir.empty())

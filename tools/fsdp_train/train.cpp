@@ -80,7 +80,8 @@ std::unique_ptr<torch::optim::Optimizer> make_zero_optimizer(const TrainOptions&
                      .stage(stage)
                      .module(net)
                      .optimizer_in_backward(o.optimizer_in_backward)
-                     .cpu_offload(o.offload_params);
+                     .cpu_offload(o.offload_params)
+                     .gpu_margin_mem_ratio(o.gpu_margin_mem_ratio);
   // bf16 as under FSDP: bf16 parameters for compute, fp32 masters stepped, fp32 reduced gradients.
   if (o.mixed_precision == "bf16") options.param_dtype(torch::kBFloat16);
   return std::make_unique<zo::ZeroRedundancyOptimizer>(params, inner, options);
@@ -406,7 +407,8 @@ int run_rank(const TrainOptions& o) {
                            .forward_prefetch(o.forward_prefetch)
                            .bucket_cap_mb(o.bucket_cap_mb)
                            .optimizer_in_backward(o.optimizer_in_backward)
-                           .offload_params(o.offload_params);
+                           .offload_params(o.offload_params)
+                           .gpu_margin_mem_ratio(o.gpu_margin_mem_ratio);
   base.backward_prefetch(o.backward_prefetch == "post"   ? fsdp::BackwardPrefetch::BACKWARD_POST
                          : o.backward_prefetch == "none" ? fsdp::BackwardPrefetch::NONE
                                                          : fsdp::BackwardPrefetch::BACKWARD_PRE);
