@@ -43,6 +43,10 @@
 //    pinned host memory, each unit stepped by fsdp::optim::CPUAdam on the host (all the cores the
 //    process has) as its gradient lands; bench/fsdp2_gpt.py --modes fsdp2_offload is its FSDP2
 //    counterpart (CPUOffloadPolicy).
+//  * FULL_SHARD_OFFLOAD_AUTO (--modes offload_auto, not run by default): the same with placement
+//    auto (Options::gpu_margin_mem_ratio, --gpu-margin-mem-ratio): after the first step the units
+//    whose shard and Adam state fit in that fraction of the GPU's free margin move back to it and
+//    are stepped there; units_on_device says how many.
 // PLAIN and FULL_SHARD step with the fused kernel at::_fused_adam_ (lr 1e-4, betas 0.9/0.999, eps
 // 1e-8, no weight decay: torch.optim.Adam(fused=True)'s defaults but lr) over the fp32 parameters
 // (FSDP: the model's parameters(), its fp32 shards), its state made at construction; gradients are
@@ -116,6 +120,7 @@ struct Args {
   std::vector<std::string> modes{"plain", "fsdp"};
   std::string reduce_dtype = "fp32";
   bool forward_prefetch = false;
+  double gpu_margin_mem_ratio = 0.8;  // offload_auto
   double lr = 1e-4;
   bool cpu = false;  // smoke test of this program's logic on the CPU (Gloo), no GPU figures
 };
@@ -289,8 +294,8 @@ struct Counts {
 };
 
 struct Mode {
-  std::string key;   // "plain" | "fsdp" | "offload"
-  std::string name;  // "PLAIN" | "FULL_SHARD" | "FULL_SHARD_OFFLOAD"
+  std::string key;   // "plain" | "fsdp" | "offload" | "offload_auto"
+  std::string name;  // "PLAIN" | "FULL_SHARD" | "FULL_SHARD_OFFLOAD" | "FULL_SHARD_OFFLOAD_AUTO"
   Gpt plain{nullptr};
   fsdp::FullyShardedDataParallel<GptImpl> wrapped{nullptr};
   std::unique_ptr<FusedAdam> opt;                    // plain, fsdp: on the GPU
@@ -307,6 +312,7 @@ struct Mode {
   std::string error;
   bool alive() const { return error.empty() && (opt != nullptr || host_opt != nullptr); }
   bool sharded() const { return key != "plain"; }
+  bool offloaded() const { return key == "offload" || key == "offload_auto"; }
   void clear_grads() {
     if (opt) opt->clear_grads();
     if (host_opt) host_opt->zero_grad(/*set_to_none=*/true);
@@ -367,8 +373,10 @@ std::string check_args(const Args& a) {
   if (a.width % a.heads != 0) return "--width must be a multiple of --heads";
   if (a.modes.empty()) return "--modes needs plain and/or fsdp";
   for (const auto& m : a.modes)
-    if (m != "plain" && m != "fsdp" && m != "offload")
-      return "--modes takes plain, fsdp and/or offload, got '" + m + "'";
+    if (m != "plain" && m != "fsdp" && m != "offload" && m != "offload_auto")
+      return "--modes takes plain, fsdp, offload and/or offload_auto, got '" + m + "'";
+  if (!(a.gpu_margin_mem_ratio > 0 && a.gpu_margin_mem_ratio <= 1))
+    return "--gpu-margin-mem-ratio must be in (0, 1]";
   for (size_t i = 0; i < a.modes.size(); ++i)
     if (std::count(a.modes.begin(), a.modes.end(), a.modes[i]) > 1) return "--modes names '" + a.modes[i] + "' twice";
   if (a.reduce_dtype != "fp32" && a.reduce_dtype != "bf16")
@@ -383,7 +391,10 @@ int run(const Args& a) {
   for (const auto& k : a.modes) {
     auto m = std::make_unique<Mode>();
     m->key = k;
-    m->name = k == "plain" ? "PLAIN" : k == "fsdp" ? "FULL_SHARD" : "FULL_SHARD_OFFLOAD";
+    m->name = k == "plain"     ? "PLAIN"
+              : k == "fsdp"    ? "FULL_SHARD"
+              : k == "offload" ? "FULL_SHARD_OFFLOAD"
+                               : "FULL_SHARD_OFFLOAD_AUTO";
     modes.push_back(std::move(m));
   }
   auto mode_of = [&](const std::string& k) -> Mode* {
@@ -461,8 +472,9 @@ int run(const Args& a) {
                         .auto_wrap_policy(fsdp::module_type_policy<BlockImpl>())
                         .mixed_precision(mp)
                         .forward_prefetch(a.forward_prefetch);
-        const bool offload = m->key == "offload";
+        const bool offload = m->offloaded();
         if (offload) opts.offload_params(true).optimizer_in_backward(true);
+        if (m->key == "offload_auto") opts.gpu_margin_mem_ratio(a.gpu_margin_mem_ratio);
         m->wrapped = fsdp::FullyShardedDataParallel<GptImpl>(model, pg, opts);
         model = nullptr;
         m->units = static_cast<int64_t>(m->wrapped->unit_paths().size());
@@ -609,7 +621,7 @@ int run(const Args& a) {
                   "\"param_dtype\": \"bf16\", \"master_dtype\": \"fp32\", \"optimizer\": \"%s\", \"embedding\": \"tied\"",
                   m.name.c_str(), json_escape(gpu).c_str(), (long long)m.params, (long long)a.layers,
                   (long long)a.width, (long long)a.heads, (long long)a.vocab, (long long)a.batch, (long long)a.seq,
-                  (long long)tokens_per_step, m.key == "offload" ? "cpu_adam_in_backward" : "fused_adam");
+                  (long long)tokens_per_step, m.offloaded() ? "cpu_adam_in_backward" : "fused_adam");
     j << b;
     if (m.sharded()) j << ", \"reduce_dtype\": \"" << a.reduce_dtype << "\", \"backend\": \"" << backend << "\"";
     if (!m.ms.empty()) {
@@ -635,6 +647,7 @@ int run(const Args& a) {
                       (long long)m.units, m.counts.all_gather * k, m.counts.reduce_scatter * k,
                       m.counts.all_reduce * k, m.counts.other * k, m.counts.bytes * k, loss_diff(m));
         j << b;
+        if (m.offloaded() && m.wrapped) j << ", \"units_on_device\": " << m.wrapped->units_placed_on_device().size();
       }
       j << ", \"losses\": " << list(m.losses, "%.5f");
     }
@@ -687,7 +700,12 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", a.warmup, "untimed steps before each phase's timed ones")->capture_default_str()->check(non_negative);
   app.add_option("--rounds", a.rounds, "phases per mode, alternating")->capture_default_str()->check(positive);
   app.add_option("--batches", a.batches, "distinct data batches, used in turn")->capture_default_str()->check(positive);
-  app.add_option("--modes", a.modes, "plain and/or fsdp, in the order of each round")->delimiter(',')->capture_default_str();
+  app.add_option("--modes", a.modes, "plain, fsdp, offload and/or offload_auto, in the order of each round")
+      ->delimiter(',')
+      ->capture_default_str();
+  app.add_option("--gpu-margin-mem-ratio", a.gpu_margin_mem_ratio,
+                 "offload_auto: the fraction of the GPU's free margin that takes units back after the first step")
+      ->capture_default_str();
   app.add_option("--reduce-dtype", a.reduce_dtype, "FSDP's MixedPrecision reduce_dtype: fp32 or bf16")->capture_default_str();
   app.add_flag("--forward-prefetch", a.forward_prefetch, "FSDP Options::forward_prefetch");
   app.add_option("--lr", a.lr, "Adam learning rate")->capture_default_str();

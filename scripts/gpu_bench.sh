@@ -23,8 +23,9 @@
 # BENCH_WARMUP (5), BENCH_CPU_ADAM (1: the CPUAdam rows too), BENCH_PYTHON (1: the Python DDP
 # rows), BENCH_ROW_TIMEOUT_S (90), GPU_BENCH_BUDGET_S (the whole run, default 480 s),
 # GPU_BENCH_GPT=1 (only the GPT benchmark; BENCH_GPT_ARGS, BENCH_GPT_TIMEOUT_S),
-# GPU_BENCH_GPT_OFFLOAD=1 (only the GPT benchmark's CPU offload modes: FULL_SHARD_OFFLOAD against
-# FSDP2 with CPUOffloadPolicy; BENCH_GPT_ARGS e.g. "--steps 3 --warmup 1 --rounds 1"),
+# GPU_BENCH_GPT_OFFLOAD=1 (only the GPT benchmark's CPU offload modes: FULL_SHARD_OFFLOAD and
+# FULL_SHARD_OFFLOAD_AUTO against FSDP2 with CPUOffloadPolicy; BENCH_GPT_ARGS e.g. "--steps 3
+# --warmup 1 --rounds 1"),
 # GPU_BENCH_SKIP_BUILD=1 (run what BUILD_DIR/bin already holds, e.g. after gpu_check.sh with
 # BUILD_DIR=build-gpu: no configure, no build).
 #
@@ -131,7 +132,7 @@ if [[ "$GPT_ONLY" == 1 ]]; then
   ROW_TIMEOUT=$GPT_TIMEOUT
   t_rows=$SECONDS
   if [[ "$GPT_OFFLOAD" == 1 ]]; then
-    run_row "gpt FULL_SHARD_OFFLOAD (C++, CPUAdam)" "$BIN/bench_gpu_gpt" "${gpt_args[@]}" --modes offload
+    run_row "gpt FULL_SHARD_OFFLOAD[_AUTO] (C++, CPUAdam)" "$BIN/bench_gpu_gpt" "${gpt_args[@]}" --modes offload,offload_auto
     run_row "gpt PYTHON_FSDP2_OFFLOAD" "$PY" "$FSDP_ROOT/bench/fsdp2_gpt.py" "${gpt_args[@]}" --modes fsdp2_offload
   else
     run_row "gpt PLAIN,FULL_SHARD (C++, NCCL N=1)" "$BIN/bench_gpu_gpt" "${gpt_args[@]}"

@@ -7,7 +7,7 @@ the targets that need both programs' lines to bench.jsonl: full_shard_vs_python_
 the C++ FULL_SHARD over FSDP2's, goal >= 1.0; also each against its own process's plain baseline),
 plain_vs_python_plain (the two baselines, which should agree) and, with GPU_BENCH_GPT_OFFLOAD=1,
 offload_vs_python_fsdp2_offload (CPU offload: FULL_SHARD_OFFLOAD over FSDP2 with CPUOffloadPolicy,
-goal >= 3.0).
+goal >= 3.0) and offload_auto_vs_offload (placement auto over all on the host; no goal).
 
   python3 scripts/gpu_bench_gpt_summary.py RESULTS/bench.jsonl
 """
@@ -36,6 +36,8 @@ def main(path):
                     coll = "  per step: %.0f all-gathers, %.0f reduce-scatters, %.0f all-reduces (%d units)" % (
                         r["all_gathers_per_step"], r["reduce_scatters_per_step"], r["all_reduces_per_step"],
                         r["units"])
+                if "units_on_device" in r:
+                    coll += ", %d on the GPU" % r["units_on_device"]
                 losses = r.get("losses") or [float("nan")]
                 # The first loss: every mode starts from the same weights and data (same seeds).
                 print("  %-13s %8.1f ms/step %9.0f tokens/s  peak %6.2f GiB  loss %.4f -> %.4f%s" % (
@@ -55,7 +57,8 @@ def main(path):
 
     for name, num, den, goal in (("full_shard_vs_python_fsdp2", "FULL_SHARD", "PYTHON_FSDP2", 1.0),
                                  ("plain_vs_python_plain", "PLAIN", "PYTHON_PLAIN", None),
-                                 ("offload_vs_python_fsdp2_offload", "FULL_SHARD_OFFLOAD", "PYTHON_FSDP2_OFFLOAD", 3.0)):
+                                 ("offload_vs_python_fsdp2_offload", "FULL_SHARD_OFFLOAD", "PYTHON_FSDP2_OFFLOAD", 3.0),
+                                 ("offload_auto_vs_offload", "FULL_SHARD_OFFLOAD_AUTO", "FULL_SHARD_OFFLOAD", None)):
         x = ratio(num, den)
         if x is None:
             continue
