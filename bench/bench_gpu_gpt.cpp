@@ -47,6 +47,9 @@
 //    auto (Options::gpu_margin_mem_ratio, --gpu-margin-mem-ratio): after the first step the units
 //    whose shard and Adam state fit in that fraction of the GPU's free margin move back to it and
 //    are stepped there; units_on_device says how many.
+//  The offload modes also report host_wait_ms and gpu_waits_for_host_share: how long each timed
+//  step's end of backward waited for the host thread's steps (the "host_steps" span of FSDP's
+//  trace, on while they run; the device has no work then), per step and as a share of the step.
 // PLAIN and FULL_SHARD step with the fused kernel at::_fused_adam_ (lr 1e-4, betas 0.9/0.999, eps
 // 1e-8, no weight decay: torch.optim.Adam(fused=True)'s defaults but lr) over the fp32 parameters
 // (FSDP: the model's parameters(), its fp32 shards), its state made at construction; gradients are
@@ -83,6 +86,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <sstream>
@@ -305,6 +309,7 @@ struct Mode {
   int64_t params = 0;     // parameters (full model)
   int64_t units = 0;
   std::vector<double> ms;                       // every timed step
+  std::vector<double> host_wait_ms;             // offload modes: every timed step's wait for the host
   std::vector<std::vector<double>> round_ms;    // per round
   std::vector<double> losses;                   // every step, warm-up included
   int64_t peak_raw = 0, peak_alone = 0, other_bytes = 0;
@@ -330,6 +335,16 @@ struct Mode {
     wrapped = nullptr;
   }
 };
+
+// The offload modes' wait for the host in the step just taken: FSDP's "host_steps" spans, whose
+// trace is then cleared (it is on only for them).
+double take_host_wait_ms(fsdp::FullyShardedBase& wrapped) {
+  int64_t us = 0;
+  for (const auto& span : wrapped.trace_spans())
+    if (span.name == "host_steps") us += span.end_us - span.begin_us;
+  wrapped.clear_trace();
+  return static_cast<double>(us) / 1e3;
+}
 
 std::string text_of(const std::exception& e) {
   if (auto* c = dynamic_cast<const c10::Error*>(&e)) return fsdp::tools::error_text(*c);
@@ -385,6 +400,9 @@ std::string check_args(const Args& a) {
 }
 
 int run(const Args& a) {
+  // The offload modes' traces (cleared every step; written when their model goes), removed at the end.
+  const std::string trace_dir =
+      (std::filesystem::temp_directory_path() / ("bench_gpu_gpt_trace." + std::to_string(getpid()))).string();
   const bool want_fsdp = std::any_of(a.modes.begin(), a.modes.end(), [](const std::string& k) { return k != "plain"; });
 
   std::vector<std::unique_ptr<Mode>> modes;
@@ -475,6 +493,7 @@ int run(const Args& a) {
         const bool offload = m->offloaded();
         if (offload) opts.offload_params(true).optimizer_in_backward(true);
         if (m->key == "offload_auto") opts.gpu_margin_mem_ratio(a.gpu_margin_mem_ratio);
+        if (offload) opts.trace_dir(trace_dir);
         m->wrapped = fsdp::FullyShardedDataParallel<GptImpl>(model, pg, opts);
         model = nullptr;
         m->units = static_cast<int64_t>(m->wrapped->unit_paths().size());
@@ -531,6 +550,7 @@ int run(const Args& a) {
       if (!m.alive()) continue;
       try {
         for (int w = 0; w < a.warmup; ++w) m.losses.push_back(step(m).item<double>());
+        if (m.offloaded()) m.wrapped->clear_trace();
         sync(dev);
         reset_peak(dev);
         const int64_t casts0 = g_casts.load();
@@ -543,6 +563,7 @@ int run(const Args& a) {
           sync(dev);
           const auto t1 = std::chrono::steady_clock::now();
           this_round.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+          if (m.offloaded()) m.host_wait_ms.push_back(take_host_wait_ms(*m.wrapped));
           m.losses.push_back(loss.item<double>());
         }
         counting = nullptr;
@@ -648,6 +669,14 @@ int run(const Args& a) {
                       m.counts.all_reduce * k, m.counts.other * k, m.counts.bytes * k, loss_diff(m));
         j << b;
         if (m.offloaded() && m.wrapped) j << ", \"units_on_device\": " << m.wrapped->units_placed_on_device().size();
+        if (!m.host_wait_ms.empty()) {
+          double wait = 0, total = 0;
+          for (double x : m.host_wait_ms) wait += x;
+          for (double x : m.ms) total += x;
+          std::snprintf(b, sizeof b, ", \"host_wait_ms\": %.3f, \"gpu_waits_for_host_share\": %.4f",
+                        median(m.host_wait_ms), wait / total);
+          j << b;
+        }
       }
       j << ", \"losses\": " << list(m.losses, "%.5f");
     }
@@ -666,6 +695,9 @@ int run(const Args& a) {
   std::fflush(stdout);
   bool failed = false;
   for (auto& m : modes) failed = failed || !m->error.empty();
+  for (auto& m : modes) m->release();
+  std::error_code ignored;
+  std::filesystem::remove_all(trace_dir, ignored);
   return failed ? 1 : 0;
 }
 

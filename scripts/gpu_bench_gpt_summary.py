@@ -38,6 +38,9 @@ def main(path):
                         r["units"])
                 if "units_on_device" in r:
                     coll += ", %d on the GPU" % r["units_on_device"]
+                if "gpu_waits_for_host_share" in r:
+                    coll += "; the GPU waits for the host %.1f ms a step (%.0f%%)" % (
+                        r["host_wait_ms"], 100 * r["gpu_waits_for_host_share"])
                 losses = r.get("losses") or [float("nan")]
                 # The first loss: every mode starts from the same weights and data (same seeds).
                 print("  %-13s %8.1f ms/step %9.0f tokens/s  peak %6.2f GiB  loss %.4f -> %.4f%s" % (

@@ -305,6 +305,34 @@ TEST(FsdpOffload, AHostStepsErrorIsRaisedByBackward) {
   });
 }
 
+// The end of backward waits for the host thread's steps; the trace shows that wait as one
+// "host_steps" span on the compute track per backward (none without offload: nothing to wait for).
+TEST(FsdpOffload, TheWaitForHostStepsIsTraced) {
+  run_ranks(2, [](comm::ProcessGroup& pg) {
+    for (bool offload : {true, false}) {
+      const Options o = Options()
+                            .auto_wrap_policy(always_wrap_policy())
+                            .optimizer_in_backward(true)
+                            .offload_params(offload)
+                            .trace_dir(worker_scratch_dir() + "/trace");
+      auto m = FullyShardedDataParallel(make_mlp(), pg, o);
+      auto opt = make_optimizer(true, *m);
+      m->register_optimizer_in_backward(*opt);
+      for (int s = 0; s < 3; ++s) train_step(pg, m, *opt, s);
+      int waits = 0;
+      int64_t last_backward_begin = -1;
+      for (const auto& span : m->trace_spans()) {
+        if (span.name.rfind("backward ", 0) == 0) last_backward_begin = span.begin_seq;
+        if (span.name != "host_steps") continue;
+        ++waits;
+        EXPECT_EQ(span.tid, 0);
+        EXPECT_GT(span.begin_seq, last_backward_begin) << "the wait comes after the backward it ends";
+      }
+      EXPECT_EQ(waits, offload ? 3 : 0) << (offload ? "with" : "without") << " offload";
+    }
+  });
+}
+
 TEST(FsdpOffload, PlacementAgreesAcrossRanks) {
   run_ranks(2, [](comm::ProcessGroup& pg) {
     const Options o = Options().auto_wrap_policy(always_wrap_policy()).offload_params(pg.rank() == 1);

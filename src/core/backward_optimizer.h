@@ -69,6 +69,8 @@ class BackwardOptimizer {
   void drain();
 
   const torch::optim::Optimizer& optimizer() const { return optimizer_; }
+  /// Offloaded units step on a thread of their own.
+  bool on_host_thread() const { return host_steps_ != nullptr; }
 
  private:
   void step_now(Unit& unit);

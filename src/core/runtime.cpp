@@ -407,7 +407,7 @@ void Runtime::final_callback() {
     if (u->awaits_reduction()) reduce(*u);
   }
   reducer_->finish();  // every reduced shard is in place before pieces are assigned
-  if (backward_optimizer_) backward_optimizer_->drain();  // the host thread's steps too
+  if (backward_optimizer_) wait_for_host_steps();
   for (Unit* u : backward_gather_order_) u->wait_gather();
   for (Unit* u : reduce_order_) u->finish_iteration();
   place_after_warmup();
@@ -415,6 +415,14 @@ void Runtime::final_callback() {
   backward_planned_ = false;
   pre_forward_order_.clear();
   post_forward_order_.clear();
+}
+
+void Runtime::wait_for_host_steps() {
+  // With offload the device has no work left while this waits: the trace shows how long the
+  // step's device side waits for the host.
+  Tracer::Mark wait = backward_optimizer_->on_host_thread() ? tracer_->begin() : Tracer::Mark{};
+  backward_optimizer_->drain();
+  tracer_->end("host_steps", Tracer::kCompute, wait);
 }
 
 void Runtime::place_after_warmup() {

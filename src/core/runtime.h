@@ -213,6 +213,8 @@ class Runtime {
   /// that units step while later reductions are still on the link.
   void deliver_landed_shards();
   void check_backward_optimizer() const;
+  /// The end of backward waits for the host thread's steps (traced as "host_steps").
+  void wait_for_host_steps();
   /// Options::gpu_margin_mem_ratio: once, at the end of the first backward that stepped.
   void place_after_warmup();
   void reduce(Unit& unit);           // flatten, hand to the reducer (in reduce_order_)

@@ -6,7 +6,7 @@
 /// Enabled by Options::trace_dir or the environment variable FSDP_TRACE=<dir>
 /// (read once, when the model is wrapped).
 /// pid is the global rank; tid separates the streams: 0 compute (forward,
-/// backward), 1 all-gather, 2 reduction. Timestamps are wall-clock microseconds,
+/// backward, the wait for offloaded steps), 1 all-gather, 2 reduction. Timestamps are wall-clock microseconds,
 /// so the files of all ranks line up when loaded together.
 ///
 /// Every span also carries the *sequence numbers* of its begin and end events
@@ -35,7 +35,10 @@
 namespace fsdp {
 
 struct TraceSpan {
-  std::string name;    ///< "all_gather <unit>", "reduce <unit>", "forward <unit>", "backward <unit>"
+  /// "all_gather <unit>", "reduce <unit>", "forward <unit>", "backward <unit>"; "host_steps": the
+  /// end of backward waiting for the host thread's optimizer steps (offload_params with
+  /// optimizer_in_backward), while the device has no work.
+  std::string name;
   int tid = 0;         ///< 0 compute, 1 all-gather, 2 reduction
   int64_t begin_us = 0, end_us = 0;
   int64_t begin_seq = 0, end_seq = 0;
