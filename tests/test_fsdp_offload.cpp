@@ -181,8 +181,7 @@ void expect_placed_within_budget(FullyShardedBase& model, const torch::optim::Op
     const size_t i = std::find(paths.begin(), paths.end(), path) - paths.begin();
     ASSERT_LT(i, paths.size()) << path;
     for (const auto& fqn : model.unit_parameter_names(i)) {
-      auto it = opt.state().find(memory::param_state_key(params.at(fqn)));
-      if (it != opt.state().end()) placed_state += memory::optimizer_state_bytes(*it->second);
+      if (const auto* s = memory::param_state(opt, params.at(fqn))) placed_state += memory::optimizer_state_bytes(*s);
     }
   }
   EXPECT_GT(placed_state, 0) << "the placed units' state is unknown";

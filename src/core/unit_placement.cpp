@@ -19,8 +19,7 @@ std::vector<const torch::optim::OptimizerParamState*> states_of(const Unit& unit
   std::vector<const torch::optim::OptimizerParamState*> out;
   for (const auto& e : unit.flat().entries()) {
     if (!e.param.requires_grad()) continue;
-    auto it = optimizer.state().find(memory::param_state_key(e.param));
-    if (it != optimizer.state().end() && it->second) out.push_back(it->second.get());
+    if (const auto* s = memory::param_state(optimizer, e.param)) out.push_back(s);
   }
   return out;
 }

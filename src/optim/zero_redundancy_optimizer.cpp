@@ -551,9 +551,8 @@ const at::Tensor& ZeroRedundancyOptimizer::Impl::gradient_source(size_t b, bool 
 
 /// Bytes of the optimizer state of piece k (0 before its first step).
 int64_t ZeroRedundancyOptimizer::Impl::state_bytes(size_t k) const {
-  const auto& state = inner->state();
-  auto it = state.find(memory::param_state_key(piece_tensors[k]));
-  return it == state.end() || !it->second ? 0 : memory::optimizer_state_bytes(*it->second);
+  const auto* state = memory::param_state(*inner, piece_tensors[k]);
+  return state ? memory::optimizer_state_bytes(*state) : 0;
 }
 
 int64_t ZeroRedundancyOptimizer::Impl::host_state_bytes() const {
@@ -583,13 +582,12 @@ void ZeroRedundancyOptimizer::Impl::move_bucket_to_device(size_t b) {
   const auto& lb = layout->buckets()[b];
   at::Tensor chunk = at::empty({lb.chunk}, master.options().device(flat.device()));
   chunk.copy_(master.narrow(0, lb.local_offset, lb.chunk));
-  auto& state = inner->state();
   for (size_t k = 0; k < pieces.size(); ++k) {
     const ZeroPiece& pc = pieces[k];
     if (bucket_of(pc) != b) continue;
     piece_tensors[k].set_data(chunk.narrow(0, pc.local_offset - lb.local_offset, pc.numel));
-    auto it = state.find(memory::param_state_key(piece_tensors[k]));
-    if (it != state.end() && it->second) memory::move_optimizer_state(*it->second, flat.device());
+    if (const auto* state = memory::param_state(*inner, piece_tensors[k]))
+      memory::move_optimizer_state(*state, flat.device());
   }
   device_masters[b] = chunk;
 }

@@ -47,9 +47,8 @@ std::string optimizer_family(const std::string& kind) {
 }
 
 std::optional<ParamOptimState> get_param_state(const torch::optim::Optimizer& opt, const at::Tensor& param) {
-  auto it = opt.state().find(param_state_key(param));
-  if (it == opt.state().end() || !it->second) return std::nullopt;
-  const auto* base = it->second.get();
+  const auto* base = memory::param_state(opt, param);
+  if (!base) return std::nullopt;
   if (auto* s = dynamic_cast<const torch::optim::AdamParamState*>(base)) return adam_like(*s);
   if (auto* s = dynamic_cast<const torch::optim::AdamWParamState*>(base)) return adam_like(*s);
   if (auto* s = dynamic_cast<const torch::optim::SGDParamState*>(base)) {
