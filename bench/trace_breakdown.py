@@ -4,11 +4,12 @@
 For each trace_rank*.json in DIR: the steady steps (from one "forward 0" span to the next,
 leaving out the first WARM steps and any step over 3x the median, e.g. a checkpoint or a
 warm-up), and per step on average: the wall time, the compute thread's forward and backward
-spans, and the rest of the compute thread's time (waits for gathers and reductions, gradient
-flattening, the optimizer, hooks).
+spans, FSDP's phases on that thread (the trace's tid 3: issuing and waiting for gathers and
+reductions, flattening gradients, optimizer steps inside backward), and the rest (the
+loss, the optimizer's step() and zero_grad(), hooks, the autograd engine).
 
-  FSDP_TRACE=/tmp/tr OMP_NUM_THREADS=1 build/bin/fsdp-run --nproc 2 -- build/bin/bench_strategies \
-      --model transformer --strategy full_shard --optim cpuadam --prefetch default --shard-group 0 \
+  FSDP_TRACE=/tmp/tr OMP_NUM_THREADS=1 build/bin/fsdp-run --nproc 2 -- build/bin/bench_strategies \\
+      --model transformer --strategy full_shard --optim cpuadam --prefetch default --shard-group 0 \\
       --bucket-mb 0 --steps 10 --warmup 3 --optimizer-in-backward
   python3 bench/trace_breakdown.py /tmp/tr [WARM]
 """
@@ -17,6 +18,8 @@ import json
 import os
 import statistics
 import sys
+
+PHASES = ("issue_gather", "wait_gather", "flatten", "issue_reduce", "wait_reduce", "step")
 
 
 def spans(path):
@@ -37,13 +40,19 @@ def breakdown(xs, warm):
     for a, b in steps:
         if b - a > 3 * median:
             continue
-        compute = [e for e in xs if a <= e["ts"] < b and e["tid"] == 0]
-        fwd = sum(e["dur"] for e in compute if e["name"].startswith("forward"))
-        bwd = sum(e["dur"] for e in compute if e["name"].startswith("backward"))
-        rows.append(((b - a) / 1e3, fwd / 1e3, bwd / 1e3))
-    n = len(rows)
-    step, fwd, bwd = (sum(r[i] for r in rows) / n for i in range(3))
-    return n, step, fwd, bwd, step - fwd - bwd
+        inside = [e for e in xs if a <= e["ts"] < b]
+        row = {"wall": b - a, "forward": 0.0, "backward": 0.0}
+        row.update({p: 0.0 for p in PHASES})
+        for e in inside:
+            kind = e["name"].split(" ")[0]
+            if e["tid"] == 0 and kind in ("forward", "backward"):
+                row[kind] += e["dur"]
+            elif e["tid"] == 3 and kind in PHASES:
+                row[kind] += e["dur"]
+        rows.append(row)
+    mean = {k: sum(r[k] for r in rows) / len(rows) / 1e3 for k in rows[0]}
+    mean["rest"] = mean["wall"] - sum(v for k, v in mean.items() if k != "wall")
+    return len(rows), mean
 
 
 def main():
@@ -60,7 +69,10 @@ def main():
         if b is None:
             print("%s: fewer than %d steps" % (os.path.basename(p), warm + 1))
             continue
-        print("%s: %d steps, per step %.1f ms: forward %.1f, backward %.1f, other %.1f" % ((os.path.basename(p),) + b))
+        n, m = b
+        phases = ", ".join("%s %.2f" % (k, m[k]) for k in PHASES)
+        print("%s: %d steps, per step %.2f ms: forward %.2f, backward %.2f; phases: %s; rest %.2f"
+              % (os.path.basename(p), n, m["wall"], m["forward"], m["backward"], phases, m["rest"]))
     return 0
 
 

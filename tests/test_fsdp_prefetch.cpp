@@ -2,7 +2,8 @@
 // all-gather, reduction, forward and backward span with per-rank sequence
 // numbers; these tests check from it *when* gathers are issued under each
 // prefetch setting (each setting's expected order fails under the others), that
-// the trace file is valid Chrome trace JSON, and that prefetch changes no number:
+// the trace file is valid Chrome trace JSON, where FSDP's own work between the compute
+// spans lies on the phases track, and that prefetch changes no number:
 // the trained parameters are bit-identical to training without prefetch and
 // match single-process training on the global batch (relative L2 < 1e-5).
 #include <cstdlib>
@@ -115,14 +116,69 @@ void prefetch_cases(comm::ProcessGroup& pg) {
     torch::mse_loss(model->forward(rank_slice(x, pg.rank(), 2)), rank_slice(y, pg.rank(), 2)).backward();
     const std::string path = model->flush_trace();
     ASSERT_EQ(path, dir + "/trace_rank" + std::to_string(pg.rank()) + ".json");
-    // 3 units x (forward, backward, reduce, 2 gathers) = 15 complete events.
+    // 3 units x (forward, backward, reduce, 2 gathers) = 15 schedule events (tids 0-2);
+    // on the phases track (tid 3) an issue and a wait per gather and per reduction, and a
+    // flatten per reduced unit: 2 x 6 + 3 x 3 = 21.
     const std::string cmd =
         "\"${FSDP_PYTHON:-python3}\" -c \"import json,sys; d=json.load(open(sys.argv[1])); "
         "x=[e for e in d['traceEvents'] if e['ph']=='X']; "
-        "n={e['name'].split()[0] for e in x}; "
-        "sys.exit(0 if len(x)==15 and n=={'all_gather','reduce','forward','backward'} "
+        "s=[e for e in x if e['tid']<3]; p=[e for e in x if e['tid']==3]; "
+        "n={e['name'].split()[0] for e in s}; m={e['name'].split()[0] for e in p}; "
+        "sys.exit(0 if len(s)==15 and n=={'all_gather','reduce','forward','backward'} and len(p)==21 "
+        "and m=={'issue_gather','wait_gather','flatten','issue_reduce','wait_reduce'} "
         "and all(e['dur']>=0 and e['pid']==" + std::to_string(pg.rank()) + " for e in x) else 3)\" " + path;
     EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  });
+  run_case("phases", [&] {
+    // The phases track (tid 3) with the optimizer inside backward: per unit, one flatten
+    // after its backward, then the reduction's issue and wait, then its step; every
+    // gather's issue and wait inside that gather's span.
+    auto model = FullyShardedDataParallel(make_mlp(), pg,
+                                          mlp_options(BackwardPrefetch::BACKWARD_PRE, false).optimizer_in_backward(true));
+    torch::optim::SGD opt(model->parameters(), 0.05);
+    model->register_optimizer_in_backward(opt);
+    for (int s = 0; s < 2; ++s) {
+      if (s == 1) model->clear_trace();
+      auto [x, y] = global_batch(s, 8);
+      opt.zero_grad(/*set_to_none=*/true);
+      torch::mse_loss(model->forward(rank_slice(x, pg.rank(), pg.size())), rank_slice(y, pg.rank(), pg.size()))
+          .backward();
+      opt.step();
+    }
+    const auto t = model->trace_spans();
+    auto count = [&](const std::string& name) {
+      int n = 0;
+      for (const auto& s : t) n += s.name == name;
+      return n;
+    };
+    for (std::string u : {"0", "2", "4"}) {
+      for (const char* kind : {"flatten ", "issue_reduce ", "wait_reduce ", "step "}) {
+        EXPECT_EQ(count(kind + u), 1) << kind << u;
+        EXPECT_EQ(find_span(t, kind + u).tid, Tracer::kPhase) << kind << u;
+      }
+      const auto& flatten = find_span(t, "flatten " + u);
+      const auto& issue = find_span(t, "issue_reduce " + u);
+      const auto& wait = find_span(t, "wait_reduce " + u);
+      EXPECT_GT(flatten.begin_seq, find_span(t, "backward " + u).end_seq) << u;
+      EXPECT_GT(issue.begin_seq, flatten.end_seq) << u;
+      EXPECT_GT(wait.begin_seq, issue.end_seq) << u;
+      EXPECT_GT(find_span(t, "step " + u).begin_seq, wait.end_seq) << u;
+      EXPECT_EQ(count("issue_gather " + u), count("all_gather " + u)) << u;
+      EXPECT_EQ(count("wait_gather " + u), count("all_gather " + u)) << u;
+    }
+    int gathers = 0;
+    for (size_t i = 0; i < t.size(); ++i) {
+      if (t[i].name.rfind("all_gather ", 0) != 0) continue;
+      ++gathers;
+      const std::string u = t[i].name.substr(11);
+      int inside = 0;  // this gather's issue and wait: the phases of u within its span
+      for (const auto& s : t)
+        if ((s.name == "issue_gather " + u || s.name == "wait_gather " + u) && s.begin_seq > t[i].begin_seq &&
+            s.end_seq < t[i].end_seq)
+          ++inside;
+      EXPECT_EQ(inside, 2) << t[i].name;
+    }
+    EXPECT_GT(gathers, 0);
   });
   run_case("numbers-unchanged", [&] {
     auto mlp = [] { return make_mlp(); };

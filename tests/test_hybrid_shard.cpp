@@ -259,7 +259,7 @@ void hybrid_cases(comm::ProcessGroup& pg) {
     const std::string want = shm_env && std::string(shm_env) == "0" ? "gloo" : "shm";
     int collectives = 0;
     for (const auto& s : t) {
-      if (s.tid == Tracer::kCompute) {
+      if (s.tid == Tracer::kCompute || s.tid == Tracer::kPhase) {
         EXPECT_EQ(s.transport, "") << s.name;
       } else {
         EXPECT_EQ(s.transport, want) << s.name;

@@ -1,5 +1,6 @@
 #include "reduce_bucket.h"
 
+#include "phase_span.h"
 #include "unit.h"
 
 namespace fsdp::detail {
@@ -151,6 +152,7 @@ std::unique_ptr<GradReducer::Reduction> GradReducer::issue(std::vector<Unit*> me
   r->mark = tracer_->begin(Tracer::kReduce);  // after the stream's wait: the device span is the reduction's
   {
     const auto on_stream = streams() ? streams()->make_current(StreamKind::ReduceScatter) : nullptr;
+    PhaseSpan issuing(tracer_, "issue_reduce", r->label);
     if (sharded) {
       r->handle = comm::reduce_scatter(reduce_pg_, r->output, r->input, comm::ReduceOp::Sum,
                                         {comm::Phase::Backward, r->label});
@@ -170,7 +172,10 @@ void GradReducer::complete_scatter(Reduction& r) {
     complete_chained_scatter(r);
     return;
   }
-  r.handle.wait();
+  {
+    PhaseSpan waiting(tracer_, "wait_reduce", r.label);
+    r.handle.wait();
+  }
   tracer_->end("reduce " + r.label, Tracer::kReduce, r.mark, comm::to_string(r.handle.path()));
   deliver(r);  // frees the flat gradients (the input), then the handle that held them
 }
@@ -188,7 +193,10 @@ void GradReducer::complete_chained_scatter(Reduction& r) {
 
 void GradReducer::complete_replication(Reduction& r) {
   TORCH_INTERNAL_ASSERT(r.phase == Reduction::Phase::REPLICATING);
-  r.handle.wait();
+  {
+    PhaseSpan waiting(tracer_, "wait_reduce", r.label);
+    r.handle.wait();
+  }
   tracer_->end("replica_all_reduce " + r.label, Tracer::kReduce, r.mark, comm::to_string(r.handle.path()));
   r.handle = comm::CommHandle();
   deliver(r);

@@ -6,6 +6,7 @@
 
 #include "fsdp/autograd/end_of_backward.h"
 #include "cuda_streams.h"
+#include "phase_span.h"
 #include "stream_order_testing.h"
 #include "unit_placement.h"
 
@@ -388,7 +389,10 @@ void Runtime::on_shard_reduced(Unit& unit) {
   // [Note: optimizer in backward]: only a final reduction steps. Under no_sync nothing
   // is reduced; under no_step the pieces are assigned at the end of backward as usual.
   if (!backward_optimizer_ || no_step_) return;
-  backward_optimizer_->step(unit);
+  {
+    PhaseSpan stepping(tracer_.get(), "step", unit.label());
+    backward_optimizer_->step(unit);
+  }
   observe(unit, "stepped");
 }
 

@@ -84,7 +84,7 @@ std::string Tracer::flush() const {
   if (!enabled()) return "";
   ::mkdir(dir_.c_str(), 0755);  // one level; an existing directory is fine
   const std::string path = dir_ + "/trace_rank" + std::to_string(rank_) + ".json";
-  static const char* kStreams[] = {"compute", "all_gather", "reduce"};
+  static const char* kStreams[] = {"compute", "all_gather", "reduce", "phases"};
   std::ostringstream os;
   os << "{\"traceEvents\":[\n";
   std::lock_guard<std::mutex> lock(mu_);
@@ -92,7 +92,7 @@ std::string Tracer::flush() const {
   const int device_tids = clock_ ? 2 : 1;  // device times: tids 10, 11, 12
   bool first = true;
   for (int d = 0; d < device_tids; ++d) {
-    for (int tid = 0; tid < 3; ++tid) {
+    for (int tid = 0; tid < (d ? 3 : 4); ++tid) {  // phases have no device times
       os << (first ? "" : ",\n") << "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" << rank_
          << ",\"tid\":" << (10 * d + tid) << ",\"args\":{\"name\":\"" << (d ? "device: " : "") << kStreams[tid]
          << "\"}}";

@@ -10,6 +10,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include "memory/storage_alias.h"
+#include "phase_span.h"
 
 namespace fsdp::detail {
 
@@ -102,7 +103,10 @@ bool Unit::issue_gather(comm::Phase phase) {
     gather_mark_ = ctx_.tracer->begin(Tracer::kGather);
     {
       const auto on_stream = streams() ? streams()->make_current(StreamKind::AllGather) : nullptr;
-      g.handle = comm::all_gather_into(ctx_.gather_group, flat_->unsharded(), g.source, {phase, label()});
+      {
+        PhaseSpan issuing(ctx_.tracer, "issue_gather", label());
+        g.handle = comm::all_gather_into(ctx_.gather_group, flat_->unsharded(), g.source, {phase, label()});
+      }
       g.handle.order_current_stream();
     }
     ctx_.tracer->end_on_device(gather_mark_);
@@ -122,7 +126,10 @@ void Unit::wait_gather() {
   // Cleared before waiting, so that a failed wait does not leave a stale handle.
   PendingGather g = std::move(*pending_gather_);
   pending_gather_.reset();
-  g.handle.wait();
+  {
+    PhaseSpan waiting(ctx_.tracer, "wait_gather", label());
+    g.handle.wait();
+  }
   ctx_.tracer->end(trace_name("all_gather"), Tracer::kGather, gather_mark_, comm::to_string(g.handle.path()));
   order_gather_waited(g.source);  // before g, the handle and its source, goes
 }
@@ -354,6 +361,7 @@ bool Unit::note_param_grad(size_t entry) {
 
 void Unit::flatten_grads(bool no_sync) {
   TORCH_INTERNAL_ASSERT(has_grad_params(), "unit '", label(), "' has no gradient parameters to flatten");
+  PhaseSpan flattening(ctx_.tracer, "flatten", label());
   transition(no_sync ? UnitState::ACCUMULATED : UnitState::REDUCING, "flatten_grads");
   auto& entries = flat_->entries();
   // Parameters are no longer needed by this unit's backward: every node that

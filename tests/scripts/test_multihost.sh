@@ -222,8 +222,8 @@ assert len(files) == 4, f"{len(files)} trace files in {sys.argv[1]}"
 for f in files:
     seen = {}
     for e in json.load(open(f))["traceEvents"]:
-        if e["ph"] != "X" or e["tid"] == 0:
-            continue  # metadata and compute spans
+        if e["ph"] != "X" or e["tid"] not in (1, 2):
+            continue  # metadata, compute spans and phases
         name, got = e["name"], e["args"].get("transport")
         kind = name.split(" ")[0]
         assert kind in want, f"{f}: unexpected collective span {e}"

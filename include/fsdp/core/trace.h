@@ -6,8 +6,18 @@
 /// Enabled by Options::trace_dir or the environment variable FSDP_TRACE=<dir>
 /// (read once, when the model is wrapped).
 /// pid is the global rank; tid separates the streams: 0 compute (forward,
-/// backward, the wait for offloaded steps), 1 all-gather, 2 reduction. Timestamps are wall-clock microseconds,
-/// so the files of all ranks line up when loaded together.
+/// backward, the wait for offloaded steps), 1 all-gather, 2 reduction, 3 phases.
+/// Timestamps are wall-clock microseconds, so the files of all ranks line up when
+/// loaded together.
+///
+/// The phases (tid 3) are FSDP's own work on the thread that runs forward and backward,
+/// between and around the compute spans: "issue_gather <unit>" and "wait_gather <unit>"
+/// (an all-gather's issue and its wait: on one host the shared-memory transport moves
+/// bytes inside both), "flatten <unit>" (copying a unit's gradients into its flat
+/// gradient), "issue_reduce <unit(s)>", "wait_reduce <unit(s)>" (a reduction's issue and
+/// the wait for it, the replica all-reduce's too) and "step <unit>" (the optimizer inside
+/// backward: the step, or its hand-off to the offload host thread). A step's time outside
+/// the compute spans is mostly these (bench/trace_breakdown.py sums them).
 ///
 /// Every span also carries the *sequence numbers* of its begin and end events
 /// (args.begin_seq / args.end_seq): one counter per rank, advanced at every begin
@@ -39,7 +49,7 @@ struct TraceSpan {
   /// end of backward waiting for the host thread's optimizer steps (offload_params with
   /// optimizer_in_backward), while the device has no work.
   std::string name;
-  int tid = 0;         ///< 0 compute, 1 all-gather, 2 reduction
+  int tid = 0;         ///< 0 compute, 1 all-gather, 2 reduction, 3 phases
   int64_t begin_us = 0, end_us = 0;
   int64_t begin_seq = 0, end_seq = 0;
   std::string transport;  ///< collective spans: "shm", "gloo" or "local"; compute spans: ""
@@ -59,7 +69,7 @@ class DeviceClock {
 
 class Tracer {
  public:
-  enum Stream { kCompute = 0, kGather = 1, kReduce = 2 };
+  enum Stream { kCompute = 0, kGather = 1, kReduce = 2, kPhase = 3 };
   /// A span that has begun.
   struct Mark {
     int64_t us = -1, seq = -1;
