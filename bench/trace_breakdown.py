@@ -6,7 +6,7 @@ leaving out the first WARM steps and any step over 3x the median, e.g. a checkpo
 warm-up), and per step on average: the wall time, the compute thread's forward and backward
 spans, FSDP's phases on that thread (the trace's tid 3: issuing and waiting for gathers and
 reductions, flattening gradients, optimizer steps inside backward), and the rest (the
-loss, the optimizer's step() and zero_grad(), hooks, the autograd engine).
+loss, the optimizer's own step and the clearing of gradients, hooks, the autograd engine).
 
   FSDP_TRACE=/tmp/tr OMP_NUM_THREADS=1 build/bin/fsdp-run --nproc 2 -- build/bin/bench_strategies \\
       --model transformer --strategy full_shard --optim cpuadam --prefetch default --shard-group 0 \\

@@ -40,13 +40,15 @@ Options mlp_options(BackwardPrefetch bp, bool fp) {
 
 // Two training iterations of the MLP (units "0", "2", "4"); returns the spans
 // of the second (the forward prefetch needs the first iteration's order).
-std::vector<TraceSpan> traced_iteration(comm::ProcessGroup& pg, Options options) {
+// step_in_backward: the options ask for the optimizer inside backward, which gets SGD.
+std::vector<TraceSpan> traced_iteration(comm::ProcessGroup& pg, Options options, bool step_in_backward = false) {
   auto model = FullyShardedDataParallel(make_mlp(), pg, options);
   torch::optim::SGD opt(model->parameters(), 0.05);
+  if (step_in_backward) model->register_optimizer_in_backward(opt);
   for (int s = 0; s < 2; ++s) {
     if (s == 1) model->clear_trace();
     auto [x, y] = global_batch(s, 8);
-    opt.zero_grad(/*set_to_none=*/false);
+    opt.zero_grad(/*set_to_none=*/step_in_backward);
     torch::mse_loss(model->forward(rank_slice(x, pg.rank(), pg.size())), rank_slice(y, pg.rank(), pg.size()))
         .backward();
     opt.step();
@@ -133,19 +135,8 @@ void prefetch_cases(comm::ProcessGroup& pg) {
     // The phases track (tid 3) with the optimizer inside backward: per unit, one flatten
     // after its backward, then the reduction's issue and wait, then its step; every
     // gather's issue and wait inside that gather's span.
-    auto model = FullyShardedDataParallel(make_mlp(), pg,
-                                          mlp_options(BackwardPrefetch::BACKWARD_PRE, false).optimizer_in_backward(true));
-    torch::optim::SGD opt(model->parameters(), 0.05);
-    model->register_optimizer_in_backward(opt);
-    for (int s = 0; s < 2; ++s) {
-      if (s == 1) model->clear_trace();
-      auto [x, y] = global_batch(s, 8);
-      opt.zero_grad(/*set_to_none=*/true);
-      torch::mse_loss(model->forward(rank_slice(x, pg.rank(), pg.size())), rank_slice(y, pg.rank(), pg.size()))
-          .backward();
-      opt.step();
-    }
-    const auto t = model->trace_spans();
+    const auto t = traced_iteration(
+        pg, mlp_options(BackwardPrefetch::BACKWARD_PRE, false).optimizer_in_backward(true), /*step_in_backward=*/true);
     auto count = [&](const std::string& name) {
       int n = 0;
       for (const auto& s : t) n += s.name == name;
