@@ -13,8 +13,9 @@
 # OMP_NUM_THREADS=1. Ratio < 1: B is faster. A_ENV / B_ENV (space-separated NAME=VALUE) set
 # variables for one side only, so one build can be compared with itself under a setting, e.g.
 # the checked mode's cost: A=build/bin B=build/bin B_ENV=FSDP_CHECK_COLLECTIVES=1. B_FLAGS
-# (space-separated) are added to B's bench_strategies arguments, e.g. --optimizer-in-backward.
-# Each pair also prints each side's vs_ceiling (the bench's concurrent compute ceiling / step).
+# (space-separated) are added to B's bench_strategies arguments, e.g. --optimizer-in-backward;
+# A_FLAGS to A's. Each pair also prints each side's vs_ceiling (the bench's concurrent compute
+# ceiling / step), and the end each side's median and range of it.
 set -euo pipefail
 
 usage() {
@@ -46,19 +47,28 @@ step_ms() {
   echo "$out" | sed -n 's/.*"step_ms": \([0-9.]*\).*"vs_ceiling": \([0-9.]*\).*/\1 \2/p' | head -n 1
 }
 
-ratios=()
+# The median of its arguments (numbers), to 3 decimals.
+median_of() {
+  printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) printf "%.3f\n", v[(NR + 1) / 2]; else printf "%.3f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+# "median (min-max)" of its arguments.
+summary_of() {
+  echo "$(median_of "$@") ($(printf '%s\n' "$@" | sort -g | head -n 1)-$(printf '%s\n' "$@" | sort -g | tail -n 1))"
+}
+
+ratios=() ceil_a=() ceil_b=()
 for ((i = 1; i <= pairs; ++i)); do
   if ((i % 2)); then
-    ra=$(step_ms "$A" "${A_ENV:-}" "" "$@"); rb=$(step_ms "$B" "${B_ENV:-}" "${B_FLAGS:-}" "$@")
+    ra=$(step_ms "$A" "${A_ENV:-}" "${A_FLAGS:-}" "$@"); rb=$(step_ms "$B" "${B_ENV:-}" "${B_FLAGS:-}" "$@")
   else
-    rb=$(step_ms "$B" "${B_ENV:-}" "${B_FLAGS:-}" "$@"); ra=$(step_ms "$A" "${A_ENV:-}" "" "$@")
+    rb=$(step_ms "$B" "${B_ENV:-}" "${B_FLAGS:-}" "$@"); ra=$(step_ms "$A" "${A_ENV:-}" "${A_FLAGS:-}" "$@")
   fi
   [[ -n "$ra" && -n "$rb" ]] || { echo "ab_strategies: no step_ms / vs_ceiling in a run's output" >&2; exit 1; }
   read -r a ca <<<"$ra"
   read -r b cb <<<"$rb"
   r=$(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.3f", b / a }')
-  ratios+=("$r")
+  ratios+=("$r") ceil_a+=("$ca") ceil_b+=("$cb")
   echo "pair $i: A $a ms (vs ceiling $ca)  B $b ms (vs ceiling $cb)  B/A $r  (load $(cut -d' ' -f1 /proc/loadavg))"
 done
-median=$(printf '%s\n' "${ratios[@]}" | sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else printf "%.3f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }')
-echo "median B/A over $pairs pairs: $median  (ratios: ${ratios[*]})"
+echo "median B/A over $pairs pairs: $(median_of "${ratios[@]}")  (ratios: ${ratios[*]})"
+echo "vs ceiling, median (range): A $(summary_of "${ceil_a[@]}")  B $(summary_of "${ceil_b[@]}")"
