@@ -4,7 +4,6 @@
 // collectives, flattening gradients, optimizer steps in backward). It closes on every
 // exit, an exception's too; with tracing off it records nothing and builds no name.
 #include <string>
-#include <utility>
 
 #include "fsdp/core/trace.h"
 
