@@ -158,10 +158,11 @@ void prefetch_cases(comm::ProcessGroup& pg) {
       EXPECT_EQ(count("wait_gather " + u), count("all_gather " + u)) << u;
     }
     int gathers = 0;
+    const std::string gather = "all_gather ";
     for (size_t i = 0; i < t.size(); ++i) {
-      if (t[i].name.rfind("all_gather ", 0) != 0) continue;
+      if (t[i].name.rfind(gather, 0) != 0) continue;
       ++gathers;
-      const std::string u = t[i].name.substr(11);
+      const std::string u = t[i].name.substr(gather.size());
       int inside = 0;  // this gather's issue and wait: the phases of u within its span
       for (const auto& s : t)
         if ((s.name == "issue_gather " + u || s.name == "wait_gather " + u) && s.begin_seq > t[i].begin_seq &&

@@ -92,7 +92,8 @@ std::string Tracer::flush() const {
   const int device_tids = clock_ ? 2 : 1;  // device times: tids 10, 11, 12
   bool first = true;
   for (int d = 0; d < device_tids; ++d) {
-    for (int tid = 0; tid < (d ? 3 : 4); ++tid) {  // phases have no device times
+    // Every host track; on the device the streams only (phases have no device times).
+    for (int tid = 0; tid <= (d ? kReduce : kPhase); ++tid) {
       os << (first ? "" : ",\n") << "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" << rank_
          << ",\"tid\":" << (10 * d + tid) << ",\"args\":{\"name\":\"" << (d ? "device: " : "") << kStreams[tid]
          << "\"}}";
