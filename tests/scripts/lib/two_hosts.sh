@@ -11,6 +11,7 @@
 #   seconds_since T0 [T1]         T1 (default: now) - T0, for `now`'s values
 #   tcp_header_bytes              bytes of one packet's headers on the link (Ethernet + IPv4 + TCP
 #                                 + timestamps when on)
+#   tcp_mss                       the most TCP payload one segment on host 1's link carries
 # No GLOO_SOCKET_IFNAME: every rank must find the address that reaches MASTER_ADDR itself.
 
 _two_hosts_lib="$(dirname "${BASH_SOURCE[0]}")"
@@ -65,3 +66,6 @@ seconds_since() { awk -v a="$1" -v b="${2:-$(now)}" 'BEGIN { print b - a }'; }
 tcp_header_bytes() {
   [[ "$(ip netns exec "$(sim_ns 1)" cat /proc/sys/net/ipv4/tcp_timestamps)" == 1 ]] && echo 66 || echo 54
 }
+
+# MTU less the IPv4 and TCP headers (tcp_header_bytes without Ethernet's 14).
+tcp_mss() { echo $(($(ip netns exec "$(sim_ns 1)" cat /sys/class/net/eth0/mtu) - $(tcp_header_bytes) + 14)); }
