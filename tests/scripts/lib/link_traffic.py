@@ -69,7 +69,9 @@ def lower_bound_per_direction(strategy, hidden):
 def per_step(runs, idle, header):
     """Per-step counters of host 1's link from a short and a long run of the same job:
     (long - short - idle rate x (long time - short time)) / (long steps - short steps).
-    Returns tx/rx wire bytes, packets and payload (wire - header x packets)."""
+    Returns tx/rx wire bytes, packets and payload (wire - header x packets), and the TCP
+    segments the hosts retransmitted during the long and the short run, per step between them
+    (retransmitted_long, retransmitted_short)."""
     short, long_ = sorted(runs, key=lambda r: r["steps"])
     dsteps = long_["steps"] - short["steps"]
     dt = long_["seconds"] - short["seconds"]
@@ -84,6 +86,8 @@ def per_step(runs, idle, header):
     out["payload"] = out["tx_payload"] + out["rx_payload"]
     out["packets"] = out["tx_packets"] + out["rx_packets"]
     out["seconds_per_step"] = dt / dsteps
+    out["retransmitted_long"] = retransmitted(long_) / dsteps
+    out["retransmitted_short"] = retransmitted(short) / dsteps
     return out
 
 
@@ -110,11 +114,9 @@ def check(path, hidden, header, framing, mss):
         runs = [r for r in recs if r.get("strategy") == strategy]
         m = per_step(runs, idle, header)
         v = volume(strategy, hidden)
-        short, long_ = sorted(runs, key=lambda r: r["steps"])
-        dsteps = long_["steps"] - short["steps"]
         retrans = sum(retransmitted(r) for r in runs)
-        up = retransmitted(long_) * mss / dsteps
-        down = retransmitted(short) * mss / dsteps
+        up = m["retransmitted_long"] * mss
+        down = m["retransmitted_short"] * mss
         print(json.dumps({"strategy": strategy, "volume_bytes": v, "retransmitted_segments": retrans, "payload_bytes": round(m["payload"]),
                           "tx_payload_bytes": round(m["tx_payload"]), "rx_payload_bytes": round(m["rx_payload"]),
                           "wire_bytes": round(m["wire"]), "packets": round(m["packets"], 1),
