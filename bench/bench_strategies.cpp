@@ -100,6 +100,7 @@ struct Args {
   int shard_group = 0;
   double bucket_mb = 0;  // Options::bucket_cap_mb
   bool in_backward = false;  // rank mode: Options::optimizer_in_backward
+  bool zero_copy = false;    // rank mode: Options::zero_copy_gather
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -114,7 +115,8 @@ const char* kUsage =
     "                        [--cpu-adam] [--repeat 2] [--zero-targets]\n"
     "  rank mode (set by the launcher): --model M --strategy S --optim O --prefetch none|default|fwd\n"
     "                                   --shard-group G --bucket-mb MB [--rounds 2] [--only step|ceiling]\n"
-    "                                   [--breakdown] [--zero-overlap] [--optimizer-in-backward]\n";
+    "                                   [--breakdown] [--zero-overlap] [--optimizer-in-backward]\n"
+    "                                   [--zero-copy-gather]\n";
 
 [[noreturn]] void usage_error(const std::string& why) {
   fsdp::tools::print_error("bench_strategies", why + "\n" + kUsage);
@@ -163,6 +165,7 @@ Args parse_args(int argc, char** argv) {
     else if (k == "--shard-group") a.shard_group = number<int>(k, next());
     else if (k == "--bucket-mb") a.bucket_mb = number<double>(k, next());
     else if (k == "--optimizer-in-backward") a.in_backward = true;
+    else if (k == "--zero-copy-gather") a.zero_copy = true;
     else usage_error("unknown argument '" + k + "'");
   }
   return a;
@@ -221,6 +224,8 @@ int rank_main(const Args& a) {
   opts.bucket_cap_mb(a.bucket_mb);
   if (a.in_backward && zero_stage) usage_error("--optimizer-in-backward applies to the FSDP strategies");
   opts.optimizer_in_backward(a.in_backward);
+  if (a.zero_copy && zero_stage) usage_error("--zero-copy-gather applies to the FSDP strategies");
+  opts.zero_copy_gather(a.zero_copy);
   fsdp::FullyShardedDataParallel<torch::nn::SequentialImpl> model{nullptr};
   torch::nn::Sequential unwrapped{nullptr};
   int64_t numel = 0;

@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 
@@ -49,6 +50,7 @@ class Work;
 
 namespace fsdp::comm::detail {
 
+class ShmArena;
 class ShmEngine;
 
 /// One group's data movement. Every call is made by collectives.cpp with arguments it has
@@ -80,6 +82,9 @@ class Transport {
   /// in it; an empty DataPtr when it has none (comm::allocate_collective_buffer falls
   /// back to ordinary memory).
   virtual at::DataPtr allocate_direct(size_t /*nbytes*/) { return {}; }
+  /// Every member's exchange arena by group rank, for a mapped flat buffer ([Note: mapped
+  /// flat buffer] in include/fsdp/comm/mapped_flat.h); empty when this transport has none.
+  virtual std::vector<std::shared_ptr<ShmArena>> exchange_arenas() const { return {}; }
 };
 
 /// Slots of 256 KiB: big enough that the per-piece handshake (two atomics, maybe a futex

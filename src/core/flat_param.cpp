@@ -50,10 +50,12 @@ FlatParameter::FlatParameter(std::vector<FlatParamEntry> entries, int rank, int 
 }
 
 bool FlatParameter::unsharded_allocated() const {
+  if (mapped_) return mapped_fresh_;
   return unsharded_.storage().nbytes() > 0 || padded_numel_ == 0;
 }
 
 int64_t FlatParameter::unsharded_bytes() const {
+  if (mapped_) return 0;  // the seam pages only, which stay for good
   return separate_unsharded() && unsharded_allocated() ? padded_numel_ * unsharded_.element_size() : 0;
 }
 
@@ -85,6 +87,10 @@ void FlatParameter::place_on_compute_device() {
 
 void FlatParameter::alloc_unsharded(BufferPool& pool) {
   TORCH_INTERNAL_ASSERT(separate_unsharded());
+  if (mapped_) {
+    mapped_fresh_ = true;
+    return;
+  }
   if (unsharded_allocated()) return;
   const size_t nbytes = padded_numel_ * unsharded_.element_size();
   auto* impl = unsharded_.storage().unsafeGetStorageImpl();
@@ -94,9 +100,31 @@ void FlatParameter::alloc_unsharded(BufferPool& pool) {
 
 void FlatParameter::free_unsharded() {
   TORCH_INTERNAL_ASSERT(separate_unsharded());
+  if (mapped_) {
+    mapped_fresh_ = false;
+    return;
+  }
   auto* impl = unsharded_.storage().unsafeGetStorageImpl();
   impl->set_data_ptr_noswap(at::DataPtr(nullptr, unsharded_.device()));
   impl->set_nbytes(0);
+}
+
+void FlatParameter::map_unsharded(std::unique_ptr<comm::MappedFlat> mapped) {
+  TORCH_INTERNAL_ASSERT(mapped && sharded_ && !low_precision() && !offloaded_ && !mapped_);
+  TORCH_INTERNAL_ASSERT(state_ == FlatState::Sharded && (padded_numel_ == 0 || !unsharded_allocated()));
+  TORCH_INTERNAL_ASSERT(mapped->chunk().numel() == chunk_numel_ && mapped->flat().numel() == padded_numel_ &&
+                        mapped->chunk().scalar_type() == shard_.scalar_type());
+  {
+    at::NoGradGuard no_grad;
+    mapped->chunk().copy_(shard_);
+  }
+  shard_ = mapped->chunk();
+  auto* impl = unsharded_.storage().unsafeGetStorageImpl();
+  impl->set_data_ptr_noswap(at::DataPtr(mapped->flat().data_ptr(), compute_device_));
+  impl->set_nbytes(static_cast<size_t>(padded_numel_) * unsharded_.element_size());
+  mapped_ = std::move(mapped);
+  mapped_fresh_ = false;
+  use_shard_views();
 }
 
 at::Tensor FlatParameter::piece_of(const at::Tensor& shard_sized, size_t i) const {

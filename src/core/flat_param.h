@@ -50,11 +50,32 @@
 // the CPU) the copies are plain memory copies and every value equals the run without
 // offload bit for bit.
 
+// [Note: zero-copy gathers]
+// With Options::zero_copy_gather, on a shard group that shares memory, the shard lives
+// in this rank's exchange arena and the unsharded buffer is a mapped flat buffer
+// ([Note: mapped flat buffer] in include/fsdp/comm/mapped_flat.h): its chunks are the
+// ranks' shards themselves, mapped. "Allocating" it reserves nothing, "freeing" it only
+// marks it stale, and the gather is MappedFlat::refresh: a rendezvous and a copy of the
+// seam pages. The mapping stays for the unit's life; its memory is the seam pages.
+//
+// The rule it needs, that no rank writes its shard while a peer reads it and no peer
+// reads it before a refresh called after the write, holds in training by construction:
+// a rank writes its shard in the optimizer step, which follows the unit's reduction;
+// the reduction completes only once every peer has delivered its gradient, i.e. has
+// finished its backward through the unit, the last read; and each peer's next read
+// follows its next gather, whose rendezvous waits for the writer's next gather, which
+// the writer issues after its step. Evaluation has no reduction to close its reads:
+// the root's evaluation forward ends with a barrier instead (Runtime::post_forward).
+// Same dtype only (a cast shard is a copy anyway), no offload, the CPU.
+
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include <ATen/ATen.h>
+
+#include "fsdp/comm/mapped_flat.h"
 
 #include "memory/buffer_pool.h"
 
@@ -120,7 +141,14 @@ class FlatParameter {
   /// lives: itself or a cast without offload, a host copy with it.
   at::Tensor to_shard_side(const at::Tensor& shard_sized, at::ScalarType dtype) const;
 
-  /// Unsharded buffer: allocation state and the tensor collectives fill.
+  /// Moves the shard into `mapped`'s chunk and makes its flat buffer the unsharded
+  /// buffer for good ([Note: zero-copy gathers]). Sharded state, same dtype, no offload.
+  void map_unsharded(std::unique_ptr<comm::MappedFlat> mapped);
+  bool mapped() const { return mapped_ != nullptr; }
+  comm::MappedFlat& mapped_flat() const { return *mapped_; }
+
+  /// Unsharded buffer: allocation state and the tensor collectives fill. Mapped: whether
+  /// it was gathered (or a gather is pending) since it was last freed.
   bool unsharded_allocated() const;
   void alloc_unsharded(BufferPool& pool);  // memory from the pool ([Note: buffer pool])
   void free_unsharded();
@@ -157,6 +185,8 @@ class FlatParameter {
   int64_t chunk_numel_ = 0;
   at::Tensor shard_;       // chunk_numel_ elements, owned
   at::Tensor unsharded_;   // padded_numel_ elements; storage swapped in/out
+  std::unique_ptr<comm::MappedFlat> mapped_;  // [Note: zero-copy gathers]; null: copying gathers
+  bool mapped_fresh_ = false;
   FlatState state_ = FlatState::Sharded;
 };
 

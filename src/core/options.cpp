@@ -115,6 +115,13 @@ ResolvedOptions resolve_options(const Options& options, const comm::ProcessGroup
   r.keep_freed_host_memory = options.keep_freed_host_memory() && !malloc_tuned_by_environment();
   r.optimizer_in_backward = options.optimizer_in_backward();
   r.offload_params = options.offload_params();
+  r.zero_copy_gather = options.zero_copy_gather();
+  TORCH_CHECK(!r.zero_copy_gather || !r.offload_params, "fsdp (rank ", pg.rank(), "): zero_copy_gather maps the "
+              "peers' shards into the gathered parameters, but offload_params keeps the shards away from the "
+              "compute device; drop one of the two");
+  TORCH_CHECK(!r.zero_copy_gather || !r.mixed_precision.param_dtype(), "fsdp (rank ", pg.rank(), "): "
+              "zero_copy_gather maps the peers' shards as they are, but MixedPrecision::param_dtype gathers a cast "
+              "copy of them; drop param_dtype (reduce_dtype is fine) or zero_copy_gather");
   r.gpu_margin_mem_ratio = checked_margin_ratio(options, pg.rank());
   r.trace_dir = options.trace_dir();
   if (r.trace_dir.empty())

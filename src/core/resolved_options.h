@@ -44,6 +44,8 @@ struct ResolvedOptions {
   bool keep_freed_host_memory = true;
   /// Options::optimizer_in_backward ([Note: optimizer in backward]).
   bool optimizer_in_backward = false;
+  /// Options::zero_copy_gather ([Note: zero-copy gathers] in flat_param.h).
+  bool zero_copy_gather = false;
   /// Options::offload_params ([Note: offload] in flat_param.h).
   bool offload_params = false;
   /// Options::gpu_margin_mem_ratio ([Note: auto placement] in src/memory/placement.h).

@@ -119,9 +119,25 @@ Unit* Runtime::add_unit(std::string path, std::unique_ptr<FlatParameter> flat, b
   ctx.divide = options_.divide;
   ctx.cast_forward_inputs = options_.mixed_precision.cast_forward_inputs();
   ctx.streams = &streams_;
+  if (options_.zero_copy_gather && flat->sharded()) map_gathers(path, *flat);
   units_.push_back(std::make_unique<Unit>(std::move(ctx), static_cast<int>(units_.size()), std::move(path),
                                           std::move(flat), is_root, reshard_after_forward));
   return units_.back().get();
+}
+
+void Runtime::map_gathers(const std::string& path, FlatParameter& flat) {
+  // [Note: zero-copy gathers]. Collective over the gather group: every rank adds the
+  // same units in the same order.
+  TORCH_CHECK(flat.options().device().is_cpu(), "fsdp (rank ", pg_.rank(), "): zero_copy_gather maps shards in host "
+              "shared memory, but unit '", path, "' is on ", flat.options().device(), "; drop zero_copy_gather");
+  std::string why;
+  auto mapped = comm::MappedFlat::create(gather_pg_, flat.chunk_numel(), flat.shard().scalar_type(),
+                                         {comm::Phase::Setup, path}, &why);
+  TORCH_CHECK(mapped, "fsdp (rank ", pg_.rank(), "): zero_copy_gather cannot map the shards of unit '", path,
+              "': ", why, ". It needs every rank of the shard group on one host with shared memory on; drop "
+              "zero_copy_gather");
+  flat.map_unsharded(std::move(mapped));
+  mapped_gathers_ = true;
 }
 
 UnitHooks* Runtime::call_site(Unit* unit) {
@@ -192,6 +208,9 @@ void Runtime::post_forward(Unit& unit, const std::vector<at::Tensor>& outputs) {
   if (!training) {
     // Root of an evaluation forward: everything is done.
     if (unit.is_root()) {
+      // No reduction closes an evaluation's reads of the peers' mapped shards: wait until
+      // every rank is done before any may write its own ([Note: zero-copy gathers]).
+      if (mapped_gathers_) comm::barrier(gather_pg_, {comm::Phase::Forward, "end of evaluation (zero_copy_gather)"});
       pre_forward_order_.clear();
       post_forward_order_.clear();
     }

@@ -132,6 +132,8 @@ class Runtime {
   /// The hooks a call site (Wrappable, Sequential entry) invokes for `unit`;
   /// owned by the runtime.
   UnitHooks* call_site(Unit* unit);
+  /// Options::zero_copy_gather: `flat`'s unsharded buffer maps the gather group's shards.
+  void map_gathers(const std::string& path, FlatParameter& flat);
   // Units without a call site of their own (full-precision BatchNorm units of
   // mixed precision): never sharded, so nothing needs gathering. Their forward
   // runs inside the root's, so the root's pre-forward takes them through their
@@ -261,6 +263,7 @@ class Runtime {
   bool no_sync_ = false;
   bool no_step_ = false;
   std::unique_ptr<BackwardOptimizer> backward_optimizer_;
+  bool mapped_gathers_ = false;  // some unit gathers by mapping ([Note: zero-copy gathers] in flat_param.h)
   bool placed_ = false;  // [Note: auto placement] in src/memory/placement.h
   std::vector<Unit*> placed_on_device_;
   std::vector<const Unit*> kept_after_forward_;  // from the previous iteration's forward

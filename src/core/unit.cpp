@@ -105,7 +105,10 @@ bool Unit::issue_gather(comm::Phase phase) {
       const auto on_stream = streams() ? streams()->make_current(StreamKind::AllGather) : nullptr;
       {
         PhaseSpan issuing(ctx_.tracer, "issue_gather", label());
-        g.handle = comm::all_gather_into(ctx_.gather_group, flat_->unsharded(), g.source, {phase, label()});
+        // Mapped: the peers' shards are already in place ([Note: zero-copy gathers]).
+        g.handle = flat_->mapped() ? flat_->mapped_flat().refresh({phase, label()})
+                                   : comm::all_gather_into(ctx_.gather_group, flat_->unsharded(), g.source,
+                                                           {phase, label()});
       }
       g.handle.order_current_stream();
     }

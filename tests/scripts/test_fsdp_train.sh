@@ -80,12 +80,14 @@ pass "all strategies start from the same loss ($f1)"
 
 # The schedule flags move collectives, never numbers: same losses bit for bit.
 # --optimizer-in-backward steps each unit inside backward: the same numbers too, also with
-# --offload-params (shards, gradients and Adam state on the host: here one memory with the device).
+# --offload-params (shards, gradients and Adam state on the host: here one memory with the device)
+# and with --zero-copy-gather (the gathered parameters map the other rank's shard).
 # --backward-prefetch pre is the default: that run repeats full_shard's flags, so it is also
 # section 2's check that the same flags twice give the same losses and eval.
 for flags in "--backward-prefetch none --forward-prefetch --bucket-cap-mb 8" "--backward-prefetch pre" \
   "--backward-prefetch post --bucket-cap-mb 8" "--optimizer-in-backward" \
-  "--optimizer-in-backward --bucket-cap-mb 8" "--offload-params --optimizer-in-backward"; do
+  "--optimizer-in-backward --bucket-cap-mb 8" "--offload-params --optimizer-in-backward" \
+  "--zero-copy-gather --optimizer-in-backward"; do
   # shellcheck disable=SC2086
   run --strategy full_shard --steps 30 --no-shuffle $flags --metrics "$WORK/schedule.jsonl"
   [[ $RC == 0 ]] || { cat "$OUT"; fail "$flags: exit status $RC"; }
@@ -126,6 +128,9 @@ expect_error "--context must be >= 1, got 0" --model gpt --context 0
 expect_error "--layers applies to --model gpt only, not --model mlp" --layers 3
 expect_error "--hidden applies to --model mlp only, not --model gpt" --model gpt --hidden 128
 expect_error "--optimizer-in-backward needs gradients reduced during backward" --strategy zero1 --optimizer-in-backward
+expect_error "--zero-copy-gather maps the sharded parameters FSDP gathers" --strategy zero2 --zero-copy-gather
+expect_error "--mixed-precision bf16 gathers a cast copy: drop one of the two" --zero-copy-gather --mixed-precision bf16
+expect_error "--offload-params keeps them away from the device: drop one of the two" --zero-copy-gather --offload-params
 expect_error "--gpu-margin-mem-ratio places offloaded state back on the GPU; add --offload-params" --gpu-margin-mem-ratio 0.5
 expect_error "--gpu-margin-mem-ratio with --strategy full_shard needs --optimizer-in-backward" --offload-params --gpu-margin-mem-ratio 0.5
 expect_error "--gpu-margin-mem-ratio must be in [0, 1]" --offload-params --gpu-margin-mem-ratio 2

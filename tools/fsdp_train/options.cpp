@@ -124,6 +124,10 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
   app.add_flag("--optimizer-in-backward", o.optimizer_in_backward,
                "step each unit's shard with the optimizer inside backward, as its reduction completes "
                "(same results; FSDP: gradients freed unit by unit; zero2: each bucket's chunk; not zero1)");
+  app.add_flag("--zero-copy-gather", o.zero_copy_gather,
+               "on one host, gather each unit's parameters by mapping the other ranks' shards instead of "
+               "copying them (same results; sharded FSDP strategies on the CPU, without --mixed-precision bf16 "
+               "or --offload-params)");
   app.add_flag("--offload-params", o.offload_params,
                "keep each unit's fp32 shard, its gradients and the optimizer state in host memory; only "
                "compute-dtype copies visit the device (zero1/zero2: this rank's partition; pair with "
@@ -227,6 +231,14 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
   if (o.optimizer_in_backward && o.strategy == "zero1")
     return usage_error("--optimizer-in-backward needs gradients reduced during backward: the FSDP strategies or "
                        "zero2, not --strategy zero1 (it reduces in the step)");
+  if (o.zero_copy_gather && (o.strategy == "zero1" || o.strategy == "zero2" || o.strategy == "no_shard"))
+    return usage_error("--zero-copy-gather maps the sharded parameters FSDP gathers: --strategy full_shard, "
+                       "shard_grad_op or hybrid_shard, not " + o.strategy);
+  if (o.zero_copy_gather && (o.mixed_precision != "none" || o.offload_params))
+    return usage_error("--zero-copy-gather maps the other ranks' shards as they are; " +
+                       std::string(o.offload_params ? "--offload-params keeps them away from the device"
+                                                    : "--mixed-precision " + o.mixed_precision + " gathers a cast copy") +
+                       ": drop one of the two");
   if (group_opt->count() > 0 && o.strategy != "hybrid_shard")
     return usage_error("--shard-group-size applies to --strategy hybrid_shard only");
   if (o.shard_group_size < 0)

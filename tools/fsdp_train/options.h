@@ -64,6 +64,7 @@ struct TrainOptions {
   std::string backward_prefetch = "pre";  ///< pre | post | none (fsdp::Options::backward_prefetch)
   bool forward_prefetch = false;          ///< fsdp::Options::forward_prefetch
   bool optimizer_in_backward = false;     ///< fsdp::Options::optimizer_in_backward
+  bool zero_copy_gather = false;          ///< fsdp::Options::zero_copy_gather
   bool offload_params = false;            ///< fsdp::Options::offload_params, ZeroOptions::cpu_offload
   double gpu_margin_mem_ratio = 0;        ///< fsdp::Options / ZeroOptions::gpu_margin_mem_ratio (placement auto)
   double bucket_cap_mb = 0;               ///< fsdp::Options::bucket_cap_mb (<= 0: off)

@@ -407,6 +407,7 @@ int run_rank(const TrainOptions& o) {
                            .forward_prefetch(o.forward_prefetch)
                            .bucket_cap_mb(o.bucket_cap_mb)
                            .optimizer_in_backward(o.optimizer_in_backward)
+                           .zero_copy_gather(o.zero_copy_gather)
                            .offload_params(o.offload_params)
                            .gpu_margin_mem_ratio(o.gpu_margin_mem_ratio);
   base.backward_prefetch(o.backward_prefetch == "post"   ? fsdp::BackwardPrefetch::BACKWARD_POST

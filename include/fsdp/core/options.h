@@ -150,6 +150,16 @@ struct Options {
   /// scaler's inf check, LBFGS. Accumulation: only a backward outside no_sync() and
   /// no_step() steps. See [Note: optimizer in backward] in src/core/backward_optimizer.h.
   TORCH_ARG(bool, optimizer_in_backward) = false;
+  /// On one host (shared memory between the shard group's ranks, the default there):
+  /// each unit's shard lives in memory its peers map, and its gathered parameters map the
+  /// peers' shards instead of copying them, so a gather moves only the few pages where
+  /// two shards meet and waits for the peers. The gathered buffer costs no memory while
+  /// the unit is gathered (it is mapped for good instead); values are bitwise those of
+  /// copying gathers. Sharded strategies on the CPU, parameters gathered in their own
+  /// dtype (no MixedPrecision::param_dtype), no offload_params; refused otherwise, and
+  /// when the shard group does not share memory. See [Note: zero-copy gathers] in
+  /// src/core/flat_param.h.
+  TORCH_ARG(bool, zero_copy_gather) = false;
   /// CPU offload (PyTorch FSDP's CPUOffload(offload_params=true), FairScale's
   /// move_params_to_cpu + move_grads_to_cpu): each unit's shard (the full-precision
   /// master weights), its reduced gradient pieces and therefore the optimizer state

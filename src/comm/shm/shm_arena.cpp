@@ -46,7 +46,7 @@ namespace fsdp::comm::detail {
 namespace {
 
 constexpr uint64_t kArenaMagic = 0x3161726170647366ull;  // "fsdpara1"
-constexpr int64_t kPage = 4096;
+constexpr int64_t kPage = kArenaPage;
 // Virtual length: larger than any set of FSDP buffers alive at once on one host. Costs
 // address space only (MAP_NORESERVE, sparse file).
 constexpr int64_t kArenaBytes = int64_t(64) << 30;
@@ -155,9 +155,10 @@ int64_t ShmArena::offset_of(const void* p, int64_t len) const {
   return c - base_;
 }
 
-at::DataPtr ShmArena::allocate(size_t nbytes) {
+at::DataPtr ShmArena::allocate(size_t nbytes, int64_t phase) {
   TORCH_INTERNAL_ASSERT(owner_, "fsdp: allocating from a peer's exchange arena");
-  const int64_t len = round_up(std::max<int64_t>(static_cast<int64_t>(nbytes), 1), kPage);
+  TORCH_INTERNAL_ASSERT(phase >= 0 && phase < kPage, "fsdp: arena phase ", phase, " is not inside a page");
+  const int64_t len = round_up(std::max<int64_t>(static_cast<int64_t>(nbytes) + phase, 1), kPage);
   int64_t off = -1;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -177,7 +178,7 @@ at::DataPtr ShmArena::allocate(size_t nbytes) {
   }
   auto* lease = new Lease{shared_from_this(), off, len, static_cast<int64_t>(nbytes)};
   account(lease->counted);
-  return at::DataPtr(base_ + off, lease, [](void* ctx) {
+  return at::DataPtr(base_ + off + phase, lease, [](void* ctx) {
     std::unique_ptr<Lease> l(static_cast<Lease*>(ctx));
     account(-l->counted);
     l->arena->release(l->off, l->len);

@@ -11,6 +11,9 @@
 
 namespace fsdp::comm::detail {
 
+/// Blocks are carved in pages of this size, which mappings of an arena need too.
+constexpr int64_t kArenaPage = 4096;
+
 class ShmArena : public std::enable_shared_from_this<ShmArena> {
  public:
   /// This process's arena: an unlinked shared-memory file of kArenaBytes with no pages
@@ -35,7 +38,10 @@ class ShmArena : public std::enable_shared_from_this<ShmArena> {
   /// here, not with SIGBUS on first touch); freeing the DataPtr hands the pages back.
   /// An empty DataPtr when the arena or /dev/shm is full: the caller falls back to
   /// ordinary memory, whose collectives take the copying path.
-  at::DataPtr allocate(size_t nbytes);
+  /// `phase` < one page: the block starts `phase` bytes into its first page (a mapped
+  /// flat buffer needs a chunk at the page offset its place in the flat buffer has;
+  /// [Note: mapped flat buffer] in include/fsdp/comm/mapped_flat.h).
+  at::DataPtr allocate(size_t nbytes, int64_t phase = 0);
 
  private:
   // A mapping of kArenaBytes at `base` of the file `fd`, which this object then owns.

@@ -701,6 +701,13 @@ at::DataPtr ShmChannel::allocate_direct(size_t nbytes) {
   return own_arena_ ? own_arena_->allocate(nbytes) : at::DataPtr();
 }
 
+std::vector<std::shared_ptr<ShmArena>> ShmChannel::exchange_arenas() const {
+  if (!own_arena_) return {};
+  auto all = arenas_;
+  all[static_cast<size_t>(rank_)] = own_arena_;
+  return all;
+}
+
 std::string ShmChannel::peer_problem() const {
   // A peer that exited without giving up first (it crashed or was killed): the cause.
   // Failures of other peers may only be the echo of it.

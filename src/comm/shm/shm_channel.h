@@ -52,6 +52,9 @@ class ShmChannel {
   /// arena] in shm_arena.cpp). An empty DataPtr when the channel copies through its rings
   /// only (FSDP_SHM_DIRECT=0, or some member could not map some arena) or the arena is full.
   at::DataPtr allocate_direct(size_t nbytes);
+  /// Every member's exchange arena by group rank (this rank's included), or empty under
+  /// the same conditions as allocate_direct's empty DataPtr.
+  std::vector<std::shared_ptr<ShmArena>> exchange_arenas() const;
 
  private:
   friend std::shared_ptr<ShmChannel> make_shm_channel(const ProcessGroup& g,

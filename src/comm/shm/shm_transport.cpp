@@ -62,6 +62,11 @@ void ShmTransport::barrier(const ProcessGroup& g) { gloo_->barrier(g); }
 
 at::DataPtr ShmTransport::allocate_direct(size_t nbytes) { return channel_->allocate_direct(nbytes); }
 
+std::vector<std::shared_ptr<ShmArena>> ShmTransport::exchange_arenas() const {
+  // A mapped flat buffer reads the arenas directly: only while the rings are in use.
+  return shm_on() ? channel_->exchange_arenas() : std::vector<std::shared_ptr<ShmArena>>{};
+}
+
 void ShmTransport::wait(const c10::intrusive_ptr<c10d::Work>& work, const ProcessGroup& g,
                         const std::string& op) {
   gloo_->wait(work, g, op);

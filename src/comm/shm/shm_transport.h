@@ -29,6 +29,7 @@ class ShmTransport final : public Transport {
   void wait(const c10::intrusive_ptr<c10d::Work>& work, const ProcessGroup& g,
             const std::string& op) override;
   at::DataPtr allocate_direct(size_t nbytes) override;
+  std::vector<std::shared_ptr<ShmArena>> exchange_arenas() const override;
 
   const std::shared_ptr<ShmChannel>& channel() const { return channel_; }
 
