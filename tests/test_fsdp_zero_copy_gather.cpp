@@ -4,15 +4,18 @@
 // the same model trained with copying gathers: parameters, optimizer state and evaluation
 // outputs bitwise equal after every step, for FULL_SHARD, SHARD_GRAD_OP and HYBRID_SHARD,
 // with the optimizer after backward and inside it, at 2-4 ranks, on units whose shards are
-// smaller than a page (all seams) and larger (mapped pages). Also: the refusals, the
+// smaller than a page (all seams) and larger (mapped pages), with checkpointed blocks and with
+// a state dict loaded into the mapped shards between steps. Also: the refusals, the
 // gather bytes that no longer move, and ranks that refresh out of step.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "fsdp/autograd/checkpoint_wrapper.h"
 #include "fsdp/comm/collectives.h"
 #include "fsdp/comm/mapped_flat.h"
 #include "fsdp/core/fully_sharded.h"
 #include "fsdp/optim/cpu_adam.h"
+#include "fsdp/state/state_dict.h"
 #include "harness/error_of.h"
 #include "harness/models.h"
 #include "harness/multirank.h"
@@ -84,6 +87,8 @@ struct Case {
   Options options;
   bool in_backward = false;
   bool wide = true;
+  bool checkpointed = false;  // every block recomputed in backward
+  bool reload = false;        // a full state dict saved and loaded back between steps
 };
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(torch::nn::Module& m, bool cpu_adam) {
@@ -93,7 +98,11 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(torch::nn::Module& m, bo
 
 void check_equal_to_copying_gathers(comm::ProcessGroup& pg, const Case& c) {
   run_case(c.name, [&] {
-    auto make = [&] { return c.wide ? make_wide_transformer() : make_transformer(); };
+    auto make = [&] {
+      auto m = c.wide ? make_wide_transformer() : make_transformer();
+      if (c.checkpointed) EXPECT_EQ(apply_activation_checkpointing(*m, checkpoint_module_type<BlockImpl>()), 3);
+      return m;
+    };
     auto ref = FullyShardedDataParallel(make(), pg, Options(c.options).optimizer_in_backward(c.in_backward));
     auto model = FullyShardedDataParallel(
         make(), pg, Options(c.options).optimizer_in_backward(c.in_backward).zero_copy_gather(true));
@@ -123,6 +132,16 @@ void check_equal_to_copying_gathers(comm::ProcessGroup& pg, const Case& c) {
       const std::string where = c.name + " step " + std::to_string(s);
       expect_same_params(*model, *ref, where);
       EXPECT_TRUE(torch::equal(evaluate(model, s), evaluate(ref, s))) << where << ": evaluation output";
+      if (c.reload) {
+        // Written into the mapped shards without a collective: the peers read them only
+        // after their next gather's rendezvous.
+        auto saved = state_dict(*model);
+        {
+          torch::NoGradGuard no_grad;
+          for (auto& p : model->parameters()) p.zero_();
+        }
+        load_state_dict(*model, saved);
+      }
     }
     // The parameters' bytes no longer move: only the rendezvous' 8 bytes per rank.
     EXPECT_GT(ref_bytes, 0);
@@ -140,6 +159,10 @@ void training_cases(comm::ProcessGroup& pg) {
   check_equal_to_copying_gathers(pg, {"shard_grad_op/cpu_adam in backward", strategy(S::SHARD_GRAD_OP), true});
   check_equal_to_copying_gathers(
       pg, {"full_shard/prefetch both ways", strategy(S::FULL_SHARD).forward_prefetch(true)});
+  check_equal_to_copying_gathers(
+      pg, {"full_shard/checkpointed blocks/cpu_adam in backward", strategy(S::FULL_SHARD), true, true, true});
+  check_equal_to_copying_gathers(pg, {"full_shard/state dict reloaded every step", strategy(S::FULL_SHARD), false,
+                                      true, false, true});
   if (pg.size() % 2 == 0)
     check_equal_to_copying_gathers(pg, {"hybrid_shard/cpu_adam in backward",
                                         strategy(S::HYBRID_SHARD).shard_group_size(2), true});
