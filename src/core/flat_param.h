@@ -66,6 +66,9 @@
 // follows its next gather, whose rendezvous waits for the writer's next gather, which
 // the writer issues after its step. Evaluation has no reduction to close its reads:
 // the root's evaluation forward ends with a barrier instead (Runtime::post_forward).
+// Not covered: a training forward whose backward never runs, followed on one rank by a
+// write outside any collective (load_state_dict) while a peer still computes that
+// forward's last unit; write after a collective (a barrier) there.
 // Same dtype only (a cast shard is a copy anyway), no offload, the CPU.
 
 #include <memory>
