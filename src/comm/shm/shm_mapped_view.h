@@ -26,10 +26,9 @@ class ShmMappedView {
   /// Copies every rank's current bytes of the seam pages from its arena.
   void copy_seams() const;
   /// Bytes of the private seam pages (what the view holds beyond the chunks themselves).
-  int64_t seam_bytes() const { return seam_pages_ * kPageBytes; }
+  int64_t seam_bytes() const;
 
  private:
-  static constexpr int64_t kPageBytes = 4096;
   struct Piece {  // a rank's bytes on a seam page
     int64_t at;   // offset in the view
     const char* from;
