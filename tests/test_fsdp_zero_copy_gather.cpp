@@ -100,7 +100,9 @@ void check_equal_to_copying_gathers(comm::ProcessGroup& pg, const Case& c) {
   run_case(c.name, [&] {
     auto make = [&] {
       auto m = c.wide ? make_wide_transformer() : make_transformer();
-      if (c.checkpointed) EXPECT_EQ(apply_activation_checkpointing(*m, checkpoint_module_type<BlockImpl>()), 3);
+      if (c.checkpointed) {
+        EXPECT_EQ(apply_activation_checkpointing(*m, checkpoint_module_type<BlockImpl>()), 3);
+      }
       return m;
     };
     auto ref = FullyShardedDataParallel(make(), pg, Options(c.options).optimizer_in_backward(c.in_backward));
