@@ -9,7 +9,9 @@
 #
 # Per run: bench_strategies' JSON line of rank 0 (its step, ceiling and optimizer times measured
 # in the same rank processes). Prints one JSON line per run and the median of the per-pair ratios
-# B/A of step_ms, with the medians of each side's step and optimizer times.
+# B/A of step_ms, with the medians of each side's step and optimizer times, and of (A - B) /
+# A's optimizer time per pair: the share of the optimizer that B hides when B_FLAGS puts it
+# inside backward.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 # shellcheck source=lib/two_hosts.sh
@@ -51,6 +53,9 @@ print(json.dumps({"pairs": len(ratios), "median_ratio_B_over_A": round(statistic
                   "ratios": [round(x, 3) for x in ratios], "median_step_ms_A": med(a), "median_step_ms_B": med(b),
                   "median_optimizer_ms_A": med(side("A", "optimizer_ms")),
                   "median_optimizer_ms_B": med(side("B", "optimizer_ms")),
-                  "median_ceiling_ms": med(side("A", "ceiling_ms"))}))
+                  "median_ceiling_ms": med(side("A", "ceiling_ms")),
+                  # What B saves of A's optimizer time, per pair (B: --optimizer-in-backward).
+                  "median_hidden_of_A_optimizer": round(statistics.median(
+                      (a[p] - b[p]) / side("A", "optimizer_ms")[p] for p in sorted(a) if p in b), 3)}))
 PY
 echo "load average: $(cat /proc/loadavg)"

@@ -8,6 +8,11 @@ the next. For each step (the first --skip steps left out) prints, in ms from the
 start: where forward and backward end, each reduction's span (issue -> complete on this
 rank) and each replica all-reduce's span (issued -> taken back by the backward thread),
 and the step's end; then the medians over steps as one JSON line.
+
+With the optimizer inside backward (the runtime's "step <unit>" spans) each step also gets
+optimizer_ms, the time of those spans, and exposed_ms, the part of it after the step's last
+reduction (reduce-scatter or replica all-reduce) ended: what the link no longer hides. The
+median line then adds hidden = 1 - sum(exposed_ms) / sum(optimizer_ms) over the steps.
 """
 import json
 import statistics
@@ -39,9 +44,14 @@ def main():
         row["backward_end"] = ms(max(e["ts"] + e["dur"] for e in bwd)) if bwd else None
         for e in bwd:
             row[e["name"]] = [ms(e["ts"]), ms(e["ts"] + e["dur"])]
-        for e in inside:
-            if e["tid"] == 2:
-                row[e["name"]] = [ms(e["ts"]), ms(e["ts"] + e["dur"])]
+        reductions = [e for e in inside if e["tid"] == 2]
+        for e in reductions:
+            row[e["name"]] = [ms(e["ts"]), ms(e["ts"] + e["dur"])]
+        steps = [e for e in inside if e["name"].startswith("step ")]
+        if steps and reductions:
+            link_end = max(e["ts"] + e["dur"] for e in reductions)
+            row["optimizer_ms"] = round(sum(e["dur"] for e in steps) / 1000.0, 3)
+            row["exposed_ms"] = round(sum(max(0, e["ts"] + e["dur"] - max(e["ts"], link_end)) for e in steps) / 1000.0, 3)
         rows.append(row)
         print(json.dumps(row))
     med = {}
@@ -53,6 +63,9 @@ def main():
             med[k] = [round(statistics.median(v[0] for v in vals), 2), round(statistics.median(v[1] for v in vals), 2)]
         else:
             med[k] = round(statistics.median(vals), 2)
+    timed = [r for r in rows if r.get("optimizer_ms")]
+    if timed:
+        med["hidden"] = round(1 - sum(r["exposed_ms"] for r in timed) / sum(r["optimizer_ms"] for r in timed), 3)
     print(json.dumps({"median_over_steps": len(rows), **med}))
 
 
