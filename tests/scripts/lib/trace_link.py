@@ -17,6 +17,8 @@ step and then as medians, in ms from the earliest rank's start of the step:
   link_end        the latest end of any replica all-reduce
   step_end        the earliest rank's start of the next step
   link_ms         link_end - link_start, to compare with the link bound (measure_multihost.sh)
+  tail_ms         step_end - link_end: what the step spends after the link has emptied (with
+                  the optimizer after backward, mostly its step)
 """
 import json
 import statistics
@@ -69,6 +71,7 @@ def main():
                                                        "link_start", "link_end")}
         row["step_end"] = ms(min(p["next"] for p in per))
         row["link_ms"] = round(row["link_end"] - row["link_start"], 2)
+        row["tail_ms"] = round(row["step_end"] - row["link_end"], 2)
         rows.append(row)
         print(json.dumps(row))
     if not rows:
