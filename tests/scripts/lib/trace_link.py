@@ -25,18 +25,8 @@ import statistics
 import sys
 from pathlib import Path
 
-
-def steps_of(path):
-    ev = [e for e in json.load(open(path))["traceEvents"] if e.get("ph") == "X"]
-    ev.sort(key=lambda e: e["args"]["begin_seq"])
-    starts, prev_fwd = [], False
-    for e in ev:
-        is_fwd = e["name"].startswith("forward ")
-        if is_fwd and not prev_fwd:
-            starts.append(e["ts"])
-        if e["tid"] == 0:
-            prev_fwd = is_fwd
-    return ev, starts
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from trace_timeline import load_steps  # noqa: E402
 
 
 def rank_step(ev, t0, t1, unit):
@@ -56,7 +46,7 @@ def main():
     trace_dir = Path(sys.argv[1])
     unit = sys.argv[sys.argv.index("--unit") + 1]
     skip = int(sys.argv[sys.argv.index("--skip") + 1]) if "--skip" in sys.argv else 2
-    ranks = [steps_of(p) for p in sorted(trace_dir.glob("trace_rank*.json"))]
+    ranks = [load_steps(p) for p in sorted(trace_dir.glob("trace_rank*.json"))]
     if len(ranks) < 2:
         sys.exit(f"trace_link.py: fewer than two trace_rank*.json in {trace_dir}")
     n = min(len(starts) for _, starts in ranks)

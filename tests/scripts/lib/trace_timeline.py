@@ -19,9 +19,8 @@ import statistics
 import sys
 
 
-def main():
-    path = sys.argv[1]
-    skip = int(sys.argv[sys.argv.index("--skip") + 1]) if "--skip" in sys.argv else 2
+def load_steps(path):
+    """The trace's spans in begin order, and the start of each iteration (also trace_link.py's)."""
     ev = [e for e in json.load(open(path))["traceEvents"] if e.get("ph") == "X"]
     ev.sort(key=lambda e: e["args"]["begin_seq"])
     # Iteration boundaries: a forward span whose predecessor (in begin order) was not a forward.
@@ -32,6 +31,13 @@ def main():
             starts.append(e["ts"])
         if e["tid"] == 0:
             prev_fwd = is_fwd
+    return ev, starts
+
+
+def main():
+    path = sys.argv[1]
+    skip = int(sys.argv[sys.argv.index("--skip") + 1]) if "--skip" in sys.argv else 2
+    ev, starts = load_steps(path)
     rows = []
     for i in range(skip, len(starts) - 1):
         t0, t1 = starts[i], starts[i + 1]
