@@ -47,15 +47,16 @@ import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 side = lambda w, k: {r["pair"]: r["result"][k] for r in rows if r["side"] == w}
 a, b = side("A", "step_ms"), side("B", "step_ms")
-ratios = [b[p] / a[p] for p in sorted(a) if p in b]
+opt_a = side("A", "optimizer_ms")
+pairs = [p for p in sorted(a) if p in b]
+ratios = [b[p] / a[p] for p in pairs]
 med = lambda d: round(statistics.median(d.values()), 3)
 print(json.dumps({"pairs": len(ratios), "median_ratio_B_over_A": round(statistics.median(ratios), 3),
                   "ratios": [round(x, 3) for x in ratios], "median_step_ms_A": med(a), "median_step_ms_B": med(b),
-                  "median_optimizer_ms_A": med(side("A", "optimizer_ms")),
+                  "median_optimizer_ms_A": med(opt_a),
                   "median_optimizer_ms_B": med(side("B", "optimizer_ms")),
                   "median_ceiling_ms": med(side("A", "ceiling_ms")),
                   # What B saves of A's optimizer time, per pair (B: --optimizer-in-backward).
-                  "median_hidden_of_A_optimizer": round(statistics.median(
-                      (a[p] - b[p]) / side("A", "optimizer_ms")[p] for p in sorted(a) if p in b), 3)}))
+                  "median_hidden_of_A_optimizer": round(statistics.median((a[p] - b[p]) / opt_a[p] for p in pairs), 3)}))
 PY
 echo "load average: $(cat /proc/loadavg)"
