@@ -330,11 +330,25 @@ TEST(FsdpFakeStreams, TrainsWithoutHazardsAt3Ranks) { run_ranks(3, training_case
 // ---- (d) on a GPU: the CUDA stream order, with delays injected on one stream ----
 //
 // A gpu case of its own (test_stream_order_cuda). FSDP on the rank's GPU orders its
-// all-gather and reduce-scatter streams through the CUDA backend; a spin kernel queued on
-// one of them before each collective makes any missing wait show as other values, so each
-// delayed run must equal the undelayed one bit for bit (same kernels, same order). At one
-// rank the "all-gather" is a copy on the all-gather stream, ordered for compute by the
-// stream order alone: leaving that wait out must change the values (the check is live).
+// all-gather and reduce-scatter streams through the CUDA backend. A spin kernel queued
+// before each collective's issue makes one side late: on the all-gather or reduce-scatter
+// stream the collectives run late (a consumer that does not wait reads too early); on
+// compute the work the collectives must wait for runs late (a cast, a flattened gradient,
+// the last reads of a pool block the next gather overwrites). Each delayed run must equal
+// the undelayed one bit for bit (same kernels, same order).
+//
+// What the negative controls show (at one rank, over NCCL, whose collectives run on a
+// stream of their own):
+// - The producer-side waits are live: only the stream order makes the all-gather stream
+//   wait compute (GatherWaitsCompute) and the reduce-scatter stream wait the flattening
+//   (ReduceWaitsCompute); with compute late, leaving either out changes the values.
+// - The consumer-side wait is covered twice: the collective's handle, waited with compute
+//   current, orders compute after NCCL's stream by itself, so ComputeWaitsGather alone
+//   cannot be shown missing. With the handle's wait moved to a stream compute never waits,
+//   the stream order alone keeps the values; leaving out ComputeWaitsGather as well, so
+//   that nothing orders compute after the late all-gather, changes them.
+// Each control repeats kRepeats times: a planted skip must change the values every time,
+// and the correct run under the same delay must match every time.
 
 class StreamHooksScope {
  public:
@@ -345,6 +359,7 @@ class StreamHooksScope {
 };
 
 constexpr int64_t kDelayCycles = 20'000'000;  // ~10 ms at H100 clocks: longer than any unit's compute
+constexpr int kRepeats = 3;
 
 TrainedState train_on_gpu(comm::ProcessGroup& pg, const Config& c, fsdp::detail::StreamOrderTestHooks hooks,
                           int steps = 3) {
@@ -382,32 +397,63 @@ bool same_params(const TrainedState& a, const TrainedState& b) {
   return true;
 }
 
+fsdp::detail::StreamOrderTestHooks delayed(StreamKind stream) {
+  fsdp::detail::StreamOrderTestHooks hooks;
+  hooks.delayed_stream = stream;
+  hooks.delay_cycles = kDelayCycles;
+  return hooks;
+}
+
+// How many of kRepeats runs under `hooks` end with the parameters of `ref`.
+int runs_matching(comm::ProcessGroup& pg, const Config& c, const fsdp::detail::StreamOrderTestHooks& hooks,
+                  const TrainedState& ref) {
+  int matching = 0;
+  for (int i = 0; i < kRepeats; ++i) matching += same_params(train_on_gpu(pg, c, hooks), ref) ? 1 : 0;
+  return matching;
+}
+
+void negative_controls(comm::ProcessGroup& pg) {
+  const Config full{"FULL_SHARD", Options().auto_wrap_policy(module_type_policy<BlockImpl>())};
+  const TrainedState ref = train_on_gpu(pg, full, {});
+  run_case("compute late: the correct run keeps the values", [&] {
+    EXPECT_EQ(runs_matching(pg, full, delayed(kCompute), ref), kRepeats);
+  });
+  for (WaitSite producer_side : {WaitSite::GatherWaitsCompute, WaitSite::ReduceWaitsCompute}) {
+    run_case(std::string("compute late, planted: ") + fsdp::detail::to_string(producer_side), [&] {
+      auto hooks = delayed(kCompute);
+      hooks.skipped_wait = producer_side;
+      EXPECT_EQ(runs_matching(pg, full, hooks, ref), 0)
+          << "a collective read or overwrote memory before compute's late work on it, and the values stayed "
+             "the same: the compute-side delay did not make that work late";
+    });
+  }
+  run_case("all-gather late, handle waited off compute: the stream order alone keeps the values", [&] {
+    auto hooks = delayed(kGather);
+    hooks.gather_handle_wait_off_compute = true;
+    EXPECT_EQ(runs_matching(pg, full, hooks, ref), kRepeats);
+  });
+  run_case("all-gather late, handle waited off compute, planted: compute waits all-gather", [&] {
+    auto hooks = delayed(kGather);
+    hooks.gather_handle_wait_off_compute = true;
+    hooks.skipped_wait = WaitSite::ComputeWaitsGather;
+    EXPECT_EQ(runs_matching(pg, full, hooks, ref), 0)
+        << "compute read the gathered parameters with nothing ordering it after the late all-gather, and "
+           "still got the same values: the delay did not reach the all-gather";
+  });
+}
+
 void delayed_stream_cases(comm::ProcessGroup& pg) {
   for (const Config& c : configs(pg.size())) {
     if (c.extra == Extra::Checkpoint || c.extra == Extra::NoSync) continue;  // their CPU cases cover the order
     run_case(c.name, [&] {
       const TrainedState ref = train_on_gpu(pg, c, {});
-      for (StreamKind delayed : {kGather, kReduce}) {
-        SCOPED_TRACE(std::string("delayed: ") + fsdp::detail::to_string(delayed));
-        fsdp::detail::StreamOrderTestHooks hooks;
-        hooks.delayed_stream = delayed;
-        hooks.delay_cycles = kDelayCycles;
-        expect_bitwise_equal(train_on_gpu(pg, c, hooks), ref);
+      for (StreamKind late : {kGather, kReduce, kCompute}) {
+        SCOPED_TRACE(std::string("delayed: ") + fsdp::detail::to_string(late));
+        expect_bitwise_equal(train_on_gpu(pg, c, delayed(late)), ref);
       }
     });
   }
-  if (pg.size() != 1) return;
-  run_case("a wait left out shows under the delay", [&] {
-    const Config full{"FULL_SHARD", Options().auto_wrap_policy(module_type_policy<BlockImpl>())};
-    const TrainedState ref = train_on_gpu(pg, full, {});
-    fsdp::detail::StreamOrderTestHooks hooks;
-    hooks.delayed_stream = kGather;
-    hooks.delay_cycles = kDelayCycles;
-    hooks.skipped_wait = WaitSite::ComputeWaitsGather;
-    EXPECT_FALSE(same_params(train_on_gpu(pg, full, hooks), ref))
-        << "compute read the gathered parameters before the delayed all-gather stream wrote them, "
-           "and still got the same values: the delay did not reach the all-gather stream";
-  });
+  if (pg.size() == 1) negative_controls(pg);
 }
 
 TEST(FsdpCudaStreams, DelayedStreamsKeepParityAt1RankNccl) {

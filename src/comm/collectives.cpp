@@ -10,6 +10,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include "collective_call.h"
+#include "comm/device/stream_use.h"
 #include "comm_testing.h"
 #include "flight_exchange.h"
 #include "flight_recorder.h"
@@ -152,6 +153,7 @@ CommHandle all_reduce(const ProcessGroup& g, const at::Tensor& t, ReduceOp op, c
     return CommHandle({}, g, "all_reduce", [inner, wide, t]() {
       inner->wait();
       t.copy_(wide);
+      detail::used_on_current_stream(wide);  // allocated on the issuing stream, read here
     }, inner->path());
   }
   detail::CollectiveCall call;

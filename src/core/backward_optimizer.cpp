@@ -72,7 +72,8 @@ BackwardOptimizer::BackwardOptimizer(torch::optim::Optimizer& optimizer, const s
                   "the optimizer over model->parameters() of trainable, wrapped modules only");
     }
   }
-  if (on_host_thread) host_steps_ = std::make_unique<HostStepQueue>();
+  if (on_host_thread && !units.empty())
+    host_steps_ = std::make_unique<HostStepQueue>(units.front()->flat().options().device());
 }
 
 BackwardOptimizer::~BackwardOptimizer() = default;

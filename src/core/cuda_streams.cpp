@@ -56,9 +56,17 @@ class CudaStreams : public StreamBackend {
   // The device keeps the order; FakeStreams checks these same calls on the CPU.
   void check(StreamKind, BufferUse, const BufferRecord&) override {}
 
+  // A side stream is made current only to issue its collective, so this is where a test's
+  // delay goes: queued on compute first, work that a side stream must wait for (a cast, a
+  // flattened gradient, the last reads of a reused block) then runs late on the device,
+  // and a missing producer-side wait shows as other values.
   std::shared_ptr<void> make_current(StreamKind s) override {
+    if (s != StreamKind::Compute && delayed(StreamKind::Compute)) {
+      c10::StreamGuard on_compute(stream(StreamKind::Compute));
+      at::cuda::sleep(delay_.cycles);
+    }
     auto guard = std::make_shared<c10::StreamGuard>(stream(s));
-    if (delay_.stream == s && delay_.cycles > 0) at::cuda::sleep(delay_.cycles);
+    if (s != StreamKind::Compute && delayed(s)) at::cuda::sleep(delay_.cycles);
     return guard;
   }
 
@@ -75,6 +83,7 @@ class CudaStreams : public StreamBackend {
 
  private:
   static size_t index(StreamKind s) { return static_cast<size_t>(s); }
+  bool delayed(StreamKind s) const { return delay_.stream == s && delay_.cycles > 0; }
   c10::cuda::CUDAStream stream(StreamKind s) const { return *streams_[index(s)]; }
 
   std::array<std::optional<c10::cuda::CUDAStream>, kStreamKinds> streams_;

@@ -14,7 +14,9 @@ namespace fsdp::detail {
 
 /// Whether this build has the CUDA backend (libtorch built with CUDA).
 bool cuda_streams_built();
-/// What a test injects: a spin of `cycles` on `stream` each time it is made current.
+/// What a test injects: a spin of `cycles` before each collective's issue, on `stream`: on the
+/// all-gather or reduce-scatter stream when it is made current for its collective (the consumer
+/// side is late), or on compute just before that (the producer side is late).
 struct CudaStreamDelay {
   std::optional<StreamKind> stream;
   int64_t cycles = 0;

@@ -84,6 +84,8 @@ bool ReplicaChain::is_scattered(const Link& link) const {
 }
 
 void ReplicaChain::run(std::shared_ptr<State> s) {
+  // On a GPU the reduce-scatter stream, and with it its device, becomes this thread's current
+  // one (a new thread starts on device 0, which on a host with several GPUs is another rank's).
   const std::shared_ptr<void> on_stream = s->on_stream ? s->on_stream() : nullptr;
   for (;;) {
     std::shared_ptr<Link> link;

@@ -83,6 +83,7 @@ void Runtime::set_up_stream_order() {
   if (options_.device.is_cuda()) {
     streams_.set_backend(make_cuda_streams(options_.device.index(), {hooks.delayed_stream, hooks.delay_cycles}));
     streams_.set_skipped_wait(hooks.skipped_wait);
+    streams_.set_gather_handle_wait_off_compute(hooks.gather_handle_wait_off_compute);
     return;
   }
   if (!hooks.make_backend) return;

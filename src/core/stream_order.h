@@ -114,6 +114,10 @@ class StreamOrder {
   bool enabled() const { return backend_ != nullptr; }
   /// Test-only: the wait at `site` is not made (a planted missing wait).
   void set_skipped_wait(std::optional<WaitSite> site) { skipped_ = site; }
+  /// Test-only: the all-gather handle's own wait goes to the copy stream, not compute
+  /// (StreamOrderTestHooks::gather_handle_wait_off_compute).
+  void set_gather_handle_wait_off_compute(bool off) { gather_handle_wait_off_compute_ = off; }
+  bool gather_handle_wait_off_compute() const { return gather_handle_wait_off_compute_; }
 
   // ---- buffers (keyed by t's storage; named "<what> of '<owner>'") ----
   /// A pool block becomes a new buffer for stream `s` (fresh: memory the pool or the
@@ -153,6 +157,7 @@ class StreamOrder {
 
   std::shared_ptr<StreamBackend> backend_;
   std::optional<WaitSite> skipped_;
+  bool gather_handle_wait_off_compute_ = false;
   std::unordered_map<const void*, BufferRecord> buffers_;
 };
 

@@ -17,10 +17,15 @@ struct StreamOrderTestHooks {
   std::function<std::shared_ptr<StreamBackend>()> make_backend;
   /// The wait the runtime leaves out (a planted hazard).
   std::optional<WaitSite> skipped_wait;
-  /// On a GPU: every collective issued on this stream first waits a spin kernel of
-  /// `delay_cycles` there, so that a missing wait shows as wrong values, not luck.
+  /// On a GPU: a spin kernel of `delay_cycles` before each collective's issue, on this
+  /// stream (all-gather, reduce-scatter: their collectives run late; compute: the work they
+  /// must wait for runs late), so that a missing wait shows as wrong values, not luck.
   std::optional<StreamKind> delayed_stream;
   int64_t delay_cycles = 0;
+  /// On a GPU: the all-gather handle's own wait (which orders the waiting thread's current
+  /// stream after the collective) is made with the copy stream current, which compute never
+  /// waits: compute then waits the gather only through the stream order.
+  bool gather_handle_wait_off_compute = false;
 };
 
 void set_stream_order_test_hooks(StreamOrderTestHooks hooks);

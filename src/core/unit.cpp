@@ -131,6 +131,8 @@ void Unit::wait_gather() {
   pending_gather_.reset();
   {
     PhaseSpan waiting(ctx_.tracer, "wait_gather", label());
+    StreamOrder* so = streams();
+    const auto elsewhere = so && so->gather_handle_wait_off_compute() ? so->make_current(StreamKind::Copy) : nullptr;
     g.handle.wait();
   }
   ctx_.tracer->end(trace_name("all_gather"), Tracer::kGather, gather_mark_, comm::to_string(g.handle.path()));

@@ -15,7 +15,13 @@ std::shared_ptr<c10::Event> event_after_queued_work(const c10::Device& device) {
   return event;
 }
 
-HostStepQueue::HostStepQueue() : thread_([this, n = at::get_num_threads()] { run(n); }) {}
+void make_device_current(const c10::Device& device) {
+  if (device.is_cpu()) return;
+  c10::impl::VirtualGuardImpl(device.type()).setDevice(device);
+}
+
+HostStepQueue::HostStepQueue(const c10::Device& device)
+    : thread_([this, n = at::get_num_threads(), device] { run(n, device); }) {}
 
 HostStepQueue::~HostStepQueue() {
   {
@@ -41,8 +47,9 @@ void HostStepQueue::drain() {
   if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
 }
 
-void HostStepQueue::run(int intra_op_threads) {
+void HostStepQueue::run(int intra_op_threads, c10::Device device) {
   at::set_num_threads(intra_op_threads);
+  make_device_current(device);
   torch::autograd::GradMode::set_enabled(false);  // a new thread starts with gradients on
   for (;;) {
     std::function<void()> task;

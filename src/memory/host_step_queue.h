@@ -16,7 +16,8 @@
 // groups to the unit's for its duration), so it never reads a gradient autograd is writing.
 // Collectives stay on the thread that issues them (ZeRO's per-bucket agreement runs in the
 // hook, before the post). The thread uses as many intra-op threads as the thread that made
-// the queue.
+// the queue, and the model's device is its current device (a new thread starts on device 0,
+// which on a host with several GPUs is another rank's).
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -35,9 +36,14 @@ namespace fsdp::detail {
 /// return.
 std::shared_ptr<c10::Event> event_after_queued_work(const c10::Device& device);
 
+/// Makes `device` the calling thread's current device (nothing for the CPU): CUDA work a
+/// thread issues without naming a device (streams, events, allocations) goes there.
+void make_device_current(const c10::Device& device);
+
 class HostStepQueue {
  public:
-  HostStepQueue();
+  /// `device`: the model's, made current on the thread (nothing for the CPU).
+  explicit HostStepQueue(const c10::Device& device);
   /// Waits for the posted tasks (an error then is dropped: step() reports errors) and joins.
   ~HostStepQueue();
   HostStepQueue(const HostStepQueue&) = delete;
@@ -49,7 +55,7 @@ class HostStepQueue {
   void drain();
 
  private:
-  void run(int intra_op_threads);
+  void run(int intra_op_threads, c10::Device device);
 
   std::mutex mu_;
   std::condition_variable work_, idle_;

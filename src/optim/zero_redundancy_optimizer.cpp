@@ -276,7 +276,7 @@ void ZeroRedundancyOptimizer::construct(std::vector<torch::optim::OptimizerParam
   if (m.options.optimizer_in_backward()) {
     m.stepped.assign(m.layout->buckets().size(), 0);
     m.reducer->set_on_reduced([this](size_t b) { impl_->step_bucket(b, param_groups_); });
-    if (m.offload()) m.host_steps = std::make_unique<fsdp::detail::HostStepQueue>();
+    if (m.offload()) m.host_steps = std::make_unique<fsdp::detail::HostStepQueue>(m.flat.device());
   }
   if (m.options.verbose() && m.rank() == 0) m.print_layout();
 }

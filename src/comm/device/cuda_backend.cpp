@@ -65,12 +65,19 @@ std::string device_uuid(int index) {
 #endif
 }
 
-// This rank's device: the explicit index, else its local rank over the visible devices.
+// This rank's device: the explicit index, else its local rank over the visible devices. It
+// becomes the calling thread's current device before any other CUDA work of the group (the
+// UUID query, NCCL's communicator), so that work naming no device (a user's torch::kCUDA
+// tensor, a synchronize, a context) lands on this rank's GPU and not on device 0, whichever
+// launcher started the rank.
 int bind_device(const InitOptions& options, const LaunchEnv& env, int visible) {
   if (visible == 0) return -1;
   const int index = options.device_index() >= 0 ? options.device_index() : env.local_rank % visible;
   TORCH_CHECK(index < visible, "fsdp: rank ", env.rank, ": InitOptions::device_index ", index, " but only ", visible,
               " CUDA device(s) are visible; pick one below ", visible, " or set CUDA_VISIBLE_DEVICES");
+#ifdef FSDP_WITH_NCCL
+  c10::cuda::set_device(static_cast<c10::DeviceIndex>(index));
+#endif
   return index;
 }
 

@@ -4,6 +4,7 @@
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include "comm/device/stream_use.h"
 #include "comm/tensor_bytes.h"
 
 namespace fsdp::comm::detail {
@@ -35,7 +36,10 @@ CommHandle DeviceTransport::reduce_scatter(const ProcessGroup& g, const at::Tens
   const int n = g.size();
   return CommHandle(work, g, "reduce_scatter", [out, target, input, op, n]() {
     if (op == ReduceOp::Avg) target.div_(n);
-    if (!target.is_same(out)) out.copy_(target);
+    if (!target.is_same(out)) {
+      out.copy_(target);
+      used_on_current_stream(target);  // allocated on the issuing stream, read here
+    }
   }, path_).on_device();
 }
 
