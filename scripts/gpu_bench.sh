@@ -8,24 +8,25 @@
 # under $FSDP_PYTHON.
 #
 #   bash scripts/gpu_bench.sh
-#   GPU_BENCH_GPT=1 bash scripts/gpu_bench.sh     # only the one-GPU GPT benchmark (below)
+#   GPU_BENCH_GPT=1 bash scripts/gpu_bench.sh     # only the one-GPU GPT benchmarks (below)
 #
-# GPU_BENCH_GPT=1 runs only issue 33's one-GPU speed benchmark instead of the rows above (one
-# benchmark per GPU sitting): builds bench_gpu_gpt alone, runs it (a ~1.3 B GPT, plain libtorch
-# against FSDP FULL_SHARD at one rank over NCCL, alternating in one process), then
-# bench/fsdp2_gpt.py under the machine's torch (plain PyTorch against FSDP2, the same model and
-# data), each under BENCH_GPT_TIMEOUT_S (240 s), and writes the ratios (FSDP/plain, FSDP/FSDP2,
-# the two plain baselines) into summary.txt and bench.jsonl. BENCH_GPT_ARGS (default "--steps 10
-# --warmup 2 --rounds 3") go to both programs, e.g. "--tiny" for a smoke run.
+# GPU_BENCH_GPT=1 runs only the one-GPU GPT benchmarks instead of the rows above, building
+# bench_gpu_gpt once (tests and fsdp-run left out), each program under BENCH_GPT_TIMEOUT_S (240 s):
+#   speed    bench_gpu_gpt (a ~1.3 B GPT, plain libtorch against FSDP FULL_SHARD at one rank over
+#            NCCL, alternating in one process), then bench/fsdp2_gpt.py (plain PyTorch against
+#            FSDP2, the same model and data), with BENCH_GPT_ARGS (default "--steps 10 --warmup 2
+#            --rounds 3"; "--tiny" for a smoke run);
+#   offload  bench_gpu_gpt --modes offload,offload_auto against fsdp2_gpt.py --modes fsdp2_offload
+#            (CPU offload), with BENCH_GPT_OFFLOAD_ARGS (default "--steps 3 --warmup 1 --rounds 1":
+#            FSDP2's offloaded step takes seconds).
+# BENCH_GPT_PARTS (default "speed offload") picks the parts. The ratios (FSDP/plain, FSDP/FSDP2,
+# the two plain baselines, offload against FSDP2's) go into summary.txt and bench.jsonl.
 #
 # Environment (optional), besides gpu_check.sh's OUT, FSDP_GPU_DEPS, FSDP_PYTHON, BUILD_DIR,
 # JOBS and GPU_CUDA_ARCH: BENCH_MODELS (default "mlp transformer"), BENCH_STEPS (30),
 # BENCH_WARMUP (5), BENCH_CPU_ADAM (1: the CPUAdam rows too), BENCH_PYTHON (1: the Python DDP
 # rows), BENCH_ROW_TIMEOUT_S (90), GPU_BENCH_BUDGET_S (the whole run, default 480 s),
-# GPU_BENCH_GPT=1 (only the GPT benchmark; BENCH_GPT_ARGS, BENCH_GPT_TIMEOUT_S),
-# GPU_BENCH_GPT_OFFLOAD=1 (only the GPT benchmark's CPU offload modes: FULL_SHARD_OFFLOAD and
-# FULL_SHARD_OFFLOAD_AUTO against FSDP2 with CPUOffloadPolicy; BENCH_GPT_ARGS e.g. "--steps 3
-# --warmup 1 --rounds 1"),
+# GPU_BENCH_GPT=1 (BENCH_GPT_PARTS, BENCH_GPT_ARGS, BENCH_GPT_OFFLOAD_ARGS, BENCH_GPT_TIMEOUT_S),
 # GPU_BENCH_SKIP_BUILD=1 (run what BUILD_DIR/bin already holds, e.g. after gpu_check.sh with
 # BUILD_DIR=build-gpu: no configure, no build).
 #
@@ -40,8 +41,7 @@ STEPS=${BENCH_STEPS:-30}
 WARMUP=${BENCH_WARMUP:-5}
 ROW_TIMEOUT=${BENCH_ROW_TIMEOUT_S:-90}
 GPT_ONLY=${GPU_BENCH_GPT:-0}
-GPT_OFFLOAD=${GPU_BENCH_GPT_OFFLOAD:-0}
-[[ "$GPT_OFFLOAD" == 1 ]] && GPT_ONLY=1
+GPT_PARTS=${BENCH_GPT_PARTS:-speed offload}
 : >"$SUMMARY"
 rm -f "$RESULTS"/{configure.log,build.log,bench.log,bench.jsonl}
 touch "$RESULTS/bench.jsonl" "$RESULTS/bench.log"
@@ -55,12 +55,15 @@ finish() {
 }
 
 if [[ "$GPT_ONLY" == 1 ]]; then
-  note "fsdp-cpp gpu_bench: the one-GPU GPT benchmark (bench_gpu_gpt, bench/fsdp2_gpt.py) against $PY's torch, budget ${BUDGET}s"
+  note "fsdp-cpp gpu_bench: the one-GPU GPT benchmarks ($GPT_PARTS: bench_gpu_gpt, bench/fsdp2_gpt.py) against $PY's torch, budget ${BUDGET}s"
+  for part in $GPT_PARTS; do
+    [[ "$part" =~ ^(speed|offload)$ ]] || { note "BENCH_GPT_PARTS: unknown part '$part' (speed, offload)"; finish 1; }
+  done
 else
   note "fsdp-cpp gpu_bench: bench_strategies rows against $PY's torch, budget ${BUDGET}s"
 fi
-gpu_collect_machine_info
-gpu_env_setup || finish 1
+stage machine - gpu_collect_machine_info
+stage deps - gpu_env_setup || finish 1
 if [[ "${GPU_BENCH_SKIP_BUILD:-0}" == 1 ]]; then
   note "== build: skipped (GPU_BENCH_SKIP_BUILD=1), using $BUILD/bin as it is"
 else
@@ -70,7 +73,7 @@ else
   note "== build"
   targets=(fsdp-run)
   for src in "$FSDP_ROOT"/bench/bench_*.cpp; do targets+=("$(basename "$src" .cpp)"); done
-  # The GPT benchmark runs one process, without fsdp-run.
+  # The GPT benchmarks run one process each, without fsdp-run: one build serves every part.
   [[ "$GPT_ONLY" == 1 ]] && targets=(bench_gpu_gpt)
   stage build "$RESULTS/build.log" cmake --build "$BUILD" -j "$JOBS" --target "${targets[@]}" || {
     grep -m 15 -E 'error:|FAILED:|undefined reference' "$RESULTS/build.log" | cut -c1-300 | sed 's/^/  /' | tee -a "$SUMMARY"
@@ -126,19 +129,25 @@ run_row() {
 }
 
 if [[ "$GPT_ONLY" == 1 ]]; then
-  GPT_TIMEOUT=${BENCH_GPT_TIMEOUT_S:-240}
-  read -r -a gpt_args <<<"${BENCH_GPT_ARGS:---steps 10 --warmup 2 --rounds 3}"
-  note "== the one-GPU GPT benchmark (${gpt_args[*]}; each program at most ${GPT_TIMEOUT}s)"
-  ROW_TIMEOUT=$GPT_TIMEOUT
-  t_rows=$SECONDS
-  if [[ "$GPT_OFFLOAD" == 1 ]]; then
-    run_row "gpt FULL_SHARD_OFFLOAD[_AUTO] (C++, CPUAdam)" "$BIN/bench_gpu_gpt" "${gpt_args[@]}" --modes offload,offload_auto
-    run_row "gpt PYTHON_FSDP2_OFFLOAD" "$PY" "$FSDP_ROOT/bench/fsdp2_gpt.py" "${gpt_args[@]}" --modes fsdp2_offload
-  else
-    run_row "gpt PLAIN,FULL_SHARD (C++, NCCL N=1)" "$BIN/bench_gpu_gpt" "${gpt_args[@]}"
-    run_row "gpt PYTHON_PLAIN,PYTHON_FSDP2" "$PY" "$FSDP_ROOT/bench/fsdp2_gpt.py" "${gpt_args[@]}"
-  fi
-  note "$(printf 'time %-12s %4d s  (at %d s)' gpt $((SECONDS - t_rows)) $((SECONDS - T0)))"
+  ROW_TIMEOUT=${BENCH_GPT_TIMEOUT_S:-240}
+  for part in $GPT_PARTS; do
+    t_part=$SECONDS
+    case $part in
+      speed)
+        read -r -a gpt_args <<<"${BENCH_GPT_ARGS:---steps 10 --warmup 2 --rounds 3}"
+        note "== the one-GPU GPT benchmark, speed (${gpt_args[*]}; each program at most ${ROW_TIMEOUT}s)"
+        run_row "gpt PLAIN,FULL_SHARD (C++, NCCL N=1)" "$BIN/bench_gpu_gpt" "${gpt_args[@]}"
+        run_row "gpt PYTHON_PLAIN,PYTHON_FSDP2" "$PY" "$FSDP_ROOT/bench/fsdp2_gpt.py" "${gpt_args[@]}"
+        ;;
+      offload)
+        read -r -a gpt_args <<<"${BENCH_GPT_OFFLOAD_ARGS:---steps 3 --warmup 1 --rounds 1}"
+        note "== the one-GPU GPT benchmark, CPU offload (${gpt_args[*]}; each program at most ${ROW_TIMEOUT}s)"
+        run_row "gpt FULL_SHARD_OFFLOAD[_AUTO] (C++, CPUAdam)" "$BIN/bench_gpu_gpt" "${gpt_args[@]}" --modes offload,offload_auto
+        run_row "gpt PYTHON_FSDP2_OFFLOAD" "$PY" "$FSDP_ROOT/bench/fsdp2_gpt.py" "${gpt_args[@]}" --modes fsdp2_offload
+        ;;
+    esac
+    note "$(printf 'time %-12s %4d s  (at %d s)' "gpt-$part" $((SECONDS - t_part)) $((SECONDS - T0)))"
+  done
   # Per mode: step time, tokens/s, peak; then the targets (ratios of tokens/s, medians).
   "$PY" "$FSDP_ROOT/scripts/gpu_bench_gpt_summary.py" "$RESULTS/bench.jsonl" | tee -a "$SUMMARY"
   finish 0

@@ -5,7 +5,7 @@ Reads bench.jsonl (the JSON lines of bench_gpu_gpt and bench/fsdp2_gpt.py), prin
 mode (step time, tokens/s, peak memory, FSDP's collectives per step) and per target, and appends
 the targets that need both programs' lines to bench.jsonl: full_shard_vs_python_fsdp2 (tokens/s of
 the C++ FULL_SHARD over FSDP2's, goal >= 1.0; also each against its own process's plain baseline),
-plain_vs_python_plain (the two baselines, which should agree) and, with GPU_BENCH_GPT_OFFLOAD=1,
+plain_vs_python_plain (the two baselines, which should agree) and, when its offload part ran,
 offload_vs_python_fsdp2_offload (CPU offload: FULL_SHARD_OFFLOAD over FSDP2 with CPUOffloadPolicy,
 goal >= 3.0) and offload_auto_vs_offload (placement auto over all on the host; no goal).
 

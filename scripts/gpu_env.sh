@@ -48,7 +48,10 @@ gpu_collect_machine_info() {
   note "gcc: $(gcc --version 2>/dev/null | head -1)"
   note "cmake: $(cmake --version 2>/dev/null | head -1)   ninja: $(ninja --version 2>/dev/null)"
   note "nvcc: $(nvcc --version 2>/dev/null | grep -o 'release .*' || echo none on PATH)"
-  note "git: $(git -C "$FSDP_ROOT" log -1 --format='%h %s' 2>/dev/null | cut -c1-100) $(git -C "$FSDP_ROOT" status --porcelain 2>/dev/null | grep -qv '^??' && echo '(with uncommitted changes)')"
+  # A copied tree (the GPU machine's) may come without its .git.
+  local commit
+  commit=$(git -C "$FSDP_ROOT" log -1 --format='%h %s' 2>/dev/null | cut -c1-100)
+  note "git: ${commit:-none (a tree without .git)} $(git -C "$FSDP_ROOT" status --porcelain 2>/dev/null | grep -qv '^??' && echo '(with uncommitted changes)')"
   if command -v nvidia-smi >/dev/null; then
     note "gpu: $(nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version --format=csv,noheader 2>&1 | head -4 | tr '\n' ';')"
     nvidia-smi >"$RESULTS/.nvidia-smi.txt" 2>&1 || true
