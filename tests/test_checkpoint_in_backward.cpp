@@ -1,4 +1,4 @@
-// The two features that meet inside backward, together (docs/runtime_seams.md, section 5):
+// The two features that meet inside backward, together (docs/architecture.md, "The combinations"):
 // activation checkpointing (a unit's forward recomputed, its gradients arriving inside a
 // nested backward) with the optimizer inside backward (each unit's shard stepped at its
 // final reduction). The reference is the plainest training of the same model: no

@@ -83,8 +83,8 @@
 //
 // [Note: stream order wiring]
 // Where the runtime declares its buffers' uses and waits to the stream order ([Note:
-// stream order] in stream_order.h), all behind the seams of docs/runtime_seams.md:
-// buffers come from the pool, waits go through handles.
+// stream order] in stream_order.h), all behind the seams of docs/architecture.md
+// ("Seams around a unit's backward"): buffers come from the pool, waits go through handles.
 //  * Unit::issue_gather: the all-gather stream waits an event compute records at the
 //    issue (GatherWaitsCompute: covers the last reads of the pool block it overwrites,
 //    the optimizer's writes to the shard, the low-precision cast), acquires the block and
