@@ -6,7 +6,9 @@
 // FileStore in a fresh temp directory, waits for all of them under a deadline, kills
 // them all when one fails or the deadline passes, and reports each rank's output and
 // exit status. In a worker, run_ranks builds the process group and calls body(pg)
-// once; gtest assertions inside it fail that worker and so the test.
+// once; gtest assertions inside it fail that worker and so the test. A skip is decided in the
+// test process, before run_ranks (FSDP_SKIP_WITHOUT_GPU, which this header brings with
+// harness/gpu.h, or GTEST_SKIP): a skip inside the body fails the test, naming the rank.
 //
 // Start processes once per world size and run many cases inside one body (see
 // run_cases): a spawn costs ~1 s of process start and torch initialisation.
@@ -16,6 +18,7 @@
 #include <vector>
 
 #include "fsdp/comm/process_group.h"
+#include "harness/gpu.h"
 
 namespace fsdp::testing {
 
