@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -214,6 +215,15 @@ void run_ranks(int world_size, const std::function<void(comm::ProcessGroup&)>& b
     env_strings.push_back(std::string(kTimeoutVar) + "=" +
                           std::to_string(options.collective_timeout.count()));
     env_strings.push_back("OMP_NUM_THREADS=" + std::to_string(options.threads_per_rank));
+    // A variable of extra_env replaces one of the same name above (glibc's getenv would
+    // return the first of two).
+    for (const auto& kv : options.extra_env) {
+      const std::string name = kv.substr(0, kv.find('=') + 1);  // "K=", or "" for a bare word
+      if (name.empty()) continue;
+      env_strings.erase(std::remove_if(env_strings.begin(), env_strings.end(),
+                                       [&](const std::string& e) { return e.compare(0, name.size(), name) == 0; }),
+                        env_strings.end());
+    }
     for (const auto& kv : options.extra_env) env_strings.push_back(kv);
     std::vector<char*> envp;
     for (auto& s : env_strings) envp.push_back(s.data());
