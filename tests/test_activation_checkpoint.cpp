@@ -9,6 +9,7 @@
 #include "fsdp/autograd/activation_checkpoint.h"
 #include "fsdp/autograd/checkpoint_wrapper.h"
 #include "fsdp/autograd/end_of_backward.h"
+#include "harness/gpu.h"
 
 namespace {
 
@@ -77,7 +78,7 @@ TEST(ActivationCheckpoint, DropoutRecomputesBitForBitAndStreamContinues) {
 
 // The CUDA generator of the arguments' device is replayed too (skips without a GPU).
 TEST(ActivationCheckpoint, CudaDropoutRecomputesBitForBit) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  FSDP_SKIP_WITHOUT_GPU(1);
   auto ref = make_block(6), ck = make_block(6);
   ref->to(torch::kCUDA);
   ck->to(torch::kCUDA);

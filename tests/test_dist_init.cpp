@@ -289,11 +289,13 @@ TEST(DistInit, BadShmSlotSizeIsRefusedBeforeRendezvous) {
   ::unsetenv("FSDP_SHM_SLOT_KIB");
 }
 
-// Backend::NCCL where no rank has a GPU (our CPU machines; the GPU machine runs
-// test_cuda_comm instead): refused on every rank at init, naming the way out, never a hang
-// in NCCL's first collective. A second world over the harness's store, under a prefix of its own.
+// Backend::NCCL where no rank has a GPU: refused on every rank at init, naming the way out,
+// never a hang in NCCL's first collective. A second world over the harness's store, under a
+// prefix of its own. The workers see no CUDA device (CUDA_VISIBLE_DEVICES empty), so a GPU
+// machine checks this too (test_cuda_comm covers NCCL on its GPU).
 TEST(DistInit, NcclWithoutAGpuIsRefusedOnEveryRank) {
-  if (torch::cuda::is_available()) GTEST_SKIP() << "a GPU is present: test_cuda_comm covers NCCL here";
+  fsdp::testing::RankOptions no_gpu;
+  no_gpu.extra_env.push_back("CUDA_VISIBLE_DEVICES=");
   run_ranks(2, [](comm::ProcessGroup& pg) {
     EXPECT_EQ(pg.cuda_device(), -1);
     EXPECT_EQ(pg.device_transport(), nullptr);
@@ -307,5 +309,5 @@ TEST(DistInit, NcclWithoutAGpuIsRefusedOnEveryRank) {
       EXPECT_NE(msg.find("Backend::Gloo"), std::string::npos) << msg;
       EXPECT_NE(msg.find("rank " + std::to_string(pg.rank())), std::string::npos) << msg;
     }
-  });
+  }, no_gpu);
 }

@@ -40,9 +40,9 @@
 #include "fsdp/precision/grad_scaler.h"
 #include "fsdp/state/checkpoint.h"
 #include "fsdp/state/state_dict.h"
+#include "harness/gpu.h"
 #include "harness/models.h"
 #include "harness/multirank.h"
-#include "harness/no_gpu.h"
 
 using namespace fsdp;
 using namespace fsdp::testing;
@@ -530,20 +530,17 @@ void checkpoint_cases(comm::ProcessGroup& pg) {
 }  // namespace
 
 TEST(FsdpCuda, ParityWithPlainTrainingOnTheGpu) {
-  std::string why;
-  if (no_gpu(&why)) GTEST_SKIP() << why;
+  FSDP_SKIP_WITHOUT_GPU(1);
   at_one_and_two_ranks(fsdp_parity_cases);
 }
 
 TEST(FsdpCuda, ZeroParityWithPlainTrainingOnTheGpu) {
-  std::string why;
-  if (no_gpu(&why)) GTEST_SKIP() << why;
+  FSDP_SKIP_WITHOUT_GPU(1);
   at_one_and_two_ranks(zero_parity_cases);
 }
 
 TEST(FsdpCuda, MixedPrecisionAgainstByHandCasts) {
-  std::string why;
-  if (no_gpu(&why)) GTEST_SKIP() << why;
+  FSDP_SKIP_WITHOUT_GPU(1);
   at_one_and_two_ranks([](comm::ProcessGroup& pg) {
     run_case("bf16", [&] { mixed_precision_case(pg, torch::kBFloat16, /*with_scaler=*/false); });
     run_case("fp16_scaler_skips_an_inf_on_one_rank",
@@ -552,7 +549,6 @@ TEST(FsdpCuda, MixedPrecisionAgainstByHandCasts) {
 }
 
 TEST(FsdpCuda, StateDictsAndCheckpointsAcrossDevices) {
-  std::string why;
-  if (no_gpu(&why)) GTEST_SKIP() << why;
+  FSDP_SKIP_WITHOUT_GPU(1);
   at_one_and_two_ranks(checkpoint_cases);
 }

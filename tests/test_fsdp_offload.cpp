@@ -36,10 +36,10 @@
 #include "harness/counting_allocator.h"
 #include "harness/device_memory_probe.h"
 #include "harness/error_of.h"
+#include "harness/gpu.h"
 #include "harness/models.h"
 #include "harness/multirank.h"
 #include "harness/same_params.h"
-#include "harness/no_gpu.h"
 
 // White-box: the inner optimizer's state by parameter; a GPU memory cap.
 #include "memory/device_memory.h"
@@ -394,8 +394,7 @@ void expect_close_params(torch::nn::Module& host_stepped, torch::nn::Module& dev
 }
 
 TEST(FsdpOffloadCuda, ShardsLeaveTheGpuAndTrainLikeAdamOnIt) {
-  std::string why;
-  if (no_gpu(&why)) GTEST_SKIP() << why;
+  FSDP_SKIP_WITHOUT_GPU(1);
   const RankOptions ro = nccl_options();
   run_ranks(1, [](comm::ProcessGroup& pg) {
     at::globalContext().setAllowTF32CuBLAS(false);
@@ -463,8 +462,7 @@ TEST(FsdpOffloadCuda, ShardsLeaveTheGpuAndTrainLikeAdamOnIt) {
 // steps are pinned host memory, the Adam state is on the host, and the run trains like ZeRO-2
 // with torch's Adam on the GPU.
 TEST(FsdpOffloadCuda, ZeroPartitionOnTheHostTrainsLikeAdamOnTheGpu) {
-  std::string why;
-  if (no_gpu(&why)) GTEST_SKIP() << why;
+  FSDP_SKIP_WITHOUT_GPU(1);
   const RankOptions ro = nccl_options();
   run_ranks(1, [](comm::ProcessGroup& pg) {
     at::globalContext().setAllowTF32CuBLAS(false);
@@ -538,8 +536,7 @@ torch::Device capped_gpu(const comm::ProcessGroup& pg, int64_t cap) {
 // host the same model trains (finite losses, parameters move) under the cap, and the GPU's peak
 // stays under it.
 TEST(FsdpOffloadCuda, BillionParametersTrainUnderACapOnlyWithOffload) {
-  std::string why;
-  if (no_gpu(&why)) GTEST_SKIP() << why;
+  FSDP_SKIP_WITHOUT_GPU(1);
   const RankOptions ro = nccl_options();
   constexpr int64_t kDim = 8192, kLayers = 16;
   constexpr int64_t kCap = int64_t(12) << 30;

@@ -18,6 +18,7 @@
 #include "fsdp/comm/collectives.h"
 #include "fsdp/core/fully_sharded.h"
 #include "fsdp/core/memory_tracer.h"
+#include "harness/gpu.h"
 #include "harness/models.h"
 #include "harness/multirank.h"
 
@@ -144,6 +145,6 @@ void cuda_tracer_case(comm::ProcessGroup& pg) {
 TEST(MemoryTracer, SamplesUnitBoundaries) { run_ranks(2, tracer_cases); }
 
 TEST(MemoryTracerCuda, ReportsTheCachingAllocatorOfTheModelsDevice) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device (torch::cuda::is_available() is false)";
+  FSDP_SKIP_WITHOUT_GPU(1);
   run_ranks(1, cuda_tracer_case);
 }

@@ -184,7 +184,7 @@ TEST(StreamOrderMachine, OffDoesNothing) {
 // A gpu case of its own (test_stream_order_cuda): the CUDA backend records and waits real
 // events on its streams. It compiles wherever libtorch has CUDA and runs on a GPU machine.
 TEST(StreamOrderCuda, RecordsAndWaitsOnDeviceStreams) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device on this machine";
+  FSDP_SKIP_WITHOUT_GPU(1);
   ASSERT_TRUE(fsdp::detail::cuda_streams_built()) << "a CUDA device, but fsdp-cpp was built without CUDA";
   StreamOrder order;
   order.set_backend(fsdp::detail::make_cuda_streams(0));
@@ -457,14 +457,14 @@ void delayed_stream_cases(comm::ProcessGroup& pg) {
 }
 
 TEST(FsdpCudaStreams, DelayedStreamsKeepParityAt1RankNccl) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device on this machine";
+  FSDP_SKIP_WITHOUT_GPU(1);
   RankOptions o;
   o.backend = comm::Backend::NCCL;
   run_ranks(1, delayed_stream_cases, o);
 }
 
 TEST(FsdpCudaStreams, DelayedStreamsKeepParityAt2RanksGlooOnOneGpu) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device on this machine";
+  FSDP_SKIP_WITHOUT_GPU(1);
   RankOptions o;
   o.backend = comm::Backend::Gloo;
   run_ranks(2, delayed_stream_cases, o);

@@ -3,7 +3,7 @@
 //
 // Runs everywhere (TrainerDevice.*, no "Cuda" in their names): the option's checks (an
 // unknown word, a batch type the Trainer cannot move, "cuda" on a machine without a GPU,
-// which skips where a GPU is present).
+// in a worker that sees none on a GPU machine too).
 // GPU cases (TrainerDeviceCuda.*, ctest entry test_trainer_device_cuda, label gpu; they skip
 // without a GPU, saying so):
 //  * a short fit on the rank's GPU against the same fit on the CPU in the same process, at
@@ -24,6 +24,7 @@
 
 #include "fsdp/state/summon_full_params.h"
 #include "fsdp/trainer/trainer.h"
+#include "harness/gpu.h"
 #include "harness/models.h"
 #include "harness/multirank.h"
 #include "harness/temp_dir.h"
@@ -168,23 +169,27 @@ TEST(TrainerDevice, UnknownDeviceAndUnmovableBatchAreNamed) {
   EXPECT_NE(unmovable.find("give Trainer::batch_to_device(fn)"), std::string::npos) << unmovable;
 }
 
+// In a one-rank worker whose CUDA sees no device (CUDA_VISIBLE_DEVICES empty), so that a GPU
+// machine checks the GPU-less error too instead of skipping it. The worker's process group
+// is not used.
 TEST(TrainerDevice, GpuWordWithoutAGpuSaysSoBeforeAnyRankStarts) {
-  if (torch::cuda::is_available()) GTEST_SKIP() << "a CUDA device is present: the GPU-less error cannot occur";
-  const std::string want = "device \"cuda\" but torch sees no CUDA device on this machine";
-  const std::string direct = trainer::device_error(TrainerOptions().device("cuda"));
-  EXPECT_NE(direct.find(want), std::string::npos) << direct;
-  EXPECT_NE(direct.find("use device(\"cpu\")"), std::string::npos) << direct;
-  // fit() without a launcher asks before it makes a process group or starts a rank.
-  TT t = make_trainer("cuda", StrategyKind::FULL_SHARD);
-  const std::string msg = error_of([&] { t.fit(); });
-  EXPECT_NE(msg.find("fsdp::Trainer: " + want), std::string::npos) << msg;
-  EXPECT_EQ(t.trained_model(), nullptr) << "a model was built";
+  RankOptions o;
+  o.extra_env.push_back("CUDA_VISIBLE_DEVICES=");
+  run_ranks(1, [](comm::ProcessGroup&) {
+    ASSERT_FALSE(torch::cuda::is_available()) << "CUDA_VISIBLE_DEVICES= left a device visible";
+    const std::string want = "device \"cuda\" but torch sees no CUDA device on this machine";
+    const std::string direct = trainer::device_error(TrainerOptions().device("cuda"));
+    EXPECT_NE(direct.find(want), std::string::npos) << direct;
+    EXPECT_NE(direct.find("use device(\"cpu\")"), std::string::npos) << direct;
+    // fit() without a launcher asks before it makes a process group or starts a rank.
+    TT t = make_trainer("cuda", StrategyKind::FULL_SHARD);
+    const std::string msg = error_of([&] { t.fit(); });
+    EXPECT_NE(msg.find("fsdp::Trainer: " + want), std::string::npos) << msg;
+    EXPECT_EQ(t.trained_model(), nullptr) << "a model was built";
+  }, o);
 }
 
 // --- on a GPU (label gpu) ------------------------------------------------------------
-
-#define SKIP_WITHOUT_CUDA() \
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device (torch::cuda::is_available() is false)"
 
 void fit_matches_cpu(comm::ProcessGroup& pg) {
   for (StrategyKind kind : {StrategyKind::FULL_SHARD, StrategyKind::ZERO2}) {
@@ -205,12 +210,12 @@ void fit_matches_cpu(comm::ProcessGroup& pg) {
 }
 
 TEST(TrainerDeviceCuda, FitMatchesCpuAtOneRank) {
-  SKIP_WITHOUT_CUDA();
+  FSDP_SKIP_WITHOUT_GPU(1);
   run_ranks(1, fit_matches_cpu, rank_options());
 }
 
 TEST(TrainerDeviceCuda, FitMatchesCpuAtTwoRanksOnOneGpu) {
-  SKIP_WITHOUT_CUDA();
+  FSDP_SKIP_WITHOUT_GPU(1);
   run_ranks(2, fit_matches_cpu, rank_options());
 }
 
@@ -261,7 +266,7 @@ void round_trips(comm::ProcessGroup& pg) {
 }
 
 TEST(TrainerDeviceCuda, CheckpointRoundTripGpuCpu) {
-  SKIP_WITHOUT_CUDA();
+  FSDP_SKIP_WITHOUT_GPU(1);
   run_ranks(1, round_trips, rank_options());
   run_ranks(2, round_trips, rank_options());
 }

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -17,6 +18,7 @@
 #include <gtest/gtest.h>
 
 #include "comm/flight_exchange.h"
+#include "harness/skips.h"
 #include "harness/temp_dir.h"
 
 extern char** environ;
@@ -61,6 +63,9 @@ std::string current_test_filter() {
 // tell a rank that ran its body from one that exited 0 without running it (a
 // gtest filter that matched no test, a call index that matched no call).
 std::string ran_marker(const std::string& dir, int rank) { return dir + "/rank" + std::to_string(rank) + ".ran"; }
+// The file a worker whose body skipped writes, holding the reason, so that the launcher can
+// fail the test naming the rank ([Note: skips]: a skip is decided before run_ranks).
+std::string skip_marker(const std::string& dir, int rank) { return dir + "/rank" + std::to_string(rank) + ".skipped"; }
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path);
@@ -168,6 +173,14 @@ void run_ranks(int world_size, const std::function<void(comm::ProcessGroup&)>& b
     try {
       auto pg = comm::init_process_group(opts);
       body(pg);
+      const std::string skipped = skip_reason(*::testing::UnitTest::GetInstance()->current_test_info()->result());
+      if (!skipped.empty()) {
+        // The other ranks may be anywhere: no comparison of collectives, only the report.
+        std::ofstream(skip_marker(worker_scratch_dir(), env_int(kRankVar, 0))) << skipped;
+        ADD_FAILURE() << "rank " << env_int(kRankVar, 0) << " skipped inside the body of run_ranks (" << skipped
+                      << "): decide a skip before run_ranks, in the parent test";
+        return;
+      }
       expect_ranks_agreed(pg);
       std::ofstream(ran_marker(worker_scratch_dir(), env_int(kRankVar, 0))) << "ran\n";
     } catch (const std::exception& e) {
@@ -202,12 +215,24 @@ void run_ranks(int world_size, const std::function<void(comm::ProcessGroup&)>& b
     env_strings.push_back(std::string(kTimeoutVar) + "=" +
                           std::to_string(options.collective_timeout.count()));
     env_strings.push_back("OMP_NUM_THREADS=" + std::to_string(options.threads_per_rank));
+    // A variable of extra_env replaces one of the same name above (glibc's getenv would
+    // return the first of two).
+    for (const auto& kv : options.extra_env) {
+      const std::string name = kv.substr(0, kv.find('=') + 1);  // "K=", or "" for a bare word
+      if (name.empty()) continue;
+      env_strings.erase(std::remove_if(env_strings.begin(), env_strings.end(),
+                                       [&](const std::string& e) { return e.compare(0, name.size(), name) == 0; }),
+                        env_strings.end());
+    }
     for (const auto& kv : options.extra_env) env_strings.push_back(kv);
     std::vector<char*> envp;
     for (auto& s : env_strings) envp.push_back(s.data());
     envp.push_back(nullptr);
     std::string exe = "/proc/self/exe";
-    std::vector<char*> argv{exe.data(), const_cast<char*>(filter.c_str()), nullptr};
+    // The filter names exactly this test; the flag lets a DISABLED_ test that a caller ran on
+    // purpose run in its workers too.
+    std::string also_disabled = "--gtest_also_run_disabled_tests";
+    std::vector<char*> argv{exe.data(), const_cast<char*>(filter.c_str()), also_disabled.data(), nullptr};
 
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
@@ -260,6 +285,20 @@ void run_ranks(int world_size, const std::function<void(comm::ProcessGroup&)>& b
       break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+
+  // A rank whose body skipped fails the test, whatever its exit status said.
+  std::string skipped_ranks;
+  for (int r = 0; r < world_size; ++r) {
+    if (!std::ifstream(skip_marker(dir, r)).good()) continue;
+    skipped_ranks += std::string(skipped_ranks.empty() ? "" : ", ") + "rank " + std::to_string(r) + " skipped (" +
+                     read_file(skip_marker(dir, r)) + ")";
+  }
+  if (!skipped_ranks.empty()) {
+    any_failed = true;
+    why = skipped_ranks +
+          " inside the body of run_ranks; skips must be decided before run_ranks, in the parent test, so that "
+          "every rank agrees and ctest sees the skip";
   }
 
   // Every rank exited 0: each must also have run the body.

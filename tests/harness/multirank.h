@@ -6,7 +6,9 @@
 // FileStore in a fresh temp directory, waits for all of them under a deadline, kills
 // them all when one fails or the deadline passes, and reports each rank's output and
 // exit status. In a worker, run_ranks builds the process group and calls body(pg)
-// once; gtest assertions inside it fail that worker and so the test.
+// once; gtest assertions inside it fail that worker and so the test. A skip is decided in the
+// test process, before run_ranks (FSDP_SKIP_WITHOUT_GPU, which this header brings with
+// harness/gpu.h, or GTEST_SKIP): a skip inside the body fails the test, naming the rank.
 //
 // Start processes once per world size and run many cases inside one body (see
 // run_cases): a spawn costs ~1 s of process start and torch initialisation.
@@ -16,6 +18,7 @@
 #include <vector>
 
 #include "fsdp/comm/process_group.h"
+#include "harness/gpu.h"
 
 namespace fsdp::testing {
 
@@ -23,7 +26,7 @@ struct RankOptions {
   std::chrono::seconds deadline{240};              ///< whole run, all ranks
   std::chrono::milliseconds collective_timeout{60000};
   int threads_per_rank = 1;                        ///< at::set_num_threads in each worker
-  std::vector<std::string> extra_env;              ///< "K=V" for every worker
+  std::vector<std::string> extra_env;              ///< "K=V" for every worker, replacing this process's K
   comm::Backend backend = comm::Backend::Auto;     ///< what moves CUDA tensors
 };
 

@@ -1,16 +1,15 @@
 #!/usr/bin/env bash
-# fsdp-train --device cuda (label gpu; "SKIP" and exit 77 where torch sees no GPU): 20 mlp
-# steps on the GPU give the losses of the same run on the CPU within 1e-4 relative (fp32; cuBLAS
-# and NCCL / Gloo on CUDA sum in other orders than the CPU), at 1 rank (NCCL) and at 2 ranks
-# sharing the GPU (Gloo on CUDA), full_shard and zero2; a checkpoint saved on the GPU resumes on
-# the CPU, and one saved on the CPU resumes on the GPU, continuing within the same bound.
+# fsdp-train --device cuda (label gpu; where torch sees no GPU, "SKIP" and exit 77, or a failure
+# under CI=true or FSDP_REQUIRE_GPU=1: lib/skip.sh): 20 mlp steps on the GPU give the losses of
+# the same run on the CPU within 1e-4 relative (fp32; cuBLAS and NCCL / Gloo on CUDA sum in other
+# orders than the CPU), at 1 rank (NCCL) and at 2 ranks sharing the GPU (Gloo on CUDA),
+# full_shard and zero2; a checkpoint saved on the GPU resumes on the CPU, and one saved on the
+# CPU resumes on the GPU, continuing within the same bound.
 set -euo pipefail
 # shellcheck source=lib/fsdp_train_test.sh
 source "$(dirname "$0")/lib/fsdp_train_test.sh"
-if ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
-  echo "SKIP: no CUDA device (torch.cuda.is_available() is false)"
-  exit 77
-fi
+"$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null ||
+  skip_test "no CUDA device visible to $PY's torch (torch.cuda.is_available() is false)"
 
 # Losses of a metrics file, one per line.
 losses() {

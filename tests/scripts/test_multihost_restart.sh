@@ -57,8 +57,7 @@ echo "ok: rank 1 killed, --max-restarts 1 resumed from step-$from; steps $((from
 # The same under real torchrun (agent store, keys under /worker/attempt_<n>): it restarts the
 # group itself and fsdp-train recovers the same way.
 if ! py_has torch.distributed.run; then
-  [[ "${CI:-}" == true ]] && fail "$PY has no torchrun (torch.distributed.run) and CI=true ($PY_MISSING)"
-  echo "SKIP: $PY has no torchrun ($PY_MISSING); torchrun restart not checked"
+  skip_part "$PY has no torchrun (torch.distributed.run; $PY_MISSING); torchrun restart not checked"
 else
   rm -rf "$CK"
   timeout -k 5 300 "${TORCHRUN[@]}" --standalone --nproc_per_node 2 --max_restarts 1 --no_python \

@@ -13,13 +13,12 @@ BIN=${FSDP_BIN_DIR:?FSDP_BIN_DIR must point at the build bin directory}
 # PY (the build's Python), py_has
 # shellcheck source=lib/python.sh
 source "$(dirname "$0")/lib/python.sh"
+# shellcheck source=lib/skip.sh
+source "$(dirname "$0")/lib/skip.sh"
 # One thread, set before torch loads (the wheel's MKL and OpenMP start one per core): the
 # outputs compared here then round as the C++ side's do.
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
-if ! py_has torch; then
-  if [ "${CI:-}" = "true" ]; then echo "FAIL: $PY has no torch ($PY_MISSING)"; exit 1; fi
-  echo "SKIP: $PY has no torch ($PY_MISSING)"; exit 77
-fi
+py_has torch || skip_test "$PY has no torch ($PY_MISSING)"
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 

@@ -9,6 +9,9 @@
 #  3. End-of-backward callbacks land on the outermost backward: only src/autograd calls the
 #     engine's queue_callback; everything else calls fsdp::autograd::queue_end_of_backward
 #     ([Note: nested backward] in include/fsdp/autograd/end_of_backward.h).
+#  4. A test skips for want of a GPU only through FSDP_SKIP_WITHOUT_GPU (tests/harness/gpu.h),
+#     the one skip after which a test binary may report "skipped" ([Note: skips] in
+#     tests/harness/skips.h): no GTEST_SKIP on the line of, or the line after, a CUDA query.
 set -euo pipefail
 SRC="${FSDP_SOURCE_DIR:?set FSDP_SOURCE_DIR to the source tree}"
 cd "$SRC"
@@ -79,6 +82,30 @@ if [[ "$(queue_callbacks "$plant" | grep -c planted_callback)" == 1 ]]; then
   echo "ok: a planted queue_callback call is found"
 else
   echo "FAIL: the check does not find a planted queue_callback call"
+  status=1
+fi
+
+gpu_skips() {  # DIR...
+  local f
+  for f in $(grep -rlE --include='*.cpp' --include='*.h' 'GTEST_SKIP' "$@" | grep -v '^tests/harness/gpu\.' || true); do
+    awk -v f="$f" '/cuda::(is_available|device_count)/ { near = 2 }
+                   near > 0 && /GTEST_SKIP/ { print f ":" FNR ": " $0 }
+                   { near-- }' "$f"
+  done
+}
+found="$(gpu_skips tests)"
+if [[ -n "$found" ]]; then
+  echo "FAIL: a GPU skip of its own (use FSDP_SKIP_WITHOUT_GPU(devices), tests/harness/gpu.h):"
+  echo "$found"
+  status=1
+else
+  echo "ok: every GPU skip goes through FSDP_SKIP_WITHOUT_GPU"
+fi
+printf 'TEST(A, B) {\n  if (!torch::cuda::is_available())\n    GTEST_SKIP() << "no GPU";\n}\n' >"$plant/planted_skip.cpp"
+if [[ "$(gpu_skips "$plant" | grep -c planted_skip)" == 1 ]]; then
+  echo "ok: a planted GPU skip of its own is found"
+else
+  echo "FAIL: the check does not find a planted GPU skip of its own"
   status=1
 fi
 

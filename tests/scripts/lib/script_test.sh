@@ -14,11 +14,14 @@
 #   wait_for SECONDS CMD... polls CMD every 50 ms until it succeeds (status 0) or SECONDS pass (1)
 #   has_lines FILE N        FILE exists with at least N lines
 #   PY, TORCHRUN, py_has    the Python and torchrun to use (lib/python.sh)
+#   skip_test, skip_part    SKIP, or FAIL under CI=true / FSDP_REQUIRE_GPU=1 (lib/skip.sh)
 
 BIN="${FSDP_BIN_DIR:?set FSDP_BIN_DIR to the bin directory of a build}"
 # PY, TORCHRUN, py_has
 # shellcheck source=python.sh
 source "$(dirname "${BASH_SOURCE[0]}")/python.sh"
+# shellcheck source=skip.sh
+source "$(dirname "${BASH_SOURCE[0]}")/skip.sh"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 

@@ -5,7 +5,8 @@
 # use TCP between hosts and shared memory can only pair ranks of the same host.
 #
 #   source tests/scripts/lib/sim_hosts.sh
-#   sim_hosts_require           # SKIP (exit 77, which ctest counts as skipped) as a non-root user, FAIL under CI=true
+#   sim_hosts_require           # SKIP (exit 77, which ctest counts as skipped) as a non-root user, FAIL under
+#                               # CI=true or FSDP_REQUIRE_GPU=1 (lib/skip.sh)
 #   sim_hosts_create 2          # hosts 0..1, addresses in SIM_ADDR[i]; removed at exit
 #   sim_host_run 0 cmd args...  # runs cmd "on" host 0 (foreground; add & to background)
 #   sim_host_bytes 0            # bytes sent + received by host 0's link so far
@@ -24,20 +25,18 @@ SIM_TAG=""
 SIM_ADDR=()
 SIM_SUBNET=10.77.0
 
-_sim_fail() {
-  if [[ "${CI:-}" == true ]]; then echo "FAIL: $*" >&2; exit 1; fi
-  echo "SKIP: $*"; exit 77  # ctest: SKIP_RETURN_CODE, reported as skipped
-}
+# shellcheck source=skip.sh
+source "$(dirname "${BASH_SOURCE[0]}")/skip.sh"
 
-# Exits the test (SKIP, or FAIL under CI=true) when simulated hosts cannot be made here.
+# Exits the test (SKIP, or FAIL in a strict run) when simulated hosts cannot be made here.
 sim_hosts_require() {
   local missing=()
   for tool in ip unshare nsenter; do command -v "$tool" >/dev/null || missing+=("$tool"); done
-  ((${#missing[@]} == 0)) || _sim_fail "simulated hosts need ${missing[*]} (apt-get install iproute2 util-linux)"
+  ((${#missing[@]} == 0)) || skip_test "simulated hosts need ${missing[*]} (apt-get install iproute2 util-linux)"
   [[ "$(id -u)" == 0 ]] ||
-    _sim_fail "simulated hosts need root (network namespaces, veth, bridge, mounts); run the test as root or under .ci/run"
+    skip_test "simulated hosts need root (network namespaces, veth, bridge, mounts); run the test as root or under .ci/run"
   local probe="${SIM_PREFIX}-$$-probe"
-  ip netns add "$probe" 2>/dev/null || _sim_fail "cannot create a network namespace ('ip netns add' failed): the container lacks CAP_SYS_ADMIN/CAP_NET_ADMIN"
+  ip netns add "$probe" 2>/dev/null || skip_test "cannot create a network namespace ('ip netns add' failed): the container lacks CAP_SYS_ADMIN/CAP_NET_ADMIN"
   ip netns del "$probe"
 }
 
@@ -88,17 +87,17 @@ sim_hosts_create() {
   trap '_sim_on_signal INT' INT
   trap '_sim_on_signal TERM' TERM
   br="$(_sim_bridge_ns)"
-  ip netns add "$br" || _sim_fail "cannot create network namespace $br"
+  ip netns add "$br" || skip_test "cannot create network namespace $br"
   ip -n "$br" link add br0 type bridge
   ip -n "$br" link set br0 up
   ip -n "$br" link set lo up
   for ((i = 0; i < k; i++)); do
     ns="$(sim_ns "$i")"
-    ip netns add "$ns" || _sim_fail "cannot create network namespace $ns"
+    ip netns add "$ns" || skip_test "cannot create network namespace $ns"
     # Both ends are born in the root namespace under unique names (<= 15 characters) and
     # moved at once; inside the host the link is "eth0", at the bridge "p<i>".
     veth="v${SIM_TAG}h$i"
-    ip link add "$veth" type veth peer name "v${SIM_TAG}b$i" || _sim_fail "cannot create veth pair $veth"
+    ip link add "$veth" type veth peer name "v${SIM_TAG}b$i" || skip_test "cannot create veth pair $veth"
     ip link set "$veth" netns "$ns" name eth0
     ip link set "v${SIM_TAG}b$i" netns "$br" name "p$i"
     ip -n "$br" link set "p$i" master br0 up
