@@ -8,7 +8,10 @@
 #     it runs on 2 ranks and prints JSON-lines losses that fall; stopped at a checkpoint and
 #     started again with --resume auto, it prints the same losses and final eval, bit for bit,
 #     as the run that was never stopped (and the stopped run's losses equal that run's first
-#     steps).
+#     steps); started in a wrong launch environment, it reports the library's error in one
+#     message and exits non-zero (lib/wrong_launch_env.sh).
+# Configuring each project prints no CMake warning but those of torch's own CMake files
+# (fsdp_build_consumer; docs/usage.md says why those are harmless).
 # The projects are configured and built at the same time (each is one translation unit, so a
 # build alone keeps one core busy), then run one after another.
 set -euo pipefail
@@ -16,6 +19,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 source "$here/lib/installed_package.sh"
 # shellcheck source=lib/python.sh
 source "$here/lib/python.sh"
+source "$here/lib/wrong_launch_env.sh"
 examples_dir=${FSDP_SOURCE_DIR:-$(cd "$here/../.." && pwd)}/examples
 work=$(mktemp -d /tmp/fsdp-examples-XXXXXX)
 trap 'rm -rf "$work"' EXIT
@@ -76,6 +80,8 @@ for i in "${!names[@]}"; do
 done
 ((failed == 0)) || exit 1
 echo "ok: built ${names[*]} against the installed package in $((SECONDS - t0))s (at the same time)"
+echo "ok: configuring them printed no CMake warning but torch's own, which were:"
+fsdp_torch_warnings "$work/build/consumer/configure.log" | sed 's/^/  /'
 
 # 1. The minimal consumer.
 out=$(STORE="$work/store" "$work/build/consumer/consumer")
@@ -125,7 +131,11 @@ assert not bad, "the stopped run's losses differ from the full run's: " + "; ".j
 PY
   "$PY" "$here/lib/resumed_losses.py" "$rundir/full.jsonl" "$rundir/resumed.jsonl" "$k" "$steps" \
     || { echo "FAIL: $name resumed at step $k does not continue the uninterrupted run"; exit 1; }
-  echo "ok: $name ($steps steps; resumed after step $k equals the uninterrupted run; runs $((SECONDS - t0))s)"
+
+  # 3. A wrong launch environment: the library's message, no backtrace, a non-zero exit.
+  ( cd "$rundir" && reports_wrong_env "$rundir/wrong_env.out" "$exe" ) || exit 1
+  echo "ok: $name ($steps steps; resumed after step $k equals the uninterrupted run; a wrong launch" \
+    "environment reported in one message; runs $((SECONDS - t0))s)"
   passed=$((passed + 1))
 done
 echo "$passed passed, 0 failed"

@@ -9,8 +9,12 @@
 #  3. Runs every program in a fresh directory: it must exit 0, and a program that trains with
 #     fsdp::trainer::Trainer must show a finite loss (its progress lines or a metrics file)
 #     and none that is not finite.
+#  4. Runs every Trainer program once more in a wrong launch environment, where fit() throws
+#     at once: it must print the library's message without the C++ backtrace and exit non-zero,
+#     not abort (lib/wrong_launch_env.sh).
 set -euo pipefail
 source "$(dirname "$0")/lib/script_test.sh"
+source "$(dirname "$0")/lib/wrong_launch_env.sh"
 BUILD=$(cd "$BIN/.." && pwd)
 LISTING="$BUILD/snippets/snippets.txt"
 
@@ -76,6 +80,14 @@ PY
     fi
   fi
   pass "the program at $origin ran (exit 0)"
+  if grep -q "Trainer<" "$BUILD/snippets/$name.cpp"; then
+    if (cd "$run" && reports_wrong_env "$run/error.txt" "$BUILD/snippets/$name"); then
+      pass "the program at $origin reports a wrong launch environment in one message"
+    else
+      echo "FAIL: the program at $origin does not report the library's error as the README promises" >&2
+      status=1
+    fi
+  fi
 done < "$LISTING"
 
 ((status == 0)) || exit 1

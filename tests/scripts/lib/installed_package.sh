@@ -4,7 +4,11 @@
 #   fsdp_install PREFIX            cmake --install of the build tree into PREFIX, checked
 #   fsdp_build_consumer SRC BUILD PREFIX
 #                                  configure + build the CMake project SRC in BUILD with
-#                                  find_package(fsdp) seeing only PREFIX's package
+#                                  find_package(fsdp) seeing only PREFIX's package; fails
+#                                  when the configure printed a warning but torch's own
+#   fsdp_foreign_warnings LOG      the first line of each CMake warning in the configure
+#                                  output LOG that torch's own CMake files did not print
+#   fsdp_torch_warnings LOG        the first line of each one that they did
 #
 # Consumers compile through ccache when it is installed. The prefix lives in a fresh temp
 # directory each run; CCACHE_BASEDIR set to that directory makes ccache see the include paths
@@ -20,6 +24,14 @@ fsdp_install() {
   test -f "$prefix/include/fsdp/core/fully_sharded.h" || { echo "FAIL: headers not installed"; return 1; }
 }
 
+# A CMake warning starts with a line "CMake Warning at FILE:LINE (command):" (or "CMake
+# Warning (dev) at", "CMake Deprecation Warning at", or no location at all). Those of torch's
+# config files are torch's (docs/usage.md explains the ones seen); any other, at our package's
+# files or at a consumer's target (whose link line is partly ours), is ours to fix.
+FSDP_TORCH_WARNING_RE='^CMake [A-Za-z ()]*Warning[A-Za-z ()]* at (.*/)?share/cmake/(Torch|Caffe2)/'
+fsdp_foreign_warnings() { grep -E '^CMake [A-Za-z ()]*Warning' "$1" | grep -vE "$FSDP_TORCH_WARNING_RE" || true; }
+fsdp_torch_warnings() { grep -E "$FSDP_TORCH_WARNING_RE" "$1" || true; }
+
 fsdp_build_consumer() {
   local src=$1 build=$2 prefix=$3
   local launcher=()
@@ -34,6 +46,11 @@ fsdp_build_consumer() {
   cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O1 -DNDEBUG" \
     -DCMAKE_PREFIX_PATH="$prefix" "${launcher[@]}" > "$build/configure.log" 2>&1 \
     || { cat "$build/configure.log"; echo "FAIL: configuring $src against $prefix (find_package(fsdp))"; return 1; }
+  local foreign
+  foreign=$(fsdp_foreign_warnings "$build/configure.log")
+  [[ -z "$foreign" ]] || { cat "$build/configure.log"
+    echo "FAIL: configuring $src against $prefix printed warnings that torch's CMake files did not:"
+    echo "$foreign"; return 1; }
   cmake --build "$build" > "$build/build.log" 2>&1 \
     || { tail -30 "$build/build.log"; echo "FAIL: building $src against $prefix"; return 1; }
 }
