@@ -29,13 +29,13 @@
 #include <string>
 #include <vector>
 
+#include "core/counting_allocator.h"
 #include "fsdp/comm/collectives.h"
 #include "fsdp/optim/cpu_adam.h"
 #include "fsdp/trainer/training_facade.h"
 #include "fsdp/optim/zero_redundancy_optimizer.h"
 #include "fsdp/state/zero_checkpoint.h"
 #include "fsdp/state/zero_state_dict.h"
-#include "harness/counting_allocator.h"
 #include "harness/device_memory_probe.h"
 #include "harness/models.h"
 #include "harness/multirank.h"
@@ -49,6 +49,7 @@
 
 using namespace fsdp;
 using namespace fsdp::testing;
+using fsdp::memory::install_counting_allocator;
 using fsdp::optim::Stage1Reduction;
 using fsdp::optim::ZeroOptions;
 using fsdp::optim::ZeroRedundancyOptimizer;
