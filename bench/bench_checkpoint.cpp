@@ -49,12 +49,12 @@
 #include <torch/torch.h>
 
 #include "common/tool_error.h"
+#include "core/counting_allocator.h"
 #include "fsdp/comm/collectives.h"
 #include "fsdp/core/fully_sharded.h"
 #include "fsdp/state/checkpoint.h"
 #include "state/checkpoint_testing.h"
 #include "fsdp/state/checkpoint_tools.h"
-#include "harness/counting_allocator.h"  // header-only; the benchmark does not link the harness
 
 using namespace fsdp;
 namespace fs = std::filesystem;
@@ -268,7 +268,7 @@ std::string arg(int argc, char** argv, const std::string& name, const std::strin
 }
 
 int rank_main(int argc, char** argv) {
-  auto* counter = fsdp::testing::install_counting_allocator();
+  auto* counter = fsdp::memory::install_counting_allocator();
   const int64_t target = std::stoll(arg(argc, argv, "--params", "100000000"));
   const std::string dir = arg(argc, argv, "--dir", "/tmp") + "/bench_checkpoint";
   auto pg = comm::init_process_group(comm::InitOptions());

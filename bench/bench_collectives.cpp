@@ -11,7 +11,7 @@
 // to it (same bin/ directory), once per world size, and prints rank 0's report with the
 // "[rank0]: " prefix removed. Under a launcher it runs the measurement directly, also across
 // hosts: `fsdp-run --nnodes 2 --node-rank R --master-addr A --master-port P --nproc 2 --
-// bench_collectives --sizes-mb 1` on each host (tests/scripts/measure_multihost.sh); there every
+// bench_collectives --sizes-mb 1` on each host (bench/measure_multihost.sh); there every
 // group spans the hosts and every op goes over Gloo/TCP.
 //
 // Words used below:

@@ -28,7 +28,7 @@
 // the rows the ZeRO speed targets compare (NO_SHARD+CPUAdam, ZERO2+CPUAdam, ZERO1,
 // ZERO2, ZERO2 with overlap_communication, Python ZeRO) and prints each target's ratio per round (median and fastest). It prints a table, then one JSON object per line. Rank mode runs under any
 // launcher, also across hosts (`fsdp-run --nnodes 2 ... --nproc 2 -- bench_strategies --model
-// mlp --strategy hybrid_shard --shard-group 2 --optim adam`, tests/scripts/measure_multihost.sh):
+// mlp --strategy hybrid_shard --shard-group 2 --optim adam`, bench/measure_multihost.sh):
 // rank 0 prints that configuration's JSON line.
 //
 // Models: "mlp" 784-1024-1024-10 (ReLU), one unit per Linear; "transformer" Linear

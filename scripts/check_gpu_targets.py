@@ -12,24 +12,15 @@ name the tools it runs in REQUIRED_FILES (tests/CMakeLists.txt); a gpu test that
 visible is reported too. Our executables are named after their targets.
 
 The tests and their properties come from `ctest -L gpu --show-only=json-v1`, run on a copy of the
-build's CTestTestfile.cmake files, for two reasons: every ctest call in a build folder rewrites its
-Testing/Temporary/LastTest.log, which a test run there may be writing; and the JSON leaves out
-the command of a test whose executable is not built yet, so the executable is read from the
-test's add_test line, which names it from the configure on.
+build's test files (ctest_listing.py says why).
 
 Prints one line per problem and exits 1 if there is any; else one "ok:" line.
 """
 
-import json
 import os
-import re
-import shutil
-import subprocess
 import sys
-import tempfile
 
-# add_test([=[name]=] "command" ...) as CMake writes it into CTestTestfile.cmake.
-ADD_TEST = re.compile(r'^add_test\(\[(=*)\[(.*?)\]\1\]\s+"((?:\\.|[^"\\])*)"', re.M)
+from ctest_listing import list_tests
 
 
 def read_targets(path):
@@ -38,41 +29,10 @@ def read_targets(path):
         return [t for t in (line.split("#", 1)[0].strip() for line in f) if t]
 
 
-def copy_test_files(build, into):
-    """Copies every CTestTestfile.cmake under build to the same place under into; returns the
-    executable of each test's add_test line, by test name."""
-    commands = {}
-    for folder, dirs, files in os.walk(build):
-        dirs[:] = [d for d in dirs if d not in ("CMakeFiles", "Testing")]
-        if "CTestTestfile.cmake" not in files:
-            continue
-        src = os.path.join(folder, "CTestTestfile.cmake")
-        dst = os.path.join(into, os.path.relpath(folder, build))
-        os.makedirs(dst, exist_ok=True)
-        shutil.copy(src, dst)
-        with open(src) as f:
-            for m in ADD_TEST.finditer(f.read()):
-                commands[m.group(2)] = re.sub(r"\\(.)", r"\1", m.group(3))
-    return commands
-
-
 def gpu_tests(build):
     """The gpu-labelled tests: [(name, executable, required files)]."""
-    with tempfile.TemporaryDirectory(prefix="fsdp-gpu-targets-") as copy:
-        commands = copy_test_files(build, copy)
-        cmd = ["ctest", "--test-dir", copy, "-L", "gpu", "--show-only=json-v1"]
-        run = subprocess.run(cmd, capture_output=True, text=True)
-        if run.returncode != 0:
-            sys.exit("FAIL: %s exited %d: %s" % (" ".join(cmd), run.returncode, run.stderr.strip()[:500]))
-    tests = []
-    for test in json.loads(run.stdout)["tests"]:
-        required = []
-        for prop in test.get("properties", []):
-            if prop["name"] == "REQUIRED_FILES":
-                value = prop["value"]
-                required = value.split(";") if isinstance(value, str) else value
-        tests.append((test["name"], commands.get(test["name"], ""), required))
-    return tests
+    return [(name, executable, props.get("REQUIRED_FILES", []))
+            for name, executable, props in list_tests(build, "-L", "gpu")]
 
 
 def main(build, targets_file):

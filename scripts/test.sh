@@ -1,6 +1,12 @@
 #!/usr/bin/env bash
 # Sets up a fresh machine and runs every test: bootstrap (Debian packages),
 # configure, build, ctest. Used by the README and by .ci/run.
+#
+#   scripts/test.sh [--quick] [CTEST ARGS...]
+#
+# --quick runs only the quick lane (ctest -L quick: single-process tests of a few seconds each,
+# about 20 s on 2 cores once built); other arguments go to ctest. Every test is in one lane: quick,
+# multirank or slow (tests/CMakeLists.txt).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
@@ -15,7 +21,11 @@ cmake --build "$BUILD_DIR" -j "$JOBS"
 # label is left out (-LE gpu): those tests would only skip on a CPU machine, and run on a
 # GPU machine through scripts/gpu_check.sh.
 labels=()
-[[ "${CI:-}" == true ]] && labels=(-LE gpu)
+if [[ "${1:-}" == --quick ]]; then
+  labels=(-L quick)
+  shift
+fi
+[[ "${CI:-}" == true ]] && labels+=(-LE gpu)
 status=0
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j 1 "${labels[@]}" "$@" || status=$?
 # Every skip and why: ctest prints the output of failed tests only. Script tests

@@ -20,6 +20,7 @@
 #include "fsdp/comm/collectives.h"
 #include "fsdp/optim/cpu_adam.h"
 #include "fsdp/state/checkpoint.h"
+#include "harness/test_dir.h"
 #include "state/checkpoint_testing.h"
 #include "fsdp/state/checkpoint_tools.h"
 #include "fsdp/state/optim_state_dict.h"
@@ -28,7 +29,6 @@
 #include "harness/error_of.h"
 #include "harness/models.h"
 #include "harness/multirank.h"
-#include "harness/temp_dir.h"
 
 using namespace fsdp;
 using namespace fsdp::testing;
@@ -38,19 +38,6 @@ namespace {
 
 constexpr int64_t kBatch = 12;  // divisible by 1, 2, 3 and 4
 constexpr int64_t kSaveStep = 3, kSteps = 6;
-
-// One directory per test process, created by it and passed to its workers (which
-// borrow it); the test process removes it when it exits, after its workers have.
-std::string test_dir() {
-  static const TempDir dir = TempDir::from_env_or_create("FSDP_CKPT_TEST_DIR", "fsdp-ckpt-test-");
-  return dir.path();
-}
-RankOptions rank_options(std::vector<std::string> env = {}) {
-  RankOptions o;
-  o.extra_env = std::move(env);
-  o.extra_env.push_back("FSDP_CKPT_TEST_DIR=" + test_dir());
-  return o;
-}
 
 using Model = FullyShardedDataParallel<TinyTransformerImpl>;
 const char* kOptimizers[] = {"adam", "adamw", "sgd", "cpu_adam"};

@@ -40,6 +40,7 @@
 #include "fsdp/precision/grad_scaler.h"
 #include "fsdp/state/checkpoint.h"
 #include "fsdp/state/state_dict.h"
+#include "harness/bit_equal.h"
 #include "harness/gpu.h"
 #include "harness/models.h"
 #include "harness/multirank.h"
@@ -154,6 +155,31 @@ double grad_pieces_rel_diff(torch::nn::Module& wrapped, const Ranges& ranges, co
   return rel_diff(torch::cat(got), torch::cat(want));
 }
 
+// The step loop of both parity suites: each of kSteps steps trains the reference with Adam on the
+// global batch, then `train_step` on this rank's slice of it (x, y), given the reference's
+// gradients of that step; it checks what its method promises and returns its loss, whose mean
+// over the ranks must be the reference's.
+using TrainStep = std::function<torch::Tensor(const torch::Tensor& x, const torch::Tensor& y,
+                                              const NamedTensors& ref_grads)>;
+template <typename Holder>
+void steps_against_reference(comm::ProcessGroup& pg, Holder& ref, const TrainStep& train_step) {
+  const auto dev = gpu(pg);
+  torch::optim::Adam ref_opt(ref->parameters(), torch::optim::AdamOptions(kAdamLr));
+  for (int s = 0; s < kSteps; ++s) {
+    SCOPED_TRACE("step " + std::to_string(s));
+    auto [x, y] = batch_on(s, dev);
+    ref_opt.zero_grad(/*set_to_none=*/false);
+    torch::Tensor ref_loss = torch::mse_loss(ref->forward(x), y);
+    ref_loss.backward();
+    const auto ref_grads = named_grads(*ref);
+    ref_opt.step();
+
+    auto loss = train_step(rank_slice(x, pg.rank(), pg.size()), rank_slice(y, pg.rank(), pg.size()), ref_grads);
+    const double expected = ref_loss.item<double>();
+    EXPECT_NEAR(global_loss(pg, loss), expected, kFp32Tol * std::abs(expected));
+  }
+}
+
 // ---- 1. FSDP against plain training on the same GPU ----
 
 template <typename Make>
@@ -161,30 +187,21 @@ void fsdp_parity(comm::ProcessGroup& pg, const std::string& name, Make make, con
   run_case(name, [&] {
     const auto dev = gpu(pg);
     auto ref = on_device(make(), dev);
-    torch::optim::Adam ref_opt(ref->parameters(), torch::optim::AdamOptions(kAdamLr));
     auto model = FullyShardedDataParallel(on_device(make(), dev), pg, options);
     torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(kAdamLr));
     const auto ranges = piece_ranges(*model);
     for (auto& p : model->parameters()) EXPECT_TRUE(p.is_cuda()) << "a shard left the model's device";
-    for (int s = 0; s < kSteps; ++s) {
-      SCOPED_TRACE("step " + std::to_string(s));
-      auto [x, y] = batch_on(s, dev);
-      ref_opt.zero_grad(/*set_to_none=*/false);
-      torch::Tensor ref_loss = torch::mse_loss(ref->forward(x), y);
-      ref_loss.backward();
-      const auto ref_grads = named_grads(*ref);
-      ref_opt.step();
-
+    steps_against_reference(pg, ref, [&](const torch::Tensor& x, const torch::Tensor& y,
+                                         const NamedTensors& ref_grads) {
       opt.zero_grad(/*set_to_none=*/false);
-      auto out = model->forward(rank_slice(x, pg.rank(), pg.size()));
+      auto out = model->forward(x);
       EXPECT_TRUE(out.is_cuda());
-      auto loss = torch::mse_loss(out, rank_slice(y, pg.rank(), pg.size()));
+      auto loss = torch::mse_loss(out, y);
       loss.backward();
       EXPECT_LT(grad_pieces_rel_diff(*model, ranges, ref_grads), kFp32Tol);
       opt.step();
-      const double expected = ref_loss.item<double>();
-      EXPECT_NEAR(global_loss(pg, loss), expected, kFp32Tol * std::abs(expected));
-    }
+      return loss;
+    });
     auto full = full_params(model);
     for (const auto& [k, v] : full) EXPECT_TRUE(v.is_cuda()) << k;
     EXPECT_LT(rel_diff_all(full, named_values(*ref)), kFp32Tol);
@@ -210,7 +227,6 @@ void zero_parity(comm::ProcessGroup& pg, const std::string& name, Make make, int
   run_case(name, [&] {
     const auto dev = gpu(pg);
     auto ref = on_device(make(), dev);
-    torch::optim::Adam ref_opt(ref->parameters(), torch::optim::AdamOptions(kAdamLr));
     auto model = on_device(make(), dev);
     // Buckets of 100 elements: buckets, partitions and parameters cut each other.
     ZeroRedundancyOptimizer opt(model->parameters(),
@@ -222,30 +238,22 @@ void zero_parity(comm::ProcessGroup& pg, const std::string& name, Make make, int
                                     .overlap_communication(overlap)
                                     .reduce_bucket_size(100)
                                     .module(model.ptr()));
-    for (int s = 0; s < kSteps; ++s) {
-      SCOPED_TRACE("step " + std::to_string(s));
-      auto [x, y] = batch_on(s, dev);
-      ref_opt.zero_grad(/*set_to_none=*/false);
-      torch::Tensor ref_loss = torch::mse_loss(ref->forward(x), y);
-      ref_loss.backward();
-      const auto ref_grads = named_grads(*ref);
-      ref_opt.step();
-
+    steps_against_reference(pg, ref, [&](const torch::Tensor& x, const torch::Tensor& y,
+                                         const NamedTensors& ref_grads) {
       opt.zero_grad(/*set_to_none=*/true);
-      auto loss = torch::mse_loss(model->forward(rank_slice(x, pg.rank(), pg.size())),
-                                  rank_slice(y, pg.rank(), pg.size()));
+      auto loss = torch::mse_loss(model->forward(x), y);
       loss.backward();
       opt.step();
       // Stage 1's all-reduce leaves the averaged full gradients in grad().
       if (stage == 1 && reduction == Stage1Reduction::kAllReduce) {
         EXPECT_LT(rel_diff_all(named_grads(*model), ref_grads), kFp32Tol);
       }
-      const double expected = ref_loss.item<double>();
-      EXPECT_NEAR(global_loss(pg, loss), expected, kFp32Tol * std::abs(expected));
+      // The reference has stepped already: the parameters after this step on both sides.
       auto values = named_values(*model);
       for (const auto& [k, v] : values) EXPECT_TRUE(v.is_cuda()) << k;
       EXPECT_LT(rel_diff_all(values, named_values(*ref)), kFp32Tol);
-    }
+      return loss;
+    });
   });
 }
 
@@ -337,13 +345,6 @@ std::vector<torch::Tensor> sgd_snapshot(torch::optim::SGD& opt) {
         out.push_back(static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer().clone());
     }
   return out;
-}
-
-bool bit_equal(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i)
-    if (!a[i].equal(b[i])) return false;
-  return true;
 }
 
 // FULL_SHARD with param_dtype `dtype`. With the scaler (initial scale 1024, backing off at the

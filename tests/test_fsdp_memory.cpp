@@ -12,16 +12,15 @@
 
 #include <c10/core/CPUAllocator.h>
 
+#include "core/counting_allocator.h"
 #include "fsdp/comm/collectives.h"
 #include "fsdp/core/fully_sharded.h"
 #include "fsdp/core/host_memory.h"
 #include "fsdp/core/memory_estimate.h"
-#include "harness/counting_allocator.h"
 #include "harness/multirank.h"
 
 using namespace fsdp;
-using fsdp::testing::CountingAllocator;
-using fsdp::testing::install_counting_allocator;
+using fsdp::memory::install_counting_allocator;
 using fsdp::testing::run_case;
 using fsdp::testing::run_ranks;
 

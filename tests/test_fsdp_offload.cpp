@@ -28,12 +28,12 @@
 #include <memory>
 #include <string>
 
+#include "core/counting_allocator.h"
 #include "fsdp/core/sharded_init.h"
 #include "fsdp/memory/optimizer_state_bytes.h"
 #include "fsdp/optim/cpu_adam.h"
 #include "fsdp/optim/zero_redundancy_optimizer.h"
 #include "fsdp/state/checkpoint.h"
-#include "harness/counting_allocator.h"
 #include "harness/device_memory_probe.h"
 #include "harness/error_of.h"
 #include "harness/gpu.h"
@@ -48,6 +48,8 @@
 
 using namespace fsdp;
 using namespace fsdp::testing;
+using fsdp::memory::CountingAllocator;
+using fsdp::memory::install_counting_allocator;
 
 namespace {
 

@@ -15,19 +15,20 @@
 #include <set>
 #include <thread>
 
+#include "core/counting_allocator.h"
 #include "core/unit.h"
 #include "fsdp/comm/collectives.h"
 #include "fsdp/optim/cpu_adam.h"
 #include "fsdp/optim/zero_redundancy_optimizer.h"
 #include "fsdp/trainer/training_facade.h"
 #include "harness/error_of.h"
-#include "harness/counting_allocator.h"
 #include "harness/models.h"
 #include "harness/multirank.h"
 #include "harness/same_params.h"
 
 using namespace fsdp;
 using namespace fsdp::testing;
+using fsdp::memory::install_counting_allocator;
 
 namespace {
 

@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include "fsdp/precision/grad_scaler.h"
+#include "harness/bit_equal.h"
 #include "harness/models.h"
 #include "harness/multirank.h"
 
@@ -122,13 +123,6 @@ std::vector<torch::Tensor> snapshot_adam(torch::optim::Adam& opt) {
       out.push_back(torch::tensor(st.step()));
     }
   return out;
-}
-
-bool bit_equal(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i)
-    if (!a[i].equal(b[i])) return false;
-  return true;
 }
 
 }  // namespace

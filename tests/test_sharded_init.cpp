@@ -15,6 +15,7 @@
 #include <sstream>
 #include <string>
 
+#include "core/counting_allocator.h"
 #include "fsdp/comm/collectives.h"
 #include "fsdp/core/fully_sharded.h"
 #include "fsdp/core/memory_estimate.h"
@@ -22,7 +23,6 @@
 #include "fsdp/state/rank0_load.h"
 #include "fsdp/state/state_dict.h"
 #include "harness/error_of.h"
-#include "harness/counting_allocator.h"
 #include "harness/models.h"
 #include "harness/multirank.h"
 #include "harness/temp_dir.h"
@@ -255,7 +255,7 @@ void sharded_init_cases(comm::ProcessGroup& pg) {
   });
 
   run_case("construction peak", [&] {
-    auto* counter = fsdp::testing::install_counting_allocator();
+    auto* counter = memory::install_counting_allocator();
     const int n = pg.size();
     const int64_t dim = 256;
     const int layers = 8;
@@ -321,7 +321,7 @@ std::pair<torch::Tensor, torch::Tensor> gpt_batch(int64_t step, const GptConfig&
 // parameters outside units, +5%; then identical initial values and losses.
 void gpt16_cases(comm::ProcessGroup& pg) {
   run_case("16-block gpt: construction peak, values, losses", [&] {
-    auto* counter = fsdp::testing::install_counting_allocator();
+    auto* counter = memory::install_counting_allocator();
     const int n = pg.size();
     const GptConfig cfg{/*vocab=*/256, /*layers=*/16, /*dim=*/128, /*heads=*/4, /*context=*/16};
     const auto o = Options().auto_wrap_policy(module_type_policy<GptBlockImpl>());
@@ -413,7 +413,7 @@ void rank0_load_cases(comm::ProcessGroup& pg) {
   comm::barrier(pg);
 
   run_case("rank-0 pretrained load equals eager loading", [&] {
-    auto* counter = fsdp::testing::install_counting_allocator();
+    auto* counter = memory::install_counting_allocator();
     auto eager = FullyShardedDataParallel(build_gpt(cfg, 5), pg, o);
     int64_t base = counter->live();
     counter->reset_peak();

@@ -20,17 +20,18 @@
 #include <torch/torch.h>
 
 #include "comm/comm_testing.h"
+#include "core/counting_allocator.h"
 #include "fsdp/comm/collectives.h"
 #include "fsdp/state/checkpoint.h"
 #include "fsdp/state/summon_full_params.h"
 #include "fsdp/state/checkpoint_tools.h"
 #include "fsdp/state/state_dict.h"
-#include "harness/counting_allocator.h"
 #include "harness/multirank.h"
 #include "harness/temp_dir.h"
 
 using namespace fsdp;
 using namespace fsdp::testing;
+using fsdp::memory::install_counting_allocator;
 
 namespace {
 

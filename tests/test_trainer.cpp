@@ -26,7 +26,9 @@
 #include "fsdp/trainer/trainer.h"
 #include "harness/models.h"
 #include "harness/multirank.h"
+#include "harness/regression_set.h"
 #include "harness/temp_dir.h"
+#include "harness/test_dir.h"
 
 namespace fsdp::testing {
 namespace {
@@ -41,35 +43,7 @@ using Params = std::map<std::string, torch::Tensor>;
 
 constexpr int64_t kSamples = 20, kBatch = 6;
 constexpr double kLr = 0.05;
-
-/// (x [13], y [5]) regression pairs drawn once from a fixed generator.
-class RegressionSet : public torch::data::datasets::Dataset<RegressionSet> {
- public:
-  explicit RegressionSet(int64_t n, uint64_t seed = 77) {
-    auto gen = at::detail::createCPUGenerator(seed);
-    x_ = at::randn({n, 13}, gen);
-    y_ = at::randn({n, 5}, gen);
-  }
-  torch::data::Example<> get(size_t i) override { return {x_[int64_t(i)], y_[int64_t(i)]}; }
-  torch::optional<size_t> size() const override { return size_t(x_.size(0)); }
-  const torch::Tensor& x() const { return x_; }
-  const torch::Tensor& y() const { return y_; }
-
- private:
-  torch::Tensor x_, y_;
-};
-
-std::string test_dir() {
-  static const TempDir dir = TempDir::from_env_or_create("FSDP_TRAINER_TEST_DIR", "fsdp-trainer-test-");
-  return dir.path();
-}
-
-RankOptions rank_options() {
-  RankOptions o;
-  o.deadline = std::chrono::seconds(120);
-  o.extra_env.push_back("FSDP_TRAINER_TEST_DIR=" + test_dir());
-  return o;
-}
+constexpr std::chrono::seconds kRankDeadline{120};
 
 using TT = Trainer<TinyTransformerImpl>;
 
@@ -395,19 +369,19 @@ TEST(Trainer, MatchesSingleProcessStepByStep) {
   run_ranks(1, [](comm::ProcessGroup& pg) {
     parity_case(pg, StrategyKind::FULL_SHARD, 1, 6);
     dataset_types_case(pg);
-  }, rank_options());
+  }, rank_options(kRankDeadline));
   run_ranks(2, [](comm::ProcessGroup& pg) {
     parity_case(pg, StrategyKind::FULL_SHARD, 1, 6);
     parity_case(pg, StrategyKind::FULL_SHARD, 3, 6);  // accumulation: 3 micro-batches of 2 == one batch of 6
     parity_case(pg, StrategyKind::NO_SHARD, 1, 4, /*drop=*/true);  // 3 steps an epoch: step 4 is epoch 1's first
     parity_case(pg, StrategyKind::ZERO2, 3, 4);
     parity_case(pg, StrategyKind::FULL_SHARD, 3, 4, false, /*clip=*/0.05);
-  }, rank_options());
+  }, rank_options(kRankDeadline));
   run_ranks(3, [](comm::ProcessGroup& pg) {
     parity_case(pg, StrategyKind::FULL_SHARD, 1, 6);  // short batch of 2 on 3 ranks: rank 0 weighs 0
     parity_case(pg, StrategyKind::SHARD_GRAD_OP, 2, 4);
     parity_case(pg, StrategyKind::ZERO1, 1, 4, false, /*clip=*/0.05);
-  }, rank_options());
+  }, rank_options(kRankDeadline));
 }
 
 // fsdp::Options::optimizer_in_backward (and ZeroOptions' under zero2) through the Trainer:
@@ -440,7 +414,7 @@ TEST(Trainer, OptimizerInBackwardEqualsSteppingAfterBackward) {
         });
       }
     }
-  }, rank_options());
+  }, rank_options(kRankDeadline));
 }
 
 // bf16 compute under full_shard (fsdp::MixedPrecision) and under zero2
@@ -457,7 +431,7 @@ TEST(Trainer, MixedPrecisionBf16) {
     c.strategy = Strategy(StrategyKind::ZERO2).zero(optim::ZeroOptions().param_dtype(torch::kBFloat16));
     c.k = 3;
     parity_case(pg, "zero2 bf16 k=3", c);
-  }, rank_options());
+  }, rank_options(kRankDeadline));
 }
 
 // activation_checkpointing changes no bit: the same losses and final parameters as the
@@ -481,7 +455,7 @@ TEST(Trainer, ActivationCheckpointingChangesNoBit) {
         for (const auto& [name, p] : params[0]) EXPECT_TRUE(torch::equal(params[1].at(name), p)) << name;
       });
     }
-  }, rank_options());
+  }, rank_options(kRankDeadline));
 }
 
 /// Counts steps; its count is saved with every checkpoint and restored on resume.
@@ -641,7 +615,7 @@ TEST(Trainer, ResumeBitwiseAndAcrossWorldSizes) {
         EXPECT_NE(std::string(e.what()).find("seed 5 but this run has 6"), std::string::npos) << e.what();
       }
     });
-  }, rank_options());
+  }, rank_options(kRankDeadline));
   // At 3 ranks (SHARD_GRAD_OP) and at 1 (NO_SHARD) from the 2-rank FULL_SHARD checkpoint:
   // the same samples meet in every step.
   for (int n : {3, 1}) {
@@ -661,7 +635,7 @@ TEST(Trainer, ResumeBitwiseAndAcrossWorldSizes) {
       const Params p = full_parameters(*resumed.trained_model());
       size_t i = 1;
       for (auto& [name, t] : p) EXPECT_LT(rel_diff(t, ref[i++]), 1e-5) << name;
-    }, rank_options());
+    }, rank_options(kRankDeadline));
   }
 }
 
@@ -678,7 +652,7 @@ TEST(Trainer, ResumeUnderZero) {
     TT resumed = resume_trainer(ckpt + "2", ckpt + "/step-3", "", StrategyKind::ZERO2);
     FitResult b = resumed.fit(pg);
     expect_continues_bitwise(a, final_a, b, resumed, 3);
-  }, rank_options());
+  }, rank_options(kRankDeadline));
   for (int n : {3, 1}) {
     run_ranks(n, [&](comm::ProcessGroup& pg) {
       const StrategyKind strategy = pg.size() == 3 ? StrategyKind::ZERO1 : StrategyKind::FULL_SHARD;
@@ -695,7 +669,7 @@ TEST(Trainer, ResumeUnderZero) {
       const Params p = full_parameters(*resumed.trained_model());
       size_t i = 1;
       for (auto& [name, t] : p) EXPECT_LT(rel_diff(t, ref[i++]), 1e-5) << trainer::to_string(strategy) << " " << name;
-    }, rank_options());
+    }, rank_options(kRankDeadline));
   }
 }
 
@@ -725,7 +699,7 @@ TEST(Trainer, ResumeUnderBf16) {
         expect_resume_bitwise(pg, bf16_trainer, ckpt, 3, 8);
       });
     }
-  }, rank_options());
+  }, rank_options(kRankDeadline));
 }
 
 // HYBRID_SHARD at 4 ranks in shard groups of 2 (replicated across the two groups),
@@ -756,7 +730,7 @@ TEST(Trainer, HybridShard) {
       };
       expect_resume_bitwise(pg, hybrid_trainer, ckpt, 2, 5);
     });
-  }, rank_options());
+  }, rank_options(kRankDeadline));
 }
 
 // The hooks for a program with its own data order, evaluation and checkpoint extras
@@ -855,7 +829,7 @@ TEST(Trainer, BatchSamplerValidationLoopResumeCheck) {
       resumed.resume_check(want_tag("a"));
       EXPECT_EQ(resumed.fit(pg).first_step, 2);
     });
-  }, rank_options());
+  }, rank_options(kRankDeadline));
 }
 
 TEST(Trainer, BadOptionsFailOnEveryRank) {
@@ -912,7 +886,7 @@ TEST(Trainer, BadOptionsFailOnEveryRank) {
           fsdp::Options().mixed_precision(fsdp::MixedPrecision().param_dtype(torch::kBFloat16)))));
       expect_error(t, "strategy 'zero2' does not use fsdp().mixed_precision()");
     });
-  }, rank_options());
+  }, rank_options(kRankDeadline));
 }
 
 // Started by LaunchesRanksWithoutALauncher as a plain process (no launcher variables):

@@ -27,7 +27,8 @@
 #include "harness/gpu.h"
 #include "harness/models.h"
 #include "harness/multirank.h"
-#include "harness/temp_dir.h"
+#include "harness/regression_set.h"
+#include "harness/test_dir.h"
 #include "state/checkpoint_testing.h"
 
 namespace fsdp::testing {
@@ -49,34 +50,6 @@ constexpr int64_t kSamples = 24, kBatch = 6;
 // bounded here at 1e-4, relative for losses and absolute for parameters (|p| ~ 0.1-1).
 constexpr double kCudaTolerance = 1e-4;
 
-/// (x [13], y [5]) regression pairs drawn once from a fixed generator (CPU tensors: the
-/// Trainer moves each batch).
-class RegressionSet : public torch::data::datasets::Dataset<RegressionSet> {
- public:
-  explicit RegressionSet(int64_t n) {
-    auto gen = at::detail::createCPUGenerator(5);
-    x_ = at::randn({n, 13}, gen);
-    y_ = at::randn({n, 5}, gen);
-  }
-  torch::data::Example<> get(size_t i) override { return {x_[int64_t(i)], y_[int64_t(i)]}; }
-  torch::optional<size_t> size() const override { return size_t(x_.size(0)); }
-
- private:
-  torch::Tensor x_, y_;
-};
-
-std::string test_dir() {
-  static const TempDir dir = TempDir::from_env_or_create("FSDP_TRAINER_DEVICE_TEST_DIR", "fsdp-trainer-device-");
-  return dir.path();
-}
-
-RankOptions rank_options() {
-  RankOptions o;
-  o.deadline = std::chrono::seconds(240);
-  o.extra_env.push_back("FSDP_TRAINER_DEVICE_TEST_DIR=" + test_dir());
-  return o;
-}
-
 using TT = Trainer<TinyTransformerImpl>;
 
 Strategy by_block(StrategyKind kind) {
@@ -97,7 +70,7 @@ TT make_trainer(const std::string& device, StrategyKind kind, int64_t steps = 4)
       .optimizer([](std::vector<torch::Tensor> p) {
         return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(1e-2));
       })
-      .train_data(RegressionSet(kSamples))
+      .train_data(RegressionSet(kSamples, /*seed=*/5))
       .training_step([device](TT::Model& model, torch::data::Example<>& b) {
         EXPECT_EQ(b.data.device().type(), device == "cuda" ? torch::kCUDA : torch::kCPU);
         return torch::mse_loss(model.forward(b.data), b.target);

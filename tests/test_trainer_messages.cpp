@@ -14,7 +14,7 @@
 #include "fsdp/trainer/trainer.h"
 #include "harness/models.h"
 #include "harness/multirank.h"
-#include "harness/temp_dir.h"
+#include "harness/test_dir.h"
 
 namespace fsdp::testing {
 namespace {
@@ -46,18 +46,6 @@ TT pairs_trainer(trainer::TrainerOptions o, Pairs data = Pairs()) {
   return t;
 }
 
-std::string test_dir() {
-  static const TempDir dir = TempDir::from_env_or_create("FSDP_TRAINER_MESSAGES_DIR", "fsdp-trainer-messages-");
-  return dir.path();
-}
-
-RankOptions rank_options() {
-  RankOptions o;
-  o.deadline = std::chrono::seconds(120);
-  o.extra_env.push_back("FSDP_TRAINER_MESSAGES_DIR=" + test_dir());
-  return o;
-}
-
 // Global batches of 4 in order: step 2 holds samples 4..7, rank 0 collates 4 and 5, rank 1
 // 6 and 7. Samples 5 and 7 are odd, so each rank fails collating its part of step 2, before
 // any collective of that step: each names its own sample.
@@ -80,7 +68,7 @@ TEST(TrainerMessages, BadSampleNamesDatasetIndexRankAndStep) {
           << msg;
       EXPECT_NE(msg.find("collate function that pads"), std::string::npos) << "the fix: " << msg;
     }
-  }, rank_options());
+  }, rank_options(std::chrono::seconds(120)));
 }
 
 TEST(TrainerMessages, KeepCheckpointsSaysWhatItDeletesAndResumeThatItAppends) {
@@ -118,7 +106,7 @@ TEST(TrainerMessages, KeepCheckpointsSaysWhatItDeletesAndResumeThatItAppends) {
     int lines = 0;
     for (std::string line; std::getline(f, line);) ++lines;
     EXPECT_EQ(lines, 6) << "steps 1-4 of the first run and 5-6 of the resumed one";
-  }, rank_options());
+  }, rank_options(std::chrono::seconds(120)));
 }
 
 }  // namespace

@@ -29,19 +29,19 @@
 #include <string>
 #include <vector>
 
+#include "core/counting_allocator.h"
 #include "fsdp/comm/collectives.h"
 #include "fsdp/optim/cpu_adam.h"
 #include "fsdp/trainer/training_facade.h"
 #include "fsdp/optim/zero_redundancy_optimizer.h"
 #include "fsdp/state/zero_checkpoint.h"
 #include "fsdp/state/zero_state_dict.h"
-#include "harness/counting_allocator.h"
 #include "harness/device_memory_probe.h"
 #include "harness/models.h"
 #include "harness/multirank.h"
-#include "harness/temp_dir.h"
 
 // White-box: the layout's arithmetic; the reference optimizer's state by parameter.
+#include "harness/test_dir.h"
 #include "memory/device_memory.h"
 #include "optim/zero_layout.h"
 #include "memory/placement.h"
@@ -49,6 +49,7 @@
 
 using namespace fsdp;
 using namespace fsdp::testing;
+using fsdp::memory::install_counting_allocator;
 using fsdp::optim::Stage1Reduction;
 using fsdp::optim::ZeroOptions;
 using fsdp::optim::ZeroRedundancyOptimizer;
@@ -922,16 +923,6 @@ namespace xckpt {
 
 constexpr int64_t kBatch = 12;  // divisible by 1..4
 constexpr int64_t kSave = 3, kEnd = 6;
-
-std::string test_dir() {
-  static const TempDir dir = TempDir::from_env_or_create("FSDP_ZERO_CKPT_DIR", "fsdp-zero-ckpt-");
-  return dir.path();
-}
-RankOptions rank_options() {
-  RankOptions o;
-  o.extra_env.push_back("FSDP_ZERO_CKPT_DIR=" + test_dir());
-  return o;
-}
 
 torch::optim::AdamOptions adam() { return torch::optim::AdamOptions(1e-2); }
 

@@ -1,114 +1,33 @@
 #include "fsdp/core/memory_tracer.h"
 
 #include <algorithm>
-#include <atomic>
 #include <fstream>
 #include <mutex>
 #include <set>
-#include <unordered_map>
 
-#include <c10/core/CPUAllocator.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
-#include "fsdp/comm/collectives.h"
+#include "counting_allocator.h"
 #include "fsdp/core/fully_sharded.h"
 #include "fsdp/memory/optimizer_state_bytes.h"
 
 namespace fsdp {
 
 namespace memory {
-namespace {
 
-// Forwards to the allocator it replaced and counts live bytes. The DataPtr it
-// returns has the data pointer as its context (some kernels allocate through
-// Allocator::raw_allocate, which requires that), so the inner DataPtr and the
-// size are kept in a table keyed by the data pointer.
-class CountingAllocator final : public c10::Allocator {
- public:
-  explicit CountingAllocator(c10::Allocator* base) : base_(base) {}
-  c10::DataPtr allocate(size_t n) override {
-    c10::DataPtr inner = base_->allocate(n);
-    void* data = inner.get();
-    const c10::Device device = inner.device();
-    if (data == nullptr) return inner;  // zero bytes: nothing to count
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      blocks_.emplace(data, Block{std::move(inner), n});
-    }
-    live_ += static_cast<int64_t>(n);
-    allocations_.fetch_add(1, std::memory_order_relaxed);
-    return {data, data, &CountingAllocator::release, device};
-  }
-  int64_t allocations() const { return allocations_.load(std::memory_order_relaxed); }
-  // Blocks FSDP takes from the exchange arena instead (comm::allocate_collective_buffer):
-  // host memory of the same buffers, counted alike.
-  void add_external(int64_t delta) const { live_ += delta; }
-  c10::DeleterFnPtr raw_deleter() const override { return &CountingAllocator::release; }
-  void copy_data(void* dest, const void* src, std::size_t count) const override {
-    default_copy_data(dest, src, count);
-  }
-  int64_t live() const { return live_; }
+void enable_allocator_counting() { install_counting_allocator(); }
 
- private:
-  struct Block {
-    c10::DataPtr inner;
-    size_t n;
-  };
-  static void release(void* data);
-  c10::Allocator* base_;
-  mutable std::mutex mutex_;
-  mutable std::unordered_map<void*, Block> blocks_;
-  mutable std::atomic<int64_t> live_{0};
-  mutable std::atomic<int64_t> allocations_{0};
-};
-
-std::atomic<CountingAllocator*> counter{nullptr};
-
-void CountingAllocator::release(void* data) {
-  CountingAllocator* self = counter.load();
-  c10::DataPtr inner;  // freed after the lock is released
-  {
-    std::lock_guard<std::mutex> lock(self->mutex_);
-    auto it = self->blocks_.find(data);
-    if (it != self->blocks_.end()) {
-      self->live_ -= static_cast<int64_t>(it->second.n);
-      inner = std::move(it->second.inner);
-      self->blocks_.erase(it);
-      return;
-    }
-  }
-  // A raw_allocate'd block from before counting started, returned through
-  // Allocator::raw_deallocate of the current allocator (kernels keep scratch
-  // blocks): its own allocator frees it.
-  c10::DeleterFnPtr base_deleter = self->base_->raw_deleter();
-  TORCH_INTERNAL_ASSERT(base_deleter != nullptr, "counting allocator: a block it did not allocate");
-  base_deleter(data);
-}
-
-}  // namespace
-
-void enable_allocator_counting() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    auto* c = new CountingAllocator(c10::GetCPUAllocator());  // lives as long as the process
-    counter = c;  // before any block can be released through it
-    c10::SetCPUAllocator(c, /*priority=*/100);
-    c->add_external(comm::collective_buffer_bytes());
-    comm::add_collective_buffer_observer([](int64_t delta) { counter.load()->add_external(delta); });
-  });
-}
-
-bool allocator_counting_enabled() { return counter.load() != nullptr; }
+bool allocator_counting_enabled() { return installed_counting_allocator() != nullptr; }
 
 int64_t counted_allocator_bytes() {
-  auto* c = counter.load();
+  auto* c = installed_counting_allocator();
   return c ? c->live() : 0;
 }
 
 int64_t counted_allocations() {
-  auto* c = counter.load();
+  auto* c = installed_counting_allocator();
   return c ? c->allocations() : 0;
 }
 

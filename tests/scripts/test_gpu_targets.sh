@@ -9,6 +9,8 @@ PY="${FSDP_PYTHON:-python3}"
 LIST="$SRC/scripts/gpu_targets.txt"
 check() { "$PY" "$SRC/scripts/check_gpu_targets.py" "$BUILD" "$1" 2>&1; }
 status=0
+# shellcheck source=lib/planted.sh
+source "$(dirname "$0")/lib/planted.sh"
 
 if out=$(check "$LIST"); then
   echo "$out"
@@ -20,24 +22,10 @@ fi
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-# plant NAME EXPECTED: the check fails on $work/NAME with a line containing EXPECTED.
-plant() {
-  local out
-  if out=$(check "$work/$1"); then
-    echo "FAIL: the check passes $1"
-    status=1
-  elif grep -qF "$2" <<<"$out"; then
-    echo "ok: $1: $(grep -F "$2" <<<"$out" | head -1)"
-  else
-    echo "FAIL: $1: the check fails without saying '$2':"
-    echo "$out"
-    status=1
-  fi
-}
 grep -vx 'fsdp-run' "$LIST" >"$work/without-fsdp-run.txt"
-plant without-fsdp-run.txt "gpu test test_fsdp_train_cuda needs fsdp-run"
+expect_fails without-fsdp-run.txt "gpu test test_fsdp_train_cuda needs fsdp-run" check "$work/without-fsdp-run.txt"
 { cat "$LIST"; echo fsdp-ckpt; } >"$work/with-fsdp-ckpt.txt"
-plant with-fsdp-ckpt.txt "lists fsdp-ckpt, which no gpu test needs"
+expect_fails with-fsdp-ckpt.txt "lists fsdp-ckpt, which no gpu test needs" check "$work/with-fsdp-ckpt.txt"
 
 ((status == 0)) && echo "PASS: test_gpu_targets"
 exit "$status"

@@ -1,6 +1,6 @@
 """Bytes that fsdp-train's mlp must move between two simulated hosts per training step, and
 what the veth counters of one host say crossed (tests/scripts/test_multihost_traffic.sh,
-tests/scripts/measure_multihost.sh).
+bench/measure_multihost.sh).
 
 Words:
   S          bytes of the mlp's fp32 parameters (units in forward order: Linear(784, h),

@@ -1,6 +1,6 @@
 # The common start of the scripts that run jobs on 2 simulated hosts x 2 ranks
 # (test_multihost.sh, test_multihost_elastic.sh, test_multihost_traffic.sh, test_multihost_faults.sh,
-# measure_multihost.sh).
+# and the measurements bench/*_multihost.sh).
 # Source it right after `set -euo pipefail`. It needs root (sim_hosts_require: SKIP otherwise,
 # FAIL under CI=true), then gives lib/script_test.sh's BIN, WORK, fail, pass, now, ..., the two
 # hosts (lib/sim_hosts.sh: SIM_ADDR, sim_host_run, counters, ...), and

@@ -1,4 +1,4 @@
-"""A plain TCP stream to calibrate a link (tests/scripts/measure_multihost.sh): what one
+"""A plain TCP stream to calibrate a link (bench/measure_multihost.sh): what one
 connection delivers per second of payload, the same unit as the payload bytes the collectives
 move.
 

@@ -4,7 +4,7 @@
 # A runs bench_strategies ARGS...; B runs it with ARGS... plus $B_FLAGS.
 #
 #   FSDP_BIN_DIR=build/bin B_FLAGS=--optimizer-in-backward \
-#       bash tests/scripts/ab_bench_multihost.sh [PAIRS] [RATE] -- ARGS...
+#       bash bench/ab_bench_multihost.sh [PAIRS] [RATE] -- ARGS...
 #   (defaults: 6 1gbit; root)
 #
 # Per run: bench_strategies' JSON line of rank 0 (its step, ceiling and optimizer times measured
@@ -14,8 +14,10 @@
 # inside backward.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
-# shellcheck source=lib/two_hosts.sh
-source "$HERE/lib/two_hosts.sh"
+# The multi-host tests' two simulated hosts (tests/scripts/lib).
+TESTS_LIB="$HERE/../tests/scripts/lib"
+# shellcheck source=../tests/scripts/lib/two_hosts.sh
+source "$TESTS_LIB/two_hosts.sh"
 : "${B_FLAGS:?set B_FLAGS to what B adds to the arguments of bench_strategies}"
 PAIRS="${1:-6}"
 RATE="${2:-1gbit}"

@@ -3,7 +3,7 @@
 # 2 simulated hosts x 2 ranks with a tbf-capped link (the setting of measure_multihost.sh,
 # without its calibration and compute-only runs), alternating A and B (ABBA...) on the same hosts.
 #
-#   A=<bin dir> B=<bin dir> bash tests/scripts/ab_multihost.sh [PAIRS] [RATE] [STRATEGY...]
+#   A=<bin dir> B=<bin dir> bash bench/ab_multihost.sh [PAIRS] [RATE] [STRATEGY...]
 #   (defaults: 6 1gbit hybrid_shard; env STEPS=33; B_FLAGS: what B's runs add to fsdp-train's
 #   arguments, B defaulting to A, for an A/B of one build with and without a flag)
 #
@@ -18,8 +18,10 @@ B_FLAGS="${B_FLAGS:-}"
 read -r -a EXTRA <<<"$B_FLAGS"
 FSDP_BIN_DIR="$A"
 export FSDP_BIN_DIR
-# shellcheck source=lib/two_hosts.sh
-source "$HERE/lib/two_hosts.sh"
+# The multi-host tests' two simulated hosts (tests/scripts/lib).
+TESTS_LIB="$HERE/../tests/scripts/lib"
+# shellcheck source=../tests/scripts/lib/two_hosts.sh
+source "$TESTS_LIB/two_hosts.sh"
 PAIRS="${1:-6}"
 RATE="${2:-1gbit}"
 shift 2 || true
@@ -35,11 +37,11 @@ for ((i = 1; i <= PAIRS; i++)); do
   for s in "${STRATS[@]}"; do
     for w in "${order[@]}"; do
       flags=()
-      [[ $w == A ]] && BIN="$A" || { BIN="$B"; flags=("${EXTRA[@]}"); }
+      if [[ $w == A ]]; then BIN="$A"; else BIN="$B"; flags=("${EXTRA[@]}"); fi
       m="$WORK/m.$i.$w.$s.jsonl"
       two_host_job "ab.$i.$w.$s" "$BIN/fsdp-train" --strategy "$s" --hidden 512 --steps "$STEPS" --no-shuffle \
         --timeout 120 --metrics "$m" "${flags[@]}"
-      step="$("$PY" -c "import sys; sys.path.insert(0, '$HERE/lib'); import link_traffic as t; print(round(t.step_seconds('$m', 64), 5))")"
+      step="$("$PY" -c "import sys; sys.path.insert(0, '$TESTS_LIB'); import link_traffic as t; print(round(t.step_seconds('$m', 64), 5))")"
       line="{\"pair\": $i, \"build\": \"$w\", \"strategy\": \"$s\", \"rate\": \"$RATE\", \"step_s\": $step, \"load\": $(cut -d' ' -f1 /proc/loadavg)}"
       echo "$line" | tee -a "$RES"
     done

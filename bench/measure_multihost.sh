@@ -3,13 +3,13 @@
 # (tests/scripts/lib/sim_hosts.sh) with each host's outgoing link capped by tbf, against the
 # link's calibrated rate and the compute-only step. Prints a table and one JSON line per row.
 #
-#   FSDP_BIN_DIR=build/bin bash tests/scripts/measure_multihost.sh [RATE...]   (default: 100mbit 1gbit)
+#   FSDP_BIN_DIR=build/bin bash bench/measure_multihost.sh [RATE...]   (default: 100mbit 1gbit)
 #   env: SHORT=3 LONG=13 (fsdp-train steps of the two runs), STRATEGIES="hybrid_shard full_shard
 #        no_shard", BENCH=1 (0: skip bench_strategies and bench_collectives across the hosts),
 #        BENCH_MODELS="mlp transformer" (bench_strategies' models)
 #
 # Per RATE ("none": uncapped):
-#   link     a plain TCP stream each way at once for 4 s (tests/scripts/lib/tcp_stream.py): payload
+#   link     a plain TCP stream each way at once for 4 s (bench/tcp_stream.py): payload
 #            bytes per second each direction delivers (the receiver's count, first 0.5 s left out)
 #   fsdp-train's mlp (hidden 512, global batch 64, Adam), per strategy a run of SHORT and of LONG
 #            steps: bytes per step on the link = the difference of host 1's veth counters / (LONG -
@@ -31,8 +31,10 @@
 #            counters / the FSDP steps it ran (start-up included); and bench_collectives at 1 MiB.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
-# shellcheck source=lib/two_hosts.sh
-source "$HERE/lib/two_hosts.sh"
+# The multi-host tests' two simulated hosts (tests/scripts/lib).
+TESTS_LIB="$HERE/../tests/scripts/lib"
+# shellcheck source=../tests/scripts/lib/two_hosts.sh
+source "$TESTS_LIB/two_hosts.sh"
 RATES=("$@")
 ((${#RATES[@]})) || RATES=(100mbit 1gbit)
 SHORT="${SHORT:-3}"
@@ -75,13 +77,13 @@ for rate in "${RATES[@]}"; do
   sim_host_rate 1 "$rate"
   # Calibration: a stream each way at once, as the collectives use the link.
   for i in 0 1; do
-    sim_host_run "$i" "$PY" "$HERE/lib/tcp_stream.py" serve 29600 >"$WORK/cal.$rate.h$i.json" &
+    sim_host_run "$i" "$PY" "$HERE/tcp_stream.py" serve 29600 >"$WORK/cal.$rate.h$i.json" &
     pids[i]=$!
   done
   sleep 0.5
-  sim_host_run 0 "$PY" "$HERE/lib/tcp_stream.py" send "${SIM_ADDR[1]}" 29600 4 &
+  sim_host_run 0 "$PY" "$HERE/tcp_stream.py" send "${SIM_ADDR[1]}" 29600 4 &
   s0=$!
-  sim_host_run 1 "$PY" "$HERE/lib/tcp_stream.py" send "${SIM_ADDR[0]}" 29600 4
+  sim_host_run 1 "$PY" "$HERE/tcp_stream.py" send "${SIM_ADDR[0]}" 29600 4
   wait "$s0" "${pids[0]}" "${pids[1]}" || fail "the calibration stream at $rate failed"
   # Host 1 receives what host 0 sends (host 1's rx direction) and the other way round.
   echo "{\"kind\": \"link\", \"rate\": \"$rate\", \"rx\": $(cat "$WORK/cal.$rate.h1.json"), \"tx\": $(cat "$WORK/cal.$rate.h0.json")}" >>"$RECS"
@@ -119,4 +121,4 @@ for rate in "${RATES[@]}"; do
 done
 
 echo "load average: $(cat /proc/loadavg) (the machine is shared: times are upper bounds)"
-"$PY" "$HERE/lib/link_traffic.py" report "$RECS" $HIDDEN "$HEADER"
+"$PY" "$TESTS_LIB/link_traffic.py" report "$RECS" $HIDDEN "$HEADER"
