@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck disable=SC2317  # the finders are called through rule and planted
 # Rules of the sources that the compiler cannot check.
 #  1. zero_grad states what it does. libtorch 2.x's Optimizer::zero_grad() sets gradients to
 #     none by default where 1.13's zeroed them in place (Python's default changed the same
@@ -16,6 +17,31 @@ set -euo pipefail
 SRC="${FSDP_SOURCE_DIR:?set FSDP_SOURCE_DIR to the source tree}"
 cd "$SRC"
 status=0
+plant="$(mktemp -d "$SRC/tests/.plant.XXXXXX")"
+trap 'rm -rf "$plant"' EXIT
+
+# rule FINDER "DIR..." BROKEN KEPT: FINDER over the DIRs finds nothing (else BROKEN, the lines).
+rule() {
+  local found dirs
+  read -r -a dirs <<<"$2"
+  found="$("$1" "${dirs[@]}")"
+  if [[ -n "$found" ]]; then
+    echo "FAIL: $3:"
+    echo "$found"
+    status=1
+  else
+    echo "ok: $4"
+  fi
+}
+# The rule's own check: planted FINDER FILE COUNT WHAT: FINDER finds COUNT lines of FILE, planted.
+planted() {
+  if [[ "$("$1" "$plant" | grep -c "$2")" == "$3" ]]; then
+    echo "ok: $4 is found"
+  else
+    echo "FAIL: the check does not find $4"
+    status=1
+  fi
+}
 
 bare_zero_grad() {  # DIR...
   # C++: code before any // comment, and not a /// or * doc line; Python: code before any #.
@@ -23,67 +49,32 @@ bare_zero_grad() {  # DIR...
     grep -vE '^[^:]+:[0-9]+:\s*(//|\*)' | grep -vE '//.*zero_grad\(\)' || true
   grep -rnE --include='*.py' 'zero_grad\(\)' "$@" | grep -vE '^[^:]+:[0-9]+:\s*#' || true
 }
-
-found="$(bare_zero_grad src include tools tests bench examples)"
-if [[ -n "$found" ]]; then
-  echo "FAIL: zero_grad() without set_to_none (say zero_grad(/*set_to_none=*/true|false), Python zero_grad(set_to_none=...)):"
-  echo "$found"
-  status=1
-else
-  echo "ok: every zero_grad call says set_to_none"
-fi
-
-# The rule's own check: a planted bare call is found.
-plant="$(mktemp -d "$SRC/tests/.plant.XXXXXX")"
-trap 'rm -rf "$plant"' EXIT
-printf 'void f(torch::optim::Optimizer& o) { o.zero_grad(); }\n' >"$plant/planted.cpp"
-printf 'opt.zero_grad()  # planted\n' >"$plant/planted.py"
-if [[ "$(bare_zero_grad "$plant" | grep -c planted)" == 2 ]]; then
-  echo "ok: planted bare zero_grad() calls (C++ and Python) are found"
-else
-  echo "FAIL: the check does not find planted bare zero_grad() calls"
-  status=1
-fi
+rule bare_zero_grad "src include tools tests bench examples" \
+  "zero_grad() without set_to_none (say zero_grad(/*set_to_none=*/true|false), Python zero_grad(set_to_none=...))" \
+  "every zero_grad call says set_to_none"
+printf 'void f(torch::optim::Optimizer& o) { o.zero_grad(); }\n' >"$plant/planted_zero_grad.cpp"
+printf 'opt.zero_grad()  # planted\n' >"$plant/planted_zero_grad.py"
+planted bare_zero_grad planted_zero_grad 2 "a planted bare zero_grad() call (C++ and Python)"
 
 transport_calls() {  # DIR...
   grep -rnE --include='*.cpp' --include='*.h' 'transport\(\)->(all_gather|reduce_scatter|all_reduce|broadcast|barrier)\(|\bt\.(all_gather|reduce_scatter|all_reduce|broadcast|barrier)\(g,' "$@" |
     grep -v '^src/comm/collective_call.cpp:' || true
 }
-found="$(transport_calls src include tools)"
-if [[ -n "$found" ]]; then
-  echo "FAIL: a transport's collective called outside src/comm/collective_call.cpp (go through comm::detail::issue):"
-  echo "$found"
-  status=1
-else
-  echo "ok: every collective is issued by src/comm/collective_call.cpp"
-fi
+rule transport_calls "src include tools" \
+  "a transport's collective called outside src/comm/collective_call.cpp (go through comm::detail::issue)" \
+  "every collective is issued by src/comm/collective_call.cpp"
 printf 'void f(const ProcessGroup& g) { g.transport()->all_reduce(g, t, op); }\n' >"$plant/planted_transport.cpp"
-if [[ "$(transport_calls "$plant" | grep -c planted_transport)" == 1 ]]; then
-  echo "ok: a planted direct transport call is found"
-else
-  echo "FAIL: the check does not find a planted direct transport call"
-  status=1
-fi
+planted transport_calls planted_transport 1 "a planted direct transport call"
 
 queue_callbacks() {  # DIR...
   grep -rnE --include='*.cpp' --include='*.h' 'queue_callback\(' "$@" |
     grep -vE '^[^:]+:[0-9]+:\s*(//|\*)' | grep -v '^src/autograd/' || true
 }
-found="$(queue_callbacks src include tools)"
-if [[ -n "$found" ]]; then
-  echo "FAIL: Engine::queue_callback called outside src/autograd (call fsdp::autograd::queue_end_of_backward):"
-  echo "$found"
-  status=1
-else
-  echo "ok: only src/autograd queues engine callbacks"
-fi
+rule queue_callbacks "src include tools" \
+  "Engine::queue_callback called outside src/autograd (call fsdp::autograd::queue_end_of_backward)" \
+  "only src/autograd queues engine callbacks"
 printf 'void f() { torch::autograd::Engine::get_default_engine().queue_callback([] {}); }\n' >"$plant/planted_callback.cpp"
-if [[ "$(queue_callbacks "$plant" | grep -c planted_callback)" == 1 ]]; then
-  echo "ok: a planted queue_callback call is found"
-else
-  echo "FAIL: the check does not find a planted queue_callback call"
-  status=1
-fi
+planted queue_callbacks planted_callback 1 "a planted queue_callback call"
 
 gpu_skips() {  # DIR...
   local f
@@ -93,21 +84,11 @@ gpu_skips() {  # DIR...
                    { near-- }' "$f"
   done
 }
-found="$(gpu_skips tests)"
-if [[ -n "$found" ]]; then
-  echo "FAIL: a GPU skip of its own (use FSDP_SKIP_WITHOUT_GPU(devices), tests/harness/gpu.h):"
-  echo "$found"
-  status=1
-else
-  echo "ok: every GPU skip goes through FSDP_SKIP_WITHOUT_GPU"
-fi
+rule gpu_skips "tests" \
+  "a GPU skip of its own (use FSDP_SKIP_WITHOUT_GPU(devices), tests/harness/gpu.h)" \
+  "every GPU skip goes through FSDP_SKIP_WITHOUT_GPU"
 printf 'TEST(A, B) {\n  if (!torch::cuda::is_available())\n    GTEST_SKIP() << "no GPU";\n}\n' >"$plant/planted_skip.cpp"
-if [[ "$(gpu_skips "$plant" | grep -c planted_skip)" == 1 ]]; then
-  echo "ok: a planted GPU skip of its own is found"
-else
-  echo "FAIL: the check does not find a planted GPU skip of its own"
-  status=1
-fi
+planted gpu_skips planted_skip 1 "a planted GPU skip of its own"
 
 ((status == 0)) && echo "PASS: test_source_rules"
 exit "$status"
