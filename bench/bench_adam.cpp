@@ -7,8 +7,10 @@
 // is the median of several optimizer steps after warm-up steps (the first step
 // allocates the state). Throughput is N / seconds per step, in Gparam/s. The probe
 // (bench/kernels/adam_probe.cpp) is a plain fused loop moving the same 28 bytes per
-// parameter; CPUAdam and the probe are timed in alternation so that noise from
-// other processes hits both alike. Prints a table, then one JSON object per line.
+// parameter. CPUAdam, the probe and torch::optim::Adam each step a copy of the same
+// parameter with the same gradient, with the same warm-up steps and the same number of timed
+// steps, in alternation, so that noise from other processes hits all three alike. Prints a
+// table, then one JSON object per line.
 #include <torch/torch.h>
 
 #include <ATen/Parallel.h>
@@ -53,15 +55,17 @@ struct Row {
   double cpu_adam, torch_adam, probe;  // Gparam/s
 };
 
-Row measure(int64_t n, int threads, int warmup, int reps, int torch_reps) {
+Row measure(int64_t n, int threads, int warmup, int reps) {
   at::set_num_threads(threads);
   torch::manual_seed(0);
   auto param = torch::randn({n}).requires_grad_(true);
   param.mutable_grad() = torch::randn({n});
   Row row{n, threads, 0, 0, 0};
 
-  // Probe buffers: its own state, and a copy of the parameter so that CPUAdam's
-  // numbers are not affected by the probe's updates.
+  // Each contender updates its own copy of the parameter (same values, same gradient), so
+  // that none sees another's updates.
+  auto torch_param = param.detach().clone().requires_grad_(true);
+  torch_param.mutable_grad() = param.grad();
   auto probe_param = param.detach().clone();
   auto probe_m = torch::zeros({n});
   auto probe_v = torch::zeros({n});
@@ -83,28 +87,22 @@ Row measure(int64_t n, int threads, int warmup, int reps, int torch_reps) {
     });
   };
 
-  {
-    fsdp::optim::CPUAdam opt({param}, fsdp::optim::CPUAdamOptions(1e-3));
-    for (int i = 0; i < warmup; ++i) {
-      opt.step();
-      probe_step_fn();
-    }
-    std::vector<double> ours, probe;
-    for (int i = 0; i < reps; ++i) {
-      ours.push_back(seconds([&] { opt.step(); }));
-      probe.push_back(seconds(probe_step_fn));
-    }
-    row.cpu_adam = n / median(ours) / 1e9;
-    row.probe = n / median(probe) / 1e9;
+  fsdp::optim::CPUAdam ours({param}, fsdp::optim::CPUAdamOptions(1e-3));
+  torch::optim::Adam theirs({torch_param}, torch::optim::AdamOptions(1e-3));
+  for (int i = 0; i < warmup; ++i) {  // the first step allocates each optimizer's state
+    ours.step();
+    probe_step_fn();
+    theirs.step();
   }
-  probe_m = probe_v = probe_param = torch::Tensor();
-  {
-    torch::optim::Adam opt({param}, torch::optim::AdamOptions(1e-3));
-    for (int i = 0; i < std::min(warmup, 2); ++i) opt.step();
-    std::vector<double> theirs;
-    for (int i = 0; i < torch_reps; ++i) theirs.push_back(seconds([&] { opt.step(); }));
-    row.torch_adam = n / median(theirs) / 1e9;
+  std::vector<double> ours_s, probe_s, theirs_s;
+  for (int i = 0; i < reps; ++i) {
+    ours_s.push_back(seconds([&] { ours.step(); }));
+    probe_s.push_back(seconds(probe_step_fn));
+    theirs_s.push_back(seconds([&] { theirs.step(); }));
   }
+  row.cpu_adam = n / median(ours_s) / 1e9;
+  row.probe = n / median(probe_s) / 1e9;
+  row.torch_adam = n / median(theirs_s) / 1e9;
   return row;
 }
 
@@ -134,9 +132,7 @@ int main(int argc, char** argv) {
   std::vector<Row> rows;
   for (int64_t n : sizes) {
     for (int threads : {1, 2}) {
-      // torch::optim::Adam is slow: fewer repetitions on the large size.
-      const int torch_reps = quick ? 3 : (n >= 100000000 ? 3 : 5);
-      rows.push_back(measure(n, threads, warmup, reps, torch_reps));
+      rows.push_back(measure(n, threads, warmup, reps));
       const Row& r = rows.back();
       std::fprintf(stderr, "  measured %lld params, %d thread(s)\n",
                    static_cast<long long>(r.params), r.threads);
