@@ -19,6 +19,7 @@
 #include "core/stream_order.h"
 #include "core/stream_order_testing.h"
 #include "fsdp/autograd/checkpoint_wrapper.h"
+#include "harness/bit_equal.h"
 #include "harness/error_of.h"
 #include "harness/models.h"
 #include "harness/multirank.h"
@@ -390,13 +391,6 @@ TrainedState train_on_gpu(comm::ProcessGroup& pg, const Config& c, fsdp::detail:
   return run;
 }
 
-bool same_params(const TrainedState& a, const TrainedState& b) {
-  if (a.params.size() != b.params.size()) return false;
-  for (size_t i = 0; i < a.params.size(); ++i)
-    if (!torch::equal(a.params[i], b.params[i])) return false;
-  return true;
-}
-
 fsdp::detail::StreamOrderTestHooks delayed(StreamKind stream) {
   fsdp::detail::StreamOrderTestHooks hooks;
   hooks.delayed_stream = stream;
@@ -408,7 +402,7 @@ fsdp::detail::StreamOrderTestHooks delayed(StreamKind stream) {
 int runs_matching(comm::ProcessGroup& pg, const Config& c, const fsdp::detail::StreamOrderTestHooks& hooks,
                   const TrainedState& ref) {
   int matching = 0;
-  for (int i = 0; i < kRepeats; ++i) matching += same_params(train_on_gpu(pg, c, hooks), ref) ? 1 : 0;
+  for (int i = 0; i < kRepeats; ++i) matching += bit_equal(train_on_gpu(pg, c, hooks).params, ref.params) ? 1 : 0;
   return matching;
 }
 

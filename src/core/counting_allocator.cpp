@@ -34,9 +34,9 @@ c10::DeleterFnPtr CountingAllocator::raw_deleter() const { return &CountingAlloc
 void CountingAllocator::add_external(int64_t delta) { add_live(delta); }
 
 void CountingAllocator::add_live(int64_t delta) {
-  live_ += delta;
+  const int64_t now = live_ += delta;
   int64_t seen = peak_.load();
-  while (live_.load() > seen && !peak_.compare_exchange_weak(seen, live_.load())) {
+  while (now > seen && !peak_.compare_exchange_weak(seen, now)) {
   }
 }
 
