@@ -1,4 +1,5 @@
-// bench_adam: fsdp::optim::CPUAdam against torch::optim::Adam and a bandwidth probe.
+// bench_adam: fsdp::optim::CPUAdam against torch::optim::Adam, ATen's fused CPU Adam and a
+// bandwidth probe.
 //
 //   build/bin/bench_adam            10M and 100M parameters, 1 and 2 threads
 //   build/bin/bench_adam --quick    1M parameters, few repetitions (smoke run)
@@ -7,10 +8,12 @@
 // is the median of several optimizer steps after warm-up steps (the first step
 // allocates the state). Throughput is N / seconds per step, in Gparam/s. The probe
 // (bench/kernels/adam_probe.cpp) is a plain fused loop moving the same 28 bytes per
-// parameter. CPUAdam, the probe and torch::optim::Adam each step a copy of the same
-// parameter with the same gradient, with the same warm-up steps and the same number of timed
-// steps, in alternation, so that noise from other processes hits all three alike. Prints a
-// table, then one JSON object per line.
+// parameter. ATen's fused Adam (`at::_fused_adam_`) is the kernel Python's
+// `torch.optim.Adam(fused=True)` runs on CPU, called as that optimizer calls it (the step
+// count a float tensor, incremented before the call). CPUAdam, the probe, torch::optim::Adam
+// and the fused kernel each step a copy of the same parameter with the same gradient, with
+// the same warm-up steps and the same number of timed steps, in alternation, so that noise
+// from other processes hits all four alike. Prints a table, then one JSON object per line.
 #include <torch/torch.h>
 
 #include <ATen/Parallel.h>
@@ -52,7 +55,7 @@ double median(std::vector<double> v) {
 struct Row {
   int64_t params;
   int threads;
-  double cpu_adam, torch_adam, probe;  // Gparam/s
+  double cpu_adam, torch_adam, fused_adam, probe;  // Gparam/s
 };
 
 Row measure(int64_t n, int threads, int warmup, int reps) {
@@ -60,7 +63,7 @@ Row measure(int64_t n, int threads, int warmup, int reps) {
   torch::manual_seed(0);
   auto param = torch::randn({n}).requires_grad_(true);
   param.mutable_grad() = torch::randn({n});
-  Row row{n, threads, 0, 0, 0};
+  Row row{n, threads, 0, 0, 0, 0};
 
   // Each contender updates its own copy of the parameter (same values, same gradient), so
   // that none sees another's updates.
@@ -87,22 +90,41 @@ Row measure(int64_t n, int threads, int warmup, int reps) {
     });
   };
 
+  auto fused_param = param.detach().clone();
+  auto fused_m = torch::zeros({n});
+  auto fused_v = torch::zeros({n});
+  auto fused_steps = torch::zeros({}, torch::kFloat);
+  auto fused_step_fn = [&] {
+    fused_steps.add_(1);
+    at::_fused_adam_({fused_param}, {param.grad()}, {fused_m}, {fused_v}, /*max_exp_avg_sqs=*/{}, {fused_steps},
+                     /*lr=*/1e-3, /*beta1=*/0.9, /*beta2=*/0.999, /*weight_decay=*/0.0, /*eps=*/1e-8,
+                     /*amsgrad=*/false, /*maximize=*/false);
+  };
+
   fsdp::optim::CPUAdam ours({param}, fsdp::optim::CPUAdamOptions(1e-3));
   torch::optim::Adam theirs({torch_param}, torch::optim::AdamOptions(1e-3));
   for (int i = 0; i < warmup; ++i) {  // the first step allocates each optimizer's state
     ours.step();
     probe_step_fn();
     theirs.step();
+    fused_step_fn();
   }
-  std::vector<double> ours_s, probe_s, theirs_s;
+  std::vector<double> ours_s, probe_s, theirs_s, fused_s;
   for (int i = 0; i < reps; ++i) {
     ours_s.push_back(seconds([&] { ours.step(); }));
     probe_s.push_back(seconds(probe_step_fn));
     theirs_s.push_back(seconds([&] { theirs.step(); }));
+    fused_s.push_back(seconds(fused_step_fn));
   }
   row.cpu_adam = n / median(ours_s) / 1e9;
   row.probe = n / median(probe_s) / 1e9;
   row.torch_adam = n / median(theirs_s) / 1e9;
+  row.fused_adam = n / median(fused_s) / 1e9;
+  // Every contender ran the same steps on the same gradient: a contender that skipped work
+  // would show here rather than as speed.
+  for (const auto& other : {torch_param.detach(), fused_param, probe_param})
+    TORCH_CHECK(torch::allclose(other, param.detach(), /*rtol=*/1e-4, /*atol=*/1e-6),
+                "bench_adam: the contenders' parameters differ after the same steps");
   return row;
 }
 
@@ -140,21 +162,21 @@ int main(int argc, char** argv) {
   }
   at::set_num_threads(saved_threads);
 
-  std::printf("\n| params | threads | CPUAdam Gparam/s | torch Adam Gparam/s | probe Gparam/s "
-              "| CPUAdam / torch | CPUAdam / probe |\n");
-  std::printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  std::printf("\n| params | threads | CPUAdam Gparam/s | torch Adam Gparam/s | ATen fused Adam Gparam/s "
+              "| probe Gparam/s | CPUAdam / torch | CPUAdam / fused | CPUAdam / probe |\n");
+  std::printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
   for (const Row& r : rows) {
-    std::printf("| %lld | %d | %.3f | %.3f | %.3f | %.1fx | %.0f%% |\n",
-                static_cast<long long>(r.params), r.threads, r.cpu_adam, r.torch_adam, r.probe,
-                r.cpu_adam / r.torch_adam, 100 * r.cpu_adam / r.probe);
+    std::printf("| %lld | %d | %.3f | %.3f | %.3f | %.3f | %.1fx | %.2fx | %.0f%% |\n",
+                static_cast<long long>(r.params), r.threads, r.cpu_adam, r.torch_adam, r.fused_adam, r.probe,
+                r.cpu_adam / r.torch_adam, r.cpu_adam / r.fused_adam, 100 * r.cpu_adam / r.probe);
   }
   std::printf("\n");
   for (const Row& r : rows) {
     std::printf("{\"params\": %lld, \"threads\": %d, \"cpu_adam_gparam_s\": %.4f, "
-                "\"torch_adam_gparam_s\": %.4f, \"probe_gparam_s\": %.4f, "
-                "\"cpu_adam_over_torch\": %.2f, \"cpu_adam_over_probe\": %.3f}\n",
-                static_cast<long long>(r.params), r.threads, r.cpu_adam, r.torch_adam, r.probe,
-                r.cpu_adam / r.torch_adam, r.cpu_adam / r.probe);
+                "\"torch_adam_gparam_s\": %.4f, \"fused_adam_gparam_s\": %.4f, \"probe_gparam_s\": %.4f, "
+                "\"cpu_adam_over_torch\": %.2f, \"cpu_adam_over_fused\": %.3f, \"cpu_adam_over_probe\": %.3f}\n",
+                static_cast<long long>(r.params), r.threads, r.cpu_adam, r.torch_adam, r.fused_adam, r.probe,
+                r.cpu_adam / r.torch_adam, r.cpu_adam / r.fused_adam, r.cpu_adam / r.probe);
   }
   return 0;
 }

@@ -24,7 +24,9 @@
 //   busbw        nccl-tests' bus bandwidth: what each rank sends (and receives) per second on
 //                the optimal algorithm. All-gather and reduce-scatter: S*(N-1)/N / t;
 //                all-reduce: 2*S*(N-1)/N / t. Equal busbw means equal use of the links, so
-//                "ours >= 0.9x Gloo's all-reduce busbw" is the target.
+//                "ours >= 0.9x Gloo's all-reduce busbw" is the target. "vs gloo AR" is the
+//                median (and range) over reps of an op's busbw over Gloo's all-reduce busbw
+//                in the same rep.
 //
 // Ops timed (the first four are the report; the rest explain it):
 //   gloo_allreduce   pg.c10d()->allreduce on the flat buffer: the baseline
@@ -242,7 +244,8 @@ int rank_main(const Args& args) {
     bool report;
     double ms;
     std::optional<double> busbw;
-    std::optional<double> ratio;
+    std::optional<double> ratio;  // median over reps of busbw / Gloo all-reduce's busbw in the same rep
+    double ratio_min = 0, ratio_max = 0;
   };
   std::vector<Row> rows;
 
@@ -320,15 +323,20 @@ int rank_main(const Args& args) {
       opts.reduceOp = c10d::ReduceOp::MAX;
       pg.c10d()->allreduce(t, opts)->wait(pg.timeout());
     }
-    double baseline_busbw = 0;
+    // Ratios to Gloo's all-reduce are taken rep by rep (the ops of one rep ran back to back,
+    // so load that comes and goes hits both alike), then their median and range.
     for (size_t o = 0; o < ops.size(); ++o) {
       std::vector<double> v(tp + o * reps, tp + (o + 1) * reps);
       const double t = median(v);
       Row row{mb, ops[o].name, ops[o].report, t * 1e3, std::nullopt, std::nullopt};
       if (ops[o].bus_factor > 0) {
         row.busbw = ops[o].bus_factor * bytes * (n - 1) / n / t / 1e9;
-        if (o == 0) baseline_busbw = *row.busbw;
-        row.ratio = *row.busbw / baseline_busbw;
+        std::vector<double> ratios;
+        for (int r = 0; r < reps; ++r)
+          ratios.push_back(ops[o].bus_factor / tp[o * reps + r] / (ops[0].bus_factor / tp[r]));
+        row.ratio = median(ratios);
+        row.ratio_min = *std::min_element(ratios.begin(), ratios.end());
+        row.ratio_max = *std::max_element(ratios.begin(), ratios.end());
       }
       rows.push_back(row);
     }
@@ -348,13 +356,14 @@ int rank_main(const Args& args) {
     std::printf("load average at the end of the measurements: %s\n", load.c_str());
     std::printf("busbw: all-gather/reduce-scatter S*(N-1)/N/t, all-reduce 2*S*(N-1)/N/t "
                 "(nccl-tests), GB = 1e9 bytes, MB = MiB\n");
-    std::printf("%6s %-20s %10s %12s %10s\n", "MB", "op", "ms", "busbw GB/s", "vs gloo AR");
+    std::printf("%6s %-20s %10s %12s %22s\n", "MB", "op", "ms", "busbw GB/s", "vs gloo AR (range)");
     auto print_rows = [&](bool report) {
       for (const auto& r : rows) {
         if (r.report != report) continue;
-        std::printf("%6d %-20s %10.2f %12s %10s\n", r.mb, r.op.c_str(), r.ms,
-                    r.busbw ? fmt("%.3f", *r.busbw).c_str() : "-",
-                    r.ratio ? fmt("%.2fx", *r.ratio).c_str() : "-");
+        std::string ratio = "-";
+        if (r.ratio) ratio = fmt("%.2fx", *r.ratio) + " (" + fmt("%.2f", r.ratio_min) + "-" + fmt("%.2f", r.ratio_max) + ")";
+        std::printf("%6d %-20s %10.2f %12s %22s\n", r.mb, r.op.c_str(), r.ms,
+                    r.busbw ? fmt("%.3f", *r.busbw).c_str() : "-", ratio.c_str());
       }
     };
     print_rows(true);
@@ -364,9 +373,10 @@ int rank_main(const Args& args) {
     print_rows(false);
     for (const auto& r : rows) {
       std::printf("{\"op\": \"%s\", \"world_size\": %d, \"mb\": %d, \"ms\": %.4f, "
-                  "\"busbw_gb_s\": %s, \"ratio_vs_gloo_allreduce\": %s}\n",
+                  "\"busbw_gb_s\": %s, \"ratio_vs_gloo_allreduce\": %s, \"ratio_min\": %s, \"ratio_max\": %s}\n",
                   r.op.c_str(), n, r.mb, r.ms, r.busbw ? fmt("%.4f", *r.busbw).c_str() : "null",
-                  r.ratio ? fmt("%.4f", *r.ratio).c_str() : "null");
+                  r.ratio ? fmt("%.4f", *r.ratio).c_str() : "null", r.ratio ? fmt("%.4f", r.ratio_min).c_str() : "null",
+                  r.ratio ? fmt("%.4f", r.ratio_max).c_str() : "null");
     }
     std::fflush(stdout);
   }

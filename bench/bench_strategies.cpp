@@ -3,13 +3,16 @@
 //
 // Usage:
 //   bench_strategies [--steps 30] [--warmup 5] [--models mlp,transformer] [--no-python]
-//                    [--cpu-adam] [--repeat 2] [--zero-targets]   (rank mode also: --bucket-mb MB,
+//                    [--cpu-adam] [--repeat 2] [--zero-targets | --peers] [--rounds 1]
+//                    (rank mode also: --bucket-mb MB,
 //                    --prefetch none|default|fwd)
 //
-// --repeat R runs every configuration, Python DDP included, R times in rounds
-// (each round runs them all in turn) and keeps each one's fastest run: on this
-// shared machine load comes and goes, and the fastest of alternating runs is
-// the fairest estimate for everyone. Prefetch: "default" is the library's
+// --repeat R runs every configuration, Python's included, R times in rounds (each
+// round runs them all in turn). Ratios between rows are taken within a round, where
+// load that comes and goes on this shared machine hits both alike, and reported as
+// the median and range over rounds; the table's absolute columns are each row's
+// fastest run. Every row times one window of --steps after --warmup, as Python's
+// do (--rounds R gives the C++ rows R windows, the fastest kept). Prefetch: "default" is the library's
 // default (backward_prefetch BACKWARD_PRE), "none" turns it off, "fwd" adds
 // forward_prefetch.
 //
@@ -26,7 +29,9 @@
 // FULL_SHARD rows are compared with at the end, over shared memory and over Gloo/TCP
 // (FSDP_SHARED_MEMORY=0, FSDP2's transport). --zero-targets runs only
 // the rows the ZeRO speed targets compare (NO_SHARD+CPUAdam, ZERO2+CPUAdam, ZERO1,
-// ZERO2, ZERO2 with overlap_communication, Python ZeRO) and prints each target's ratio per round (median and fastest). It prints a table, then one JSON object per line. Rank mode runs under any
+// ZERO2, ZERO2 with overlap_communication, the ZeRO rows also over Gloo/TCP, Python ZeRO);
+// --peers only FULL_SHARD (both transports), NO_SHARD over Gloo/TCP, Python DDP and FSDP2.
+// It prints a table, one JSON object per row, then each target's ratio per round. Rank mode runs under any
 // launcher, also across hosts (`fsdp-run --nnodes 2 ... --nproc 2 -- bench_strategies --model
 // mlp --strategy hybrid_shard --shard-group 2 --optim adam`, bench/measure_multihost.sh):
 // rank 0 prints that configuration's JSON line.
@@ -90,11 +95,13 @@ struct Args {
   std::vector<std::string> models{"mlp", "transformer"};
   bool python = true, cpu_adam = false;
   bool zero_targets = false;  // launcher: only the rows the ZeRO targets compare
+  bool peers = false;         // launcher: only the rows compared with Python DDP and FSDP2
   bool zero_overlap = false;  // rank mode, zero1/zero2: ZeroOptions::overlap_communication
   // rank mode
   std::string model = "mlp", strategy = "no_shard", optim = "adam", prefetch = "default";
   int repeat = 2;
   int rounds = 2;  // rank mode: alternations of ceiling and step
+  bool rounds_given = false;  // launcher: --rounds forwarded; otherwise 1, Python's single window
   std::string only;  // rank mode, for profilers: "step" or "ceiling" runs just that loop
   bool breakdown = false;  // rank mode: also time the step's phases against the plain ones
   int shard_group = 0;
@@ -112,7 +119,7 @@ std::vector<std::string> split(const std::string& s) {
 
 const char* kUsage =
     "usage: bench_strategies [--steps 30] [--warmup 5] [--models mlp,transformer] [--no-python]\n"
-    "                        [--cpu-adam] [--repeat 2] [--zero-targets]\n"
+    "                        [--cpu-adam] [--repeat 2] [--zero-targets | --peers] [--rounds 1]\n"
     "  rank mode (set by the launcher): --model M --strategy S --optim O --prefetch none|default|fwd\n"
     "                                   --shard-group G --bucket-mb MB [--rounds 2] [--only step|ceiling]\n"
     "                                   [--breakdown] [--zero-overlap] [--optimizer-in-backward]\n"
@@ -153,13 +160,17 @@ Args parse_args(int argc, char** argv) {
     else if (k == "--no-python") a.python = false;
     else if (k == "--cpu-adam") a.cpu_adam = true;
     else if (k == "--zero-targets") a.zero_targets = true;
+    else if (k == "--peers") a.peers = true;
     else if (k == "--zero-overlap") a.zero_overlap = true;
     else if (k == "--model") a.model = next();
     else if (k == "--strategy") a.strategy = next();
     else if (k == "--optim") a.optim = next();
     else if (k == "--prefetch") a.prefetch = next();
     else if (k == "--repeat") a.repeat = number<int>(k, next());
-    else if (k == "--rounds") a.rounds = number<int>(k, next());
+    else if (k == "--rounds") {
+      a.rounds = number<int>(k, next());
+      a.rounds_given = true;
+    }
     else if (k == "--only") a.only = next();
     else if (k == "--breakdown") a.breakdown = true;
     else if (k == "--shard-group") a.shard_group = number<int>(k, next());
@@ -454,7 +465,14 @@ std::string field(const std::string& json, const std::string& key) {
   return s;
 }
 
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t h = v.size() / 2;
+  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
+}
+
 int launcher_main(const Args& a) {
+  if (a.zero_targets && a.peers) usage_error("--zero-targets and --peers choose different rows; give one");
   const std::string self = self_exe();
   const std::string dir = self.substr(0, self.rfind('/'));
   const std::string run = dir + "/fsdp-run";
@@ -487,7 +505,18 @@ int launcher_main(const Args& a) {
                {2, "zero2", "cpuadam", "default", 0},
                {2, "zero1", "adam", "default", 0},
                {2, "zero2", "adam", "default", 0},
-               {2, "zero2", "adam", "default", 0, 0, false, /*overlap=*/true}};
+               {2, "zero2", "adam", "default", 0, 0, false, /*overlap=*/true},
+               // The same on Python ZeRO's transport, Gloo over TCP.
+               {2, "zero1", "adam", "default", 0, 0, true},
+               {2, "zero2", "adam", "default", 0, 0, true},
+               {2, "zero2", "adam", "default", 0, 0, true, /*overlap=*/true}};
+  // --peers: only the rows compared with Python DDP and FSDP2, on both transports.
+  if (a.peers)
+    configs = {{2, "full_shard", "adam", "default", 0},
+               {2, "no_shard", "adam", "default", 0, 0, true},
+               {2, "full_shard", "adam", "default", 0, 0, true}};
+  // Python times one window of --steps; the C++ rows get one too unless --rounds asks for more.
+  const int rank_rounds = a.rounds_given ? a.rounds : 1;
   // Rounds of every configuration in turn; each keeps its fastest run (see --repeat).
   std::vector<std::string> results;  // in configuration order, the fastest run of each
   std::vector<std::vector<std::string>> rounds(a.repeat);  // every run, by round
@@ -511,7 +540,7 @@ int launcher_main(const Args& a) {
         cmd << (c.tcp ? "FSDP_SHARED_MEMORY=0 " : "") << run << " --nproc " << c.n << " -- " << self << " --model " << m << " --strategy " << c.strategy
             << " --optim " << c.optim << " --prefetch " << c.prefetch << " --shard-group " << c.g
             << " --bucket-mb " << c.bucket_mb << " --steps " << a.steps << " --warmup " << a.warmup
-            << (c.overlap ? " --zero-overlap" : "");
+            << " --rounds " << rank_rounds << (c.overlap ? " --zero-overlap" : "");
         keep_fastest(json_lines(cmd.str()));
       }
       if (a.python) {
@@ -519,6 +548,7 @@ int launcher_main(const Args& a) {
         const char* py = std::getenv("FSDP_PYTHON");
         for (const char* extra : {"", " --zero", " --fsdp2"}) {
           if (a.zero_targets && std::strcmp(extra, " --zero") != 0) continue;
+          if (a.peers && std::strcmp(extra, " --zero") == 0) continue;
           std::ostringstream cmd;
           cmd << "OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 " << fsdp::bench::shell_quote(py && *py ? py : FSDP_PYTHON_EXECUTABLE)
               << " " << FSDP_SOURCE_DIR << "/bench/ddp_baseline.py --model " << m
@@ -528,69 +558,99 @@ int launcher_main(const Args& a) {
       }
     }
   }
-  std::printf("| model | strategy | N | step ms | samples/s | vs Python DDP | ceiling ms | vs ceiling | "
-              "attainable ms | vs attainable | MB sent/step | vs ring optimum | param MB | grad MB | optim MB | "
-              "peak RSS MB |\n");
+  // Ratios between two rows of the same round: the rows of one round ran one after the
+  // other, so load that comes and goes hits both alike.
+  auto sps_of = [&](const std::vector<std::string>& lines, const std::string& model, const std::string& strategy) {
+    for (const auto& l : lines)
+      if (field(l, "model") == model && field(l, "strategy") == strategy) return std::stod(field(l, "samples_per_s"));
+    return 0.0;
+  };
+  auto per_round = [&](const std::string& model, const std::string& num, const std::string& den) {
+    std::vector<double> out;
+    for (const auto& lines : rounds) {
+      const double x = sps_of(lines, model, num), y = sps_of(lines, model, den);
+      if (x > 0 && y > 0) out.push_back(x / y);
+    }
+    return out;
+  };
+  // A row's own per-round value of `key` (vs_ceiling: the step against the ceiling measured in
+  // the same processes).
+  auto own_per_round = [&](const std::string& model, const std::string& strategy, const std::string& key) {
+    std::vector<double> out;
+    for (const auto& lines : rounds)
+      for (const auto& l : lines)
+        if (field(l, "model") == model && field(l, "strategy") == strategy && !field(l, key).empty())
+          out.push_back(std::stod(field(l, key)));
+    return out;
+  };
+  auto median_range = [](const std::vector<double>& v, const char* unit) {
+    if (v.empty()) return std::string("-");
+    char b[64];
+    std::snprintf(b, sizeof b, "%.2f%s (%.2f-%.2f)", median_of(v), unit, *std::min_element(v.begin(), v.end()),
+                  *std::max_element(v.begin(), v.end()));
+    return std::string(b);
+  };
+  std::printf("| model | strategy | N | fastest step ms | samples/s | vs Python DDP, median (range) of rounds | "
+              "ceiling ms | vs ceiling, median (range) of rounds | attainable ms | vs attainable | MB sent/step | vs ring optimum | param MB | "
+              "grad MB | optim MB | peak RSS MB |\n");
   std::printf("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | "
               "---: | ---: |\n");
   for (const auto& r : results) {
-    double ddp = 0;
-    for (const auto& o : results)
-      if (field(o, "model") == field(r, "model") && field(o, "strategy") == "PYTHON_DDP")
-        ddp = std::stod(field(o, "samples_per_s"));
+    const std::vector<double> vs_ddp = per_round(field(r, "model"), field(r, "strategy"), "PYTHON_DDP");
+    const std::string vs_ceiling = median_range(own_per_round(field(r, "model"), field(r, "strategy"), "vs_ceiling"), "");
     const double sps = std::stod(field(r, "samples_per_s"));
     const std::string opt = field(r, "ring_optimum_bytes");
     const double mb = 1.0 / (1 << 20);
-    char ratio[32] = "-", ring[32] = "-";
-    if (ddp > 0) std::snprintf(ratio, sizeof ratio, "%.2fx", sps / ddp);
+    const std::string ratio = median_range(vs_ddp, "x");
+    char ring[32] = "-";
     if (!opt.empty() && std::stod(opt) > 0)
       std::snprintf(ring, sizeof ring, "%.3f", std::stod(field(r, "bytes_communicated")) / std::stod(opt));
     // Python rows (DDP, ZeRO, FSDP2) carry no ceiling.
     auto or_dash = [&](const char* key) { const std::string v = field(r, key); return v.empty() ? std::string("-") : v; };
     std::printf("| %s | %s | %s | %.1f | %.0f | %s | %s | %s | %s | %s | %.2f | %s | %.2f | %.2f | %.2f | %.0f |\n",
                 field(r, "model").c_str(), field(r, "strategy").c_str(), field(r, "world_size").c_str(),
-                std::stod(field(r, "step_ms")), sps, ratio, or_dash("ceiling_ms").c_str(), or_dash("vs_ceiling").c_str(),
+                std::stod(field(r, "step_ms")), sps, ratio.c_str(), or_dash("ceiling_ms").c_str(), vs_ceiling.c_str(),
                 or_dash("attainable_ms").c_str(), or_dash("vs_attainable").c_str(),
                 std::stod(field(r, "bytes_communicated")) * mb, ring,
                 std::stod(field(r, "param_bytes")) * mb, std::stod(field(r, "grad_bytes")) * mb,
                 std::stod(field(r, "optim_bytes")) * mb, std::stod(field(r, "peak_rss_bytes")) * mb);
   }
   for (const auto& r : results) std::printf("%s\n", r.c_str());
-  // The ZeRO and FSDP2 speed targets as ratios of samples/s between two rows measured
-  // in the same run: per round (the rows of one round ran one after the other, so load that
-  // comes and goes hits both alike), their median, and the ratio of the fastest runs.
-  // FULL_SHARD against PyTorch's FSDP2 over Gloo/TCP, FSDP2's own transport
-  // (FSDP_SHARED_MEMORY=0), and with the shared-memory transport.
+  // The speed targets as ratios of samples/s between two rows of the same round, their
+  // median and range (a goal of 0: a comparison without a goal). FULL_SHARD against
+  // PyTorch's DDP and FSDP2 over Gloo/TCP, their own transport (FSDP_SHARED_MEMORY=0), and
+  // with the shared-memory transport, which Python lacks.
   struct Target { const char* name; const char* num; const char* den; double goal; };
   const Target targets[] = {{"zero2+cpuadam_vs_no_shard+cpuadam", "ZERO2+CPUAdam", "NO_SHARD+CPUAdam", 0.95},
                             {"zero1_vs_python_zero", "ZERO1", "PYTHON_DDP+ZERO", 1.5},
                             {"zero2_vs_python_zero", "ZERO2", "PYTHON_DDP+ZERO", 1.5},
                             {"zero2+overlap_vs_python_zero", "ZERO2+overlap", "PYTHON_DDP+ZERO", 1.5},
+                            {"zero1+gloo-tcp_vs_python_zero", "ZERO1+gloo-tcp", "PYTHON_DDP+ZERO", 1.5},
+                            {"zero2+gloo-tcp_vs_python_zero", "ZERO2+gloo-tcp", "PYTHON_DDP+ZERO", 1.5},
+                            {"zero2+overlap+gloo-tcp_vs_python_zero", "ZERO2+overlap+gloo-tcp", "PYTHON_DDP+ZERO", 1.5},
                             {"full_shard+gloo-tcp_vs_python_fsdp2", "FULL_SHARD+gloo-tcp", "PYTHON_FSDP2", 2.0},
-                            {"full_shard_vs_python_fsdp2", "FULL_SHARD", "PYTHON_FSDP2", 3.0}};
-  auto sps_of = [&](const std::vector<std::string>& lines, const std::string& model, const std::string& strategy) {
-    for (const auto& l : lines)
-      if (field(l, "model") == model && field(l, "strategy") == strategy) return std::stod(field(l, "samples_per_s"));
-    return 0.0;
-  };
+                            {"full_shard_vs_python_fsdp2", "FULL_SHARD", "PYTHON_FSDP2", 3.0},
+                            {"full_shard+gloo-tcp_vs_python_ddp", "FULL_SHARD+gloo-tcp", "PYTHON_DDP", 0},
+                            {"no_shard+gloo-tcp_vs_python_ddp", "NO_SHARD+gloo-tcp", "PYTHON_DDP", 0},
+                            {"full_shard_vs_python_ddp", "FULL_SHARD", "PYTHON_DDP", 0}};
   for (const auto& m : a.models) {
     for (const auto& t : targets) {
-      std::vector<double> per_round;
-      for (const auto& lines : rounds) {
-        const double num = sps_of(lines, m, t.num), den = sps_of(lines, m, t.den);
-        if (num > 0 && den > 0) per_round.push_back(num / den);
-      }
-      if (per_round.empty()) continue;
-      std::vector<double> sorted = per_round;
-      std::sort(sorted.begin(), sorted.end());
-      const double median = sorted.size() % 2 ? sorted[sorted.size() / 2]
-                                              : 0.5 * (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]);
+      const std::vector<double> ratios = per_round(m, t.num, t.den);
+      if (ratios.empty()) continue;
       std::string list;
-      for (double r : per_round) list += (list.empty() ? "" : ", ") + std::to_string(r).substr(0, 5);
+      int met = 0;
+      for (double r : ratios) {
+        char v[16];
+        std::snprintf(v, sizeof v, "%.3f", r);
+        list += (list.empty() ? "" : ", ") + std::string(v);
+        met += t.goal > 0 && r >= t.goal;
+      }
       std::printf("{\"target\": \"%s\", \"model\": \"%s\", \"goal\": %.2f, \"ratio_per_round\": [%s], "
-                  "\"median_ratio\": %.3f, \"fastest_ratio\": %.3f}\n",
-                  t.name, m.c_str(), t.goal, list.c_str(), median,
-                  sps_of(results, m, t.num) / std::max(1e-9, sps_of(results, m, t.den)));
+                  "\"median_ratio\": %.3f, \"min_ratio\": %.3f, \"max_ratio\": %.3f, \"rounds_meeting_goal\": %d, "
+                  "\"rounds\": %zu}\n",
+                  t.name, m.c_str(), t.goal, list.c_str(), median_of(ratios),
+                  *std::min_element(ratios.begin(), ratios.end()), *std::max_element(ratios.begin(), ratios.end()),
+                  met, ratios.size());
     }
   }
   return 0;
