@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The layer map holds (scripts/check_layers.py against cmake/layers.cmake), and the check
-# finds what it must: an upward include, an include that climbs with ../, an internal
-# header in a public one, a tool reaching into src/. Each is planted in a copy of the tree.
+# finds what it must: an upward include (quoted or <...>), an include that climbs with ../,
+# an internal header in a public one, a tool reaching into src/, an include of no file, a
+# source outside a layer folder, a declared dependency no include uses. Each is planted in a
+# copy of the tree.
 set -euo pipefail
 SRC="${FSDP_SOURCE_DIR:?set FSDP_SOURCE_DIR to the source tree}"
 PY="${FSDP_PYTHON:-python3}"
@@ -20,22 +22,51 @@ trap 'rm -rf "$copy"' EXIT
 cp -r "$SRC/src" "$SRC/include" "$SRC/tools" "$SRC/examples" "$copy/"
 mkdir -p "$copy/cmake" && cp "$SRC/cmake/layers.cmake" "$copy/cmake/"
 
-# plant FILE LINE EXPECTED: add LINE at the top of FILE, expect the check to fail with a
-# line containing FILE and EXPECTED, then restore FILE.
+# caught WHAT FILE EXPECTED: the check fails on the copy with a line containing FILE and
+# EXPECTED (WHAT says what was planted).
+caught() {
+  local what=$1 file=$2 expected=$3 out
+  if out="$("$PY" "$SRC/scripts/check_layers.py" "$copy")"; then
+    echo "FAIL: $what passes the check"
+    status=1
+  elif grep -F "$file" <<<"$out" | grep -qF "$expected"; then
+    echo "ok: $what: $(grep -F "$file" <<<"$out" | grep -F "$expected" | head -1)"
+  else
+    echo "FAIL: $what: the check fails without saying '$expected' for $file:"
+    echo "$out"
+    status=1
+  fi
+}
+
+# plant FILE LINE EXPECTED: add LINE at the top of FILE, expect it caught, restore FILE.
 plant() {
   local file=$1 line=$2 expected=$3
   cp "$copy/$file" "$copy/$file.orig"
   { echo "$line"; cat "$copy/$file.orig"; } >"$copy/$file"
-  if out="$("$PY" "$SRC/scripts/check_layers.py" "$copy")"; then
-    echo "FAIL: planted '$line' in $file passes the check"
+  caught "planted '$line' in $file" "$file" "$expected"
+  mv "$copy/$file.orig" "$copy/$file"
+}
+
+# plant_file FILE EXPECTED: a new FILE (one #pragma once), expected caught, then removed.
+plant_file() {
+  local file=$1 expected=$2
+  echo '#pragma once' >"$copy/$file"
+  caught "a new file $file" "$file" "$expected"
+  rm "$copy/$file"
+}
+
+# plant_edit FILE FROM TO EXPECTED: the line FROM of FILE becomes TO, expect the check to
+# fail naming FILE and EXPECTED, restore FILE.
+plant_edit() {
+  local file=$1 from=$2 to=$3 expected=$4
+  cp "$copy/$file" "$copy/$file.orig"
+  if ! grep -qxF "$from" "$copy/$file.orig"; then
+    echo "FAIL: no line '$from' in $file to plant into"
     status=1
-  elif grep -F "$file" <<<"$out" | grep -qF "$expected"; then
-    echo "ok: planted '$line' in $file: $(grep -F "$file" <<<"$out" | head -1)"
-  else
-    echo "FAIL: planted '$line' in $file: the check fails without saying '$expected':"
-    echo "$out"
-    status=1
+    return
   fi
+  awk -v from="$from" -v to="$to" '$0 == from { $0 = to } { print }' "$copy/$file.orig" >"$copy/$file"
+  caught "'$from' made '$to' in $file" "$file" "$expected"
   mv "$copy/$file.orig" "$copy/$file"
 }
 
@@ -46,6 +77,20 @@ plant src/core/runtime.cpp '#include "../memory/buffer_pool.h"' "climbs with '..
 plant include/fsdp/core/options.h '#include "core/unit.h"' "a public header includes an internal one"
 plant tools/fsdp_train/train.cpp '#include "core/unit.h"' "uses public headers only"
 plant src/state/checkpoint.cpp '#include "state/no_such_file.h"' "names no file of the tree"
+# <...> includes of the project's count like quoted ones; <memory> stays the standard header.
+plant src/comm/collectives.cpp '#include <fsdp/trainer/trainer.h>' "layer 'comm' may not use layer 'trainer'"
+plant src/optim/zero_bucket_reducer.cpp '#include <core/unit.h>' "layer 'optim' may not use layer 'core'"
+plant include/fsdp/core/options.h '#include <core/unit.h>' "a public header includes an internal one"
+plant tools/fsdp_train/train.cpp '#include <core/unit.h>' "uses public headers only"
+# Sources and headers outside a layer folder.
+plant_file src/stray.h "outside a layer folder (src/ is no layer folder); move it into a layer folder"
+plant_file include/fsdp/stray.h "outside a layer folder (include/fsdp/ is no layer folder); move it into a layer folder"
+mkdir "$copy/src/nolayer"
+plant_file src/nolayer/stray.cpp "outside a layer folder ('nolayer' is no layer of"
+rmdir "$copy/src/nolayer"
+# A declared dependency no include uses.
+plant_edit cmake/layers.cmake 'fsdp_layer(autograd)' 'fsdp_layer(autograd DEPENDS comm)' \
+  "layer 'autograd' declares DEPENDS comm, but no file of autograd"
 
 ((status == 0)) && echo "PASS: test_layer_check"
 exit "$status"
