@@ -3,7 +3,8 @@
 # finds what it must: an upward include (quoted or <...>), an include that climbs with ../,
 # an internal header in a public one, a tool reaching into src/, an include of no file, a
 # source outside a layer folder, a declared dependency no include uses. Each is planted in a
-# copy of the tree.
+# copy of the tree. Then the same map as the build enforces it: an upward include that does not
+# compile, an upward call that does not link.
 set -euo pipefail
 SRC="${FSDP_SOURCE_DIR:?set FSDP_SOURCE_DIR to the source tree}"
 PY="${FSDP_PYTHON:-python3}"
@@ -91,6 +92,67 @@ rmdir "$copy/src/nolayer"
 # A declared dependency no include uses.
 plant_edit cmake/layers.cmake 'fsdp_layer(autograd)' 'fsdp_layer(autograd DEPENDS comm)' \
   "layer 'autograd' declares DEPENDS comm, but no file of autograd"
+
+# The build holds a layer to the map too (cmake/layer_rules.cmake): a project of two layers,
+# low and high (high DEPENDS low), built with the same rules as the library. The clean project
+# builds and passes fsdp_link_check; an upward include does not compile (the header is not in
+# the layer's include root); an upward call through a hand-written declaration, which no
+# include rule sees, does not link in fsdp_link_check.
+mini="$copy/mini"
+mkdir -p "$mini/src/low" "$mini/src/high"
+cat >"$mini/CMakeLists.txt" <<CMAKE
+cmake_minimum_required(VERSION 3.22)
+project(mini CXX)
+set(CMAKE_POSITION_INDEPENDENT_CODE ON)
+include($SRC/cmake/layer_rules.cmake)
+function(mini_layer name)
+  cmake_parse_arguments(L "" "" "DEPENDS" \${ARGN})
+  add_library(fsdp_\${name} STATIC \${CMAKE_SOURCE_DIR}/src/\${name}/\${name}.cpp)
+  fsdp_layer_include_root(\${name} fsdp_\${name} "\${L_DEPENDS}")
+  foreach(dep \${L_DEPENDS})
+    target_link_libraries(fsdp_\${name} PUBLIC fsdp_\${dep})
+  endforeach()
+  fsdp_layer_link_check(fsdp_\${name})
+endfunction()
+mini_layer(low)
+mini_layer(high DEPENDS low)
+CMAKE
+printf '#pragma once\nint low_value();\n' >"$mini/src/low/low.h"
+printf '#include "low/low.h"\nint low_value() { return 1; }\n' >"$mini/src/low/low.cpp"
+printf '#pragma once\nint high_value();\n' >"$mini/src/high/high.h"
+printf '#include "high/high.h"\n#include "low/low.h"\nint high_value() { return low_value() + 1; }\n' \
+  >"$mini/src/high/high.cpp"
+generator=()
+command -v ninja >/dev/null && generator=(-G Ninja)
+
+# mini_build WHAT EXPECTED TARGET...: configure and build the project; EXPECTED empty: the
+# build must pass; otherwise it must fail saying EXPECTED.
+mini_build() {
+  local what=$1 expected=$2 out
+  shift 2
+  rm -rf "$mini/build"
+  if out="$(cmake -S "$mini" -B "$mini/build" "${generator[@]}" 2>&1 &&
+    for target in "$@"; do cmake --build "$mini/build" --target "$target" 2>&1 || exit 1; done)"; then
+    if [[ -z "$expected" ]]; then echo "ok: $what builds and links"; return; fi
+    echo "FAIL: $what builds and links"
+  elif [[ -n "$expected" ]] && grep -qF "$expected" <<<"$out"; then
+    echo "ok: $what: $(grep -F "$expected" <<<"$out" | head -1)"
+    return
+  else
+    echo "FAIL: $what: the build did not go as expected (wanted '${expected:-success}'):"
+    echo "$out" | tail -n 20
+  fi
+  status=1
+}
+
+mini_build "the clean two-layer project" "" all fsdp_link_check
+cp "$mini/src/low/low.cpp" "$mini/low.cpp.orig"
+{ echo '#include "high/high.h"'; cat "$mini/low.cpp.orig"; } >"$mini/src/low/low.cpp"
+mini_build "an upward include in low" "high/high.h: No such file or directory" all
+{ cat "$mini/low.cpp.orig"; printf 'int high_value();\nint low_calls_up() { return high_value(); }\n'; } \
+  >"$mini/src/low/low.cpp"
+mini_build "an upward call through a declaration in low" "undefined reference to \`high_value()'" all fsdp_link_check
+mv "$mini/low.cpp.orig" "$mini/src/low/low.cpp"
 
 ((status == 0)) && echo "PASS: test_layer_check"
 exit "$status"
