@@ -8,13 +8,13 @@
 //                    --prefetch none|default|fwd)
 //
 // --repeat R runs every configuration, Python's included, R times in rounds (each
-// round runs them all in turn). Ratios between rows are taken within a round, where
-// load that comes and goes on this shared machine hits both alike, and reported as
-// the median and range over rounds; the table's absolute columns are each row's
-// fastest run. Every row times one window of --steps after --warmup, as Python's
-// do (--rounds R gives the C++ rows R windows, the fastest kept). Prefetch: "default" is the library's
-// default (backward_prefetch BACKWARD_PRE), "none" turns it off, "fwd" adds
-// forward_prefetch.
+// round runs them all in turn, odd rounds in the reverse order). Ratios between rows
+// are taken within a round, where load that comes and goes on this shared machine hits
+// both alike, and reported as the median and range over rounds; the table's absolute
+// columns are each row's fastest run. Every row times one window of --steps after
+// --warmup, as Python's do (--rounds R gives the C++ rows R windows, the fastest kept).
+// Prefetch: "default" is the library's default (backward_prefetch BACKWARD_PRE), "none"
+// turns it off, "fwd" adds forward_prefetch.
 //
 // Without RANK in the environment it re-executes itself under the fsdp-run next to
 // it once per (model, strategy): NO_SHARD, SHARD_GRAD_OP, FULL_SHARD at N=2 and
@@ -532,31 +532,37 @@ int launcher_main(const Args& a) {
       else if (std::stod(field(l, "step_ms")) < std::stod(field(*same, "step_ms"))) *same = l;
     }
   };
+  // One round's runs, every model's configurations and then its Python peers; odd rounds run
+  // them in the reverse order, so that no row always runs first or last in a round.
+  std::vector<std::string> commands;
+  for (const auto& m : a.models) {
+    for (const auto& c : configs) {
+      std::ostringstream cmd;
+      cmd << (c.tcp ? "FSDP_SHARED_MEMORY=0 " : "") << run << " --nproc " << c.n << " -- " << self << " --model " << m
+          << " --strategy " << c.strategy << " --optim " << c.optim << " --prefetch " << c.prefetch
+          << " --shard-group " << c.g << " --bucket-mb " << c.bucket_mb << " --steps " << a.steps << " --warmup "
+          << a.warmup << " --rounds " << rank_rounds << (c.overlap ? " --zero-overlap" : "");
+      commands.push_back(cmd.str());
+    }
+    if (!a.python) continue;
+    // Python DDP, DDP + torch.distributed.optim.ZeroRedundancyOptimizer (Adam), and FSDP2.
+    const char* py = std::getenv("FSDP_PYTHON");
+    for (const char* extra : {"", " --zero", " --fsdp2"}) {
+      if (a.zero_targets && std::strcmp(extra, " --zero") != 0) continue;
+      if (a.peers && std::strcmp(extra, " --zero") == 0) continue;
+      std::ostringstream cmd;
+      cmd << "OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 " << fsdp::bench::shell_quote(py && *py ? py : FSDP_PYTHON_EXECUTABLE)
+          << " " << FSDP_SOURCE_DIR << "/bench/ddp_baseline.py --model " << m << " --world 2 --steps " << a.steps
+          << " --warmup " << a.warmup << extra;
+      commands.push_back(cmd.str());
+    }
+  }
   for (int round = 0; round < a.repeat; ++round) {
     this_round = round;
-    for (const auto& m : a.models) {
-      for (const auto& c : configs) {
-        std::ostringstream cmd;
-        cmd << (c.tcp ? "FSDP_SHARED_MEMORY=0 " : "") << run << " --nproc " << c.n << " -- " << self << " --model " << m << " --strategy " << c.strategy
-            << " --optim " << c.optim << " --prefetch " << c.prefetch << " --shard-group " << c.g
-            << " --bucket-mb " << c.bucket_mb << " --steps " << a.steps << " --warmup " << a.warmup
-            << " --rounds " << rank_rounds << (c.overlap ? " --zero-overlap" : "");
-        keep_fastest(json_lines(cmd.str()));
-      }
-      if (a.python) {
-        // Python DDP, DDP + torch.distributed.optim.ZeroRedundancyOptimizer (Adam), and FSDP2.
-        const char* py = std::getenv("FSDP_PYTHON");
-        for (const char* extra : {"", " --zero", " --fsdp2"}) {
-          if (a.zero_targets && std::strcmp(extra, " --zero") != 0) continue;
-          if (a.peers && std::strcmp(extra, " --zero") == 0) continue;
-          std::ostringstream cmd;
-          cmd << "OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 " << fsdp::bench::shell_quote(py && *py ? py : FSDP_PYTHON_EXECUTABLE)
-              << " " << FSDP_SOURCE_DIR << "/bench/ddp_baseline.py --model " << m
-              << " --world 2 --steps " << a.steps << " --warmup " << a.warmup << extra;
-          keep_fastest(json_lines(cmd.str()));
-        }
-      }
-    }
+    if (round % 2 == 0)
+      for (const auto& cmd : commands) keep_fastest(json_lines(cmd));
+    else
+      for (auto it = commands.rbegin(); it != commands.rend(); ++it) keep_fastest(json_lines(*it));
   }
   // Ratios between two rows of the same round: the rows of one round ran one after the
   // other, so load that comes and goes hits both alike.
