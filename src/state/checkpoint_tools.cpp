@@ -15,6 +15,7 @@
 #include "checkpoint_format.h"
 #include "checkpoint_zip.h"
 #include "checkpoint_testing.h"
+#include "memory/tensor_on_memory.h"
 #include "unpickled_dict.h"
 
 namespace fsdp {
@@ -132,14 +133,8 @@ void consolidate_checkpoint(const std::string& dir, const std::string& out) {
   for (const auto& name : names) {
     const auto& info = meta["items"][name];
     Item item{name, info["shape"].get<std::vector<int64_t>>(), fmt::parse_dtype(info["dtype"])};
-    int64_t numel = 1;
-    for (auto d : item.shape) numel *= d;
-    const size_t nbytes = numel * c10::elementSize(item.dtype);
-    c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, c10::DataPtr(nullptr, c10::Device(c10::kCPU)),
-                         nullptr, false);
-    auto placeholder = at::empty({0}, at::TensorOptions().dtype(item.dtype));
-    placeholder.set_(storage, 0, item.shape, c10::contiguous_strides(item.shape));
-    dict.insert(name, placeholder);
+    dict.insert(name, detail::tensor_on_memory(c10::DataPtr(nullptr, c10::Device(c10::kCPU)), item.shape,
+                                               at::TensorOptions().dtype(item.dtype)));
     items.push_back(std::move(item));
   }
   // Tied parameters: every alias names the same tensor, so the pickler writes
