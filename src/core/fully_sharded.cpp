@@ -81,7 +81,7 @@ void check_mixed_precision(const MixedPrecision& mp, torch::nn::Module& model, i
 Unit* create_unit(Runtime& runtime, const detail::ResolvedOptions& resolved, PlannedUnit& p) {
   detail::check_one_dtype_and_device(p);
   const auto strategy = resolved.strategy;
-  const comm::ProcessGroup& shard_group = runtime.shard_group();
+  const comm::ProcessGroup& shard_group = runtime.comm_context().shard_group();
   const bool sharded = strategy != ShardingStrategy::NO_SHARD &&
                        !(strategy == ShardingStrategy::HYBRID_SHARD && shard_group.size() == 1);
   const bool full_precision_unit = p.kind == PlannedUnit::Kind::BatchNorm;
@@ -337,7 +337,8 @@ void FullyShardedBase::build_units(const detail::ResolvedOptions& resolved) {
   runtime_ = std::make_unique<Runtime>(pg_, resolved);
   if (resolved.keep_freed_host_memory) keep_freed_host_memory();
   const detail::ShardLayout layout = detail::shard_layout(resolved, pg_);
-  TORCH_INTERNAL_ASSERT(layout.rank == runtime_->shard_group().rank() && layout.world == runtime_->shard_group().size(),
+  const comm::ProcessGroup& shard_group = runtime_->comm_context().shard_group();
+  TORCH_INTERNAL_ASSERT(layout.rank == shard_group.rank() && layout.world == shard_group.size(),
                         "shard_layout disagrees with the runtime's shard group");
   for (size_t i = 0; i < planned.size(); ++i) {
     PlannedUnit& p = planned[i];
@@ -376,7 +377,7 @@ void FullyShardedBase::empty_cache() { runtime_->pool().release_idle(); }
 
 std::vector<std::string> FullyShardedBase::units_placed_on_device() const {
   std::vector<std::string> paths;
-  for (const detail::Unit* u : runtime_->placed_on_device()) paths.push_back(u->path());
+  for (const detail::Unit* u : runtime_->step_policy().placed_on_device()) paths.push_back(u->path());
   return paths;
 }
 
@@ -391,9 +392,9 @@ void FullyShardedBase::root_post_forward(const std::vector<at::Tensor>& outputs)
 }
 
 at::Tensor FullyShardedBase::clip_grad_norm_(double max_norm, double norm_type) {
-  TORCH_CHECK(!runtime_->optimizer_in_backward(), "fsdp (rank ", pg_.rank(), "): clip_grad_norm_ needs every "
-              "gradient before any parameter is stepped, but Options::optimizer_in_backward steps each unit during "
-              "backward and frees its gradients. Turn optimizer_in_backward off to clip the global norm");
+  TORCH_CHECK(!runtime_->step_policy().optimizer_in_backward(), "fsdp (rank ", pg_.rank(), "): clip_grad_norm_ "
+              "needs every gradient before any parameter is stepped, but Options::optimizer_in_backward steps each "
+              "unit during backward and frees its gradients. Turn optimizer_in_backward off to clip the global norm");
   TORCH_CHECK(max_norm >= 0, "fsdp: clip_grad_norm_ max_norm must be >= 0, got ", max_norm);
   TORCH_CHECK(norm_type > 0, "fsdp: clip_grad_norm_ norm_type must be > 0 or inf, got ", norm_type);
   const bool inf = std::isinf(norm_type);
@@ -414,7 +415,7 @@ at::Tensor FullyShardedBase::clip_grad_norm_(double max_norm, double norm_type) 
     if (!managed.count(p.unsafeGetTensorImpl()) && p.grad().defined()) replicated_grads.push_back(p.grad());
   // Shards are disjoint inside the shard group and identical across replicas
   // ([Note: hybrid groups]), so the norm is reduced over the shard group only.
-  const comm::ProcessGroup& norm_group = runtime_->shard_group();
+  const comm::ProcessGroup& norm_group = runtime_->comm_context().shard_group();
   reduce = reduce && norm_group.size() > 1;
 
   auto local = [&](const std::vector<at::Tensor>& gs) {
@@ -441,29 +442,31 @@ at::Tensor FullyShardedBase::clip_grad_norm_(double max_norm, double norm_type) 
   return torch::tensor(t, torch::kFloat);
 }
 
-FullyShardedBase::NoSyncGuard::NoSyncGuard(FullyShardedBase* m) : m_(m), previous_(m->runtime_->no_sync()) {
-  m_->runtime_->set_no_sync(true);
+FullyShardedBase::NoSyncGuard::NoSyncGuard(FullyShardedBase* m)
+    : m_(m), previous_(m->runtime_->step_policy().no_sync()) {
+  m_->runtime_->step_policy().set_no_sync(true);
 }
-FullyShardedBase::NoSyncGuard::~NoSyncGuard() { m_->runtime_->set_no_sync(previous_); }
+FullyShardedBase::NoSyncGuard::~NoSyncGuard() { m_->runtime_->step_policy().set_no_sync(previous_); }
 
 void FullyShardedBase::register_optimizer_in_backward(torch::optim::Optimizer& optimizer) {
-  TORCH_CHECK(runtime_->optimizer_in_backward(), "fsdp (rank ", pg_.rank(), "): register_optimizer_in_backward "
-              "needs Options::optimizer_in_backward(true) when the model is wrapped");
+  TORCH_CHECK(runtime_->step_policy().optimizer_in_backward(), "fsdp (rank ", pg_.rank(),
+              "): register_optimizer_in_backward needs Options::optimizer_in_backward(true) when the model is wrapped");
   TORCH_CHECK(!runtime_->in_backward(), "fsdp (rank ", pg_.rank(), "): register_optimizer_in_backward called "
               "during backward; call it between iterations");
   std::vector<Unit*> units;
   for (auto& u : runtime_->units()) units.push_back(u.get());
-  runtime_->set_backward_optimizer(
+  runtime_->step_policy().set_backward_optimizer(
       std::make_unique<detail::BackwardOptimizer>(optimizer, units, pg_.rank(), runtime_->offload_params()));
 }
 
-FullyShardedBase::NoStepGuard::NoStepGuard(FullyShardedBase* m) : m_(m), previous_(m->runtime_->no_step()) {
-  TORCH_CHECK(m->runtime_->optimizer_in_backward(), "fsdp (rank ", m->pg_.rank(), "): no_step() holds back the "
-              "optimizer step in backward, which only Options::optimizer_in_backward(true) takes; without it "
+FullyShardedBase::NoStepGuard::NoStepGuard(FullyShardedBase* m)
+    : m_(m), previous_(m->runtime_->step_policy().no_step()) {
+  TORCH_CHECK(m->runtime_->step_policy().optimizer_in_backward(), "fsdp (rank ", m->pg_.rank(), "): no_step() holds "
+              "back the optimizer step in backward, which only Options::optimizer_in_backward(true) takes; without it "
               "backward never steps");
-  m_->runtime_->set_no_step(true);
+  m_->runtime_->step_policy().set_no_step(true);
 }
-FullyShardedBase::NoStepGuard::~NoStepGuard() { m_->runtime_->set_no_step(previous_); }
+FullyShardedBase::NoStepGuard::~NoStepGuard() { m_->runtime_->step_policy().set_no_step(previous_); }
 
 void FullyShardedBase::to(torch::Device device, torch::Dtype dtype, bool) {
   TORCH_CHECK(false, "fsdp: FullyShardedDataParallel::to(", device, ", ", dtype,
