@@ -31,6 +31,9 @@ using detail::Unit;
 
 namespace {
 
+// Parameters by their TensorImpl.
+using TensorSet = std::set<const c10::TensorImpl*>;
+
 // The device's type, not its index: ranks sharing a host hold the model on GPUs of their own.
 std::string describe(const at::Tensor& t) {
   std::ostringstream os;
@@ -78,7 +81,7 @@ void check_mixed_precision(const MixedPrecision& mp, torch::nn::Module& model, i
 Unit* create_unit(Runtime& runtime, const detail::ResolvedOptions& resolved, PlannedUnit& p) {
   detail::check_one_dtype_and_device(p);
   const auto strategy = resolved.strategy;
-  const comm::ProcessGroup& shard_group = runtime.shard_group();
+  const comm::ProcessGroup& shard_group = runtime.comm_context().shard_group();
   const bool sharded = strategy != ShardingStrategy::NO_SHARD &&
                        !(strategy == ShardingStrategy::HYBRID_SHARD && shard_group.size() == 1);
   const bool full_precision_unit = p.kind == PlannedUnit::Kind::BatchNorm;
@@ -118,6 +121,36 @@ Unit* adopt_unit(Runtime& runtime, const detail::ResolvedOptions& resolved, Plan
   return runtime.add_unit(p.path, std::move(flat), /*is_root=*/false, resolved.reshard_after_forward);
 }
 
+// Units sharded at construction (ShardedInitContext) are adopted: the policy must choose
+// each of them again, with the same parameters. Returns, for each planned unit, the
+// construction unit it takes over (null: none).
+std::vector<detail::ConstructionUnit*> match_construction_units(torch::nn::Module& model, int rank,
+                                                                const std::vector<PlannedUnit>& planned) {
+  auto construction = detail::find_construction_units(model);
+  std::vector<detail::ConstructionUnit*> adopt(planned.size(), nullptr);
+  for (size_t i = 0; i < planned.size(); ++i) {
+    if (planned[i].kind != PlannedUnit::Kind::CallSite) continue;
+    auto it = construction.find(planned[i].identity);
+    if (it == construction.end()) continue;
+    adopt[i] = it->second;
+    construction.erase(it);
+  }
+  // A unit left over means another policy; say so before comparing parameters
+  // (a policy change also moves parameters between units).
+  if (!construction.empty()) {
+    std::map<const torch::nn::Module*, std::string> path_of;
+    for (const auto& item : model.named_modules()) path_of[item.value().get()] = item.key();
+    const std::string path = path_of[construction.begin()->first];
+    TORCH_CHECK(false, "fsdp (rank ", rank, "): module '", path, "' was sharded at construction by a "
+                "ShardedInitContext, but this FullyShardedDataParallel's wrap policy (or ignored_modules) does not make "
+                "it a unit (", construction.size(), " such unit(s)). Pass FullyShardedDataParallel the options the "
+                "ShardedInitContext was given; a custom policy must not depend on the module path");
+  }
+  for (size_t i = 0; i < planned.size(); ++i)
+    if (adopt[i]) check_adoptable(planned[i], *adopt[i]);
+  return adopt;
+}
+
 // Step 6: the candidate's call site invokes the unit's hooks ([Note: wrap
 // candidates]); both patches are undone by ~FullyShardedBase.
 void patch_call_site(const PlannedUnit& p, UnitHooks* hooks, std::vector<std::unique_ptr<SequentialSlot>>& slots,
@@ -138,6 +171,109 @@ void patch_call_site(const PlannedUnit& p, UnitHooks* hooks, std::vector<std::un
   }
 }
 
+// The constructor's phases, in the order it runs them.
+
+// Wrapping twice would stack hooks on the same call sites.
+void check_not_wrapped(const std::shared_ptr<torch::nn::Module>& model) {
+  for (const auto& m : model->modules()) {
+    auto* w = dynamic_cast<WrappableBase*>(m.get());
+    TORCH_CHECK(w == nullptr || w->fsdp_unit_hooks() == nullptr, "fsdp: module '", m->name(),
+                "' is already part of a FullyShardedDataParallel; wrap a model once, at its root");
+    if (auto* seq = dynamic_cast<torch::nn::SequentialImpl*>(m.get())) {
+      for (const auto& entry : *seq)
+        TORCH_CHECK(!entry.ptr() || !std::dynamic_pointer_cast<SequentialEntryImpl>(entry.ptr()),
+                    "fsdp: this model is already wrapped by FullyShardedDataParallel; wrap it once");
+    }
+  }
+  TORCH_CHECK(!std::dynamic_pointer_cast<FullyShardedBase>(model),
+              "fsdp: the module is already a FullyShardedDataParallel; wrap the model once");
+}
+
+// Units a ShardedInitContext sharded at construction are adopted as they are, so they
+// must have been laid out for this group and these options. Returns their parameters.
+TensorSet check_construction_units(torch::nn::Module& model, const comm::ProcessGroup& pg,
+                                   const detail::ResolvedOptions& resolved) {
+  TensorSet sharded_at_construction;
+  const auto construction = detail::find_construction_units(model);
+  std::map<const torch::nn::Module*, std::string> path_of;
+  if (!construction.empty())
+    for (const auto& item : model.named_modules()) path_of[item.value().get()] = item.key();
+  for (const auto& [module, cu] : construction) {
+    TORCH_CHECK(!resolved.offload_params, "fsdp (rank ", pg.rank(), "): unit '", path_of[module],
+                "' was sharded at construction by a ShardedInitContext, whose shards live on the model's "
+                "device; Options::offload_params cannot take them over. Construct the model without a "
+                "ShardedInitContext to offload it");
+    const auto expected = detail::sharding_signature(pg, resolved, cu->flat->shard().scalar_type());
+    TORCH_CHECK(detail::same_sharding(cu->signature, expected), "fsdp (rank ", pg.rank(), "): unit '",
+                path_of[module], "' was sharded at construction by a ShardedInitContext for ",
+                detail::describe(cu->signature), ", but this FullyShardedDataParallel would lay it out for ",
+                detail::describe(expected), ". Pass FullyShardedDataParallel the process group and options "
+                "the ShardedInitContext was given");
+    for (const auto& e : cu->flat->entries()) sharded_at_construction.insert(e.param.unsafeGetTensorImpl());
+  }
+  return sharded_at_construction;
+}
+
+// Options::param_init_fn on every module whose parameters are still here (units sharded
+// at construction ran it there), before they are broadcast and sharded.
+void run_param_init(const Options& options, torch::nn::Module& model, const TensorSet& sharded_at_construction) {
+  const auto& init = options.param_init_fn();
+  if (!init) return;
+  torch::NoGradGuard no_grad;
+  for (const auto& m : model.modules()) {
+    bool own = false, sharded = false;
+    for (const auto& p : m->parameters(false)) {
+      own = true;
+      sharded = sharded || sharded_at_construction.count(p.unsafeGetTensorImpl());
+    }
+    if (own && !sharded) init(*m);
+  }
+}
+
+// Rank 0's parameters and buffers on every rank; units sharded at construction were
+// broadcast there, unit by unit.
+void broadcast_module_states(const comm::ProcessGroup& pg, torch::nn::Module& model,
+                             const TensorSet& sharded_at_construction) {
+  torch::NoGradGuard no_grad;
+  for (auto& p : model.parameters())
+    if (!sharded_at_construction.count(p.unsafeGetTensorImpl())) comm::broadcast(pg, p.detach(), 0).wait();
+  for (auto& b : model.buffers()) comm::broadcast(pg, b, 0).wait();
+}
+
+// The model's initial values, then the collective checks that every rank wraps the same
+// model the same way.
+void init_and_sync(torch::nn::Module& model, const comm::ProcessGroup& pg, const Options& options,
+                   const detail::ResolvedOptions& resolved, const TensorSet& sharded_at_construction) {
+  run_param_init(options, model, sharded_at_construction);
+  if (options.sync_module_states()) broadcast_module_states(pg, model, sharded_at_construction);
+  check_same_model_on_all_ranks(pg, model);
+  // Offload changes no collective's size, so ranks that disagree would train without a
+  // hang, with shards in different memories: refused like a different model.
+  comm::detail::check_same_on_all_ranks(
+      pg, {std::string("offload_params(") + (resolved.offload_params ? "true" : "false") + ")"},
+      {"fsdp", "the placement differs", "option", "Pass the same Options::offload_params on every rank"});
+}
+
+// Checks the mixed-precision options against the model and converts its buffers once;
+// returns the dtype the root casts its forward inputs to, if any.
+std::optional<at::ScalarType> apply_mixed_precision(const MixedPrecision& mp, torch::nn::Module& model, int rank) {
+  check_mixed_precision(mp, model, rank);
+  std::optional<at::ScalarType> root_input_dtype;
+  if (mp.param_dtype() && mp.cast_forward_inputs()) root_input_dtype = mp.param_dtype();
+  if (mp.buffer_dtype()) {
+    // BatchNorm statistics stay in full precision when BatchNorm layers get their own
+    // full-precision units.
+    torch::NoGradGuard no_grad;
+    const bool keep_bn = mp.param_dtype() && mp.full_precision_batch_norm();
+    for (const auto& m : model.modules()) {
+      if (keep_bn && detail::is_batch_norm(*m)) continue;
+      for (auto& b : m->buffers(false))
+        if (b.is_floating_point()) b.set_data(b.to(*mp.buffer_dtype()));
+    }
+  }
+  return root_input_dtype;
+}
+
 }  // namespace
 
 FullyShardedBase::FullyShardedBase(std::shared_ptr<torch::nn::Module> model, comm::ProcessGroup pg,
@@ -148,97 +284,31 @@ FullyShardedBase::FullyShardedBase(std::shared_ptr<torch::nn::Module> model, com
   TORCH_CHECK(pg_.defined(), "fsdp: FullyShardedDataParallel needs a process group; call "
               "fsdp::comm::init_process_group() first");
   comm::LabelScope label({comm::Phase::Setup, "FullyShardedDataParallel"});
-  // Options are checked here, before the first collective: a rank with a bad
-  // option must fail alone and at once, not leave its peers waiting in one.
+  const detail::ResolvedOptions resolved = validate();
+  const TensorSet sharded_at_construction = check_construction_units(*model_, pg_, resolved);
+  init_and_sync(*model_, pg_, options_, resolved, sharded_at_construction);
+  root_input_dtype_ = apply_mixed_precision(options_.mixed_precision(), *model_, pg_.rank());
+  register_children();
+  build_units(resolved);
+}
+
+// The options resolved and the model checked before the first collective: a rank with a
+// bad option must fail alone and at once, not leave its peers waiting in one. The device
+// is the one the model is on, checked against the group ([Note: device placement]).
+detail::ResolvedOptions FullyShardedBase::validate() const {
   detail::ResolvedOptions resolved = detail::resolve_options(options_, pg_);
-  // Wrapping twice would stack hooks on the same call sites.
-  for (const auto& m : model_->modules()) {
-    auto* w = dynamic_cast<WrappableBase*>(m.get());
-    TORCH_CHECK(w == nullptr || w->fsdp_unit_hooks() == nullptr, "fsdp: module '", m->name(),
-                "' is already part of a FullyShardedDataParallel; wrap a model once, at its root");
-    if (auto* seq = dynamic_cast<torch::nn::SequentialImpl*>(m.get())) {
-      for (const auto& entry : *seq)
-        TORCH_CHECK(!entry.ptr() || !std::dynamic_pointer_cast<SequentialEntryImpl>(entry.ptr()),
-                    "fsdp: this model is already wrapped by FullyShardedDataParallel; wrap it once");
-    }
-  }
-  TORCH_CHECK(!std::dynamic_pointer_cast<FullyShardedBase>(model_),
-              "fsdp: the module is already a FullyShardedDataParallel; wrap the model once");
+  check_not_wrapped(model_);
   resolved.device = comm::detail::placement_device(named_tensors(*model_), pg_, "fsdp");
+  return resolved;
+}
 
-  // Units a ShardedInitContext sharded at construction are adopted as they are,
-  // so they must have been laid out for this group and these options.
-  std::set<const c10::TensorImpl*> sharded_at_construction;
-  {
-    const auto construction = detail::find_construction_units(*model_);
-    std::map<const torch::nn::Module*, std::string> path_of;
-    if (!construction.empty())
-      for (const auto& item : model_->named_modules()) path_of[item.value().get()] = item.key();
-    for (const auto& [module, cu] : construction) {
-      TORCH_CHECK(!resolved.offload_params, "fsdp (rank ", pg_.rank(), "): unit '", path_of[module],
-                  "' was sharded at construction by a ShardedInitContext, whose shards live on the model's "
-                  "device; Options::offload_params cannot take them over. Construct the model without a "
-                  "ShardedInitContext to offload it");
-      const auto expected = detail::sharding_signature(pg_, resolved, cu->flat->shard().scalar_type());
-      TORCH_CHECK(detail::same_sharding(cu->signature, expected), "fsdp (rank ", pg_.rank(), "): unit '",
-                  path_of[module], "' was sharded at construction by a ShardedInitContext for ",
-                  detail::describe(cu->signature), ", but this FullyShardedDataParallel would lay it out for ",
-                  detail::describe(expected), ". Pass FullyShardedDataParallel the process group and options "
-                  "the ShardedInitContext was given");
-      for (const auto& e : cu->flat->entries()) sharded_at_construction.insert(e.param.unsafeGetTensorImpl());
-    }
-  }
-
-  if (const auto& init = options_.param_init_fn()) {
-    // Every module whose parameters are still here (units sharded at
-    // construction ran it there), before they are broadcast and sharded.
-    torch::NoGradGuard no_grad;
-    for (const auto& m : model_->modules()) {
-      bool own = false, sharded = false;
-      for (const auto& p : m->parameters(false)) {
-        own = true;
-        sharded = sharded || sharded_at_construction.count(p.unsafeGetTensorImpl());
-      }
-      if (own && !sharded) init(*m);
-    }
-  }
-
-  if (options_.sync_module_states()) {
-    // Units sharded at construction were broadcast there, unit by unit.
-    torch::NoGradGuard no_grad;
-    for (auto& p : model_->parameters())
-      if (!sharded_at_construction.count(p.unsafeGetTensorImpl())) comm::broadcast(pg_, p.detach(), 0).wait();
-    for (auto& b : model_->buffers()) comm::broadcast(pg_, b, 0).wait();
-  }
-  check_same_model_on_all_ranks(pg_, *model_);
-  // Offload changes no collective's size, so ranks that disagree would train without a
-  // hang, with shards in different memories: refused like a different model.
-  comm::detail::check_same_on_all_ranks(
-      pg_, {std::string("offload_params(") + (resolved.offload_params ? "true" : "false") + ")"},
-      {"fsdp", "the placement differs", "option", "Pass the same Options::offload_params on every rank"});
-  const auto& mp = options_.mixed_precision();
-  check_mixed_precision(mp, *model_, pg_.rank());
-  if (mp.param_dtype() && mp.cast_forward_inputs()) root_input_dtype_ = mp.param_dtype();
-  if (mp.buffer_dtype()) {
-    // Converted once here; BatchNorm statistics stay in full precision when
-    // BatchNorm layers get their own full-precision units.
-    torch::NoGradGuard no_grad;
-    const bool keep_bn = mp.param_dtype() && mp.full_precision_batch_norm();
-    for (const auto& m : model_->modules()) {
-      if (keep_bn && detail::is_batch_norm(*m)) continue;
-      for (auto& b : m->buffers(false))
-        if (b.is_floating_point()) b.set_data(b.to(*mp.buffer_dtype()));
-    }
-  }
-
-  // The wrapper shows the model's own children, parameters and buffers under
-  // their own names (same TensorImpls), so named_parameters() is unchanged.
+// The wrapper shows the model's own children, parameters and buffers under their own
+// names (same TensorImpls), so named_parameters() is unchanged.
+void FullyShardedBase::register_children() {
   for (const auto& c : model_->named_children()) register_module(c.key(), c.value());
   for (const auto& p : model_->named_parameters(false))
     register_parameter(p.key(), p.value(), p.value().requires_grad());
   for (const auto& b : model_->named_buffers(false)) register_buffer(b.key(), b.value());
-
-  build_units(resolved);
 }
 
 void FullyShardedBase::train(bool on) {
@@ -258,31 +328,7 @@ void FullyShardedBase::build_units(const detail::ResolvedOptions& resolved) {
   const auto& mp = options_.mixed_precision();
   if (mp.param_dtype() && mp.full_precision_batch_norm()) detail::add_batch_norm_units(*model_, ignored, planned);
   detail::assign_parameters(*model_, ignored, planned);
-
-  // Units sharded at construction (ShardedInitContext) are adopted: the policy
-  // must choose each of them again, with the same parameters.
-  auto construction = detail::find_construction_units(*model_);
-  std::vector<detail::ConstructionUnit*> adopt(planned.size(), nullptr);
-  for (size_t i = 0; i < planned.size(); ++i) {
-    if (planned[i].kind != PlannedUnit::Kind::CallSite) continue;
-    auto it = construction.find(planned[i].identity);
-    if (it == construction.end()) continue;
-    adopt[i] = it->second;
-    construction.erase(it);
-  }
-  // A unit left over means another policy; say so before comparing parameters
-  // (a policy change also moves parameters between units).
-  if (!construction.empty()) {
-    std::map<const torch::nn::Module*, std::string> path_of;
-    for (const auto& item : model_->named_modules()) path_of[item.value().get()] = item.key();
-    const std::string path = path_of[construction.begin()->first];
-    TORCH_CHECK(false, "fsdp (rank ", pg_.rank(), "): module '", path, "' was sharded at construction by a "
-                "ShardedInitContext, but this FullyShardedDataParallel's wrap policy (or ignored_modules) does not make "
-                "it a unit (", construction.size(), " such unit(s)). Pass FullyShardedDataParallel the options the "
-                "ShardedInitContext was given; a custom policy must not depend on the module path");
-  }
-  for (size_t i = 0; i < planned.size(); ++i)
-    if (adopt[i]) check_adoptable(planned[i], *adopt[i]);
+  const std::vector<detail::ConstructionUnit*> adopt = match_construction_units(*model_, pg_.rank(), planned);
 
   // The runtime (and its dedicated process groups) is created only now, after
   // every local check above: a user error that every rank raises (tied
@@ -291,7 +337,8 @@ void FullyShardedBase::build_units(const detail::ResolvedOptions& resolved) {
   runtime_ = std::make_unique<Runtime>(pg_, resolved);
   if (resolved.keep_freed_host_memory) keep_freed_host_memory();
   const detail::ShardLayout layout = detail::shard_layout(resolved, pg_);
-  TORCH_INTERNAL_ASSERT(layout.rank == runtime_->shard_group().rank() && layout.world == runtime_->shard_group().size(),
+  const comm::ProcessGroup& shard_group = runtime_->comm_context().shard_group();
+  TORCH_INTERNAL_ASSERT(layout.rank == shard_group.rank() && layout.world == shard_group.size(),
                         "shard_layout disagrees with the runtime's shard group");
   for (size_t i = 0; i < planned.size(); ++i) {
     PlannedUnit& p = planned[i];
@@ -330,7 +377,7 @@ void FullyShardedBase::empty_cache() { runtime_->pool().release_idle(); }
 
 std::vector<std::string> FullyShardedBase::units_placed_on_device() const {
   std::vector<std::string> paths;
-  for (const detail::Unit* u : runtime_->placed_on_device()) paths.push_back(u->path());
+  for (const detail::Unit* u : runtime_->step_policy().placed_on_device()) paths.push_back(u->path());
   return paths;
 }
 
@@ -345,9 +392,9 @@ void FullyShardedBase::root_post_forward(const std::vector<at::Tensor>& outputs)
 }
 
 at::Tensor FullyShardedBase::clip_grad_norm_(double max_norm, double norm_type) {
-  TORCH_CHECK(!runtime_->optimizer_in_backward(), "fsdp (rank ", pg_.rank(), "): clip_grad_norm_ needs every "
-              "gradient before any parameter is stepped, but Options::optimizer_in_backward steps each unit during "
-              "backward and frees its gradients. Turn optimizer_in_backward off to clip the global norm");
+  TORCH_CHECK(!runtime_->step_policy().optimizer_in_backward(), "fsdp (rank ", pg_.rank(), "): clip_grad_norm_ "
+              "needs every gradient before any parameter is stepped, but Options::optimizer_in_backward steps each "
+              "unit during backward and frees its gradients. Turn optimizer_in_backward off to clip the global norm");
   TORCH_CHECK(max_norm >= 0, "fsdp: clip_grad_norm_ max_norm must be >= 0, got ", max_norm);
   TORCH_CHECK(norm_type > 0, "fsdp: clip_grad_norm_ norm_type must be > 0 or inf, got ", norm_type);
   const bool inf = std::isinf(norm_type);
@@ -368,7 +415,7 @@ at::Tensor FullyShardedBase::clip_grad_norm_(double max_norm, double norm_type) 
     if (!managed.count(p.unsafeGetTensorImpl()) && p.grad().defined()) replicated_grads.push_back(p.grad());
   // Shards are disjoint inside the shard group and identical across replicas
   // ([Note: hybrid groups]), so the norm is reduced over the shard group only.
-  const comm::ProcessGroup& norm_group = runtime_->shard_group();
+  const comm::ProcessGroup& norm_group = runtime_->comm_context().shard_group();
   reduce = reduce && norm_group.size() > 1;
 
   auto local = [&](const std::vector<at::Tensor>& gs) {
@@ -395,29 +442,31 @@ at::Tensor FullyShardedBase::clip_grad_norm_(double max_norm, double norm_type) 
   return torch::tensor(t, torch::kFloat);
 }
 
-FullyShardedBase::NoSyncGuard::NoSyncGuard(FullyShardedBase* m) : m_(m), previous_(m->runtime_->no_sync()) {
-  m_->runtime_->set_no_sync(true);
+FullyShardedBase::NoSyncGuard::NoSyncGuard(FullyShardedBase* m)
+    : m_(m), previous_(m->runtime_->step_policy().no_sync()) {
+  m_->runtime_->step_policy().set_no_sync(true);
 }
-FullyShardedBase::NoSyncGuard::~NoSyncGuard() { m_->runtime_->set_no_sync(previous_); }
+FullyShardedBase::NoSyncGuard::~NoSyncGuard() { m_->runtime_->step_policy().set_no_sync(previous_); }
 
 void FullyShardedBase::register_optimizer_in_backward(torch::optim::Optimizer& optimizer) {
-  TORCH_CHECK(runtime_->optimizer_in_backward(), "fsdp (rank ", pg_.rank(), "): register_optimizer_in_backward "
-              "needs Options::optimizer_in_backward(true) when the model is wrapped");
+  TORCH_CHECK(runtime_->step_policy().optimizer_in_backward(), "fsdp (rank ", pg_.rank(),
+              "): register_optimizer_in_backward needs Options::optimizer_in_backward(true) when the model is wrapped");
   TORCH_CHECK(!runtime_->in_backward(), "fsdp (rank ", pg_.rank(), "): register_optimizer_in_backward called "
               "during backward; call it between iterations");
   std::vector<Unit*> units;
   for (auto& u : runtime_->units()) units.push_back(u.get());
-  runtime_->set_backward_optimizer(
+  runtime_->step_policy().set_backward_optimizer(
       std::make_unique<detail::BackwardOptimizer>(optimizer, units, pg_.rank(), runtime_->offload_params()));
 }
 
-FullyShardedBase::NoStepGuard::NoStepGuard(FullyShardedBase* m) : m_(m), previous_(m->runtime_->no_step()) {
-  TORCH_CHECK(m->runtime_->optimizer_in_backward(), "fsdp (rank ", m->pg_.rank(), "): no_step() holds back the "
-              "optimizer step in backward, which only Options::optimizer_in_backward(true) takes; without it "
+FullyShardedBase::NoStepGuard::NoStepGuard(FullyShardedBase* m)
+    : m_(m), previous_(m->runtime_->step_policy().no_step()) {
+  TORCH_CHECK(m->runtime_->step_policy().optimizer_in_backward(), "fsdp (rank ", m->pg_.rank(), "): no_step() holds "
+              "back the optimizer step in backward, which only Options::optimizer_in_backward(true) takes; without it "
               "backward never steps");
-  m_->runtime_->set_no_step(true);
+  m_->runtime_->step_policy().set_no_step(true);
 }
-FullyShardedBase::NoStepGuard::~NoStepGuard() { m_->runtime_->set_no_step(previous_); }
+FullyShardedBase::NoStepGuard::~NoStepGuard() { m_->runtime_->step_policy().set_no_step(previous_); }
 
 void FullyShardedBase::to(torch::Device device, torch::Dtype dtype, bool) {
   TORCH_CHECK(false, "fsdp: FullyShardedDataParallel::to(", device, ", ", dtype,

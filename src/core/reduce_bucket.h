@@ -30,7 +30,7 @@
 // Reductions in flight. An issued bucket is a Reduction:
 //   SCATTERING   its collective over the reduce group is in flight
 //   REPLICATING  (HYBRID_SHARD) the all-reduce of its output over the replica
-//                group is in flight ([Note: hybrid groups] in runtime.h)
+//                group is in flight ([Note: hybrid groups] in comm_context.h)
 //   DONE         its members hold their reduced shards (Unit::adopt_reduced_shard)
 // [Note: reductions in flight]
 // At most max_scattering reductions are SCATTERING: when the window is full the

@@ -114,7 +114,7 @@ void ReplicaChain::run(std::shared_ptr<State> s) {
             replica_mark = s->tracer->begin();
           }
         }
-        // [Note: hybrid groups] in runtime.h: the shard group summed these shards over
+        // [Note: hybrid groups] in comm_context.h: the shard group summed these shards over
         // the shard group; summing them over the replica group completes the sum over
         // the world.
         replica = comm::all_reduce(s->replica_pg, link->output, comm::ReduceOp::Sum,

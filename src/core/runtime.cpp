@@ -5,10 +5,6 @@
 #include <torch/csrc/autograd/function_hook.h>
 
 #include "fsdp/autograd/end_of_backward.h"
-#include "cuda_streams.h"
-#include "phase_span.h"
-#include "stream_order_testing.h"
-#include "unit_placement.h"
 
 namespace fsdp::detail {
 
@@ -49,57 +45,21 @@ bool forward_has_backward() { return at::GradMode::is_enabled() || autograd::in_
 
 }  // namespace
 
-Runtime::Runtime(comm::ProcessGroup pg, ResolvedOptions options) : pg_(std::move(pg)), options_(std::move(options)) {
-  build_hybrid_groups();
-  const int n = shard_pg_.size();
-  // Dedicated groups over the shard group's ranks, so that gathers and
-  // reductions form two independent sequences (see [Note: collective order]).
-  // Created in the same order on every rank.
-  std::vector<int> all(n);
-  for (int r = 0; r < n; ++r) all[r] = r;
-  gather_pg_ = shard_pg_.new_subgroup(all);
-  reduce_pg_ = options_.reduce_group.defined() ? options_.reduce_group : shard_pg_.new_subgroup(all);
-  TORCH_INTERNAL_ASSERT(reduce_pg_.size() == n, "reduce group of ", reduce_pg_.size(), " ranks over a shard group of ",
-                        n, " passed resolve_options");
-  set_up_stream_order();
+Runtime::Runtime(comm::ProcessGroup pg, ResolvedOptions options)
+    : comm_(std::move(pg), options), options_(std::move(options)), policy_(options_) {
   // On one host the peers read the gathered and reduced buffers in place ([Note: exchange
   // arena]); every group of the world shares the process's arena. Device blocks come from
   // the device's allocator. A new block has no stream history ([Note: stream order wiring]).
-  pool_.set_block_allocator([g = gather_pg_](size_t nbytes) { return comm::allocate_collective_buffer(g, nbytes); });
-  pool_.set_new_block_observer([streams = &streams_](const at::DataPtr& block) { streams->new_block(block); });
-  tracer_ = std::make_unique<Tracer>(options_.trace_dir, pg_.global_rank());
-  if (tracer_->enabled()) tracer_->set_device_clock(streams_.device_clock());
+  pool_.set_block_allocator(
+      [g = comm_.gather_group()](size_t nbytes) { return comm::allocate_collective_buffer(g, nbytes); });
+  pool_.set_new_block_observer([streams = &comm_.streams()](const at::DataPtr& block) { streams->new_block(block); });
+  tracer_ = std::make_unique<Tracer>(options_.trace_dir, comm_.group().global_rank());
+  if (tracer_->enabled()) tracer_->set_device_clock(comm_.streams().device_clock());
   // [Note: reductions in flight]
   const int max_scattering = options_.strategy == ShardingStrategy::NO_SHARD ? 2 : 1;
-  reducer_ = std::make_unique<GradReducer>(reduce_pg_, replica_pg_, options_.bucket_cap_bytes, tracer_.get(), &pool_,
-                                           max_scattering, &streams_);
+  reducer_ = std::make_unique<GradReducer>(comm_.reduce_group(), comm_.replica_group(), options_.bucket_cap_bytes,
+                                           tracer_.get(), &pool_, max_scattering, &comm_.streams());
   reducer_->set_on_delivered([this](Unit& u) { on_shard_reduced(u); });
-}
-
-void Runtime::set_up_stream_order() {
-  // [Note: stream order wiring]: CUDA streams for a model on a GPU ([Note: device
-  // placement]); the fake streams where a test switches them on (on the CPU only).
-  const StreamOrderTestHooks& hooks = stream_order_test_hooks();
-  if (options_.device.is_cuda()) {
-    streams_.set_backend(make_cuda_streams(options_.device.index(), {hooks.delayed_stream, hooks.delay_cycles}));
-    streams_.set_skipped_wait(hooks.skipped_wait);
-    streams_.set_gather_handle_wait_off_compute(hooks.gather_handle_wait_off_compute);
-    return;
-  }
-  if (!hooks.make_backend) return;
-  streams_.set_backend(hooks.make_backend());
-  streams_.set_skipped_wait(hooks.skipped_wait);
-}
-
-void Runtime::build_hybrid_groups() {
-  if (options_.strategy != ShardingStrategy::HYBRID_SHARD) {
-    shard_pg_ = pg_;
-    return;
-  }
-  // shard_group_size divides the world size (resolve_options).
-  shard_pg_ = pg_.split_consecutive(options_.shard_group_size);
-  replica_pg_ = pg_.split_strided(options_.shard_group_size);
-  TORCH_INTERNAL_ASSERT(shard_pg_.defined() && replica_pg_.defined());
 }
 
 Runtime::~Runtime() {
@@ -113,32 +73,17 @@ Runtime::~Runtime() {
 Unit* Runtime::add_unit(std::string path, std::unique_ptr<FlatParameter> flat, bool is_root,
                         bool reshard_after_forward) {
   UnitContext ctx;
-  ctx.rank = pg_.rank();
-  ctx.gather_group = gather_pg_;
+  ctx.rank = comm_.group().rank();
+  ctx.gather_group = comm_.gather_group();
   ctx.pool = &pool_;
   ctx.tracer = tracer_.get();
   ctx.divide = options_.divide;
   ctx.cast_forward_inputs = options_.mixed_precision.cast_forward_inputs();
-  ctx.streams = &streams_;
-  if (options_.zero_copy_gather && flat->sharded()) map_gathers(path, *flat);
+  ctx.streams = &comm_.streams();
+  if (options_.zero_copy_gather && flat->sharded()) comm_.map_gathers(path, *flat);
   units_.push_back(std::make_unique<Unit>(std::move(ctx), static_cast<int>(units_.size()), std::move(path),
                                           std::move(flat), is_root, reshard_after_forward));
   return units_.back().get();
-}
-
-void Runtime::map_gathers(const std::string& path, FlatParameter& flat) {
-  // [Note: zero-copy gathers]. Collective over the gather group: every rank adds the
-  // same units in the same order.
-  TORCH_CHECK(flat.options().device().is_cpu(), "fsdp (rank ", pg_.rank(), "): zero_copy_gather maps shards in host "
-              "shared memory, but unit '", path, "' is on ", flat.options().device(), "; drop zero_copy_gather");
-  std::string why;
-  auto mapped = comm::MappedFlat::create(gather_pg_, flat.chunk_numel(), flat.shard().scalar_type(),
-                                         {comm::Phase::Setup, path}, &why);
-  TORCH_CHECK(mapped, "fsdp (rank ", pg_.rank(), "): zero_copy_gather cannot map the shards of unit '", path,
-              "': ", why, ". It needs every rank of the shard group on one host with shared memory on; drop "
-              "zero_copy_gather");
-  flat.map_unsharded(std::move(mapped));
-  mapped_gathers_ = true;
 }
 
 UnitHooks* Runtime::call_site(Unit* unit) {
@@ -149,7 +94,7 @@ UnitHooks* Runtime::call_site(Unit* unit) {
 // ---- forward ----
 
 void Runtime::root_pre_forward(Unit* root) {
-  TORCH_CHECK(!autograd::in_checkpointed_forward() && !autograd::in_recompute(), "fsdp: rank ", pg_.rank(),
+  TORCH_CHECK(!autograd::in_checkpointed_forward() && !autograd::in_recompute(), "fsdp: rank ", comm_.group().rank(),
               ": the FullyShardedDataParallel root's forward runs inside fsdp::checkpoint, which FSDP does not "
               "support (its iteration starts and ends at the root). Checkpoint pieces inside the model instead: "
               "fsdp::apply_activation_checkpointing(*model, fsdp::checkpoint_module_type<BlockImpl>()) before "
@@ -163,15 +108,9 @@ void Runtime::root_pre_forward(Unit* root) {
     post_forward_order_.clear();
     backward_planned_ = false;
   }
-  if (at::GradMode::is_enabled()) check_backward_optimizer();
+  if (at::GradMode::is_enabled()) policy_.check_registered(comm_.group().rank());
   if (root) pre_forward(*root);
   arm_implicit_units();
-}
-
-void Runtime::check_backward_optimizer() const {
-  TORCH_CHECK(!options_.optimizer_in_backward || backward_optimizer_, "fsdp (rank ", pg_.rank(),
-              "): Options::optimizer_in_backward is set, but no optimizer was registered to step in backward; call "
-              "model->register_optimizer_in_backward(optimizer) before the first training forward");
 }
 
 void Runtime::arm_implicit_units() {
@@ -211,7 +150,8 @@ void Runtime::post_forward(Unit& unit, const std::vector<at::Tensor>& outputs) {
     if (unit.is_root()) {
       // No reduction closes an evaluation's reads of the peers' mapped shards: wait until
       // every rank is done before any may write its own ([Note: zero-copy gathers]).
-      if (mapped_gathers_) comm::barrier(gather_pg_, {comm::Phase::Forward, "end of evaluation (zero_copy_gather)"});
+      if (comm_.mapped_gathers())
+        comm::barrier(comm_.gather_group(), {comm::Phase::Forward, "end of evaluation (zero_copy_gather)"});
       pre_forward_order_.clear();
       post_forward_order_.clear();
     }
@@ -239,8 +179,8 @@ void Runtime::arm_output_hooks(Unit& unit, const std::vector<at::Tensor>& output
 void Runtime::pre_recompute(Unit& unit) {
   auto it = std::find(backward_gather_order_.begin(), backward_gather_order_.end(), &unit);
   TORCH_CHECK(callback_queued_ && it != backward_gather_order_.end(), "fsdp: unit '", unit.label(), "' on rank ",
-              pg_.rank(), " is recomputed by fsdp::checkpoint in backward, but its first forward was not part of "
-              "this iteration's forward with grad. Call the checkpointed function in the same forward whose "
+              comm_.group().rank(), " is recomputed by fsdp::checkpoint in backward, but its first forward was not "
+              "part of this iteration's forward with grad. Call the checkpointed function in the same forward whose "
               "loss backward runs on");
   gather_until(static_cast<int>(it - backward_gather_order_.begin()));
   const bool allocated = unit.begin_recompute([this, &unit](size_t entry) {
@@ -395,10 +335,11 @@ void Runtime::reduce(Unit& unit) {
   // in reduce_bucket.h): making room completes the oldest before this unit's
   // flat gradient exists, so backward holds a few buckets' gradients instead of
   // the whole model's.
-  if (!no_sync_) reducer_->make_room(unit);
-  unit.flatten_grads(no_sync_);
+  const bool no_sync = policy_.no_sync();
+  if (!no_sync) reducer_->make_room(unit);
+  unit.flatten_grads(no_sync);
   note_transient_bytes();
-  if (!no_sync_) {
+  if (!no_sync) {
     reducer_->add(&unit);
     note_transient_bytes();
   }
@@ -408,18 +349,15 @@ void Runtime::reduce(Unit& unit) {
 void Runtime::on_shard_reduced(Unit& unit) {
   // [Note: optimizer in backward]: only a final reduction steps. Under no_sync nothing
   // is reduced; under no_step the pieces are assigned at the end of backward as usual.
-  if (!backward_optimizer_ || no_step_) return;
-  {
-    PhaseSpan stepping(tracer_.get(), "step", unit.label());
-    backward_optimizer_->step(unit);
-  }
+  if (!policy_.steps_reduced_shards()) return;
+  policy_.step(unit, tracer_.get());
   observe(unit, "stepped");
 }
 
 void Runtime::deliver_landed_shards() {
   // Polled at each unit's backward hooks, the only moments the backward thread is ours;
   // without an in-backward optimizer a shard can wait for the end of backward.
-  if (!backward_optimizer_ || no_step_ || no_sync_) return;
+  if (!policy_.steps_in_backward()) return;
   reducer_->deliver_landed();
 }
 
@@ -431,30 +369,14 @@ void Runtime::final_callback() {
     if (u->awaits_reduction()) reduce(*u);
   }
   reducer_->finish();  // every reduced shard is in place before pieces are assigned
-  if (backward_optimizer_) wait_for_host_steps();
+  policy_.wait_for_host_steps(*tracer_);
   for (Unit* u : backward_gather_order_) u->wait_gather();
   for (Unit* u : reduce_order_) u->finish_iteration();
-  place_after_warmup();
+  policy_.place_after_warmup(reduce_order_);
   callback_queued_ = false;
   backward_planned_ = false;
   pre_forward_order_.clear();
   post_forward_order_.clear();
-}
-
-void Runtime::wait_for_host_steps() {
-  // With offload the device has no work left while this waits: the trace shows how long the
-  // step's device side waits for the host.
-  Tracer::Mark wait = backward_optimizer_->on_host_thread() ? tracer_->begin() : Tracer::Mark{};
-  backward_optimizer_->drain();
-  tracer_->end("host_steps", Tracer::kCompute, wait);
-}
-
-void Runtime::place_after_warmup() {
-  const bool stepped = backward_optimizer_ && !no_step_ && !no_sync_;
-  if (placed_ || options_.gpu_margin_mem_ratio == 0 || !stepped) return;
-  placed_ = true;
-  placed_on_device_ =
-      place_units_on_device(reduce_order_, backward_optimizer_->optimizer(), options_.gpu_margin_mem_ratio);
 }
 
 // ---- memory ----

@@ -1,6 +1,8 @@
 #pragma once
 // The runtime of one FullyShardedDataParallel root (FSDP2's FSDPState): the
-// units, the process groups, and the per-iteration schedule. Control flows one
+// units and the per-iteration schedule, with the communication context the
+// schedule's collectives run in (comm_context.h: process groups, stream order) and
+// the step policy it asks about the optimizer step (step_policy.h). Control flows one
 // way: every hook (the call sites' UnitHooks, the output-gradient hooks, the
 // AccumulateGrad post hooks, the end-of-backward callback) enters the Runtime,
 // and only the Runtime (with its GradReducer, reduce_bucket.h) drives units,
@@ -73,14 +75,6 @@
 // that takes another path is still correct: a unit kept gathered needs no
 // backward gather, any other unit is re-gathered.
 //
-// [Note: hybrid groups]
-// HYBRID_SHARD shards over the *shard group* (shard_group_size consecutive
-// ranks) and replicates across the *replica group* (the ranks holding the same
-// shard index: i, i+g, ...). Both are built from the world group in the same
-// order on every rank (consecutive blocks, then strided), before the dedicated
-// gather/reduce groups, which then cover the shard group. For the other
-// strategies the shard group is the world group and there is no replica group.
-//
 // [Note: stream order wiring]
 // Where the runtime declares its buffers' uses and waits to the stream order ([Note:
 // stream order] in stream_order.h), all behind the seams of docs/architecture.md
@@ -109,15 +103,14 @@
 #include <string>
 #include <vector>
 
-#include "backward_optimizer.h"
+#include "comm_context.h"
 #include "memory/buffer_pool.h"
-#include "fsdp/comm/process_group.h"
 #include "fsdp/core/options.h"
 #include "fsdp/core/trace.h"
 #include "fsdp/core/wrappable.h"
 #include "reduce_bucket.h"
 #include "resolved_options.h"
-#include "stream_order.h"
+#include "step_policy.h"
 #include "unit.h"
 
 namespace fsdp::detail {
@@ -132,8 +125,6 @@ class Runtime {
   /// The hooks a call site (Wrappable, Sequential entry) invokes for `unit`;
   /// owned by the runtime.
   UnitHooks* call_site(Unit* unit);
-  /// Options::zero_copy_gather: `flat`'s unsharded buffer maps the gather group's shards.
-  void map_gathers(const std::string& path, FlatParameter& flat);
   // Units without a call site of their own (full-precision BatchNorm units of
   // mixed precision): never sharded, so nothing needs gathering. Their forward
   // runs inside the root's, so the root's pre-forward takes them through their
@@ -144,16 +135,12 @@ class Runtime {
   std::vector<std::unique_ptr<Unit>>& units() { return units_; }
   const std::vector<std::unique_ptr<Unit>>& units() const { return units_; }
 
-  const comm::ProcessGroup& group() const { return pg_; }
-  const comm::ProcessGroup& gather_group() const { return gather_pg_; }
-  const comm::ProcessGroup& reduce_group() const { return reduce_pg_; }
-  /// Parameters are sharded over this group (see [Note: hybrid groups]).
-  const comm::ProcessGroup& shard_group() const { return shard_pg_; }
-  /// HYBRID_SHARD: the ranks holding the same shard; undefined otherwise.
-  const comm::ProcessGroup& replica_group() const { return replica_pg_; }
+  /// Process groups and stream order.
+  const CommContext& comm_context() const { return comm_; }
+  /// no_sync, no_step, the optimizer in backward and placement after warm-up.
+  StepPolicy& step_policy() { return policy_; }
+  const StepPolicy& step_policy() const { return policy_; }
   Tracer& tracer() const { return *tracer_; }
-  /// [Note: stream order wiring]
-  const StreamOrder& streams() const { return streams_; }
   /// Large per-iteration buffers ([Note: buffer pool]).
   BufferPool& pool() { return pool_; }
 
@@ -169,21 +156,7 @@ class Runtime {
   void on_param_grad(Unit& unit, size_t entry);  // AccumulateGrad post hook
   void on_root_output_grad();              // hook on the root's outputs: backward starts
 
-  // no_sync
-  void set_no_sync(bool v) { no_sync_ = v; }
-  bool no_sync() const { return no_sync_; }
-
-  // [Note: optimizer in backward]
-  void set_backward_optimizer(std::unique_ptr<BackwardOptimizer> optimizer) {
-    backward_optimizer_ = std::move(optimizer);
-  }
-  bool optimizer_in_backward() const { return options_.optimizer_in_backward; }
   bool offload_params() const { return options_.offload_params; }
-  /// Units Options::gpu_margin_mem_ratio moved back to the compute device (in reduce order).
-  const std::vector<Unit*>& placed_on_device() const { return placed_on_device_; }
-  /// Backward reduces but does not step (more micro-batches follow).
-  void set_no_step(bool v) { no_step_ = v; }
-  bool no_step() const { return no_step_; }
 
   /// Observer of unit boundaries, installed by the wrapper for the memory tracer
   /// (include/fsdp/core/memory_tracer.h): called with the unit's path and
@@ -214,19 +187,12 @@ class Runtime {
   /// With the optimizer inside backward: hands over every reduced shard already landed, so
   /// that units step while later reductions are still on the link.
   void deliver_landed_shards();
-  void check_backward_optimizer() const;
-  /// The end of backward waits for the host thread's steps (traced as "host_steps").
-  void wait_for_host_steps();
-  /// Options::gpu_margin_mem_ratio: once, at the end of the first backward that stepped.
-  void place_after_warmup();
   void reduce(Unit& unit);           // flatten, hand to the reducer (in reduce_order_)
   void note_transient_bytes();
   /// Whether `unit` keeps its parameters gathered after forward ([Note: last unit stays gathered]).
   bool keeps_gathered_after_forward(const Unit& unit) const {
     return std::find(kept_after_forward_.begin(), kept_after_forward_.end(), &unit) != kept_after_forward_.end();
   }
-  void build_hybrid_groups();
-  void set_up_stream_order();
 
   // [Note: prefetch]
   bool may_prefetch(const Unit& current) const;
@@ -234,11 +200,9 @@ class Runtime {
   void prefetch_backward(const Unit& current);
   void release_stray_prefetches();
 
-  // Process groups ([Note: collective order], [Note: hybrid groups]).
-  comm::ProcessGroup pg_, gather_pg_, reduce_pg_, shard_pg_, replica_pg_;
+  CommContext comm_;
   ResolvedOptions options_;
   std::unique_ptr<Tracer> tracer_;
-  StreamOrder streams_;  // off (no backend) unless a device or a test switches it on
   // Up to eight idle blocks. In backward four are live at once (a unit's gathered
   // parameters, the next unit's prefetch, the flat gradient being built and the one
   // in flight), and units of different sizes need blocks of their own (a request
@@ -260,12 +224,8 @@ class Runtime {
   std::unique_ptr<GradReducer> reducer_;  // buckets and reductions in flight
   bool backward_planned_ = false;
   bool callback_queued_ = false;
-  bool no_sync_ = false;
-  bool no_step_ = false;
-  std::unique_ptr<BackwardOptimizer> backward_optimizer_;
-  bool mapped_gathers_ = false;  // some unit gathers by mapping ([Note: zero-copy gathers] in flat_param.h)
-  bool placed_ = false;  // [Note: auto placement] in src/memory/placement.h
-  std::vector<Unit*> placed_on_device_;
+  // After the units: destroyed before them, with the in-backward optimizer that steps them.
+  StepPolicy policy_;
   std::vector<const Unit*> kept_after_forward_;  // from the previous iteration's forward
   std::vector<Unit*> recorded_forward_order_;  // pre-forward order of the last training forward
 

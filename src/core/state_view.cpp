@@ -21,7 +21,7 @@ StateView::StateView(FullyShardedBase& model) : model_(&model), runtime_(model.r
 
 const comm::ProcessGroup& StateView::group() const { return model_->process_group(); }
 int StateView::rank() const { return model_->process_group().rank(); }
-const comm::ProcessGroup& StateView::gather_group() const { return runtime_->gather_group(); }
+const comm::ProcessGroup& StateView::gather_group() const { return runtime_->comm_context().gather_group(); }
 torch::nn::Module& StateView::module() const { return *model_->module_ptr(); }
 
 namespace {
@@ -44,7 +44,8 @@ std::vector<LocalPiece> StateView::local_pieces(const char* what) const {
   require_idle(what);
   const bool rank0 = rank() == 0;
   // HYBRID_SHARD: every replica group holds the same shards; the first writes.
-  const bool first_replica = !runtime_->replica_group().defined() || runtime_->replica_group().rank() == 0;
+  const comm::ProcessGroup& replica_group = runtime_->comm_context().replica_group();
+  const bool first_replica = !replica_group.defined() || replica_group.rank() == 0;
   std::vector<LocalPiece> out;
   std::set<const c10::TensorImpl*> seen;
   for (size_t u = 0; u < num_units(); ++u) {
@@ -116,7 +117,7 @@ at::Tensor StateView::gather_full(size_t u, const at::Tensor& chunk) const {
   // low-precision compute copy under mixed precision): the full-precision values.
   // On the compute device, where the group moves tensors ([Note: offload] in flat_param.h).
   auto full = torch::empty({flat.padded_numel()}, flat.options());
-  comm::all_gather_into(runtime_->gather_group(), full, chunk.to(full.device()),
+  comm::all_gather_into(runtime_->comm_context().gather_group(), full, chunk.to(full.device()),
                         {comm::Phase::StateDict, runtime_->units().at(u)->label()})
       .wait();  // the shard group
   return full;

@@ -89,7 +89,7 @@ void run_param_init_fn(const ParamInitFn& fn, torch::nn::Module& root, const Pla
 void check_one_dtype_and_device(const PlannedUnit& p);
 
 /// This rank's place in the flat buffers: the shard group's rank and size
-/// ([Note: hybrid groups] in runtime.h: consecutive blocks of shard_group_size
+/// ([Note: hybrid groups] in comm_context.h: consecutive blocks of shard_group_size
 /// ranks), and whether units are sharded at all (not under NO_SHARD, nor
 /// HYBRID_SHARD with groups of one rank).
 struct ShardLayout {

@@ -7,6 +7,8 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/DeviceGuard.h>
 
+#include "tensor_on_memory.h"
+
 namespace fsdp::detail {
 
 struct BufferPool::State {
@@ -86,9 +88,7 @@ at::DataPtr BufferPool::allocate(size_t nbytes, at::Device device) {
 
 at::Tensor BufferPool::empty(int64_t numel, const at::TensorOptions& options) {
   const size_t nbytes = static_cast<size_t>(numel) * options.dtype().itemsize();
-  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, allocate(nbytes, options.device()), /*allocator=*/nullptr,
-                       /*resizable=*/false);
-  return at::empty({0}, options).set_(storage, 0, {numel}, {1});
+  return tensor_on_memory(allocate(nbytes, options.device()), {numel}, options);
 }
 
 void BufferPool::set_block_allocator(std::function<at::DataPtr(size_t)> allocate_block) {

@@ -25,6 +25,7 @@
 #include "zero_layout.h"
 #include "memory/placement.h"
 #include "memory/param_state_key.h"
+#include "memory/tensor_on_memory.h"
 #include "zero_stage1_reducer.h"
 #include "zero_trainable.h"
 
@@ -150,9 +151,7 @@ namespace {
 at::Tensor collective_zeros(const comm::ProcessGroup& pg, int64_t numel, const at::TensorOptions& o) {
   if (!o.device().is_cpu()) return at::zeros({numel}, o);
   const size_t nbytes = static_cast<size_t>(numel) * c10::elementSize(c10::typeMetaToScalarType(o.dtype()));
-  c10::Storage st(c10::Storage::use_byte_size_t(), nbytes, comm::allocate_collective_buffer(pg, nbytes),
-                  /*allocator=*/nullptr, /*resizable=*/false);
-  return at::empty({0}, o).set_(st, 0, {numel}, {1}).zero_();
+  return fsdp::detail::tensor_on_memory(comm::allocate_collective_buffer(pg, nbytes), {numel}, o).zero_();
 }
 
 void validate(const ZeroOptions& o) {

@@ -15,6 +15,7 @@
 #include "checkpoint_format.h"
 #include "checkpoint_zip.h"
 #include "checkpoint_testing.h"
+#include "memory/tensor_on_memory.h"
 #include "unpickled_dict.h"
 
 namespace fsdp {
@@ -110,21 +111,39 @@ std::string inspect_checkpoint(const std::string& dir, bool verify, bool* ok) {
   return os.str();
 }
 
-void consolidate_checkpoint(const std::string& dir, const std::string& out) {
-  const json meta = read_metadata(dir);
-  std::map<std::string, std::vector<fmt::Record>> records;  // model items only
+namespace {
+
+// The phases of consolidate_checkpoint, in order.
+
+// A parameter or buffer of the consolidated file, whole.
+struct Item {
+  std::string name;
+  std::vector<int64_t> shape;
+  at::ScalarType dtype;
+};
+
+int64_t item_numel(const Item& item) {
+  int64_t numel = 1;
+  for (auto d : item.shape) numel *= d;
+  return numel;
+}
+
+// The checkpoint's records of model items (parameters and buffers), by item.
+using RecordsByItem = std::map<std::string, std::vector<fmt::Record>>;
+
+RecordsByItem model_records(const json& meta) {
+  RecordsByItem records;
   for (const auto& rj : meta["records"]) {
     fmt::Record r = rj.get<fmt::Record>();
     if (r.kind == fmt::kParam || r.kind == fmt::kBuffer) records[r.item].push_back(std::move(r));
   }
-  // 1. The pickle of {name: tensor} with storage placeholders: tensors whose
-  // storages have the right size but no memory, so pickling allocates nothing.
-  struct Item {
-    std::string name;
-    std::vector<int64_t> shape;
-    at::ScalarType dtype;
-  };
-  std::vector<Item> items;
+  return records;
+}
+
+// 1. The pickle of {name: tensor} with storage placeholders: tensors whose storages have
+// the right size but no memory, so pickling allocates nothing. `items` gets the items in
+// the order of the pickle's storages.
+std::vector<char> placeholder_pickle(const json& meta, const std::string& dir, std::vector<Item>& items) {
   std::vector<std::string> names = meta["parameter_order"].get<std::vector<std::string>>();
   for (const auto& it : meta["items"].items())
     if (it.value()["kind"] == fmt::kBuffer) names.push_back(it.key());
@@ -132,14 +151,8 @@ void consolidate_checkpoint(const std::string& dir, const std::string& out) {
   for (const auto& name : names) {
     const auto& info = meta["items"][name];
     Item item{name, info["shape"].get<std::vector<int64_t>>(), fmt::parse_dtype(info["dtype"])};
-    int64_t numel = 1;
-    for (auto d : item.shape) numel *= d;
-    const size_t nbytes = numel * c10::elementSize(item.dtype);
-    c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, c10::DataPtr(nullptr, c10::Device(c10::kCPU)),
-                         nullptr, false);
-    auto placeholder = at::empty({0}, at::TensorOptions().dtype(item.dtype));
-    placeholder.set_(storage, 0, item.shape, c10::contiguous_strides(item.shape));
-    dict.insert(name, placeholder);
+    dict.insert(name, detail::tensor_on_memory(c10::DataPtr(nullptr, c10::Device(c10::kCPU)), item.shape,
+                                               at::TensorOptions().dtype(item.dtype)));
     items.push_back(std::move(item));
   }
   // Tied parameters: every alias names the same tensor, so the pickler writes
@@ -151,66 +164,86 @@ void consolidate_checkpoint(const std::string& dir, const std::string& out) {
                 "' names '", canonical, "', which the checkpoint does not hold");
     dict.insert(a.key(), dict.at(canonical));
   }
-  std::vector<char> pickle;
-  {
-    detail::UntaggedPickle p = detail::pickle_untagged(c10::IValue(dict));
-    TORCH_INTERNAL_ASSERT(p.tensors.size() == items.size());
-    pickle = std::move(p.bytes);
-  }
-  dict = c10::impl::GenericDict(c10::StringType::get(), c10::TensorType::get());
+  detail::UntaggedPickle p = detail::pickle_untagged(c10::IValue(dict));
+  TORCH_INTERNAL_ASSERT(p.tensors.size() == items.size());
+  return std::move(p.bytes);
+}
 
-  // 2. The zip archive (see [Note: why not PyTorchStreamWriter]): data.pkl,
-  // then data/<i> per item, streamed from its checkpoint records through one
-  // 1 MiB buffer: each chunk is read, checksummed against its record and
-  // written while still in the CPU cache. An item's CRC-32 (needed up front, in
-  // its local header) is combined from its records' CRCs, which the reads
-  // verify, so no byte is checksummed twice.
+// The buffer records stream through: 1 MiB, or the largest item if smaller; through the
+// CPU allocator, so allocator-level accounting sees it.
+at::Tensor stream_buffer(const std::vector<Item>& items) {
+  size_t largest = 1;
+  for (const auto& item : items) {
+    size_t nbytes = c10::elementSize(item.dtype);
+    for (auto d : item.shape) nbytes *= static_cast<size_t>(d);
+    largest = std::max(largest, nbytes);
+  }
+  const size_t buf_bytes = std::min<size_t>(largest, 1 << 20);
+  return at::empty({static_cast<int64_t>(buf_bytes)}, at::kByte);
+}
+
+// An item's CRC-32, combined from its records' CRCs, once the records (sorted here) are
+// checked to tile [0, numel) in order: the archive is written front to back.
+uint32_t item_crc(const std::string& dir, const Item& item, std::vector<fmt::Record>& recs) {
+  const int64_t numel = item_numel(item);
+  const size_t esize = c10::elementSize(item.dtype);
+  std::sort(recs.begin(), recs.end(), [](const fmt::Record& x, const fmt::Record& y) { return x.begin < y.begin; });
+  int64_t covered = 0;
+  uint32_t crc = 0;
+  for (const auto& r : recs) {
+    TORCH_CHECK(fmt::parse_dtype(r.dtype) == item.dtype, "fsdp-ckpt: checkpoint '", dir, "': record of '",
+                item.name, "' in ", r.file, " is ", r.dtype, ", the item is ", fmt::dtype_name(item.dtype));
+    if (r.begin == r.end) continue;
+    TORCH_CHECK(r.begin == covered, "fsdp-ckpt: checkpoint '", dir, "': the records of '", item.name,
+                "' do not tile it: elements [", covered, ", ", r.begin, ") are ",
+                r.begin > covered ? "missing" : "stored twice", " (", r.file, ")");
+    crc = static_cast<uint32_t>(
+        ::crc32_combine(crc, r.crc32, static_cast<z_off_t>((r.end - r.begin) * static_cast<int64_t>(esize))));
+    covered = r.end;
+  }
+  TORCH_CHECK(covered == numel, "fsdp-ckpt: checkpoint '", dir, "' covers ", covered, " of ", numel,
+              " elements of '", item.name, "'");
+  return crc;
+}
+
+// 2. The zip archive (see [Note: why not PyTorchStreamWriter]): data.pkl,
+// then data/<i> per item, streamed from its checkpoint records through one
+// 1 MiB buffer: each chunk is read, checksummed against its record and
+// written while still in the CPU cache. An item's CRC-32 (needed up front, in
+// its local header) is combined from its records' CRCs, which the reads
+// verify, so no byte is checksummed twice.
+void write_archive(const std::string& dir, const std::string& path, const std::vector<char>& pickle,
+                   const std::vector<Item>& items, RecordsByItem& records) {
+  fmt::StoredZipWriter writer(path, "archive");  // torch.save's directory name
+  writer.force_zip64(zip64_always.load(std::memory_order_relaxed));
+  writer.write_record("data.pkl", pickle.data(), pickle.size());
+  fmt::RankFileReader reader(dir);
+  auto buf_t = stream_buffer(items);
+  char* buf = reinterpret_cast<char*>(buf_t.data_ptr<uint8_t>());
+  const size_t buf_bytes = static_cast<size_t>(buf_t.numel());
+  for (size_t i = 0; i < items.size(); ++i) {
+    const Item& item = items[i];
+    auto& recs = records[item.name];
+    const uint32_t crc = item_crc(dir, item, recs);
+    writer.begin_record("data/" + std::to_string(i),
+                        static_cast<uint64_t>(item_numel(item)) * c10::elementSize(item.dtype), crc);
+    for (const auto& r : recs)
+      if (r.begin != r.end) reader.stream(r, buf, buf_bytes, [&](const char* p, size_t n) { writer.append(p, n); });
+    writer.end_record();
+  }
+  writer.finish();
+}
+
+}  // namespace
+
+void consolidate_checkpoint(const std::string& dir, const std::string& out) {
+  const json meta = read_metadata(dir);
+  RecordsByItem records = model_records(meta);
+  std::vector<Item> items;
+  const std::vector<char> pickle = placeholder_pickle(meta, dir, items);
   const std::string tmp = out + ".tmp";
   try {
-    fmt::StoredZipWriter writer(tmp, "archive");  // torch.save's directory name
-    writer.force_zip64(zip64_always.load(std::memory_order_relaxed));
-    writer.write_record("data.pkl", pickle.data(), pickle.size());
-    fmt::RankFileReader reader(dir);
-    // 1 MiB, or the largest item if smaller; through the CPU allocator, so
-    // allocator-level accounting sees it.
-    size_t largest = 1;
-    for (const auto& item : items) {
-      size_t nbytes = c10::elementSize(item.dtype);
-      for (auto d : item.shape) nbytes *= static_cast<size_t>(d);
-      largest = std::max(largest, nbytes);
-    }
-    const size_t buf_bytes = std::min<size_t>(largest, 1 << 20);
-    auto buf_t = at::empty({static_cast<int64_t>(buf_bytes)}, at::kByte);
-    char* buf = reinterpret_cast<char*>(buf_t.data_ptr<uint8_t>());
-    for (size_t i = 0; i < items.size(); ++i) {
-      const Item& item = items[i];
-      int64_t numel = 1;
-      for (auto d : item.shape) numel *= d;
-      const size_t esize = c10::elementSize(item.dtype);
-      auto& recs = records[item.name];
-      std::sort(recs.begin(), recs.end(), [](const fmt::Record& x, const fmt::Record& y) { return x.begin < y.begin; });
-      // The records must tile [0, numel) in order: the archive is written front to back.
-      int64_t covered = 0;
-      uint32_t crc = 0;
-      for (const auto& r : recs) {
-        TORCH_CHECK(fmt::parse_dtype(r.dtype) == item.dtype, "fsdp-ckpt: checkpoint '", dir, "': record of '",
-                    item.name, "' in ", r.file, " is ", r.dtype, ", the item is ", fmt::dtype_name(item.dtype));
-        if (r.begin == r.end) continue;
-        TORCH_CHECK(r.begin == covered, "fsdp-ckpt: checkpoint '", dir, "': the records of '", item.name,
-                    "' do not tile it: elements [", covered, ", ", r.begin, ") are ",
-                    r.begin > covered ? "missing" : "stored twice", " (", r.file, ")");
-        crc = static_cast<uint32_t>(
-            ::crc32_combine(crc, r.crc32, static_cast<z_off_t>((r.end - r.begin) * static_cast<int64_t>(esize))));
-        covered = r.end;
-      }
-      TORCH_CHECK(covered == numel, "fsdp-ckpt: checkpoint '", dir, "' covers ", covered, " of ", numel,
-                  " elements of '", item.name, "'");
-      writer.begin_record("data/" + std::to_string(i), static_cast<uint64_t>(numel) * esize, crc);
-      for (const auto& r : recs)
-        if (r.begin != r.end) reader.stream(r, buf, buf_bytes, [&](const char* p, size_t n) { writer.append(p, n); });
-      writer.end_record();
-    }
-    writer.finish();
+    write_archive(dir, tmp, pickle, items, records);
   } catch (...) {
     std::error_code ec;
     fs::remove(tmp, ec);  // a failed consolidate leaves nothing behind

@@ -151,6 +151,10 @@ class FullyShardedBase : public torch::nn::Module {
   // only through this view (src/core/state_view.h).
   friend class detail::StateView;
 
+  // The constructor's phases that need the wrapper itself, in order (the others are
+  // free functions in fully_sharded.cpp).
+  detail::ResolvedOptions validate() const;
+  void register_children();
   void build_units(const detail::ResolvedOptions& resolved);
 
   std::shared_ptr<torch::nn::Module> model_;
