@@ -23,8 +23,8 @@
 //
 // Multi-host groups (not built yet). A group spanning hosts gets a GlooTransport today.
 // When its ranks come in same-host blocks (HYBRID_SHARD's world group, FULL_SHARD across
-// hosts), a composite would do better: a HierarchicalTransport built here when the peer
-// table shows several ranks per host, holding a ShmTransport over this host's ranks of
+// hosts), a composite would do better: a HierarchicalTransport made by the factory when
+// the peer table shows several ranks per host, holding a ShmTransport over this host's ranks of
 // the group and a GlooTransport over the ranks of the other hosts holding the same local
 // index (one sub-group of each kind, created collectively by the factory). All-reduce
 // becomes shm reduce-scatter -> Gloo all-reduce of this rank's chunk across hosts -> shm
