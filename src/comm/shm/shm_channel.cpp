@@ -86,6 +86,7 @@
 #include "shm_counters.h"
 #include "shm_engine.h"
 #include "shm_op.h"
+#include "shm_segment.h"
 
 namespace fsdp::comm {
 
