@@ -219,9 +219,10 @@ TEST(ShmRingLayout, EveryRankReadsExactlyWhatEachWriterWroteForIt) {
             for (int p = 0; p < n; ++p) {
               if (p != w && (wr.reader < 0 || wr.reader == p)) want.insert(p);
             }
-            EXPECT_EQ(taken[{w, wr.fragment}], want)
-                << "writer " << w << " fragment " << wr.fragment << " gather " << gather << " slot " << slot;
-            taken.erase(std::make_pair(w, wr.fragment));
+            const auto key = std::make_pair(w, wr.fragment);
+            EXPECT_EQ(taken[key], want) << "writer " << w << " fragment " << wr.fragment << " gather " << gather
+                                        << " slot " << slot;
+            taken.erase(key);
           }
           EXPECT_EQ(gp.assigned_after[0][w], before[w] + writes.size());
         }
