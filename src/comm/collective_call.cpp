@@ -89,13 +89,22 @@ Transport& transport_for(const ProcessGroup& g, const CollectiveCall& c) {
   return *g.device_transport();
 }
 
+// The caller's handle of what the transport issued: waited through the group's transport
+// (or its device transport), under the call's op name.
+CommHandle handle_of(Issued issued, const ProcessGroup& g, const CollectiveCall& call) {
+  CommHandle handle(std::move(issued.work), g, to_string(call.op), std::move(issued.finish), issued.path);
+  if (issued.on_device) handle.on_device();
+  return handle;
+}
+
 CommHandle hand_to_transport(Transport& t, const ProcessGroup& g, const CollectiveCall& call) {
+  const GroupDesc& d = g.desc();
   switch (call.op) {
-    case CollectiveOp::AllGather: return t.all_gather(g, call.out, call.in);
-    case CollectiveOp::ReduceScatter: return t.reduce_scatter(g, call.out, call.in, call.reduce);
-    case CollectiveOp::AllReduce: return t.all_reduce(g, call.out, call.reduce);
-    case CollectiveOp::Broadcast: return t.broadcast(g, call.out, call.root);
-    case CollectiveOp::Barrier: t.barrier(g); return CommHandle();
+    case CollectiveOp::AllGather: return handle_of(t.all_gather(d, call.out, call.in), g, call);
+    case CollectiveOp::ReduceScatter: return handle_of(t.reduce_scatter(d, call.out, call.in, call.reduce), g, call);
+    case CollectiveOp::AllReduce: return handle_of(t.all_reduce(d, call.out, call.reduce), g, call);
+    case CollectiveOp::Broadcast: return handle_of(t.broadcast(d, call.out, call.root), g, call);
+    case CollectiveOp::Barrier: t.barrier(d); return CommHandle();
   }
   TORCH_INTERNAL_ASSERT(false, "fsdp: unknown collective op");
 }

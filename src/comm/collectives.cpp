@@ -27,16 +27,6 @@ CommCounters& comm_counters() {
   return counters;
 }
 
-CommCounters& shm_slot_counters() {
-  static CommCounters counters;
-  return counters;
-}
-
-CommCounters& shm_in_place_counters() {
-  static CommCounters counters;
-  return counters;
-}
-
 int64_t padded_numel(int64_t numel, int64_t size) {
   TORCH_INTERNAL_ASSERT(size > 0);
   return (numel + size - 1) / size * size;
@@ -61,7 +51,7 @@ void CommHandle::wait() {
   if (done_) return;
   done_ = true;
   try {
-    if (work_) (on_device_ ? group_.device_transport() : group_.transport())->wait(work_, group_, op_);
+    if (work_) (on_device_ ? group_.device_transport() : group_.transport())->wait(work_, group_.desc(), op_);
     if (finish_) finish_();
   } catch (const std::exception& e) {
     work_.reset();

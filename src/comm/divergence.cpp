@@ -7,22 +7,14 @@
 
 #include <c10/core/ScalarType.h>
 
+#include "number_text.h"
+
 namespace fsdp::comm::detail {
 
 std::string name_ranks(const std::vector<int>& ranks) {
   std::string s = ranks.size() == 1 ? "rank " : "ranks ";
   for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
   return s;
-}
-
-std::string with_thousands(int64_t n) {
-  std::string digits = std::to_string(n < 0 ? -n : n);
-  std::string out;
-  for (size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
-    out += digits[i];
-  }
-  return n < 0 ? "-" + out : out;
 }
 
 namespace {

@@ -42,7 +42,5 @@ std::string describe_divergence(const std::string& group, const std::vector<Rank
 
 /// "rank 2", "ranks 0, 2, 3".
 std::string name_ranks(const std::vector<int>& ranks);
-/// 4096 -> "4,096".
-std::string with_thousands(int64_t n);
 
 }  // namespace fsdp::comm::detail

@@ -126,71 +126,81 @@ std::string slurm_first_host(const std::string& nodelist) {
   return first.substr(0, open) + lo + first.substr(close + 1);
 }
 
-LaunchEnv parse_launch_env(const EnvLookup& env, const LaunchOverrides& ov) {
+namespace {
+
+// The variables of each launcher (see launch_env.h). Each names the launcher in its errors.
+LaunchEnv from_torchrun(const EnvLookup& env, const LaunchOverrides& ov) {
   LaunchEnv out;
-  const bool torchrun = env("RANK").has_value() && env("WORLD_SIZE").has_value();
-  const bool slurm = env("SLURM_PROCID").has_value() && env("SLURM_NTASKS").has_value();
-  const bool ompi = env("OMPI_COMM_WORLD_RANK").has_value();
+  const char* src = "torchrun";
+  out.source = LaunchSource::Torchrun;
+  out.rank = require_int(env, "RANK", src);
+  out.world_size = require_int(env, "WORLD_SIZE", src);
+  out.local_rank = get_int(env, "LOCAL_RANK", src).value_or(out.rank);
+  out.local_world_size = get_int(env, "LOCAL_WORLD_SIZE", src).value_or(out.world_size);
+  auto addr = env("MASTER_ADDR");
+  TORCH_CHECK(addr.has_value() || ov.master_addr.has_value(),
+              "fsdp: RANK/WORLD_SIZE are set (torchrun-style launch) but MASTER_ADDR is not; "
+              "set MASTER_ADDR (and MASTER_PORT) to rank 0's address");
+  if (addr) out.master_addr = *addr;
+  auto port = get_int(env, "MASTER_PORT", src);
+  TORCH_CHECK(port.has_value() || ov.master_port.has_value(),
+              "fsdp: RANK/WORLD_SIZE are set but MASTER_PORT is not; set MASTER_PORT");
+  if (port) out.master_port = *port;
+  out.use_agent_store = truthy(env("TORCHELASTIC_USE_AGENT_STORE"));
+  out.restart_count = get_int(env, "TORCHELASTIC_RESTART_COUNT", src).value_or(0);
+  return out;
+}
 
-  if (torchrun) {
-    const char* src = "torchrun";
-    out.source = LaunchSource::Torchrun;
-    out.rank = require_int(env, "RANK", src);
-    out.world_size = require_int(env, "WORLD_SIZE", src);
-    out.local_rank = get_int(env, "LOCAL_RANK", src).value_or(out.rank);
-    out.local_world_size = get_int(env, "LOCAL_WORLD_SIZE", src).value_or(out.world_size);
-    auto addr = env("MASTER_ADDR");
-    TORCH_CHECK(addr.has_value() || ov.master_addr.has_value(),
-                "fsdp: RANK/WORLD_SIZE are set (torchrun-style launch) but MASTER_ADDR is not; "
-                "set MASTER_ADDR (and MASTER_PORT) to rank 0's address");
-    if (addr) out.master_addr = *addr;
-    auto port = get_int(env, "MASTER_PORT", src);
-    TORCH_CHECK(port.has_value() || ov.master_port.has_value(),
-                "fsdp: RANK/WORLD_SIZE are set but MASTER_PORT is not; set MASTER_PORT");
-    if (port) out.master_port = *port;
-    out.use_agent_store = truthy(env("TORCHELASTIC_USE_AGENT_STORE"));
-    out.restart_count = get_int(env, "TORCHELASTIC_RESTART_COUNT", src).value_or(0);
-  } else if (slurm) {
-    const char* src = "Slurm";
-    out.source = LaunchSource::Slurm;
-    out.rank = require_int(env, "SLURM_PROCID", src);
-    out.world_size = require_int(env, "SLURM_NTASKS", src);
-    out.local_rank = get_int(env, "SLURM_LOCALID", src).value_or(0);
-    out.local_world_size = slurm_tasks_on_this_node(env).value_or(out.world_size);
-    if (auto addr = env("MASTER_ADDR")) {
-      out.master_addr = *addr;
-    } else if (auto nodes = env("SLURM_JOB_NODELIST")) {
-      out.master_addr = slurm_first_host(*nodes);
-    } else if (auto nodes2 = env("SLURM_NODELIST")) {
-      out.master_addr = slurm_first_host(*nodes2);
-    } else {
-      TORCH_CHECK(ov.master_addr.has_value(),
-                  "fsdp: Slurm launch without MASTER_ADDR or SLURM_JOB_NODELIST; set MASTER_ADDR "
-                  "to the address of the node running SLURM_PROCID=0");
-    }
-    out.master_port = get_int(env, "MASTER_PORT", src).value_or(29500);
-  } else if (ompi) {
-    const char* src = "OpenMPI";
-    out.source = LaunchSource::OpenMPI;
-    out.rank = require_int(env, "OMPI_COMM_WORLD_RANK", src);
-    out.world_size = require_int(env, "OMPI_COMM_WORLD_SIZE", src);
-    out.local_rank = get_int(env, "OMPI_COMM_WORLD_LOCAL_RANK", src).value_or(0);
-    out.local_world_size = get_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", src).value_or(out.world_size);
-    auto addr = env("MASTER_ADDR");
-    if (addr) {
-      out.master_addr = *addr;
-    } else if (out.world_size == out.local_world_size) {
-      // Every rank is on this node: loopback is the right answer.
-      out.master_addr = "127.0.0.1";
-    } else {
-      TORCH_CHECK(ov.master_addr.has_value(),
-                  "fsdp: OpenMPI launch across nodes sets no rendezvous address; set MASTER_ADDR "
-                  "to the address of the node running OMPI_COMM_WORLD_RANK=0 (e.g. mpirun -x "
-                  "MASTER_ADDR=host0 -x MASTER_PORT=29500 ...)");
-    }
-    out.master_port = get_int(env, "MASTER_PORT", src).value_or(29500);
+LaunchEnv from_slurm(const EnvLookup& env, const LaunchOverrides& ov) {
+  LaunchEnv out;
+  const char* src = "Slurm";
+  out.source = LaunchSource::Slurm;
+  out.rank = require_int(env, "SLURM_PROCID", src);
+  out.world_size = require_int(env, "SLURM_NTASKS", src);
+  out.local_rank = get_int(env, "SLURM_LOCALID", src).value_or(0);
+  out.local_world_size = slurm_tasks_on_this_node(env).value_or(out.world_size);
+  if (auto addr = env("MASTER_ADDR")) {
+    out.master_addr = *addr;
+  } else if (auto nodes = env("SLURM_JOB_NODELIST")) {
+    out.master_addr = slurm_first_host(*nodes);
+  } else if (auto nodes2 = env("SLURM_NODELIST")) {
+    out.master_addr = slurm_first_host(*nodes2);
+  } else {
+    TORCH_CHECK(ov.master_addr.has_value(),
+                "fsdp: Slurm launch without MASTER_ADDR or SLURM_JOB_NODELIST; set MASTER_ADDR "
+                "to the address of the node running SLURM_PROCID=0");
   }
+  out.master_port = get_int(env, "MASTER_PORT", src).value_or(29500);
+  return out;
+}
 
+LaunchEnv from_openmpi(const EnvLookup& env, const LaunchOverrides& ov) {
+  LaunchEnv out;
+  const char* src = "OpenMPI";
+  out.source = LaunchSource::OpenMPI;
+  out.rank = require_int(env, "OMPI_COMM_WORLD_RANK", src);
+  out.world_size = require_int(env, "OMPI_COMM_WORLD_SIZE", src);
+  out.local_rank = get_int(env, "OMPI_COMM_WORLD_LOCAL_RANK", src).value_or(0);
+  out.local_world_size = get_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", src).value_or(out.world_size);
+  auto addr = env("MASTER_ADDR");
+  if (addr) {
+    out.master_addr = *addr;
+  } else if (out.world_size == out.local_world_size) {
+    // Every rank is on this node: loopback is the right answer.
+    out.master_addr = "127.0.0.1";
+  } else {
+    TORCH_CHECK(ov.master_addr.has_value(),
+                "fsdp: OpenMPI launch across nodes sets no rendezvous address; set MASTER_ADDR "
+                "to the address of the node running OMPI_COMM_WORLD_RANK=0 (e.g. mpirun -x "
+                "MASTER_ADDR=host0 -x MASTER_PORT=29500 ...)");
+  }
+  out.master_port = get_int(env, "MASTER_PORT", src).value_or(29500);
+  return out;
+}
+
+// Values given in code win over the environment. `launched`: some launcher's variables
+// described this process; without them, the local rank and size follow the explicit ones.
+void apply_overrides(LaunchEnv& out, const LaunchOverrides& ov, bool launched) {
   const bool any_override = ov.rank || ov.world_size;
   if (ov.rank) out.rank = *ov.rank;
   if (ov.world_size) out.world_size = *ov.world_size;
@@ -200,10 +210,12 @@ LaunchEnv parse_launch_env(const EnvLookup& env, const LaunchOverrides& ov) {
   if (ov.master_port) out.master_port = *ov.master_port;
   if (any_override) {
     out.source = LaunchSource::Explicit;
-    if (!ov.local_rank && !torchrun && !slurm && !ompi) out.local_rank = out.rank;
-    if (!ov.local_world_size && !torchrun && !slurm && !ompi) out.local_world_size = out.world_size;
+    if (!ov.local_rank && !launched) out.local_rank = out.rank;
+    if (!ov.local_world_size && !launched) out.local_world_size = out.world_size;
   }
+}
 
+void check_launch_env(const LaunchEnv& out) {
   TORCH_CHECK(out.world_size >= 1, "fsdp: world size must be >= 1, got ", out.world_size,
               " (from ", to_string(out.source), ")");
   TORCH_CHECK(out.rank >= 0 && out.rank < out.world_size, "fsdp: rank ", out.rank,
@@ -213,6 +225,24 @@ LaunchEnv parse_launch_env(const EnvLookup& env, const LaunchOverrides& ov) {
               to_string(out.source), ")");
   TORCH_CHECK(out.master_port > 0 && out.master_port < 65536, "fsdp: MASTER_PORT ",
               out.master_port, " is not a valid TCP port");
+}
+
+}  // namespace
+
+LaunchEnv parse_launch_env(const EnvLookup& env, const LaunchOverrides& ov) {
+  const bool torchrun = env("RANK").has_value() && env("WORLD_SIZE").has_value();
+  const bool slurm = env("SLURM_PROCID").has_value() && env("SLURM_NTASKS").has_value();
+  const bool ompi = env("OMPI_COMM_WORLD_RANK").has_value();
+  LaunchEnv out;
+  if (torchrun) {
+    out = from_torchrun(env, ov);
+  } else if (slurm) {
+    out = from_slurm(env, ov);
+  } else if (ompi) {
+    out = from_openmpi(env, ov);
+  }
+  apply_overrides(out, ov, torchrun || slurm || ompi);
+  check_launch_env(out);
   return out;
 }
 

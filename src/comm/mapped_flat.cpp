@@ -4,8 +4,6 @@
 #include <ATen/ATen.h>
 #include <c10/core/StorageImpl.h>
 
-#include "comm/shm/shm_arena.h"
-#include "comm/shm/shm_mapped_view.h"
 #include "comm/transport.h"
 
 namespace fsdp::comm {
@@ -29,16 +27,12 @@ std::unique_ptr<MappedFlat> MappedFlat::create(const ProcessGroup& g, int64_t ch
     *why = "the group has one rank: there is nothing to gather";
     return nullptr;
   }
-  // Phase 1 (local): this rank's chunk, at its page phase in the flat buffer.
+  // Phase 1 (local): this rank's chunk, in memory the peers can map (the transport's).
   const int64_t chunk_bytes = chunk_numel * static_cast<int64_t>(c10::elementSize(dtype));
-  const int64_t phase = g.rank() * chunk_bytes % detail::kArenaPage;
-  auto arenas = g.transport() ? g.transport()->exchange_arenas() : std::vector<std::shared_ptr<detail::ShmArena>>{};
-  at::DataPtr memory;
-  if (!arenas.empty()) memory = arenas[static_cast<size_t>(g.rank())]->allocate(static_cast<size_t>(chunk_bytes), phase);
-  int64_t offset = -1;
-  if (memory) offset = arenas[static_cast<size_t>(g.rank())]->offset_of(memory.get(), chunk_bytes);
+  detail::MappableChunk chunk;
+  if (g.transport()) chunk = g.transport()->allocate_mappable_chunk(g.desc(), chunk_bytes);
   // Phase 2 (collective): every rank's offset, or -1 where it could not.
-  auto mine = at::full({1}, offset, at::kLong);
+  auto mine = at::full({1}, chunk.offset, at::kLong);
   auto all = at::empty({n}, at::kLong);
   all_gather_into(g, all, mine, label).wait();
   std::vector<int64_t> offsets(all.data_ptr<int64_t>(), all.data_ptr<int64_t>() + n);
@@ -51,8 +45,9 @@ std::unique_ptr<MappedFlat> MappedFlat::create(const ProcessGroup& g, int64_t ch
   // Phase 3 (local): the view over every rank's chunk.
   std::unique_ptr<MappedFlat> m(new MappedFlat());
   m->group_ = g;
-  m->chunk_ = tensor_on(std::move(memory), chunk_numel, dtype).zero_();
-  m->view_ = std::make_unique<detail::ShmMappedView>(std::move(arenas), std::move(offsets), chunk_bytes);
+  m->chunk_ = tensor_on(std::move(chunk.memory), chunk_numel, dtype).zero_();
+  m->view_ = g.transport()->map_flat(std::move(offsets), chunk_bytes);
+  TORCH_INTERNAL_ASSERT(m->view_, "fsdp: group '", g.name(), "' gave every rank a mappable chunk but maps none");
   m->flat_ = at::from_blob(m->view_->data(), {n * chunk_numel}, at::TensorOptions().dtype(dtype));
   m->count_ = at::zeros({1}, at::kLong);
   m->counts_ = at::zeros({n}, at::kLong);

@@ -23,36 +23,18 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-#include "comm/gloo/gloo_transport.h"
-#include "flight_recorder.h"
-#include "process_gone.h"
-#include "route.h"
-#include "comm/shm/shm_engine.h"
-#include "comm/shm/shm_transport.h"
 #include "comm/device/cuda_backend.h"
 #include "comm/store_bytes.h"
-#include "comm/device/device_transport.h"
-#include "transport.h"
+#include "flight_recorder.h"
+#include "group_desc.h"
+#include "route.h"
+#include "transport_factory.h"
 
 namespace fsdp::comm {
 
-// Where a rank runs, for error messages. Not in the anonymous namespace: ProcessGroup::State
-// holds a table of them.
-namespace detail {
-struct Peer {
-  std::string host;
-  int pid = 0;
-};
-}  // namespace detail
 using detail::Peer;
 
 namespace {
-
-std::string this_host() {
-  char buf[256] = {0};
-  if (gethostname(buf, sizeof(buf) - 1) != 0) return "?";
-  return buf;
-}
 
 bool is_loopback(const std::string& addr) { return detail::is_loopback_address(addr); }
 
@@ -66,7 +48,7 @@ std::string gloo_address(const LaunchEnv& env) {
 
 /// Fails at once, with the fix, when a rank on another host advertises a loopback address:
 /// every connection to it would reach this host instead, and Gloo would wait out the whole
-/// timeout. Reads the peer table of step 2 of init_process_group.
+/// timeout. Reads the peer table of phase 3 of init_process_group.
 void check_no_remote_loopback(const std::vector<std::string>& hosts, const std::vector<std::string>& addrs,
                               int rank) {
   for (std::size_t r = 0; r < hosts.size(); ++r) {
@@ -122,30 +104,23 @@ detail::TransportConfig transport_config(const InitOptions& options, int rank) {
 }  // namespace
 
 struct ProcessGroup::State {
-  c10::intrusive_ptr<::c10d::ProcessGroup> pg;
-  c10::intrusive_ptr<::c10d::Store> store;  // the job's root store (unprefixed)
-  std::string name;
-  std::vector<int> global_ranks;
+  detail::GroupDesc desc;  // c10d group, root store, name, members, timeout, peer table
   LaunchEnv env;
-  std::chrono::milliseconds timeout{0};
-  std::vector<Peer> world_peers;  // indexed by world rank
   int subgroup_counter = 0;
   std::shared_ptr<::gloo::transport::Device> device;
-  // Inherited by sub-groups: the world's transport settings and its shared-memory engine
-  // (nullptr when shared memory is off), which the transports of all its groups share.
-  detail::TransportConfig transport_config;
-  std::shared_ptr<detail::ShmEngine> shm_engine;
-  std::shared_ptr<detail::Transport> transport;  // chosen when the group is created
-  detail::CudaPlacement cuda;                    // the world's, inherited by sub-groups
+  // The world's, inherited by sub-groups: its transport settings, CUDA placement and
+  // shared-memory engine, and what makes each group's transports from them.
+  std::shared_ptr<const detail::TransportFactory> transports;
+  std::shared_ptr<detail::Transport> transport;         // chosen when the group is created
   std::shared_ptr<detail::Transport> device_transport;  // CUDA tensors; null when none
   std::shared_ptr<detail::FlightRecorder> recorder;     // this group's own, never inherited
 
   // NCCL's backend warns at exit, and may leak its communicators, unless shut down first
   // (Python's destroy_process_group); the last copy of a group shuts it down.
   ~State() {
-    if (!pg || cuda.backend != Backend::NCCL) return;
+    if (!transports || transports->cuda().backend != Backend::NCCL || !desc.c10d()) return;
     try {
-      pg->getBackend(c10::kCUDA)->shutdown();
+      desc.c10d()->getBackend(c10::kCUDA)->shutdown();
     } catch (const std::exception&) {
       // Nothing to do at teardown: the process is leaving the group either way.
     }
@@ -157,17 +132,15 @@ ProcessGroup::ProcessGroup(c10::intrusive_ptr<::c10d::ProcessGroup> pg,
                            std::vector<int> global_ranks, LaunchEnv env,
                            std::chrono::milliseconds timeout)
     : state_(std::make_shared<State>()) {
-  state_->pg = std::move(pg);
-  state_->store = std::move(store);
-  state_->name = std::move(name);
-  state_->global_ranks = std::move(global_ranks);
+  state_->desc = detail::GroupDesc({std::move(pg), std::move(store), std::move(name), std::move(global_ranks),
+                                    env.rank, timeout});
   state_->env = std::move(env);
-  state_->timeout = timeout;
   state_->recorder = std::make_shared<detail::FlightRecorder>();
-  detail::register_recorder({state_->name, state_->pg ? state_->pg->getRank() : 0, state_->global_ranks, state_->store.get(),
-                             state_->recorder});
+  const detail::GroupDesc& d = state_->desc;
+  detail::register_recorder({d.name(), d.rank(), d.global_ranks(), d.store().get(), state_->recorder});
   // Until the creator chooses (init_process_group, new_subgroup): Gloo, which every group can use.
-  state_->transport = std::make_shared<detail::GlooTransport>(nullptr);
+  state_->transports = detail::TransportFactory::plain();
+  state_->transport = state_->transports->host_transport(state_->desc);
 }
 
 #define FSDP_PG_STATE()                                                                   \
@@ -175,49 +148,40 @@ ProcessGroup::ProcessGroup(c10::intrusive_ptr<::c10d::ProcessGroup> pg,
               "fsdp: use of an undefined ProcessGroup (this rank is not a member of the " \
               "sub-group, or init_process_group was not called)")
 
-int ProcessGroup::rank() const { FSDP_PG_STATE(); return state_->pg->getRank(); }
-int ProcessGroup::size() const { FSDP_PG_STATE(); return state_->pg->getSize(); }
+int ProcessGroup::rank() const { FSDP_PG_STATE(); return state_->desc.rank(); }
+int ProcessGroup::size() const { FSDP_PG_STATE(); return state_->desc.size(); }
 int ProcessGroup::global_rank() const { FSDP_PG_STATE(); return state_->env.rank; }
 int ProcessGroup::local_rank() const { FSDP_PG_STATE(); return state_->env.local_rank; }
 int ProcessGroup::local_world_size() const { FSDP_PG_STATE(); return state_->env.local_world_size; }
-const std::string& ProcessGroup::name() const { FSDP_PG_STATE(); return state_->name; }
-const std::vector<int>& ProcessGroup::global_ranks() const { FSDP_PG_STATE(); return state_->global_ranks; }
-std::chrono::milliseconds ProcessGroup::timeout() const { FSDP_PG_STATE(); return state_->timeout; }
+const std::string& ProcessGroup::name() const { FSDP_PG_STATE(); return state_->desc.name(); }
+const std::vector<int>& ProcessGroup::global_ranks() const { FSDP_PG_STATE(); return state_->desc.global_ranks(); }
+std::chrono::milliseconds ProcessGroup::timeout() const { FSDP_PG_STATE(); return state_->desc.timeout(); }
 const LaunchEnv& ProcessGroup::launch_env() const { FSDP_PG_STATE(); return state_->env; }
-const c10::intrusive_ptr<::c10d::ProcessGroup>& ProcessGroup::c10d() const { FSDP_PG_STATE(); return state_->pg; }
-const c10::intrusive_ptr<::c10d::Store>& ProcessGroup::store() const { FSDP_PG_STATE(); return state_->store; }
+const c10::intrusive_ptr<::c10d::ProcessGroup>& ProcessGroup::c10d() const { FSDP_PG_STATE(); return state_->desc.c10d(); }
+const c10::intrusive_ptr<::c10d::Store>& ProcessGroup::store() const { FSDP_PG_STATE(); return state_->desc.store(); }
+const detail::GroupDesc& ProcessGroup::desc() const { FSDP_PG_STATE(); return state_->desc; }
 const std::shared_ptr<detail::Transport>& ProcessGroup::transport() const { FSDP_PG_STATE(); return state_->transport; }
 const std::shared_ptr<detail::Transport>& ProcessGroup::device_transport() const {
   FSDP_PG_STATE();
   return state_->device_transport;
 }
-int ProcessGroup::cuda_device() const { FSDP_PG_STATE(); return state_->cuda.device_index; }
-Backend ProcessGroup::cuda_backend() const { FSDP_PG_STATE(); return state_->cuda.enabled() ? state_->cuda.backend : Backend::Auto; }
+int ProcessGroup::cuda_device() const { FSDP_PG_STATE(); return state_->transports->cuda().device_index; }
+Backend ProcessGroup::cuda_backend() const {
+  FSDP_PG_STATE();
+  const detail::CudaPlacement& cuda = state_->transports->cuda();
+  return cuda.enabled() ? cuda.backend : Backend::Auto;
+}
 
 const std::shared_ptr<detail::ShmChannel>& ProcessGroup::shm_channel() const {
   FSDP_PG_STATE();
-  static const std::shared_ptr<detail::ShmChannel> none;
-  const auto* shm = dynamic_cast<const detail::ShmTransport*>(state_->transport.get());
-  return shm ? shm->channel() : none;
+  return detail::shm_channel_of(state_->transport.get());
 }
 
-std::string ProcessGroup::describe_peer(int r) const {
-  FSDP_PG_STATE();
-  if (r < 0 || r >= static_cast<int>(state_->global_ranks.size())) return "rank ?";
-  int g = state_->global_ranks[r];
-  std::ostringstream os;
-  os << "rank " << r;
-  if (state_->name != "world") os << " (world rank " << g << ")";
-  if (g < static_cast<int>(state_->world_peers.size())) {
-    const Peer& p = state_->world_peers[g];
-    os << " [pid " << p.pid << " on " << p.host << "]";
-  }
-  return os.str();
-}
+std::string ProcessGroup::describe_peer(int r) const { FSDP_PG_STATE(); return state_->desc.describe_peer(r); }
 
 bool ProcessGroup::checks_collectives() const {
   FSDP_PG_STATE();
-  return state_->transport_config.check_collectives;
+  return state_->transports->config().check_collectives;
 }
 
 detail::FlightRecorder& ProcessGroup::flight_recorder() const {
@@ -225,32 +189,9 @@ detail::FlightRecorder& ProcessGroup::flight_recorder() const {
   return *state_->recorder;
 }
 
-bool ProcessGroup::peer_gone(int r) const {
-  FSDP_PG_STATE();
-  if (r < 0 || r >= static_cast<int>(state_->global_ranks.size())) return false;
-  const int g = state_->global_ranks[r];
-  if (g >= static_cast<int>(state_->world_peers.size())) return false;
-  const Peer& p = state_->world_peers[g];
-  return p.host == this_host() && p.pid > 0 && detail::process_gone(p.pid);
-}
+bool ProcessGroup::peer_gone(int r) const { FSDP_PG_STATE(); return state_->desc.peer_gone(r); }
 
-std::string ProcessGroup::dead_peers_hint() const {
-  FSDP_PG_STATE();
-  const std::string me = this_host();
-  std::ostringstream os;
-  int dead = 0;
-  for (int r = 0; r < static_cast<int>(state_->global_ranks.size()); ++r) {
-    int g = state_->global_ranks[r];
-    if (g >= static_cast<int>(state_->world_peers.size())) continue;
-    const Peer& p = state_->world_peers[g];
-    if (p.host != me || p.pid <= 0) continue;
-    if (detail::process_gone(p.pid)) {
-      os << (dead++ ? ", " : "") << describe_peer(r);
-    }
-  }
-  if (dead == 0) return "";
-  return "; gone: " + os.str();
-}
+std::string ProcessGroup::dead_peers_hint() const { FSDP_PG_STATE(); return state_->desc.dead_peers_hint(); }
 
 namespace {
 
@@ -287,37 +228,34 @@ ProcessGroup ProcessGroup::new_subgroup(std::vector<int> ranks) {
               "fsdp: new_subgroup ranks must lie in [0, ", size(), ") of group '", name(), "'");
   auto it = std::find(ranks.begin(), ranks.end(), rank());
   std::ostringstream sub;
-  sub << state_->name << "/sub" << id;
+  sub << name() << "/sub" << id;
   if (it == ranks.end()) return ProcessGroup();  // not a member: nothing to set up
   const int sub_rank = static_cast<int>(it - ranks.begin());
   std::vector<int> global;
-  for (int r : ranks) global.push_back(state_->global_ranks[r]);
-  auto prefixed = c10::make_intrusive<::c10d::PrefixStore>("fsdp/pg/" + sub.str(), state_->store);
+  for (int r : ranks) global.push_back(global_ranks()[r]);
+  auto prefixed = c10::make_intrusive<::c10d::PrefixStore>("fsdp/pg/" + sub.str(), store());
   if (!state_->device) state_->device = make_gloo_device(state_->env);
-  auto pg = make_gloo(prefixed, sub_rank, static_cast<int>(ranks.size()), state_->device,
-                      state_->timeout);
-  if (state_->cuda.backend == Backend::NCCL)
-    detail::attach_nccl(pg, prefixed, sub_rank, static_cast<int>(ranks.size()), state_->timeout,
-                        state_->cuda.device_index);
-  ProcessGroup out(pg, state_->store, sub.str(), std::move(global), state_->env, state_->timeout);
-  out.state_->world_peers = state_->world_peers;
+  auto pg = make_gloo(prefixed, sub_rank, static_cast<int>(ranks.size()), state_->device, timeout());
+  const detail::CudaPlacement& cuda = state_->transports->cuda();
+  if (cuda.backend == Backend::NCCL)
+    detail::attach_nccl(pg, prefixed, sub_rank, static_cast<int>(ranks.size()), timeout(), cuda.device_index);
+  ProcessGroup out(pg, store(), sub.str(), std::move(global), state_->env, timeout());
+  out.state_->desc.set_world_peers(state_->desc.world_peers());
   out.state_->device = state_->device;
-  out.state_->transport_config = state_->transport_config;
-  out.state_->cuda = state_->cuda;
-  out.state_->device_transport = detail::make_device_transport(state_->cuda);
-  out.state_->shm_engine = state_->shm_engine;
+  out.state_->transports = state_->transports;
+  out.state_->device_transport = state_->transports->device_transport();
   // Gloo's constructor returns once *this* rank's pairs are connected; a peer may
   // still be finishing its handshake. Without a barrier, a fast rank that drops
   // the group at once (say, a constructor that then throws) closes sockets a slow
   // peer is still reading: "Connection closed by peer". torch.distributed.new_group
   // waits on a store barrier for the same reason.
   try {
-    pg->getBackend(c10::kCPU)->barrier()->wait(state_->timeout);  // not ProcessGroup::barrier: see GlooTransport::barrier
+    pg->getBackend(c10::kCPU)->barrier()->wait(timeout());  // not ProcessGroup::barrier: see GlooTransport::barrier
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "fsdp: rank ", rank(), " of group '", name(), "' could not complete sub-group '",
                 sub.str(), "': ", e.what(), "; every member must create sub-groups in the same order");
   }
-  out.state_->transport = detail::make_transport(out, out.state_->transport_config, out.state_->shm_engine);
+  out.state_->transport = state_->transports->host_transport(out.state_->desc);
   return out;
 }
 
@@ -348,25 +286,23 @@ ProcessGroup ProcessGroup::split_strided(int group_size) {
   return mine;
 }
 
-ProcessGroup init_process_group(const InitOptions& options) {
-  // Gloo writes to peers' sockets; when a peer dies the write raises SIGPIPE,
-  // whose default action kills this rank silently (exit 141) instead of letting
-  // the collective fail with a message naming the peer. Python ignores SIGPIPE
-  // for the same reason. A handler the program installed itself is kept.
+namespace {
+
+// Gloo writes to peers' sockets; when a peer dies the write raises SIGPIPE, whose default
+// action kills this rank silently (exit 141) instead of letting the collective fail with a
+// message naming the peer. Python ignores SIGPIPE for the same reason. A handler the
+// program installed itself is kept.
+void ignore_sigpipe() {
   struct sigaction current {};
   if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
     ::signal(SIGPIPE, SIG_IGN);
   }
-  LaunchEnv env = parse_launch_env(process_env(), options.overrides());
-  const auto timeout = options.timeout();
-  TORCH_CHECK(timeout.count() > 0, "fsdp: init_process_group timeout must be positive");
-  TORCH_CHECK(options.backend() != Backend::NCCL || detail::nccl_built(), "fsdp: rank ", env.rank,
-              ": Backend::NCCL needs a libtorch built with CUDA and NCCL; this build has none. "
-              "Use Backend::Gloo (CPU tensors)");
-  // Checked before the rendezvous, so that a bad value fails at once on the rank that has it.
-  const detail::TransportConfig config = transport_config(options, env.rank);
+}
 
-  // 1. The job's store.
+// Phase 1 of init_process_group: the job's store (TCP, served by rank 0 or torchrun's
+// agent, or a file), under the prefixes that keep attempts and jobs apart.
+c10::intrusive_ptr<::c10d::Store> open_store(const InitOptions& options, const LaunchEnv& env) {
+  const auto timeout = options.timeout();
   c10::intrusive_ptr<::c10d::Store> store;
   if (!options.file_store_path().empty()) {
     store = c10::make_intrusive<::c10d::FileStore>(options.file_store_path(), env.world_size);
@@ -398,48 +334,59 @@ ProcessGroup init_process_group(const InitOptions& options) {
     store = c10::make_intrusive<::c10d::PrefixStore>(options.store_prefix(), store);
   }
   store->setTimeout(timeout);
+  return store;
+}
 
-  // 2. Agreement: one world size per job, one process per rank.
+// Phase 2: one world size per job, one process per rank.
+void agree_on_world(::c10d::Store& store, const LaunchEnv& env) {
   const std::string ws = std::to_string(env.world_size);
-  auto seen = detail::store_string(store->compareSet("fsdp/init/world_size", {}, detail::store_bytes(ws)));
+  auto seen = detail::store_string(store.compareSet("fsdp/init/world_size", {}, detail::store_bytes(ws)));
   TORCH_CHECK(seen == ws, "fsdp: rank ", env.rank, " was started with world size ", ws,
               " but another rank of this job registered world size ", seen,
               "; every rank must be launched with the same WORLD_SIZE (or this store at ",
               env.master_addr, ":", env.master_port, " belongs to another job)");
-  const int64_t claims = store->add("fsdp/init/rank_claims/" + std::to_string(env.rank), 1);
+  const int64_t claims = store.add("fsdp/init/rank_claims/" + std::to_string(env.rank), 1);
   TORCH_CHECK(claims == 1, "fsdp: rank ", env.rank,
               " was claimed by two processes; each process needs a distinct RANK, or the store at ",
               env.master_addr, ":", env.master_port, " is shared with another job (pick another "
               "MASTER_PORT)");
-  const std::string address = gloo_address(env);
-  const std::string me = this_host() + " " + std::to_string(::getpid()) + " " +
-                         (address.empty() ? "-" : address);
-  store->set("fsdp/init/peer/" + std::to_string(env.rank), detail::store_bytes(me));
-  // The peer table: for error messages, and to refuse a cross-host loopback address before
-  // Gloo waits for it (every rank registers before connecting, so this waits for no one extra).
-  std::vector<Peer> peers(env.world_size);
-  {
-    std::vector<std::string> hosts(env.world_size), addrs(env.world_size);
-    for (int r = 0; r < env.world_size; ++r) {
-      std::string entry;
-      try {
-        entry = detail::store_string(store->get("fsdp/init/peer/" + std::to_string(r)));
-      } catch (const std::exception& e) {
-        TORCH_CHECK(false, "fsdp: rank ", env.rank, " of ", env.world_size, ": rank ", r,
-                    " did not register within ", timeout.count(), " ms: ", e.what(),
-                    "; are all ", env.world_size, " ranks running?");
-      }
-      std::istringstream is(entry);
-      is >> peers[r].host >> peers[r].pid >> addrs[r];
-      hosts[r] = peers[r].host;
-    }
-    check_no_remote_loopback(hosts, addrs, env.rank);
-  }
+}
 
-  // 3. Where CUDA tensors go ([Note: CUDA tensors in a process group]), then the world group.
-  const detail::CudaPlacement cuda = detail::place_cuda_tensors(options, env, *store);
+// Phase 3: the peer table (host, pid; by world rank). For error messages, and to refuse a
+// cross-host loopback address before Gloo waits for it (every rank registers before
+// connecting, so this waits for no one extra).
+std::shared_ptr<const std::vector<Peer>> exchange_peer_table(::c10d::Store& store, const LaunchEnv& env,
+                                                             std::chrono::milliseconds timeout) {
+  const std::string address = gloo_address(env);
+  const std::string me = detail::this_host_name() + " " + std::to_string(::getpid()) + " " +
+                         (address.empty() ? "-" : address);
+  store.set("fsdp/init/peer/" + std::to_string(env.rank), detail::store_bytes(me));
+  auto peers = std::make_shared<std::vector<Peer>>(env.world_size);
+  std::vector<std::string> hosts(env.world_size), addrs(env.world_size);
+  for (int r = 0; r < env.world_size; ++r) {
+    std::string entry;
+    try {
+      entry = detail::store_string(store.get("fsdp/init/peer/" + std::to_string(r)));
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "fsdp: rank ", env.rank, " of ", env.world_size, ": rank ", r,
+                  " did not register within ", timeout.count(), " ms: ", e.what(),
+                  "; are all ", env.world_size, " ranks running?");
+    }
+    std::istringstream is(entry);
+    is >> (*peers)[r].host >> (*peers)[r].pid >> addrs[r];
+    hosts[r] = (*peers)[r].host;
+  }
+  check_no_remote_loopback(hosts, addrs, env.rank);
+  return peers;
+}
+
+// Phase 4: the world's c10d group over Gloo (and NCCL for CUDA tensors when the world
+// placed them there), connected under "fsdp/pg/world".
+c10::intrusive_ptr<::c10d::ProcessGroup> connect_world(const c10::intrusive_ptr<::c10d::Store>& store,
+                                                       const LaunchEnv& env, std::chrono::milliseconds timeout,
+                                                       const detail::CudaPlacement& cuda,
+                                                       const std::shared_ptr<::gloo::transport::Device>& device) {
   auto pg_store = c10::make_intrusive<::c10d::PrefixStore>("fsdp/pg/world", store);
-  auto device = make_gloo_device(env);
   c10::intrusive_ptr<::c10d::ProcessGroup> pg;
   try {
     pg = make_gloo(pg_store, env.rank, env.world_size, device, timeout);
@@ -449,20 +396,40 @@ ProcessGroup init_process_group(const InitOptions& options) {
                 " ms: ", e.what(), "; are all ", env.world_size, " ranks running?");
   }
   if (cuda.backend == Backend::NCCL) detail::attach_nccl(pg, pg_store, env.rank, env.world_size, timeout, cuda.device_index);
+  return pg;
+}
+
+}  // namespace
+
+ProcessGroup init_process_group(const InitOptions& options) {
+  ignore_sigpipe();
+  LaunchEnv env = parse_launch_env(process_env(), options.overrides());
+  const auto timeout = options.timeout();
+  TORCH_CHECK(timeout.count() > 0, "fsdp: init_process_group timeout must be positive");
+  TORCH_CHECK(options.backend() != Backend::NCCL || detail::nccl_built(), "fsdp: rank ", env.rank,
+              ": Backend::NCCL needs a libtorch built with CUDA and NCCL; this build has none. "
+              "Use Backend::Gloo (CPU tensors)");
+  // Checked before the rendezvous, so that a bad value fails at once on the rank that has it.
+  const detail::TransportConfig config = transport_config(options, env.rank);
+
+  const c10::intrusive_ptr<::c10d::Store> store = open_store(options, env);
+  agree_on_world(*store, env);
+  auto peers = exchange_peer_table(*store, env, timeout);
+  // Where CUDA tensors go ([Note: CUDA tensors in a process group]), then the world group.
+  const detail::CudaPlacement cuda = detail::place_cuda_tensors(options, env, *store);
+  auto device = make_gloo_device(env);
+  auto pg = connect_world(store, env, timeout, cuda, device);
+
+  // Phase 5: the group, then its transports: same-host ranks talk through shared memory
+  // ([Note: transports]).
   std::vector<int> global(env.world_size);
   for (int r = 0; r < env.world_size; ++r) global[r] = r;
   ProcessGroup out(pg, store, "world", std::move(global), env, timeout);
   out.state_->device = device;
-
-  // 4. Peer table for error messages.
-  out.state_->world_peers = std::move(peers);
-
-  // 5. The transports: same-host ranks talk through shared memory ([Note: transports]).
-  out.state_->transport_config = config;
-  if (config.shared_memory) out.state_->shm_engine = std::make_shared<detail::ShmEngine>();
-  out.state_->transport = detail::make_transport(out, config, out.state_->shm_engine);
-  out.state_->cuda = cuda;
-  out.state_->device_transport = detail::make_device_transport(cuda);
+  out.state_->desc.set_world_peers(std::move(peers));
+  out.state_->transports = std::make_shared<const detail::TransportFactory>(config, cuda);
+  out.state_->transport = out.state_->transports->host_transport(out.state_->desc);
+  out.state_->device_transport = out.state_->transports->device_transport();
   return out;
 }
 

@@ -39,7 +39,6 @@
 /// Ordering: like every collective, calls on one group must be issued in the same order
 /// on every member (message tags are drawn from a per-group counter).
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -50,22 +49,9 @@
 
 #include "fsdp/comm/call_label.h"
 #include "fsdp/comm/process_group.h"
+#include "fsdp/comm/types.h"
 
 namespace fsdp::comm {
-
-enum class ReduceOp { Sum, Avg, Max };  // Max: all_reduce only
-
-/// How a collective's bytes moved. Set by the transport that took the call, so it names
-/// the path really taken: a shared-memory group's broadcast, which goes through Gloo,
-/// reports Gloo.
-enum class CommPath {
-  Local,         ///< a group of one rank: nothing moved
-  SharedMemory,  ///< the group's rings in /dev/shm (every rank on this host)
-  Gloo,          ///< Gloo over TCP (loopback inside a host, the network across hosts)
-  Nccl,          ///< NCCL (CUDA tensors)
-};
-/// "local", "shm", "gloo", "nccl" (the words the FSDP trace uses).
-const char* to_string(CommPath path);
 
 class CommHandle {
  public:
@@ -160,14 +146,9 @@ CommHandle broadcast(const ProcessGroup& g, const at::Tensor& t, int root = 0, c
 void barrier(const ProcessGroup& g, const CallLabel& label = {});
 
 /// Bytes this process has sent through the helpers above, per op, since start or
-/// the last reset. Counted as the algorithm moves them: all-gather and
-/// reduce-scatter (N-1)/N of the flat buffer, ring all-reduce 2(N-1)/N of it,
-/// broadcast the tensor (root) or nothing (others).
-struct CommCounters {
-  std::atomic<int64_t> all_gather{0}, reduce_scatter{0}, all_reduce{0}, broadcast{0};
-  int64_t total() const { return all_gather + reduce_scatter + all_reduce + broadcast; }
-  void reset() { all_gather = 0; reduce_scatter = 0; all_reduce = 0; broadcast = 0; }
-};
+/// the last reset (CommCounters in types.h). Counted as the algorithm moves them:
+/// all-gather and reduce-scatter (N-1)/N of the flat buffer, ring all-reduce 2(N-1)/N of
+/// it, broadcast the tensor (root) or nothing (others).
 CommCounters& comm_counters();
 
 }  // namespace fsdp::comm

@@ -35,7 +35,7 @@
 namespace fsdp::comm {
 
 namespace detail {
-class ShmMappedView;
+class FlatMapping;
 }
 
 class MappedFlat {
@@ -70,7 +70,7 @@ class MappedFlat {
 
   ProcessGroup group_;
   at::Tensor chunk_, flat_;
-  std::unique_ptr<detail::ShmMappedView> view_;
+  std::unique_ptr<detail::FlatMapping> view_;
   at::Tensor count_, counts_;  // int64 [1] and [size]: this rank's refreshes, everyone's
   int64_t refreshes_ = 0;
 };

@@ -11,6 +11,7 @@
 #include <torch/arg.h>
 
 #include "fsdp/comm/launch_env.h"
+#include "fsdp/comm/types.h"
 
 namespace c10d {
 class ProcessGroup;
@@ -23,13 +24,8 @@ namespace detail {
 class ShmChannel;
 class Transport;
 class FlightRecorder;
+class GroupDesc;
 }  // namespace detail
-
-/// What moves CUDA tensors (CPU tensors always take shared memory or Gloo). NCCL needs one
-/// GPU per rank; Gloo stages CUDA tensors through host memory and allows ranks to share a GPU;
-/// Auto takes NCCL when every rank has a GPU of its own, Gloo when ranks share GPUs, and no
-/// CUDA tensors at all when some rank has no GPU (or this build has no CUDA).
-enum class Backend { Auto, Gloo, NCCL };
 
 /// Options of init_process_group (libtorch style: chained setters).
 struct InitOptions {
@@ -48,7 +44,7 @@ struct InitOptions {
   /// cannot map each other's segments, use Gloo. Sub-groups inherit this setting. The
   /// environment variable FSDP_SHARED_MEMORY=0 turns it off as well; FSDP_SHM_SLOT_KIB
   /// sets the size of a ring slot in KiB (tuning, default 256; every rank must use the
-  /// same); FSDP_SHM_DIRECT=0 stops this rank publishing pieces in place from its
+  /// same); FSDP_SHM_DIRECT=0 stops this rank publishing fragments in place from its
   /// exchange arena (comm::allocate_collective_buffer), so that they are copied through
   /// the rings (for comparisons). All are read once, here.
   TORCH_ARG(bool, shared_memory) = true;
@@ -96,6 +92,9 @@ class ProcessGroup {
   /// Groups of ranks holding the same index inside their block ({i, i+g, i+2g, ...}).
   ProcessGroup split_strided(int group_size);
 
+  /// What the group's transports know of it (rank, size, name, timeout, store, peers).
+  /// Internal to fsdp::comm.
+  const detail::GroupDesc& desc() const;
   /// The group's shared-memory transport, or nullptr when it uses Gloo only
   /// (see InitOptions::shared_memory). Internal to fsdp::comm.
   const std::shared_ptr<detail::ShmChannel>& shm_channel() const;

@@ -25,6 +25,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "comm/store_bytes.h"
+#include "fsdp/comm/process_group.h"  // InitOptions, LaunchEnv
 
 #ifdef FSDP_WITH_NCCL
 #include <ATen/cuda/CUDAContext.h>

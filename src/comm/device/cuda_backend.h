@@ -6,12 +6,17 @@
 
 #include <c10/util/intrusive_ptr.h>
 
-#include "fsdp/comm/process_group.h"
+#include "fsdp/comm/types.h"
 
 namespace c10d {
 class ProcessGroup;
 class Store;
 }  // namespace c10d
+
+namespace fsdp::comm {
+struct InitOptions;
+struct LaunchEnv;
+}  // namespace fsdp::comm
 
 namespace fsdp::comm::detail {
 

@@ -18,15 +18,15 @@ c10d::ReduceOp c10d_op(ReduceOp op) {
 
 }  // namespace
 
-CommHandle DeviceTransport::all_gather(const ProcessGroup& g, const at::Tensor& flat, const at::Tensor& shard) {
+Issued DeviceTransport::all_gather(const GroupDesc& g, const at::Tensor& flat, const at::Tensor& shard) {
   at::Tensor out = flat;
   at::Tensor in = shard;
   auto work = g.c10d()->_allgather_base(out, in);
-  return CommHandle(work, g, "all_gather", [out, in]() {}, path_).on_device();
+  return Issued{work, [out, in]() {}, path_, /*on_device=*/true};
 }
 
-CommHandle DeviceTransport::reduce_scatter(const ProcessGroup& g, const at::Tensor& out, const at::Tensor& flat,
-                                           ReduceOp op) {
+Issued DeviceTransport::reduce_scatter(const GroupDesc& g, const at::Tensor& out, const at::Tensor& flat,
+                                       ReduceOp op) {
   // The output may lie inside the flat buffer: reduce into a tensor of its own then.
   at::Tensor target = overlaps(out, flat) ? at::empty_like(out) : out;
   at::Tensor input = flat;
@@ -34,35 +34,35 @@ CommHandle DeviceTransport::reduce_scatter(const ProcessGroup& g, const at::Tens
   opts.reduceOp = c10d_op(op);
   auto work = g.c10d()->_reduce_scatter_base(target, input, opts);
   const int n = g.size();
-  return CommHandle(work, g, "reduce_scatter", [out, target, input, op, n]() {
+  return Issued{work, [out, target, input, op, n]() {
     if (op == ReduceOp::Avg) target.div_(n);
     if (!target.is_same(out)) {
       out.copy_(target);
       used_on_current_stream(target);  // allocated on the issuing stream, read here
     }
-  }, path_).on_device();
+  }, path_, /*on_device=*/true};
 }
 
-CommHandle DeviceTransport::all_reduce(const ProcessGroup& g, const at::Tensor& t, ReduceOp op) {
+Issued DeviceTransport::all_reduce(const GroupDesc& g, const at::Tensor& t, ReduceOp op) {
   std::vector<at::Tensor> tensors{t};
   c10d::AllreduceOptions opts;
   opts.reduceOp = c10d_op(op);
   auto work = g.c10d()->allreduce(tensors, opts);
   const int n = g.size();
-  return CommHandle(work, g, "all_reduce", [tensors, op, n]() {
+  return Issued{work, [tensors, op, n]() {
     if (op == ReduceOp::Avg) tensors[0].div_(n);
-  }, path_).on_device();
+  }, path_, /*on_device=*/true};
 }
 
-CommHandle DeviceTransport::broadcast(const ProcessGroup& g, const at::Tensor& t, int root) {
+Issued DeviceTransport::broadcast(const GroupDesc& g, const at::Tensor& t, int root) {
   std::vector<at::Tensor> tensors{t};
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
   auto work = g.c10d()->broadcast(tensors, opts);
-  return CommHandle(work, g, "broadcast", [tensors]() {}, path_).on_device();
+  return Issued{work, [tensors]() {}, path_, /*on_device=*/true};
 }
 
-void DeviceTransport::barrier(const ProcessGroup& g) {
+void DeviceTransport::barrier(const GroupDesc& g) {
   // A barrier moves no tensor: the CPU backend's, as the group's own transport does.
   wait(g.c10d()->getBackend(c10::kCPU)->barrier(), g, "barrier");
 }
@@ -72,7 +72,7 @@ std::shared_ptr<Transport> make_device_transport(const CudaPlacement& placement)
   return std::make_shared<DeviceTransport>(placement.backend == Backend::NCCL ? CommPath::Nccl : CommPath::Gloo);
 }
 
-void DeviceTransport::wait(const c10::intrusive_ptr<c10d::Work>& work, const ProcessGroup& g, const std::string& op) {
+void DeviceTransport::wait(const c10::intrusive_ptr<c10d::Work>& work, const GroupDesc& g, const std::string& op) {
   try {
     // NCCL: the current stream waits, the host does not; NCCL's watchdog enforces the
     // group's timeout (a timeout here would block the host until the work ends).

@@ -15,14 +15,12 @@ class DeviceTransport final : public Transport {
   /// `path`: CommPath::Nccl or CommPath::Gloo, what the group registered for CUDA.
   explicit DeviceTransport(CommPath path) : path_(path) {}
 
-  CommHandle all_gather(const ProcessGroup& g, const at::Tensor& flat, const at::Tensor& shard) override;
-  CommHandle reduce_scatter(const ProcessGroup& g, const at::Tensor& out, const at::Tensor& flat,
-                            ReduceOp op) override;
-  CommHandle all_reduce(const ProcessGroup& g, const at::Tensor& t, ReduceOp op) override;
-  CommHandle broadcast(const ProcessGroup& g, const at::Tensor& t, int root) override;
-  void barrier(const ProcessGroup& g) override;
-  void wait(const c10::intrusive_ptr<c10d::Work>& work, const ProcessGroup& g,
-            const std::string& op) override;
+  Issued all_gather(const GroupDesc& g, const at::Tensor& flat, const at::Tensor& shard) override;
+  Issued reduce_scatter(const GroupDesc& g, const at::Tensor& out, const at::Tensor& flat, ReduceOp op) override;
+  Issued all_reduce(const GroupDesc& g, const at::Tensor& t, ReduceOp op) override;
+  Issued broadcast(const GroupDesc& g, const at::Tensor& t, int root) override;
+  void barrier(const GroupDesc& g) override;
+  void wait(const c10::intrusive_ptr<c10d::Work>& work, const GroupDesc& g, const std::string& op) override;
 
  private:
   CommPath path_;

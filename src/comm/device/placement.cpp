@@ -1,5 +1,7 @@
 #include "comm/device/placement.h"
 
+#include "fsdp/comm/process_group.h"  // the group's CUDA backend and device
+
 namespace fsdp::comm::detail {
 
 namespace {

@@ -16,7 +16,9 @@
 
 #include <ATen/ATen.h>
 
-#include "fsdp/comm/process_group.h"
+namespace fsdp::comm {
+class ProcessGroup;
+}  // namespace fsdp::comm
 
 namespace fsdp::comm::detail {
 

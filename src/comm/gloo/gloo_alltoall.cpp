@@ -77,7 +77,7 @@ struct Rows {
     for (int64_t p = 0; p < bytes.size(0); ++p) std::memcpy(bytes[p].data_ptr(), &h, sizeof h);
   }
   // "" when every row came from a rank at this same call.
-  std::string mismatch(const ProcessGroup& g, uint32_t op, int64_t flat_bytes) const {
+  std::string mismatch(const GroupDesc& g, uint32_t op, int64_t flat_bytes) const {
     for (int p = 0; p < g.size(); ++p) {
       RowHeader h;
       std::memcpy(&h, bytes[p].data_ptr(), sizeof h);
@@ -101,11 +101,11 @@ struct Rows {
 // ([Note: per-group comm state]).
 struct AlltoallLease {
   std::shared_ptr<GlooTransport> transport;
-  ProcessGroup group;
+  GroupDesc group;
   at::Tensor scratch;  // kByte, from GroupCommState::acquire_scratch; the rows live here
   c10::intrusive_ptr<c10d::Work> work;
 
-  AlltoallLease(GlooTransport& t, ProcessGroup g, int64_t scratch_bytes)
+  AlltoallLease(GlooTransport& t, GroupDesc g, int64_t scratch_bytes)
       : transport(t.shared_from_this()), group(std::move(g)),
         scratch(t.comm_state().acquire_scratch(scratch_bytes)) {}
   AlltoallLease(const AlltoallLease&) = delete;
@@ -141,13 +141,13 @@ struct AlltoallLease {
 // The two rows of one call: what goes and what comes, each row `chunk_bytes` behind its header.
 int64_t scratch_bytes(int n, int64_t chunk_bytes) { return 2 * n * (kHeaderBytes + chunk_bytes); }
 
-void check_rows(const Rows& received, const ProcessGroup& g, uint32_t op, int64_t flat_bytes) {
+void check_rows(const Rows& received, const GroupDesc& g, uint32_t op, int64_t flat_bytes) {
   const std::string m = received.mismatch(g, op, flat_bytes);
   TORCH_CHECK(m.empty(), m);
 }
 
-CommHandle alltoall_all_gather(GlooTransport& t, const ProcessGroup& g, const at::Tensor& flat,
-                               const at::Tensor& shard) {
+Issued alltoall_all_gather(GlooTransport& t, const GroupDesc& g, const at::Tensor& flat,
+                           const at::Tensor& shard) {
   constexpr uint32_t kOp = 1;
   const int n = g.size();
   const int64_t chunk = nbytes(shard), flat_bytes = nbytes(flat);
@@ -157,17 +157,17 @@ CommHandle alltoall_all_gather(GlooTransport& t, const ProcessGroup& g, const at
   const at::Tensor shard_bytes = byte_view(shard.contiguous());
   for (int p = 0; p < n; ++p) going.payload(p).copy_(shard_bytes);
   lease->start(coming, going);
-  return CommHandle({}, g, "all_gather", [lease, coming, flat, n, flat_bytes]() {
+  return Issued{{}, [lease, coming, flat, n, flat_bytes]() {
     lease->wait("all_gather");
     check_rows(coming, lease->group, kOp, flat_bytes);
     const at::Tensor out = byte_view(flat).view({n, coming.row_bytes});
     for (int p = 0; p < n; ++p) out[p].copy_(coming.payload(p));
     lease->release();
-  }, CommPath::Gloo);
+  }, CommPath::Gloo};
 }
 
-CommHandle alltoall_reduce_scatter(GlooTransport& t, const ProcessGroup& g, const at::Tensor& out,
-                                   const at::Tensor& flat, ReduceOp op) {
+Issued alltoall_reduce_scatter(GlooTransport& t, const GroupDesc& g, const at::Tensor& out,
+                               const at::Tensor& flat, ReduceOp op) {
   constexpr uint32_t kOp = 2;
   const int n = g.size();
   const int64_t chunk = nbytes(out), flat_bytes = nbytes(flat);
@@ -177,7 +177,7 @@ CommHandle alltoall_reduce_scatter(GlooTransport& t, const ProcessGroup& g, cons
   const at::Tensor in = byte_view(flat).view({n, chunk});
   for (int p = 0; p < n; ++p) going.payload(p).copy_(in[p]);
   lease->start(coming, going);
-  return CommHandle({}, g, "reduce_scatter", [lease, coming, out, n, op, flat_bytes]() mutable {
+  return Issued{{}, [lease, coming, out, n, op, flat_bytes]() mutable {
     lease->wait("reduce_scatter");
     check_rows(coming, lease->group, kOp, flat_bytes);
     // Every row is here (ours as Gloo's copy); `flat` was copied out before the call, so
@@ -188,7 +188,7 @@ CommHandle alltoall_reduce_scatter(GlooTransport& t, const ProcessGroup& g, cons
     if (op == ReduceOp::Avg) out.div_(n);
     parts.clear();
     lease->release();
-  }, CommPath::Gloo);
+  }, CommPath::Gloo};
 }
 
 }  // namespace fsdp::comm::detail

@@ -4,17 +4,17 @@
 // GlooTransport picks it at N >= 3 for flat buffers of at most comm_alltoall_max_bytes().
 #include <ATen/core/Tensor.h>
 
-#include "fsdp/comm/collectives.h"
+#include "comm/transport.h"
 
 namespace fsdp::comm::detail {
 
 class GlooTransport;
 
 /// Transport::all_gather's contract, over one alltoall.
-CommHandle alltoall_all_gather(GlooTransport& t, const ProcessGroup& g, const at::Tensor& flat,
-                               const at::Tensor& shard);
+Issued alltoall_all_gather(GlooTransport& t, const GroupDesc& g, const at::Tensor& flat,
+                           const at::Tensor& shard);
 /// Transport::reduce_scatter's contract, over one alltoall.
-CommHandle alltoall_reduce_scatter(GlooTransport& t, const ProcessGroup& g, const at::Tensor& out,
-                                   const at::Tensor& flat, ReduceOp op);
+Issued alltoall_reduce_scatter(GlooTransport& t, const GroupDesc& g, const at::Tensor& out,
+                               const at::Tensor& flat, ReduceOp op);
 
 }  // namespace fsdp::comm::detail

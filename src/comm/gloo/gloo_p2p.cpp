@@ -40,12 +40,12 @@ namespace {
 
 using WorkPtr = c10::intrusive_ptr<c10d::Work>;
 
-WorkPtr send(const ProcessGroup& g, const at::Tensor& t, int peer, int tag) {
+WorkPtr send(const GroupDesc& g, const at::Tensor& t, int peer, int tag) {
   std::vector<at::Tensor> v{gloo_wire_view(t)};
   return g.c10d()->send(v, peer, tag);
 }
 
-WorkPtr recv(const ProcessGroup& g, const at::Tensor& t, int peer, int tag) {
+WorkPtr recv(const GroupDesc& g, const at::Tensor& t, int peer, int tag) {
   std::vector<at::Tensor> v{gloo_wire_view(t)};
   return g.c10d()->recv(v, peer, tag);
 }
@@ -60,7 +60,7 @@ int64_t segment_numel(const at::Tensor& t) {
 // Peer p's row for this rank lands in received_[slot(p)], slot(p) = p < me ? p : p - 1.
 class P2pReduceScatter {
  public:
-  P2pReduceScatter(GlooTransport& t, ProcessGroup g, at::Tensor out, at::Tensor flat, ReduceOp op)
+  P2pReduceScatter(GlooTransport& t, GroupDesc g, at::Tensor out, at::Tensor flat, ReduceOp op)
       : transport_(t.shared_from_this()), g_(std::move(g)), out_(std::move(out)),
         flat_(std::move(flat)), op_(op), n_(g_.size()), me_(g_.rank()), chunk_(out_.numel()),
         seg_(segment_numel(flat_)), nseg_(static_cast<int>((chunk_ + seg_ - 1) / seg_)) {}
@@ -120,7 +120,7 @@ class P2pReduceScatter {
   }
 
   std::shared_ptr<GlooTransport> transport_;
-  ProcessGroup g_;
+  GroupDesc g_;
   at::Tensor out_, flat_;
   ReduceOp op_;
   int n_, me_;
@@ -133,8 +133,7 @@ class P2pReduceScatter {
 
 }  // namespace
 
-CommHandle p2p_all_gather(GlooTransport& t, const ProcessGroup& g, const at::Tensor& flat,
-                          const at::Tensor& shard) {
+Issued p2p_all_gather(GlooTransport& t, const GroupDesc& g, const at::Tensor& flat, const at::Tensor& shard) {
   const int n = g.size(), me = g.rank();
   const int64_t chunk = shard.numel();
   auto chunks = flat.view({n, chunk});
@@ -155,16 +154,16 @@ CommHandle p2p_all_gather(GlooTransport& t, const ProcessGroup& g, const at::Ten
   }
   // Our own chunk is copied while the messages are in flight.
   if (mine.data_ptr() != shard.data_ptr()) mine.copy_(shard);
-  return CommHandle({}, g, "all_gather", [self = t.shared_from_this(), works, g]() {
+  return Issued{{}, [self = t.shared_from_this(), works, g]() {
     for (const auto& w : works) self->wait(w, g, "all_gather");
-  }, CommPath::Gloo);
+  }, CommPath::Gloo};
 }
 
-CommHandle p2p_reduce_scatter(GlooTransport& t, const ProcessGroup& g, const at::Tensor& out,
-                              const at::Tensor& flat, ReduceOp op) {
+Issued p2p_reduce_scatter(GlooTransport& t, const GroupDesc& g, const at::Tensor& out, const at::Tensor& flat,
+                          ReduceOp op) {
   auto rs = std::make_shared<P2pReduceScatter>(t, g, out, flat, op);
   rs->post();
-  return CommHandle({}, g, "reduce_scatter", [rs]() { rs->finish(); }, CommPath::Gloo);
+  return Issued{{}, [rs]() { rs->finish(); }, CommPath::Gloo};
 }
 
 }  // namespace fsdp::comm::detail

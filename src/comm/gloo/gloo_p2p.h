@@ -4,17 +4,16 @@
 // default algorithm of GlooTransport.
 #include <ATen/core/Tensor.h>
 
-#include "fsdp/comm/collectives.h"
+#include "comm/transport.h"
 
 namespace fsdp::comm::detail {
 
 class GlooTransport;
 
 /// Transport::all_gather's contract, over send/recv.
-CommHandle p2p_all_gather(GlooTransport& t, const ProcessGroup& g, const at::Tensor& flat,
-                          const at::Tensor& shard);
+Issued p2p_all_gather(GlooTransport& t, const GroupDesc& g, const at::Tensor& flat, const at::Tensor& shard);
 /// Transport::reduce_scatter's contract, over send/recv.
-CommHandle p2p_reduce_scatter(GlooTransport& t, const ProcessGroup& g, const at::Tensor& out,
-                              const at::Tensor& flat, ReduceOp op);
+Issued p2p_reduce_scatter(GlooTransport& t, const GroupDesc& g, const at::Tensor& out, const at::Tensor& flat,
+                          ReduceOp op);
 
 }  // namespace fsdp::comm::detail

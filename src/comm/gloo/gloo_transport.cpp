@@ -30,51 +30,50 @@ namespace {
 
 // Whether a flat buffer of this call goes through Gloo's alltoall ([Note: small buffers
 // over Gloo's alltoall] in gloo_alltoall.cpp).
-bool use_alltoall(const ProcessGroup& g, const at::Tensor& flat) {
+bool use_alltoall(const GroupDesc& g, const at::Tensor& flat) {
   return g.size() > 2 && nbytes(flat) <= comm_tuning().alltoall_max_bytes.load();
 }
 
 }  // namespace
 
-CommHandle GlooTransport::all_gather(const ProcessGroup& g, const at::Tensor& flat, const at::Tensor& shard) {
+Issued GlooTransport::all_gather(const GroupDesc& g, const at::Tensor& flat, const at::Tensor& shard) {
   if (use_alltoall(g, flat)) return alltoall_all_gather(*this, g, flat, shard);
   return p2p_all_gather(*this, g, flat, shard);
 }
 
-CommHandle GlooTransport::reduce_scatter(const ProcessGroup& g, const at::Tensor& out, const at::Tensor& flat,
-                                         ReduceOp op) {
+Issued GlooTransport::reduce_scatter(const GroupDesc& g, const at::Tensor& out, const at::Tensor& flat,
+                                     ReduceOp op) {
   if (use_alltoall(g, flat)) return alltoall_reduce_scatter(*this, g, out, flat, op);
   return p2p_reduce_scatter(*this, g, out, flat, op);
 }
 
-CommHandle GlooTransport::all_reduce(const ProcessGroup& g, const at::Tensor& t, ReduceOp op) {
+Issued GlooTransport::all_reduce(const GroupDesc& g, const at::Tensor& t, ReduceOp op) {
   std::vector<at::Tensor> tensors{t};
   c10d::AllreduceOptions opts;
   opts.reduceOp = op == ReduceOp::Max ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM;
   auto work = g.c10d()->allreduce(tensors, opts);
   const int n = g.size();
-  return CommHandle(work, g, "all_reduce", [t, n, op]() {
+  return Issued{work, [t, n, op]() {
     if (op == ReduceOp::Avg) t.div_(n);
-  }, CommPath::Gloo);
+  }, CommPath::Gloo};
 }
 
-CommHandle GlooTransport::broadcast(const ProcessGroup& g, const at::Tensor& t, int root) {
+Issued GlooTransport::broadcast(const GroupDesc& g, const at::Tensor& t, int root) {
   std::vector<at::Tensor> tensors{t};
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
   auto work = g.c10d()->broadcast(tensors, opts);
-  return CommHandle(work, g, "broadcast", [tensors]() {}, CommPath::Gloo);
+  return Issued{work, [tensors]() {}, CommPath::Gloo};
 }
 
-void GlooTransport::barrier(const ProcessGroup& g) {
+void GlooTransport::barrier(const GroupDesc& g) {
   // Gloo's barrier honours the group's timeout; wait() words its failure. Called on the
   // backend: c10d::ProcessGroup::barrier keeps a one-byte tensor in a static for good,
   // memory no rank could account for.
   wait(g.c10d()->getBackend(c10::kCPU)->barrier(), g, "barrier");
 }
 
-void GlooTransport::wait(const c10::intrusive_ptr<c10d::Work>& work, const ProcessGroup& g,
-                         const std::string& op) {
+void GlooTransport::wait(const c10::intrusive_ptr<c10d::Work>& work, const GroupDesc& g, const std::string& op) {
   try {
     // While shared-memory operations are pending, keep moving them: a peer may need them
     // to get to the Gloo operation waited on here ([Note: shared-memory progress engine]).

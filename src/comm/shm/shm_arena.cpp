@@ -23,7 +23,7 @@
 // Lifetime: a block's DataPtr keeps the arena alive; peers' mappings are held by the
 // channels that read them, so a reader never faults on a block its writer freed (it
 // would read stale bytes, which the channel's protocol rules out: a writer completes an
-// operation only after every reader released the pieces it published in place).
+// operation only after every reader released the fragments it published in place).
 #include "shm_arena.h"
 
 #include <fcntl.h>

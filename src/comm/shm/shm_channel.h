@@ -9,8 +9,9 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "fsdp/comm/collectives.h"
-#include "fsdp/comm/process_group.h"
+#include "comm/group_desc.h"
+#include "fsdp/comm/types.h"
+#include "shm_ring_layout.h"
 
 namespace fsdp::comm::detail {
 
@@ -19,6 +20,7 @@ struct ShmSegment;
 
 class ShmArena;
 class ShmEngine;
+class ShmHandshake;
 
 /// One group's rings: this rank's (it writes) and every peer's (it reads). Issue calls
 /// copy what fits into this rank's ring at once and return; ShmChannel::wait moves the
@@ -57,15 +59,34 @@ class ShmChannel {
   std::vector<std::shared_ptr<ShmArena>> exchange_arenas() const;
 
  private:
-  friend std::shared_ptr<ShmChannel> make_shm_channel(const ProcessGroup& g,
-                                                      std::shared_ptr<ShmEngine> engine,
-                                                      int64_t slot_bytes, bool direct);
+  friend class ShmHandshake;
   friend class ShmEngine;
   ShmChannel() = default;
 
+  // Building an operation (shm_channel.cpp).
+  std::shared_ptr<ShmOp> new_op(const char* name, uint32_t kind, int64_t bytes, at::ScalarType dtype, ReduceOp op,
+                                std::vector<at::Tensor> keep);
+  shm_plan::StageSpec stage_spec(bool gather, shm_plan::Geometry geo) const;
   std::shared_ptr<ShmOp> issue(std::shared_ptr<ShmOp> op);
+
+  // Moving operations (shm_progress.cpp). The *_locked calls need the engine's lock.
   bool progress_locked();  // true if anything moved
   bool pending_locked() const { return !pending_.empty(); }
+  bool advance_locked(ShmOp& op, bool may_write);
+  bool write_fragments_locked(ShmOp& op, shm_plan::Stage& st);
+  void publish_locked(ShmOp& op, shm_plan::Stage& st, const shm_plan::Write& w);
+  bool read_fragments_locked(ShmOp& op, shm_plan::Stage& st);
+  bool fragments_ready_locked(const ShmOp& op, const shm_plan::Read& r);
+  void consume_locked(const ShmOp& op, const shm_plan::Read& r);
+  const char* fragment_data(int writer, uint64_t fragment, int64_t bytes) const;
+  bool release_in_place_locked(shm_plan::Stage& st);
+  int slot_of(uint64_t fragment) const { return static_cast<int>((fragment - 1) % static_cast<uint64_t>(nslots_)); }
+
+  // Waiting and failing (shm_progress.cpp).
+  bool progress_once(const ShmOp& op, bool* moved, std::string* mismatch);
+  bool sleep_until_moved(const ShmOp& op, bool* done);
+  void check_peers_or_fail(const ShmOp& op, std::chrono::steady_clock::duration waited);
+  [[noreturn]] void fail(const ShmOp& op, const std::string& cause);
   std::string failure(const ShmOp& op, const std::string& cause) const;
   std::string blocking_peers(const ShmOp& op) const;
   std::string peer_problem() const;  // "" while every peer is alive and has not given up
@@ -78,16 +99,16 @@ class ShmChannel {
   std::vector<std::unique_ptr<ShmSegment>> segs_;  // by group rank; segs_[rank_] is ours
   int64_t slot_bytes_ = 0;
   int nslots_ = 0;
-  std::vector<uint64_t> assigned_;  // per writer: pieces assigned to its ring so far
-  uint64_t published_ = 0;          // pieces this rank has published
+  std::vector<uint64_t> assigned_;  // per writer: fragments assigned to its ring so far
+  uint64_t published_ = 0;          // fragments this rank has published
   std::vector<std::shared_ptr<ShmOp>> pending_;  // issue order
   std::unique_ptr<char[]> temp_;  // one slot of scratch for sums into an aliased output
   // [Note: exchange arena]: ours (null unless every member mapped every member's arena
-  // and in-place pieces are on) and the peers' by group rank, read where a slot says so.
+  // and in-place fragments are on) and the peers' by group rank, read where a slot says so.
   std::shared_ptr<ShmArena> own_arena_;
   std::vector<std::shared_ptr<ShmArena>> arenas_;
   std::string broken_;            // set when a wait failed: later calls fail at once
-  uint64_t ops_issued_ = 0;       // numbers the operations ([Note: checked slots])
+  uint64_t ops_issued_ = 0;       // numbers the operations ([Note: checked slots] in shm_op.h)
   std::string mismatch_;          // the first checked slot that did not match
 };
 
@@ -95,9 +116,10 @@ class ShmChannel {
 /// (every member must pass the same value), or nullptr when some member is on another
 /// host, cannot map the others' segments, or the group has one rank (every member gets
 /// the same answer). Collective over `g`: it exchanges segment names through the group's
-/// store. `direct`: publish pieces that lie in this process's exchange arena in place
-/// (FSDP_SHM_DIRECT, on unless "0"); every member maps the others' arenas regardless.
-std::shared_ptr<ShmChannel> make_shm_channel(const ProcessGroup& g, std::shared_ptr<ShmEngine> engine,
+/// store (shm_handshake.cpp). `direct`: publish fragments that lie in this process's
+/// exchange arena in place (FSDP_SHM_DIRECT, on unless "0"); every member maps the others'
+/// arenas regardless.
+std::shared_ptr<ShmChannel> make_shm_channel(const GroupDesc& g, std::shared_ptr<ShmEngine> engine,
                                              int64_t slot_bytes, bool direct);
 
 }  // namespace fsdp::comm::detail

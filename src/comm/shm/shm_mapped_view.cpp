@@ -63,7 +63,7 @@ ShmMappedView::~ShmMappedView() {
 int64_t ShmMappedView::seam_bytes() const { return seam_pages_ * kArenaPage; }
 
 void ShmMappedView::copy_seams() const {
-  for (const Piece& s : seams_) std::memcpy(base_ + s.at, s.from, static_cast<size_t>(s.len));
+  for (const Seam& s : seams_) std::memcpy(base_ + s.at, s.from, static_cast<size_t>(s.len));
 }
 
 }  // namespace fsdp::comm::detail

@@ -5,31 +5,34 @@
 #include <memory>
 #include <vector>
 
+#include "comm/transport.h"
+
 namespace fsdp::comm::detail {
 
 class ShmArena;
 
-class ShmMappedView {
+/// The shared-memory transport's FlatMapping (Transport::map_flat).
+class ShmMappedView final : public FlatMapping {
  public:
   /// `arenas[r]`: rank r's exchange arena (this rank's own included); `offsets[r]`: where
   /// rank r's chunk of `chunk_bytes` lies in it, at the page offset its place in the flat
   /// buffer has (offsets[r] % page == r * chunk_bytes % page). Throws c10::Error when the
   /// system refuses a mapping.
   ShmMappedView(std::vector<std::shared_ptr<ShmArena>> arenas, std::vector<int64_t> offsets, int64_t chunk_bytes);
-  ~ShmMappedView();
+  ~ShmMappedView() override;
   ShmMappedView(const ShmMappedView&) = delete;
   ShmMappedView& operator=(const ShmMappedView&) = delete;
 
   /// size * chunk_bytes bytes: every page wholly inside one chunk maps that rank's arena
   /// read-only; the pages where chunks meet are private (seams).
-  char* data() const { return base_; }
+  char* data() const override { return base_; }
   /// Copies every rank's current bytes of the seam pages from its arena.
-  void copy_seams() const;
+  void copy_seams() const override;
   /// Bytes of the private seam pages (what the view holds beyond the chunks themselves).
-  int64_t seam_bytes() const;
+  int64_t seam_bytes() const override;
 
  private:
-  struct Piece {  // a rank's bytes on a seam page
+  struct Seam {  // a rank's bytes on a seam page
     int64_t at;   // offset in the view
     const char* from;
     int64_t len;
@@ -38,7 +41,7 @@ class ShmMappedView {
   char* base_ = nullptr;
   int64_t reserved_ = 0;
   int64_t seam_pages_ = 0;
-  std::vector<Piece> seams_;
+  std::vector<Seam> seams_;
 };
 
 }  // namespace fsdp::comm::detail

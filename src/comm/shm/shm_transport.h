@@ -13,29 +13,28 @@
 
 namespace fsdp::comm::detail {
 
-class GlooTransport;
 class ShmChannel;
 
 class ShmTransport final : public Transport {
  public:
-  ShmTransport(std::shared_ptr<ShmChannel> channel, std::shared_ptr<GlooTransport> gloo);
+  /// `gloo`: the group's Gloo transport, which takes what the channel does not.
+  ShmTransport(std::shared_ptr<ShmChannel> channel, std::shared_ptr<Transport> gloo);
 
-  CommHandle all_gather(const ProcessGroup& g, const at::Tensor& flat, const at::Tensor& shard) override;
-  CommHandle reduce_scatter(const ProcessGroup& g, const at::Tensor& out, const at::Tensor& flat,
-                            ReduceOp op) override;
-  CommHandle all_reduce(const ProcessGroup& g, const at::Tensor& t, ReduceOp op) override;
-  CommHandle broadcast(const ProcessGroup& g, const at::Tensor& t, int root) override;
-  void barrier(const ProcessGroup& g) override;
-  void wait(const c10::intrusive_ptr<c10d::Work>& work, const ProcessGroup& g,
-            const std::string& op) override;
+  Issued all_gather(const GroupDesc& g, const at::Tensor& flat, const at::Tensor& shard) override;
+  Issued reduce_scatter(const GroupDesc& g, const at::Tensor& out, const at::Tensor& flat, ReduceOp op) override;
+  Issued all_reduce(const GroupDesc& g, const at::Tensor& t, ReduceOp op) override;
+  Issued broadcast(const GroupDesc& g, const at::Tensor& t, int root) override;
+  void barrier(const GroupDesc& g) override;
+  void wait(const c10::intrusive_ptr<c10d::Work>& work, const GroupDesc& g, const std::string& op) override;
   at::DataPtr allocate_direct(size_t nbytes) override;
-  std::vector<std::shared_ptr<ShmArena>> exchange_arenas() const override;
+  MappableChunk allocate_mappable_chunk(const GroupDesc& g, int64_t chunk_bytes) override;
+  std::unique_ptr<FlatMapping> map_flat(std::vector<int64_t> offsets, int64_t chunk_bytes) override;
 
   const std::shared_ptr<ShmChannel>& channel() const { return channel_; }
 
  private:
   std::shared_ptr<ShmChannel> channel_;
-  std::shared_ptr<GlooTransport> gloo_;
+  std::shared_ptr<Transport> gloo_;
 };
 
 }  // namespace fsdp::comm::detail
