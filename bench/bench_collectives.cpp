@@ -216,12 +216,6 @@ struct Op {
   std::function<void()> run;
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 std::string fmt(const char* f, double v) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), f, v);
@@ -327,14 +321,14 @@ int rank_main(const Args& args) {
     // so load that comes and goes hits both alike), then their median and range.
     for (size_t o = 0; o < ops.size(); ++o) {
       std::vector<double> v(tp + o * reps, tp + (o + 1) * reps);
-      const double t = median(v);
+      const double t = fsdp::bench::median(v);
       Row row{mb, ops[o].name, ops[o].report, t * 1e3, std::nullopt, std::nullopt};
       if (ops[o].bus_factor > 0) {
         row.busbw = ops[o].bus_factor * bytes * (n - 1) / n / t / 1e9;
         std::vector<double> ratios;
         for (int r = 0; r < reps; ++r)
           ratios.push_back(ops[o].bus_factor / tp[o * reps + r] / (ops[0].bus_factor / tp[r]));
-        row.ratio = median(ratios);
+        row.ratio = fsdp::bench::median(ratios);
         row.ratio_min = *std::min_element(ratios.begin(), ratios.end());
         row.ratio_max = *std::max_element(ratios.begin(), ratios.end());
       }

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -19,6 +20,13 @@
 
 namespace fsdp {
 namespace bench {
+
+/// The median of `v` (the mean of the middle two for an even count); `v` not empty.
+inline double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t h = v.size() / 2;
+  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
+}
 
 /// Path of the running executable (/proc/self/exe), or `fallback` if it cannot be read.
 inline std::string self_exe(const std::string& fallback) {

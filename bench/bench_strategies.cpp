@@ -465,12 +465,6 @@ std::string field(const std::string& json, const std::string& key) {
   return s;
 }
 
-double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t h = v.size() / 2;
-  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
-}
-
 int launcher_main(const Args& a) {
   if (a.zero_targets && a.peers) usage_error("--zero-targets and --peers choose different rows; give one");
   const std::string self = self_exe();
@@ -592,7 +586,7 @@ int launcher_main(const Args& a) {
   auto median_range = [](const std::vector<double>& v, const char* unit) {
     if (v.empty()) return std::string("-");
     char b[64];
-    std::snprintf(b, sizeof b, "%.2f%s (%.2f-%.2f)", median_of(v), unit, *std::min_element(v.begin(), v.end()),
+    std::snprintf(b, sizeof b, "%.2f%s (%.2f-%.2f)", fsdp::bench::median(v), unit, *std::min_element(v.begin(), v.end()),
                   *std::max_element(v.begin(), v.end()));
     return std::string(b);
   };
@@ -654,7 +648,7 @@ int launcher_main(const Args& a) {
       std::printf("{\"target\": \"%s\", \"model\": \"%s\", \"goal\": %.2f, \"ratio_per_round\": [%s], "
                   "\"median_ratio\": %.3f, \"min_ratio\": %.3f, \"max_ratio\": %.3f, \"rounds_meeting_goal\": %d, "
                   "\"rounds\": %zu}\n",
-                  t.name, m.c_str(), t.goal, list.c_str(), median_of(ratios),
+                  t.name, m.c_str(), t.goal, list.c_str(), fsdp::bench::median(ratios),
                   *std::min_element(ratios.begin(), ratios.end()), *std::max_element(ratios.begin(), ratios.end()),
                   met, ratios.size());
     }
