@@ -1,6 +1,6 @@
 // The core's arithmetic and state machines in one process, no ranks: the pieces
 // of a padded flat buffer (src/core/flat_param.h) for N ranks against values
-// worked out by hand, bucket formation (src/core/reduce_bucket.h) against
+// worked out by hand, bucket formation (src/engine/bucket_former.h) against
 // hand-made buckets, the gradient division against torch.distributed.fsdp's
 // rule, and the unit lifecycle (src/core/unit.h): its transition table against
 // the drawing in the header, and one NO_SHARD unit driven through a whole
@@ -17,7 +17,7 @@
 
 // White-box: internal headers of the core.
 #include "core/flat_param.h"
-#include "core/reduce_bucket.h"
+#include "engine/bucket_former.h"
 #include "core/resolved_options.h"
 #include "core/unit.h"
 #include "fsdp/comm/collectives.h"
@@ -27,8 +27,8 @@ using fsdp::testing::error_of;
 
 namespace {
 
-using fsdp::detail::BucketCandidate;
-using fsdp::detail::BucketFormer;
+using fsdp::engine::BucketCandidate;
+using fsdp::engine::BucketFormer;
 using fsdp::detail::FlatParameter;
 using fsdp::detail::FlatParamEntry;
 using fsdp::detail::FlatState;

@@ -1,5 +1,5 @@
 // Gradient reduction buckets (Options::bucket_cap_mb, [Note: reduce buckets] in
-// src/core/reduce_bucket.h). At N=2 and N=3 (padded chunks), for FULL_SHARD,
+// src/core/grad_reducer.h). At N=2 and N=3 (padded chunks), for FULL_SHARD,
 // SHARD_GRAD_OP and NO_SHARD, MLP and nested transformer:
 //  - bucketed training equals single-process training on the global batch
 //    (relative L2 < 2e-6) and is bit-identical to training without buckets over

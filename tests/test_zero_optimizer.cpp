@@ -44,7 +44,7 @@
 #include "harness/test_dir.h"
 #include "memory/device_memory.h"
 #include "optim/zero_layout.h"
-#include "memory/placement.h"
+#include "engine/placement.h"
 #include "state/optim_state.h"
 
 using namespace fsdp;
@@ -882,8 +882,8 @@ TEST(ZeroLayout, PiecesTileEveryParameterOnce) {
 }
 
 TEST(ZeroPlacement, BucketsInFlatOrderWhileTheyFit) {
-  using fsdp::memory::device_pieces;
-  using fsdp::memory::margin_budget;
+  using fsdp::engine::device_pieces;
+  using fsdp::engine::margin_budget;
   EXPECT_EQ(device_pieces({5, 3, 8, 2}, 9), (std::vector<uint8_t>{1, 1, 0, 0}));
   EXPECT_EQ(device_pieces({5, 3, 8, 2}, 10), (std::vector<uint8_t>{1, 1, 0, 1}));
   EXPECT_EQ(device_pieces({5, 3}, 0), (std::vector<uint8_t>{0, 0}));

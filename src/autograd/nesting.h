@@ -1,6 +1,6 @@
 #pragma once
 // The per-thread facts of [Note: nested backward] (include/fsdp/autograd/end_of_backward.h)
-// as scopes, set only by the checkpoint (checkpoint_function.cpp).
+// as scopes, set only by the checkpoint (activation_checkpoint.cpp).
 #include <functional>
 
 namespace fsdp::autograd::detail {

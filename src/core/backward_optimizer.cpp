@@ -6,7 +6,6 @@
 #include <torch/optim/lbfgs.h>
 #include <torch/optim/optimizer.h>
 
-#include "memory/host_step_queue.h"
 #include "unit.h"
 
 namespace fsdp::detail {
@@ -56,7 +55,9 @@ class StepOnly {
 
 BackwardOptimizer::BackwardOptimizer(torch::optim::Optimizer& optimizer, const std::vector<Unit*>& units, int rank,
                                      bool on_host_thread)
-    : optimizer_(optimizer) {
+    : optimizer_(optimizer),
+      steps_(on_host_thread && !units.empty(),
+             units.empty() ? c10::Device(c10::kCPU) : units.front()->flat().options().device()) {
   TORCH_CHECK(dynamic_cast<torch::optim::LBFGS*>(&optimizer) == nullptr, "fsdp (rank ", rank,
               "): Options::optimizer_in_backward cannot step torch::optim::LBFGS: it re-evaluates the loss "
               "through a closure and needs every gradient at once. Use it with optimizer_in_backward(false)");
@@ -72,25 +73,14 @@ BackwardOptimizer::BackwardOptimizer(torch::optim::Optimizer& optimizer, const s
                   "the optimizer over model->parameters() of trainable, wrapped modules only");
     }
   }
-  if (on_host_thread && !units.empty())
-    host_steps_ = std::make_unique<HostStepQueue>(units.front()->flat().options().device());
 }
 
 BackwardOptimizer::~BackwardOptimizer() = default;
 
 void BackwardOptimizer::step(Unit& unit) {
-  if (host_steps_ && unit.flat().offloaded()) {
-    host_steps_->post([this, &unit] { step_now(unit); });
-    return;
-  }
   // A unit on the device steps where its reduced shard is, now (its source may view a pooled
   // reduction buffer), after the host steps before it: they narrow the same groups.
-  drain();
-  step_now(unit);
-}
-
-void BackwardOptimizer::drain() {
-  if (host_steps_) host_steps_->drain();
+  steps_.run([this, &unit] { step_now(unit); }, unit.flat().offloaded());
 }
 
 void BackwardOptimizer::step_now(Unit& unit) {

@@ -30,16 +30,19 @@
 // step back for accumulation without no_sync.
 //
 // With Options::offload_params the steps run on a host thread while backward goes
-// on ([Note: host steps] in src/memory/host_step_queue.h); the end of backward waits
+// on ([Note: host steps] in src/engine/host_step_queue.h); the end of backward waits
 // for them. A step there narrows the optimizer's groups to the unit's parameters, so
 // it reads no gradient but its own. A unit placement "auto" moved back to the device
 // (Options::gpu_margin_mem_ratio) steps on the backward thread, once the host steps
-// posted before it have run.
+// posted before it have run. ZeRO keeps the same contract ([Note: stepping in
+// backward] in src/engine/in_backward_steps.h).
 
 #include <memory>
 #include <vector>
 
 #include <ATen/ATen.h>
+
+#include "engine/in_backward_steps.h"
 
 namespace torch::optim {
 class Optimizer;
@@ -47,7 +50,6 @@ class Optimizer;
 
 namespace fsdp::detail {
 
-class HostStepQueue;
 class Unit;
 
 class BackwardOptimizer {
@@ -66,17 +68,17 @@ class BackwardOptimizer {
   /// thread where it is offloaded and there is one, now otherwise.
   void step(Unit& unit);
   /// Returns once every posted step has run; rethrows the first error one threw.
-  void drain();
+  void drain() { steps_.drain(); }
 
   const torch::optim::Optimizer& optimizer() const { return optimizer_; }
   /// Offloaded units step on a thread of their own.
-  bool on_host_thread() const { return host_steps_ != nullptr; }
+  bool on_host_thread() const { return steps_.on_host_thread(); }
 
  private:
   void step_now(Unit& unit);
 
   torch::optim::Optimizer& optimizer_;
-  std::unique_ptr<HostStepQueue> host_steps_;  // last: destroyed (its steps finished) first
+  engine::InBackwardSteps steps_;  // last: destroyed (its steps finished) first
 };
 
 }  // namespace fsdp::detail

@@ -124,7 +124,7 @@ class FlatParameter {
   /// The shard is in host memory away from the compute device ([Note: offload]).
   bool offloaded() const { return offloaded_; }
   /// Moves an offloaded shard to the compute device for good ([Note: auto placement] in
-  /// src/memory/placement.h): the parameters then view it there. Sharded state, unsharded
+  /// src/engine/placement.h): the parameters then view it there. Sharded state, unsharded
   /// buffer freed.
   void place_on_compute_device();
   /// Dtypes: see [Note: mixed precision].

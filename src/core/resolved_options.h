@@ -48,7 +48,7 @@ struct ResolvedOptions {
   bool zero_copy_gather = false;
   /// Options::offload_params ([Note: offload] in flat_param.h).
   bool offload_params = false;
-  /// Options::gpu_margin_mem_ratio ([Note: auto placement] in src/memory/placement.h).
+  /// Options::gpu_margin_mem_ratio ([Note: auto placement] in src/engine/placement.h).
   double gpu_margin_mem_ratio = 0;
   /// Where the model's parameters are, checked by placement_device ([Note: device
   /// placement]); set by the wrapper, not by resolve_options.

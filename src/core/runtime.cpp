@@ -55,7 +55,7 @@ Runtime::Runtime(comm::ProcessGroup pg, ResolvedOptions options)
   pool_.set_new_block_observer([streams = &comm_.streams()](const at::DataPtr& block) { streams->new_block(block); });
   tracer_ = std::make_unique<Tracer>(options_.trace_dir, comm_.group().global_rank());
   if (tracer_->enabled()) tracer_->set_device_clock(comm_.streams().device_clock());
-  // [Note: reductions in flight]
+  // The window of reductions in flight ([Note: reduce buckets] in grad_reducer.h).
   const int max_scattering = options_.strategy == ShardingStrategy::NO_SHARD ? 2 : 1;
   reducer_ = std::make_unique<GradReducer>(comm_.reduce_group(), comm_.replica_group(), options_.bucket_cap_bytes,
                                            tracer_.get(), &pool_, max_scattering, &comm_.streams());
@@ -331,10 +331,10 @@ void Runtime::reduce(Unit& unit) {
   // gradient): it keeps its state so that its output hook still re-gathers it,
   // and finish_iteration reshards it.
   if (!unit.has_grad_params()) return;
-  // The reducer bounds the reductions in flight ([Note: reductions in flight]
-  // in reduce_bucket.h): making room completes the oldest before this unit's
-  // flat gradient exists, so backward holds a few buckets' gradients instead of
-  // the whole model's.
+  // The reducer bounds the reductions in flight ([Note: reductions in
+  // flight] in src/engine/reduction_window.h): making room completes the oldest
+  // before this unit's flat gradient exists, so backward holds a few buckets'
+  // gradients instead of the whole model's.
   const bool no_sync = policy_.no_sync();
   if (!no_sync) reducer_->make_room(unit);
   unit.flatten_grads(no_sync);

@@ -5,7 +5,7 @@
 // the step policy it asks about the optimizer step (step_policy.h). Control flows one
 // way: every hook (the call sites' UnitHooks, the output-gradient hooks, the
 // AccumulateGrad post hooks, the end-of-backward callback) enters the Runtime,
-// and only the Runtime (with its GradReducer, reduce_bucket.h) drives units,
+// and only the Runtime (with its GradReducer, grad_reducer.h) drives units,
 // through the primitives of unit.h ([Note: unit lifecycle]). Units never call
 // back; what they need from here is in their UnitContext.
 //
@@ -20,7 +20,7 @@
 //    that order that still needs its parameters is gathered first;
 //  * reductions (reduce group): in reverse pre-forward order; a unit whose
 //    gradients are complete waits for the units before it. Consecutive small
-//    units may share one collective ([Note: reduce buckets] in reduce_bucket.h);
+//    units may share one collective ([Note: reduce buckets] in grad_reducer.h);
 //    buckets are formed from this order alone, so they match on every rank.
 // The end-of-backward callback issues whatever is left, in the same orders, with
 // zeros for gradients that were never produced, so no rank waits for a peer that
@@ -108,7 +108,7 @@
 #include "fsdp/core/options.h"
 #include "fsdp/core/trace.h"
 #include "fsdp/core/wrappable.h"
-#include "reduce_bucket.h"
+#include "grad_reducer.h"
 #include "resolved_options.h"
 #include "step_policy.h"
 #include "unit.h"

@@ -3,7 +3,7 @@
 // whether it reduces at all (no_sync), whether it steps each unit's shard as its
 // reduction arrives ([Note: optimizer in backward] in backward_optimizer.h; no_step holds
 // that back for accumulation), and where the stepped state lives after the first step
-// that stepped ([Note: auto placement] in src/memory/placement.h). The schedule
+// that stepped ([Note: auto placement] in src/engine/placement.h). The schedule
 // (runtime.h) asks; the policy answers and steps.
 
 #include <memory>
@@ -57,7 +57,7 @@ class StepPolicy {
   bool no_sync_ = false;
   bool no_step_ = false;
   std::unique_ptr<BackwardOptimizer> backward_optimizer_;
-  bool placed_ = false;  // [Note: auto placement] in src/memory/placement.h
+  bool placed_ = false;  // [Note: auto placement] in src/engine/placement.h
   std::vector<Unit*> placed_on_device_;
 };
 

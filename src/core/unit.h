@@ -73,7 +73,7 @@
 
 #include <ATen/ATen.h>
 
-#include "memory/grad_accumulator_handle.h"
+#include "autograd/grad_accumulator_handle.h"
 #include "memory/buffer_pool.h"
 #include "flat_param.h"
 #include "fsdp/comm/collectives.h"
@@ -166,7 +166,7 @@ class Unit {
   bool grads_complete() const { return fired_ == num_grad_params_; }
   bool has_grad_params() const { return num_grad_params_ > 0; }
 
-  // Gradient reduction ([Note: reduce buckets] in reduce_bucket.h).
+  // Gradient reduction ([Note: reduce buckets] in grad_reducer.h).
   /// -> REDUCING (flat_grad() awaits the reducer) or, under no_sync,
   /// -> ACCUMULATED. Only for units with gradient parameters.
   void flatten_grads(bool no_sync);
@@ -179,7 +179,7 @@ class Unit {
   void step_reduced_shard(const std::function<void()>& step);
   void finish_iteration();             // -> IDLE: assign gradient pieces, reshard
   /// IDLE, offloaded: the shard (and any gradient pieces) move to the compute device for
-  /// good ([Note: auto placement] in src/memory/placement.h).
+  /// good ([Note: auto placement] in src/engine/placement.h).
   void place_shard_on_device();
 
   /// Mixed precision's forward input cast (UnitHooks::forward_input_dtype).
@@ -230,7 +230,7 @@ class Unit {
   bool has_frozen_params_ = false;
   std::vector<bool> fired_flags_;
   size_t fired_ = 0;
-  std::vector<memory::GradAccumulatorHandle> accumulators_;  // keep hooks alive
+  std::vector<autograd::GradAccumulatorHandle> accumulators_;  // keep hooks alive
   // Pieces from before this iteration, set aside at backward start; nullopt: not set aside.
   std::optional<std::vector<at::Tensor>> stashed_grads_;
 

@@ -1,7 +1,7 @@
 #pragma once
 // FSDP's placement "auto" (Options::gpu_margin_mem_ratio): which offloaded units move back to
 // the compute device after the warm-up iteration, and the move ([Note: auto placement] in
-// src/memory/placement.h). A placed unit is an ordinary unit on the device from then on: its
+// src/engine/placement.h). A placed unit is an ordinary unit on the device from then on: its
 // shard is gathered and stepped there (BackwardOptimizer steps it on the backward thread).
 
 #include <vector>

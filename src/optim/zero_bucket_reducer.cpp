@@ -1,6 +1,8 @@
 #include "zero_bucket_reducer.h"
 
 #include <algorithm>
+#include <optional>
+#include <utility>
 
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
@@ -11,11 +13,6 @@
 namespace fsdp::optim::detail {
 
 namespace {
-
-const char* state_name(int s) {
-  static const char* names[] = {"EMPTY", "FILLING", "READY", "REDUCING"};
-  return names[s];
-}
 
 // Runs after AccumulateGrad has written parameter i's gradient. Holds the reducer
 // weakly: a hook left on a parameter after its optimizer died does nothing.
@@ -33,18 +30,50 @@ class ZeroGradHook : public torch::autograd::FunctionPostHook {
   size_t i_;
 };
 
+// The layout's buckets as FixedBuckets sees them: members are the parameters, in flat order.
+engine::FixedBuckets fixed_buckets(const ZeroLayout& layout, const comm::ProcessGroup& group) {
+  std::vector<engine::FixedBuckets::Member> members;
+  for (const ZeroParamSlot& p : layout.params()) members.push_back({p.bucket, p.bucket_offset, p.numel});
+  std::vector<engine::FixedBuckets::Shape> shapes;
+  for (const ZeroBucket& b : layout.buckets()) shapes.push_back({b.first_param, b.end_param, b.numel, b.padded});
+  // At most two buckets reducing and one filling; a fourth spares a block when bucket sizes differ.
+  return engine::FixedBuckets(std::move(members), std::move(shapes), /*max_idle=*/4,
+                              [group](size_t n) { return comm::allocate_collective_buffer(group, n); });
+}
+
 }  // namespace
+
+// One bucket's reduce-scatter in flight, and where its chunk lands: a slice of the partition,
+// or a temporary added to it (an accumulation, or another dtype).
+class ZeroBucketReducer::Reduction : public engine::ReductionWindow::Reduction {
+ public:
+  Reduction(ZeroBucketReducer& owner, size_t bucket, at::Tensor out, comm::CommHandle handle)
+      : owner_(owner), bucket_(bucket), out_(std::move(out)), handle_(std::move(handle)) {}
+  bool landed() const override { return !handle_.defined() || handle_.is_completed(); }
+  void complete() override {
+    handle_.wait();
+    owner_.complete(bucket_, out_);
+  }
+  int64_t held_bytes() const override {
+    const at::Tensor& p = owner_.partition_;
+    return out_.defined() && !(p.defined() && out_.is_alias_of(p)) ? static_cast<int64_t>(out_.nbytes()) : 0;
+  }
+
+ private:
+  ZeroBucketReducer& owner_;
+  size_t bucket_;
+  at::Tensor out_;
+  comm::CommHandle handle_;
+};
 
 ZeroBucketReducer::ZeroBucketReducer(std::vector<at::Tensor> params, std::vector<std::string> names,
                                  const ZeroLayout& layout, Config config)
     : params_(std::move(params)), names_(std::move(names)), layout_(layout), config_(std::move(config)),
-      // At most two buckets reducing and one filling; a fourth spares a block when
-      // bucket sizes differ.
-      pool_(/*max_idle=*/4, /*min_block_bytes=*/0) {
+      buckets_(fixed_buckets(layout_, config_.group)),
+      // Two reductions in flight with overlap; without it each completes as it is issued.
+      in_flight_(config_.overlap ? 2 : 1) {
   TORCH_INTERNAL_ASSERT(params_.size() == layout_.params().size() && names_.size() == params_.size());
-  pool_.set_block_allocator([g = config_.group](size_t n) { return comm::allocate_collective_buffer(g, n); });
-  buckets_.resize(layout_.buckets().size());
-  arrived_.assign(params_.size(), 0);
+  accumulated_.assign(layout_.buckets().size(), 0);
   seen_.assign(params_.size(), 0);
   used_.assign(params_.size(), 0);
 }
@@ -68,18 +97,6 @@ void ZeroBucketReducer::install_hooks() {
   }
 }
 
-void ZeroBucketReducer::transition(size_t b, BucketState to, const char* where) {
-  Bucket& k = buckets_[b];
-  const BucketState from = k.state;
-  const bool ok = (from == BucketState::EMPTY && (to == BucketState::FILLING || to == BucketState::READY)) ||
-                  (from == BucketState::FILLING && to == BucketState::READY) ||
-                  (from == BucketState::READY && to == BucketState::REDUCING) ||
-                  (from == BucketState::REDUCING && to == BucketState::EMPTY);
-  TORCH_INTERNAL_ASSERT(ok, "ZeroRedundancyOptimizer: bucket ", b, " cannot go from ", state_name(int(from)),
-                        " to ", state_name(int(to)), " in ", where);
-  k.state = to;
-}
-
 void ZeroBucketReducer::ensure_callback() {
   if (callback_queued_) return;
   callback_queued_ = true;
@@ -95,12 +112,12 @@ void ZeroBucketReducer::on_grad(size_t i) {
   ensure_callback();
   const ZeroParamSlot& slot = layout_.params()[i];
   const size_t b = static_cast<size_t>(slot.bucket);
-  Bucket& k = buckets_[b];
+  const engine::FixedBuckets::State state = buckets_.state(b);
   const int rank = config_.group.rank();
-  TORCH_CHECK(!seen_[i] && !arrived_[i] && (k.state == BucketState::EMPTY || k.state == BucketState::FILLING),
+  TORCH_CHECK(!seen_[i] && !buckets_.arrived(i) &&
+                  (state == engine::FixedBuckets::State::kEmpty || state == engine::FixedBuckets::State::kFilling),
               "ZeroRedundancyOptimizer (stage 2, rank ", rank, "): parameter '", names_[i],
-              "' received a second gradient in one backward (its bucket ", b, " is ",
-              state_name(int(k.state)),
+              "' received a second gradient in one backward (its bucket ", b, " is ", engine::to_string(state),
               "). Stage 2 reduces each gradient once per backward: a parameter used both inside and "
               "outside an activation checkpoint gets a second one. "
               "Keep the parameter's uses on one side of the checkpoint, or use stage 1");
@@ -108,92 +125,59 @@ void ZeroBucketReducer::on_grad(size_t i) {
   TORCH_CHECK(grad.defined() && !grad.is_sparse() && grad.numel() == slot.numel,
               "ZeroRedundancyOptimizer (stage 2, rank ", rank, "): parameter '", names_[i],
               "' has no dense gradient of ", slot.numel, " elements after AccumulateGrad");
-  const ZeroBucket& lb = layout_.buckets()[b];
-  if (k.state == BucketState::EMPTY) {
-    k.buffer = pool_.empty(lb.padded, params_[i].options().dtype(config_.comm_dtype));
-    if (lb.padded > lb.numel) k.buffer.narrow(0, lb.numel, lb.padded - lb.numel).zero_();
-    transition(b, BucketState::FILLING, "on_grad");
-  }
-  k.buffer.narrow(0, slot.bucket_offset, slot.numel).copy_(grad.reshape({-1}));
+  buckets_.arrive(i, grad, params_[i].options().dtype(config_.comm_dtype));
   grad.reset();  // the bucket holds it now
-  arrived_[i] = 1;
   seen_[i] = 1;
   used_[i] = 1;
-  if (++k.arrived == lb.end_param - lb.first_param) transition(b, BucketState::READY, "on_grad");
   issue_ready();
 }
 
 void ZeroBucketReducer::issue_ready() {
-  while (next_issue_ < buckets_.size() && buckets_[next_issue_].state == BucketState::READY) issue(next_issue_++);
+  while (const std::optional<size_t> b = buckets_.next_ready()) issue(*b);
 }
 
 void ZeroBucketReducer::issue(size_t b) {
-  Bucket& k = buckets_[b];
   const ZeroBucket& lb = layout_.buckets()[b];
-  // Window of reductions in flight: two with overlap, else each completes at once.
-  while (!in_flight_.empty() && static_cast<int>(in_flight_.size()) >= 2) {
-    complete(in_flight_.front());
-    in_flight_.erase(in_flight_.begin());
-  }
+  const at::Tensor& buffer = buckets_.buffer(b);
+  in_flight_.make_room();
   if (!partition_.defined())
-    partition_ = at::empty({layout_.partition_numel()}, k.buffer.options().dtype(config_.grad_dtype));
+    partition_ = at::empty({layout_.partition_numel()}, buffer.options().dtype(config_.grad_dtype));
   at::Tensor slice = partition_.narrow(0, lb.local_offset, lb.chunk);
-  k.out = (!k.accumulated && config_.comm_dtype == config_.grad_dtype) ? slice
-                                                                        : at::empty({lb.chunk}, k.buffer.options());
-  transition(b, BucketState::REDUCING, "issue");
+  at::Tensor out = (!accumulated_[b] && config_.comm_dtype == config_.grad_dtype) ? slice
+                                                                                    : at::empty({lb.chunk}, buffer.options());
+  comm::CommHandle handle;
   if (lb.padded > 0)
-    k.handle = comm::reduce_scatter(config_.group, k.out, k.buffer, comm::ReduceOp::Avg,
-                                    {comm::Phase::Backward, "bucket " + std::to_string(b)});
-  if (config_.overlap) {
-    in_flight_.push_back(b);
-  } else {
-    complete(b);
-  }
+    handle = comm::reduce_scatter(config_.group, out, buffer, comm::ReduceOp::Avg,
+                                  {comm::Phase::Backward, "bucket " + std::to_string(b)});
+  in_flight_.push(std::make_unique<Reduction>(*this, b, std::move(out), std::move(handle)));
+  if (!config_.overlap) in_flight_.complete_all();
 }
 
-void ZeroBucketReducer::complete(size_t b) {
-  Bucket& k = buckets_[b];
+void ZeroBucketReducer::complete(size_t b, at::Tensor& out) {
   const ZeroBucket& lb = layout_.buckets()[b];
-  if (k.handle.defined()) k.handle.wait();
   at::Tensor slice = partition_.narrow(0, lb.local_offset, lb.chunk);
-  if (!k.out.is_same(slice)) {
-    if (k.accumulated) slice.add_(k.out);
-    else slice.copy_(k.out);
+  if (!out.is_same(slice)) {
+    if (accumulated_[b]) slice.add_(out);
+    else slice.copy_(out);
   }
-  k.accumulated = true;
-  k.out = at::Tensor();
-  k.buffer = at::Tensor();
-  k.handle = comm::CommHandle();
-  k.arrived = 0;
-  for (int i = lb.first_param; i < lb.end_param; ++i) arrived_[i] = 0;
-  transition(b, BucketState::EMPTY, "complete");
+  accumulated_[b] = 1;
+  out = at::Tensor();
+  buckets_.reduced(b);
   if (on_reduced_) on_reduced_(b);
 }
 
 void ZeroBucketReducer::consume(size_t b) {
   const ZeroBucket& lb = layout_.buckets()[b];
-  buckets_[b].accumulated = false;
+  accumulated_[b] = 0;
   for (int i = lb.first_param; i < lb.end_param; ++i) used_[i] = 0;
 }
 
 void ZeroBucketReducer::finish_backward() {
   // Buckets not issued yet, in order: parameters that got no gradient here count as zeros.
-  for (size_t b = next_issue_; b < buckets_.size(); ++b) {
-    Bucket& k = buckets_[b];
-    const ZeroBucket& lb = layout_.buckets()[b];
-    if (k.state == BucketState::EMPTY) {
-      k.buffer = pool_.empty(lb.padded, params_[lb.first_param].options().dtype(config_.comm_dtype)).zero_();
-    } else if (k.state == BucketState::FILLING) {
-      const auto& slots = layout_.params();
-      for (int i = lb.first_param; i < lb.end_param; ++i)
-        if (!arrived_[i]) k.buffer.narrow(0, slots[i].bucket_offset, slots[i].numel).zero_();
-    }
-    if (k.state != BucketState::READY) transition(b, BucketState::READY, "finish_backward");
-  }
+  if (!params_.empty()) buckets_.fill_rest(params_.front().options().dtype(config_.comm_dtype));
   issue_ready();
-  for (size_t b : in_flight_) complete(b);
-  in_flight_.clear();
-  next_issue_ = 0;
+  in_flight_.complete_all();
+  buckets_.restart();
   std::fill(seen_.begin(), seen_.end(), 0);
   callback_queued_ = false;
 }
@@ -201,7 +185,7 @@ void ZeroBucketReducer::finish_backward() {
 void ZeroBucketReducer::clear() {
   TORCH_INTERNAL_ASSERT(!callback_queued_ && in_flight_.empty());
   partition_ = at::Tensor();
-  for (auto& k : buckets_) k.accumulated = false;
+  std::fill(accumulated_.begin(), accumulated_.end(), 0);
   std::fill(used_.begin(), used_.end(), 0);
 }
 
@@ -211,13 +195,8 @@ void ZeroBucketReducer::zero() {
 }
 
 int64_t ZeroBucketReducer::bytes() const {
-  int64_t n = partition_.defined() ? partition_.nbytes() : 0;
-  for (const auto& k : buckets_) {
-    if (k.buffer.defined()) n += k.buffer.nbytes();
-    if (k.out.defined() && !(partition_.defined() && k.out.is_alias_of(partition_)))
-      n += k.out.nbytes();
-  }
-  return n;
+  const int64_t partition = partition_.defined() ? static_cast<int64_t>(partition_.nbytes()) : 0;
+  return partition + buckets_.bytes() + in_flight_.held_bytes();
 }
 
 }  // namespace fsdp::optim::detail

@@ -15,17 +15,13 @@
 // (an unused branch), and completes every reduction; so every rank issues every bucket
 // once per backward, in the same order.
 //
-// A bucket's states, in one backward:
-//   EMPTY     no gradient arrived yet (no buffer)
-//   FILLING   buffer allocated, some parameters arrived
-//   READY     every parameter arrived (or the callback filled the rest with zeros)
-//   REDUCING  reduce-scatter in flight
-//   EMPTY     again once the reduction completed and its chunk joined the partition
-// With overlap_communication, up to two buckets are REDUCING at a time (the oldest is
-// completed before a third is issued); without it each is completed as it is issued.
-// Under ZeroOptions::optimizer_in_backward the optimizer steps a bucket's chunk at its
-// REDUCING -> EMPTY (on_reduced), then consume()s it: the next backward writes the chunk
-// afresh instead of adding to what was stepped.
+// A bucket's states are FixedBuckets' ([Note: fixed buckets] in src/engine/fixed_buckets.h),
+// and its reductions in flight a ReductionWindow's ([Note: reductions in flight] in
+// src/engine/reduction_window.h): with overlap_communication up to two buckets are reducing
+// at a time (the oldest is completed before a third is issued); without it each is completed
+// as it is issued. Under ZeroOptions::optimizer_in_backward the optimizer steps a bucket's
+// chunk once its reduction completed (on_reduced), then consume()s it: the next backward
+// writes the chunk afresh instead of adding to what was stepped.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -34,8 +30,9 @@
 
 #include <ATen/ATen.h>
 
-#include "memory/buffer_pool.h"
-#include "memory/grad_accumulator_handle.h"
+#include "autograd/grad_accumulator_handle.h"
+#include "engine/fixed_buckets.h"
+#include "engine/reduction_window.h"
 #include "fsdp/comm/collectives.h"
 #include "zero_layout.h"
 
@@ -77,8 +74,8 @@ class ZeroBucketReducer : public std::enable_shared_from_this<ZeroBucketReducer>
   void clear();
   /// Zeroes the partition, keeps the used flags (zero_grad(false)).
   void zero();
-  /// Called with a bucket's index once its chunk of the partition is complete (REDUCING ->
-  /// EMPTY), in bucket order: where the optimizer steps it inside backward.
+  /// Called with a bucket's index once its chunk of the partition is complete (its
+  /// reduction completed), in bucket order: where the optimizer steps it inside backward.
   void set_on_reduced(std::function<void(size_t bucket)> fn) { on_reduced_ = std::move(fn); }
   /// Bucket b's chunk was stepped: forget its accumulation and its parameters' used flags.
   void consume(size_t b);
@@ -87,42 +84,31 @@ class ZeroBucketReducer : public std::enable_shared_from_this<ZeroBucketReducer>
   /// the allocator holds beyond the gradients (MemoryCategory::kOther).
   int64_t bytes() const;
   /// The freed bucket buffers the pool keeps, and releasing them.
-  int64_t idle_bytes() const { return pool_.idle_bytes(); }
-  void release_idle() { pool_.release_idle(); }
+  int64_t idle_bytes() const { return buckets_.idle_bytes(); }
+  void release_idle() { buckets_.release_idle(); }
 
  private:
-  enum class BucketState { EMPTY, FILLING, READY, REDUCING };
-  struct Bucket {
-    BucketState state = BucketState::EMPTY;
-    int arrived = 0;
-    bool accumulated = false;  // its chunk of the partition holds a value since clear()
-    at::Tensor buffer;         // padded bucket, comm dtype
-    at::Tensor out;            // reduce-scatter output (a partition slice or a temporary)
-    comm::CommHandle handle;
-  };
-  void transition(size_t b, BucketState to, const char* where);
+  class Reduction;
   void issue_ready();
   void issue(size_t b);
-  void complete(size_t b);
+  void complete(size_t b, at::Tensor& out);
   void ensure_callback();
 
   std::vector<at::Tensor> params_;
   std::vector<std::string> names_;
   const ZeroLayout& layout_;
   Config config_;
-  std::vector<Bucket> buckets_;
-  std::vector<uint8_t> arrived_;  // this backward, until its bucket is reduced
-  std::vector<uint8_t> seen_;     // this backward, also after its bucket was reduced
-  std::vector<uint8_t> used_;     // since clear()
-  size_t next_issue_ = 0;
-  std::vector<size_t> in_flight_;  // oldest first
-  bool callback_queued_ = false;
-  at::Tensor partition_;
-  std::vector<memory::GradAccumulatorHandle> accumulators_;
-  std::vector<uintptr_t> hook_keys_;
   // Bucket buffers, on memory the peers read in place ([Note: exchange arena] in
   // src/comm/shm/shm_arena.cpp) and kept between steps ([Note: buffer pool]).
-  fsdp::detail::BufferPool pool_;
+  engine::FixedBuckets buckets_;
+  engine::ReductionWindow in_flight_;
+  std::vector<uint8_t> accumulated_;  // per bucket: its chunk holds a value since clear()
+  std::vector<uint8_t> seen_;     // this backward, also after its bucket was reduced
+  std::vector<uint8_t> used_;     // since clear()
+  bool callback_queued_ = false;
+  at::Tensor partition_;
+  std::vector<autograd::GradAccumulatorHandle> accumulators_;
+  std::vector<uintptr_t> hook_keys_;
   std::function<void(size_t)> on_reduced_;
 };
 

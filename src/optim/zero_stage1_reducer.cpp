@@ -2,7 +2,7 @@
 
 #include "memory/storage_alias.h"
 #include "fsdp/comm/collectives.h"
-#include "zero_bucket_window.h"
+#include "engine/reduction_window.h"
 
 namespace fsdp::optim::detail {
 
@@ -16,7 +16,7 @@ void ZeroStage1Reducer::reduce(std::vector<at::Tensor>& params) {
   buffers_.assign(nbuckets, at::Tensor());
   outs_.assign(nbuckets, at::Tensor());
   if (!config_.all_reduce || config_.mixed) partition_ = at::empty({layout_.partition_numel()}, config_.grad_options);
-  for_each_bucket(
+  engine::for_each_bucket(
       nbuckets, config_.window, [&](int b) { return issue(b, params); }, [&](int b) { finish(b, params); });
   buffers_.clear();
   outs_.clear();

@@ -1,5 +1,5 @@
 #pragma once
-// gpu_margin_mem_ratio on a CPU-only machine ([Note: auto placement] in src/memory/placement.h):
+// gpu_margin_mem_ratio on a CPU-only machine ([Note: auto placement] in src/engine/placement.h):
 // a probe stands in for the GPU's capacity and peak, so that kRatio x the margin is `budget`
 // bytes (set it once the sizes are known, before the first step). The pieces placed then move
 // to the "device": another allocation on the CPU. One per process (rank workers are processes).

@@ -122,7 +122,7 @@ struct Options {
   /// skipped when the environment sets malloc tunables). false: leave malloc alone.
   TORCH_ARG(bool, keep_freed_host_memory) = true;
   /// Gradient reduction buckets, in MiB (FairScale's bucket_cap_mb; see [Note:
-  /// reduce buckets] in src/core/reduce_bucket.h). Consecutive units of the
+  /// reduce buckets] in src/core/grad_reducer.h). Consecutive units of the
   /// reduction order whose flat gradients together fit in the cap are reduced by
   /// one collective (one reduce-scatter, or one all-reduce under NO_SHARD) instead
   /// of one each; a unit whose flat gradient alone is >= the cap is reduced alone.

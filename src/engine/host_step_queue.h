@@ -29,7 +29,7 @@
 #include <c10/core/Device.h>
 #include <c10/core/Event.h>
 
-namespace fsdp::detail {
+namespace fsdp::engine {
 
 /// An event after the work queued so far on `device`'s current stream, for a host thread
 /// to wait on (c10::Event::synchronize); null for the CPU, whose copies are done when they
@@ -66,4 +66,4 @@ class HostStepQueue {
   std::thread thread_;
 };
 
-}  // namespace fsdp::detail
+}  // namespace fsdp::engine

@@ -27,12 +27,12 @@
 // only changes *when* a bucket fills there. A bucket of one unit is exactly the
 // unbucketed reduction: the unit's own flat gradient, no copy.
 //
-// Reductions in flight. An issued bucket is a Reduction:
+// Reductions in flight. Every issued bucket is a Reduction in one of two windows
+// ([Note: reductions in flight] in src/engine/reduction_window.h):
 //   SCATTERING   its collective over the reduce group is in flight
 //   REPLICATING  (HYBRID_SHARD) the all-reduce of its output over the replica
 //                group is in flight ([Note: hybrid groups] in comm_context.h)
 //   DONE         its members hold their reduced shards (Unit::adopt_reduced_shard)
-// [Note: reductions in flight]
 // At most max_scattering reductions are SCATTERING: when the window is full the
 // oldest is completed before the next is issued (make_room: before the unit
 // whose arrival issues it even flattens its gradients), so backward holds a
@@ -46,66 +46,30 @@
 // HYBRID_SHARD with more than one replica, a reduction's replica all-reduce is
 // issued by the ReplicaChain's thread as soon as its reduce-scatter completes
 // ([Note: replica chain] in replica_chain.h); leaving SCATTERING on the
-// backward thread takes that all-reduce back (REPLICATING). Every REPLICATING
-// reduction (each holds only its shard-sized output, which becomes the
-// gradient pieces anyway) is completed at the end of backward, oldest first,
-// before any gradient piece is assigned, so backward never waits for the link.
+// backward thread takes that all-reduce back (REPLICATING, a window without a
+// bound). Every REPLICATING reduction (each holds only its shard-sized output,
+// which becomes the gradient pieces anyway) is completed at the end of backward,
+// oldest first, before any gradient piece is assigned, so backward never waits
+// for the link.
 
-#include <deque>
 #include <functional>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
 #include <ATen/ATen.h>
 
+#include "engine/bucket_former.h"
+#include "engine/reduction_window.h"
 #include "fsdp/comm/collectives.h"
-#include "memory/buffer_pool.h"
 #include "fsdp/core/trace.h"
+#include "memory/buffer_pool.h"
 #include "replica_chain.h"
 #include "stream_order.h"
 
 namespace fsdp::detail {
 
 class Unit;
-
-/// A unit's flat gradient as bucket formation sees it.
-struct BucketCandidate {
-  int64_t bytes = 0;     // padded flat gradient, in reduce dtype
-  bool sharded = true;   // reduce-scatter (N rows) or all-reduce (one row)
-  at::ScalarType dtype = at::kFloat;
-  at::Device device = at::kCPU;
-};
-
-/// Who joins the open bucket ([Note: reduce buckets], "Who joins"): sizes,
-/// kinds and the cap only; knows nothing of units or collectives.
-class BucketFormer {
- public:
-  explicit BucketFormer(int64_t cap_bytes) : cap_bytes_(cap_bytes) {}
-  /// Never shares a bucket (every candidate when the cap is <= 0).
-  bool alone(const BucketCandidate& c) const { return cap_bytes_ <= 0 || c.bytes >= cap_bytes_; }
-  /// May join the open bucket without issuing it first.
-  bool fits(const BucketCandidate& c) const;
-  /// Adding c will issue a collective.
-  bool issues_on_join(const BucketCandidate& c) const { return alone(c) || !fits(c); }
-  /// c joins: close_before: the open bucket (without c) is issued before c
-  /// joins; close_after: the bucket holding c is issued at once.
-  struct Join {
-    bool close_before = false;
-    bool close_after = false;
-  };
-  Join join(const BucketCandidate& c);
-  /// The open bucket was issued (end of backward).
-  void clear();
-  bool empty() const { return !first_; }
-  int64_t open_bytes() const { return open_bytes_; }
-
- private:
-  int64_t cap_bytes_;
-  std::optional<BucketCandidate> first_;  // the open bucket's first member
-  int64_t open_bytes_ = 0;
-};
 
 class GradReducer {
  public:
@@ -140,11 +104,10 @@ class GradReducer {
 
  private:
   struct Reduction;
-  static BucketCandidate candidate(const Unit& unit);
-  void complete_in_flight();           // the oldest SCATTERING reduction when the window is full
-  void complete_oldest_scatter();
+  static engine::BucketCandidate candidate(const Unit& unit);
   void issue_open_bucket();
   std::unique_ptr<Reduction> issue(std::vector<Unit*> members);
+  void complete(Reduction& r);              // by phase: its window completes it
   void complete_scatter(Reduction& r);      // SCATTERING -> REPLICATING or DONE
   void hand_to_chain(Reduction& r);         // HYBRID_SHARD: the chain completes its scatter
   void complete_chained_scatter(Reduction& r);  // SCATTERING -> REPLICATING, from the chain
@@ -159,11 +122,10 @@ class GradReducer {
   comm::ProcessGroup reduce_pg_, replica_pg_;
   Tracer* tracer_;
   BufferPool* pool_;
-  BucketFormer former_;
+  engine::BucketFormer former_;
   std::vector<Unit*> open_;      // the open bucket, in reduction order
-  int max_scattering_;
-  std::deque<std::unique_ptr<Reduction>> scattering_;  // oldest first
-  std::deque<std::unique_ptr<Reduction>> replicating_;  // oldest first (HYBRID_SHARD)
+  engine::ReductionWindow scattering_;   // at most max_scattering
+  engine::ReductionWindow replicating_;  // HYBRID_SHARD, unbounded
   std::unique_ptr<ReplicaChain> chain_;  // HYBRID_SHARD with a replica group of > 1 ranks
   std::function<void(Unit&)> on_delivered_;
   StreamOrder* streams_;

@@ -6,7 +6,7 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
-namespace fsdp::detail {
+namespace fsdp::engine {
 
 std::shared_ptr<c10::Event> event_after_queued_work(const c10::Device& device) {
   if (device.is_cpu()) return nullptr;
@@ -80,4 +80,4 @@ void HostStepQueue::run(int intra_op_threads, c10::Device device) {
   }
 }
 
-}  // namespace fsdp::detail
+}  // namespace fsdp::engine

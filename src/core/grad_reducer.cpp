@@ -1,4 +1,4 @@
-#include "reduce_bucket.h"
+#include "grad_reducer.h"
 
 #include "phase_span.h"
 #include "unit.h"
@@ -9,9 +9,20 @@ namespace {
 int64_t nbytes(const at::Tensor& t) { return t.defined() ? t.numel() * int64_t(t.element_size()) : 0; }
 }  // namespace
 
-// One issued bucket ([Note: reduce buckets]).
-struct GradReducer::Reduction {
+// One issued bucket ([Note: reduce buckets]), in the scattering window, then (HYBRID_SHARD)
+// the replicating one.
+struct GradReducer::Reduction : engine::ReductionWindow::Reduction {
+  explicit Reduction(GradReducer& owner) : owner(owner) {}
+  bool landed() const override {
+    // A chained reduce-scatter counts once the chain issued its replica all-reduce.
+    if (phase == Phase::SCATTERING && link) return owner.chain_->is_scattered(*link);
+    return handle.is_completed();
+  }
+  void complete() override { owner.complete(*this); }
+  int64_t held_bytes() const override { return nbytes(input); }
+
   enum class Phase { SCATTERING, REPLICATING, DONE };
+  GradReducer& owner;
   Phase phase = Phase::SCATTERING;
   std::vector<Unit*> members;
   std::vector<int64_t> offsets;  // member i's shard: output[offsets[i], offsets[i] + chunk_i)
@@ -23,38 +34,19 @@ struct GradReducer::Reduction {
   Tracer::Mark mark;
 };
 
-bool BucketFormer::fits(const BucketCandidate& c) const {
-  if (!first_) return true;
-  return c.sharded == first_->sharded && c.dtype == first_->dtype && c.device == first_->device &&
-         open_bytes_ + c.bytes <= cap_bytes_;
-}
-
-BucketFormer::Join BucketFormer::join(const BucketCandidate& c) {
-  Join j;
-  if (!fits(c)) {
-    j.close_before = true;
-    clear();
-  }
-  if (!first_) first_ = c;
-  open_bytes_ += c.bytes;
-  if (alone(c)) {  // too big to share
-    j.close_after = true;
-    clear();
-  }
-  return j;
-}
-
-void BucketFormer::clear() {
-  first_.reset();
-  open_bytes_ = 0;
-}
-
 GradReducer::GradReducer(comm::ProcessGroup reduce_group, comm::ProcessGroup replica_group,
                          int64_t cap_bytes, Tracer* tracer, BufferPool* pool, int max_scattering,
                          StreamOrder* streams)
     : reduce_pg_(std::move(reduce_group)), replica_pg_(std::move(replica_group)), tracer_(tracer), pool_(pool),
-      former_(cap_bytes), max_scattering_(max_scattering), streams_(streams) {
-  TORCH_INTERNAL_ASSERT(max_scattering_ >= 1);
+      former_(cap_bytes),
+      scattering_(max_scattering,
+                  [this](std::unique_ptr<engine::ReductionWindow::Reduction> r) {
+                    // Its replica all-reduce is in flight: it waits in the second window.
+                    if (static_cast<Reduction&>(*r).phase == Reduction::Phase::REPLICATING)
+                      replicating_.push(std::move(r));
+                  }),
+      replicating_(/*max_in_flight=*/0), streams_(streams) {
+  TORCH_INTERNAL_ASSERT(max_scattering >= 1);
   if (replica_pg_.defined() && replica_pg_.size() > 1)
     chain_ = std::make_unique<ReplicaChain>(replica_pg_, tracer_,
                                             streams_ ? streams_->current_maker(StreamKind::ReduceScatter) : nullptr);
@@ -63,9 +55,9 @@ GradReducer::GradReducer(comm::ProcessGroup reduce_group, comm::ProcessGroup rep
 GradReducer::~GradReducer() = default;
 
 // What a unit's flat gradient will be (known before it is flattened).
-BucketCandidate GradReducer::candidate(const Unit& unit) {
+engine::BucketCandidate GradReducer::candidate(const Unit& unit) {
   const FlatParameter& f = unit.flat();
-  return BucketCandidate{f.padded_numel() * int64_t(c10::elementSize(f.reduce_dtype())), f.sharded(),
+  return engine::BucketCandidate{f.padded_numel() * int64_t(c10::elementSize(f.reduce_dtype())), f.sharded(),
                          f.reduce_dtype(), f.options().device()};
 }
 
@@ -73,40 +65,32 @@ void GradReducer::make_room(const Unit& unit) {
   // Adding `unit` will issue a collective: complete the one in flight before the
   // unit's flat gradient is allocated, so that the two never coexist with the
   // unit's autograd gradients (the peak of unbucketed reduction stays as it was).
-  if (former_.issues_on_join(candidate(unit))) complete_in_flight();
+  if (former_.issues_on_join(candidate(unit))) scattering_.make_room();
 }
 
 void GradReducer::add(Unit* unit) {
-  const BucketCandidate c = candidate(*unit);
+  const engine::BucketCandidate c = candidate(*unit);
   TORCH_INTERNAL_ASSERT(unit->flat_grad().defined() && nbytes(unit->flat_grad()) == c.bytes, "unit '",
                         unit->label(), "' has no flat gradient of the expected size to reduce");
-  const BucketFormer::Join j = former_.join(c);
+  const engine::BucketFormer::Join j = former_.join(c);
   if (j.close_before) issue_open_bucket();
   open_.push_back(unit);
   if (j.close_after) issue_open_bucket();
 }
 
-void GradReducer::complete_in_flight() {
-  // At most max_scattering_ reductions scattering ([Note: reductions in flight]).
-  while (static_cast<int>(scattering_.size()) >= max_scattering_) complete_oldest_scatter();
-}
-
-void GradReducer::complete_oldest_scatter() {
-  // Under HYBRID_SHARD it then waits for its replica all-reduce (finish).
-  std::unique_ptr<Reduction> r = std::move(scattering_.front());
-  scattering_.pop_front();
-  complete_scatter(*r);
-  if (r->phase == Reduction::Phase::REPLICATING) replicating_.push_back(std::move(r));
+void GradReducer::complete(Reduction& r) {
+  if (r.phase == Reduction::Phase::SCATTERING) complete_scatter(r);
+  else complete_replication(r);
 }
 
 void GradReducer::issue_open_bucket() {
   if (open_.empty()) return;
   std::vector<Unit*> members = std::move(open_);
   open_.clear();
-  complete_in_flight();
+  scattering_.make_room();
   std::unique_ptr<Reduction> r = issue(std::move(members));
   if (chain_) hand_to_chain(*r);
-  scattering_.push_back(std::move(r));
+  scattering_.push(std::move(r));
 }
 
 void GradReducer::hand_to_chain(Reduction& r) {
@@ -118,7 +102,7 @@ void GradReducer::hand_to_chain(Reduction& r) {
 }
 
 std::unique_ptr<GradReducer::Reduction> GradReducer::issue(std::vector<Unit*> members) {
-  auto r = std::make_unique<Reduction>();
+  auto r = std::make_unique<Reduction>(*this);
   const Unit& first = *members.front();
   const bool sharded = first.flat().sharded();
   const int64_t rows = sharded ? reduce_pg_.size() : 1;
@@ -218,20 +202,16 @@ void GradReducer::deliver(Reduction& r) {
 }
 
 void GradReducer::deliver_landed() {
-  // Completed collectives only: every wait below returns at once. A chained reduce-scatter
-  // counts once the chain issued its replica all-reduce; that all-reduce is then tested.
+  // Completed collectives only: every wait below returns at once. The replica all-reduces
+  // are older than every reduce-scatter still in flight.
   for (;;) {
     if (!replicating_.empty()) {
-      if (!replicating_.front()->handle.is_completed()) return;
-      complete_replication(*replicating_.front());
-      replicating_.pop_front();
+      if (!replicating_.oldest_landed()) return;
+      replicating_.complete_oldest();
       continue;
     }
-    if (scattering_.empty()) return;
-    const Reduction& r = *scattering_.front();
-    const bool landed = r.link ? chain_->is_scattered(*r.link) : r.handle.is_completed();
-    if (!landed) return;
-    complete_oldest_scatter();
+    if (!scattering_.oldest_landed()) return;
+    scattering_.complete_oldest();
   }
 }
 
@@ -276,22 +256,15 @@ void GradReducer::finish() {
   // collectives complete in the order issued. Meanwhile the chain's thread issues the
   // replica all-reduces of the reductions still scattering as they complete.
   while (!replicating_.empty() || !scattering_.empty()) {
-    if (replicating_.empty()) {
-      complete_oldest_scatter();
-      continue;
-    }
-    complete_replication(*replicating_.front());
-    replicating_.pop_front();
+    if (replicating_.empty()) scattering_.complete_oldest();
+    else replicating_.complete_oldest();
   }
 }
 
 int64_t GradReducer::transient_bytes() const {
-  int64_t b = 0;
   // Flat-sized inputs only, as a unit counts its own flat gradient; the
   // shard-sized outputs become the gradient pieces.
-  for (const auto& r : scattering_) b += nbytes(r->input);
-  for (const auto& r : replicating_) b += nbytes(r->input);
-  return b;
+  return scattering_.held_bytes() + replicating_.held_bytes();
 }
 
 }  // namespace fsdp::detail

@@ -7,9 +7,9 @@
 
 #include <torch/csrc/autograd/variable.h>
 
-namespace fsdp::memory {
+namespace fsdp::autograd {
 
 using GradAccumulatorHandle =
     decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
 
-}  // namespace fsdp::memory
+}  // namespace fsdp::autograd
