@@ -13,6 +13,8 @@
 #  4. A test skips for want of a GPU only through FSDP_SKIP_WITHOUT_GPU (tests/harness/gpu.h),
 #     the one skip after which a test binary may report "skipped" ([Note: skips] in
 #     tests/harness/skips.h): no GTEST_SKIP on the line of, or the line after, a CUDA query.
+#  5. The library reads in sittings: no file under src/ over 600 lines, no function over 80
+#     (scripts/check_sizes.py, which names its few known exceptions and why they stay).
 set -euo pipefail
 SRC="${FSDP_SOURCE_DIR:?set FSDP_SOURCE_DIR to the source tree}"
 cd "$SRC"
@@ -89,6 +91,21 @@ rule gpu_skips "tests" \
   "every GPU skip goes through FSDP_SKIP_WITHOUT_GPU"
 printf 'TEST(A, B) {\n  if (!torch::cuda::is_available())\n    GTEST_SKIP() << "no GPU";\n}\n' >"$plant/planted_skip.cpp"
 planted gpu_skips planted_skip 1 "a planted GPU skip of its own"
+
+long_code() {  # DIR...
+  python3 scripts/check_sizes.py "$@"
+}
+rule long_code "src" \
+  "library code too long to read (cut the function into named phases, the file along its concepts)" \
+  "no library file over 600 lines, no function over 80"
+{
+  echo "int planted_long() {"
+  for i in $(seq 1 85); do echo "  int v$i = $i;"; done
+  echo "  return 0;"
+  echo "}"
+  for i in $(seq 1 520); do echo "// line $i"; done
+} >"$plant/planted_long.cpp"
+planted long_code planted_long 2 "a planted 88-line function in a 611-line file"
 
 ((status == 0)) && echo "PASS: test_source_rules"
 exit "$status"
