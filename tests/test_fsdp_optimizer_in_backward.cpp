@@ -284,15 +284,15 @@ void refusal_cases(comm::ProcessGroup& pg) {
   run_case("TrainingFacade registers the optimizer, refuses the scaler and clipping", [&] {
     auto m = FullyShardedDataParallel(make_mlp(), pg, on);
     torch::optim::SGD o(m->parameters(), 0.1);
-    EXPECT_NE(error_of([&] { optim::TrainingFacade(*m, o, optim::FacadeOptions().clip_grad_norm(1)); })
+    EXPECT_NE(error_of([&] { trainer::TrainingFacade(*m, o, trainer::FacadeOptions().clip_grad_norm(1)); })
                   .find("clip_grad_norm needs every gradient"),
               std::string::npos);
     EXPECT_NE(error_of([&] {
-                optim::TrainingFacade(*m, o, optim::FacadeOptions().dynamic_loss_scale(
-                                                 optim::ZeroOptions::low_level_zero_scaler()));
+                trainer::TrainingFacade(*m, o, trainer::FacadeOptions().dynamic_loss_scale(
+                                                     optim::ZeroOptions::low_level_zero_scaler()));
               }).find("dynamic_loss_scale (its inf/nan check) needs every gradient"),
               std::string::npos);
-    optim::TrainingFacade train(*m, o);
+    trainer::TrainingFacade train(*m, o);
     std::vector<torch::Tensor> before;
     for (auto& p : m->parameters()) before.push_back(p.detach().clone());
     auto [x, y] = global_batch(0, 4 * pg.size());

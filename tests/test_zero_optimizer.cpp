@@ -1035,8 +1035,8 @@ TEST(ZeroOptimizer, PeakModelStateMemory) {
 // unscale exactly). Checked bitwise: ZeRO-2's reduce-scatter and NO_SHARD's all-reduce
 // both sum in rank order and divide by N.
 TEST(ZeroOptimizer, FacadeDrivesZeroAndFsdpAlike) {
-  using fsdp::optim::FacadeOptions;
-  using fsdp::optim::TrainingFacade;
+  using fsdp::trainer::FacadeOptions;
+  using fsdp::trainer::TrainingFacade;
   run_ranks(2, [](comm::ProcessGroup& pg) {
     run_case("facade", [&] {
       const int n = pg.size(), rank = pg.rank();

@@ -48,7 +48,7 @@
 /// (include/fsdp/state/zero_state_dict.h); checkpoint directories in FSDP's format,
 /// loadable by FSDP and from FSDP at any world size: fsdp::save_checkpoint /
 /// load_checkpoint (include/fsdp/state/zero_checkpoint.h). fsdp-train: --strategy
-/// zero1 | zero2. fsdp::optim::TrainingFacade drives this optimizer and FSDP models alike.
+/// zero1 | zero2. fsdp::trainer::TrainingFacade drives this optimizer and FSDP models alike.
 /// Stage 1 always defers the reduction to step(); reducing every micro-batch is not offered.
 
 #include <cstdint>
