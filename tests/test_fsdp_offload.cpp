@@ -74,8 +74,8 @@ template <typename Wrapped>
 void train_step(comm::ProcessGroup& pg, Wrapped& m, torch::optim::Optimizer& opt, int64_t step, int micro_batches = 1) {
   opt.zero_grad(/*set_to_none=*/true);
   for (int k = 0; k < micro_batches; ++k) {
-    std::unique_ptr<FullyShardedBase::NoSyncGuard> no_sync;
-    if (k + 1 < micro_batches) no_sync = m->no_sync();
+    std::optional<FullyShardedBase::NoSyncGuard> no_sync;
+    if (k + 1 < micro_batches) no_sync.emplace(m->no_sync());
     auto [x, y] = global_batch(step * micro_batches + k, kBatch);
     auto out = m->forward(rank_slice(x, pg.rank(), pg.size())).to(torch::kFloat);
     (torch::mse_loss(out, rank_slice(y, pg.rank(), pg.size())) / double(micro_batches)).backward();

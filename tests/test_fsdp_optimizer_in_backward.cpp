@@ -135,10 +135,10 @@ void check_equal_to_step_after_backward(comm::ProcessGroup& pg, const Case& c, M
       o.zero_grad(/*set_to_none=*/true);
       for (int k = 0; k < c.micro_batches; ++k) {
         const bool last = k + 1 == c.micro_batches;
-        std::unique_ptr<FullyShardedBase::NoSyncGuard> no_sync;
-        std::unique_ptr<FullyShardedBase::NoStepGuard> no_step;
-        if (!last && c.accumulate == Accumulate::NoSync) no_sync = m->no_sync();
-        if (!last && c.accumulate == Accumulate::NoStep && in_backward) no_step = m->no_step();
+        std::optional<FullyShardedBase::NoSyncGuard> no_sync;
+        std::optional<FullyShardedBase::NoStepGuard> no_step;
+        if (!last && c.accumulate == Accumulate::NoSync) no_sync.emplace(m->no_sync());
+        if (!last && c.accumulate == Accumulate::NoStep && in_backward) no_step.emplace(m->no_step());
         auto [x, y] = batch(step * c.micro_batches + k);
         auto out = m->forward(rank_slice(x, pg.rank(), pg.size())).to(torch::kFloat);
         auto loss = torch::mse_loss(out, rank_slice(y, pg.rank(), pg.size()));
@@ -377,8 +377,8 @@ void check_zero_equal_to_step_after_backward(comm::ProcessGroup& pg, const ZeroC
     auto run_step = [&](Run& r, bool inside, int step) {
       r.opt->zero_grad(/*set_to_none=*/true);
       for (int k = 0; k < c.micro_batches; ++k) {
-        std::unique_ptr<optim::ZeroRedundancyOptimizer::NoStepGuard> no_step;
-        if (inside && k + 1 < c.micro_batches) no_step = r.opt->no_step();
+        std::optional<optim::ZeroRedundancyOptimizer::NoStepGuard> no_step;
+        if (inside && k + 1 < c.micro_batches) no_step.emplace(r.opt->no_step());
         auto [x, y] = global_batch(step * c.micro_batches + k, 12);
         auto in_x = rank_slice(x, pg.rank(), pg.size());
         auto out = r.net->forward(c.bf16 ? in_x.to(torch::kBFloat16) : in_x).to(torch::kFloat);

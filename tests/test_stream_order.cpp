@@ -276,8 +276,8 @@ Run train(comm::ProcessGroup& pg, const Config& c, std::shared_ptr<FakeStreams> 
     opt.zero_grad(/*set_to_none=*/true);
     // NoSync: a first micro-batch accumulates without reducing.
     for (int k = c.extra == Extra::NoSync ? 0 : 1; k < 2; ++k) {
-      std::unique_ptr<FullyShardedBase::NoSyncGuard> no_sync;
-      if (k == 0) no_sync = m->no_sync();
+      std::optional<FullyShardedBase::NoSyncGuard> no_sync;
+      if (k == 0) no_sync.emplace(m->no_sync());
       auto [x, y] = global_batch(2 * s + k, 12);
       auto out = m->forward(rank_slice(x, pg.rank(), pg.size())).to(torch::kFloat);
       torch::mse_loss(out, rank_slice(y, pg.rank(), pg.size())).backward();

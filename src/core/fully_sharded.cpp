@@ -446,7 +446,9 @@ FullyShardedBase::NoSyncGuard::NoSyncGuard(FullyShardedBase* m)
     : m_(m), previous_(m->runtime_->step_policy().no_sync()) {
   m_->runtime_->step_policy().set_no_sync(true);
 }
-FullyShardedBase::NoSyncGuard::~NoSyncGuard() { m_->runtime_->step_policy().set_no_sync(previous_); }
+FullyShardedBase::NoSyncGuard::~NoSyncGuard() {
+  if (m_) m_->runtime_->step_policy().set_no_sync(previous_);
+}
 
 void FullyShardedBase::register_optimizer_in_backward(torch::optim::Optimizer& optimizer) {
   TORCH_CHECK(runtime_->step_policy().optimizer_in_backward(), "fsdp (rank ", pg_.rank(),
@@ -466,7 +468,9 @@ FullyShardedBase::NoStepGuard::NoStepGuard(FullyShardedBase* m)
               "backward never steps");
   m_->runtime_->step_policy().set_no_step(true);
 }
-FullyShardedBase::NoStepGuard::~NoStepGuard() { m_->runtime_->step_policy().set_no_step(previous_); }
+FullyShardedBase::NoStepGuard::~NoStepGuard() {
+  if (m_) m_->runtime_->step_policy().set_no_step(previous_);
+}
 
 void FullyShardedBase::to(torch::Device device, torch::Dtype dtype, bool) {
   TORCH_CHECK(false, "fsdp: FullyShardedDataParallel::to(", device, ", ", dtype,
