@@ -1,4 +1,4 @@
-// Options::offload_params ([Note: offload] in src/core/flat_param.h): shards, reduced gradient
+// Options::cpu_offload ([Note: offload] in src/core/flat_param.h): shards, reduced gradient
 // pieces and optimizer state in host memory, only compute-dtype copies on the model's device.
 //
 // On this CPU-only machine host and device are one memory, so the offloaded run must equal the
@@ -91,8 +91,8 @@ template <typename ModelFactory>
 void check_equal_to_no_offload(comm::ProcessGroup& pg, const Case& c, ModelFactory make) {
   run_case(c.name, [&] {
     const Options base = Options(c.options).optimizer_in_backward(c.in_backward);
-    auto ref = FullyShardedDataParallel(make(), pg, Options(base).offload_params(false));
-    auto model = FullyShardedDataParallel(make(), pg, Options(base).offload_params(true));
+    auto ref = FullyShardedDataParallel(make(), pg, Options(base).cpu_offload(false));
+    auto model = FullyShardedDataParallel(make(), pg, Options(base).cpu_offload(true));
     auto ref_opt = make_optimizer(c.cpu_adam, *ref);
     auto opt = make_optimizer(c.cpu_adam, *model);
     if (c.in_backward) {
@@ -197,7 +197,7 @@ void check_auto_placement(comm::ProcessGroup& pg, const Case& c, ModelFactory ma
     const Options base = Options(c.options).optimizer_in_backward(true);
     auto ref = FullyShardedDataParallel(make(), pg, base);
     auto model = FullyShardedDataParallel(
-        make(), pg, Options(base).offload_params(true).gpu_margin_mem_ratio(DeviceMemoryProbe::kRatio));
+        make(), pg, Options(base).cpu_offload(true).gpu_margin_mem_ratio(DeviceMemoryProbe::kRatio));
     probe.budget = 3 * model->memory_stats().param_shard_bytes / 2;
     auto ref_opt = make_optimizer(c.cpu_adam, *ref);
     auto opt = make_optimizer(c.cpu_adam, *model);
@@ -237,11 +237,11 @@ TEST(FsdpOffload, AutoPlacementRefusals) {
   run_ranks(1, [](comm::ProcessGroup& pg) {
     const Options o = Options().auto_wrap_policy(always_wrap_policy());
     auto refusal = [&](const Options& bad) { return error_of([&] { FullyShardedDataParallel(make_mlp(), pg, bad); }); };
-    const std::string range = refusal(Options(o).offload_params(true).optimizer_in_backward(true).gpu_margin_mem_ratio(1.5));
+    const std::string range = refusal(Options(o).cpu_offload(true).optimizer_in_backward(true).gpu_margin_mem_ratio(1.5));
     EXPECT_NE(range.find("gpu_margin_mem_ratio must be in [0, 1], got 1.5"), std::string::npos) << range;
     const std::string no_offload = refusal(Options(o).optimizer_in_backward(true).gpu_margin_mem_ratio(0.5));
     EXPECT_NE(no_offload.find("offload_params is off; add offload_params(true)"), std::string::npos) << no_offload;
-    const std::string no_in_backward = refusal(Options(o).offload_params(true).gpu_margin_mem_ratio(0.5));
+    const std::string no_in_backward = refusal(Options(o).cpu_offload(true).gpu_margin_mem_ratio(0.5));
     EXPECT_NE(no_in_backward.find("add optimizer_in_backward(true)"), std::string::npos) << no_in_backward;
   });
 }
@@ -257,11 +257,11 @@ TEST(FsdpOffload, CheckpointsDoNotDependOnPlacement) {
     for (bool saved_offloaded : {true, false}) {
       run_case(saved_offloaded ? "offload -> device" : "device -> offload", [&] {
         const std::string dir = worker_scratch_dir() + "/ckpt";
-        auto first = FullyShardedDataParallel(make_transformer(), pg, Options(o).offload_params(saved_offloaded));
+        auto first = FullyShardedDataParallel(make_transformer(), pg, Options(o).cpu_offload(saved_offloaded));
         auto first_opt = make_optimizer(true, *first);
         for (int s = 0; s < 2; ++s) train_step(pg, first, *first_opt, s);
         save_checkpoint(dir, *first, first_opt.get());
-        auto second = FullyShardedDataParallel(make_transformer(1), pg, Options(o).offload_params(!saved_offloaded));
+        auto second = FullyShardedDataParallel(make_transformer(1), pg, Options(o).cpu_offload(!saved_offloaded));
         auto second_opt = make_optimizer(true, *second);
         load_checkpoint(dir, *second, second_opt.get());
         for (int s = 2; s < 4; ++s) train_step(pg, second, *second_opt, s);
@@ -273,12 +273,12 @@ TEST(FsdpOffload, CheckpointsDoNotDependOnPlacement) {
 
 TEST(FsdpOffload, RefusesShardsMadeAtConstruction) {
   run_ranks(1, [](comm::ProcessGroup& pg) {
-    const Options o = Options().auto_wrap_policy(module_type_policy<BlockImpl>()).offload_params(true);
+    const Options o = Options().auto_wrap_policy(module_type_policy<BlockImpl>()).cpu_offload(true);
     const std::string e = error_of([&] { ShardedInitContext ctx(pg, o); });
     EXPECT_NE(e.find("offload_params cannot be given to a ShardedInitContext"), std::string::npos) << e;
     std::shared_ptr<TinyTransformerImpl> m;
     {
-      ShardedInitContext ctx(pg, Options(o).offload_params(false));
+      ShardedInitContext ctx(pg, Options(o).cpu_offload(false));
       m = std::make_shared<TinyTransformerImpl>(13, 24, 5, 2);
     }
     const std::string w = error_of([&] { FullyShardedDataParallel(m, pg, o); });
@@ -295,7 +295,7 @@ TEST(FsdpOffload, AHostStepsErrorIsRaisedByBackward) {
       torch::Tensor step(LossClosure) override { TORCH_CHECK(false, "the step failed on purpose"); }
     };
     auto m = FullyShardedDataParallel(
-        make_mlp(), pg, Options().auto_wrap_policy(always_wrap_policy()).offload_params(true).optimizer_in_backward(true));
+        make_mlp(), pg, Options().auto_wrap_policy(always_wrap_policy()).cpu_offload(true).optimizer_in_backward(true));
     FailingSGD opt(m->parameters(), torch::optim::SGDOptions(0.1));
     m->register_optimizer_in_backward(opt);
     auto [x, y] = global_batch(0, kBatch);
@@ -314,7 +314,7 @@ TEST(FsdpOffload, TheWaitForHostStepsIsTraced) {
       const Options o = Options()
                             .auto_wrap_policy(always_wrap_policy())
                             .optimizer_in_backward(true)
-                            .offload_params(offload)
+                            .cpu_offload(offload)
                             .trace_dir(worker_scratch_dir() + "/trace");
       auto m = FullyShardedDataParallel(make_mlp(), pg, o);
       auto opt = make_optimizer(true, *m);
@@ -336,7 +336,7 @@ TEST(FsdpOffload, TheWaitForHostStepsIsTraced) {
 
 TEST(FsdpOffload, PlacementAgreesAcrossRanks) {
   run_ranks(2, [](comm::ProcessGroup& pg) {
-    const Options o = Options().auto_wrap_policy(always_wrap_policy()).offload_params(pg.rank() == 1);
+    const Options o = Options().auto_wrap_policy(always_wrap_policy()).cpu_offload(pg.rank() == 1);
     const std::string e = error_of([&] { FullyShardedDataParallel(make_mlp(), pg, o); });
     EXPECT_NE(e.find("fsdp: the placement differs across ranks"), std::string::npos) << e;
     EXPECT_NE(e.find("rank 0 has 'offload_params(false)'"), std::string::npos) << e;
@@ -414,7 +414,7 @@ TEST(FsdpOffloadCuda, ShardsLeaveTheGpuAndTrainLikeAdamOnIt) {
     auto unwrapped = on_gpu();
     int64_t param_bytes = 0;
     for (const auto& p : unwrapped->parameters()) param_bytes += p.numel() * p.element_size();
-    auto model = FullyShardedDataParallel(unwrapped, pg, Options(o).offload_params(true).optimizer_in_backward(true));
+    auto model = FullyShardedDataParallel(unwrapped, pg, Options(o).cpu_offload(true).optimizer_in_backward(true));
     torch::cuda::synchronize();
     // No fp32 parameter bytes stay on the GPU: only buffers (none in this model) would.
     EXPECT_LE(cuda_allocated_bytes(gpu.index()) - before, 0) << "of " << param_bytes << " parameter bytes";
@@ -437,7 +437,7 @@ TEST(FsdpOffloadCuda, ShardsLeaveTheGpuAndTrainLikeAdamOnIt) {
     // gpu_margin_mem_ratio 1: after the first backward this small model's shards and Adam state
     // all fit in the GPU's margin and move there; CPUAdam steps them with tensor ops on the GPU.
     auto placed = FullyShardedDataParallel(
-        on_gpu(), pg, Options(o).offload_params(true).optimizer_in_backward(true).gpu_margin_mem_ratio(1.0));
+        on_gpu(), pg, Options(o).cpu_offload(true).optimizer_in_backward(true).gpu_margin_mem_ratio(1.0));
     optim::CPUAdam placed_opt(placed->parameters(), optim::CPUAdamOptions(1e-2).weight_decay(0.01));
     placed->register_optimizer_in_backward(placed_opt);
     for (int s = 0; s < 4; ++s) {
@@ -534,7 +534,7 @@ torch::Device capped_gpu(const comm::ProcessGroup& pg, int64_t cap) {
 // About 1B parameters (16 bias-free 8192x8192 layers, one unit each) under a GPU memory cap of
 // 12 GiB (setMemoryFraction): their fp32 shards, gradients and Adam state, 16 B per parameter
 // (17 GB), exceed it. Without offload, Adam stepping inside backward runs out of memory while
-// creating a unit's state, and the error names the unit; with offload_params and CPUAdam on the
+// creating a unit's state, and the error names the unit; with cpu_offload and CPUAdam on the
 // host the same model trains (finite losses, parameters move) under the cap, and the GPU's peak
 // stays under it.
 TEST(FsdpOffloadCuda, BillionParametersTrainUnderACapOnlyWithOffload) {
@@ -569,7 +569,7 @@ TEST(FsdpOffloadCuda, BillionParametersTrainUnderACapOnlyWithOffload) {
     auto net = billion();
     net->to(gpu);
     auto m = FullyShardedDataParallel(
-        net, pg, Options().auto_wrap_policy(always_wrap_policy()).offload_params(true).optimizer_in_backward(true));
+        net, pg, Options().auto_wrap_policy(always_wrap_policy()).cpu_offload(true).optimizer_in_backward(true));
     optim::CPUAdam opt(m->parameters(), optim::CPUAdamOptions(1e-4));
     m->register_optimizer_in_backward(opt);
     const auto before = m->parameters()[0].detach().clone();

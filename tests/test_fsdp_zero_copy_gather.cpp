@@ -174,7 +174,7 @@ void refusal_cases(comm::ProcessGroup& pg) {
   auto refused = [&](Options o) {
     return error_of([&] { FullyShardedDataParallel(make_transformer(), pg, o.zero_copy_gather(true)); });
   };
-  std::string e = refused(Options().offload_params(true));
+  std::string e = refused(Options().cpu_offload(true));
   EXPECT_NE(e.find("zero_copy_gather maps the peers' shards into the gathered parameters, but offload_params"),
             std::string::npos) << e;
   e = refused(Options().mixed_precision(MixedPrecision().param_dtype(torch::kBFloat16)));

@@ -88,7 +88,7 @@ Unit* create_unit(Runtime& runtime, const detail::ResolvedOptions& resolved, Pla
   const detail::FlatPrecision precision =
       detail::unit_precision(resolved.mixed_precision, p.entries.front().param.scalar_type(), full_precision_unit);
   auto flat = std::make_unique<FlatParameter>(std::move(p.entries), shard_group.rank(), shard_group.size(),
-                                              sharded && !full_precision_unit, precision, resolved.offload_params);
+                                              sharded && !full_precision_unit, precision, resolved.cpu_offload);
   return runtime.add_unit(p.path, std::move(flat), p.kind == PlannedUnit::Kind::Root,
                           resolved.reshard_after_forward && !full_precision_unit);
 }
@@ -199,7 +199,7 @@ TensorSet check_construction_units(torch::nn::Module& model, const comm::Process
   if (!construction.empty())
     for (const auto& item : model.named_modules()) path_of[item.value().get()] = item.key();
   for (const auto& [module, cu] : construction) {
-    TORCH_CHECK(!resolved.offload_params, "fsdp (rank ", pg.rank(), "): unit '", path_of[module],
+    TORCH_CHECK(!resolved.cpu_offload, "fsdp (rank ", pg.rank(), "): unit '", path_of[module],
                 "' was sharded at construction by a ShardedInitContext, whose shards live on the model's "
                 "device; Options::offload_params cannot take them over. Construct the model without a "
                 "ShardedInitContext to offload it");
@@ -250,7 +250,7 @@ void init_and_sync(torch::nn::Module& model, const comm::ProcessGroup& pg, const
   // Offload changes no collective's size, so ranks that disagree would train without a
   // hang, with shards in different memories: refused like a different model.
   comm::detail::check_same_on_all_ranks(
-      pg, {std::string("offload_params(") + (resolved.offload_params ? "true" : "false") + ")"},
+      pg, {std::string("offload_params(") + (resolved.cpu_offload ? "true" : "false") + ")"},
       {"fsdp", "the placement differs", "option", "Pass the same Options::offload_params on every rank"});
 }
 
@@ -458,7 +458,7 @@ void FullyShardedBase::register_optimizer_in_backward(torch::optim::Optimizer& o
   std::vector<Unit*> units;
   for (auto& u : runtime_->units()) units.push_back(u.get());
   runtime_->step_policy().set_backward_optimizer(
-      std::make_unique<detail::BackwardOptimizer>(optimizer, units, pg_.rank(), runtime_->offload_params()));
+      std::make_unique<detail::BackwardOptimizer>(optimizer, units, pg_.rank(), runtime_->cpu_offload()));
 }
 
 FullyShardedBase::NoStepGuard::NoStepGuard(FullyShardedBase* m)

@@ -69,7 +69,7 @@ double checked_margin_ratio(const Options& o, int rank) {
   const double ratio = o.gpu_margin_mem_ratio();
   TORCH_CHECK(std::isfinite(ratio) && ratio >= 0 && ratio <= 1, "fsdp (rank ", rank,
               "): gpu_margin_mem_ratio must be in [0, 1], got ", ratio);
-  TORCH_CHECK(ratio == 0 || o.offload_params(), "fsdp (rank ", rank, "): gpu_margin_mem_ratio places offloaded "
+  TORCH_CHECK(ratio == 0 || o.cpu_offload(), "fsdp (rank ", rank, "): gpu_margin_mem_ratio places offloaded "
               "shards back on the device, but offload_params is off; add offload_params(true) or drop "
               "gpu_margin_mem_ratio");
   TORCH_CHECK(ratio == 0 || o.optimizer_in_backward(), "fsdp (rank ", rank, "): gpu_margin_mem_ratio moves each "
@@ -114,9 +114,9 @@ ResolvedOptions resolve_options(const Options& options, const comm::ProcessGroup
   r.mixed_precision = options.mixed_precision();
   r.keep_freed_host_memory = options.keep_freed_host_memory() && !malloc_tuned_by_environment();
   r.optimizer_in_backward = options.optimizer_in_backward();
-  r.offload_params = options.offload_params();
+  r.cpu_offload = options.cpu_offload();
   r.zero_copy_gather = options.zero_copy_gather();
-  TORCH_CHECK(!r.zero_copy_gather || !r.offload_params, "fsdp (rank ", pg.rank(), "): zero_copy_gather maps the "
+  TORCH_CHECK(!r.zero_copy_gather || !r.cpu_offload, "fsdp (rank ", pg.rank(), "): zero_copy_gather maps the "
               "peers' shards into the gathered parameters, but offload_params keeps the shards away from the "
               "compute device; drop one of the two");
   TORCH_CHECK(!r.zero_copy_gather || !r.mixed_precision.param_dtype(), "fsdp (rank ", pg.rank(), "): "

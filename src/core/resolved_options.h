@@ -46,8 +46,8 @@ struct ResolvedOptions {
   bool optimizer_in_backward = false;
   /// Options::zero_copy_gather ([Note: zero-copy gathers] in flat_param.h).
   bool zero_copy_gather = false;
-  /// Options::offload_params ([Note: offload] in flat_param.h).
-  bool offload_params = false;
+  /// Options::cpu_offload ([Note: offload] in flat_param.h).
+  bool cpu_offload = false;
   /// Options::gpu_margin_mem_ratio ([Note: auto placement] in src/memory/placement.h).
   double gpu_margin_mem_ratio = 0;
   /// Where the model's parameters are, checked by placement_device ([Note: device

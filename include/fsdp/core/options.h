@@ -156,12 +156,13 @@ struct Options {
   /// two shards meet and waits for the peers. The gathered buffer costs no memory while
   /// the unit is gathered (it is mapped for good instead); values are bitwise those of
   /// copying gathers. Sharded strategies on the CPU, parameters gathered in their own
-  /// dtype (no MixedPrecision::param_dtype), no offload_params; refused otherwise, and
+  /// dtype (no MixedPrecision::param_dtype), no cpu_offload; refused otherwise, and
   /// when the shard group does not share memory. See [Note: zero-copy gathers] in
   /// src/core/flat_param.h.
   TORCH_ARG(bool, zero_copy_gather) = false;
-  /// CPU offload (PyTorch FSDP's CPUOffload(offload_params=true), FairScale's
-  /// move_params_to_cpu + move_grads_to_cpu): each unit's shard (the full-precision
+  /// CPU offload, named as PyTorch FSDP's argument (cpu_offload=CPUOffload(offload_params=True)),
+  /// ColossalAI's and ZeroOptions::cpu_offload (FairScale: move_params_to_cpu +
+  /// move_grads_to_cpu): each unit's shard (the full-precision
   /// master weights), its reduced gradient pieces and therefore the optimizer state
   /// live in host memory, pinned when the model is on a GPU. Only compute-dtype copies
   /// visit the model's device: a unit's shard is copied there for its all-gather, its
@@ -172,9 +173,15 @@ struct Options {
   /// Values equal those of the same training without offload when the optimizer is the
   /// same (on a CPU-only machine host and device are one memory: the copies and the
   /// accounting still run). See [Note: offload] in src/core/flat_param.h.
-  TORCH_ARG(bool, offload_params) = false;
+  TORCH_ARG(bool, cpu_offload) = false;
+
+ public:
+  /// The earlier name of cpu_offload, kept deprecated (CHANGELOG.md, "Renamed").
+  [[deprecated("use cpu_offload")]] Options& offload_params(bool offload) { return cpu_offload(offload); }
+  [[deprecated("use cpu_offload")]] bool offload_params() const { return cpu_offload(); }
+
   /// Placement "auto" (ColossalAI's gpu_margin_mem_ratio; ZeroOptions has the same): with
-  /// offload_params and optimizer_in_backward, at the end of the first backward that steps,
+  /// cpu_offload and optimizer_in_backward, at the end of the first backward that steps,
   /// this fraction of the device memory that iteration left unused at its peak (the device's
   /// memory times the caching allocator's memory fraction, minus its peak allocated bytes)
   /// takes back units' shards and their optimizer state, in the order backward reduces the
@@ -203,7 +210,7 @@ struct MemoryStats {
   int64_t unsharded_peak_bytes = 0;
   int64_t cached_bytes = 0;
   /// Of param_shard_bytes + grad_shard_bytes, the bytes in host memory because of
-  /// Options::offload_params (0 without it).
+  /// Options::cpu_offload (0 without it).
   int64_t offloaded_bytes = 0;
 };
 
