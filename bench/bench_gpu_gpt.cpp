@@ -486,7 +486,7 @@ int run(const Args& a) {
         auto mp = fsdp::MixedPrecision().param_dtype(torch::kBFloat16).reduce_dtype(
             a.reduce_dtype == "fp32" ? torch::kFloat : torch::kBFloat16);
         auto opts = fsdp::Options()
-                        .sharding_strategy(fsdp::ShardingStrategy::FULL_SHARD)
+                        .sharding_strategy(fsdp::ShardingStrategy::kFullShard)
                         .auto_wrap_policy(fsdp::module_type_policy<BlockImpl>())
                         .mixed_precision(mp)
                         .forward_prefetch(a.forward_prefetch);

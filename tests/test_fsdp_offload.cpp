@@ -117,8 +117,8 @@ void check_equal_to_no_offload(comm::ProcessGroup& pg, const Case& c, ModelFacto
     // offloaded run holds a device copy of each unit besides: more transient bytes at the peak.
     // Elsewhere both gather into the same buffers.
     const auto strategy = c.options.sharding_strategy();
-    const bool unsharded = strategy == ShardingStrategy::NO_SHARD ||
-                           (strategy == ShardingStrategy::HYBRID_SHARD && c.options.shard_group_size() == 1);
+    const bool unsharded = strategy == ShardingStrategy::kNoShard ||
+                           (strategy == ShardingStrategy::kHybridShard && c.options.shard_group_size() == 1);
     const bool shard_is_compute_buffer = unsharded && !c.options.mixed_precision().param_dtype();
     if (shard_is_compute_buffer) {
       EXPECT_GT(with.unsharded_peak_bytes, without.unsharded_peak_bytes) << "no device copy of the shards was made";
@@ -136,25 +136,25 @@ void equality_cases(comm::ProcessGroup& pg) {
   const auto blocks = size_based_policy(100);
   auto mlp = [] { return make_mlp(); };
   auto transformer = [] { return make_transformer(); };
-  const Options hybrid = strategy(S::HYBRID_SHARD).shard_group_size(n % 2 == 0 ? 2 : n);
-  check_equal_to_no_offload(pg, {"mlp/full_shard/adam", strategy(S::FULL_SHARD).auto_wrap_policy(each)}, mlp);
-  check_equal_to_no_offload(pg, {"mlp/full_shard/cpu_adam/in_backward", strategy(S::FULL_SHARD).auto_wrap_policy(each), true, true},
+  const Options hybrid = strategy(S::kHybridShard).shard_group_size(n % 2 == 0 ? 2 : n);
+  check_equal_to_no_offload(pg, {"mlp/full_shard/adam", strategy(S::kFullShard).auto_wrap_policy(each)}, mlp);
+  check_equal_to_no_offload(pg, {"mlp/full_shard/cpu_adam/in_backward", strategy(S::kFullShard).auto_wrap_policy(each), true, true},
                             mlp);
   check_equal_to_no_offload(
-      pg, {"transformer/shard_grad_op/cpu_adam", strategy(S::SHARD_GRAD_OP).auto_wrap_policy(blocks), true}, transformer);
-  check_equal_to_no_offload(pg, {"transformer/no_shard/adam/in_backward", strategy(S::NO_SHARD).auto_wrap_policy(blocks), false, true},
+      pg, {"transformer/shard_grad_op/cpu_adam", strategy(S::kShardGradOp).auto_wrap_policy(blocks), true}, transformer);
+  check_equal_to_no_offload(pg, {"transformer/no_shard/adam/in_backward", strategy(S::kNoShard).auto_wrap_policy(blocks), false, true},
                             transformer);
   check_equal_to_no_offload(pg, {"transformer/hybrid_shard/cpu_adam/in_backward", Options(hybrid).auto_wrap_policy(blocks), true, true},
                             transformer);
   check_equal_to_no_offload(
       pg, {"transformer/full_shard/cpu_adam/bf16",
-           strategy(S::FULL_SHARD).auto_wrap_policy(blocks).mixed_precision(MixedPrecision().param_dtype(torch::kBFloat16)),
+           strategy(S::kFullShard).auto_wrap_policy(blocks).mixed_precision(MixedPrecision().param_dtype(torch::kBFloat16)),
            true},
       transformer);
   check_equal_to_no_offload(
-      pg, {"mlp/full_shard/adam/buckets/in_backward", strategy(S::FULL_SHARD).auto_wrap_policy(each).bucket_cap_mb(1), false, true},
+      pg, {"mlp/full_shard/adam/buckets/in_backward", strategy(S::kFullShard).auto_wrap_policy(each).bucket_cap_mb(1), false, true},
       mlp);
-  check_equal_to_no_offload(pg, {"mlp/full_shard/cpu_adam/no_sync x3", strategy(S::FULL_SHARD).auto_wrap_policy(each), true, false, 3, 3},
+  check_equal_to_no_offload(pg, {"mlp/full_shard/cpu_adam/no_sync x3", strategy(S::kFullShard).auto_wrap_policy(each), true, false, 3, 3},
                             mlp);
 }
 
@@ -224,9 +224,9 @@ TEST(FsdpOffload, AutoPlacementMovesWhatFitsAndTrainsTheSame) {
       auto mlp = [] { return make_mlp(); };
       auto transformer = [] { return make_transformer(); };
       check_auto_placement(pg, {"mlp/full_shard/adam", Options().auto_wrap_policy(always_wrap_policy())}, mlp);
-      check_auto_placement(pg, {"transformer/no_shard/cpu_adam", Options().sharding_strategy(S::NO_SHARD)
+      check_auto_placement(pg, {"transformer/no_shard/cpu_adam", Options().sharding_strategy(S::kNoShard)
                                     .auto_wrap_policy(always_wrap_policy()), true}, transformer);
-      check_auto_placement(pg, {"transformer/shard_grad_op/cpu_adam/bf16", Options().sharding_strategy(S::SHARD_GRAD_OP)
+      check_auto_placement(pg, {"transformer/shard_grad_op/cpu_adam/bf16", Options().sharding_strategy(S::kShardGradOp)
                                     .auto_wrap_policy(always_wrap_policy())
                                     .mixed_precision(MixedPrecision().param_dtype(torch::kBFloat16)), true}, transformer);
     });

@@ -161,7 +161,7 @@ void check_equal_to_step_after_backward(comm::ProcessGroup& pg, const Case& c, M
 }
 
 Options hybrid(int n) {
-  return Options().sharding_strategy(ShardingStrategy::HYBRID_SHARD).shard_group_size(n % 2 == 0 ? 2 : n);
+  return Options().sharding_strategy(ShardingStrategy::kHybridShard).shard_group_size(n % 2 == 0 ? 2 : n);
 }
 
 
@@ -179,33 +179,33 @@ void equality_cases(comm::ProcessGroup& pg) {
   const auto blocks = size_based_policy(100);
   using S = ShardingStrategy;
   auto strategy = [](S s) { return Options().sharding_strategy(s); };
-  check_equal_to_step_after_backward(pg, {"mlp/full_shard/adamw", strategy(S::FULL_SHARD).auto_wrap_policy(each), Opt::AdamW},
+  check_equal_to_step_after_backward(pg, {"mlp/full_shard/adamw", strategy(S::kFullShard).auto_wrap_policy(each), Opt::AdamW},
                                      mlp, batch);
   check_equal_to_step_after_backward(
-      pg, {"transformer/shard_grad_op/sgd", strategy(S::SHARD_GRAD_OP).auto_wrap_policy(blocks), Opt::SGD}, transformer,
+      pg, {"transformer/shard_grad_op/sgd", strategy(S::kShardGradOp).auto_wrap_policy(blocks), Opt::SGD}, transformer,
       batch);
-  check_equal_to_step_after_backward(pg, {"transformer/no_shard/adam", strategy(S::NO_SHARD).auto_wrap_policy(blocks), Opt::Adam},
+  check_equal_to_step_after_backward(pg, {"transformer/no_shard/adam", strategy(S::kNoShard).auto_wrap_policy(blocks), Opt::Adam},
                                      transformer, batch);
   check_equal_to_step_after_backward(pg, {"transformer/hybrid_shard/cpu_adam", hybrid(n).auto_wrap_policy(blocks), Opt::CPUAdam},
                                      transformer, batch);
   // Accumulation: only the last micro-batch steps.
   check_equal_to_step_after_backward(
-      pg, {"mlp/full_shard/adam/no_sync x3", strategy(S::FULL_SHARD).auto_wrap_policy(each), Opt::Adam, Accumulate::NoSync, 3, 3},
+      pg, {"mlp/full_shard/adam/no_sync x3", strategy(S::kFullShard).auto_wrap_policy(each), Opt::Adam, Accumulate::NoSync, 3, 3},
       mlp, batch);
   check_equal_to_step_after_backward(
-      pg, {"transformer/full_shard/sgd/no_step x3", strategy(S::FULL_SHARD).auto_wrap_policy(blocks), Opt::SGD, Accumulate::NoStep, 3, 3},
+      pg, {"transformer/full_shard/sgd/no_step x3", strategy(S::kFullShard).auto_wrap_policy(blocks), Opt::SGD, Accumulate::NoStep, 3, 3},
       transformer, batch);
   check_equal_to_step_after_backward(
-      pg, {"mlp/no_shard/cpu_adam/no_step x2", strategy(S::NO_SHARD).auto_wrap_policy(each), Opt::CPUAdam, Accumulate::NoStep, 2, 3},
+      pg, {"mlp/no_shard/cpu_adam/no_step x2", strategy(S::kNoShard).auto_wrap_policy(each), Opt::CPUAdam, Accumulate::NoStep, 2, 3},
       mlp, batch);
   // Tied weights (one unit), buckets of several units, mixed precision.
-  check_equal_to_step_after_backward(pg, {"tied/full_shard/adamw", strategy(S::FULL_SHARD), Opt::AdamW}, [] { return TiedEmbeddingNet(3); },
+  check_equal_to_step_after_backward(pg, {"tied/full_shard/adamw", strategy(S::kFullShard), Opt::AdamW}, [] { return TiedEmbeddingNet(3); },
                                      tied_batch);
   check_equal_to_step_after_backward(
-      pg, {"mlp/full_shard/adamw/buckets", strategy(S::FULL_SHARD).auto_wrap_policy(each).bucket_cap_mb(1), Opt::AdamW}, mlp, batch);
+      pg, {"mlp/full_shard/adamw/buckets", strategy(S::kFullShard).auto_wrap_policy(each).bucket_cap_mb(1), Opt::AdamW}, mlp, batch);
   check_equal_to_step_after_backward(
       pg, {"transformer/full_shard/adamw/bf16",
-           strategy(S::FULL_SHARD).auto_wrap_policy(blocks).mixed_precision(MixedPrecision().param_dtype(torch::kBFloat16)),
+           strategy(S::kFullShard).auto_wrap_policy(blocks).mixed_precision(MixedPrecision().param_dtype(torch::kBFloat16)),
            Opt::AdamW},
       transformer, batch);
 }

@@ -82,8 +82,8 @@ Unit* create_unit(Runtime& runtime, const detail::ResolvedOptions& resolved, Pla
   detail::check_one_dtype_and_device(p);
   const auto strategy = resolved.strategy;
   const comm::ProcessGroup& shard_group = runtime.comm_context().shard_group();
-  const bool sharded = strategy != ShardingStrategy::NO_SHARD &&
-                       !(strategy == ShardingStrategy::HYBRID_SHARD && shard_group.size() == 1);
+  const bool sharded = strategy != ShardingStrategy::kNoShard &&
+                       !(strategy == ShardingStrategy::kHybridShard && shard_group.size() == 1);
   const bool full_precision_unit = p.kind == PlannedUnit::Kind::BatchNorm;
   const detail::FlatPrecision precision =
       detail::unit_precision(resolved.mixed_precision, p.entries.front().param.scalar_type(), full_precision_unit);

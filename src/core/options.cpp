@@ -13,10 +13,10 @@ namespace fsdp {
 
 const char* to_string(ShardingStrategy s) {
   switch (s) {
-    case ShardingStrategy::FULL_SHARD: return "FULL_SHARD";
-    case ShardingStrategy::SHARD_GRAD_OP: return "SHARD_GRAD_OP";
-    case ShardingStrategy::NO_SHARD: return "NO_SHARD";
-    case ShardingStrategy::HYBRID_SHARD: return "HYBRID_SHARD";
+    case ShardingStrategy::kFullShard: return "FULL_SHARD";
+    case ShardingStrategy::kShardGradOp: return "SHARD_GRAD_OP";
+    case ShardingStrategy::kNoShard: return "NO_SHARD";
+    case ShardingStrategy::kHybridShard: return "HYBRID_SHARD";
   }
   return "?";
 }
@@ -24,19 +24,19 @@ const char* to_string(ShardingStrategy s) {
 ShardingStrategy parse_sharding_strategy(const std::string& name) {
   std::string n = name;
   std::transform(n.begin(), n.end(), n.begin(), [](unsigned char c) { return std::tolower(c); });
-  if (n == "full_shard") return ShardingStrategy::FULL_SHARD;
-  if (n == "shard_grad_op") return ShardingStrategy::SHARD_GRAD_OP;
-  if (n == "no_shard") return ShardingStrategy::NO_SHARD;
-  if (n == "hybrid_shard") return ShardingStrategy::HYBRID_SHARD;
+  if (n == "full_shard") return ShardingStrategy::kFullShard;
+  if (n == "shard_grad_op") return ShardingStrategy::kShardGradOp;
+  if (n == "no_shard") return ShardingStrategy::kNoShard;
+  if (n == "hybrid_shard") return ShardingStrategy::kHybridShard;
   TORCH_CHECK(false, "fsdp: unknown sharding strategy '", name,
               "'; expected one of full_shard, shard_grad_op, no_shard, hybrid_shard");
 }
 
 const char* to_string(BackwardPrefetch p) {
   switch (p) {
-    case BackwardPrefetch::NONE: return "NONE";
-    case BackwardPrefetch::BACKWARD_PRE: return "BACKWARD_PRE";
-    case BackwardPrefetch::BACKWARD_POST: return "BACKWARD_POST";
+    case BackwardPrefetch::kNone: return "NONE";
+    case BackwardPrefetch::kBackwardPre: return "BACKWARD_PRE";
+    case BackwardPrefetch::kBackwardPost: return "BACKWARD_POST";
   }
   return "?";
 }
@@ -85,7 +85,7 @@ ResolvedOptions resolve_options(const Options& options, const comm::ProcessGroup
   ResolvedOptions r;
   const int n = pg.size();
   const auto strategy = options.sharding_strategy();
-  const bool hybrid = strategy == ShardingStrategy::HYBRID_SHARD;
+  const bool hybrid = strategy == ShardingStrategy::kHybridShard;
   TORCH_CHECK(options.shard_group_size() >= 0, "fsdp: shard_group_size must be >= 0 (0: ranks per machine), got ",
               options.shard_group_size());
   // HYBRID_SHARD: gathers and reductions run over the shard group.
@@ -105,7 +105,7 @@ ResolvedOptions resolve_options(const Options& options, const comm::ProcessGroup
   r.divide = gradient_division(pre, n);
   r.bucket_cap_bytes = bucket_cap_bytes(options);  // throws for a NaN, infinite or huge bucket_cap_mb
   r.reshard_after_forward = options.reshard_after_forward().value_or(
-      strategy == ShardingStrategy::FULL_SHARD || strategy == ShardingStrategy::HYBRID_SHARD);
+      strategy == ShardingStrategy::kFullShard || strategy == ShardingStrategy::kHybridShard);
   r.strategy = strategy;
   r.reduce_group = options.reduce_group();
   r.limit_all_gathers = options.limit_all_gathers();

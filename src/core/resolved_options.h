@@ -23,7 +23,7 @@ struct GradientDivision {
 };
 
 struct ResolvedOptions {
-  ShardingStrategy strategy = ShardingStrategy::FULL_SHARD;
+  ShardingStrategy strategy = ShardingStrategy::kFullShard;
   /// Ranks that shard the parameters: shard_group_size under HYBRID_SHARD (0
   /// resolved to ranks per machine), the world size otherwise.
   int shard_group_size = 1;
@@ -37,7 +37,7 @@ struct ResolvedOptions {
   comm::ProcessGroup reduce_group;
   bool limit_all_gathers = true;
   bool forward_prefetch = false;
-  BackwardPrefetch backward_prefetch = BackwardPrefetch::BACKWARD_PRE;
+  BackwardPrefetch backward_prefetch = BackwardPrefetch::kBackwardPre;
   /// The policy as given; each unit's effective dtypes come from unit_precision.
   MixedPrecision mixed_precision;
   /// Options::keep_freed_host_memory, unless the environment tunes malloc itself.

@@ -410,9 +410,9 @@ int run_rank(const TrainOptions& o) {
                            .zero_copy_gather(o.zero_copy_gather)
                            .cpu_offload(o.cpu_offload)
                            .gpu_margin_mem_ratio(o.gpu_margin_mem_ratio);
-  base.backward_prefetch(o.backward_prefetch == "post"   ? fsdp::BackwardPrefetch::BACKWARD_POST
-                         : o.backward_prefetch == "none" ? fsdp::BackwardPrefetch::NONE
-                                                         : fsdp::BackwardPrefetch::BACKWARD_PRE);
+  base.backward_prefetch(o.backward_prefetch == "post"   ? fsdp::BackwardPrefetch::kBackwardPost
+                         : o.backward_prefetch == "none" ? fsdp::BackwardPrefetch::kNone
+                                                         : fsdp::BackwardPrefetch::kBackwardPre);
   if (o.mixed_precision == "bf16") base.mixed_precision(fsdp::MixedPrecision().param_dtype(torch::kBFloat16));
   // Same seed on every rank right before the model is built: identical initial weights
   // without a broadcast.

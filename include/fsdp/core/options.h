@@ -17,14 +17,20 @@
 namespace fsdp {
 
 /// How parameters, gradients and optimizer state are split across the group.
+/// to_string() and parse_sharding_strategy() keep PyTorch's words ("FULL_SHARD", "full_shard").
 enum class ShardingStrategy {
-  FULL_SHARD,     ///< ZeRO-3: parameters, gradients and optimizer state sharded
-  SHARD_GRAD_OP,  ///< ZeRO-2: parameters stay unsharded between forward and backward
-  NO_SHARD,       ///< DDP: everything replicated, gradients all-reduced
-  /// FULL_SHARD inside groups of `shard_group_size` consecutive ranks, replicated
+  kFullShard,    ///< ZeRO-3: parameters, gradients and optimizer state sharded
+  kShardGradOp,  ///< ZeRO-2: parameters stay unsharded between forward and backward
+  kNoShard,      ///< DDP: everything replicated, gradients all-reduced
+  /// kFullShard inside groups of `shard_group_size` consecutive ranks, replicated
   /// across groups: gradients are reduce-scattered in the shard group, then the
   /// reduced shard is all-reduced over the ranks holding the same shard index.
-  HYBRID_SHARD,
+  kHybridShard,
+  // The earlier spellings, kept deprecated (CHANGELOG.md, "Renamed").
+  FULL_SHARD [[deprecated("use kFullShard")]] = kFullShard,
+  SHARD_GRAD_OP [[deprecated("use kShardGradOp")]] = kShardGradOp,
+  NO_SHARD [[deprecated("use kNoShard")]] = kNoShard,
+  HYBRID_SHARD [[deprecated("use kHybridShard")]] = kHybridShard,
 };
 const char* to_string(ShardingStrategy s);
 /// "full_shard" | "shard_grad_op" | "no_shard" | "hybrid_shard" (case-insensitive);
@@ -58,14 +64,18 @@ WrapPolicy module_type_policy() {
 /// (the order of gathers never changes, only their timing; see [Note: prefetch]
 /// in runtime.h).
 enum class BackwardPrefetch {
-  NONE,           ///< gather a unit when its backward is reached
-  BACKWARD_PRE,   ///< issue the next unit's gather before this unit's gradients are computed
-  BACKWARD_POST,  ///< issue it once this unit's gradients are computed
+  kNone,          ///< gather a unit when its backward is reached
+  kBackwardPre,   ///< issue the next unit's gather before this unit's gradients are computed
+  kBackwardPost,  ///< issue it once this unit's gradients are computed
+  // The earlier spellings, kept deprecated (CHANGELOG.md, "Renamed").
+  NONE [[deprecated("use kNone")]] = kNone,
+  BACKWARD_PRE [[deprecated("use kBackwardPre")]] = kBackwardPre,
+  BACKWARD_POST [[deprecated("use kBackwardPost")]] = kBackwardPost,
 };
 const char* to_string(BackwardPrefetch p);
 
 struct Options {
-  TORCH_ARG(ShardingStrategy, sharding_strategy) = ShardingStrategy::FULL_SHARD;
+  TORCH_ARG(ShardingStrategy, sharding_strategy) = ShardingStrategy::kFullShard;
   /// Empty: the whole model is one unit (the root).
   TORCH_ARG(WrapPolicy, auto_wrap_policy) = nullptr;
   /// Free unsharded parameters after forward. Default per strategy: true for
@@ -105,7 +115,7 @@ struct Options {
   /// Backward prefetch of the next unit's parameters (FULL_SHARD/HYBRID_SHARD).
   /// Default BACKWARD_PRE, as in PyTorch: the next unit's gather overlaps this
   /// unit's gradient computation.
-  TORCH_ARG(BackwardPrefetch, backward_prefetch) = BackwardPrefetch::BACKWARD_PRE;
+  TORCH_ARG(BackwardPrefetch, backward_prefetch) = BackwardPrefetch::kBackwardPre;
   /// Gather the next unit during the current unit's forward, in the forward
   /// order recorded in the previous iteration.
   TORCH_ARG(bool, forward_prefetch) = false;
