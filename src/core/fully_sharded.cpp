@@ -298,7 +298,7 @@ FullyShardedBase::FullyShardedBase(std::shared_ptr<torch::nn::Module> model, com
 detail::ResolvedOptions FullyShardedBase::validate() const {
   detail::ResolvedOptions resolved = detail::resolve_options(options_, pg_);
   check_not_wrapped(model_);
-  resolved.device = comm::detail::placement_device(named_tensors(*model_), pg_, "fsdp");
+  resolved.device = comm::detail::model_device(named_tensors(*model_), pg_, "fsdp");
   return resolved;
 }
 

@@ -50,7 +50,7 @@ struct ResolvedOptions {
   bool cpu_offload = false;
   /// Options::gpu_margin_mem_ratio ([Note: auto placement] in src/memory/placement.h).
   double gpu_margin_mem_ratio = 0;
-  /// Where the model's parameters are, checked by placement_device ([Note: device
+  /// Where the model's parameters are, checked by model_device ([Note: device
   /// placement]); set by the wrapper, not by resolve_options.
   c10::Device device = c10::kCPU;
 };
