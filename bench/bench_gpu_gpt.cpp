@@ -39,7 +39,7 @@
 //    default; --reduce-dtype bf16), backward_prefetch BACKWARD_PRE (the default). The forward's
 //    casts are then no-ops (the gathered parameters are bf16 already): casts_per_step says so.
 //  * FULL_SHARD_OFFLOAD (--modes offload, not run by default): FULL_SHARD with
-//    Options::offload_params and optimizer_in_backward: fp32 shards, gradients and Adam state in
+//    Options::cpu_offload and optimizer_in_backward: fp32 shards, gradients and Adam state in
 //    pinned host memory, each unit stepped by fsdp::optim::CPUAdam on the host (all the cores the
 //    process has) as its gradient lands; bench/fsdp2_gpt.py --modes fsdp2_offload is its FSDP2
 //    counterpart (CPUOffloadPolicy).
@@ -486,12 +486,12 @@ int run(const Args& a) {
         auto mp = fsdp::MixedPrecision().param_dtype(torch::kBFloat16).reduce_dtype(
             a.reduce_dtype == "fp32" ? torch::kFloat : torch::kBFloat16);
         auto opts = fsdp::Options()
-                        .sharding_strategy(fsdp::ShardingStrategy::FULL_SHARD)
+                        .sharding_strategy(fsdp::ShardingStrategy::kFullShard)
                         .auto_wrap_policy(fsdp::module_type_policy<BlockImpl>())
                         .mixed_precision(mp)
                         .forward_prefetch(a.forward_prefetch);
         const bool offload = m->offloaded();
-        if (offload) opts.offload_params(true).optimizer_in_backward(true);
+        if (offload) opts.cpu_offload(true).optimizer_in_backward(true);
         if (m->key == "offload_auto") opts.gpu_margin_mem_ratio(a.gpu_margin_mem_ratio);
         if (offload) opts.trace_dir(trace_dir);
         m->wrapped = fsdp::FullyShardedDataParallel<GptImpl>(model, pg, opts);

@@ -223,10 +223,10 @@ int rank_main(const Args& a) {
   // describe no wrapper.
   const int zero_stage = a.strategy == "zero1" ? 1 : a.strategy == "zero2" ? 2 : 0;
   if (zero_stage && a.breakdown) usage_error("--breakdown times FSDP units; it does not apply to --strategy " + a.strategy);
-  auto strategy = zero_stage ? fsdp::ShardingStrategy::NO_SHARD : fsdp::parse_sharding_strategy(a.strategy);
+  auto strategy = zero_stage ? fsdp::ShardingStrategy::kNoShard : fsdp::parse_sharding_strategy(a.strategy);
   auto opts = fsdp::Options().sharding_strategy(strategy).auto_wrap_policy(fsdp::always_wrap_policy());
   if (a.shard_group > 0) opts.shard_group_size(a.shard_group);
-  if (a.prefetch == "none") opts.backward_prefetch(fsdp::BackwardPrefetch::NONE);
+  if (a.prefetch == "none") opts.backward_prefetch(fsdp::BackwardPrefetch::kNone);
   else if (a.prefetch == "fwd") opts.forward_prefetch(true);
   else if (a.prefetch != "default") {
     std::fprintf(stderr, "bench_strategies: --prefetch must be none, default or fwd, got %s\n", a.prefetch.c_str());
@@ -342,13 +342,13 @@ int rank_main(const Args& a) {
   const double copy_uncached_ms = bytes / uncached_bps * 1e3;
   const double psi = 4.0 * numel;
   double optimum = 0;
-  const int g = strategy == fsdp::ShardingStrategy::HYBRID_SHARD ? (a.shard_group > 0 ? a.shard_group : n) : n;
+  const int g = strategy == fsdp::ShardingStrategy::kHybridShard ? (a.shard_group > 0 ? a.shard_group : n) : n;
   const int r = n / g;
   switch (strategy) {
-    case fsdp::ShardingStrategy::NO_SHARD:
-    case fsdp::ShardingStrategy::SHARD_GRAD_OP: optimum = 2 * psi * (n - 1) / n; break;
-    case fsdp::ShardingStrategy::FULL_SHARD: optimum = 3 * psi * (n - 1) / n; break;
-    case fsdp::ShardingStrategy::HYBRID_SHARD:
+    case fsdp::ShardingStrategy::kNoShard:
+    case fsdp::ShardingStrategy::kShardGradOp: optimum = 2 * psi * (n - 1) / n; break;
+    case fsdp::ShardingStrategy::kFullShard: optimum = 3 * psi * (n - 1) / n; break;
+    case fsdp::ShardingStrategy::kHybridShard:
       optimum = 3 * psi * (g - 1) / g + 2 * (psi / g) * (r - 1) / r;
       break;
   }
@@ -425,7 +425,7 @@ int rank_main(const Args& a) {
       std::snprintf(b, sizeof b, "+bucket%g", a.bucket_mb);
       name += b;
     }
-    if (strategy == fsdp::ShardingStrategy::HYBRID_SHARD) name += "(g=" + std::to_string(g) + ")";
+    if (strategy == fsdp::ShardingStrategy::kHybridShard) name += "(g=" + std::to_string(g) + ")";
     if (!shm) name += "+gloo-tcp";
     std::printf(
         "{\"model\": \"%s\", \"strategy\": \"%s\", \"world_size\": %d, \"step_ms\": %.3f, "

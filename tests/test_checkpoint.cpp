@@ -91,7 +91,7 @@ void save_phase(comm::ProcessGroup& pg) {
   for (const std::string kind : kOptimizers) {
     run_case("save " + kind, [&] {
       const std::string dir = test_dir() + "/" + kind;
-      auto m = wrap(0, pg, ShardingStrategy::FULL_SHARD, true);
+      auto m = wrap(0, pg, ShardingStrategy::kFullShard, true);
       auto opt = make_optimizer(kind, m);
       train(m, *opt, 0, kSaveStep, pg);
       CheckpointExtra extra;
@@ -106,7 +106,7 @@ void save_phase(comm::ProcessGroup& pg) {
         save_params(final_params, dir + ".final.pt");
       }
       // Reload at the same world size and strategy: bitwise.
-      auto m2 = wrap(7, pg, ShardingStrategy::FULL_SHARD, true);
+      auto m2 = wrap(7, pg, ShardingStrategy::kFullShard, true);
       auto opt2 = make_optimizer(kind, m2);
       auto got = load_checkpoint(dir, *m2, opt2.get());
       EXPECT_EQ(got.values["step"], "3");
@@ -121,7 +121,7 @@ void save_phase(comm::ProcessGroup& pg) {
   }
   run_case("HYBRID_SHARD: the first replica group writes; loads under FULL_SHARD", [&] {
     const std::string dir = test_dir() + "/hybrid";
-    auto m = Model(make_transformer(0), pg, Options().sharding_strategy(ShardingStrategy::HYBRID_SHARD)
+    auto m = Model(make_transformer(0), pg, Options().sharding_strategy(ShardingStrategy::kHybridShard)
                                                .shard_group_size(2).auto_wrap_policy(always_wrap_policy()));
     auto opt = make_optimizer("adam", m);
     train(m, *opt, 0, 2, pg);
@@ -129,7 +129,7 @@ void save_phase(comm::ProcessGroup& pg) {
     EXPECT_TRUE(fs::exists(dir + "/shard_rank00001.bin"));
     EXPECT_FALSE(fs::exists(dir + "/shard_rank00002.bin"));
     const auto expected = full_params(m);
-    auto m2 = wrap(4, pg, ShardingStrategy::FULL_SHARD, false);
+    auto m2 = wrap(4, pg, ShardingStrategy::kFullShard, false);
     auto opt2 = make_optimizer("adam", m2);
     load_checkpoint(dir, *m2, opt2.get());
     auto got = full_params(m2);
@@ -196,18 +196,18 @@ void flip_byte(const std::string& path, int64_t at) {
 TEST(Checkpoint, ReshardAcrossWorldSizesAndStrategies) {
   run_ranks(4, save_phase, rank_options());
   run_ranks(1, [](comm::ProcessGroup& pg) {
-    load_phase(pg, {{ShardingStrategy::FULL_SHARD, false}, {ShardingStrategy::NO_SHARD, true}});
+    load_phase(pg, {{ShardingStrategy::kFullShard, false}, {ShardingStrategy::kNoShard, true}});
   }, rank_options());
   run_ranks(2, [](comm::ProcessGroup& pg) {
-    load_phase(pg, {{ShardingStrategy::SHARD_GRAD_OP, true}, {ShardingStrategy::NO_SHARD, false}});
+    load_phase(pg, {{ShardingStrategy::kShardGradOp, true}, {ShardingStrategy::kNoShard, false}});
   }, rank_options());
-  run_ranks(3, [](comm::ProcessGroup& pg) { load_phase(pg, {{ShardingStrategy::FULL_SHARD, true}}); },
+  run_ranks(3, [](comm::ProcessGroup& pg) { load_phase(pg, {{ShardingStrategy::kFullShard, true}}); },
             rank_options());
   // Under NO_SHARD one replica writes: a 2-rank NO_SHARD save has one shard file.
   run_ranks(2, [](comm::ProcessGroup& pg) {
     run_case("no_shard one writer", [&] {
       const std::string dir = test_dir() + "/no_shard";
-      auto m = wrap(0, pg, ShardingStrategy::NO_SHARD, true);
+      auto m = wrap(0, pg, ShardingStrategy::kNoShard, true);
       auto opt = make_optimizer("adam", m);
       train(m, *opt, 0, 2, pg);
       save_checkpoint(dir, *m, opt.get());
@@ -233,7 +233,7 @@ std::string file_bytes(const std::string& path) {
 // for byte, with the same checksums, and the checkpoint loads.
 TEST(Checkpoint, StagedRecordsAreTheSameBytes) {
   run_ranks(2, [](comm::ProcessGroup& pg) {
-    auto m = wrap(0, pg, ShardingStrategy::FULL_SHARD, true);
+    auto m = wrap(0, pg, ShardingStrategy::kFullShard, true);
     auto opt = make_optimizer("adam", m);
     train(m, *opt, 0, 2, pg);
     const std::string plain = test_dir() + "/plain", staged = test_dir() + "/staged";
@@ -251,7 +251,7 @@ TEST(Checkpoint, StagedRecordsAreTheSameBytes) {
     const auto meta_b = nlohmann::json::parse(file_bytes(staged + "/metadata.json"));
     EXPECT_EQ(meta_a.at("records"), meta_b.at("records"));  // offsets and CRC-32s
     EXPECT_EQ(meta_a.at("files"), meta_b.at("files"));      // sizes and whole-file CRC-32s
-    auto fresh = wrap(1, pg, ShardingStrategy::FULL_SHARD, true);
+    auto fresh = wrap(1, pg, ShardingStrategy::kFullShard, true);
     auto fresh_opt = make_optimizer("adam", fresh);
     load_checkpoint(staged, *fresh, fresh_opt.get());
     const auto want = values(full_params(m)), got = values(full_params(fresh));
@@ -309,7 +309,7 @@ TEST(Checkpoint, MegabyteRecordsLoadBitwiseAtAnotherWorldSize) {
 TEST(Checkpoint, CorruptionAndTruncationNameTheFile) {
   run_ranks(2, [](comm::ProcessGroup& pg) {
     const std::string dir = test_dir() + "/c";
-    auto m = wrap(0, pg, ShardingStrategy::FULL_SHARD, true);
+    auto m = wrap(0, pg, ShardingStrategy::kFullShard, true);
     auto opt = make_optimizer("adam", m);
     train(m, *opt, 0, 2, pg);
     save_checkpoint(dir, *m, opt.get());
@@ -322,10 +322,10 @@ TEST(Checkpoint, CorruptionAndTruncationNameTheFile) {
     }
     comm::barrier(pg);
     run_case("flipped byte", [&] {
-      auto m2 = wrap(1, pg, ShardingStrategy::FULL_SHARD, true);
+      auto m2 = wrap(1, pg, ShardingStrategy::kFullShard, true);
       auto opt2 = make_optimizer("adam", m2);
       // Under NO_SHARD every rank needs every record, so every rank meets the flip.
-      auto m3 = wrap(1, pg, ShardingStrategy::NO_SHARD, false);
+      auto m3 = wrap(1, pg, ShardingStrategy::kNoShard, false);
       auto opt3 = make_optimizer("adam", m3);
       const auto err = error_of([&] { load_checkpoint(dir + "_flip", *m3, opt3.get()); });
       EXPECT_NE(err.find("shard_rank00001.bin"), std::string::npos) << err;
@@ -334,7 +334,7 @@ TEST(Checkpoint, CorruptionAndTruncationNameTheFile) {
       EXPECT_EQ(error_of([&] { load_checkpoint(dir, *m2, opt2.get()); }), "");
     });
     run_case("truncated file", [&] {
-      auto m2 = wrap(1, pg, ShardingStrategy::FULL_SHARD, true);
+      auto m2 = wrap(1, pg, ShardingStrategy::kFullShard, true);
       const auto err = error_of([&] { load_checkpoint(dir + "_cut", *m2, nullptr); });
       EXPECT_NE(err.find("shard_rank00000.bin"), std::string::npos) << err;
       EXPECT_NE(err.find("truncated"), std::string::npos) << err;
@@ -366,7 +366,7 @@ TEST(Checkpoint, CorruptionAndTruncationNameTheFile) {
       }
     });
     run_case("missing checkpoint", [&] {
-      auto m2 = wrap(1, pg, ShardingStrategy::FULL_SHARD, true);
+      auto m2 = wrap(1, pg, ShardingStrategy::kFullShard, true);
       const auto err = error_of([&] { load_checkpoint(dir + "_none", *m2, nullptr); });
       EXPECT_NE(err.find("metadata.json"), std::string::npos) << err;
     });
@@ -423,12 +423,12 @@ void failed_load_changes_nothing(comm::ProcessGroup& pg) {
   const std::string dir = test_dir() + "/atomic" + std::to_string(pg.size());
   char file[64];
   std::snprintf(file, sizeof(file), "shard_rank%05d.bin", bad);
-  auto m = wrap(0, pg, ShardingStrategy::FULL_SHARD, true);
+  auto m = wrap(0, pg, ShardingStrategy::kFullShard, true);
   auto opt = make_optimizer("adam", m);
   train(m, *opt, 0, kSaveStep, pg);
   save_checkpoint(dir, *m, opt.get());
   const RankState at_save = rank_state(m, *opt);
-  auto ref = wrap(0, pg, ShardingStrategy::FULL_SHARD, true);
+  auto ref = wrap(0, pg, ShardingStrategy::kFullShard, true);
   auto ref_opt = make_optimizer("adam", ref);
   train(ref, *ref_opt, 0, kSaveStep, pg);
   for (auto* o : {opt.get(), ref_opt.get()}) o->param_groups()[0].options().set_lr(5e-3);
@@ -480,7 +480,7 @@ void failed_load_changes_nothing(comm::ProcessGroup& pg) {
     });
   }
   run_case("a failed load into an optimizer without state installs none", [&] {
-    auto m2 = wrap(5, pg, ShardingStrategy::FULL_SHARD, true);
+    auto m2 = wrap(5, pg, ShardingStrategy::kFullShard, true);
     auto opt2 = make_optimizer("adam", m2);
     const RankState fresh = rank_state(m2, *opt2);
     EXPECT_NE(error_of([&] { load_checkpoint(dir + "_flip", *m2, opt2.get()); }), "");
@@ -528,7 +528,7 @@ void crashing_save() {
     fsdp::detail::set_checkpoint_record_hook([](int64_t written) {
       if (written == 3) ::_exit(86);
     });
-    auto m = wrap(0, pg, ShardingStrategy::FULL_SHARD, true);
+    auto m = wrap(0, pg, ShardingStrategy::kFullShard, true);
     auto opt = make_optimizer("adam", m);
     train(m, *opt, 0, 5, pg);
     save_checkpoint(test_dir() + "/k", *m, opt.get());
@@ -539,7 +539,7 @@ void crashing_save() {
 TEST(Checkpoint, KilledSaveLeavesPreviousLoadable) {
   run_ranks(2, [](comm::ProcessGroup& pg) {
     const std::string dir = test_dir() + "/k";
-    auto m = wrap(0, pg, ShardingStrategy::FULL_SHARD, true);
+    auto m = wrap(0, pg, ShardingStrategy::kFullShard, true);
     auto opt = make_optimizer("adam", m);
     train(m, *opt, 0, 2, pg);
     save_checkpoint(dir, *m, opt.get());
@@ -552,7 +552,7 @@ TEST(Checkpoint, KilledSaveLeavesPreviousLoadable) {
   run_ranks(3, [](comm::ProcessGroup& pg) {
     run_case("previous checkpoint intact", [&] {
       const std::string dir = test_dir() + "/k";
-      auto m = wrap(5, pg, ShardingStrategy::FULL_SHARD, false);
+      auto m = wrap(5, pg, ShardingStrategy::kFullShard, false);
       auto opt = make_optimizer("adam", m);
       load_checkpoint(dir, *m, opt.get());
       auto got = values(full_params(m));
@@ -562,7 +562,7 @@ TEST(Checkpoint, KilledSaveLeavesPreviousLoadable) {
       // A crash between the two renames leaves only <dir>.old: still loadable.
       if (pg.rank() == 0) fs::rename(dir, dir + ".old");
       comm::barrier(pg);
-      auto m2 = wrap(6, pg, ShardingStrategy::FULL_SHARD, true);
+      auto m2 = wrap(6, pg, ShardingStrategy::kFullShard, true);
       load_checkpoint(dir, *m2, nullptr);
       auto got2 = values(full_params(m2));
       for (size_t i = 0; i < got2.size(); ++i) EXPECT_TRUE(torch::equal(got2[i], expected[i])) << i;
@@ -584,7 +584,7 @@ TEST(Checkpoint, KilledSaveLeavesPreviousLoadable) {
 TEST(Checkpoint, SaveRefusesADirectoryNotSharedByAllRanks) {
   run_ranks(2, [](comm::ProcessGroup& pg) {
     const std::string base = test_dir() + "/unshared", elsewhere = base + "_node1";
-    auto m = wrap(0, pg, ShardingStrategy::FULL_SHARD, true);
+    auto m = wrap(0, pg, ShardingStrategy::kFullShard, true);
     auto opt = make_optimizer("adam", m);
     train(m, *opt, 0, 1, pg);
     const auto err = error_of([&] { save_checkpoint(pg.rank() == 1 ? elsewhere : base, *m, opt.get()); });
@@ -606,12 +606,12 @@ TEST(Checkpoint, SaveRefusesADirectoryNotSharedByAllRanks) {
 // and against the plain (unwrapped) model.
 TEST(StateDict, FullRank0OnlyLoadAndSummon) {
   run_ranks(3, [](comm::ProcessGroup& pg) {
-    auto m = wrap(0, pg, ShardingStrategy::FULL_SHARD, true);
+    auto m = wrap(0, pg, ShardingStrategy::kFullShard, true);
     auto opt = make_optimizer("adam", m);
     train(m, *opt, 0, 2, pg);
     const auto ref = full_params(m);
     run_case("full rank0_only", [&] {
-      StateDictTypeGuard guard(*m, StateDictType::FULL, FullStateDictConfig().offload_to_cpu(true).rank0_only(true));
+      StateDictTypeGuard guard(*m, StateDictType::kFull, FullStateDictConfig().offload_to_cpu(true).rank0_only(true));
       auto sd = state_dict(*m);
       if (pg.rank() != 0) {
         EXPECT_EQ(sd.size(), 0u);
@@ -636,7 +636,7 @@ TEST(StateDict, FullRank0OnlyLoadAndSummon) {
     });
     run_case("load_state_dict under another strategy", [&] {
       auto sd = state_dict(*m);
-      auto m2 = wrap(5, pg, ShardingStrategy::SHARD_GRAD_OP, false);
+      auto m2 = wrap(5, pg, ShardingStrategy::kShardGradOp, false);
       load_state_dict(*m2, sd);
       auto got = full_params(m2);
       for (const auto& kv : ref) EXPECT_TRUE(torch::equal(got.at(kv.first), kv.second)) << kv.first;
@@ -646,12 +646,12 @@ TEST(StateDict, FullRank0OnlyLoadAndSummon) {
       EXPECT_NE(err.find("head.bias"), std::string::npos) << err;
     });
     run_case("LOCAL and SHARDED", [&] {
-      auto m2 = wrap(5, pg, ShardingStrategy::FULL_SHARD, true);
+      auto m2 = wrap(5, pg, ShardingStrategy::kFullShard, true);
       {
-        StateDictTypeGuard g(*m, StateDictType::LOCAL);
+        StateDictTypeGuard g(*m, StateDictType::kLocal);
         auto local = state_dict(*m);
         EXPECT_EQ(local.size(), m->unit_paths().size());
-        StateDictTypeGuard g2(*m2, StateDictType::LOCAL);
+        StateDictTypeGuard g2(*m2, StateDictType::kLocal);
         load_state_dict(*m2, local);
       }
       auto got = full_params(m2);
@@ -661,17 +661,17 @@ TEST(StateDict, FullRank0OnlyLoadAndSummon) {
         const auto& e = kv.value();
         EXPECT_TRUE(torch::equal(e.local, ref.at(kv.key()).reshape({-1}).slice(0, e.begin, e.end))) << kv.key();
       }
-      auto m3 = wrap(6, pg, ShardingStrategy::FULL_SHARD, true);
+      auto m3 = wrap(6, pg, ShardingStrategy::kFullShard, true);
       load_sharded_state_dict(*m3, sharded);
       auto got3 = full_params(m3);
       for (const auto& kv : ref) EXPECT_TRUE(torch::equal(got3.at(kv.first), kv.second)) << "SHARDED " << kv.first;
       {
-        StateDictTypeGuard g(*m, StateDictType::SHARDED);
+        StateDictTypeGuard g(*m, StateDictType::kSharded);
         auto sd = state_dict(*m);
         EXPECT_EQ(sd.size(), ref.size());
       }
       // Another layout is refused with the way out.
-      auto m4 = wrap(6, pg, ShardingStrategy::FULL_SHARD, false);
+      auto m4 = wrap(6, pg, ShardingStrategy::kFullShard, false);
       const auto err = error_of([&] { load_sharded_state_dict(*m4, sharded); });
       auto refused = torch::tensor({err.empty() ? int64_t{0} : int64_t{1}});
       comm::all_reduce(pg, refused).wait();
@@ -728,7 +728,7 @@ TEST(StateDict, FullRank0OnlyLoadAndSummon) {
 // continue like the original; rekeying round-trips.
 TEST(OptimStateDict, FullMatchesUnshardedAdamAndScatterContinues) {
   run_ranks(3, [](comm::ProcessGroup& pg) {
-    auto m = wrap(0, pg, ShardingStrategy::FULL_SHARD, true);
+    auto m = wrap(0, pg, ShardingStrategy::kFullShard, true);
     auto opt = make_optimizer("adam", m);
     train(m, *opt, 0, kSaveStep, pg);
     // Independent reference: the plain model, one process, global batches.
@@ -777,7 +777,7 @@ TEST(OptimStateDict, FullMatchesUnshardedAdamAndScatterContinues) {
       for (const auto& kv : expected) EXPECT_LT(rel_diff(got.at(kv.first), kv.second), 2e-5) << what << " " << kv.first;
     };
     run_case("scatter into SHARD_GRAD_OP root-only", [&] {
-      auto m2 = wrap(5, pg, ShardingStrategy::SHARD_GRAD_OP, false);
+      auto m2 = wrap(5, pg, ShardingStrategy::kShardGradOp, false);
       auto opt2 = make_optimizer("adam", m2);
       scatter_full_optim_state_dict(pg.rank() == 0 ? osd : OptimStateDict{}, *m2, *opt2);
       check_continues(m2, *opt2, "scatter");
@@ -786,13 +786,13 @@ TEST(OptimStateDict, FullMatchesUnshardedAdamAndScatterContinues) {
       const std::string path = test_dir() + "/osd_rank" + std::to_string(pg.rank()) + ".pt";
       save_optim_state_dict(osd, path);
       auto reread = load_optim_state_dict_file(path);
-      auto m2 = wrap(6, pg, ShardingStrategy::NO_SHARD, true);
+      auto m2 = wrap(6, pg, ShardingStrategy::kNoShard, true);
       auto opt2 = make_optimizer("adam", m2);
       load_optim_state_dict(*m2, *opt2, shard_full_optim_state_dict(reread, *m2));
       check_continues(m2, *opt2, "shard");
     });
     run_case("restarted Adam is detectably different", [&] {
-      auto m2 = wrap(5, pg, ShardingStrategy::FULL_SHARD, true);
+      auto m2 = wrap(5, pg, ShardingStrategy::kFullShard, true);
       auto opt2 = make_optimizer("adam", m2);
       load_state_dict(*m2, params_at);
       train(m2, *opt2, kSaveStep, kSteps, pg);
@@ -832,7 +832,7 @@ TEST(StateDict, MixedPrecisionKeepsFullPrecision) {
     });
     run_case("checkpoint into an fp32 model", [&] {
       save_checkpoint(test_dir() + "/mp", *m, opt.get());
-      auto m2 = wrap(3, pg, ShardingStrategy::FULL_SHARD, false);
+      auto m2 = wrap(3, pg, ShardingStrategy::kFullShard, false);
       auto opt2 = make_optimizer("adam", m2);
       load_checkpoint(test_dir() + "/mp", *m2, opt2.get());
       auto sd2 = state_dict(*m2);
@@ -868,7 +868,7 @@ void train_tied(Fwd&& forward, torch::optim::Optimizer& opt, int64_t from, int64
 // global batch.
 TEST(StateDict, TiedParametersUnderEveryName) {
   run_ranks(2, [](comm::ProcessGroup& pg) {
-    TiedModel m(TiedEmbeddingNet(0), pg, Options().sharding_strategy(ShardingStrategy::FULL_SHARD));
+    TiedModel m(TiedEmbeddingNet(0), pg, Options().sharding_strategy(ShardingStrategy::kFullShard));
     torch::optim::Adam opt(m->parameters(), torch::optim::AdamOptions(1e-2));
     train_tied([&](const torch::Tensor& x) { return m->forward(x); }, opt, 0, 3, pg.rank(), pg.size());
     TiedEmbeddingNet ref(0);

@@ -101,8 +101,8 @@ void zero2_case(comm::ProcessGroup& pg) {
 TEST(CheckpointInBackward, FsdpEqualsPlainTrainingAtOneToThreeRanks) {
   for (int n = 1; n <= 3; ++n) {
     run_ranks(n, [](comm::ProcessGroup& pg) {
-      fsdp_case(pg, ShardingStrategy::FULL_SHARD);
-      fsdp_case(pg, ShardingStrategy::SHARD_GRAD_OP);
+      fsdp_case(pg, ShardingStrategy::kFullShard);
+      fsdp_case(pg, ShardingStrategy::kShardGradOp);
     });
   }
 }

@@ -65,7 +65,7 @@ void labelled_calls(comm::ProcessGroup& pg) {
   for (const auto& [path, numel] : kUnits) padded[path] = comm::padded_numel(numel, n);
 
   Recorder rec;
-  auto model = FullyShardedDataParallel(make_mlp(), pg, Options().sharding_strategy(ShardingStrategy::FULL_SHARD)
+  auto model = FullyShardedDataParallel(make_mlp(), pg, Options().sharding_strategy(ShardingStrategy::kFullShard)
                                                             .auto_wrap_policy(always_wrap_policy()));
   run_case("construction is labelled setup", [&] {
     const auto calls = rec.take();

@@ -113,14 +113,14 @@ void parity_cases(comm::ProcessGroup& pg) {
     Options options;
   };
   std::vector<Config> configs;
-  for (auto strategy : {ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP}) {
+  for (auto strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp}) {
     configs.push_back({to_string(strategy), Options().sharding_strategy(strategy)
                                                 .auto_wrap_policy(module_type_policy<DropBlockImpl>())});
   }
-  configs.push_back({"NO_SHARD", Options().sharding_strategy(ShardingStrategy::NO_SHARD)
+  configs.push_back({"NO_SHARD", Options().sharding_strategy(ShardingStrategy::kNoShard)
                                      .auto_wrap_policy(module_type_policy<DropBlockImpl>())});
   if (pg.size() % 2 == 0) {
-    configs.push_back({"HYBRID_SHARD", Options().sharding_strategy(ShardingStrategy::HYBRID_SHARD)
+    configs.push_back({"HYBRID_SHARD", Options().sharding_strategy(ShardingStrategy::kHybridShard)
                                            .shard_group_size(pg.size() / 2)
                                            .auto_wrap_policy(module_type_policy<DropBlockImpl>())});
   }

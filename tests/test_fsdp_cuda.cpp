@@ -209,7 +209,7 @@ void fsdp_parity(comm::ProcessGroup& pg, const std::string& name, Make make, con
 }
 
 void fsdp_parity_cases(comm::ProcessGroup& pg) {
-  for (auto strategy : {ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP, ShardingStrategy::NO_SHARD}) {
+  for (auto strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp, ShardingStrategy::kNoShard}) {
     const std::string s = to_string(strategy);
     fsdp_parity(pg, "mlp/" + s, [] { return make_mlp(); },
                 Options().sharding_strategy(strategy).auto_wrap_policy(always_wrap_policy()));
@@ -359,7 +359,7 @@ void mixed_precision_case(comm::ProcessGroup& pg, at::ScalarType dtype, bool wit
 
   auto model = FullyShardedDataParallel(on_device(make_mlp(kMpSeed), dev), pg,
                                         Options()
-                                            .sharding_strategy(ShardingStrategy::FULL_SHARD)
+                                            .sharding_strategy(ShardingStrategy::kFullShard)
                                             .auto_wrap_policy(always_wrap_policy())
                                             .mixed_precision(MixedPrecision().param_dtype(dtype)));
   torch::optim::SGD opt(model->parameters(), kSgd);
@@ -418,7 +418,7 @@ void mixed_precision_case(comm::ProcessGroup& pg, at::ScalarType dtype, bool wit
 using Transformer = FullyShardedDataParallel<TinyTransformerImpl>;
 
 Options checkpoint_options() {
-  return Options().sharding_strategy(ShardingStrategy::FULL_SHARD).auto_wrap_policy(size_based_policy(100));
+  return Options().sharding_strategy(ShardingStrategy::kFullShard).auto_wrap_policy(size_based_policy(100));
 }
 
 // Two Adam steps, so that parameters and optimizer state are not the initial ones.
@@ -479,7 +479,7 @@ void checkpoint_cases(comm::ProcessGroup& pg) {
   run_case("full state dict: CUDA to CPU through a file", [&] {
     StateDict sd;
     {
-      StateDictTypeGuard guard(*on_gpu, StateDictType::FULL, FullStateDictConfig().offload_to_cpu(true));
+      StateDictTypeGuard guard(*on_gpu, StateDictType::kFull, FullStateDictConfig().offload_to_cpu(true));
       sd = state_dict(*on_gpu);
     }
     expect_same_values(as_named(sd), gpu_values, cpu);  // offload_to_cpu: CPU tensors

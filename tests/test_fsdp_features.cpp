@@ -23,8 +23,8 @@ namespace {
 
 using ParamMap = std::map<std::string, torch::Tensor>;
 
-const ShardingStrategy kStrategies[] = {ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP,
-                                        ShardingStrategy::NO_SHARD};
+const ShardingStrategy kStrategies[] = {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp,
+                                        ShardingStrategy::kNoShard};
 
 ParamMap snapshot(torch::nn::Module& m) {
   ParamMap out;
@@ -70,7 +70,7 @@ void expect_same_update(const ParamMap& got0, const ParamMap& got1, const ParamM
 }
 
 bool pieces_expected(const Options& o, const comm::ProcessGroup& pg) {
-  return o.sharding_strategy() != ShardingStrategy::NO_SHARD && pg.size() > 1;
+  return o.sharding_strategy() != ShardingStrategy::kNoShard && pg.size() > 1;
 }
 
 template <typename Impl>
@@ -442,7 +442,7 @@ void train_mode_case(comm::ProcessGroup& pg) {
   run_case("train-eval/root", [&] {
     torch::manual_seed(0);
     auto m = torch::nn::Sequential(torch::nn::Linear(13, 32), torch::nn::Dropout(0.5), torch::nn::Linear(32, 5));
-    auto model = FullyShardedDataParallel(m, pg, mlp_options(ShardingStrategy::FULL_SHARD));
+    auto model = FullyShardedDataParallel(m, pg, mlp_options(ShardingStrategy::kFullShard));
     model->eval();
     EXPECT_FALSE(m->is_training());
     for (const auto& c : m->modules()) EXPECT_FALSE(c->is_training()) << c->name();
@@ -458,7 +458,7 @@ void construction_cases(comm::ProcessGroup& pg) {
       torch::manual_seed(0);
       const int64_t hidden = pg.rank() == 1 ? 33 : 32;
       auto m = torch::nn::Sequential(torch::nn::Linear(13, hidden), torch::nn::ReLU(), torch::nn::Linear(hidden, 5));
-      expect_error([&] { FullyShardedDataParallel(m, pg, mlp_options(ShardingStrategy::FULL_SHARD)); },
+      expect_error([&] { FullyShardedDataParallel(m, pg, mlp_options(ShardingStrategy::kFullShard)); },
                    {"differs", "rank 1", "0.weight"}, "different models");
       // The group is still usable: the check did not leave a collective behind.
       auto t = torch::ones({1});
@@ -468,18 +468,18 @@ void construction_cases(comm::ProcessGroup& pg) {
   }
   run_case("construct/wrap-twice", [&] {
     auto mlp = make_mlp();
-    auto once = FullyShardedDataParallel(mlp, pg, mlp_options(ShardingStrategy::FULL_SHARD));
-    expect_error([&] { FullyShardedDataParallel(mlp, pg, mlp_options(ShardingStrategy::FULL_SHARD)); },
+    auto once = FullyShardedDataParallel(mlp, pg, mlp_options(ShardingStrategy::kFullShard));
+    expect_error([&] { FullyShardedDataParallel(mlp, pg, mlp_options(ShardingStrategy::kFullShard)); },
                  {"already", "once"}, "Sequential wrapped twice");
     auto tf = make_transformer();
-    auto tf_once = FullyShardedDataParallel(tf, pg, tf_options(ShardingStrategy::FULL_SHARD));
-    expect_error([&] { FullyShardedDataParallel(tf, pg, tf_options(ShardingStrategy::FULL_SHARD)); },
+    auto tf_once = FullyShardedDataParallel(tf, pg, tf_options(ShardingStrategy::kFullShard));
+    expect_error([&] { FullyShardedDataParallel(tf, pg, tf_options(ShardingStrategy::kFullShard)); },
                  {"already", "once"}, "Wrappable wrapped twice");
     expect_error([&] { FullyShardedDataParallel(tf_once.ptr(), pg, Options()); }, {"already", "once"},
                  "wrapper wrapped");
   });
   run_case("construct/to-clone-save-rejected", [&] {
-    auto m = FullyShardedDataParallel(make_mlp(), pg, mlp_options(ShardingStrategy::FULL_SHARD));
+    auto m = FullyShardedDataParallel(make_mlp(), pg, mlp_options(ShardingStrategy::kFullShard));
     expect_error([&] { m->to(torch::kDouble); }, {"to(", "before wrapping"}, "to(kDouble)");
     expect_error([&] { m->to(torch::Device(torch::kCPU)); }, {"to(", "before wrapping"}, "to(cpu)");
     expect_error([&] { m->clone(); }, {"cannot be cloned"}, "clone()");
@@ -539,13 +539,13 @@ void memory_case(comm::ProcessGroup& pg, const std::string& name, Make make, con
     for (size_t i = 0; i < paths.size(); ++i) {
       int64_t psi = 0;
       for (const auto& fqn : model->unit_parameter_names(i)) psi += numel.at(fqn);
-      const int64_t chunk = strategy == ShardingStrategy::NO_SHARD ? psi : (psi + n - 1) / n;  // padded chunk
+      const int64_t chunk = strategy == ShardingStrategy::kNoShard ? psi : (psi + n - 1) / n;  // padded chunk
       shard_bytes += 4 * chunk;
-      const int64_t full = strategy == ShardingStrategy::NO_SHARD ? 0 : 4 * chunk * n;
+      const int64_t full = strategy == ShardingStrategy::kNoShard ? 0 : 4 * chunk * n;
       unsharded_all += full;
       largest_unit = std::max(largest_unit, full);
       // Every unit's flat gradient (padded) exists while it is reduced.
-      largest_flat_grad = std::max(largest_flat_grad, strategy == ShardingStrategy::NO_SHARD ? 4 * psi : full);
+      largest_flat_grad = std::max(largest_flat_grad, strategy == ShardingStrategy::kNoShard ? 4 * psi : full);
       if (paths[i].empty()) root_unsharded = full;
       else unit_full_bytes.push_back(full);
     }
@@ -562,7 +562,7 @@ void memory_case(comm::ProcessGroup& pg, const std::string& name, Make make, con
       // keeps every unit gathered. Which two depends on the nesting (an outer unit
       // finishes forward after its inner ones): for the mlp, whose units run in
       // path order, the last two paths; otherwise some two units.
-      if (strategy == ShardingStrategy::FULL_SHARD) {
+      if (strategy == ShardingStrategy::kFullShard) {
         if (s == 0 || unit_full_bytes.empty()) {
           EXPECT_EQ(mid.unsharded_bytes, root_unsharded) << s;
         } else if (unit_full_bytes.size() == 1) {
@@ -579,10 +579,10 @@ void memory_case(comm::ProcessGroup& pg, const std::string& name, Make make, con
           }
         }
       }
-      if (strategy == ShardingStrategy::SHARD_GRAD_OP) {
+      if (strategy == ShardingStrategy::kShardGradOp) {
         EXPECT_EQ(mid.unsharded_bytes, unsharded_all) << s;
       }
-      if (strategy == ShardingStrategy::NO_SHARD) {
+      if (strategy == ShardingStrategy::kNoShard) {
         EXPECT_EQ(mid.unsharded_bytes, 0) << s;
       }
       loss.backward();
@@ -598,10 +598,10 @@ void memory_case(comm::ProcessGroup& pg, const std::string& name, Make make, con
       EXPECT_EQ(ms.grad_shard_bytes, grad_bytes) << s;
       EXPECT_EQ(ms.grad_shard_bytes, piece_bytes) << s;  // one gradient element per piece element
       EXPECT_EQ(ms.unsharded_bytes, 0) << s;
-      if (strategy == ShardingStrategy::SHARD_GRAD_OP) {
+      if (strategy == ShardingStrategy::kShardGradOp) {
         EXPECT_GE(ms.unsharded_peak_bytes, unsharded_all) << s;
       }
-      if (strategy == ShardingStrategy::FULL_SHARD) {
+      if (strategy == ShardingStrategy::kFullShard) {
         EXPECT_GE(ms.unsharded_peak_bytes, std::max(largest_unit, root_unsharded)) << s;
       }
       EXPECT_GE(ms.unsharded_peak_bytes, largest_flat_grad) << s;

@@ -41,7 +41,7 @@ void memory_cases(comm::ProcessGroup& pg) {
   const int64_t unit_numel = 256 * 256 + 256;
   const int64_t psi = 4 * unit_numel;
   const int64_t chunk = (unit_numel + n - 1) / n;  // padded chunk per unit
-  for (auto strategy : {ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP, ShardingStrategy::NO_SHARD}) {
+  for (auto strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp, ShardingStrategy::kNoShard}) {
     run_case(std::string("model state ") + to_string(strategy), [&] {
       const int64_t base = counter->live();
       {
@@ -60,13 +60,13 @@ void memory_cases(comm::ProcessGroup& pg) {
         comm::barrier(pg);
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
         const int64_t input_bytes = x.numel() * 4;
-        const int64_t expected = strategy == ShardingStrategy::NO_SHARD ? 16 * psi : 16 * 4 * chunk;
+        const int64_t expected = strategy == ShardingStrategy::kNoShard ? 16 * psi : 16 * 4 * chunk;
         // Freed transient buffers FSDP keeps for the next step ([Note: buffer
         // pool]) are reported as cached: at most four blocks of a unit's flat size.
         auto st = model->memory_stats();
         const int64_t unit_flat_bytes = 4 * n * chunk;
         EXPECT_LE(st.cached_bytes, 4 * unit_flat_bytes);
-        if (strategy != ShardingStrategy::NO_SHARD) {
+        if (strategy != ShardingStrategy::kNoShard) {
           EXPECT_GT(st.cached_bytes, 0);
         }
         int64_t held = counter->live() - base - input_bytes;
@@ -81,7 +81,7 @@ void memory_cases(comm::ProcessGroup& pg) {
             << "bytes held after empty_cache: " << held << ", expected " << expected;
         // memory_stats agrees on the parts it reports.
         EXPECT_EQ(st.unsharded_bytes, 0);
-        if (strategy != ShardingStrategy::NO_SHARD) {
+        if (strategy != ShardingStrategy::kNoShard) {
           EXPECT_EQ(st.param_shard_bytes, 4 * 4 * chunk);
           // Gradient pieces cover the real elements of this rank's chunks (no padding).
           EXPECT_GT(st.grad_shard_bytes, 0);
@@ -95,7 +95,7 @@ void memory_cases(comm::ProcessGroup& pg) {
         opt.step();
         const int64_t step_peak = counter->peak() - before;
         const int64_t unit_bytes = 4 * unit_numel;
-        if (strategy == ShardingStrategy::FULL_SHARD) {
+        if (strategy == ShardingStrategy::kFullShard) {
           // In flight at the worst moment of backward: one unit's gathered
           // parameters, its autograd gradients, its flat gradient and reduce
           // receive buffer, and the previous unit's reduction (one in flight):
@@ -124,7 +124,7 @@ long minor_faults() {
 // step catches any unit-sized buffer that is mapped afresh every step (what
 // remains is small allocations and Gloo's own buffers: ~20-80 per step).
 void page_fault_cases(comm::ProcessGroup& pg) {
-  for (auto strategy : {ShardingStrategy::FULL_SHARD, ShardingStrategy::NO_SHARD}) {
+  for (auto strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kNoShard}) {
     run_case(std::string("steady-state page faults ") + to_string(strategy), [&] {
       torch::manual_seed(0);
       torch::nn::Sequential net(torch::nn::Linear(784, 1024), torch::nn::ReLU(), torch::nn::Linear(1024, 1024),
@@ -178,11 +178,11 @@ TEST(FsdpMemory, EstimateModelStateClosedForms) {
   auto total = [&](ShardingStrategy s, int n, int g = 0, int64_t p = 4, int64_t o = 8) {
     return fsdp::estimate_model_state(psi, n, s, g, p, o).total();
   };
-  EXPECT_DOUBLE_EQ(total(ShardingStrategy::NO_SHARD, 4), 16.0 * psi);
-  EXPECT_DOUBLE_EQ(total(ShardingStrategy::SHARD_GRAD_OP, 4), 4.0 * psi + 12.0 * psi / 4);
-  EXPECT_DOUBLE_EQ(total(ShardingStrategy::FULL_SHARD, 4), 16.0 * psi / 4);
-  EXPECT_DOUBLE_EQ(total(ShardingStrategy::HYBRID_SHARD, 4, 2), 16.0 * psi / 2);
+  EXPECT_DOUBLE_EQ(total(ShardingStrategy::kNoShard, 4), 16.0 * psi);
+  EXPECT_DOUBLE_EQ(total(ShardingStrategy::kShardGradOp, 4), 4.0 * psi + 12.0 * psi / 4);
+  EXPECT_DOUBLE_EQ(total(ShardingStrategy::kFullShard, 4), 16.0 * psi / 4);
+  EXPECT_DOUBLE_EQ(total(ShardingStrategy::kHybridShard, 4, 2), 16.0 * psi / 2);
   // Mixed precision with fp32 master (K = 12): stage 3 is 16Ψ/N = (2 + 2 + 12)Ψ/N.
-  EXPECT_DOUBLE_EQ(total(ShardingStrategy::FULL_SHARD, 4, 0, 2, 12), 16.0 * psi / 4);
-  EXPECT_THROW(total(ShardingStrategy::HYBRID_SHARD, 4, 3), c10::Error);
+  EXPECT_DOUBLE_EQ(total(ShardingStrategy::kFullShard, 4, 0, 2, 12), 16.0 * psi / 4);
+  EXPECT_THROW(total(ShardingStrategy::kHybridShard, 4, 3), c10::Error);
 }

@@ -1,4 +1,4 @@
-// Options::offload_params ([Note: offload] in src/core/flat_param.h): shards, reduced gradient
+// Options::cpu_offload ([Note: offload] in src/core/flat_param.h): shards, reduced gradient
 // pieces and optimizer state in host memory, only compute-dtype copies on the model's device.
 //
 // On this CPU-only machine host and device are one memory, so the offloaded run must equal the
@@ -74,8 +74,8 @@ template <typename Wrapped>
 void train_step(comm::ProcessGroup& pg, Wrapped& m, torch::optim::Optimizer& opt, int64_t step, int micro_batches = 1) {
   opt.zero_grad(/*set_to_none=*/true);
   for (int k = 0; k < micro_batches; ++k) {
-    std::unique_ptr<FullyShardedBase::NoSyncGuard> no_sync;
-    if (k + 1 < micro_batches) no_sync = m->no_sync();
+    std::optional<FullyShardedBase::NoSyncGuard> no_sync;
+    if (k + 1 < micro_batches) no_sync.emplace(m->no_sync());
     auto [x, y] = global_batch(step * micro_batches + k, kBatch);
     auto out = m->forward(rank_slice(x, pg.rank(), pg.size())).to(torch::kFloat);
     (torch::mse_loss(out, rank_slice(y, pg.rank(), pg.size())) / double(micro_batches)).backward();
@@ -91,8 +91,8 @@ template <typename ModelFactory>
 void check_equal_to_no_offload(comm::ProcessGroup& pg, const Case& c, ModelFactory make) {
   run_case(c.name, [&] {
     const Options base = Options(c.options).optimizer_in_backward(c.in_backward);
-    auto ref = FullyShardedDataParallel(make(), pg, Options(base).offload_params(false));
-    auto model = FullyShardedDataParallel(make(), pg, Options(base).offload_params(true));
+    auto ref = FullyShardedDataParallel(make(), pg, Options(base).cpu_offload(false));
+    auto model = FullyShardedDataParallel(make(), pg, Options(base).cpu_offload(true));
     auto ref_opt = make_optimizer(c.cpu_adam, *ref);
     auto opt = make_optimizer(c.cpu_adam, *model);
     if (c.in_backward) {
@@ -117,8 +117,8 @@ void check_equal_to_no_offload(comm::ProcessGroup& pg, const Case& c, ModelFacto
     // offloaded run holds a device copy of each unit besides: more transient bytes at the peak.
     // Elsewhere both gather into the same buffers.
     const auto strategy = c.options.sharding_strategy();
-    const bool unsharded = strategy == ShardingStrategy::NO_SHARD ||
-                           (strategy == ShardingStrategy::HYBRID_SHARD && c.options.shard_group_size() == 1);
+    const bool unsharded = strategy == ShardingStrategy::kNoShard ||
+                           (strategy == ShardingStrategy::kHybridShard && c.options.shard_group_size() == 1);
     const bool shard_is_compute_buffer = unsharded && !c.options.mixed_precision().param_dtype();
     if (shard_is_compute_buffer) {
       EXPECT_GT(with.unsharded_peak_bytes, without.unsharded_peak_bytes) << "no device copy of the shards was made";
@@ -136,25 +136,25 @@ void equality_cases(comm::ProcessGroup& pg) {
   const auto blocks = size_based_policy(100);
   auto mlp = [] { return make_mlp(); };
   auto transformer = [] { return make_transformer(); };
-  const Options hybrid = strategy(S::HYBRID_SHARD).shard_group_size(n % 2 == 0 ? 2 : n);
-  check_equal_to_no_offload(pg, {"mlp/full_shard/adam", strategy(S::FULL_SHARD).auto_wrap_policy(each)}, mlp);
-  check_equal_to_no_offload(pg, {"mlp/full_shard/cpu_adam/in_backward", strategy(S::FULL_SHARD).auto_wrap_policy(each), true, true},
+  const Options hybrid = strategy(S::kHybridShard).shard_group_size(n % 2 == 0 ? 2 : n);
+  check_equal_to_no_offload(pg, {"mlp/full_shard/adam", strategy(S::kFullShard).auto_wrap_policy(each)}, mlp);
+  check_equal_to_no_offload(pg, {"mlp/full_shard/cpu_adam/in_backward", strategy(S::kFullShard).auto_wrap_policy(each), true, true},
                             mlp);
   check_equal_to_no_offload(
-      pg, {"transformer/shard_grad_op/cpu_adam", strategy(S::SHARD_GRAD_OP).auto_wrap_policy(blocks), true}, transformer);
-  check_equal_to_no_offload(pg, {"transformer/no_shard/adam/in_backward", strategy(S::NO_SHARD).auto_wrap_policy(blocks), false, true},
+      pg, {"transformer/shard_grad_op/cpu_adam", strategy(S::kShardGradOp).auto_wrap_policy(blocks), true}, transformer);
+  check_equal_to_no_offload(pg, {"transformer/no_shard/adam/in_backward", strategy(S::kNoShard).auto_wrap_policy(blocks), false, true},
                             transformer);
   check_equal_to_no_offload(pg, {"transformer/hybrid_shard/cpu_adam/in_backward", Options(hybrid).auto_wrap_policy(blocks), true, true},
                             transformer);
   check_equal_to_no_offload(
       pg, {"transformer/full_shard/cpu_adam/bf16",
-           strategy(S::FULL_SHARD).auto_wrap_policy(blocks).mixed_precision(MixedPrecision().param_dtype(torch::kBFloat16)),
+           strategy(S::kFullShard).auto_wrap_policy(blocks).mixed_precision(MixedPrecision().param_dtype(torch::kBFloat16)),
            true},
       transformer);
   check_equal_to_no_offload(
-      pg, {"mlp/full_shard/adam/buckets/in_backward", strategy(S::FULL_SHARD).auto_wrap_policy(each).bucket_cap_mb(1), false, true},
+      pg, {"mlp/full_shard/adam/buckets/in_backward", strategy(S::kFullShard).auto_wrap_policy(each).bucket_cap_mb(1), false, true},
       mlp);
-  check_equal_to_no_offload(pg, {"mlp/full_shard/cpu_adam/no_sync x3", strategy(S::FULL_SHARD).auto_wrap_policy(each), true, false, 3, 3},
+  check_equal_to_no_offload(pg, {"mlp/full_shard/cpu_adam/no_sync x3", strategy(S::kFullShard).auto_wrap_policy(each), true, false, 3, 3},
                             mlp);
 }
 
@@ -197,7 +197,7 @@ void check_auto_placement(comm::ProcessGroup& pg, const Case& c, ModelFactory ma
     const Options base = Options(c.options).optimizer_in_backward(true);
     auto ref = FullyShardedDataParallel(make(), pg, base);
     auto model = FullyShardedDataParallel(
-        make(), pg, Options(base).offload_params(true).gpu_margin_mem_ratio(DeviceMemoryProbe::kRatio));
+        make(), pg, Options(base).cpu_offload(true).gpu_margin_mem_ratio(DeviceMemoryProbe::kRatio));
     probe.budget = 3 * model->memory_stats().param_shard_bytes / 2;
     auto ref_opt = make_optimizer(c.cpu_adam, *ref);
     auto opt = make_optimizer(c.cpu_adam, *model);
@@ -224,9 +224,9 @@ TEST(FsdpOffload, AutoPlacementMovesWhatFitsAndTrainsTheSame) {
       auto mlp = [] { return make_mlp(); };
       auto transformer = [] { return make_transformer(); };
       check_auto_placement(pg, {"mlp/full_shard/adam", Options().auto_wrap_policy(always_wrap_policy())}, mlp);
-      check_auto_placement(pg, {"transformer/no_shard/cpu_adam", Options().sharding_strategy(S::NO_SHARD)
+      check_auto_placement(pg, {"transformer/no_shard/cpu_adam", Options().sharding_strategy(S::kNoShard)
                                     .auto_wrap_policy(always_wrap_policy()), true}, transformer);
-      check_auto_placement(pg, {"transformer/shard_grad_op/cpu_adam/bf16", Options().sharding_strategy(S::SHARD_GRAD_OP)
+      check_auto_placement(pg, {"transformer/shard_grad_op/cpu_adam/bf16", Options().sharding_strategy(S::kShardGradOp)
                                     .auto_wrap_policy(always_wrap_policy())
                                     .mixed_precision(MixedPrecision().param_dtype(torch::kBFloat16)), true}, transformer);
     });
@@ -237,11 +237,11 @@ TEST(FsdpOffload, AutoPlacementRefusals) {
   run_ranks(1, [](comm::ProcessGroup& pg) {
     const Options o = Options().auto_wrap_policy(always_wrap_policy());
     auto refusal = [&](const Options& bad) { return error_of([&] { FullyShardedDataParallel(make_mlp(), pg, bad); }); };
-    const std::string range = refusal(Options(o).offload_params(true).optimizer_in_backward(true).gpu_margin_mem_ratio(1.5));
+    const std::string range = refusal(Options(o).cpu_offload(true).optimizer_in_backward(true).gpu_margin_mem_ratio(1.5));
     EXPECT_NE(range.find("gpu_margin_mem_ratio must be in [0, 1], got 1.5"), std::string::npos) << range;
     const std::string no_offload = refusal(Options(o).optimizer_in_backward(true).gpu_margin_mem_ratio(0.5));
-    EXPECT_NE(no_offload.find("offload_params is off; add offload_params(true)"), std::string::npos) << no_offload;
-    const std::string no_in_backward = refusal(Options(o).offload_params(true).gpu_margin_mem_ratio(0.5));
+    EXPECT_NE(no_offload.find("cpu_offload is off; add cpu_offload(true)"), std::string::npos) << no_offload;
+    const std::string no_in_backward = refusal(Options(o).cpu_offload(true).gpu_margin_mem_ratio(0.5));
     EXPECT_NE(no_in_backward.find("add optimizer_in_backward(true)"), std::string::npos) << no_in_backward;
   });
 }
@@ -257,11 +257,11 @@ TEST(FsdpOffload, CheckpointsDoNotDependOnPlacement) {
     for (bool saved_offloaded : {true, false}) {
       run_case(saved_offloaded ? "offload -> device" : "device -> offload", [&] {
         const std::string dir = worker_scratch_dir() + "/ckpt";
-        auto first = FullyShardedDataParallel(make_transformer(), pg, Options(o).offload_params(saved_offloaded));
+        auto first = FullyShardedDataParallel(make_transformer(), pg, Options(o).cpu_offload(saved_offloaded));
         auto first_opt = make_optimizer(true, *first);
         for (int s = 0; s < 2; ++s) train_step(pg, first, *first_opt, s);
         save_checkpoint(dir, *first, first_opt.get());
-        auto second = FullyShardedDataParallel(make_transformer(1), pg, Options(o).offload_params(!saved_offloaded));
+        auto second = FullyShardedDataParallel(make_transformer(1), pg, Options(o).cpu_offload(!saved_offloaded));
         auto second_opt = make_optimizer(true, *second);
         load_checkpoint(dir, *second, second_opt.get());
         for (int s = 2; s < 4; ++s) train_step(pg, second, *second_opt, s);
@@ -273,16 +273,16 @@ TEST(FsdpOffload, CheckpointsDoNotDependOnPlacement) {
 
 TEST(FsdpOffload, RefusesShardsMadeAtConstruction) {
   run_ranks(1, [](comm::ProcessGroup& pg) {
-    const Options o = Options().auto_wrap_policy(module_type_policy<BlockImpl>()).offload_params(true);
+    const Options o = Options().auto_wrap_policy(module_type_policy<BlockImpl>()).cpu_offload(true);
     const std::string e = error_of([&] { ShardedInitContext ctx(pg, o); });
-    EXPECT_NE(e.find("offload_params cannot be given to a ShardedInitContext"), std::string::npos) << e;
+    EXPECT_NE(e.find("cpu_offload cannot be given to a ShardedInitContext"), std::string::npos) << e;
     std::shared_ptr<TinyTransformerImpl> m;
     {
-      ShardedInitContext ctx(pg, Options(o).offload_params(false));
+      ShardedInitContext ctx(pg, Options(o).cpu_offload(false));
       m = std::make_shared<TinyTransformerImpl>(13, 24, 5, 2);
     }
     const std::string w = error_of([&] { FullyShardedDataParallel(m, pg, o); });
-    EXPECT_NE(w.find("offload_params cannot take them over"), std::string::npos) << w;
+    EXPECT_NE(w.find("cpu_offload cannot take them over"), std::string::npos) << w;
   });
 }
 
@@ -295,7 +295,7 @@ TEST(FsdpOffload, AHostStepsErrorIsRaisedByBackward) {
       torch::Tensor step(LossClosure) override { TORCH_CHECK(false, "the step failed on purpose"); }
     };
     auto m = FullyShardedDataParallel(
-        make_mlp(), pg, Options().auto_wrap_policy(always_wrap_policy()).offload_params(true).optimizer_in_backward(true));
+        make_mlp(), pg, Options().auto_wrap_policy(always_wrap_policy()).cpu_offload(true).optimizer_in_backward(true));
     FailingSGD opt(m->parameters(), torch::optim::SGDOptions(0.1));
     m->register_optimizer_in_backward(opt);
     auto [x, y] = global_batch(0, kBatch);
@@ -314,7 +314,7 @@ TEST(FsdpOffload, TheWaitForHostStepsIsTraced) {
       const Options o = Options()
                             .auto_wrap_policy(always_wrap_policy())
                             .optimizer_in_backward(true)
-                            .offload_params(offload)
+                            .cpu_offload(offload)
                             .trace_dir(worker_scratch_dir() + "/trace");
       auto m = FullyShardedDataParallel(make_mlp(), pg, o);
       auto opt = make_optimizer(true, *m);
@@ -336,10 +336,10 @@ TEST(FsdpOffload, TheWaitForHostStepsIsTraced) {
 
 TEST(FsdpOffload, PlacementAgreesAcrossRanks) {
   run_ranks(2, [](comm::ProcessGroup& pg) {
-    const Options o = Options().auto_wrap_policy(always_wrap_policy()).offload_params(pg.rank() == 1);
+    const Options o = Options().auto_wrap_policy(always_wrap_policy()).cpu_offload(pg.rank() == 1);
     const std::string e = error_of([&] { FullyShardedDataParallel(make_mlp(), pg, o); });
     EXPECT_NE(e.find("fsdp: the placement differs across ranks"), std::string::npos) << e;
-    EXPECT_NE(e.find("rank 0 has 'offload_params(false)'"), std::string::npos) << e;
+    EXPECT_NE(e.find("rank 0 has 'cpu_offload(false)'"), std::string::npos) << e;
   });
 }
 
@@ -361,7 +361,7 @@ TEST(FsdpOffload, OutOfMemoryNamesTheUnit) {
     counter->set_limit(0);
     EXPECT_NE(message.find("fsdp (rank 0): out of memory gathering the parameters of unit '"), std::string::npos)
         << "not an OutOfMemoryError naming the unit: '" << message << "'";
-    EXPECT_NE(message.find("Options::offload_params(true)"), std::string::npos) << message;
+    EXPECT_NE(message.find("Options::cpu_offload(true)"), std::string::npos) << message;
   });
 }
 
@@ -414,7 +414,7 @@ TEST(FsdpOffloadCuda, ShardsLeaveTheGpuAndTrainLikeAdamOnIt) {
     auto unwrapped = on_gpu();
     int64_t param_bytes = 0;
     for (const auto& p : unwrapped->parameters()) param_bytes += p.numel() * p.element_size();
-    auto model = FullyShardedDataParallel(unwrapped, pg, Options(o).offload_params(true).optimizer_in_backward(true));
+    auto model = FullyShardedDataParallel(unwrapped, pg, Options(o).cpu_offload(true).optimizer_in_backward(true));
     torch::cuda::synchronize();
     // No fp32 parameter bytes stay on the GPU: only buffers (none in this model) would.
     EXPECT_LE(cuda_allocated_bytes(gpu.index()) - before, 0) << "of " << param_bytes << " parameter bytes";
@@ -437,7 +437,7 @@ TEST(FsdpOffloadCuda, ShardsLeaveTheGpuAndTrainLikeAdamOnIt) {
     // gpu_margin_mem_ratio 1: after the first backward this small model's shards and Adam state
     // all fit in the GPU's margin and move there; CPUAdam steps them with tensor ops on the GPU.
     auto placed = FullyShardedDataParallel(
-        on_gpu(), pg, Options(o).offload_params(true).optimizer_in_backward(true).gpu_margin_mem_ratio(1.0));
+        on_gpu(), pg, Options(o).cpu_offload(true).optimizer_in_backward(true).gpu_margin_mem_ratio(1.0));
     optim::CPUAdam placed_opt(placed->parameters(), optim::CPUAdamOptions(1e-2).weight_decay(0.01));
     placed->register_optimizer_in_backward(placed_opt);
     for (int s = 0; s < 4; ++s) {
@@ -534,7 +534,7 @@ torch::Device capped_gpu(const comm::ProcessGroup& pg, int64_t cap) {
 // About 1B parameters (16 bias-free 8192x8192 layers, one unit each) under a GPU memory cap of
 // 12 GiB (setMemoryFraction): their fp32 shards, gradients and Adam state, 16 B per parameter
 // (17 GB), exceed it. Without offload, Adam stepping inside backward runs out of memory while
-// creating a unit's state, and the error names the unit; with offload_params and CPUAdam on the
+// creating a unit's state, and the error names the unit; with cpu_offload and CPUAdam on the
 // host the same model trains (finite losses, parameters move) under the cap, and the GPU's peak
 // stays under it.
 TEST(FsdpOffloadCuda, BillionParametersTrainUnderACapOnlyWithOffload) {
@@ -569,7 +569,7 @@ TEST(FsdpOffloadCuda, BillionParametersTrainUnderACapOnlyWithOffload) {
     auto net = billion();
     net->to(gpu);
     auto m = FullyShardedDataParallel(
-        net, pg, Options().auto_wrap_policy(always_wrap_policy()).offload_params(true).optimizer_in_backward(true));
+        net, pg, Options().auto_wrap_policy(always_wrap_policy()).cpu_offload(true).optimizer_in_backward(true));
     optim::CPUAdam opt(m->parameters(), optim::CPUAdamOptions(1e-4));
     m->register_optimizer_in_backward(opt);
     const auto before = m->parameters()[0].detach().clone();

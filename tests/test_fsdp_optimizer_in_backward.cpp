@@ -135,10 +135,10 @@ void check_equal_to_step_after_backward(comm::ProcessGroup& pg, const Case& c, M
       o.zero_grad(/*set_to_none=*/true);
       for (int k = 0; k < c.micro_batches; ++k) {
         const bool last = k + 1 == c.micro_batches;
-        std::unique_ptr<FullyShardedBase::NoSyncGuard> no_sync;
-        std::unique_ptr<FullyShardedBase::NoStepGuard> no_step;
-        if (!last && c.accumulate == Accumulate::NoSync) no_sync = m->no_sync();
-        if (!last && c.accumulate == Accumulate::NoStep && in_backward) no_step = m->no_step();
+        std::optional<FullyShardedBase::NoSyncGuard> no_sync;
+        std::optional<FullyShardedBase::NoStepGuard> no_step;
+        if (!last && c.accumulate == Accumulate::NoSync) no_sync.emplace(m->no_sync());
+        if (!last && c.accumulate == Accumulate::NoStep && in_backward) no_step.emplace(m->no_step());
         auto [x, y] = batch(step * c.micro_batches + k);
         auto out = m->forward(rank_slice(x, pg.rank(), pg.size())).to(torch::kFloat);
         auto loss = torch::mse_loss(out, rank_slice(y, pg.rank(), pg.size()));
@@ -161,7 +161,7 @@ void check_equal_to_step_after_backward(comm::ProcessGroup& pg, const Case& c, M
 }
 
 Options hybrid(int n) {
-  return Options().sharding_strategy(ShardingStrategy::HYBRID_SHARD).shard_group_size(n % 2 == 0 ? 2 : n);
+  return Options().sharding_strategy(ShardingStrategy::kHybridShard).shard_group_size(n % 2 == 0 ? 2 : n);
 }
 
 
@@ -179,33 +179,33 @@ void equality_cases(comm::ProcessGroup& pg) {
   const auto blocks = size_based_policy(100);
   using S = ShardingStrategy;
   auto strategy = [](S s) { return Options().sharding_strategy(s); };
-  check_equal_to_step_after_backward(pg, {"mlp/full_shard/adamw", strategy(S::FULL_SHARD).auto_wrap_policy(each), Opt::AdamW},
+  check_equal_to_step_after_backward(pg, {"mlp/full_shard/adamw", strategy(S::kFullShard).auto_wrap_policy(each), Opt::AdamW},
                                      mlp, batch);
   check_equal_to_step_after_backward(
-      pg, {"transformer/shard_grad_op/sgd", strategy(S::SHARD_GRAD_OP).auto_wrap_policy(blocks), Opt::SGD}, transformer,
+      pg, {"transformer/shard_grad_op/sgd", strategy(S::kShardGradOp).auto_wrap_policy(blocks), Opt::SGD}, transformer,
       batch);
-  check_equal_to_step_after_backward(pg, {"transformer/no_shard/adam", strategy(S::NO_SHARD).auto_wrap_policy(blocks), Opt::Adam},
+  check_equal_to_step_after_backward(pg, {"transformer/no_shard/adam", strategy(S::kNoShard).auto_wrap_policy(blocks), Opt::Adam},
                                      transformer, batch);
   check_equal_to_step_after_backward(pg, {"transformer/hybrid_shard/cpu_adam", hybrid(n).auto_wrap_policy(blocks), Opt::CPUAdam},
                                      transformer, batch);
   // Accumulation: only the last micro-batch steps.
   check_equal_to_step_after_backward(
-      pg, {"mlp/full_shard/adam/no_sync x3", strategy(S::FULL_SHARD).auto_wrap_policy(each), Opt::Adam, Accumulate::NoSync, 3, 3},
+      pg, {"mlp/full_shard/adam/no_sync x3", strategy(S::kFullShard).auto_wrap_policy(each), Opt::Adam, Accumulate::NoSync, 3, 3},
       mlp, batch);
   check_equal_to_step_after_backward(
-      pg, {"transformer/full_shard/sgd/no_step x3", strategy(S::FULL_SHARD).auto_wrap_policy(blocks), Opt::SGD, Accumulate::NoStep, 3, 3},
+      pg, {"transformer/full_shard/sgd/no_step x3", strategy(S::kFullShard).auto_wrap_policy(blocks), Opt::SGD, Accumulate::NoStep, 3, 3},
       transformer, batch);
   check_equal_to_step_after_backward(
-      pg, {"mlp/no_shard/cpu_adam/no_step x2", strategy(S::NO_SHARD).auto_wrap_policy(each), Opt::CPUAdam, Accumulate::NoStep, 2, 3},
+      pg, {"mlp/no_shard/cpu_adam/no_step x2", strategy(S::kNoShard).auto_wrap_policy(each), Opt::CPUAdam, Accumulate::NoStep, 2, 3},
       mlp, batch);
   // Tied weights (one unit), buckets of several units, mixed precision.
-  check_equal_to_step_after_backward(pg, {"tied/full_shard/adamw", strategy(S::FULL_SHARD), Opt::AdamW}, [] { return TiedEmbeddingNet(3); },
+  check_equal_to_step_after_backward(pg, {"tied/full_shard/adamw", strategy(S::kFullShard), Opt::AdamW}, [] { return TiedEmbeddingNet(3); },
                                      tied_batch);
   check_equal_to_step_after_backward(
-      pg, {"mlp/full_shard/adamw/buckets", strategy(S::FULL_SHARD).auto_wrap_policy(each).bucket_cap_mb(1), Opt::AdamW}, mlp, batch);
+      pg, {"mlp/full_shard/adamw/buckets", strategy(S::kFullShard).auto_wrap_policy(each).bucket_cap_mb(1), Opt::AdamW}, mlp, batch);
   check_equal_to_step_after_backward(
       pg, {"transformer/full_shard/adamw/bf16",
-           strategy(S::FULL_SHARD).auto_wrap_policy(blocks).mixed_precision(MixedPrecision().param_dtype(torch::kBFloat16)),
+           strategy(S::kFullShard).auto_wrap_policy(blocks).mixed_precision(MixedPrecision().param_dtype(torch::kBFloat16)),
            Opt::AdamW},
       transformer, batch);
 }
@@ -284,15 +284,15 @@ void refusal_cases(comm::ProcessGroup& pg) {
   run_case("TrainingFacade registers the optimizer, refuses the scaler and clipping", [&] {
     auto m = FullyShardedDataParallel(make_mlp(), pg, on);
     torch::optim::SGD o(m->parameters(), 0.1);
-    EXPECT_NE(error_of([&] { optim::TrainingFacade(*m, o, optim::FacadeOptions().clip_grad_norm(1)); })
+    EXPECT_NE(error_of([&] { trainer::TrainingFacade(*m, o, trainer::FacadeOptions().clip_grad_norm(1)); })
                   .find("clip_grad_norm needs every gradient"),
               std::string::npos);
     EXPECT_NE(error_of([&] {
-                optim::TrainingFacade(*m, o, optim::FacadeOptions().dynamic_loss_scale(
-                                                 optim::ZeroOptions::low_level_zero_scaler()));
+                trainer::TrainingFacade(*m, o, trainer::FacadeOptions().dynamic_loss_scale(
+                                                     optim::ZeroOptions::low_level_zero_scaler()));
               }).find("dynamic_loss_scale (its inf/nan check) needs every gradient"),
               std::string::npos);
-    optim::TrainingFacade train(*m, o);
+    trainer::TrainingFacade train(*m, o);
     std::vector<torch::Tensor> before;
     for (auto& p : m->parameters()) before.push_back(p.detach().clone());
     auto [x, y] = global_batch(0, 4 * pg.size());
@@ -377,8 +377,8 @@ void check_zero_equal_to_step_after_backward(comm::ProcessGroup& pg, const ZeroC
     auto run_step = [&](Run& r, bool inside, int step) {
       r.opt->zero_grad(/*set_to_none=*/true);
       for (int k = 0; k < c.micro_batches; ++k) {
-        std::unique_ptr<optim::ZeroRedundancyOptimizer::NoStepGuard> no_step;
-        if (inside && k + 1 < c.micro_batches) no_step = r.opt->no_step();
+        std::optional<optim::ZeroRedundancyOptimizer::NoStepGuard> no_step;
+        if (inside && k + 1 < c.micro_batches) no_step.emplace(r.opt->no_step());
         auto [x, y] = global_batch(step * c.micro_batches + k, 12);
         auto in_x = rank_slice(x, pg.rank(), pg.size());
         auto out = r.net->forward(c.bf16 ? in_x.to(torch::kBFloat16) : in_x).to(torch::kFloat);

@@ -66,7 +66,7 @@ void check_parity(comm::ProcessGroup& pg, const std::string& name, ModelFactory 
       comm::all_reduce(pg, l, comm::ReduceOp::Avg).wait();
       EXPECT_NEAR(l.item<double>(), ref_losses[s], 1e-5 * std::abs(ref_losses[s]) + 1e-7) << "step " << s;
       // Outside forward/backward parameters are pieces (1-D) unless NO_SHARD.
-      if (options.sharding_strategy() != ShardingStrategy::NO_SHARD && pg.size() > 1) {
+      if (options.sharding_strategy() != ShardingStrategy::kNoShard && pg.size() > 1) {
         for (auto& p : model->parameters()) EXPECT_EQ(p.dim(), 1);
       }
     }
@@ -84,7 +84,7 @@ void check_parity(comm::ProcessGroup& pg, const std::string& name, ModelFactory 
 }
 
 void parity_cases(comm::ProcessGroup& pg) {
-  for (auto strategy : {ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP, ShardingStrategy::NO_SHARD}) {
+  for (auto strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp, ShardingStrategy::kNoShard}) {
     const std::string s = to_string(strategy);
     for (Opt opt : {Opt::SGD, Opt::AdamW}) {
       const std::string o = opt == Opt::SGD ? "sgd" : "adamw";

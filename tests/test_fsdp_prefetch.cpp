@@ -34,7 +34,7 @@ const TraceSpan& find_span(const std::vector<TraceSpan>& spans, const std::strin
 }
 
 Options mlp_options(BackwardPrefetch bp, bool fp) {
-  return Options().sharding_strategy(ShardingStrategy::FULL_SHARD).auto_wrap_policy(always_wrap_policy())
+  return Options().sharding_strategy(ShardingStrategy::kFullShard).auto_wrap_policy(always_wrap_policy())
       .backward_prefetch(bp).forward_prefetch(fp).trace_dir(worker_scratch_dir() + "/trace");
 }
 
@@ -74,7 +74,7 @@ std::map<std::string, torch::Tensor> train(comm::ProcessGroup& pg, ModelFactory 
 void prefetch_cases(comm::ProcessGroup& pg) {
   // Backward order of the MLP's units is 4, 2, 0 (reverse forward).
   run_case("backward-none", [&] {
-    auto t = traced_iteration(pg, mlp_options(BackwardPrefetch::NONE, false));
+    auto t = traced_iteration(pg, mlp_options(BackwardPrefetch::kNone, false));
     for (auto [cur, next] : {std::pair{"4", "2"}, std::pair{"2", "0"}}) {
       const auto& g = find_span(t, std::string("all_gather ") + next, /*last=*/true);
       EXPECT_GT(g.begin_seq, find_span(t, std::string("backward ") + cur).end_seq) << cur;
@@ -83,7 +83,7 @@ void prefetch_cases(comm::ProcessGroup& pg) {
     }
   });
   run_case("backward-pre", [&] {
-    auto t = traced_iteration(pg, mlp_options(BackwardPrefetch::BACKWARD_PRE, false));
+    auto t = traced_iteration(pg, mlp_options(BackwardPrefetch::kBackwardPre, false));
     for (auto [cur, next] : {std::pair{"4", "2"}, std::pair{"2", "0"}}) {
       // the next unit's gather is issued before this unit's gradients are computed
       EXPECT_LT(find_span(t, std::string("all_gather ") + next, /*last=*/true).begin_seq,
@@ -91,7 +91,7 @@ void prefetch_cases(comm::ProcessGroup& pg) {
     }
   });
   run_case("backward-post", [&] {
-    auto t = traced_iteration(pg, mlp_options(BackwardPrefetch::BACKWARD_POST, false));
+    auto t = traced_iteration(pg, mlp_options(BackwardPrefetch::kBackwardPost, false));
     for (auto [cur, next] : {std::pair{"4", "2"}, std::pair{"2", "0"}}) {
       const auto& g = find_span(t, std::string("all_gather ") + next, /*last=*/true);
       EXPECT_GT(g.begin_seq, find_span(t, std::string("backward ") + cur).end_seq) << cur;
@@ -100,7 +100,7 @@ void prefetch_cases(comm::ProcessGroup& pg) {
   });
   run_case("forward-prefetch", [&] {
     for (bool fp : {false, true}) {
-      auto t = traced_iteration(pg, mlp_options(BackwardPrefetch::NONE, fp));
+      auto t = traced_iteration(pg, mlp_options(BackwardPrefetch::kNone, fp));
       for (auto [cur, next] : {std::pair{"0", "2"}, std::pair{"2", "4"}}) {
         const int64_t g = find_span(t, std::string("all_gather ") + next).begin_seq;
         const int64_t f = find_span(t, std::string("forward ") + cur).begin_seq;
@@ -136,7 +136,7 @@ void prefetch_cases(comm::ProcessGroup& pg) {
     // after its backward, then the reduction's issue and wait, then its step; every
     // gather's issue and wait inside that gather's span.
     const auto t = traced_iteration(
-        pg, mlp_options(BackwardPrefetch::BACKWARD_PRE, false).optimizer_in_backward(true), /*step_in_backward=*/true);
+        pg, mlp_options(BackwardPrefetch::kBackwardPre, false).optimizer_in_backward(true), /*step_in_backward=*/true);
     auto count = [&](const std::string& name) {
       int n = 0;
       for (const auto& s : t) n += s.name == name;
@@ -175,10 +175,10 @@ void prefetch_cases(comm::ProcessGroup& pg) {
   run_case("numbers-unchanged", [&] {
     auto mlp = [] { return make_mlp(); };
     auto tf = [] { return make_transformer(); };
-    auto base = Options().sharding_strategy(ShardingStrategy::FULL_SHARD);
+    auto base = Options().sharding_strategy(ShardingStrategy::kFullShard);
     auto mlp_none = train(pg, mlp, Options(base).auto_wrap_policy(always_wrap_policy()));
     auto tf_none = train(pg, tf, Options(base).auto_wrap_policy(size_based_policy(100)));
-    for (auto bp : {BackwardPrefetch::BACKWARD_PRE, BackwardPrefetch::BACKWARD_POST}) {
+    for (auto bp : {BackwardPrefetch::kBackwardPre, BackwardPrefetch::kBackwardPost}) {
       for (bool limit : {true, false}) {
         SCOPED_TRACE(std::string(to_string(bp)) + (limit ? " limited" : " unlimited"));
         auto m = train(pg, mlp, Options(base).auto_wrap_policy(always_wrap_policy()).backward_prefetch(bp)

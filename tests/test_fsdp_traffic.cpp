@@ -83,7 +83,7 @@ void traffic_cases(comm::ProcessGroup& pg) {
   EXPECT_LE(psi_padded - psi, max_padding);
 
   run_case("FULL_SHARD: 3Ψ(N-1)/N per rank, less the last two units' backward gathers", [&] {
-    auto model = FullyShardedDataParallel(make_mlp(), pg, Options().sharding_strategy(ShardingStrategy::FULL_SHARD)
+    auto model = FullyShardedDataParallel(make_mlp(), pg, Options().sharding_strategy(ShardingStrategy::kFullShard)
                                                               .auto_wrap_policy(always_wrap_policy()));
     torch::optim::SGD opt(model->parameters(), 0.05);
     // First step: no forward order recorded yet, so every unit is re-gathered in
@@ -110,7 +110,7 @@ void traffic_cases(comm::ProcessGroup& pg) {
   });
 
   run_case("SHARD_GRAD_OP: 2Ψ(N-1)/N per rank", [&] {
-    auto model = FullyShardedDataParallel(make_mlp(), pg, Options().sharding_strategy(ShardingStrategy::SHARD_GRAD_OP)
+    auto model = FullyShardedDataParallel(make_mlp(), pg, Options().sharding_strategy(ShardingStrategy::kShardGradOp)
                                                               .auto_wrap_policy(always_wrap_policy()));
     torch::optim::SGD opt(model->parameters(), 0.05);
     for (int step = 0; step < 2; ++step) {
@@ -126,7 +126,7 @@ void traffic_cases(comm::ProcessGroup& pg) {
   });
 
   run_case("NO_SHARD: every gradient element written once per rank", [&] {
-    auto model = FullyShardedDataParallel(make_mlp(), pg, Options().sharding_strategy(ShardingStrategy::NO_SHARD)
+    auto model = FullyShardedDataParallel(make_mlp(), pg, Options().sharding_strategy(ShardingStrategy::kNoShard)
                                                               .auto_wrap_policy(always_wrap_policy()));
     torch::optim::SGD opt(model->parameters(), 0.05);
     for (int step = 0; step < 2; ++step) {
@@ -162,7 +162,7 @@ void hybrid_traffic_case(comm::ProcessGroup& pg) {
   }
   const int64_t last_chunk = kept_chunks(g);
   run_case("HYBRID_SHARD g=2: 3Ψ(g-1)/g in the shard group + 2(Ψ/g)(R-1)/R across replicas", [&] {
-    auto model = FullyShardedDataParallel(make_mlp(), pg, Options().sharding_strategy(ShardingStrategy::HYBRID_SHARD)
+    auto model = FullyShardedDataParallel(make_mlp(), pg, Options().sharding_strategy(ShardingStrategy::kHybridShard)
                                                               .shard_group_size(g)
                                                               .auto_wrap_policy(always_wrap_policy()));
     torch::optim::SGD opt(model->parameters(), 0.05);

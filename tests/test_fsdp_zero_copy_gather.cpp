@@ -155,27 +155,27 @@ void training_cases(comm::ProcessGroup& pg) {
   using S = ShardingStrategy;
   const auto blocks = size_based_policy(100);
   auto strategy = [&](S s) { return Options().sharding_strategy(s).auto_wrap_policy(blocks); };
-  check_equal_to_copying_gathers(pg, {"full_shard/adamw", strategy(S::FULL_SHARD)});
-  check_equal_to_copying_gathers(pg, {"full_shard/cpu_adam in backward", strategy(S::FULL_SHARD), true});
-  check_equal_to_copying_gathers(pg, {"full_shard/small units (seams only)", strategy(S::FULL_SHARD), false, false});
-  check_equal_to_copying_gathers(pg, {"shard_grad_op/cpu_adam in backward", strategy(S::SHARD_GRAD_OP), true});
+  check_equal_to_copying_gathers(pg, {"full_shard/adamw", strategy(S::kFullShard)});
+  check_equal_to_copying_gathers(pg, {"full_shard/cpu_adam in backward", strategy(S::kFullShard), true});
+  check_equal_to_copying_gathers(pg, {"full_shard/small units (seams only)", strategy(S::kFullShard), false, false});
+  check_equal_to_copying_gathers(pg, {"shard_grad_op/cpu_adam in backward", strategy(S::kShardGradOp), true});
   check_equal_to_copying_gathers(
-      pg, {"full_shard/prefetch both ways", strategy(S::FULL_SHARD).forward_prefetch(true)});
+      pg, {"full_shard/prefetch both ways", strategy(S::kFullShard).forward_prefetch(true)});
   check_equal_to_copying_gathers(
-      pg, {"full_shard/checkpointed blocks/cpu_adam in backward", strategy(S::FULL_SHARD), true, true, true});
-  check_equal_to_copying_gathers(pg, {"full_shard/state dict reloaded every step", strategy(S::FULL_SHARD), false,
+      pg, {"full_shard/checkpointed blocks/cpu_adam in backward", strategy(S::kFullShard), true, true, true});
+  check_equal_to_copying_gathers(pg, {"full_shard/state dict reloaded every step", strategy(S::kFullShard), false,
                                       true, false, true});
   if (pg.size() % 2 == 0)
     check_equal_to_copying_gathers(pg, {"hybrid_shard/cpu_adam in backward",
-                                        strategy(S::HYBRID_SHARD).shard_group_size(2), true});
+                                        strategy(S::kHybridShard).shard_group_size(2), true});
 }
 
 void refusal_cases(comm::ProcessGroup& pg) {
   auto refused = [&](Options o) {
     return error_of([&] { FullyShardedDataParallel(make_transformer(), pg, o.zero_copy_gather(true)); });
   };
-  std::string e = refused(Options().offload_params(true));
-  EXPECT_NE(e.find("zero_copy_gather maps the peers' shards into the gathered parameters, but offload_params"),
+  std::string e = refused(Options().cpu_offload(true));
+  EXPECT_NE(e.find("zero_copy_gather maps the peers' shards into the gathered parameters, but cpu_offload"),
             std::string::npos) << e;
   e = refused(Options().mixed_precision(MixedPrecision().param_dtype(torch::kBFloat16)));
   EXPECT_NE(e.find("MixedPrecision::param_dtype gathers a cast copy"), std::string::npos) << e;
@@ -189,7 +189,7 @@ void gloo_refusal_cases(comm::ProcessGroup& pg) {
   EXPECT_NE(e.find("has no exchange arena to map"), std::string::npos) << e;
   // NO_SHARD gathers nothing: the option changes nothing there.
   auto m = FullyShardedDataParallel(make_transformer(), pg,
-                                    Options().sharding_strategy(ShardingStrategy::NO_SHARD).zero_copy_gather(true));
+                                    Options().sharding_strategy(ShardingStrategy::kNoShard).zero_copy_gather(true));
   EXPECT_TRUE(m->forward(global_batch(0, 4).first).defined());
 }
 

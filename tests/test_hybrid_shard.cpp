@@ -116,7 +116,7 @@ struct SlowBackward : torch::autograd::Function<SlowBackward> {
 torch::Tensor slow_backward_identity(torch::Tensor x) { return SlowBackward::apply(x); }
 
 Options hybrid(int g, WrapPolicy policy) {
-  return Options().sharding_strategy(ShardingStrategy::HYBRID_SHARD).shard_group_size(g).auto_wrap_policy(policy);
+  return Options().sharding_strategy(ShardingStrategy::kHybridShard).shard_group_size(g).auto_wrap_policy(policy);
 }
 
 // Two SGD steps of `model` on the global batches of 16 (this rank's slice of 4); the
@@ -157,7 +157,7 @@ void hybrid_cases(comm::ProcessGroup& pg) {
 
   run_case("traffic-and-memory/shard2", [&] {
     auto h = train(pg, mlp, hybrid(2, always_wrap_policy()), Opt::SGD, /*steps=*/1);
-    auto ns = train(pg, mlp, Options().sharding_strategy(ShardingStrategy::NO_SHARD)
+    auto ns = train(pg, mlp, Options().sharding_strategy(ShardingStrategy::kNoShard)
                                  .auto_wrap_policy(always_wrap_policy()), Opt::SGD, 1);
     // One ring all-reduce over the 2-rank replica group per reduced shard moves
     // 2*(2-1)/2 = 1x the shard: exactly the parameter shard bytes.
@@ -172,7 +172,7 @@ void hybrid_cases(comm::ProcessGroup& pg) {
 
   run_case("shard4-is-full-shard", [&] {
     auto h = train(pg, tf, hybrid(4, size_based_policy(100)), Opt::AdamW);
-    auto f = train(pg, tf, Options().sharding_strategy(ShardingStrategy::FULL_SHARD)
+    auto f = train(pg, tf, Options().sharding_strategy(ShardingStrategy::kFullShard)
                                .auto_wrap_policy(size_based_policy(100)), Opt::AdamW);
     expect_identical(h.full, f.full);
     EXPECT_EQ(h.all_reduce_bytes, 0);  // no replica group traffic
@@ -183,7 +183,7 @@ void hybrid_cases(comm::ProcessGroup& pg) {
 
   run_case("shard1-is-no-shard", [&] {
     auto h = train(pg, tf, hybrid(1, size_based_policy(100)), Opt::AdamW);
-    auto n = train(pg, tf, Options().sharding_strategy(ShardingStrategy::NO_SHARD)
+    auto n = train(pg, tf, Options().sharding_strategy(ShardingStrategy::kNoShard)
                                .auto_wrap_policy(size_based_policy(100)), Opt::AdamW);
     expect_identical(h.full, n.full);
     expect_close(h.full, reference(tf, Opt::AdamW), kParityTol);
@@ -212,7 +212,7 @@ void hybrid_cases(comm::ProcessGroup& pg) {
     // of fp32 single-process training.
     const auto mp = MixedPrecision().param_dtype(torch::kBFloat16).reduce_dtype(torch::kBFloat16);
     auto h4 = train(pg, mlp, hybrid(4, always_wrap_policy()).mixed_precision(mp), Opt::AdamW);
-    auto f = train(pg, mlp, Options().sharding_strategy(ShardingStrategy::FULL_SHARD)
+    auto f = train(pg, mlp, Options().sharding_strategy(ShardingStrategy::kFullShard)
                                .auto_wrap_policy(always_wrap_policy()).mixed_precision(mp), Opt::AdamW);
     expect_identical(h4.full, f.full);
     auto h2 = train(pg, mlp, hybrid(2, always_wrap_policy()).mixed_precision(mp), Opt::AdamW);

@@ -237,12 +237,12 @@ void run_all(comm::ProcessGroup& pg) {
       {"fp32_compute_bf16_reduce", MixedPrecision().reduce_dtype(torch::kBFloat16), 3e-3},
       {"fp32_compute_fp16_reduce", MixedPrecision().reduce_dtype(torch::kHalf), 1.2e-3},
   };
-  for (auto strategy : {ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP}) {
+  for (auto strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp}) {
     for (const auto& c : configs) {
       // fp16 compute once, under FULL_SHARD: what it adds over bf16 (a half-precision forward
       // and backward on the CPU) does not depend on the strategy, and SHARD_GRAD_OP's casts
       // of the parameters are the ones bf16_params checks.
-      if (strategy == ShardingStrategy::SHARD_GRAD_OP && std::string(c.name) == "fp16_params") continue;
+      if (strategy == ShardingStrategy::kShardGradOp && std::string(c.name) == "fp16_params") continue;
       run_case(std::string(to_string(strategy)) + "_" + c.name, [&] {
         auto r = train_fsdp(pg, [] { return make_mlp(7); }, mp_options(strategy, c.mp), kSteps);
         const double dl = std::abs(r.final_loss - reference.final_loss) / reference.final_loss;
@@ -260,14 +260,14 @@ void run_all(comm::ProcessGroup& pg) {
 
   run_case("no_shard_bf16", [&] {
     auto r = train_fsdp(pg, [] { return make_mlp(7); },
-                        mp_options(ShardingStrategy::NO_SHARD, MixedPrecision().param_dtype(torch::kBFloat16)),
+                        mp_options(ShardingStrategy::kNoShard, MixedPrecision().param_dtype(torch::kBFloat16)),
                         kSteps);
     EXPECT_LT(std::abs(r.final_loss - reference.final_loss) / reference.final_loss, 1.5e-2);
     EXPECT_LT(params_rel_diff(r.params, reference.params), 1.5e-2);
   });
 
   for (auto reduce : {torch::kBFloat16, torch::kHalf}) {
-    for (auto strategy : {ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP}) {
+    for (auto strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp}) {
       const std::string name = std::string("sgd_") + to_string(strategy) + "_" + c10::toString(reduce) + "_reduce";
       run_case(name, [&] {
         // SGD, unlike Adam, is not invariant to a constant gradient scale: a
@@ -323,7 +323,7 @@ void run_all(comm::ProcessGroup& pg) {
       auto net = make_scaled_net();
       std::vector<std::shared_ptr<ScaledImpl>> layers;
       for (size_t i = 0; i < net->size(); ++i) layers.push_back(net->ptr<ScaledImpl>(i));
-      auto model = FullyShardedDataParallel(net, pg, mp_options(ShardingStrategy::FULL_SHARD, mp));
+      auto model = FullyShardedDataParallel(net, pg, mp_options(ShardingStrategy::kFullShard, mp));
       std::vector<c10::ScalarType> seen;
       torch::Tensor out = model->forward(xs);
       for (const auto& layer : layers) {
@@ -351,7 +351,7 @@ void run_all(comm::ProcessGroup& pg) {
       ASSERT_NE(bn, nullptr);
       auto model = FullyShardedDataParallel(
           net, pg,
-          mp_options(ShardingStrategy::FULL_SHARD, MixedPrecision()
+          mp_options(ShardingStrategy::kFullShard, MixedPrecision()
                                                        .param_dtype(torch::kBFloat16)
                                                        .buffer_dtype(torch::kBFloat16)
                                                        .full_precision_batch_norm(full_bn)));
@@ -362,7 +362,7 @@ void run_all(comm::ProcessGroup& pg) {
 
   run_case("bf16_gather_moves_half_the_bytes", [&] {
     auto bytes_of_forward = [&](MixedPrecision mp) {
-      auto model = FullyShardedDataParallel(make_mlp(7), pg, mp_options(ShardingStrategy::FULL_SHARD, mp));
+      auto model = FullyShardedDataParallel(make_mlp(7), pg, mp_options(ShardingStrategy::kFullShard, mp));
       auto [x, y] = batch_of(0);
       comm::comm_counters().reset();
       torch::NoGradGuard no_grad;
@@ -381,7 +381,7 @@ void run_all(comm::ProcessGroup& pg) {
           torch::manual_seed(1);
           return ProbeNet();
         }(),
-        pg, mp_options(ShardingStrategy::FULL_SHARD, MixedPrecision().param_dtype(torch::kBFloat16)));
+        pg, mp_options(ShardingStrategy::kFullShard, MixedPrecision().param_dtype(torch::kBFloat16)));
     torch::optim::Adam opt(model->parameters(), 1e-3);
     auto [x, y] = batch_of(0);
     auto loss = torch::mse_loss(model->forward(rank_slice(x, pg.rank(), pg.size())).to(torch::kFloat),
@@ -424,7 +424,7 @@ void run_all(comm::ProcessGroup& pg) {
     torch::optim::Adam ref_opt(ref->parameters(), 1e-3);
     auto model = FullyShardedDataParallel(
         make_bn_mlp(), pg,
-        mp_options(ShardingStrategy::FULL_SHARD, MixedPrecision().param_dtype(torch::kBFloat16)));
+        mp_options(ShardingStrategy::kFullShard, MixedPrecision().param_dtype(torch::kBFloat16)));
     torch::optim::Adam opt(model->parameters(), 1e-3);
     const int steps = 100;
     double loss_fsdp = 0, loss_ref = 0;
@@ -471,7 +471,7 @@ void run_all(comm::ProcessGroup& pg) {
     // gradient pieces the optimizer sees are the same size either way.
     auto measure = [&](MixedPrecision mp) {
       auto model =
-          FullyShardedDataParallel(make_mlp(7), pg, mp_options(ShardingStrategy::SHARD_GRAD_OP, mp));
+          FullyShardedDataParallel(make_mlp(7), pg, mp_options(ShardingStrategy::kShardGradOp, mp));
       auto [x, y] = batch_of(0);
       torch::Tensor loss = torch::mse_loss(model->forward(rank_slice(x, pg.rank(), pg.size())).to(torch::kFloat),
                                            rank_slice(y, pg.rank(), pg.size()));
@@ -492,7 +492,7 @@ void run_all(comm::ProcessGroup& pg) {
   run_case("keep_low_precision_grads", [&] {
     auto model = FullyShardedDataParallel(
         make_mlp(7), pg,
-        mp_options(ShardingStrategy::FULL_SHARD,
+        mp_options(ShardingStrategy::kFullShard,
                    MixedPrecision().param_dtype(torch::kBFloat16).keep_low_precision_grads(true)));
     auto [x, y] = batch_of(0);
     torch::mse_loss(model->forward(rank_slice(x, pg.rank(), pg.size())).to(torch::kFloat),
@@ -507,7 +507,7 @@ void run_all(comm::ProcessGroup& pg) {
 
   run_case("unsupported_combinations_fail_at_construction", [&] {
     EXPECT_THROW(FullyShardedDataParallel(make_mlp(7), pg,
-                                          mp_options(ShardingStrategy::FULL_SHARD,
+                                          mp_options(ShardingStrategy::kFullShard,
                                                      MixedPrecision().reduce_dtype(torch::kInt))),
                  c10::Error);
   });

@@ -126,10 +126,10 @@ void parity_cases(comm::ProcessGroup& pg) {
   auto mlp = [] { return make_mlp(); };
   auto tf = [] { return make_transformer(); };
   const Params mlp_ref = reference(mlp), tf_ref = reference(tf);
-  for (auto strategy : {ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP, ShardingStrategy::NO_SHARD}) {
+  for (auto strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp, ShardingStrategy::kNoShard}) {
     const std::string s = to_string(strategy);
     // Gloo's ring all-reduce sums in a position-dependent order above 2 ranks.
-    const bool exact = strategy != ShardingStrategy::NO_SHARD || n == 2;
+    const bool exact = strategy != ShardingStrategy::kNoShard || n == 2;
     auto check_same = [&](const Params& got, const Params& want, const std::string& what) {
       if (exact) expect_identical(got, want, what);
       else expect_close(got, want, 1e-6, what);
@@ -170,7 +170,7 @@ void parity_cases(comm::ProcessGroup& pg) {
   }
 
   run_case("no_sync", [&] {
-    for (auto strategy : {ShardingStrategy::FULL_SHARD, ShardingStrategy::NO_SHARD}) {
+    for (auto strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kNoShard}) {
       SCOPED_TRACE(to_string(strategy));
       auto opts = Options().sharding_strategy(strategy).auto_wrap_policy(size_based_policy(100));
       auto off = train(pg, tf, Options(opts).bucket_cap_mb(0), 3, 3, true);
@@ -181,14 +181,14 @@ void parity_cases(comm::ProcessGroup& pg) {
       const Params ref = reference(tf, 3, 3);
       expect_close(on.full, ref, kParityTol, "no_sync + buckets vs reference");
       expect_close(acc.full, ref, kParityTol, "accumulation + buckets vs reference");
-      if (strategy != ShardingStrategy::NO_SHARD || n == 2) expect_identical(on.full, off.full, "no_sync: buckets vs none");
+      if (strategy != ShardingStrategy::kNoShard || n == 2) expect_identical(on.full, off.full, "no_sync: buckets vs none");
     }
   });
 
   run_case("mixed-precision", [&] {
     // bf16 flat gradients in one bucket: the same bf16 sums as unit by unit.
     const auto mp = MixedPrecision().param_dtype(torch::kBFloat16).reduce_dtype(torch::kBFloat16);
-    auto opts = Options().sharding_strategy(ShardingStrategy::FULL_SHARD).auto_wrap_policy(always_wrap_policy())
+    auto opts = Options().sharding_strategy(ShardingStrategy::kFullShard).auto_wrap_policy(always_wrap_policy())
                     .mixed_precision(mp);
     auto off = train(pg, mlp, Options(opts).bucket_cap_mb(0));
     auto on = train(pg, mlp, Options(opts).bucket_cap_mb(1));
@@ -208,7 +208,7 @@ void parity_cases(comm::ProcessGroup& pg) {
                                    torch::nn::Linear(16, 5));
     };
     const auto mp = MixedPrecision().param_dtype(torch::kBFloat16).reduce_dtype(torch::kBFloat16);
-    auto opts = Options().sharding_strategy(ShardingStrategy::FULL_SHARD).auto_wrap_policy(always_wrap_policy())
+    auto opts = Options().sharding_strategy(ShardingStrategy::kFullShard).auto_wrap_policy(always_wrap_policy())
                     .mixed_precision(mp);
     auto off = train(pg, bn, Options(opts).bucket_cap_mb(0));
     auto on = train(pg, bn, Options(opts).bucket_cap_mb(1));
@@ -247,7 +247,7 @@ void unused_branch_cases(comm::ProcessGroup& pg) {
     return BranchNet();
   };
   auto uses = [](int r) { return r % 2 == 0; };
-  for (auto strategy : {ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP, ShardingStrategy::NO_SHARD}) {
+  for (auto strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp, ShardingStrategy::kNoShard}) {
     for (double cap : {0.0, 1.0, 700.0 / (1024 * 1024)}) {  // none; all; head+branch (2 x 85-87 floats), root alone
       run_case(std::string("unused-branch/") + to_string(strategy) + "/cap" + std::to_string(cap), [&] {
         auto ref = make();

@@ -81,7 +81,7 @@ std::vector<Config> configs() {
       // One unit per block; rank 0's values broadcast unit by unit.
       {"block type shard_grad_op sync", Options()
                                             .auto_wrap_policy(module_type_policy<BlockImpl>())
-                                            .sharding_strategy(ShardingStrategy::SHARD_GRAD_OP)
+                                            .sharding_strategy(ShardingStrategy::kShardGradOp)
                                             .sync_module_states(true),
        3},
       // Only the Sequential entries (1,225 and 1,200 elements) inside each block
@@ -222,7 +222,7 @@ void sharded_init_cases(comm::ProcessGroup& pg) {
     err = error_of([&] {
       auto w = FullyShardedDataParallel(build_sharded(pg, o, 1), pg,
                                Options().auto_wrap_policy(always_wrap_policy()).sharding_strategy(
-                                   ShardingStrategy::NO_SHARD));
+                                   ShardingStrategy::kNoShard));
     });
     EXPECT_NE(err.find("sharded at construction"), std::string::npos) << err;
     EXPECT_NE(err.find("NO_SHARD"), std::string::npos) << err;
@@ -461,7 +461,7 @@ void rank0_load_cases(comm::ProcessGroup& pg) {
   // rank keep the piece of its place in its own group.
   if (pg.size() == 4)
     run_case("rank-0 pretrained load under hybrid_shard equals eager loading", [&] {
-      const auto h = Options(o).sharding_strategy(ShardingStrategy::HYBRID_SHARD).shard_group_size(2);
+      const auto h = Options(o).sharding_strategy(ShardingStrategy::kHybridShard).shard_group_size(2);
       auto eager = FullyShardedDataParallel(build_gpt(cfg, 5), pg, h);
       load_state_dict(*eager, load_full_state_dict(path));
       auto zero = FullyShardedDataParallel(build_gpt(cfg, 5, &pg, &h), pg, h);
@@ -483,7 +483,7 @@ void rank0_load_cases(comm::ProcessGroup& pg) {
 
   run_case("rank-0 load: unsharded units and a mismatching dict", [&] {
     // NO_SHARD: every unit's shard is its whole flat buffer, broadcast in place.
-    const auto no_shard = Options(o).sharding_strategy(ShardingStrategy::NO_SHARD);
+    const auto no_shard = Options(o).sharding_strategy(ShardingStrategy::kNoShard);
     auto m = FullyShardedDataParallel(build_gpt(cfg, 5), pg, no_shard);
     load_state_dict_from_rank0(*m, pg.rank() == 0 ? load_full_state_dict(path) : StateDict());
     const StateDict file = load_full_state_dict(path);

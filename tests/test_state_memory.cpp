@@ -134,7 +134,7 @@ TEST(StateMemory, FullRank0OnlySaveAndConsolidate) {
         counter->reset_peak();
         StateDict sd;
         {
-          StateDictTypeGuard g(*model, StateDictType::FULL, FullStateDictConfig().rank0_only(true).offload_to_cpu(true));
+          StateDictTypeGuard g(*model, StateDictType::kFull, FullStateDictConfig().rank0_only(true).offload_to_cpu(true));
           sd = state_dict(*model);
         }
         const int64_t extra_peak = counter->peak() - before;

@@ -213,26 +213,26 @@ std::vector<Config> configs(int world) {
   auto base = [](ShardingStrategy s) {
     return Options().sharding_strategy(s).auto_wrap_policy(module_type_policy<BlockImpl>());
   };
-  const auto FULL = ShardingStrategy::FULL_SHARD;
+  const auto FULL = ShardingStrategy::kFullShard;
   std::vector<Config> c;
   c.push_back({"FULL_SHARD", base(FULL)});
   c.push_back({"FULL_SHARD/forward-prefetch/unlimited",
                base(FULL).forward_prefetch(true).limit_all_gathers(false)});
-  c.push_back({"FULL_SHARD/BACKWARD_POST", base(FULL).backward_prefetch(BackwardPrefetch::BACKWARD_POST)});
-  c.push_back({"FULL_SHARD/no-prefetch", base(FULL).backward_prefetch(BackwardPrefetch::NONE)});
+  c.push_back({"FULL_SHARD/BACKWARD_POST", base(FULL).backward_prefetch(BackwardPrefetch::kBackwardPost)});
+  c.push_back({"FULL_SHARD/no-prefetch", base(FULL).backward_prefetch(BackwardPrefetch::kNone)});
   c.push_back({"FULL_SHARD/buckets", base(FULL).bucket_cap_mb(1)});
-  c.push_back({"SHARD_GRAD_OP", base(ShardingStrategy::SHARD_GRAD_OP)});
-  c.push_back({"NO_SHARD", base(ShardingStrategy::NO_SHARD)});
+  c.push_back({"SHARD_GRAD_OP", base(ShardingStrategy::kShardGradOp)});
+  c.push_back({"NO_SHARD", base(ShardingStrategy::kNoShard)});
   c.push_back({"FULL_SHARD/bf16", base(FULL), Extra::Bf16});
-  c.push_back({"NO_SHARD/bf16", base(ShardingStrategy::NO_SHARD), Extra::Bf16});
+  c.push_back({"NO_SHARD/bf16", base(ShardingStrategy::kNoShard), Extra::Bf16});
   c.push_back({"FULL_SHARD/optimizer-in-backward", base(FULL), Extra::OptimizerInBackward});
-  c.push_back({"SHARD_GRAD_OP/optimizer-in-backward", base(ShardingStrategy::SHARD_GRAD_OP),
+  c.push_back({"SHARD_GRAD_OP/optimizer-in-backward", base(ShardingStrategy::kShardGradOp),
                Extra::OptimizerInBackward});
   c.push_back({"FULL_SHARD/checkpoint", base(FULL), Extra::Checkpoint});
-  c.push_back({"SHARD_GRAD_OP/checkpoint", base(ShardingStrategy::SHARD_GRAD_OP), Extra::Checkpoint});
+  c.push_back({"SHARD_GRAD_OP/checkpoint", base(ShardingStrategy::kShardGradOp), Extra::Checkpoint});
   c.push_back({"FULL_SHARD/no_sync", base(FULL), Extra::NoSync});
   // Replicated across every rank: the chain's replica all-reduce after each reduction.
-  if (world > 1) c.push_back({"HYBRID_SHARD/replicas", base(ShardingStrategy::HYBRID_SHARD).shard_group_size(1)});
+  if (world > 1) c.push_back({"HYBRID_SHARD/replicas", base(ShardingStrategy::kHybridShard).shard_group_size(1)});
   for (auto& x : c) {
     if (x.extra == Extra::Bf16) x.options.mixed_precision(MixedPrecision().param_dtype(torch::kBFloat16));
     if (x.extra == Extra::OptimizerInBackward) x.options.optimizer_in_backward(true);
@@ -276,8 +276,8 @@ Run train(comm::ProcessGroup& pg, const Config& c, std::shared_ptr<FakeStreams> 
     opt.zero_grad(/*set_to_none=*/true);
     // NoSync: a first micro-batch accumulates without reducing.
     for (int k = c.extra == Extra::NoSync ? 0 : 1; k < 2; ++k) {
-      std::unique_ptr<FullyShardedBase::NoSyncGuard> no_sync;
-      if (k == 0) no_sync = m->no_sync();
+      std::optional<FullyShardedBase::NoSyncGuard> no_sync;
+      if (k == 0) no_sync.emplace(m->no_sync());
       auto [x, y] = global_batch(2 * s + k, 12);
       auto out = m->forward(rank_slice(x, pg.rank(), pg.size())).to(torch::kFloat);
       torch::mse_loss(out, rank_slice(y, pg.rank(), pg.size())).backward();
@@ -312,12 +312,12 @@ void training_cases(comm::ProcessGroup& pg) {
       EXPECT_EQ(fake->waits(kReduce, kCompute), run.reductions);
       // HYBRID_SHARD: compute waits after the scatter (to free the input) and after the
       // replica all-reduce (to read the shard).
-      const bool replicas = c.options.sharding_strategy() == ShardingStrategy::HYBRID_SHARD;
+      const bool replicas = c.options.sharding_strategy() == ShardingStrategy::kHybridShard;
       EXPECT_EQ(fake->waits(kCompute, kReduce), (replicas ? 2 : 1) * run.reductions);
       EXPECT_EQ(fake->waits(kGather, kReduce) + fake->waits(kReduce, kGather), 0);
       EXPECT_GT(run.reductions, 0);
-      const bool gathers = c.options.sharding_strategy() == ShardingStrategy::FULL_SHARD ||
-                           c.options.sharding_strategy() == ShardingStrategy::SHARD_GRAD_OP;
+      const bool gathers = c.options.sharding_strategy() == ShardingStrategy::kFullShard ||
+                           c.options.sharding_strategy() == ShardingStrategy::kShardGradOp;
       EXPECT_EQ(run.gathers > 0, gathers);
       EXPECT_GT(fake->checks(), 0);
     });

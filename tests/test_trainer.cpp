@@ -367,20 +367,20 @@ void dataset_types_case(comm::ProcessGroup& pg) {
 TEST(Trainer, MatchesSingleProcessStepByStep) {
   // 6 steps = one epoch of 4 (the 4th short) and two steps of the next epoch.
   run_ranks(1, [](comm::ProcessGroup& pg) {
-    parity_case(pg, StrategyKind::FULL_SHARD, 1, 6);
+    parity_case(pg, StrategyKind::kFullShard, 1, 6);
     dataset_types_case(pg);
   }, rank_options(kRankDeadline));
   run_ranks(2, [](comm::ProcessGroup& pg) {
-    parity_case(pg, StrategyKind::FULL_SHARD, 1, 6);
-    parity_case(pg, StrategyKind::FULL_SHARD, 3, 6);  // accumulation: 3 micro-batches of 2 == one batch of 6
-    parity_case(pg, StrategyKind::NO_SHARD, 1, 4, /*drop=*/true);  // 3 steps an epoch: step 4 is epoch 1's first
-    parity_case(pg, StrategyKind::ZERO2, 3, 4);
-    parity_case(pg, StrategyKind::FULL_SHARD, 3, 4, false, /*clip=*/0.05);
+    parity_case(pg, StrategyKind::kFullShard, 1, 6);
+    parity_case(pg, StrategyKind::kFullShard, 3, 6);  // accumulation: 3 micro-batches of 2 == one batch of 6
+    parity_case(pg, StrategyKind::kNoShard, 1, 4, /*drop=*/true);  // 3 steps an epoch: step 4 is epoch 1's first
+    parity_case(pg, StrategyKind::kZero2, 3, 4);
+    parity_case(pg, StrategyKind::kFullShard, 3, 4, false, /*clip=*/0.05);
   }, rank_options(kRankDeadline));
   run_ranks(3, [](comm::ProcessGroup& pg) {
-    parity_case(pg, StrategyKind::FULL_SHARD, 1, 6);  // short batch of 2 on 3 ranks: rank 0 weighs 0
-    parity_case(pg, StrategyKind::SHARD_GRAD_OP, 2, 4);
-    parity_case(pg, StrategyKind::ZERO1, 1, 4, false, /*clip=*/0.05);
+    parity_case(pg, StrategyKind::kFullShard, 1, 6);  // short batch of 2 on 3 ranks: rank 0 weighs 0
+    parity_case(pg, StrategyKind::kShardGradOp, 2, 4);
+    parity_case(pg, StrategyKind::kZero1, 1, 4, false, /*clip=*/0.05);
   }, rank_options(kRankDeadline));
 }
 
@@ -390,13 +390,13 @@ TEST(Trainer, MatchesSingleProcessStepByStep) {
 // micro-batches under FSDP, no_step under zero2).
 TEST(Trainer, OptimizerInBackwardEqualsSteppingAfterBackward) {
   run_ranks(2, [](comm::ProcessGroup& pg) {
-    for (auto kind : {StrategyKind::FULL_SHARD, StrategyKind::ZERO2})
+    for (auto kind : {StrategyKind::kFullShard, StrategyKind::kZero2})
     for (int64_t k : {1, 3}) {
       for (bool adam : {false, true}) {
         run_case(to_string(kind) + std::string(adam ? " adam" : " sgd") + " k=" + std::to_string(k), [&] {
           auto run = [&](bool inside) {
             Strategy s = by_block(kind);
-            if (kind == StrategyKind::ZERO2) s.zero().optimizer_in_backward(inside);
+            if (kind == StrategyKind::kZero2) s.zero().optimizer_in_backward(inside);
             else s.fsdp().optimizer_in_backward(inside);
             TT t = make_trainer(TrainerOptions().strategy(s).global_batch_size(kBatch).accumulate_grad_batches(k)
                                     .max_steps(4).seed(3), adam);
@@ -425,10 +425,10 @@ TEST(Trainer, MixedPrecisionBf16) {
     Parity c;
     c.bf16 = true;
     c.steps = 4;  // the 4th is the short batch of 2
-    c.strategy = by_block(StrategyKind::FULL_SHARD);
+    c.strategy = by_block(StrategyKind::kFullShard);
     c.strategy.fsdp().mixed_precision(fsdp::MixedPrecision().param_dtype(torch::kBFloat16));
     parity_case(pg, "full_shard bf16 k=1", c);
-    c.strategy = Strategy(StrategyKind::ZERO2).zero(optim::ZeroOptions().param_dtype(torch::kBFloat16));
+    c.strategy = Strategy(StrategyKind::kZero2).zero(optim::ZeroOptions().param_dtype(torch::kBFloat16));
     c.k = 3;
     parity_case(pg, "zero2 bf16 k=3", c);
   }, rank_options(kRankDeadline));
@@ -438,7 +438,7 @@ TEST(Trainer, MixedPrecisionBf16) {
 // same run without it, under FSDP (a unit per checkpointed block) and ZeRO-2.
 TEST(Trainer, ActivationCheckpointingChangesNoBit) {
   run_ranks(2, [](comm::ProcessGroup& pg) {
-    for (Strategy strategy : {by_block(StrategyKind::FULL_SHARD), Strategy(StrategyKind::ZERO2)}) {
+    for (Strategy strategy : {by_block(StrategyKind::kFullShard), Strategy(StrategyKind::kZero2)}) {
       run_case(strategy.name(), [&] {
         std::vector<FitResult> results;
         std::vector<Params> params;
@@ -468,7 +468,7 @@ struct Counter : Callback {
 
 /// Adam + StepLR, checkpoints every 3 steps, 8 steps (2 epochs).
 TT resume_trainer(const std::string& ckpt, const std::string& resume, const std::string& metrics = "",
-                  StrategyKind strategy = StrategyKind::FULL_SHARD) {
+                  StrategyKind strategy = StrategyKind::kFullShard) {
   TT t = make_trainer(TrainerOptions()
                           .strategy(Strategy(strategy)
                                         .fsdp(fsdp::Options().auto_wrap_policy(module_type_policy<BlockImpl>())))
@@ -620,7 +620,7 @@ TEST(Trainer, ResumeBitwiseAndAcrossWorldSizes) {
   // the same samples meet in every step.
   for (int n : {3, 1}) {
     run_ranks(n, [&](comm::ProcessGroup& pg) {
-      const StrategyKind strategy = pg.size() == 3 ? StrategyKind::SHARD_GRAD_OP : StrategyKind::NO_SHARD;
+      const StrategyKind strategy = pg.size() == 3 ? StrategyKind::kShardGradOp : StrategyKind::kNoShard;
       std::vector<torch::Tensor> ref;
       torch::load(ref, test_dir() + "/reference.pt");
       auto losses = ref[0];
@@ -644,18 +644,18 @@ TEST(Trainer, ResumeBitwiseAndAcrossWorldSizes) {
 TEST(Trainer, ResumeUnderZero) {
   const std::string ckpt = test_dir() + "/resume_zero";
   run_ranks(2, [&](comm::ProcessGroup& pg) {
-    TT full = resume_trainer(ckpt, "", "", StrategyKind::ZERO2);
+    TT full = resume_trainer(ckpt, "", "", StrategyKind::kZero2);
     FitResult a = full.fit(pg);
     ASSERT_EQ(a.losses.size(), 8u);
     const Params final_a = full_parameters(*full.trained_model());
     if (pg.rank() == 0) save_reference(a, final_a, test_dir() + "/reference_zero.pt");
-    TT resumed = resume_trainer(ckpt + "2", ckpt + "/step-3", "", StrategyKind::ZERO2);
+    TT resumed = resume_trainer(ckpt + "2", ckpt + "/step-3", "", StrategyKind::kZero2);
     FitResult b = resumed.fit(pg);
     expect_continues_bitwise(a, final_a, b, resumed, 3);
   }, rank_options(kRankDeadline));
   for (int n : {3, 1}) {
     run_ranks(n, [&](comm::ProcessGroup& pg) {
-      const StrategyKind strategy = pg.size() == 3 ? StrategyKind::ZERO1 : StrategyKind::FULL_SHARD;
+      const StrategyKind strategy = pg.size() == 3 ? StrategyKind::kZero1 : StrategyKind::kFullShard;
       std::vector<torch::Tensor> ref;
       torch::load(ref, test_dir() + "/reference_zero.pt");
       TT resumed = resume_trainer(test_dir() + "/resume_zero_n" + std::to_string(pg.size()), ckpt + "/step-3", "",
@@ -678,10 +678,10 @@ TEST(Trainer, ResumeUnderZero) {
 TEST(Trainer, ResumeUnderBf16) {
   run_ranks(2, [&](comm::ProcessGroup& pg) {
     const std::vector<Strategy> strategies = {
-        Strategy(StrategyKind::FULL_SHARD).fsdp(fsdp::Options()
+        Strategy(StrategyKind::kFullShard).fsdp(fsdp::Options()
                                         .auto_wrap_policy(module_type_policy<BlockImpl>())
                                         .mixed_precision(fsdp::MixedPrecision().param_dtype(torch::kBFloat16))),
-        Strategy(StrategyKind::ZERO2).zero(optim::ZeroOptions().param_dtype(torch::kBFloat16))};
+        Strategy(StrategyKind::kZero2).zero(optim::ZeroOptions().param_dtype(torch::kBFloat16))};
     for (const auto& strategy : strategies) {
       run_case(strategy.name() + " bf16", [&] {
         const std::string ckpt = test_dir() + "/resume_bf16_" + strategy.name();
@@ -710,7 +710,7 @@ TEST(Trainer, ResumeUnderBf16) {
 TEST(Trainer, HybridShard) {
   const std::string ckpt = test_dir() + "/resume_hybrid";
   run_ranks(4, [&](comm::ProcessGroup& pg) {
-    Strategy hybrid = by_block(StrategyKind::HYBRID_SHARD);
+    Strategy hybrid = by_block(StrategyKind::kHybridShard);
     hybrid.fsdp().shard_group_size(2);
     Parity c;
     c.strategy = hybrid;
@@ -753,7 +753,7 @@ TEST(Trainer, BatchSamplerValidationLoopResumeCheck) {
     };
     const RegressionSet data(kSamples), val(13, 99);
     auto custom_trainer = [&](TrainerOptions o, std::vector<std::vector<int64_t>>* seen) {
-      TT t = make_trainer(o.strategy(by_block(StrategyKind::FULL_SHARD)).global_batch_size(6).seed(3));
+      TT t = make_trainer(o.strategy(by_block(StrategyKind::kFullShard)).global_batch_size(6).seed(3));
       t.train_data(kSamples, TT::BatchFn([&data, seen](const std::vector<int64_t>& idx) {
          if (seen) seen->push_back(idx);
          auto i = torch::tensor(idx, torch::kLong);
@@ -873,16 +873,16 @@ TEST(Trainer, BadOptionsFailOnEveryRank) {
         EXPECT_EQ(Strategy::parse(name).name(), name);
     });
     run_case("optimizer in backward with clipping, or under zero2", [&] {
-      Strategy inside = by_block(StrategyKind::FULL_SHARD);
+      Strategy inside = by_block(StrategyKind::kFullShard);
       inside.fsdp().optimizer_in_backward(true);
       TT t = make_trainer(TrainerOptions().strategy(inside).gradient_clip_val(1.0));
       expect_error(t, "gradient_clip_val 1 needs every gradient before the step");
-      TT z = make_trainer(TrainerOptions().strategy(Strategy(StrategyKind::ZERO2).fsdp(
+      TT z = make_trainer(TrainerOptions().strategy(Strategy(StrategyKind::kZero2).fsdp(
           fsdp::Options().optimizer_in_backward(true))));
       expect_error(z, "strategy 'zero2' does not use fsdp().optimizer_in_backward()");
     });
     run_case("fsdp mixed precision under zero2", [&] {
-      TT t = make_trainer(TrainerOptions().strategy(Strategy(StrategyKind::ZERO2).fsdp(
+      TT t = make_trainer(TrainerOptions().strategy(Strategy(StrategyKind::kZero2).fsdp(
           fsdp::Options().mixed_precision(fsdp::MixedPrecision().param_dtype(torch::kBFloat16)))));
       expect_error(t, "strategy 'zero2' does not use fsdp().mixed_precision()");
     });

@@ -155,7 +155,7 @@ TEST(TrainerDevice, GpuWordWithoutAGpuSaysSoBeforeAnyRankStarts) {
     EXPECT_NE(direct.find(want), std::string::npos) << direct;
     EXPECT_NE(direct.find("use device(\"cpu\")"), std::string::npos) << direct;
     // fit() without a launcher asks before it makes a process group or starts a rank.
-    TT t = make_trainer("cuda", StrategyKind::FULL_SHARD);
+    TT t = make_trainer("cuda", StrategyKind::kFullShard);
     const std::string msg = error_of([&] { t.fit(); });
     EXPECT_NE(msg.find("fsdp::Trainer: " + want), std::string::npos) << msg;
     EXPECT_EQ(t.trained_model(), nullptr) << "a model was built";
@@ -165,7 +165,7 @@ TEST(TrainerDevice, GpuWordWithoutAGpuSaysSoBeforeAnyRankStarts) {
 // --- on a GPU (label gpu) ------------------------------------------------------------
 
 void fit_matches_cpu(comm::ProcessGroup& pg) {
-  for (StrategyKind kind : {StrategyKind::FULL_SHARD, StrategyKind::ZERO2}) {
+  for (StrategyKind kind : {StrategyKind::kFullShard, StrategyKind::kZero2}) {
     run_case(std::string(trainer::to_string(kind)) + " at N=" + std::to_string(pg.size()), [&] {
       ASSERT_GE(pg.cuda_device(), 0) << "the process group moves no CUDA tensors";
       TT cpu = make_trainer("cpu", kind);
@@ -230,7 +230,7 @@ void round_trip(comm::ProcessGroup& pg, StrategyKind kind, const std::string& fr
 
 void round_trips(comm::ProcessGroup& pg) {
   detail::set_checkpoint_staging_chunk_bytes(64);
-  for (StrategyKind kind : {StrategyKind::FULL_SHARD, StrategyKind::ZERO2}) {
+  for (StrategyKind kind : {StrategyKind::kFullShard, StrategyKind::kZero2}) {
     const std::string name = std::string(trainer::to_string(kind)) + " at N=" + std::to_string(pg.size());
     run_case(name + ": saved on GPUs, resumed on CPUs", [&] { round_trip(pg, kind, "cuda", "cpu"); });
     run_case(name + ": saved on CPUs, resumed on GPUs", [&] { round_trip(pg, kind, "cpu", "cuda"); });

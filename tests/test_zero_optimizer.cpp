@@ -1013,7 +1013,7 @@ TEST(ZeroOptimizer, CheckpointsCrossFsdpAndWorldSizes) {
   }, rank_options());
   run_ranks(1, [&](comm::ProcessGroup& pg) {
     run_case("NO_SHARD N=1 <- zero1 N=3", [&] {
-      Fsdp m(make_transformer(7), pg, Options().sharding_strategy(ShardingStrategy::NO_SHARD));
+      Fsdp m(make_transformer(7), pg, Options().sharding_strategy(ShardingStrategy::kNoShard));
       torch::optim::Adam opt(m->parameters(), adam());
       load_checkpoint(dir + "/zero1-n3", *m, &opt);
       train_fsdp(pg, m, opt, kSave, kEnd);
@@ -1035,8 +1035,8 @@ TEST(ZeroOptimizer, PeakModelStateMemory) {
 // unscale exactly). Checked bitwise: ZeRO-2's reduce-scatter and NO_SHARD's all-reduce
 // both sum in rank order and divide by N.
 TEST(ZeroOptimizer, FacadeDrivesZeroAndFsdpAlike) {
-  using fsdp::optim::FacadeOptions;
-  using fsdp::optim::TrainingFacade;
+  using fsdp::trainer::FacadeOptions;
+  using fsdp::trainer::TrainingFacade;
   run_ranks(2, [](comm::ProcessGroup& pg) {
     run_case("facade", [&] {
       const int n = pg.size(), rank = pg.rank();
@@ -1046,9 +1046,9 @@ TEST(ZeroOptimizer, FacadeDrivesZeroAndFsdpAlike) {
       ZeroRedundancyOptimizer zopt(unwrapped->parameters(), fsdp::optim::inner_optimizer<torch::optim::Adam>(adam),
                                    ZeroOptions().process_group(pg).stage(2).reduce_bucket_size(100)
                                        .module(unwrapped.ptr()).dynamic_loss_scale(scaler));
-      auto wrapped = FullyShardedDataParallel(make_mlp(0), pg, Options().sharding_strategy(ShardingStrategy::NO_SHARD));
+      auto wrapped = FullyShardedDataParallel(make_mlp(0), pg, Options().sharding_strategy(ShardingStrategy::kNoShard));
       torch::optim::Adam fopt(wrapped->parameters(), adam);
-      auto plain = FullyShardedDataParallel(make_mlp(0), pg, Options().sharding_strategy(ShardingStrategy::NO_SHARD));
+      auto plain = FullyShardedDataParallel(make_mlp(0), pg, Options().sharding_strategy(ShardingStrategy::kNoShard));
       torch::optim::Adam popt(plain->parameters(), adam);
       TrainingFacade zero(zopt);
       TrainingFacade fsdp_loop(*wrapped, fopt, FacadeOptions().dynamic_loss_scale(scaler));

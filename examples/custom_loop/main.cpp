@@ -311,7 +311,7 @@ int run(const Args& a) {
   auto model = fsdp::FullyShardedDataParallel(
       net, pg,
       fsdp::Options()
-          .sharding_strategy(fsdp::ShardingStrategy::FULL_SHARD)
+          .sharding_strategy(fsdp::ShardingStrategy::kFullShard)
           .auto_wrap_policy(fsdp::module_type_policy<BlockImpl>()));
   // The optimizer is built over the sharded parameters: each rank keeps Adam's state for its
   // shard only.

@@ -245,7 +245,7 @@ int main(int argc, char** argv) {
     ensure_csv(a.data);
 
     Trainer<NetImpl> trainer(TrainerOptions()
-                                 .strategy(Strategy(StrategyKind::FULL_SHARD)
+                                 .strategy(Strategy(StrategyKind::kFullShard)
                                                .fsdp(fsdp::Options().auto_wrap_policy(
                                                    fsdp::module_type_policy<BlockImpl>())))
                                  .max_steps(a.steps)

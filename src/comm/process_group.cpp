@@ -108,7 +108,7 @@ struct ProcessGroup::State {
   LaunchEnv env;
   int subgroup_counter = 0;
   std::shared_ptr<::gloo::transport::Device> device;
-  // The world's, inherited by sub-groups: its transport settings, CUDA placement and
+  // The world's, inherited by sub-groups: its transport settings, CUDA collective backend and
   // shared-memory engine, and what makes each group's transports from them.
   std::shared_ptr<const detail::TransportFactory> transports;
   std::shared_ptr<detail::Transport> transport;         // chosen when the group is created
@@ -168,7 +168,7 @@ const std::shared_ptr<detail::Transport>& ProcessGroup::device_transport() const
 int ProcessGroup::cuda_device() const { FSDP_PG_STATE(); return state_->transports->cuda().device_index; }
 Backend ProcessGroup::cuda_backend() const {
   FSDP_PG_STATE();
-  const detail::CudaPlacement& cuda = state_->transports->cuda();
+  const detail::CudaCollectiveBackend& cuda = state_->transports->cuda();
   return cuda.enabled() ? cuda.backend : Backend::Auto;
 }
 
@@ -236,7 +236,7 @@ ProcessGroup ProcessGroup::new_subgroup(std::vector<int> ranks) {
   auto prefixed = c10::make_intrusive<::c10d::PrefixStore>("fsdp/pg/" + sub.str(), store());
   if (!state_->device) state_->device = make_gloo_device(state_->env);
   auto pg = make_gloo(prefixed, sub_rank, static_cast<int>(ranks.size()), state_->device, timeout());
-  const detail::CudaPlacement& cuda = state_->transports->cuda();
+  const detail::CudaCollectiveBackend& cuda = state_->transports->cuda();
   if (cuda.backend == Backend::NCCL)
     detail::attach_nccl(pg, prefixed, sub_rank, static_cast<int>(ranks.size()), timeout(), cuda.device_index);
   ProcessGroup out(pg, store(), sub.str(), std::move(global), state_->env, timeout());
@@ -384,7 +384,7 @@ std::shared_ptr<const std::vector<Peer>> exchange_peer_table(::c10d::Store& stor
 // placed them there), connected under "fsdp/pg/world".
 c10::intrusive_ptr<::c10d::ProcessGroup> connect_world(const c10::intrusive_ptr<::c10d::Store>& store,
                                                        const LaunchEnv& env, std::chrono::milliseconds timeout,
-                                                       const detail::CudaPlacement& cuda,
+                                                       const detail::CudaCollectiveBackend& cuda,
                                                        const std::shared_ptr<::gloo::transport::Device>& device) {
   auto pg_store = c10::make_intrusive<::c10d::PrefixStore>("fsdp/pg/world", store);
   c10::intrusive_ptr<::c10d::ProcessGroup> pg;
@@ -416,7 +416,7 @@ ProcessGroup init_process_group(const InitOptions& options) {
   agree_on_world(*store, env);
   auto peers = exchange_peer_table(*store, env, timeout);
   // Where CUDA tensors go ([Note: CUDA tensors in a process group]), then the world group.
-  const detail::CudaPlacement cuda = detail::place_cuda_tensors(options, env, *store);
+  const detail::CudaCollectiveBackend cuda = detail::decide_cuda_backend(options, env, *store);
   auto device = make_gloo_device(env);
   auto pg = connect_world(store, env, timeout, cuda, device);
 

@@ -9,13 +9,13 @@
 
 namespace fsdp::comm::detail {
 
-TransportFactory::TransportFactory(TransportConfig config, CudaPlacement cuda)
+TransportFactory::TransportFactory(TransportConfig config, CudaCollectiveBackend cuda)
     : config_(config), cuda_(cuda) {
   if (config_.shared_memory) engine_ = std::make_shared<ShmEngine>();
 }
 
 const std::shared_ptr<const TransportFactory>& TransportFactory::plain() {
-  static const auto factory = std::make_shared<const TransportFactory>(TransportConfig{}, CudaPlacement{});
+  static const auto factory = std::make_shared<const TransportFactory>(TransportConfig{}, CudaCollectiveBackend{});
   return factory;
 }
 

@@ -39,13 +39,13 @@ struct TransportConfig {
 class TransportFactory {
  public:
   /// Makes the world's progress engine when `config` turns shared memory on.
-  TransportFactory(TransportConfig config, CudaPlacement cuda);
+  TransportFactory(TransportConfig config, CudaCollectiveBackend cuda);
   /// The factory of a group no init_process_group made (the public ProcessGroup
   /// constructor): Gloo for CPU tensors, no CUDA tensors, default settings.
   static const std::shared_ptr<const TransportFactory>& plain();
 
   const TransportConfig& config() const { return config_; }
-  const CudaPlacement& cuda() const { return cuda_; }
+  const CudaCollectiveBackend& cuda() const { return cuda_; }
 
   /// The transport of the CPU tensors of the new group `g` (its peer table set): shared
   /// memory when every member runs on this host and maps the others' segments, else Gloo.
@@ -56,7 +56,7 @@ class TransportFactory {
 
  private:
   TransportConfig config_;
-  CudaPlacement cuda_;
+  CudaCollectiveBackend cuda_;
   std::shared_ptr<ShmEngine> engine_;  // nullptr when shared memory is off
 };
 

@@ -29,7 +29,7 @@
 // under no_sync nothing is reduced, and FullyShardedBase::no_step() holds the
 // step back for accumulation without no_sync.
 //
-// With Options::offload_params the steps run on a host thread while backward goes
+// With Options::cpu_offload the steps run on a host thread while backward goes
 // on ([Note: host steps] in src/engine/host_step_queue.h); the end of backward waits
 // for them. A step there narrows the optimizer's groups to the unit's parameters, so
 // it reads no gradient but its own. A unit placement "auto" moved back to the device
@@ -58,7 +58,7 @@ class BackwardOptimizer {
   /// one of them, no closure-driven optimizer) and keeps a reference to it. A tied
   /// parameter listed under each of its names (model->parameters() does so) is stepped
   /// once per listing, inside backward as after it.
-  /// on_host_thread: steps run on a thread of their own (offload_params).
+  /// on_host_thread: steps run on a thread of their own (cpu_offload).
   BackwardOptimizer(torch::optim::Optimizer& optimizer, const std::vector<Unit*>& units, int rank,
                     bool on_host_thread);
   ~BackwardOptimizer();

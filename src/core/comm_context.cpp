@@ -15,7 +15,7 @@ CommContext::CommContext(comm::ProcessGroup pg, const ResolvedOptions& options) 
 }
 
 void CommContext::build_hybrid_groups(const ResolvedOptions& options) {
-  if (options.strategy != ShardingStrategy::HYBRID_SHARD) {
+  if (options.strategy != ShardingStrategy::kHybridShard) {
     shard_pg_ = pg_;
     return;
   }

@@ -37,7 +37,7 @@
 // keep_low_precision_grads).
 
 // [Note: offload]
-// With Options::offload_params the shard (full-precision master weights) lives in
+// With Options::cpu_offload the shard (full-precision master weights) lives in
 // host memory, pinned when the model is on a GPU, and the parameters' pieces, their
 // gradient pieces and hence the optimizer state are host tensors. The model's device
 // is the *compute device*: the unsharded buffer, flat gradients and reductions live

@@ -82,13 +82,13 @@ Unit* create_unit(Runtime& runtime, const detail::ResolvedOptions& resolved, Pla
   detail::check_one_dtype_and_device(p);
   const auto strategy = resolved.strategy;
   const comm::ProcessGroup& shard_group = runtime.comm_context().shard_group();
-  const bool sharded = strategy != ShardingStrategy::NO_SHARD &&
-                       !(strategy == ShardingStrategy::HYBRID_SHARD && shard_group.size() == 1);
+  const bool sharded = strategy != ShardingStrategy::kNoShard &&
+                       !(strategy == ShardingStrategy::kHybridShard && shard_group.size() == 1);
   const bool full_precision_unit = p.kind == PlannedUnit::Kind::BatchNorm;
   const detail::FlatPrecision precision =
       detail::unit_precision(resolved.mixed_precision, p.entries.front().param.scalar_type(), full_precision_unit);
   auto flat = std::make_unique<FlatParameter>(std::move(p.entries), shard_group.rank(), shard_group.size(),
-                                              sharded && !full_precision_unit, precision, resolved.offload_params);
+                                              sharded && !full_precision_unit, precision, resolved.cpu_offload);
   return runtime.add_unit(p.path, std::move(flat), p.kind == PlannedUnit::Kind::Root,
                           resolved.reshard_after_forward && !full_precision_unit);
 }
@@ -199,9 +199,9 @@ TensorSet check_construction_units(torch::nn::Module& model, const comm::Process
   if (!construction.empty())
     for (const auto& item : model.named_modules()) path_of[item.value().get()] = item.key();
   for (const auto& [module, cu] : construction) {
-    TORCH_CHECK(!resolved.offload_params, "fsdp (rank ", pg.rank(), "): unit '", path_of[module],
+    TORCH_CHECK(!resolved.cpu_offload, "fsdp (rank ", pg.rank(), "): unit '", path_of[module],
                 "' was sharded at construction by a ShardedInitContext, whose shards live on the model's "
-                "device; Options::offload_params cannot take them over. Construct the model without a "
+                "device; Options::cpu_offload cannot take them over. Construct the model without a "
                 "ShardedInitContext to offload it");
     const auto expected = detail::sharding_signature(pg, resolved, cu->flat->shard().scalar_type());
     TORCH_CHECK(detail::same_sharding(cu->signature, expected), "fsdp (rank ", pg.rank(), "): unit '",
@@ -250,8 +250,8 @@ void init_and_sync(torch::nn::Module& model, const comm::ProcessGroup& pg, const
   // Offload changes no collective's size, so ranks that disagree would train without a
   // hang, with shards in different memories: refused like a different model.
   comm::detail::check_same_on_all_ranks(
-      pg, {std::string("offload_params(") + (resolved.offload_params ? "true" : "false") + ")"},
-      {"fsdp", "the placement differs", "option", "Pass the same Options::offload_params on every rank"});
+      pg, {std::string("cpu_offload(") + (resolved.cpu_offload ? "true" : "false") + ")"},
+      {"fsdp", "the placement differs", "option", "Pass the same Options::cpu_offload on every rank"});
 }
 
 // Checks the mixed-precision options against the model and converts its buffers once;
@@ -298,7 +298,7 @@ FullyShardedBase::FullyShardedBase(std::shared_ptr<torch::nn::Module> model, com
 detail::ResolvedOptions FullyShardedBase::validate() const {
   detail::ResolvedOptions resolved = detail::resolve_options(options_, pg_);
   check_not_wrapped(model_);
-  resolved.device = comm::detail::placement_device(named_tensors(*model_), pg_, "fsdp");
+  resolved.device = comm::detail::model_device(named_tensors(*model_), pg_, "fsdp");
   return resolved;
 }
 
@@ -446,7 +446,9 @@ FullyShardedBase::NoSyncGuard::NoSyncGuard(FullyShardedBase* m)
     : m_(m), previous_(m->runtime_->step_policy().no_sync()) {
   m_->runtime_->step_policy().set_no_sync(true);
 }
-FullyShardedBase::NoSyncGuard::~NoSyncGuard() { m_->runtime_->step_policy().set_no_sync(previous_); }
+FullyShardedBase::NoSyncGuard::~NoSyncGuard() {
+  if (m_) m_->runtime_->step_policy().set_no_sync(previous_);
+}
 
 void FullyShardedBase::register_optimizer_in_backward(torch::optim::Optimizer& optimizer) {
   TORCH_CHECK(runtime_->step_policy().optimizer_in_backward(), "fsdp (rank ", pg_.rank(),
@@ -456,7 +458,7 @@ void FullyShardedBase::register_optimizer_in_backward(torch::optim::Optimizer& o
   std::vector<Unit*> units;
   for (auto& u : runtime_->units()) units.push_back(u.get());
   runtime_->step_policy().set_backward_optimizer(
-      std::make_unique<detail::BackwardOptimizer>(optimizer, units, pg_.rank(), runtime_->offload_params()));
+      std::make_unique<detail::BackwardOptimizer>(optimizer, units, pg_.rank(), runtime_->cpu_offload()));
 }
 
 FullyShardedBase::NoStepGuard::NoStepGuard(FullyShardedBase* m)
@@ -466,7 +468,9 @@ FullyShardedBase::NoStepGuard::NoStepGuard(FullyShardedBase* m)
               "backward never steps");
   m_->runtime_->step_policy().set_no_step(true);
 }
-FullyShardedBase::NoStepGuard::~NoStepGuard() { m_->runtime_->step_policy().set_no_step(previous_); }
+FullyShardedBase::NoStepGuard::~NoStepGuard() {
+  if (m_) m_->runtime_->step_policy().set_no_step(previous_);
+}
 
 void FullyShardedBase::to(torch::Device device, torch::Dtype dtype, bool) {
   TORCH_CHECK(false, "fsdp: FullyShardedDataParallel::to(", device, ", ", dtype,

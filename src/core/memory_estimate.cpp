@@ -15,20 +15,20 @@ ModelStateEstimate estimate_model_state(int64_t num_params, int world_size, Shar
   double n = world_size;
   ModelStateEstimate e;
   switch (strategy) {
-    case ShardingStrategy::NO_SHARD:
+    case ShardingStrategy::kNoShard:
       e = {p * psi, p * psi, o * psi};
       break;
-    case ShardingStrategy::SHARD_GRAD_OP:
+    case ShardingStrategy::kShardGradOp:
       e = {p * psi, p * psi / n, o * psi / n};
       break;
-    case ShardingStrategy::HYBRID_SHARD: {
+    case ShardingStrategy::kHybridShard: {
       TORCH_CHECK(shard_group_size >= 1 && world_size % shard_group_size == 0,
                   "fsdp: estimate_model_state for HYBRID_SHARD needs a shard_group_size dividing the world size ",
                   world_size, ", got ", shard_group_size);
       n = shard_group_size;
       [[fallthrough]];
     }
-    case ShardingStrategy::FULL_SHARD:
+    case ShardingStrategy::kFullShard:
       e = {p * psi / n, p * psi / n, o * psi / n};
       break;
   }
@@ -42,8 +42,8 @@ ConstructionEstimate estimate_construction(const std::vector<int64_t>& unit_nume
               "world_size >= 1, outside_numel >= 0 and param_bytes > 0; got ", world_size, ", ", outside_numel, ", ",
               param_bytes);
   int64_t n = world_size;
-  if (strategy == ShardingStrategy::NO_SHARD) n = 1;
-  if (strategy == ShardingStrategy::HYBRID_SHARD) {
+  if (strategy == ShardingStrategy::kNoShard) n = 1;
+  if (strategy == ShardingStrategy::kHybridShard) {
     TORCH_CHECK(shard_group_size >= 1 && world_size % shard_group_size == 0, "fsdp: estimate_construction for "
                 "HYBRID_SHARD needs a shard_group_size dividing the world size ", world_size, ", got ",
                 shard_group_size);

@@ -13,10 +13,10 @@ namespace fsdp {
 
 const char* to_string(ShardingStrategy s) {
   switch (s) {
-    case ShardingStrategy::FULL_SHARD: return "FULL_SHARD";
-    case ShardingStrategy::SHARD_GRAD_OP: return "SHARD_GRAD_OP";
-    case ShardingStrategy::NO_SHARD: return "NO_SHARD";
-    case ShardingStrategy::HYBRID_SHARD: return "HYBRID_SHARD";
+    case ShardingStrategy::kFullShard: return "FULL_SHARD";
+    case ShardingStrategy::kShardGradOp: return "SHARD_GRAD_OP";
+    case ShardingStrategy::kNoShard: return "NO_SHARD";
+    case ShardingStrategy::kHybridShard: return "HYBRID_SHARD";
   }
   return "?";
 }
@@ -24,19 +24,19 @@ const char* to_string(ShardingStrategy s) {
 ShardingStrategy parse_sharding_strategy(const std::string& name) {
   std::string n = name;
   std::transform(n.begin(), n.end(), n.begin(), [](unsigned char c) { return std::tolower(c); });
-  if (n == "full_shard") return ShardingStrategy::FULL_SHARD;
-  if (n == "shard_grad_op") return ShardingStrategy::SHARD_GRAD_OP;
-  if (n == "no_shard") return ShardingStrategy::NO_SHARD;
-  if (n == "hybrid_shard") return ShardingStrategy::HYBRID_SHARD;
+  if (n == "full_shard") return ShardingStrategy::kFullShard;
+  if (n == "shard_grad_op") return ShardingStrategy::kShardGradOp;
+  if (n == "no_shard") return ShardingStrategy::kNoShard;
+  if (n == "hybrid_shard") return ShardingStrategy::kHybridShard;
   TORCH_CHECK(false, "fsdp: unknown sharding strategy '", name,
               "'; expected one of full_shard, shard_grad_op, no_shard, hybrid_shard");
 }
 
 const char* to_string(BackwardPrefetch p) {
   switch (p) {
-    case BackwardPrefetch::NONE: return "NONE";
-    case BackwardPrefetch::BACKWARD_PRE: return "BACKWARD_PRE";
-    case BackwardPrefetch::BACKWARD_POST: return "BACKWARD_POST";
+    case BackwardPrefetch::kNone: return "NONE";
+    case BackwardPrefetch::kBackwardPre: return "BACKWARD_PRE";
+    case BackwardPrefetch::kBackwardPost: return "BACKWARD_POST";
   }
   return "?";
 }
@@ -69,8 +69,8 @@ double checked_margin_ratio(const Options& o, int rank) {
   const double ratio = o.gpu_margin_mem_ratio();
   TORCH_CHECK(std::isfinite(ratio) && ratio >= 0 && ratio <= 1, "fsdp (rank ", rank,
               "): gpu_margin_mem_ratio must be in [0, 1], got ", ratio);
-  TORCH_CHECK(ratio == 0 || o.offload_params(), "fsdp (rank ", rank, "): gpu_margin_mem_ratio places offloaded "
-              "shards back on the device, but offload_params is off; add offload_params(true) or drop "
+  TORCH_CHECK(ratio == 0 || o.cpu_offload(), "fsdp (rank ", rank, "): gpu_margin_mem_ratio places offloaded "
+              "shards back on the device, but cpu_offload is off; add cpu_offload(true) or drop "
               "gpu_margin_mem_ratio");
   TORCH_CHECK(ratio == 0 || o.optimizer_in_backward(), "fsdp (rank ", rank, "): gpu_margin_mem_ratio moves each "
               "placed unit's optimizer state with its shard, and FSDP knows the optimizer only when it steps it in "
@@ -85,7 +85,7 @@ ResolvedOptions resolve_options(const Options& options, const comm::ProcessGroup
   ResolvedOptions r;
   const int n = pg.size();
   const auto strategy = options.sharding_strategy();
-  const bool hybrid = strategy == ShardingStrategy::HYBRID_SHARD;
+  const bool hybrid = strategy == ShardingStrategy::kHybridShard;
   TORCH_CHECK(options.shard_group_size() >= 0, "fsdp: shard_group_size must be >= 0 (0: ranks per machine), got ",
               options.shard_group_size());
   // HYBRID_SHARD: gathers and reductions run over the shard group.
@@ -105,7 +105,7 @@ ResolvedOptions resolve_options(const Options& options, const comm::ProcessGroup
   r.divide = gradient_division(pre, n);
   r.bucket_cap_bytes = bucket_cap_bytes(options);  // throws for a NaN, infinite or huge bucket_cap_mb
   r.reshard_after_forward = options.reshard_after_forward().value_or(
-      strategy == ShardingStrategy::FULL_SHARD || strategy == ShardingStrategy::HYBRID_SHARD);
+      strategy == ShardingStrategy::kFullShard || strategy == ShardingStrategy::kHybridShard);
   r.strategy = strategy;
   r.reduce_group = options.reduce_group();
   r.limit_all_gathers = options.limit_all_gathers();
@@ -114,10 +114,10 @@ ResolvedOptions resolve_options(const Options& options, const comm::ProcessGroup
   r.mixed_precision = options.mixed_precision();
   r.keep_freed_host_memory = options.keep_freed_host_memory() && !malloc_tuned_by_environment();
   r.optimizer_in_backward = options.optimizer_in_backward();
-  r.offload_params = options.offload_params();
+  r.cpu_offload = options.cpu_offload();
   r.zero_copy_gather = options.zero_copy_gather();
-  TORCH_CHECK(!r.zero_copy_gather || !r.offload_params, "fsdp (rank ", pg.rank(), "): zero_copy_gather maps the "
-              "peers' shards into the gathered parameters, but offload_params keeps the shards away from the "
+  TORCH_CHECK(!r.zero_copy_gather || !r.cpu_offload, "fsdp (rank ", pg.rank(), "): zero_copy_gather maps the "
+              "peers' shards into the gathered parameters, but cpu_offload keeps the shards away from the "
               "compute device; drop one of the two");
   TORCH_CHECK(!r.zero_copy_gather || !r.mixed_precision.param_dtype(), "fsdp (rank ", pg.rank(), "): "
               "zero_copy_gather maps the peers' shards as they are, but MixedPrecision::param_dtype gathers a cast "

@@ -23,7 +23,7 @@ struct GradientDivision {
 };
 
 struct ResolvedOptions {
-  ShardingStrategy strategy = ShardingStrategy::FULL_SHARD;
+  ShardingStrategy strategy = ShardingStrategy::kFullShard;
   /// Ranks that shard the parameters: shard_group_size under HYBRID_SHARD (0
   /// resolved to ranks per machine), the world size otherwise.
   int shard_group_size = 1;
@@ -37,7 +37,7 @@ struct ResolvedOptions {
   comm::ProcessGroup reduce_group;
   bool limit_all_gathers = true;
   bool forward_prefetch = false;
-  BackwardPrefetch backward_prefetch = BackwardPrefetch::BACKWARD_PRE;
+  BackwardPrefetch backward_prefetch = BackwardPrefetch::kBackwardPre;
   /// The policy as given; each unit's effective dtypes come from unit_precision.
   MixedPrecision mixed_precision;
   /// Options::keep_freed_host_memory, unless the environment tunes malloc itself.
@@ -46,11 +46,11 @@ struct ResolvedOptions {
   bool optimizer_in_backward = false;
   /// Options::zero_copy_gather ([Note: zero-copy gathers] in flat_param.h).
   bool zero_copy_gather = false;
-  /// Options::offload_params ([Note: offload] in flat_param.h).
-  bool offload_params = false;
+  /// Options::cpu_offload ([Note: offload] in flat_param.h).
+  bool cpu_offload = false;
   /// Options::gpu_margin_mem_ratio ([Note: auto placement] in src/engine/placement.h).
   double gpu_margin_mem_ratio = 0;
-  /// Where the model's parameters are, checked by placement_device ([Note: device
+  /// Where the model's parameters are, checked by model_device ([Note: device
   /// placement]); set by the wrapper, not by resolve_options.
   c10::Device device = c10::kCPU;
 };

@@ -56,7 +56,7 @@ Runtime::Runtime(comm::ProcessGroup pg, ResolvedOptions options)
   tracer_ = std::make_unique<Tracer>(options_.trace_dir, comm_.group().global_rank());
   if (tracer_->enabled()) tracer_->set_device_clock(comm_.streams().device_clock());
   // The window of reductions in flight ([Note: reduce buckets] in grad_reducer.h).
-  const int max_scattering = options_.strategy == ShardingStrategy::NO_SHARD ? 2 : 1;
+  const int max_scattering = options_.strategy == ShardingStrategy::kNoShard ? 2 : 1;
   reducer_ = std::make_unique<GradReducer>(comm_.reduce_group(), comm_.replica_group(), options_.bucket_cap_bytes,
                                            tracer_.get(), &pool_, max_scattering, &comm_.streams());
   reducer_->set_on_delivered([this](Unit& u) { on_shard_reduced(u); });
@@ -259,7 +259,7 @@ void Runtime::plan_backward() {
   reduce_ptr_ = 0;
   // [Note: last unit stays gathered]: the first non-root unit of the backward
   // order, and with BACKWARD_PRE the second, which that unit's backward prefetches.
-  const size_t keep = options_.backward_prefetch == BackwardPrefetch::BACKWARD_PRE ? 2 : 1;
+  const size_t keep = options_.backward_prefetch == BackwardPrefetch::kBackwardPre ? 2 : 1;
   kept_after_forward_.clear();
   for (auto it = post_forward_order_.rbegin(); it != post_forward_order_.rend() && kept_after_forward_.size() < keep;
        ++it)
@@ -305,7 +305,7 @@ void Runtime::on_output_grad(Unit& unit) {
   gather_until(static_cast<int>(it - backward_gather_order_.begin()));
   if (unit.begin_backward()) note_transient_bytes();
   observe(unit, "pre_backward");
-  if (options_.backward_prefetch == BackwardPrefetch::BACKWARD_PRE) prefetch_backward(unit);
+  if (options_.backward_prefetch == BackwardPrefetch::kBackwardPre) prefetch_backward(unit);
   unit.open_backward_span();
 }
 
@@ -315,7 +315,7 @@ void Runtime::on_param_grad(Unit& unit, size_t entry) {
 }
 
 void Runtime::on_grads_complete(Unit& unit) {
-  if (options_.backward_prefetch == BackwardPrefetch::BACKWARD_POST) prefetch_backward(unit);
+  if (options_.backward_prefetch == BackwardPrefetch::kBackwardPost) prefetch_backward(unit);
   while (reduce_ptr_ < reduce_order_.size()) {
     Unit* u = reduce_order_[reduce_ptr_];
     if (u->has_grad_params() && !u->grads_complete()) break;

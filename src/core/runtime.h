@@ -156,7 +156,7 @@ class Runtime {
   void on_param_grad(Unit& unit, size_t entry);  // AccumulateGrad post hook
   void on_root_output_grad();              // hook on the root's outputs: backward starts
 
-  bool offload_params() const { return options_.offload_params; }
+  bool cpu_offload() const { return options_.cpu_offload; }
 
   /// Observer of unit boundaries, installed by the wrapper for the memory tracer
   /// (include/fsdp/core/memory_tracer.h): called with the unit's path and

@@ -196,9 +196,9 @@ class ShardedInitState {
                 "given to a ShardedInitContext (the modules do not exist yet); construct ignored parts outside the "
                 "context, or pass ignored_modules only to FullyShardedDataParallel for modules that are not "
                 "Wrappables chosen by the policy");
-    TORCH_CHECK(!o.offload_params(), "fsdp (rank ", pg_.rank(), "): Options::offload_params cannot be given to a "
+    TORCH_CHECK(!o.cpu_offload(), "fsdp (rank ", pg_.rank(), "): Options::cpu_offload cannot be given to a "
                 "ShardedInitContext: its shards are made on the model's device. Construct the model without the "
-                "context and wrap it with offload_params(true)");
+                "context and wrap it with cpu_offload(true)");
     layout_ = shard_layout(resolved_, pg_);
     ensure_placeholder_fallback();
   }

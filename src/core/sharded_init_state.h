@@ -23,7 +23,7 @@ namespace fsdp::detail {
 struct ShardingSignature {
   const void* group = nullptr;  // the c10d group's identity
   std::string group_name;
-  ShardingStrategy strategy = ShardingStrategy::FULL_SHARD;
+  ShardingStrategy strategy = ShardingStrategy::kFullShard;
   ShardLayout layout;
   FlatPrecision precision;
 };

@@ -188,7 +188,7 @@ void Unit::out_of_memory(const c10::OutOfMemoryError& e, const char* what, int64
   TORCH_CHECK_WITH(OutOfMemoryError, false, "fsdp (rank ", ctx_.rank, "): out of memory ", what, " of unit '",
                    label(), "'", size.str(), ". Shard over more ranks, wrap "
                    "smaller units, compute in bf16 (MixedPrecision), or keep the shards, gradients and optimizer "
-                   "state in host memory with Options::offload_params(true). ", e.what_without_backtrace());
+                   "state in host memory with Options::cpu_offload(true). ", e.what_without_backtrace());
 }
 
 void Unit::reshard() {

@@ -175,7 +175,7 @@ void check_one_dtype_and_device(const PlannedUnit& p) {
 ShardLayout shard_layout(const ResolvedOptions& resolved, const comm::ProcessGroup& pg) {
   const auto strategy = resolved.strategy;
   ShardLayout l;
-  if (strategy == ShardingStrategy::HYBRID_SHARD) {
+  if (strategy == ShardingStrategy::kHybridShard) {
     // split_consecutive: blocks {0..g-1}, {g..2g-1}, ...
     l.world = resolved.shard_group_size;
     l.rank = pg.rank() % l.world;
@@ -183,7 +183,7 @@ ShardLayout shard_layout(const ResolvedOptions& resolved, const comm::ProcessGro
     l.world = pg.size();
     l.rank = pg.rank();
   }
-  l.sharded = strategy != ShardingStrategy::NO_SHARD && !(strategy == ShardingStrategy::HYBRID_SHARD && l.world == 1);
+  l.sharded = strategy != ShardingStrategy::kNoShard && !(strategy == ShardingStrategy::kHybridShard && l.world == 1);
   return l;
 }
 

@@ -1,6 +1,6 @@
 #pragma once
 // One thread that runs tasks in the order they are posted: the optimizer steps on the host
-// under offload with the optimizer in backward (FSDP's offload_params, ZeRO's cpu_offload).
+// under offload with the optimizer in backward (cpu_offload, FSDP's and ZeRO's).
 //
 // [Note: host steps]
 // Stepping a unit's shard (a bucket's chunk) where its reduction completes would hold

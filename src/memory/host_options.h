@@ -1,5 +1,5 @@
 #pragma once
-// Where offloaded tensors live (FSDP's offload_params, ZeRO's cpu_offload): host memory,
+// Where offloaded tensors live (cpu_offload, FSDP's and ZeRO's): host memory,
 // pinned when the compute side is a GPU, so that the copies between the two are DMA and a
 // copy to the host may run without waiting.
 #include <c10/core/TensorOptions.h>

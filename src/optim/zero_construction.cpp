@@ -116,7 +116,7 @@ void ZeroRedundancyOptimizer::Impl::take_parameters(
   // pools follow the parameters' device.
   std::vector<std::pair<std::string, at::Tensor>> named;
   for (size_t i = 0; i < params.size(); ++i) named.emplace_back(names[i], params[i]);
-  comm::detail::placement_device(named, pg, "ZeroRedundancyOptimizer");
+  comm::detail::model_device(named, pg, "ZeroRedundancyOptimizer");
 }
 
 /// Before rank 0's values are broadcast into them: a rank with another model would reach

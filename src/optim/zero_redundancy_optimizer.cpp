@@ -152,7 +152,9 @@ ZeroRedundancyOptimizer::NoStepGuard::NoStepGuard(ZeroRedundancyOptimizer* opt)
               "takes; without it backward never steps");
   opt_->impl_->no_step = true;
 }
-ZeroRedundancyOptimizer::NoStepGuard::~NoStepGuard() { opt_->impl_->no_step = previous_; }
+ZeroRedundancyOptimizer::NoStepGuard::~NoStepGuard() {
+  if (opt_) opt_->impl_->no_step = previous_;
+}
 
 void ZeroRedundancyOptimizer::all_gather_parameters() {
   torch::NoGradGuard no_grad;

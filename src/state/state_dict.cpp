@@ -23,9 +23,9 @@ std::string flat_param_key(const std::string& unit_path) {
 
 const char* name_of(StateDictType t) {
   switch (t) {
-    case StateDictType::FULL: return "FULL";
-    case StateDictType::LOCAL: return "LOCAL";
-    case StateDictType::SHARDED: return "SHARDED";
+    case StateDictType::kFull: return "FULL";
+    case StateDictType::kLocal: return "LOCAL";
+    case StateDictType::kSharded: return "SHARDED";
   }
   return "?";
 }
@@ -83,9 +83,9 @@ StateDict state_dict(FullyShardedBase& model) {
   comm::LabelScope label_scope({comm::Phase::StateDict, "state_dict"});
   detail::StateView view(model);
   const detail::StateDictSelection s = view.state_dict_selection();
-  if (s.type == StateDictType::FULL) return full_state_dict(model, s.config);
+  if (s.type == StateDictType::kFull) return full_state_dict(model, s.config);
   StateDict out;
-  if (s.type == StateDictType::LOCAL) {
+  if (s.type == StateDictType::kLocal) {
     view.require_idle("state_dict(LOCAL)");
     for (size_t u = 0; u < view.num_units(); ++u)
       out.insert(flat_param_key(view.unit_path(u)), view.shard(u).clone());
@@ -127,7 +127,7 @@ void load_state_dict(FullyShardedBase& model, const StateDict& dict) {
   const int rank = model.process_group().rank();
   detail::StateView view(model);
   const StateDictType type = view.state_dict_selection().type;
-  if (type != StateDictType::FULL) {
+  if (type != StateDictType::kFull) {
     torch::NoGradGuard no_grad;
     auto lookup = [&](const std::string& key, int64_t numel) -> const at::Tensor& {
       const at::Tensor* t = dict.find(key);
@@ -138,7 +138,7 @@ void load_state_dict(FullyShardedBase& model, const StateDict& dict) {
                   "; LOCAL and SHARDED dicts load into the same world size and layout only");
       return *t;
     };
-    if (type == StateDictType::LOCAL) {
+    if (type == StateDictType::kLocal) {
       view.require_idle("load_state_dict(LOCAL)");
       for (size_t u = 0; u < view.num_units(); ++u) {
         const auto& shard = view.shard(u);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <memory>
+#include <optional>
 
 #include <torch/torch.h>
 
@@ -106,12 +107,12 @@ void StepRunner::train_part(const std::vector<int64_t>& batch, std::pair<int64_t
   // step's mean over m samples with weight mine/m, hence mine*world/m here
   // (= 1/k for k equal micro-batches).
   const double weight = double(mine) * double(world) / double(m);
-  std::unique_ptr<FullyShardedBase::NoSyncGuard> no_sync;
-  if (ctx_.model.fsdp && !last) no_sync = ctx_.model.fsdp->no_sync();
+  std::optional<FullyShardedBase::NoSyncGuard> no_sync;
+  if (ctx_.model.fsdp && !last) no_sync.emplace(ctx_.model.fsdp->no_sync());
   // ZeRO-2 reduces every micro-batch; under optimizer_in_backward only the last one steps.
-  std::unique_ptr<optim::ZeroRedundancyOptimizer::NoStepGuard> no_step;
+  std::optional<optim::ZeroRedundancyOptimizer::NoStepGuard> no_step;
   if (ctx_.model.zero && !last && ctx_.model.zero->options().optimizer_in_backward())
-    no_step = ctx_.model.zero->no_step();
+    no_step.emplace(ctx_.model.zero->no_step());
   at::Tensor loss;
   try {
     loss = ctx_.data.train_step(idx);

@@ -19,21 +19,21 @@ std::string device_word_error(const std::string& device) {
          "the process group binds each rank's, see comm::InitOptions::device_index)";
 }
 
-constexpr StrategyKind kAllKinds[] = {StrategyKind::FSDP,         StrategyKind::FULL_SHARD, StrategyKind::SHARD_GRAD_OP,
-                                      StrategyKind::HYBRID_SHARD, StrategyKind::NO_SHARD,   StrategyKind::ZERO1,
-                                      StrategyKind::ZERO2};
+constexpr StrategyKind kAllKinds[] = {StrategyKind::kFsdp,         StrategyKind::kFullShard, StrategyKind::kShardGradOp,
+                                      StrategyKind::kHybridShard, StrategyKind::kNoShard,   StrategyKind::kZero1,
+                                      StrategyKind::kZero2};
 
 }  // namespace
 
 const char* to_string(StrategyKind kind) {
   switch (kind) {
-    case StrategyKind::FSDP: return "fsdp";
-    case StrategyKind::FULL_SHARD: return "full_shard";
-    case StrategyKind::SHARD_GRAD_OP: return "shard_grad_op";
-    case StrategyKind::HYBRID_SHARD: return "hybrid_shard";
-    case StrategyKind::NO_SHARD: return "no_shard";
-    case StrategyKind::ZERO1: return "zero1";
-    case StrategyKind::ZERO2: return "zero2";
+    case StrategyKind::kFsdp: return "fsdp";
+    case StrategyKind::kFullShard: return "full_shard";
+    case StrategyKind::kShardGradOp: return "shard_grad_op";
+    case StrategyKind::kHybridShard: return "hybrid_shard";
+    case StrategyKind::kNoShard: return "no_shard";
+    case StrategyKind::kZero1: return "zero1";
+    case StrategyKind::kZero2: return "zero2";
   }
   TORCH_INTERNAL_ASSERT(false, "StrategyKind ", static_cast<int>(kind));
 }
@@ -49,19 +49,19 @@ Strategy Strategy::parse(const std::string& name) {
 
 int Strategy::zero_stage() const {
   TORCH_INTERNAL_ASSERT(is_zero(), "zero_stage() for strategy '", name(), "'");
-  return kind_ == StrategyKind::ZERO1 ? 1 : 2;
+  return kind_ == StrategyKind::kZero1 ? 1 : 2;
 }
 
 fsdp::Options Strategy::resolved_fsdp() const {
   fsdp::Options o = fsdp();
   switch (kind_) {
-    case StrategyKind::FSDP: break;
-    case StrategyKind::FULL_SHARD: o.sharding_strategy(ShardingStrategy::FULL_SHARD); break;
-    case StrategyKind::SHARD_GRAD_OP: o.sharding_strategy(ShardingStrategy::SHARD_GRAD_OP); break;
-    case StrategyKind::HYBRID_SHARD: o.sharding_strategy(ShardingStrategy::HYBRID_SHARD); break;
-    case StrategyKind::NO_SHARD: o.sharding_strategy(ShardingStrategy::NO_SHARD); break;
-    case StrategyKind::ZERO1:
-    case StrategyKind::ZERO2: TORCH_INTERNAL_ASSERT(false, "resolved_fsdp() for strategy '", name(), "'");
+    case StrategyKind::kFsdp: break;
+    case StrategyKind::kFullShard: o.sharding_strategy(ShardingStrategy::kFullShard); break;
+    case StrategyKind::kShardGradOp: o.sharding_strategy(ShardingStrategy::kShardGradOp); break;
+    case StrategyKind::kHybridShard: o.sharding_strategy(ShardingStrategy::kHybridShard); break;
+    case StrategyKind::kNoShard: o.sharding_strategy(ShardingStrategy::kNoShard); break;
+    case StrategyKind::kZero1:
+    case StrategyKind::kZero2: TORCH_INTERNAL_ASSERT(false, "resolved_fsdp() for strategy '", name(), "'");
   }
   return o;
 }

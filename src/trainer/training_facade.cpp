@@ -7,9 +7,9 @@
 
 #include <torch/torch.h>
 
-namespace fsdp::optim {
+namespace fsdp::trainer {
 
-TrainingFacade::TrainingFacade(ZeroRedundancyOptimizer& opt) : zero_(&opt) {}
+TrainingFacade::TrainingFacade(optim::ZeroRedundancyOptimizer& opt) : zero_(&opt) {}
 
 TrainingFacade::TrainingFacade(FullyShardedBase& model, torch::optim::Optimizer& opt, FacadeOptions options)
     : model_(&model), opt_(&opt), options_(std::move(options)) {
@@ -80,4 +80,4 @@ bool TrainingFacade::last_step_applied() const { return zero_ ? zero_->last_step
 
 double TrainingFacade::last_grad_norm() const { return zero_ ? zero_->last_grad_norm() : last_norm_; }
 
-}  // namespace fsdp::optim
+}  // namespace fsdp::trainer

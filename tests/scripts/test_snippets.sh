@@ -4,7 +4,9 @@
 #  1. Builds the target `snippets`: it extracts every snippet from the documentation as it is
 #     now and compiles it (programs one each, fragments in batches, each in a namespace of its
 #     own). A snippet that does not compile fails the test, named by its file and line (the
-#     compiler's errors carry the same lines).
+#     compiler's errors carry the same lines). The target also compiles
+#     tests/snippets/deprecated_names.cpp: every deprecated spelling of a renamed public name
+#     (CHANGELOG.md) still compiles and equals its replacement.
 #  2. Reports how many were compiled and every snippet marked not compiled, with its reason.
 #  3. Runs every program in a fresh directory: it must exit 0, and a program that trains with
 #     fsdp::trainer::Trainer must show a finite loss (its progress lines or a metrics file)
@@ -39,6 +41,7 @@ fragments=$(grep -c "^fragment" "$LISTING" || true)
 programs=$(grep -c "^program" "$LISTING" || true)
 skipped=$(grep -c "^skipped" "$LISTING" || true)
 pass "compiled $fragments fragments and $programs programs; $skipped marked not compiled"
+pass "compiled the deprecated spellings of renamed names (tests/snippets/deprecated_names.cpp)"
 while IFS=$'\t' read -r kind name origin why; do
   [[ "$kind" == skipped ]] && echo "note: not compiled: $origin: $why"
 done < "$LISTING"

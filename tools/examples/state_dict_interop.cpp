@@ -103,7 +103,7 @@ static int run(int argc, char** argv) {
     torch::mse_loss(model->forward(x), torch::ones({4, 11})).backward();
     opt.step();
     fsdp::save_checkpoint(model_path, *model, &opt);
-    fsdp::StateDictTypeGuard guard(*model, fsdp::StateDictType::FULL, fsdp::FullStateDictConfig().rank0_only(true));
+    fsdp::StateDictTypeGuard guard(*model, fsdp::StateDictType::kFull, fsdp::FullStateDictConfig().rank0_only(true));
     auto sd = fsdp::state_dict(*model);
     if (pg.rank() == 0) fsdp::save_full_state_dict(sd, out_path);
     torch::NoGradGuard no_grad;
@@ -122,7 +122,7 @@ static int run(int argc, char** argv) {
     torch::mse_loss(model->forward(x), y).backward();
     opt.step();
     fsdp::save_checkpoint(model_path, *model, &opt);
-    fsdp::StateDictTypeGuard guard(*model, fsdp::StateDictType::FULL, fsdp::FullStateDictConfig().rank0_only(true));
+    fsdp::StateDictTypeGuard guard(*model, fsdp::StateDictType::kFull, fsdp::FullStateDictConfig().rank0_only(true));
     auto sd = fsdp::state_dict(*model);
     if (pg.rank() == 0) fsdp::save_full_state_dict(sd, out_path);
     const auto osd = fsdp::full_optim_state_dict(*model, opt);  // rank 0 holds it
@@ -130,7 +130,7 @@ static int run(int argc, char** argv) {
     return 0;
   }
   if (mode == "save") {
-    fsdp::StateDictTypeGuard guard(*model, fsdp::StateDictType::FULL,
+    fsdp::StateDictTypeGuard guard(*model, fsdp::StateDictType::kFull,
                                    fsdp::FullStateDictConfig().offload_to_cpu(true).rank0_only(true));
     fsdp::save_full_state_dict(fsdp::state_dict(*model), model_path);
     torch::NoGradGuard no_grad;

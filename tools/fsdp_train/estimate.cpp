@@ -40,9 +40,9 @@ void print_memory_estimate(std::FILE* out, int64_t psi, int n, bool bf16) {
     std::fprintf(out, "%-14s %-14s %14s %14s %14s %14s\n", name, formula, a, b, c, t);
   };
   using S = fsdp::ShardingStrategy;
-  row("NO_SHARD", "16*P", fsdp::estimate_model_state(psi, n, S::NO_SHARD));
-  row("SHARD_GRAD_OP", "4*P + 12*P/N", fsdp::estimate_model_state(psi, n, S::SHARD_GRAD_OP));
-  row("FULL_SHARD", "16*P/N", fsdp::estimate_model_state(psi, n, S::FULL_SHARD));
+  row("NO_SHARD", "16*P", fsdp::estimate_model_state(psi, n, S::kNoShard));
+  row("SHARD_GRAD_OP", "4*P + 12*P/N", fsdp::estimate_model_state(psi, n, S::kShardGradOp));
+  row("FULL_SHARD", "16*P/N", fsdp::estimate_model_state(psi, n, S::kFullShard));
   // ZeRO without a wrapper (--strategy zero1|zero2): parameters stay replicated; under
   // --mixed-precision bf16 they are bf16 and the partition adds fp32 masters and gradients.
   const int64_t p = bf16 ? 2 : 4;
@@ -92,7 +92,7 @@ void print_construction_estimate(std::FILE* out, const TrainOptions& o, int n) {
   // unit runs, its gathered parameters: with limit_all_gathers at most two units (the one
   // computing and the prefetched one) plus one unit's flat gradient before its reduction.
   const auto state = fsdp::estimate_model_state(psi, n, strategy, group);
-  if (o.model == "gpt" && strategy != fsdp::ShardingStrategy::NO_SHARD) {
+  if (o.model == "gpt" && strategy != fsdp::ShardingStrategy::kNoShard) {
     const double largest = 4.0 * double(std::max(gpt_block_num_params(o.dim), outside));
     format_bytes(state.total() + 3 * largest, t, sizeof t);
     format_bytes(state.total(), a, sizeof a);

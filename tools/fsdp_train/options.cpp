@@ -128,7 +128,7 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
                "on one host, gather each unit's parameters by mapping the other ranks' shards instead of "
                "copying them (same results; sharded FSDP strategies on the CPU, without --mixed-precision bf16 "
                "or --offload-params)");
-  app.add_flag("--offload-params", o.offload_params,
+  app.add_flag("--offload-params,--cpu-offload", o.cpu_offload,
                "keep each unit's fp32 shard, its gradients and the optimizer state in host memory; only "
                "compute-dtype copies visit the device (zero1/zero2: this rank's partition; pair with "
                "--optimizer cpu_adam)");
@@ -234,9 +234,9 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
   if (o.zero_copy_gather && (o.strategy == "zero1" || o.strategy == "zero2" || o.strategy == "no_shard"))
     return usage_error("--zero-copy-gather maps the sharded parameters FSDP gathers: --strategy full_shard, "
                        "shard_grad_op or hybrid_shard, not " + o.strategy);
-  if (o.zero_copy_gather && (o.mixed_precision != "none" || o.offload_params))
+  if (o.zero_copy_gather && (o.mixed_precision != "none" || o.cpu_offload))
     return usage_error("--zero-copy-gather maps the other ranks' shards as they are; " +
-                       std::string(o.offload_params ? "--offload-params keeps them away from the device"
+                       std::string(o.cpu_offload ? "--offload-params keeps them away from the device"
                                                     : "--mixed-precision " + o.mixed_precision + " gathers a cast copy") +
                        ": drop one of the two");
   if (group_opt->count() > 0 && o.strategy != "hybrid_shard")
@@ -249,7 +249,7 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
   if (o.effective_lr() <= 0) return usage_error("--lr must be > 0");
   if (o.device != "cpu" && o.device != "cuda")
     return usage_error("unknown --device '" + o.device + "'; expected cpu or cuda");
-  if (o.device == "cuda" && o.optimizer == "cpu_adam" && !o.offload_params)
+  if (o.device == "cuda" && o.optimizer == "cpu_adam" && !o.cpu_offload)
     return usage_error("--optimizer cpu_adam steps host memory; with --device cuda use --optimizer adam (or adamw), "
                        "or add --offload-params to keep the optimizer's shards on the host");
   if (o.weight_decay < 0) return usage_error("--weight-decay must be >= 0");
@@ -267,7 +267,7 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
   if (!(o.bucket_cap_mb < 1e12)) return usage_error("--bucket-cap-mb must be a finite number of MiB (<= 0: off)");
   if (!(o.gpu_margin_mem_ratio >= 0 && o.gpu_margin_mem_ratio <= 1))
     return usage_error("--gpu-margin-mem-ratio must be in [0, 1]");
-  if (o.gpu_margin_mem_ratio > 0 && !o.offload_params)
+  if (o.gpu_margin_mem_ratio > 0 && !o.cpu_offload)
     return usage_error("--gpu-margin-mem-ratio places offloaded state back on the GPU; add --offload-params");
   if (o.gpu_margin_mem_ratio > 0 && !o.optimizer_in_backward && o.strategy.rfind("zero", 0) != 0)
     return usage_error("--gpu-margin-mem-ratio with --strategy " + o.strategy + " needs --optimizer-in-backward "

@@ -65,7 +65,7 @@ struct TrainOptions {
   bool forward_prefetch = false;          ///< fsdp::Options::forward_prefetch
   bool optimizer_in_backward = false;     ///< fsdp::Options::optimizer_in_backward
   bool zero_copy_gather = false;          ///< fsdp::Options::zero_copy_gather
-  bool offload_params = false;            ///< fsdp::Options::offload_params, ZeroOptions::cpu_offload
+  bool cpu_offload = false;               ///< fsdp::Options::cpu_offload, ZeroOptions::cpu_offload
   double gpu_margin_mem_ratio = 0;        ///< fsdp::Options / ZeroOptions::gpu_margin_mem_ratio (placement auto)
   double bucket_cap_mb = 0;               ///< fsdp::Options::bucket_cap_mb (<= 0: off)
   std::string memory_trace;               ///< JSON lines of fsdp::MemoryTracer samples ("{rank}": one file per rank)

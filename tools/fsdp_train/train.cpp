@@ -80,7 +80,7 @@ std::unique_ptr<torch::optim::Optimizer> make_zero_optimizer(const TrainOptions&
                      .stage(stage)
                      .module(net)
                      .optimizer_in_backward(o.optimizer_in_backward)
-                     .cpu_offload(o.offload_params)
+                     .cpu_offload(o.cpu_offload)
                      .gpu_margin_mem_ratio(o.gpu_margin_mem_ratio);
   // bf16 as under FSDP: bf16 parameters for compute, fp32 masters stepped, fp32 reduced gradients.
   if (o.mixed_precision == "bf16") options.param_dtype(torch::kBFloat16);
@@ -408,11 +408,11 @@ int run_rank(const TrainOptions& o) {
                            .bucket_cap_mb(o.bucket_cap_mb)
                            .optimizer_in_backward(o.optimizer_in_backward)
                            .zero_copy_gather(o.zero_copy_gather)
-                           .offload_params(o.offload_params)
+                           .cpu_offload(o.cpu_offload)
                            .gpu_margin_mem_ratio(o.gpu_margin_mem_ratio);
-  base.backward_prefetch(o.backward_prefetch == "post"   ? fsdp::BackwardPrefetch::BACKWARD_POST
-                         : o.backward_prefetch == "none" ? fsdp::BackwardPrefetch::NONE
-                                                         : fsdp::BackwardPrefetch::BACKWARD_PRE);
+  base.backward_prefetch(o.backward_prefetch == "post"   ? fsdp::BackwardPrefetch::kBackwardPost
+                         : o.backward_prefetch == "none" ? fsdp::BackwardPrefetch::kNone
+                                                         : fsdp::BackwardPrefetch::kBackwardPre);
   if (o.mixed_precision == "bf16") base.mixed_precision(fsdp::MixedPrecision().param_dtype(torch::kBFloat16));
   // Same seed on every rank right before the model is built: identical initial weights
   // without a broadcast.

@@ -91,18 +91,22 @@ class FullyShardedBase : public torch::nn::Module {
   /// FULL_SHARD and SHARD_GRAD_OP: full unsharded gradients per unit, i.e. the
   /// memory of an unsharded model's gradients); the first backward after it
   /// reduces them together with its own.
-  class NoSyncGuard {
+  /// Returned by value, as torch::NoGradGuard: `auto guard = model->no_sync();`. Movable
+  /// (a moved-from guard restores nothing), not copyable, not assignable.
+  class [[nodiscard]] NoSyncGuard {
    public:
     explicit NoSyncGuard(FullyShardedBase* m);
     ~NoSyncGuard();
+    NoSyncGuard(NoSyncGuard&& other) noexcept : m_(other.m_), previous_(other.previous_) { other.m_ = nullptr; }
     NoSyncGuard(const NoSyncGuard&) = delete;
     NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(NoSyncGuard&&) = delete;
 
    private:
     FullyShardedBase* m_;
     bool previous_;
   };
-  [[nodiscard]] std::unique_ptr<NoSyncGuard> no_sync() { return std::make_unique<NoSyncGuard>(this); }
+  NoSyncGuard no_sync() { return NoSyncGuard(this); }
 
   /// Options::optimizer_in_backward: `optimizer` steps each unit's shard inside
   /// backward, as its reduction completes ([Note: optimizer in backward] in
@@ -115,18 +119,21 @@ class FullyShardedBase : public torch::nn::Module {
   /// scope backward reduces as usual but does not step (gradient pieces accumulate as
   /// without the option); the first backward after it, the last micro-batch, steps
   /// with their sum. Under no_sync nothing is reduced, so nothing steps either.
-  class NoStepGuard {
+  /// By value, as NoSyncGuard.
+  class [[nodiscard]] NoStepGuard {
    public:
     explicit NoStepGuard(FullyShardedBase* m);
     ~NoStepGuard();
+    NoStepGuard(NoStepGuard&& other) noexcept : m_(other.m_), previous_(other.previous_) { other.m_ = nullptr; }
     NoStepGuard(const NoStepGuard&) = delete;
     NoStepGuard& operator=(const NoStepGuard&) = delete;
+    NoStepGuard& operator=(NoStepGuard&&) = delete;
 
    private:
     FullyShardedBase* m_;
     bool previous_;
   };
-  [[nodiscard]] std::unique_ptr<NoStepGuard> no_step() { return std::make_unique<NoStepGuard>(this); }
+  NoStepGuard no_step() { return NoStepGuard(this); }
 
   // Module calls that would break sharding are rejected with the alternative.
   void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override;

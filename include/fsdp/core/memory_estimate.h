@@ -63,7 +63,7 @@ struct ConstructionEstimate {
   double after_wrap = 0;
 };
 ConstructionEstimate estimate_construction(const std::vector<int64_t>& unit_numels, int64_t outside_numel,
-                                           int world_size, ShardingStrategy strategy = ShardingStrategy::FULL_SHARD,
+                                           int world_size, ShardingStrategy strategy = ShardingStrategy::kFullShard,
                                            int shard_group_size = 0, int64_t param_bytes = 4);
 
 }  // namespace fsdp

@@ -17,14 +17,20 @@
 namespace fsdp {
 
 /// How parameters, gradients and optimizer state are split across the group.
+/// to_string() and parse_sharding_strategy() keep PyTorch's words ("FULL_SHARD", "full_shard").
 enum class ShardingStrategy {
-  FULL_SHARD,     ///< ZeRO-3: parameters, gradients and optimizer state sharded
-  SHARD_GRAD_OP,  ///< ZeRO-2: parameters stay unsharded between forward and backward
-  NO_SHARD,       ///< DDP: everything replicated, gradients all-reduced
-  /// FULL_SHARD inside groups of `shard_group_size` consecutive ranks, replicated
+  kFullShard,    ///< ZeRO-3: parameters, gradients and optimizer state sharded
+  kShardGradOp,  ///< ZeRO-2: parameters stay unsharded between forward and backward
+  kNoShard,      ///< DDP: everything replicated, gradients all-reduced
+  /// kFullShard inside groups of `shard_group_size` consecutive ranks, replicated
   /// across groups: gradients are reduce-scattered in the shard group, then the
   /// reduced shard is all-reduced over the ranks holding the same shard index.
-  HYBRID_SHARD,
+  kHybridShard,
+  // The earlier spellings, kept deprecated (CHANGELOG.md, "Renamed").
+  FULL_SHARD [[deprecated("use kFullShard")]] = kFullShard,
+  SHARD_GRAD_OP [[deprecated("use kShardGradOp")]] = kShardGradOp,
+  NO_SHARD [[deprecated("use kNoShard")]] = kNoShard,
+  HYBRID_SHARD [[deprecated("use kHybridShard")]] = kHybridShard,
 };
 const char* to_string(ShardingStrategy s);
 /// "full_shard" | "shard_grad_op" | "no_shard" | "hybrid_shard" (case-insensitive);
@@ -58,14 +64,18 @@ WrapPolicy module_type_policy() {
 /// (the order of gathers never changes, only their timing; see [Note: prefetch]
 /// in runtime.h).
 enum class BackwardPrefetch {
-  NONE,           ///< gather a unit when its backward is reached
-  BACKWARD_PRE,   ///< issue the next unit's gather before this unit's gradients are computed
-  BACKWARD_POST,  ///< issue it once this unit's gradients are computed
+  kNone,          ///< gather a unit when its backward is reached
+  kBackwardPre,   ///< issue the next unit's gather before this unit's gradients are computed
+  kBackwardPost,  ///< issue it once this unit's gradients are computed
+  // The earlier spellings, kept deprecated (CHANGELOG.md, "Renamed").
+  NONE [[deprecated("use kNone")]] = kNone,
+  BACKWARD_PRE [[deprecated("use kBackwardPre")]] = kBackwardPre,
+  BACKWARD_POST [[deprecated("use kBackwardPost")]] = kBackwardPost,
 };
 const char* to_string(BackwardPrefetch p);
 
 struct Options {
-  TORCH_ARG(ShardingStrategy, sharding_strategy) = ShardingStrategy::FULL_SHARD;
+  TORCH_ARG(ShardingStrategy, sharding_strategy) = ShardingStrategy::kFullShard;
   /// Empty: the whole model is one unit (the root).
   TORCH_ARG(WrapPolicy, auto_wrap_policy) = nullptr;
   /// Free unsharded parameters after forward. Default per strategy: true for
@@ -105,7 +115,7 @@ struct Options {
   /// Backward prefetch of the next unit's parameters (FULL_SHARD/HYBRID_SHARD).
   /// Default BACKWARD_PRE, as in PyTorch: the next unit's gather overlaps this
   /// unit's gradient computation.
-  TORCH_ARG(BackwardPrefetch, backward_prefetch) = BackwardPrefetch::BACKWARD_PRE;
+  TORCH_ARG(BackwardPrefetch, backward_prefetch) = BackwardPrefetch::kBackwardPre;
   /// Gather the next unit during the current unit's forward, in the forward
   /// order recorded in the previous iteration.
   TORCH_ARG(bool, forward_prefetch) = false;
@@ -156,12 +166,13 @@ struct Options {
   /// two shards meet and waits for the peers. The gathered buffer costs no memory while
   /// the unit is gathered (it is mapped for good instead); values are bitwise those of
   /// copying gathers. Sharded strategies on the CPU, parameters gathered in their own
-  /// dtype (no MixedPrecision::param_dtype), no offload_params; refused otherwise, and
+  /// dtype (no MixedPrecision::param_dtype), no cpu_offload; refused otherwise, and
   /// when the shard group does not share memory. See [Note: zero-copy gathers] in
   /// src/core/flat_param.h.
   TORCH_ARG(bool, zero_copy_gather) = false;
-  /// CPU offload (PyTorch FSDP's CPUOffload(offload_params=true), FairScale's
-  /// move_params_to_cpu + move_grads_to_cpu): each unit's shard (the full-precision
+  /// CPU offload, named as PyTorch FSDP's argument (cpu_offload=CPUOffload(offload_params=True)),
+  /// ColossalAI's and ZeroOptions::cpu_offload (FairScale: move_params_to_cpu +
+  /// move_grads_to_cpu): each unit's shard (the full-precision
   /// master weights), its reduced gradient pieces and therefore the optimizer state
   /// live in host memory, pinned when the model is on a GPU. Only compute-dtype copies
   /// visit the model's device: a unit's shard is copied there for its all-gather, its
@@ -172,9 +183,15 @@ struct Options {
   /// Values equal those of the same training without offload when the optimizer is the
   /// same (on a CPU-only machine host and device are one memory: the copies and the
   /// accounting still run). See [Note: offload] in src/core/flat_param.h.
-  TORCH_ARG(bool, offload_params) = false;
+  TORCH_ARG(bool, cpu_offload) = false;
+
+ public:
+  /// The earlier name of cpu_offload, kept deprecated (CHANGELOG.md, "Renamed").
+  [[deprecated("use cpu_offload")]] Options& offload_params(bool offload) { return cpu_offload(offload); }
+  [[deprecated("use cpu_offload")]] bool offload_params() const { return cpu_offload(); }
+
   /// Placement "auto" (ColossalAI's gpu_margin_mem_ratio; ZeroOptions has the same): with
-  /// offload_params and optimizer_in_backward, at the end of the first backward that steps,
+  /// cpu_offload and optimizer_in_backward, at the end of the first backward that steps,
   /// this fraction of the device memory that iteration left unused at its peak (the device's
   /// memory times the caching allocator's memory fraction, minus its peak allocated bytes)
   /// takes back units' shards and their optimizer state, in the order backward reduces the
@@ -203,7 +220,7 @@ struct MemoryStats {
   int64_t unsharded_peak_bytes = 0;
   int64_t cached_bytes = 0;
   /// Of param_shard_bytes + grad_shard_bytes, the bytes in host memory because of
-  /// Options::offload_params (0 without it).
+  /// Options::cpu_offload (0 without it).
   int64_t offloaded_bytes = 0;
 };
 

@@ -6,7 +6,15 @@
 
 namespace fsdp {
 
-enum class StateDictType { FULL, LOCAL, SHARDED };
+enum class StateDictType {
+  kFull,
+  kLocal,
+  kSharded,
+  // The earlier spellings, kept deprecated (CHANGELOG.md, "Renamed").
+  FULL [[deprecated("use kFull")]] = kFull,
+  LOCAL [[deprecated("use kLocal")]] = kLocal,
+  SHARDED [[deprecated("use kSharded")]] = kSharded,
+};
 
 struct FullStateDictConfig {
   /// Copy each gathered value to the CPU, unit by unit, so that a CUDA model's device holds
@@ -17,9 +25,9 @@ struct FullStateDictConfig {
 };
 
 namespace detail {
-/// What StateDictTypeGuard selects; FULL with the default config when no guard is open.
+/// What StateDictTypeGuard selects; kFull with the default config when no guard is open.
 struct StateDictSelection {
-  StateDictType type = StateDictType::FULL;
+  StateDictType type = StateDictType::kFull;
   FullStateDictConfig config;
 };
 }  // namespace detail

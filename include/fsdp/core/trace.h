@@ -46,7 +46,7 @@ namespace fsdp {
 
 struct TraceSpan {
   /// "all_gather <unit>", "reduce <unit>", "forward <unit>", "backward <unit>"; "host_steps": the
-  /// end of backward waiting for the host thread's optimizer steps (offload_params with
+  /// end of backward waiting for the host thread's optimizer steps (cpu_offload with
   /// optimizer_in_backward), while the device has no work.
   std::string name;
   int tid = 0;         ///< 0 compute, 1 all-gather, 2 reduction, 3 phases

@@ -48,7 +48,7 @@
 /// (include/fsdp/state/zero_state_dict.h); checkpoint directories in FSDP's format,
 /// loadable by FSDP and from FSDP at any world size: fsdp::save_checkpoint /
 /// load_checkpoint (include/fsdp/state/zero_checkpoint.h). fsdp-train: --strategy
-/// zero1 | zero2. fsdp::optim::TrainingFacade drives this optimizer and FSDP models alike.
+/// zero1 | zero2. fsdp::trainer::TrainingFacade drives this optimizer and FSDP models alike.
 /// Stage 1 always defers the reduction to step(); reducing every micro-batch is not offered.
 
 #include <cstdint>
@@ -208,18 +208,22 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
   /// ZeroOptions::optimizer_in_backward: within its scope backward reduces (gradients
   /// accumulate in the partition) but steps nothing; the first backward after it steps.
   /// A step() after a backward that stepped nothing steps as without the option.
-  class NoStepGuard {
+  /// Returned by value, as torch::NoGradGuard: `auto guard = opt.no_step();`. Movable
+  /// (a moved-from guard restores nothing), not copyable, not assignable.
+  class [[nodiscard]] NoStepGuard {
    public:
     explicit NoStepGuard(ZeroRedundancyOptimizer* opt);
     ~NoStepGuard();
+    NoStepGuard(NoStepGuard&& other) noexcept : opt_(other.opt_), previous_(other.previous_) { other.opt_ = nullptr; }
     NoStepGuard(const NoStepGuard&) = delete;
     NoStepGuard& operator=(const NoStepGuard&) = delete;
+    NoStepGuard& operator=(NoStepGuard&&) = delete;
 
    private:
     ZeroRedundancyOptimizer* opt_;
     bool previous_;
   };
-  [[nodiscard]] std::unique_ptr<NoStepGuard> no_step() { return std::make_unique<NoStepGuard>(this); }
+  NoStepGuard no_step() { return NoStepGuard(this); }
 
   /// Refused (each rank's state covers only its pieces): use fsdp::consolidate_state_dict.
   void save(torch::serialize::OutputArchive& archive) const override;

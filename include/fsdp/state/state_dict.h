@@ -2,7 +2,7 @@
 /// Model state dicts of a FullyShardedDataParallel (PyTorch's state_dict_type).
 ///
 ///     {
-///       fsdp::StateDictTypeGuard guard(*model, fsdp::StateDictType::FULL,
+///       fsdp::StateDictTypeGuard guard(*model, fsdp::StateDictType::kFull,
 ///                                      fsdp::FullStateDictConfig().offload_to_cpu(true).rank0_only(true));
 ///       auto sd = fsdp::state_dict(*model);            // collective; empty on ranks != 0
 ///       if (rank == 0) fsdp::save_full_state_dict(sd, "model.pt");  // torch.load-able in Python

@@ -4,7 +4,7 @@
 ///
 ///     using namespace fsdp::trainer;
 ///     Trainer<NetImpl> trainer(TrainerOptions()
-///         .strategy(Strategy(StrategyKind::FULL_SHARD).fsdp(
+///         .strategy(Strategy(StrategyKind::kFullShard).fsdp(
 ///             fsdp::Options().auto_wrap_policy(fsdp::module_type_policy<BlockImpl>())))
 ///         .max_epochs(3).global_batch_size(64).devices(2)
 ///         .checkpoint_dir("ckpt").resume("auto").metrics_file("metrics.jsonl"));
@@ -531,7 +531,7 @@ class Trainer {
       // returns: nothing to shard during construction (ShardedInitContext refuses it).
       // Sharded construction shards on the CPU: a model bound for a GPU is built whole,
       // moved, then wrapped (TrainerOptions::device).
-      if (device_.is_cpu() && st.sharded_construction() && fo.sharding_strategy() != ShardingStrategy::NO_SHARD &&
+      if (device_.is_cpu() && st.sharded_construction() && fo.sharding_strategy() != ShardingStrategy::kNoShard &&
           fo.auto_wrap_policy()) {
         ShardedInitContext sharded_init(pg, fo);
         model_->module_ = model_factory_();

@@ -3,7 +3,7 @@
 /// checked once, up front, on every rank by trainer_options_error.
 ///
 ///     auto o = fsdp::trainer::TrainerOptions()
-///                  .strategy(fsdp::trainer::Strategy(fsdp::trainer::StrategyKind::FULL_SHARD)
+///                  .strategy(fsdp::trainer::Strategy(fsdp::trainer::StrategyKind::kFullShard)
 ///                                .fsdp(fsdp::Options().auto_wrap_policy(
 ///                                    fsdp::module_type_policy<BlockImpl>())))
 ///                  .max_epochs(3).global_batch_size(64).accumulate_grad_batches(2)
@@ -26,28 +26,36 @@ namespace fsdp::trainer {
 
 /// How the model is distributed: the family and, for FSDP, the sharding strategy.
 enum class StrategyKind {
-  FSDP,           ///< FullyShardedDataParallel with Strategy::fsdp() exactly as given (its sharding_strategy included)
-  FULL_SHARD,     ///< FSDP with fsdp().sharding_strategy set to FULL_SHARD
-  SHARD_GRAD_OP,  ///< ... to SHARD_GRAD_OP
-  HYBRID_SHARD,   ///< ... to HYBRID_SHARD
-  NO_SHARD,       ///< ... to NO_SHARD (DDP)
-  ZERO1,          ///< unwrapped model, ZeroRedundancyOptimizer stage 1 around the user's optimizer
-  ZERO2,          ///< the same, stage 2
+  kFsdp,          ///< FullyShardedDataParallel with Strategy::fsdp() exactly as given (its sharding_strategy included)
+  kFullShard,     ///< FSDP with fsdp().sharding_strategy set to ShardingStrategy::kFullShard
+  kShardGradOp,   ///< ... to kShardGradOp
+  kHybridShard,   ///< ... to kHybridShard
+  kNoShard,       ///< ... to kNoShard (DDP)
+  kZero1,         ///< unwrapped model, ZeroRedundancyOptimizer stage 1 around the user's optimizer
+  kZero2,         ///< the same, stage 2
+  // The earlier spellings, kept deprecated (CHANGELOG.md, "Renamed").
+  FSDP [[deprecated("use kFsdp")]] = kFsdp,
+  FULL_SHARD [[deprecated("use kFullShard")]] = kFullShard,
+  SHARD_GRAD_OP [[deprecated("use kShardGradOp")]] = kShardGradOp,
+  HYBRID_SHARD [[deprecated("use kHybridShard")]] = kHybridShard,
+  NO_SHARD [[deprecated("use kNoShard")]] = kNoShard,
+  ZERO1 [[deprecated("use kZero1")]] = kZero1,
+  ZERO2 [[deprecated("use kZero2")]] = kZero2,
 };
 /// "fsdp", "full_shard", "shard_grad_op", "hybrid_shard", "no_shard", "zero1", "zero2".
 const char* to_string(StrategyKind kind);
 
 /// A StrategyKind with the options of its family:
 ///  * FSDP kinds: FullyShardedDataParallel built with `fsdp()` (its sharding_strategy
-///    replaced by the kind's, except under StrategyKind::FSDP; see resolved_fsdp());
-///  * ZERO1, ZERO2: the model stays unwrapped and the optimizer is a
+///    replaced by the kind's, except under StrategyKind::kFsdp; see resolved_fsdp());
+///  * kZero1, kZero2: the model stays unwrapped and the optimizer is a
 ///    fsdp::optim::ZeroRedundancyOptimizer of that stage around the user's optimizer,
 ///    with `zero()` (its process_group, stage, module and clip_grad_norm are set by the
 ///    Trainer).
 ///
 ///     using fsdp::trainer::Strategy, fsdp::trainer::StrategyKind;
-///     Strategy s = StrategyKind::ZERO2;                       // implicit
-///     Strategy t = Strategy(StrategyKind::FULL_SHARD).fsdp(fsdp::Options().bucket_cap_mb(25));
+///     Strategy s = StrategyKind::kZero2;                      // implicit
+///     Strategy t = Strategy(StrategyKind::kFullShard).fsdp(fsdp::Options().bucket_cap_mb(25));
 ///     Strategy u = Strategy::parse("zero2");                  // a command line's word
 struct Strategy {
   Strategy() = default;
@@ -69,15 +77,15 @@ struct Strategy {
   StrategyKind kind() const { return kind_; }
   /// to_string(kind()).
   std::string name() const { return to_string(kind_); }
-  bool is_zero() const { return kind_ == StrategyKind::ZERO1 || kind_ == StrategyKind::ZERO2; }
-  /// 1 or 2 under ZERO1 / ZERO2. Only for ZeRO kinds.
+  bool is_zero() const { return kind_ == StrategyKind::kZero1 || kind_ == StrategyKind::kZero2; }
+  /// 1 or 2 under kZero1 / kZero2. Only for ZeRO kinds.
   int zero_stage() const;
   /// The FSDP options the strategy builds with (sharding_strategy from the kind).
   /// Only for FSDP kinds.
   fsdp::Options resolved_fsdp() const;
 
  private:
-  StrategyKind kind_ = StrategyKind::FULL_SHARD;
+  StrategyKind kind_ = StrategyKind::kFullShard;
 };
 
 /// What happens to the samples left over when the dataset size is not a multiple

@@ -4,9 +4,9 @@
 /// with any optimizer over its parameters (ColossalAI pairs ShardedModelV2 with
 /// ShardedOptimizerV2 behind the same calls).
 ///
-///     fsdp::optim::TrainingFacade zero_train(zero_opt);                // ZeRO-1/2
-///     fsdp::optim::TrainingFacade train(*fsdp_model, adam,             // FSDP
-///         fsdp::optim::FacadeOptions().dynamic_loss_scale(
+///     fsdp::trainer::TrainingFacade zero_train(zero_opt);              // ZeRO-1/2
+///     fsdp::trainer::TrainingFacade train(*fsdp_model, adam,           // FSDP
+///         fsdp::trainer::FacadeOptions().dynamic_loss_scale(
 ///             fsdp::optim::ZeroOptions::low_level_zero_scaler()));
 ///     for (...) {                                      // the same loop for either
 ///       train.zero_grad();
@@ -32,7 +32,7 @@
 #include "fsdp/optim/zero_redundancy_optimizer.h"
 #include "fsdp/precision/grad_scaler.h"
 
-namespace fsdp::optim {
+namespace fsdp::trainer {
 
 /// The FSDP side's options, named as ZeroOptions names them; checked by the constructor.
 struct FacadeOptions {
@@ -47,7 +47,7 @@ struct FacadeOptions {
 class TrainingFacade {
  public:
   /// Drives `opt` (which must outlive this): every call is opt's.
-  explicit TrainingFacade(ZeroRedundancyOptimizer& opt);
+  explicit TrainingFacade(optim::ZeroRedundancyOptimizer& opt);
   /// Drives an FSDP model and an optimizer over its parameters (both must outlive this).
   /// Under fsdp::Options::optimizer_in_backward it registers `opt` with the model (step()
   /// then only finishes the iteration) and refuses dynamic_loss_scale and clip_grad_norm.
@@ -67,7 +67,7 @@ class TrainingFacade {
   double last_grad_norm() const;
 
  private:
-  ZeroRedundancyOptimizer* zero_ = nullptr;
+  optim::ZeroRedundancyOptimizer* zero_ = nullptr;
   FullyShardedBase* model_ = nullptr;
   torch::optim::Optimizer* opt_ = nullptr;
   FacadeOptions options_;
@@ -76,4 +76,10 @@ class TrainingFacade {
   double last_norm_ = -1;
 };
 
+}  // namespace fsdp::trainer
+
+// The earlier spellings in fsdp::optim, kept deprecated (CHANGELOG.md, "Renamed").
+namespace fsdp::optim {
+using FacadeOptions [[deprecated("use fsdp::trainer::FacadeOptions")]] = fsdp::trainer::FacadeOptions;
+using TrainingFacade [[deprecated("use fsdp::trainer::TrainingFacade")]] = fsdp::trainer::TrainingFacade;
 }  // namespace fsdp::optim

@@ -11,7 +11,7 @@
 // CUDA tensors when a rank has none.
 //
 // This file is compiled with NCCL's header and USE_C10D_NCCL when libtorch has CUDA
-// (FSDP_WITH_NCCL); without them it still decides placements (no rank has CUDA) and refuses
+// (FSDP_WITH_NCCL); without them it still decides the CUDA backend (no rank has CUDA) and refuses
 // Backend::NCCL.
 #include "comm/device/cuda_backend.h"
 
@@ -92,7 +92,7 @@ bool nccl_built() {
 #endif
 }
 
-CudaPlacement place_cuda_tensors(const InitOptions& options, const LaunchEnv& env, c10d::Store& store) {
+CudaCollectiveBackend decide_cuda_backend(const InitOptions& options, const LaunchEnv& env, c10d::Store& store) {
   const Backend asked = options.backend();
   const int device = bind_device(options, env, visible_cuda_devices());
   // The table: each rank's GPU UUID, or "none".
@@ -115,7 +115,7 @@ CudaPlacement place_cuda_tensors(const InitOptions& options, const LaunchEnv& en
     shared = os.str();
     break;
   }
-  CudaPlacement p;
+  CudaCollectiveBackend p;
   if (asked == Backend::NCCL) {
     TORCH_CHECK(without < 0, "fsdp: rank ", env.rank, ": Backend::NCCL, but rank ", without,
                 " has no CUDA device; every rank needs one GPU of its own (or use Backend::Gloo)");

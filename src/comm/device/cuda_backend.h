@@ -20,8 +20,9 @@ struct LaunchEnv;
 
 namespace fsdp::comm::detail {
 
-/// What a world decided for CUDA tensors, the same on every rank; sub-groups inherit it.
-struct CudaPlacement {
+/// Which backend moves a world's CUDA tensors, and the device each rank binds: the same
+/// decision on every rank; sub-groups inherit it.
+struct CudaCollectiveBackend {
   /// The CUDA device this rank is bound to; -1 when the world moves no CUDA tensors.
   int device_index = -1;
   /// NCCL, Gloo (staged through host memory), or Auto meaning none: CUDA tensors refused.
@@ -32,12 +33,12 @@ struct CudaPlacement {
 /// Whether this build can create NCCL process groups (libtorch with CUDA and NCCL).
 bool nccl_built();
 
-/// Decides the world's placement: each rank binds a device (InitOptions::device_index, else
-/// its local rank modulo the visible devices) and publishes the device's UUID through
-/// `store`; every rank then reads the same table and decides the same. Backend::NCCL with
+/// Decides which backend moves the world's CUDA tensors: each rank binds a device
+/// (InitOptions::device_index, else its local rank modulo the visible devices) and publishes
+/// the device's UUID through `store`; every rank then reads the same table and decides the same. Backend::NCCL with
 /// two ranks on one GPU, or a rank without CUDA, is refused on every rank before NCCL starts
 /// (a build without NCCL refuses Backend::NCCL earlier, in init_process_group).
-CudaPlacement place_cuda_tensors(const InitOptions& options, const LaunchEnv& env, c10d::Store& store);
+CudaCollectiveBackend decide_cuda_backend(const InitOptions& options, const LaunchEnv& env, c10d::Store& store);
 
 /// Registers an NCCL backend for CUDA tensors on `pg` (rank `rank` of `size`), bound to
 /// `device_index`, with the group's timeout. Only when nccl_built().

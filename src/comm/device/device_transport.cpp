@@ -67,9 +67,9 @@ void DeviceTransport::barrier(const GroupDesc& g) {
   wait(g.c10d()->getBackend(c10::kCPU)->barrier(), g, "barrier");
 }
 
-std::shared_ptr<Transport> make_device_transport(const CudaPlacement& placement) {
-  if (!placement.enabled()) return nullptr;
-  return std::make_shared<DeviceTransport>(placement.backend == Backend::NCCL ? CommPath::Nccl : CommPath::Gloo);
+std::shared_ptr<Transport> make_device_transport(const CudaCollectiveBackend& cuda) {
+  if (!cuda.enabled()) return nullptr;
+  return std::make_shared<DeviceTransport>(cuda.backend == Backend::NCCL ? CommPath::Nccl : CommPath::Gloo);
 }
 
 void DeviceTransport::wait(const c10::intrusive_ptr<c10d::Work>& work, const GroupDesc& g, const std::string& op) {

@@ -26,8 +26,8 @@ class DeviceTransport final : public Transport {
   CommPath path_;
 };
 
-/// The device transport of a group of a world placed as `placement`; nullptr when the world
-/// moves no CUDA tensors.
-std::shared_ptr<Transport> make_device_transport(const CudaPlacement& placement);
+/// The device transport of a group of a world whose CUDA tensors `cuda` moves; nullptr when
+/// the world moves no CUDA tensors.
+std::shared_ptr<Transport> make_device_transport(const CudaCollectiveBackend& cuda);
 
 }  // namespace fsdp::comm::detail

@@ -18,8 +18,8 @@ void check_cuda_device(const std::string& name, at::Device d, const ProcessGroup
 
 }  // namespace
 
-at::Device placement_device(const std::vector<std::pair<std::string, at::Tensor>>& params,
-                            const ProcessGroup& pg, const char* who) {
+at::Device model_device(const std::vector<std::pair<std::string, at::Tensor>>& params,
+                        const ProcessGroup& pg, const char* who) {
   if (params.empty()) return at::kCPU;
   const auto& [first_name, first] = params.front();
   const at::Device device = first.device();

@@ -25,7 +25,7 @@ namespace fsdp::comm::detail {
 /// The device of every tensor in `params` (name as messages show it, tensor); CPU when
 /// there are none.
 /// `who` opens the messages ("fsdp", "ZeroRedundancyOptimizer").
-at::Device placement_device(const std::vector<std::pair<std::string, at::Tensor>>& params,
-                            const ProcessGroup& pg, const char* who);
+at::Device model_device(const std::vector<std::pair<std::string, at::Tensor>>& params,
+                        const ProcessGroup& pg, const char* who);
 
 }  // namespace fsdp::comm::detail

@@ -207,7 +207,7 @@ const char* ShmChannel::fragment_data(int w, uint64_t fragment, int64_t bytes) c
   const int64_t off = segs_[w]->slot(s)->src_off;
   if (off < 0) return segs_[w]->data(s);
   TORCH_INTERNAL_ASSERT(arenas_[w] && off + bytes <= arenas_[w]->bytes(),
-                        "fsdp: a peer published a piece outside its exchange arena");
+                        "fsdp: a peer published a fragment outside its exchange arena");
   return arenas_[w]->base() + off;
 }
 
@@ -368,7 +368,7 @@ std::string ShmChannel::blocking_peers(const ShmOp& op) const {
     os << "no data from ";
     for (size_t i = 0; i < waiting.size(); ++i) os << (i ? ", " : "") << peer_names_[waiting[i]];
   } else {
-    os << "peers did not take the data this rank wrote (its ring stayed full, or pieces it published in "
+    os << "peers did not take the data this rank wrote (its ring stayed full, or fragments it published in "
           "place were not released)";
   }
   return os.str();

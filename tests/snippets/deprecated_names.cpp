@@ -1,0 +1,70 @@
+// Every public name renamed with a deprecated alias (CHANGELOG.md, "Renamed") still compiles
+// in its earlier spelling and means the new name. Built by the target `snippets`
+// (tests/snippets/CMakeLists.txt), so test_snippets fails when an alias goes missing or
+// stops meaning its replacement. Our own code uses only the new names; here the
+// deprecation warnings are the point, so they are silenced for this file alone.
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+
+#include <type_traits>
+#include <utility>
+
+#include "fsdp/core/fully_sharded.h"
+#include "fsdp/core/options.h"
+#include "fsdp/core/state_dict_type.h"
+#include "fsdp/optim/zero_redundancy_optimizer.h"
+#include "fsdp/trainer/trainer_options.h"
+#include "fsdp/trainer/training_facade.h"
+
+namespace deprecated_names {
+
+// TrainingFacade and FacadeOptions moved from fsdp::optim to fsdp::trainer.
+static_assert(std::is_same_v<fsdp::optim::TrainingFacade, fsdp::trainer::TrainingFacade>);
+static_assert(std::is_same_v<fsdp::optim::FacadeOptions, fsdp::trainer::FacadeOptions>);
+
+// Public enums in kCamel; the ALL_CAPS enumerators keep their values.
+static_assert(fsdp::ShardingStrategy::FULL_SHARD == fsdp::ShardingStrategy::kFullShard);
+static_assert(fsdp::ShardingStrategy::SHARD_GRAD_OP == fsdp::ShardingStrategy::kShardGradOp);
+static_assert(fsdp::ShardingStrategy::NO_SHARD == fsdp::ShardingStrategy::kNoShard);
+static_assert(fsdp::ShardingStrategy::HYBRID_SHARD == fsdp::ShardingStrategy::kHybridShard);
+
+static_assert(fsdp::BackwardPrefetch::NONE == fsdp::BackwardPrefetch::kNone);
+static_assert(fsdp::BackwardPrefetch::BACKWARD_PRE == fsdp::BackwardPrefetch::kBackwardPre);
+static_assert(fsdp::BackwardPrefetch::BACKWARD_POST == fsdp::BackwardPrefetch::kBackwardPost);
+
+static_assert(fsdp::StateDictType::FULL == fsdp::StateDictType::kFull);
+static_assert(fsdp::StateDictType::LOCAL == fsdp::StateDictType::kLocal);
+static_assert(fsdp::StateDictType::SHARDED == fsdp::StateDictType::kSharded);
+
+static_assert(fsdp::trainer::StrategyKind::FSDP == fsdp::trainer::StrategyKind::kFsdp);
+static_assert(fsdp::trainer::StrategyKind::FULL_SHARD == fsdp::trainer::StrategyKind::kFullShard);
+static_assert(fsdp::trainer::StrategyKind::SHARD_GRAD_OP == fsdp::trainer::StrategyKind::kShardGradOp);
+static_assert(fsdp::trainer::StrategyKind::HYBRID_SHARD == fsdp::trainer::StrategyKind::kHybridShard);
+static_assert(fsdp::trainer::StrategyKind::NO_SHARD == fsdp::trainer::StrategyKind::kNoShard);
+static_assert(fsdp::trainer::StrategyKind::ZERO1 == fsdp::trainer::StrategyKind::kZero1);
+static_assert(fsdp::trainer::StrategyKind::ZERO2 == fsdp::trainer::StrategyKind::kZero2);
+
+// Options::offload_params is now cpu_offload: the old setter and getter forward to it.
+static_assert(std::is_same_v<decltype(std::declval<fsdp::Options&>().offload_params(true)), fsdp::Options&>);
+static_assert(std::is_same_v<decltype(std::declval<const fsdp::Options&>().offload_params()), bool>);
+[[maybe_unused]] bool offload_params_forwards() {
+  fsdp::Options o;
+  o.offload_params(true);
+  return o.cpu_offload() && o.offload_params();
+}
+
+// Guards by value (not a rename, no alias: a program that spelled std::unique_ptr<Guard>
+// holds the guard itself or a std::optional of it); `auto guard = model->no_sync();` compiles.
+using fsdp::FullyShardedBase;
+using fsdp::optim::ZeroRedundancyOptimizer;
+static_assert(std::is_same_v<decltype(std::declval<FullyShardedBase&>().no_sync()), FullyShardedBase::NoSyncGuard>);
+static_assert(std::is_same_v<decltype(std::declval<FullyShardedBase&>().no_step()), FullyShardedBase::NoStepGuard>);
+static_assert(std::is_same_v<decltype(std::declval<ZeroRedundancyOptimizer&>().no_step()),
+                             ZeroRedundancyOptimizer::NoStepGuard>);
+static_assert(std::is_move_constructible_v<FullyShardedBase::NoSyncGuard> &&
+              !std::is_copy_constructible_v<FullyShardedBase::NoSyncGuard>);
+static_assert(std::is_move_constructible_v<FullyShardedBase::NoStepGuard> &&
+              !std::is_copy_constructible_v<FullyShardedBase::NoStepGuard>);
+static_assert(std::is_move_constructible_v<ZeroRedundancyOptimizer::NoStepGuard> &&
+              !std::is_copy_constructible_v<ZeroRedundancyOptimizer::NoStepGuard>);
+
+}  // namespace deprecated_names
