@@ -95,26 +95,7 @@ bool Unit::issue_gather(comm::Phase phase) {
     out_of_memory(e, "gathering the parameters", flat_->padded_numel() * int64_t(c10::elementSize(flat_->compute_dtype())));
   }
   if (flat_->sharded()) {
-    // Cast before the gather: param_dtype bytes move ([Note: mixed precision]).
-    // The cast copy must live until the gather completes (wait_gather).
-    PendingGather g;
-    g.source = flat_->shard_for_gather();
-    order_gather_issue(g.source);
-    gather_mark_ = ctx_.tracer->begin(Tracer::kGather);
-    {
-      const auto on_stream = streams() ? streams()->make_current(StreamKind::AllGather) : nullptr;
-      {
-        PhaseSpan issuing(ctx_.tracer, "issue_gather", label());
-        // Mapped: the peers' shards are already in place ([Note: zero-copy gathers]).
-        g.handle = flat_->mapped() ? flat_->mapped_flat().refresh({phase, label()})
-                                   : comm::all_gather_into(ctx_.gather_group, flat_->unsharded(), g.source,
-                                                           {phase, label()});
-      }
-      g.handle.order_current_stream();
-    }
-    ctx_.tracer->end_on_device(gather_mark_);
-    order_gather_issued();
-    pending_gather_ = std::move(g);
+    pending_gather_ = GatherResult::issue(*flat_, ctx_.gather_group, {phase, label()}, streams(), ctx_.tracer);
   } else {
     at::NoGradGuard no_grad;  // NO_SHARD with param_dtype: a local low-precision copy
     if (auto* so = streams()) so->acquire(StreamKind::Compute, flat_->unsharded(), "unsharded flat parameter", label());
@@ -127,47 +108,12 @@ bool Unit::issue_gather(comm::Phase phase) {
 void Unit::wait_gather() {
   if (!pending_gather_) return;
   // Cleared before waiting, so that a failed wait does not leave a stale handle.
-  PendingGather g = std::move(*pending_gather_);
+  GatherResult g = std::move(*pending_gather_);
   pending_gather_.reset();
-  {
-    PhaseSpan waiting(ctx_.tracer, "wait_gather", label());
-    StreamOrder* so = streams();
-    const auto elsewhere = so && so->gather_handle_wait_off_compute() ? so->make_current(StreamKind::Copy) : nullptr;
-    g.handle.wait();
-  }
-  ctx_.tracer->end(trace_name("all_gather"), Tracer::kGather, gather_mark_, comm::to_string(g.handle.path()));
-  order_gather_waited(g.source);  // before g, the handle and its source, goes
+  g.wait();
 }
 
 // ---- stream order ([Note: stream order wiring] in runtime.h) ----
-
-void Unit::order_gather_issue(const at::Tensor& source) {
-  StreamOrder* so = streams();
-  if (!so) return;
-  // A low-precision source is a fresh cast compute wrote; otherwise it is the shard.
-  const bool cast = !source.is_same(flat_->shard());
-  if (cast) {
-    so->acquire(StreamKind::Compute, source, "all-gather source (cast shard)", label(), /*fresh=*/true);
-    so->write(StreamKind::Compute, source);
-  }
-  // Everything compute issued so far comes first: the last reads of the pool block the
-  // gather overwrites, the optimizer's writes to the shard, the cast.
-  so->wait(WaitSite::GatherWaitsCompute, StreamKind::AllGather,
-           so->record(StreamKind::Compute, "the issue of the all-gather of unit '" + label() + "'"));
-  so->acquire(StreamKind::AllGather, flat_->unsharded(), "unsharded flat parameter", label());
-  if (cast) so->read(StreamKind::AllGather, source);
-}
-
-void Unit::order_gather_issued() {
-  if (StreamOrder* so = streams()) so->write(StreamKind::AllGather, flat_->unsharded());
-}
-
-void Unit::order_gather_waited(const at::Tensor& source) {
-  StreamOrder* so = streams();
-  if (!so) return;
-  so->wait_written(WaitSite::ComputeWaitsGather, StreamKind::Compute, flat_->unsharded());
-  if (!source.is_same(flat_->shard())) so->release(StreamKind::Compute, source);
-}
 
 void Unit::order_compute_reads_unsharded() {
   StreamOrder* so = streams();

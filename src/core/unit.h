@@ -76,6 +76,7 @@
 #include "autograd/grad_accumulator_handle.h"
 #include "memory/buffer_pool.h"
 #include "flat_param.h"
+#include "gather_result.h"
 #include "fsdp/comm/collectives.h"
 #include "fsdp/core/trace.h"
 #include "resolved_options.h"
@@ -206,9 +207,6 @@ class Unit {
   // [Note: stream order wiring] in runtime.h: what this unit's buffers go through; each
   // returns at once when the stream order is off.
   StreamOrder* streams() const { return ctx_.streams && ctx_.streams->enabled() ? ctx_.streams : nullptr; }
-  void order_gather_issue(const at::Tensor& source);  // the all-gather is about to be issued
-  void order_gather_issued();                          // ... and was
-  void order_gather_waited(const at::Tensor& source);  // its handle completed
   void order_compute_reads_unsharded();
   void reshard();                      // parameters back to their pieces, buffer freed
   void clear_iteration();
@@ -238,13 +236,9 @@ class Unit {
   at::Tensor reduced_shard_;    // REDUCED: reduction output (shard-sized; may view a bucket's output)
   at::Tensor no_sync_grad_;     // accumulated unsharded gradient under no_sync
 
-  struct PendingGather {
-    comm::CommHandle handle;
-    at::Tensor source;          // the (possibly cast) shard being sent
-  };
-  std::optional<PendingGather> pending_gather_;  // an all-gather into the unsharded buffer in flight
+  std::optional<GatherResult> pending_gather_;  // an all-gather into the unsharded buffer in flight
   // Open trace spans (fsdp/trace.h); no-ops unless tracing.
-  Tracer::Mark gather_mark_, forward_mark_, backward_mark_, recompute_mark_;
+  Tracer::Mark forward_mark_, backward_mark_, recompute_mark_;
 };
 
 }  // namespace fsdp::detail
