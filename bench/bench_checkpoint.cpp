@@ -511,7 +511,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   // Compare the CRC-32 implementations (docs/benchmarks.md).
-  if (std::getenv("FSDP_CKPT_ZLIB_CRC")) fsdp::detail::set_checkpoint_crc_zlib(true);
+  if (std::getenv("FSDP_CKPT_ZLIB_CRC")) fsdp::state::detail::set_checkpoint_crc_zlib(true);
   try {
     return rank_main(argc, argv);
   } catch (const c10::Error& e) {

@@ -238,11 +238,11 @@ TEST(Checkpoint, StagedRecordsAreTheSameBytes) {
     train(m, *opt, 0, 2, pg);
     const std::string plain = test_dir() + "/plain", staged = test_dir() + "/staged";
     save_checkpoint(plain, *m, opt.get());
-    fsdp::detail::set_checkpoint_stage_host_tensors(true);
-    fsdp::detail::set_checkpoint_staging_chunk_bytes(100);
+    fsdp::state::detail::set_checkpoint_stage_host_tensors(true);
+    fsdp::state::detail::set_checkpoint_staging_chunk_bytes(100);
     save_checkpoint(staged, *m, opt.get());
-    fsdp::detail::set_checkpoint_stage_host_tensors(false);
-    fsdp::detail::set_checkpoint_staging_chunk_bytes(0);
+    fsdp::state::detail::set_checkpoint_stage_host_tensors(false);
+    fsdp::state::detail::set_checkpoint_staging_chunk_bytes(0);
     const std::string mine = "/shard_rank0000" + std::to_string(pg.rank()) + ".bin";
     const std::string a = file_bytes(plain + mine), b = file_bytes(staged + mine);
     EXPECT_GT(a.size(), 400u) << "records this small would not cross chunks";
@@ -352,9 +352,9 @@ TEST(Checkpoint, CorruptionAndTruncationNameTheFile) {
     run_case("consolidate with ZIP64 fields reads back as without them", [&] {
       if (pg.rank() != 0) return;
       consolidate_checkpoint(dir, dir + ".pt");
-      fsdp::detail::set_consolidate_zip64_always(true);
+      fsdp::state::detail::set_consolidate_zip64_always(true);
       consolidate_checkpoint(dir, dir + "_zip64.pt");
-      fsdp::detail::set_consolidate_zip64_always(false);
+      fsdp::state::detail::set_consolidate_zip64_always(false);
       EXPECT_GT(fs::file_size(dir + "_zip64.pt"), fs::file_size(dir + ".pt")) << "no ZIP64 fields were written";
       auto plain = load_full_state_dict(dir + ".pt"), z64 = load_full_state_dict(dir + "_zip64.pt");
       ASSERT_EQ(plain.size(), full.size());
@@ -525,7 +525,7 @@ namespace {
 // The save at step 5 dies on every rank after its third record.
 void crashing_save() {
   run_ranks(2, [](comm::ProcessGroup& pg) {
-    fsdp::detail::set_checkpoint_record_hook([](int64_t written) {
+    fsdp::state::detail::set_checkpoint_record_hook([](int64_t written) {
       if (written == 3) ::_exit(86);
     });
     auto m = wrap(0, pg, ShardingStrategy::kFullShard, true);

@@ -29,11 +29,11 @@ namespace {
 
 using fsdp::engine::BucketCandidate;
 using fsdp::engine::BucketFormer;
-using fsdp::detail::FlatParameter;
-using fsdp::detail::FlatParamEntry;
-using fsdp::detail::FlatState;
-using fsdp::detail::Unit;
-using fsdp::detail::UnitState;
+using fsdp::core::detail::FlatParameter;
+using fsdp::core::detail::FlatParamEntry;
+using fsdp::core::detail::FlatState;
+using fsdp::core::detail::Unit;
+using fsdp::core::detail::UnitState;
 
 // Parameters of the given sizes holding 1, 2, 3, ... across all of them (so the
 // value of flat element i is i + 1).
@@ -232,11 +232,11 @@ TEST(GradientDivision, TorchDefaultAndExplicit) {
   };
   for (const Case& c : {Case{1, 1, 1}, Case{2, 2, 1}, Case{3, 2, 1.5}, Case{4, 2, 2}, Case{6, 4, 1.5},
                         Case{8, 4, 2}, Case{16, 4, 4}, Case{32, 8, 4}}) {
-    const auto d = fsdp::detail::gradient_division(0, c.world);
+    const auto d = fsdp::core::detail::gradient_division(0, c.world);
     EXPECT_DOUBLE_EQ(d.pre, c.pre) << "world " << c.world;
     EXPECT_DOUBLE_EQ(d.post, c.post) << "world " << c.world;
   }
-  const auto d = fsdp::detail::gradient_division(4, 8);
+  const auto d = fsdp::core::detail::gradient_division(4, 8);
   EXPECT_DOUBLE_EQ(d.pre, 4);
   EXPECT_DOUBLE_EQ(d.post, 2);
 }
@@ -288,8 +288,8 @@ TEST(UnitLifecycle, TransitionTableMatchesTheDrawing) {
     for (S to : kAllStates) {
       bool want = false;
       for (const auto& a : arrows) want = want || (a.first == from && a.second == to);
-      EXPECT_EQ(fsdp::detail::unit_transition_allowed(from, to), want)
-          << fsdp::detail::to_string(from) << " -> " << fsdp::detail::to_string(to);
+      EXPECT_EQ(fsdp::core::detail::unit_transition_allowed(from, to), want)
+          << fsdp::core::detail::to_string(from) << " -> " << fsdp::core::detail::to_string(to);
       allowed += want;
     }
   }
@@ -315,7 +315,7 @@ class NoOpGradHook : public torch::autograd::FunctionPostHook {
 // cost syscalls and page faults. Small blocks of the CPU allocator are not kept.
 TEST(BufferPool, KeepsSmallBlocksOfABlockAllocatorOnly) {
   int blocks = 0;
-  fsdp::detail::BufferPool arena_like{4, 1 << 20};
+  fsdp::memory::BufferPool arena_like{4, 1 << 20};
   arena_like.set_block_allocator([&](size_t n) {
     ++blocks;
     return c10::GetAllocator(c10::DeviceType::CPU)->allocate(n);
@@ -324,7 +324,7 @@ TEST(BufferPool, KeepsSmallBlocksOfABlockAllocatorOnly) {
   EXPECT_EQ(blocks, 1);
   EXPECT_EQ(arena_like.idle_bytes(), 41000);
 
-  fsdp::detail::BufferPool cpu{4, 1 << 20};
+  fsdp::memory::BufferPool cpu{4, 1 << 20};
   cpu.allocate(41000);
   EXPECT_EQ(cpu.idle_bytes(), 0);  // glibc reuses it from its heap
   cpu.allocate(2 << 20);
@@ -335,7 +335,7 @@ TEST(BufferPool, KeepsSmallBlocksOfABlockAllocatorOnly) {
 // address's history and a GPU backend names the block to the caching allocator); a block
 // kept idle serves a request of its own device only.
 TEST(BufferPool, TellsTheObserverOfNewBlocksOnly) {
-  fsdp::detail::BufferPool pool{4, 0};
+  fsdp::memory::BufferPool pool{4, 0};
   std::vector<const void*> seen;
   pool.set_new_block_observer([&](const at::DataPtr& b) { seen.push_back(b.get()); });
   const void* first = nullptr;
@@ -397,11 +397,11 @@ TEST(Tracer, DeviceTimesComeFromTheClock) {
 }
 
 struct UnitFixture {
-  fsdp::detail::BufferPool pool{4, 1024};
+  fsdp::memory::BufferPool pool{4, 1024};
   fsdp::Tracer tracer{"", 0};  // disabled
   std::unique_ptr<Unit> unit;
-  explicit UnitFixture(fsdp::detail::GradientDivision divide = {}) {
-    fsdp::detail::UnitContext ctx;
+  explicit UnitFixture(fsdp::core::detail::GradientDivision divide = {}) {
+    fsdp::core::detail::UnitContext ctx;
     ctx.rank = 3;
     ctx.pool = &pool;
     ctx.tracer = &tracer;
@@ -471,7 +471,7 @@ TEST(UnitLifecycle, RecomputeReturnsWhereItCameFrom) {
 // One iteration of a NO_SHARD unit with a real backward: loss = sum(p0 * x0) +
 // sum(p1 * x1), so each gradient is its x, divided by pre * post = 2 * 1.5.
 TEST(UnitLifecycle, WholeIterationWithRealGradients) {
-  UnitFixture fx(fsdp::detail::GradientDivision{2, 1.5});
+  UnitFixture fx(fsdp::core::detail::GradientDivision{2, 1.5});
   Unit& u = *fx.unit;
   auto& e = u.flat().entries();
   std::vector<size_t> fired;

@@ -522,13 +522,13 @@ TEST(OptimizerInBackward, HybridStepsAsReplicaAllReducesLand) {
 }
 
 TEST(OptimizerInBackward, LifecycleArrows) {
-  using fsdp::detail::UnitState;
-  using fsdp::detail::unit_transition_allowed;
+  using fsdp::core::detail::UnitState;
+  using fsdp::core::detail::unit_transition_allowed;
   EXPECT_TRUE(unit_transition_allowed(UnitState::REDUCED, UnitState::STEPPED));
   EXPECT_TRUE(unit_transition_allowed(UnitState::STEPPED, UnitState::IDLE));
   for (auto from : {UnitState::IDLE, UnitState::FORWARD, UnitState::AWAIT_BACKWARD, UnitState::BACKWARD,
                     UnitState::REDUCING, UnitState::ACCUMULATED, UnitState::STEPPED})
-    EXPECT_FALSE(unit_transition_allowed(from, UnitState::STEPPED)) << fsdp::detail::to_string(from);
+    EXPECT_FALSE(unit_transition_allowed(from, UnitState::STEPPED)) << fsdp::core::detail::to_string(from);
   EXPECT_FALSE(unit_transition_allowed(UnitState::STEPPED, UnitState::REDUCED));
 }
 

@@ -27,10 +27,10 @@
 
 using namespace fsdp;
 using namespace fsdp::testing;
-using fsdp::detail::FakeStreams;
-using fsdp::detail::StreamKind;
-using fsdp::detail::StreamOrder;
-using fsdp::detail::WaitSite;
+using fsdp::core::detail::FakeStreams;
+using fsdp::core::detail::StreamKind;
+using fsdp::core::detail::StreamOrder;
+using fsdp::core::detail::WaitSite;
 
 namespace {
 
@@ -186,9 +186,9 @@ TEST(StreamOrderMachine, OffDoesNothing) {
 // events on its streams. It compiles wherever libtorch has CUDA and runs on a GPU machine.
 TEST(StreamOrderCuda, RecordsAndWaitsOnDeviceStreams) {
   FSDP_SKIP_WITHOUT_GPU(1);
-  ASSERT_TRUE(fsdp::detail::cuda_streams_built()) << "a CUDA device, but fsdp-cpp was built without CUDA";
+  ASSERT_TRUE(fsdp::core::detail::cuda_streams_built()) << "a CUDA device, but fsdp-cpp was built without CUDA";
   StreamOrder order;
-  order.set_backend(fsdp::detail::make_cuda_streams(0));
+  order.set_backend(fsdp::core::detail::make_cuda_streams(0));
   at::Tensor block = at::empty({1 << 20}, at::TensorOptions().device(at::kCUDA));
   order.wait(WaitSite::GatherWaitsCompute, kGather, order.record(kCompute, "issue"));
   order.acquire(kGather, block, "unsharded flat parameter", "l1");
@@ -248,12 +248,12 @@ struct Run : TrainedState {
 class FakeStreamsScope {
  public:
   FakeStreamsScope(std::shared_ptr<FakeStreams> fake, std::optional<WaitSite> skipped = std::nullopt) {
-    fsdp::detail::StreamOrderTestHooks hooks;
+    fsdp::core::detail::StreamOrderTestHooks hooks;
     if (fake) hooks.make_backend = [fake] { return fake; };
     hooks.skipped_wait = skipped;
-    fsdp::detail::set_stream_order_test_hooks(hooks);
+    fsdp::core::detail::set_stream_order_test_hooks(hooks);
   }
-  ~FakeStreamsScope() { fsdp::detail::set_stream_order_test_hooks({}); }
+  ~FakeStreamsScope() { fsdp::core::detail::set_stream_order_test_hooks({}); }
 };
 
 Run train(comm::ProcessGroup& pg, const Config& c, std::shared_ptr<FakeStreams> fake,
@@ -353,16 +353,16 @@ TEST(FsdpFakeStreams, TrainsWithoutHazardsAt3Ranks) { run_ranks(3, training_case
 
 class StreamHooksScope {
  public:
-  explicit StreamHooksScope(fsdp::detail::StreamOrderTestHooks hooks) {
-    fsdp::detail::set_stream_order_test_hooks(std::move(hooks));
+  explicit StreamHooksScope(fsdp::core::detail::StreamOrderTestHooks hooks) {
+    fsdp::core::detail::set_stream_order_test_hooks(std::move(hooks));
   }
-  ~StreamHooksScope() { fsdp::detail::set_stream_order_test_hooks({}); }
+  ~StreamHooksScope() { fsdp::core::detail::set_stream_order_test_hooks({}); }
 };
 
 constexpr int64_t kDelayCycles = 20'000'000;  // ~10 ms at H100 clocks: longer than any unit's compute
 constexpr int kRepeats = 3;
 
-TrainedState train_on_gpu(comm::ProcessGroup& pg, const Config& c, fsdp::detail::StreamOrderTestHooks hooks,
+TrainedState train_on_gpu(comm::ProcessGroup& pg, const Config& c, fsdp::core::detail::StreamOrderTestHooks hooks,
                           int steps = 3) {
   const torch::Device gpu(torch::kCUDA, pg.cuda_device());
   torch::manual_seed(0);
@@ -391,15 +391,15 @@ TrainedState train_on_gpu(comm::ProcessGroup& pg, const Config& c, fsdp::detail:
   return run;
 }
 
-fsdp::detail::StreamOrderTestHooks delayed(StreamKind stream) {
-  fsdp::detail::StreamOrderTestHooks hooks;
+fsdp::core::detail::StreamOrderTestHooks delayed(StreamKind stream) {
+  fsdp::core::detail::StreamOrderTestHooks hooks;
   hooks.delayed_stream = stream;
   hooks.delay_cycles = kDelayCycles;
   return hooks;
 }
 
 // How many of kRepeats runs under `hooks` end with the parameters of `ref`.
-int runs_matching(comm::ProcessGroup& pg, const Config& c, const fsdp::detail::StreamOrderTestHooks& hooks,
+int runs_matching(comm::ProcessGroup& pg, const Config& c, const fsdp::core::detail::StreamOrderTestHooks& hooks,
                   const TrainedState& ref) {
   int matching = 0;
   for (int i = 0; i < kRepeats; ++i) matching += bit_equal(train_on_gpu(pg, c, hooks).params, ref.params) ? 1 : 0;
@@ -413,7 +413,7 @@ void negative_controls(comm::ProcessGroup& pg) {
     EXPECT_EQ(runs_matching(pg, full, delayed(kCompute), ref), kRepeats);
   });
   for (WaitSite producer_side : {WaitSite::GatherWaitsCompute, WaitSite::ReduceWaitsCompute}) {
-    run_case(std::string("compute late, planted: ") + fsdp::detail::to_string(producer_side), [&] {
+    run_case(std::string("compute late, planted: ") + fsdp::core::detail::to_string(producer_side), [&] {
       auto hooks = delayed(kCompute);
       hooks.skipped_wait = producer_side;
       EXPECT_EQ(runs_matching(pg, full, hooks, ref), 0)
@@ -442,7 +442,7 @@ void delayed_stream_cases(comm::ProcessGroup& pg) {
     run_case(c.name, [&] {
       const TrainedState ref = train_on_gpu(pg, c, {});
       for (StreamKind late : {kGather, kReduce, kCompute}) {
-        SCOPED_TRACE(std::string("delayed: ") + fsdp::detail::to_string(late));
+        SCOPED_TRACE(std::string("delayed: ") + fsdp::core::detail::to_string(late));
         expect_bitwise_equal(train_on_gpu(pg, c, delayed(late)), ref);
       }
     });
@@ -484,7 +484,7 @@ TEST(FsdpFakeStreams, PlantedMissingWaitIsReported) {
     };
     const Config full{"FULL_SHARD", Options().auto_wrap_policy(module_type_policy<BlockImpl>())};
     for (const Planted& p : planted) {
-      run_case(fsdp::detail::to_string(p.site), [&] {
+      run_case(fsdp::core::detail::to_string(p.site), [&] {
         const std::string msg = error_of([&] { train(pg, full, std::make_shared<FakeStreams>(), p.site); });
         for (const auto& part : p.expected) expect_contains(msg, part);
         expect_contains(msg, "fsdp stream-order hazard");

@@ -8,7 +8,7 @@
 
 #include "unit.h"
 
-namespace fsdp::detail {
+namespace fsdp::core::detail {
 
 namespace {
 
@@ -93,4 +93,4 @@ void BackwardOptimizer::step_now(Unit& unit) {
   }
 }
 
-}  // namespace fsdp::detail
+}  // namespace fsdp::core::detail

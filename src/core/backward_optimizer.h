@@ -48,7 +48,7 @@ namespace torch::optim {
 class Optimizer;
 }
 
-namespace fsdp::detail {
+namespace fsdp::core::detail {
 
 class Unit;
 
@@ -81,4 +81,4 @@ class BackwardOptimizer {
   engine::InBackwardSteps steps_;  // last: destroyed (its steps finished) first
 };
 
-}  // namespace fsdp::detail
+}  // namespace fsdp::core::detail

@@ -6,7 +6,7 @@
 #include "flat_param.h"
 #include "stream_order_testing.h"
 
-namespace fsdp::detail {
+namespace fsdp::core::detail {
 
 CommContext::CommContext(comm::ProcessGroup pg, const ResolvedOptions& options) : pg_(std::move(pg)) {
   build_hybrid_groups(options);
@@ -68,4 +68,4 @@ void CommContext::map_gathers(const std::string& path, FlatParameter& flat) {
   mapped_gathers_ = true;
 }
 
-}  // namespace fsdp::detail
+}  // namespace fsdp::core::detail

@@ -18,7 +18,7 @@
 #include "resolved_options.h"
 #include "stream_order.h"
 
-namespace fsdp::detail {
+namespace fsdp::core::detail {
 
 class FlatParameter;
 
@@ -59,4 +59,4 @@ class CommContext {
   bool mapped_gathers_ = false;
 };
 
-}  // namespace fsdp::detail
+}  // namespace fsdp::core::detail

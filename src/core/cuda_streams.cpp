@@ -20,7 +20,7 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
-namespace fsdp::detail {
+namespace fsdp::core::detail {
 
 #ifdef FSDP_WITH_CUDA_STREAMS
 
@@ -141,4 +141,4 @@ std::shared_ptr<StreamBackend> make_cuda_streams(int device, CudaStreamDelay) {
 
 #endif
 
-}  // namespace fsdp::detail
+}  // namespace fsdp::core::detail

@@ -10,7 +10,7 @@
 
 #include "stream_order.h"
 
-namespace fsdp::detail {
+namespace fsdp::core::detail {
 
 /// Whether this build has the CUDA backend (libtorch built with CUDA).
 bool cuda_streams_built();
@@ -25,4 +25,4 @@ struct CudaStreamDelay {
 /// The backend on CUDA device `device`; refuses when cuda_streams_built() is false.
 std::shared_ptr<StreamBackend> make_cuda_streams(int device, CudaStreamDelay delay = {});
 
-}  // namespace fsdp::detail
+}  // namespace fsdp::core::detail

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-namespace fsdp::detail {
+namespace fsdp::core::detail {
 
 // The hazards, as the messages name them (tests look for these words).
 namespace hazard {
@@ -78,4 +78,4 @@ void FakeStreams::reset_counts() {
   checks_ = 0;
 }
 
-}  // namespace fsdp::detail
+}  // namespace fsdp::core::detail

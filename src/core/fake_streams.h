@@ -15,7 +15,7 @@
 
 #include "stream_order.h"
 
-namespace fsdp::detail {
+namespace fsdp::core::detail {
 
 class FakeStreams : public StreamBackend {
  public:
@@ -47,4 +47,4 @@ class FakeStreams : public StreamBackend {
   int64_t checks_ = 0;
 };
 
-}  // namespace fsdp::detail
+}  // namespace fsdp::core::detail

@@ -5,7 +5,7 @@
 #include "fsdp/comm/collectives.h"
 #include "memory/host_options.h"
 
-namespace fsdp::detail {
+namespace fsdp::core::detail {
 
 const char* to_string(FlatState s) { return s == FlatState::Sharded ? "SHARDED" : "UNSHARDED"; }
 
@@ -85,7 +85,7 @@ void FlatParameter::place_on_compute_device() {
   use_shard_views();
 }
 
-void FlatParameter::alloc_unsharded(BufferPool& pool) {
+void FlatParameter::alloc_unsharded(memory::BufferPool& pool) {
   TORCH_INTERNAL_ASSERT(separate_unsharded());
   if (mapped_) {
     mapped_fresh_ = true;
@@ -167,4 +167,4 @@ void FlatParameter::use_shard_views() {
   state_ = FlatState::Sharded;
 }
 
-}  // namespace fsdp::detail
+}  // namespace fsdp::core::detail

@@ -82,7 +82,7 @@
 
 #include "memory/buffer_pool.h"
 
-namespace fsdp::detail {
+namespace fsdp::core::detail {
 
 struct FlatParamEntry {
   std::string fqn;              // name in the unwrapped model
@@ -153,7 +153,7 @@ class FlatParameter {
   /// Unsharded buffer: allocation state and the tensor collectives fill. Mapped: whether
   /// it was gathered (or a gather is pending) since it was last freed.
   bool unsharded_allocated() const;
-  void alloc_unsharded(BufferPool& pool);  // memory from the pool ([Note: buffer pool])
+  void alloc_unsharded(memory::BufferPool& pool);  // memory from the pool ([Note: buffer pool])
   void free_unsharded();
   const at::Tensor& unsharded() const { return unsharded_; }
   int64_t unsharded_bytes() const;
@@ -193,4 +193,4 @@ class FlatParameter {
   FlatState state_ = FlatState::Sharded;
 };
 
-}  // namespace fsdp::detail
+}  // namespace fsdp::core::detail

@@ -20,14 +20,14 @@
 
 namespace fsdp {
 
-using detail::FlatParamEntry;
-using detail::FlatParameter;
-using detail::IgnoredModules;
-using detail::PlannedUnit;
-using detail::Runtime;
-using detail::SequentialEntryImpl;
-using detail::SequentialSlot;
-using detail::Unit;
+using core::detail::FlatParamEntry;
+using core::detail::FlatParameter;
+using core::detail::IgnoredModules;
+using core::detail::PlannedUnit;
+using core::detail::Runtime;
+using core::detail::SequentialEntryImpl;
+using core::detail::SequentialSlot;
+using core::detail::Unit;
 
 namespace {
 
@@ -78,15 +78,15 @@ void check_mixed_precision(const MixedPrecision& mp, torch::nn::Module& model, i
 
 // Step 5: the unit's flat buffer over the shard group ([Note: hybrid groups];
 // a HYBRID_SHARD group of one rank shards nothing and behaves as NO_SHARD).
-Unit* create_unit(Runtime& runtime, const detail::ResolvedOptions& resolved, PlannedUnit& p) {
-  detail::check_one_dtype_and_device(p);
+Unit* create_unit(Runtime& runtime, const core::detail::ResolvedOptions& resolved, PlannedUnit& p) {
+  core::detail::check_one_dtype_and_device(p);
   const auto strategy = resolved.strategy;
   const comm::ProcessGroup& shard_group = runtime.comm_context().shard_group();
   const bool sharded = strategy != ShardingStrategy::kNoShard &&
                        !(strategy == ShardingStrategy::kHybridShard && shard_group.size() == 1);
   const bool full_precision_unit = p.kind == PlannedUnit::Kind::BatchNorm;
-  const detail::FlatPrecision precision =
-      detail::unit_precision(resolved.mixed_precision, p.entries.front().param.scalar_type(), full_precision_unit);
+  const core::detail::FlatPrecision precision =
+      core::detail::unit_precision(resolved.mixed_precision, p.entries.front().param.scalar_type(), full_precision_unit);
   auto flat = std::make_unique<FlatParameter>(std::move(p.entries), shard_group.rank(), shard_group.size(),
                                               sharded && !full_precision_unit, precision, resolved.cpu_offload);
   return runtime.add_unit(p.path, std::move(flat), p.kind == PlannedUnit::Kind::Root,
@@ -97,7 +97,7 @@ Unit* create_unit(Runtime& runtime, const detail::ResolvedOptions& resolved, Pla
 // construction] in sharded_init.h): its flat parameter is taken over as it is (no
 // second copy), after checking that it holds exactly the parameters this
 // wrapper's plan gives the unit, and renamed with their paths in the model.
-void check_adoptable(const PlannedUnit& p, const detail::ConstructionUnit& cu) {
+void check_adoptable(const PlannedUnit& p, const core::detail::ConstructionUnit& cu) {
   const auto& have = cu.flat->entries();
   bool same = have.size() == p.entries.size();
   for (size_t i = 0; same && i < have.size(); ++i) same = have[i].param.is_same(p.entries[i].param);
@@ -111,9 +111,9 @@ void check_adoptable(const PlannedUnit& p, const detail::ConstructionUnit& cu) {
               "inside the module's constructor");
 }
 
-Unit* adopt_unit(Runtime& runtime, const detail::ResolvedOptions& resolved, PlannedUnit& p,
-                 detail::ConstructionUnit& cu) {
-  auto flat = detail::adopt_construction_unit(cu);
+Unit* adopt_unit(Runtime& runtime, const core::detail::ResolvedOptions& resolved, PlannedUnit& p,
+                 core::detail::ConstructionUnit& cu) {
+  auto flat = core::detail::adopt_construction_unit(cu);
   for (size_t i = 0; i < p.entries.size(); ++i) {
     flat->entries()[i].fqn = p.entries[i].fqn;
     flat->entries()[i].module_path = p.entries[i].module_path;
@@ -124,10 +124,10 @@ Unit* adopt_unit(Runtime& runtime, const detail::ResolvedOptions& resolved, Plan
 // Units sharded at construction (ShardedInitContext) are adopted: the policy must choose
 // each of them again, with the same parameters. Returns, for each planned unit, the
 // construction unit it takes over (null: none).
-std::vector<detail::ConstructionUnit*> match_construction_units(torch::nn::Module& model, int rank,
+std::vector<core::detail::ConstructionUnit*> match_construction_units(torch::nn::Module& model, int rank,
                                                                 const std::vector<PlannedUnit>& planned) {
-  auto construction = detail::find_construction_units(model);
-  std::vector<detail::ConstructionUnit*> adopt(planned.size(), nullptr);
+  auto construction = core::detail::find_construction_units(model);
+  std::vector<core::detail::ConstructionUnit*> adopt(planned.size(), nullptr);
   for (size_t i = 0; i < planned.size(); ++i) {
     if (planned[i].kind != PlannedUnit::Kind::CallSite) continue;
     auto it = construction.find(planned[i].identity);
@@ -192,9 +192,9 @@ void check_not_wrapped(const std::shared_ptr<torch::nn::Module>& model) {
 // Units a ShardedInitContext sharded at construction are adopted as they are, so they
 // must have been laid out for this group and these options. Returns their parameters.
 TensorSet check_construction_units(torch::nn::Module& model, const comm::ProcessGroup& pg,
-                                   const detail::ResolvedOptions& resolved) {
+                                   const core::detail::ResolvedOptions& resolved) {
   TensorSet sharded_at_construction;
-  const auto construction = detail::find_construction_units(model);
+  const auto construction = core::detail::find_construction_units(model);
   std::map<const torch::nn::Module*, std::string> path_of;
   if (!construction.empty())
     for (const auto& item : model.named_modules()) path_of[item.value().get()] = item.key();
@@ -203,11 +203,11 @@ TensorSet check_construction_units(torch::nn::Module& model, const comm::Process
                 "' was sharded at construction by a ShardedInitContext, whose shards live on the model's "
                 "device; Options::cpu_offload cannot take them over. Construct the model without a "
                 "ShardedInitContext to offload it");
-    const auto expected = detail::sharding_signature(pg, resolved, cu->flat->shard().scalar_type());
-    TORCH_CHECK(detail::same_sharding(cu->signature, expected), "fsdp (rank ", pg.rank(), "): unit '",
+    const auto expected = core::detail::sharding_signature(pg, resolved, cu->flat->shard().scalar_type());
+    TORCH_CHECK(core::detail::same_sharding(cu->signature, expected), "fsdp (rank ", pg.rank(), "): unit '",
                 path_of[module], "' was sharded at construction by a ShardedInitContext for ",
-                detail::describe(cu->signature), ", but this FullyShardedDataParallel would lay it out for ",
-                detail::describe(expected), ". Pass FullyShardedDataParallel the process group and options "
+                core::detail::describe(cu->signature), ", but this FullyShardedDataParallel would lay it out for ",
+                core::detail::describe(expected), ". Pass FullyShardedDataParallel the process group and options "
                 "the ShardedInitContext was given");
     for (const auto& e : cu->flat->entries()) sharded_at_construction.insert(e.param.unsafeGetTensorImpl());
   }
@@ -243,7 +243,7 @@ void broadcast_module_states(const comm::ProcessGroup& pg, torch::nn::Module& mo
 // The model's initial values, then the collective checks that every rank wraps the same
 // model the same way.
 void init_and_sync(torch::nn::Module& model, const comm::ProcessGroup& pg, const Options& options,
-                   const detail::ResolvedOptions& resolved, const TensorSet& sharded_at_construction) {
+                   const core::detail::ResolvedOptions& resolved, const TensorSet& sharded_at_construction) {
   run_param_init(options, model, sharded_at_construction);
   if (options.sync_module_states()) broadcast_module_states(pg, model, sharded_at_construction);
   check_same_model_on_all_ranks(pg, model);
@@ -266,7 +266,7 @@ std::optional<at::ScalarType> apply_mixed_precision(const MixedPrecision& mp, to
     torch::NoGradGuard no_grad;
     const bool keep_bn = mp.param_dtype() && mp.full_precision_batch_norm();
     for (const auto& m : model.modules()) {
-      if (keep_bn && detail::is_batch_norm(*m)) continue;
+      if (keep_bn && core::detail::is_batch_norm(*m)) continue;
       for (auto& b : m->buffers(false))
         if (b.is_floating_point()) b.set_data(b.to(*mp.buffer_dtype()));
     }
@@ -284,7 +284,7 @@ FullyShardedBase::FullyShardedBase(std::shared_ptr<torch::nn::Module> model, com
   TORCH_CHECK(pg_.defined(), "fsdp: FullyShardedDataParallel needs a process group; call "
               "fsdp::comm::init_process_group() first");
   comm::LabelScope label({comm::Phase::Setup, "FullyShardedDataParallel"});
-  const detail::ResolvedOptions resolved = validate();
+  const core::detail::ResolvedOptions resolved = validate();
   const TensorSet sharded_at_construction = check_construction_units(*model_, pg_, resolved);
   init_and_sync(*model_, pg_, options_, resolved, sharded_at_construction);
   root_input_dtype_ = apply_mixed_precision(options_.mixed_precision(), *model_, pg_.rank());
@@ -295,8 +295,8 @@ FullyShardedBase::FullyShardedBase(std::shared_ptr<torch::nn::Module> model, com
 // The options resolved and the model checked before the first collective: a rank with a
 // bad option must fail alone and at once, not leave its peers waiting in one. The device
 // is the one the model is on, checked against the group ([Note: device placement]).
-detail::ResolvedOptions FullyShardedBase::validate() const {
-  detail::ResolvedOptions resolved = detail::resolve_options(options_, pg_);
+core::detail::ResolvedOptions FullyShardedBase::validate() const {
+  core::detail::ResolvedOptions resolved = core::detail::resolve_options(options_, pg_);
   check_not_wrapped(model_);
   resolved.device = comm::detail::model_device(named_tensors(*model_), pg_, "fsdp");
   return resolved;
@@ -322,13 +322,13 @@ FullyShardedBase::~FullyShardedBase() {
   for (auto* w : wrappables_) w->set_fsdp_unit_hooks(nullptr);
 }
 
-void FullyShardedBase::build_units(const detail::ResolvedOptions& resolved) {
+void FullyShardedBase::build_units(const core::detail::ResolvedOptions& resolved) {
   const IgnoredModules ignored(*model_, options_.ignored_modules());
-  std::vector<PlannedUnit> planned = detail::walk_wrap_policy(*model_, options_.auto_wrap_policy(), ignored);
+  std::vector<PlannedUnit> planned = core::detail::walk_wrap_policy(*model_, options_.auto_wrap_policy(), ignored);
   const auto& mp = options_.mixed_precision();
-  if (mp.param_dtype() && mp.full_precision_batch_norm()) detail::add_batch_norm_units(*model_, ignored, planned);
-  detail::assign_parameters(*model_, ignored, planned);
-  const std::vector<detail::ConstructionUnit*> adopt = match_construction_units(*model_, pg_.rank(), planned);
+  if (mp.param_dtype() && mp.full_precision_batch_norm()) core::detail::add_batch_norm_units(*model_, ignored, planned);
+  core::detail::assign_parameters(*model_, ignored, planned);
+  const std::vector<core::detail::ConstructionUnit*> adopt = match_construction_units(*model_, pg_.rank(), planned);
 
   // The runtime (and its dedicated process groups) is created only now, after
   // every local check above: a user error that every rank raises (tied
@@ -336,7 +336,7 @@ void FullyShardedBase::build_units(const detail::ResolvedOptions& resolved) {
   // ranks tear down while peers are still connecting.
   runtime_ = std::make_unique<Runtime>(pg_, resolved);
   if (resolved.keep_freed_host_memory) keep_freed_host_memory();
-  const detail::ShardLayout layout = detail::shard_layout(resolved, pg_);
+  const core::detail::ShardLayout layout = core::detail::shard_layout(resolved, pg_);
   const comm::ProcessGroup& shard_group = runtime_->comm_context().shard_group();
   TORCH_INTERNAL_ASSERT(layout.rank == shard_group.rank() && layout.world == shard_group.size(),
                         "shard_layout disagrees with the runtime's shard group");
@@ -377,7 +377,7 @@ void FullyShardedBase::empty_cache() { runtime_->pool().release_idle(); }
 
 std::vector<std::string> FullyShardedBase::units_placed_on_device() const {
   std::vector<std::string> paths;
-  for (const detail::Unit* u : runtime_->step_policy().placed_on_device()) paths.push_back(u->path());
+  for (const core::detail::Unit* u : runtime_->step_policy().placed_on_device()) paths.push_back(u->path());
   return paths;
 }
 
@@ -458,7 +458,7 @@ void FullyShardedBase::register_optimizer_in_backward(torch::optim::Optimizer& o
   std::vector<Unit*> units;
   for (auto& u : runtime_->units()) units.push_back(u.get());
   runtime_->step_policy().set_backward_optimizer(
-      std::make_unique<detail::BackwardOptimizer>(optimizer, units, pg_.rank(), runtime_->cpu_offload()));
+      std::make_unique<core::detail::BackwardOptimizer>(optimizer, units, pg_.rank(), runtime_->cpu_offload()));
 }
 
 FullyShardedBase::NoStepGuard::NoStepGuard(FullyShardedBase* m)

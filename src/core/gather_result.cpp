@@ -5,7 +5,7 @@
 #include "flat_param.h"
 #include "phase_span.h"
 
-namespace fsdp::detail {
+namespace fsdp::core::detail {
 
 GatherResult::GatherResult(FlatParameter& flat, std::string label, StreamOrder* streams, Tracer* tracer)
     : flat_(&flat), label_(std::move(label)), streams_(streams), tracer_(tracer) {}
@@ -74,4 +74,4 @@ void GatherResult::order_waited() {
   if (cast()) streams_->release(StreamKind::Compute, source_);
 }
 
-}  // namespace fsdp::detail
+}  // namespace fsdp::core::detail

@@ -10,7 +10,7 @@
 #include "fsdp/core/trace.h"
 #include "stream_order.h"
 
-namespace fsdp::detail {
+namespace fsdp::core::detail {
 
 class FlatParameter;
 
@@ -43,4 +43,4 @@ class GatherResult {
   Tracer::Mark mark_;
 };
 
-}  // namespace fsdp::detail
+}  // namespace fsdp::core::detail

@@ -3,7 +3,7 @@
 #include "phase_span.h"
 #include "unit.h"
 
-namespace fsdp::detail {
+namespace fsdp::core::detail {
 
 namespace {
 int64_t nbytes(const at::Tensor& t) { return t.defined() ? t.numel() * int64_t(t.element_size()) : 0; }
@@ -35,7 +35,7 @@ struct GradReducer::Reduction : engine::ReductionWindow::Reduction {
 };
 
 GradReducer::GradReducer(comm::ProcessGroup reduce_group, comm::ProcessGroup replica_group,
-                         int64_t cap_bytes, Tracer* tracer, BufferPool* pool, int max_scattering,
+                         int64_t cap_bytes, Tracer* tracer, memory::BufferPool* pool, int max_scattering,
                          StreamOrder* streams)
     : reduce_pg_(std::move(reduce_group)), replica_pg_(std::move(replica_group)), tracer_(tracer), pool_(pool),
       former_(cap_bytes),
@@ -267,4 +267,4 @@ int64_t GradReducer::transient_bytes() const {
   return scattering_.held_bytes() + replicating_.held_bytes();
 }
 
-}  // namespace fsdp::detail
+}  // namespace fsdp::core::detail

@@ -67,7 +67,7 @@
 #include "replica_chain.h"
 #include "stream_order.h"
 
-namespace fsdp::detail {
+namespace fsdp::core::detail {
 
 class Unit;
 
@@ -80,7 +80,7 @@ class GradReducer {
   /// ([Note: reductions in flight]). streams: the runtime's stream order ([Note: stream
   /// order wiring] in runtime.h), or null.
   GradReducer(comm::ProcessGroup reduce_group, comm::ProcessGroup replica_group, int64_t cap_bytes,
-              Tracer* tracer, BufferPool* pool, int max_scattering, StreamOrder* streams = nullptr);
+              Tracer* tracer, memory::BufferPool* pool, int max_scattering, StreamOrder* streams = nullptr);
   ~GradReducer();
 
   /// `unit` comes next in the reduction order and is about to flatten its
@@ -121,7 +121,7 @@ class GradReducer {
 
   comm::ProcessGroup reduce_pg_, replica_pg_;
   Tracer* tracer_;
-  BufferPool* pool_;
+  memory::BufferPool* pool_;
   engine::BucketFormer former_;
   std::vector<Unit*> open_;      // the open bucket, in reduction order
   engine::ReductionWindow scattering_;   // at most max_scattering
@@ -131,4 +131,4 @@ class GradReducer {
   StreamOrder* streams_;
 };
 
-}  // namespace fsdp::detail
+}  // namespace fsdp::core::detail

@@ -50,7 +50,7 @@ int64_t bucket_cap_bytes(const Options& options) {
   return static_cast<int64_t>(mb * 1024 * 1024);
 }
 
-namespace detail {
+namespace core::detail {
 
 GradientDivision gradient_division(double predivide_factor, int world) {
   double pre = predivide_factor;
@@ -129,7 +129,7 @@ ResolvedOptions resolve_options(const Options& options, const comm::ProcessGroup
   return r;
 }
 
-}  // namespace detail
+}  // namespace core::detail
 
 WrapPolicy size_based_policy(int64_t min_num_params) {
   TORCH_CHECK(min_num_params >= 0, "fsdp: size_based_policy min_num_params must be >= 0, got ",
@@ -144,7 +144,7 @@ WrapPolicy always_wrap_policy() {
 }
 
 WrapPolicy path_policy(std::vector<std::string> paths) {
-  return detail::PathPolicy{std::move(paths)};
+  return core::detail::PathPolicy{std::move(paths)};
 }
 
 }  // namespace fsdp

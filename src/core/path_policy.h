@@ -7,7 +7,7 @@
 
 #include <torch/nn/module.h>
 
-namespace fsdp::detail {
+namespace fsdp::core::detail {
 
 struct PathPolicy {
   std::vector<std::string> paths;
@@ -16,4 +16,4 @@ struct PathPolicy {
   }
 };
 
-}  // namespace fsdp::detail
+}  // namespace fsdp::core::detail

@@ -7,7 +7,7 @@
 
 #include "fsdp/core/trace.h"
 
-namespace fsdp::detail {
+namespace fsdp::core::detail {
 
 class PhaseSpan {
  public:
@@ -29,4 +29,4 @@ class PhaseSpan {
   Tracer::Mark mark_;
 };
 
-}  // namespace fsdp::detail
+}  // namespace fsdp::core::detail

@@ -7,7 +7,7 @@
 #include <mutex>
 #include <thread>
 
-namespace fsdp::detail {
+namespace fsdp::core::detail {
 
 struct ReplicaChain::Link {
   // Set by push, then owned by the thread until `ready`.
@@ -137,4 +137,4 @@ void ReplicaChain::run(std::shared_ptr<State> s) {
   }
 }
 
-}  // namespace fsdp::detail
+}  // namespace fsdp::core::detail

@@ -59,7 +59,7 @@
 #include "fsdp/comm/process_group.h"
 #include "fsdp/core/trace.h"
 
-namespace fsdp::detail {
+namespace fsdp::core::detail {
 
 class ReplicaChain {
  public:
@@ -94,4 +94,4 @@ class ReplicaChain {
   std::shared_ptr<State> state_;
 };
 
-}  // namespace fsdp::detail
+}  // namespace fsdp::core::detail

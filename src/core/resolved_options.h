@@ -13,7 +13,7 @@
 #include "fsdp/comm/process_group.h"
 #include "fsdp/core/options.h"
 
-namespace fsdp::detail {
+namespace fsdp::core::detail {
 
 /// The 1/world gradient average, split into a division before the reduction
 /// and one after it (Options::gradient_predivide_factor); pre * post == world.
@@ -62,4 +62,4 @@ ResolvedOptions resolve_options(const Options& options, const comm::ProcessGroup
 /// PyTorch's default split of the average over `world` ranks.
 GradientDivision gradient_division(double predivide_factor, int world);
 
-}  // namespace fsdp::detail
+}  // namespace fsdp::core::detail

@@ -6,7 +6,7 @@
 
 #include "fsdp/autograd/end_of_backward.h"
 
-namespace fsdp::detail {
+namespace fsdp::core::detail {
 
 // The call site's interception points: straight into the runtime.
 class Runtime::CallSite : public UnitHooks {
@@ -406,4 +406,4 @@ MemoryStats Runtime::memory_stats() const {
 
 void Runtime::reset_peak() { peak_transient_ = 0; }
 
-}  // namespace fsdp::detail
+}  // namespace fsdp::core::detail

@@ -113,7 +113,7 @@
 #include "step_policy.h"
 #include "unit.h"
 
-namespace fsdp::detail {
+namespace fsdp::core::detail {
 
 class Runtime {
  public:
@@ -142,7 +142,7 @@ class Runtime {
   const StepPolicy& step_policy() const { return policy_; }
   Tracer& tracer() const { return *tracer_; }
   /// Large per-iteration buffers ([Note: buffer pool]).
-  BufferPool& pool() { return pool_; }
+  memory::BufferPool& pool() { return pool_; }
 
   // Root forward boundaries (root: the root's unit, null when the root holds no
   // parameters of its own).
@@ -209,7 +209,7 @@ class Runtime {
   // takes no block twice its size): with four, the transformer bench model (units of
   // 0.8, 2.4 and 0.01 MB) dropped and re-reserved three blocks every step. The pool
   // never holds more blocks than were live together, or ones too large to reuse.
-  BufferPool pool_{8, int64_t(256) << 10};
+  memory::BufferPool pool_{8, int64_t(256) << 10};
 
   std::vector<std::unique_ptr<Unit>> units_;
   std::vector<std::unique_ptr<CallSite>> call_sites_;
@@ -236,4 +236,4 @@ class Runtime {
   }
 };
 
-}  // namespace fsdp::detail
+}  // namespace fsdp::core::detail

@@ -8,7 +8,7 @@
 
 #include "fsdp/core/wrappable.h"
 
-namespace fsdp::detail {
+namespace fsdp::core::detail {
 
 class SequentialEntryImpl : public torch::nn::Module {
  public:
@@ -16,7 +16,7 @@ class SequentialEntryImpl : public torch::nn::Module {
       : inner_(std::move(inner)), hooks_(hooks) {}
   torch::Tensor forward(torch::Tensor x) {
     hooks_->pre_forward();
-    torch::Tensor out = inner_.forward(detail::cast_forward_input(std::move(x), hooks_->forward_input_dtype()));
+    torch::Tensor out = inner_.forward(core::detail::cast_forward_input(std::move(x), hooks_->forward_input_dtype()));
     hooks_->post_forward({out});
     return out;
   }
@@ -33,4 +33,4 @@ struct SequentialSlot {
   torch::nn::AnyModule original;
 };
 
-}  // namespace fsdp::detail
+}  // namespace fsdp::core::detail

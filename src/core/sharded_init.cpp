@@ -19,7 +19,7 @@
 #include "path_policy.h"
 
 namespace fsdp {
-namespace detail {
+namespace core::detail {
 
 // [Note: sharded placeholders]
 // Between construction and adoption a sharded parameter must keep its full
@@ -277,17 +277,17 @@ void on_wrappable_constructed(torch::nn::Module& module, WrappableBase& base) {
   current_context->on_constructed(module, base);
 }
 
-}  // namespace detail
+}  // namespace core::detail
 
 ShardedInitContext::ShardedInitContext(comm::ProcessGroup pg, Options options) {
-  TORCH_CHECK(detail::current_context == nullptr,
+  TORCH_CHECK(core::detail::current_context == nullptr,
               "fsdp: a ShardedInitContext is already alive on this thread; use one per model");
-  state_ = std::make_unique<detail::ShardedInitState>(std::move(pg), std::move(options));
-  detail::current_context = state_.get();
+  state_ = std::make_unique<core::detail::ShardedInitState>(std::move(pg), std::move(options));
+  core::detail::current_context = state_.get();
 }
 
 ShardedInitContext::~ShardedInitContext() {
-  detail::current_context = nullptr;
+  core::detail::current_context = nullptr;
   if (state_->units() == 0)
     TORCH_WARN("fsdp: a ShardedInitContext ended without sharding anything: no fsdp::Wrappable constructed inside "
                "it was chosen by the wrap policy. torch::nn::Sequential entries are not Wrappables and are "
@@ -297,6 +297,6 @@ ShardedInitContext::~ShardedInitContext() {
 int64_t ShardedInitContext::units_sharded() const { return state_->units(); }
 int64_t ShardedInitContext::numel_sharded() const { return state_->numel(); }
 
-bool is_sharded_placeholder(const at::Tensor& param) { return detail::has_placeholder_key(param); }
+bool is_sharded_placeholder(const at::Tensor& param) { return core::detail::has_placeholder_key(param); }
 
 }  // namespace fsdp

@@ -16,7 +16,7 @@
 #include "fsdp/core/options.h"
 #include "unit_plan.h"
 
-namespace fsdp::detail {
+namespace fsdp::core::detail {
 
 /// What a unit's flat buffer was laid out for. FSDP adopts a unit only if its
 /// own group and options give the same.
@@ -51,4 +51,4 @@ std::map<const torch::nn::Module*, ConstructionUnit*> find_construction_units(to
 /// FSDP takes the unit's flat parameter; its parameters point at their pieces again.
 std::unique_ptr<FlatParameter> adopt_construction_unit(ConstructionUnit& unit);
 
-}  // namespace fsdp::detail
+}  // namespace fsdp::core::detail

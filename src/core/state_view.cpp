@@ -8,7 +8,7 @@
 #include "fsdp/comm/collectives.h"
 #include "runtime.h"
 
-namespace fsdp::detail {
+namespace fsdp::core::detail {
 
 at::Tensor LocalPiece::flat() const {
   auto d = param.detach();
@@ -139,4 +139,4 @@ void StateView::use_shard_views(size_t u, const at::Tensor* write_back) {
 
 StateDictSelection& StateView::state_dict_selection() { return model_->state_dict_selection_; }
 
-}  // namespace fsdp::detail
+}  // namespace fsdp::core::detail

@@ -27,7 +27,7 @@
 #include "fsdp/core/fully_sharded.h"
 #include "fsdp/core/state_dict_type.h"
 
-namespace fsdp::detail {
+namespace fsdp::core::detail {
 
 /// What this rank holds of one original parameter, in the terms checkpoints and
 /// state dicts use: the element range [begin, end) of the parameter's flattened
@@ -110,4 +110,4 @@ class StateView {
   Runtime* runtime_;
 };
 
-}  // namespace fsdp::detail
+}  // namespace fsdp::core::detail

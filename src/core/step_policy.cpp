@@ -4,7 +4,7 @@
 #include "unit.h"
 #include "unit_placement.h"
 
-namespace fsdp::detail {
+namespace fsdp::core::detail {
 
 StepPolicy::StepPolicy(const ResolvedOptions& options)
     : optimizer_in_backward_(options.optimizer_in_backward), gpu_margin_mem_ratio_(options.gpu_margin_mem_ratio) {}
@@ -35,4 +35,4 @@ void StepPolicy::place_after_warmup(const std::vector<Unit*>& reduce_order) {
   placed_on_device_ = place_units_on_device(reduce_order, backward_optimizer_->optimizer(), gpu_margin_mem_ratio_);
 }
 
-}  // namespace fsdp::detail
+}  // namespace fsdp::core::detail

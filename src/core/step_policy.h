@@ -13,7 +13,7 @@
 #include "fsdp/core/trace.h"
 #include "resolved_options.h"
 
-namespace fsdp::detail {
+namespace fsdp::core::detail {
 
 class Unit;
 
@@ -61,4 +61,4 @@ class StepPolicy {
   std::vector<Unit*> placed_on_device_;
 };
 
-}  // namespace fsdp::detail
+}  // namespace fsdp::core::detail

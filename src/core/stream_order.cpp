@@ -2,7 +2,7 @@
 
 #include "stream_order_testing.h"
 
-namespace fsdp::detail {
+namespace fsdp::core::detail {
 
 const char* to_string(StreamKind s) {
   switch (s) {
@@ -124,4 +124,4 @@ void StreamOrder::wait_written(WaitSite site, StreamKind s, const at::Tensor& t)
   for (const StreamEvent& e : b->producer) wait(site, s, e);
 }
 
-}  // namespace fsdp::detail
+}  // namespace fsdp::core::detail

@@ -37,7 +37,7 @@
 
 #include "fsdp/core/trace.h"
 
-namespace fsdp::detail {
+namespace fsdp::core::detail {
 
 enum class StreamKind : uint8_t {
   Compute,        // forward, backward, gradient flattening, optimizer steps
@@ -161,4 +161,4 @@ class StreamOrder {
   std::unordered_map<const void*, BufferRecord> buffers_;
 };
 
-}  // namespace fsdp::detail
+}  // namespace fsdp::core::detail

@@ -10,7 +10,7 @@
 
 #include "stream_order.h"
 
-namespace fsdp::detail {
+namespace fsdp::core::detail {
 
 struct StreamOrderTestHooks {
   /// Called once per new runtime; empty (the default): no stream order.
@@ -31,4 +31,4 @@ struct StreamOrderTestHooks {
 void set_stream_order_test_hooks(StreamOrderTestHooks hooks);
 const StreamOrderTestHooks& stream_order_test_hooks();
 
-}  // namespace fsdp::detail
+}  // namespace fsdp::core::detail

@@ -12,7 +12,7 @@
 #include "memory/storage_alias.h"
 #include "phase_span.h"
 
-namespace fsdp::detail {
+namespace fsdp::core::detail {
 
 const char* to_string(UnitState s) {
   switch (s) {
@@ -413,7 +413,7 @@ bool all_bits_zero(const at::Tensor& t) {
 }  // namespace
 
 at::Tensor Unit::reduced_grad_piece(size_t i) const {
-  at::Tensor piece = storage_alias(flat_->piece_of(reduced_shard_, i));
+  at::Tensor piece = memory::storage_alias(flat_->piece_of(reduced_shard_, i));
   const at::Tensor stashed = stashed_grads_ ? (*stashed_grads_)[i] : at::Tensor();
   if (stashed.defined() && !all_bits_zero(stashed)) piece.add_(stashed.view(piece.sizes()));
   return piece;
@@ -502,4 +502,4 @@ int64_t Unit::grad_piece_bytes() const {
   return b;
 }
 
-}  // namespace fsdp::detail
+}  // namespace fsdp::core::detail

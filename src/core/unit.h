@@ -87,7 +87,7 @@ struct FunctionPostHook;
 struct Node;
 }  // namespace torch::autograd
 
-namespace fsdp::detail {
+namespace fsdp::core::detail {
 
 enum class UnitState {
   IDLE,
@@ -109,7 +109,7 @@ bool unit_transition_allowed(UnitState from, UnitState to);
 struct UnitContext {
   int rank = 0;                      // for error messages
   comm::ProcessGroup gather_group;   // all-gathers of the unsharded buffer
-  BufferPool* pool = nullptr;        // unsharded buffers and flat gradients ([Note: buffer pool])
+  memory::BufferPool* pool = nullptr;       // unsharded buffers and flat gradients ([Note: buffer pool])
   Tracer* tracer = nullptr;
   GradientDivision divide;           // applied before and after the reduction
   bool cast_forward_inputs = false;  // MixedPrecision::cast_forward_inputs
@@ -241,4 +241,4 @@ class Unit {
   Tracer::Mark forward_mark_, backward_mark_, recompute_mark_;
 };
 
-}  // namespace fsdp::detail
+}  // namespace fsdp::core::detail

@@ -5,7 +5,7 @@
 #include "engine/placement.h"
 #include "unit.h"
 
-namespace fsdp::detail {
+namespace fsdp::core::detail {
 
 namespace {
 
@@ -40,4 +40,4 @@ std::vector<Unit*> place_units_on_device(const std::vector<Unit*>& reduce_order,
   return placed;
 }
 
-}  // namespace fsdp::detail
+}  // namespace fsdp::core::detail

@@ -10,7 +10,7 @@ namespace torch::optim {
 class Optimizer;
 }
 
-namespace fsdp::detail {
+namespace fsdp::core::detail {
 
 class Unit;
 
@@ -20,4 +20,4 @@ class Unit;
 std::vector<Unit*> place_units_on_device(const std::vector<Unit*>& reduce_order,
                                          const torch::optim::Optimizer& optimizer, double ratio);
 
-}  // namespace fsdp::detail
+}  // namespace fsdp::core::detail

@@ -9,7 +9,7 @@
 
 #include "fsdp/core/wrappable.h"
 
-namespace fsdp::detail {
+namespace fsdp::core::detail {
 
 std::string join_path(const std::string& a, const std::string& b) { return a.empty() ? b : a + "." + b; }
 
@@ -196,4 +196,4 @@ FlatPrecision unit_precision(const MixedPrecision& mp, at::ScalarType param_dtyp
   return precision;
 }
 
-}  // namespace fsdp::detail
+}  // namespace fsdp::core::detail

@@ -20,7 +20,7 @@
 #include "fsdp/core/options.h"
 #include "resolved_options.h"
 
-namespace fsdp::detail {
+namespace fsdp::core::detail {
 
 std::string join_path(const std::string& a, const std::string& b);
 std::string module_path_of(const std::string& fqn);
@@ -102,4 +102,4 @@ ShardLayout shard_layout(const ResolvedOptions& resolved, const comm::ProcessGro
 /// Dtypes of a unit whose parameters have `param_dtype` ([Note: mixed precision]).
 FlatPrecision unit_precision(const MixedPrecision& policy, at::ScalarType param_dtype, bool full_precision_unit);
 
-}  // namespace fsdp::detail
+}  // namespace fsdp::core::detail

@@ -86,7 +86,7 @@ class FixedBuckets {
   std::vector<Bucket> buckets_;
   std::vector<uint8_t> arrived_;  // per member, until its bucket is reduced
   size_t next_issue_ = 0;
-  fsdp::detail::BufferPool pool_;
+  memory::BufferPool pool_;
 };
 
 /// "kEmpty", ... for messages.

@@ -9,7 +9,7 @@
 
 #include "tensor_on_memory.h"
 
-namespace fsdp::detail {
+namespace fsdp::memory {
 
 struct BufferPool::State {
   struct Block {
@@ -117,4 +117,4 @@ void BufferPool::release_idle() {
   // Freed here, outside the lock.
 }
 
-}  // namespace fsdp::detail
+}  // namespace fsdp::memory

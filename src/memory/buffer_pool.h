@@ -45,7 +45,7 @@
 
 #include <ATen/ATen.h>
 
-namespace fsdp::detail {
+namespace fsdp::memory {
 
 class BufferPool {
  public:
@@ -71,4 +71,4 @@ class BufferPool {
   std::shared_ptr<State> state_;
 };
 
-}  // namespace fsdp::detail
+}  // namespace fsdp::memory

@@ -2,7 +2,7 @@
 // Internal to src: a gradient that shares another tensor's memory without a copy.
 #include <ATen/ATen.h>
 
-namespace fsdp::detail {
+namespace fsdp::memory {
 
 /// A tensor on the same memory as `view` that autograd does not know as a view:
 /// optimizers call grad.detach_() in zero_grad, which views refuse. FSDP's gradient
@@ -13,4 +13,4 @@ inline at::Tensor storage_alias(const at::Tensor& view) {
   return at::empty({0}, view.options()).set_(view.storage(), view.storage_offset(), view.sizes(), view.strides());
 }
 
-}  // namespace fsdp::detail
+}  // namespace fsdp::memory

@@ -3,7 +3,7 @@
 #include <c10/util/accumulate.h>
 #include <c10/util/strides.h>
 
-namespace fsdp::detail {
+namespace fsdp::memory {
 
 at::Tensor tensor_on_memory(at::DataPtr memory, at::IntArrayRef sizes, const at::TensorOptions& options) {
   const size_t nbytes = static_cast<size_t>(c10::multiply_integers(sizes)) * options.dtype().itemsize();
@@ -12,4 +12,4 @@ at::Tensor tensor_on_memory(at::DataPtr memory, at::IntArrayRef sizes, const at:
   return at::empty({0}, options).set_(storage, 0, sizes, c10::contiguous_strides(sizes));
 }
 
-}  // namespace fsdp::detail
+}  // namespace fsdp::memory

@@ -10,7 +10,7 @@
 // its pool).
 #include <ATen/ATen.h>
 
-namespace fsdp::detail {
+namespace fsdp::memory {
 
 /// A contiguous tensor of `sizes` and `options` whose storage is `memory`, which holds at
 /// least the tensor's bytes. Its contents are what the memory holds. A null `memory`
@@ -18,4 +18,4 @@ namespace fsdp::detail {
 /// pickler needs to describe a tensor without holding it).
 at::Tensor tensor_on_memory(at::DataPtr memory, at::IntArrayRef sizes, const at::TensorOptions& options);
 
-}  // namespace fsdp::detail
+}  // namespace fsdp::memory

@@ -34,7 +34,7 @@ namespace detail {
 at::Tensor collective_zeros(const comm::ProcessGroup& pg, int64_t numel, const at::TensorOptions& o) {
   if (!o.device().is_cpu()) return at::zeros({numel}, o);
   const size_t nbytes = static_cast<size_t>(numel) * c10::elementSize(c10::typeMetaToScalarType(o.dtype()));
-  return fsdp::detail::tensor_on_memory(comm::allocate_collective_buffer(pg, nbytes), {numel}, o).zero_();
+  return memory::tensor_on_memory(comm::allocate_collective_buffer(pg, nbytes), {numel}, o).zero_();
 }
 
 void validate(const ZeroOptions& o) {

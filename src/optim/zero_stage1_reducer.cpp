@@ -59,7 +59,7 @@ void ZeroStage1Reducer::finish(int b, std::vector<at::Tensor>& params) {
         // gradient_as_bucket_view: no pass copying the bucket back (the step is bound
         // by passes over memory), and the gradient it replaces is freed. Contiguous, so
         // the pieces are views of grad().
-        g = fsdp::detail::storage_alias(reduced);
+        g = memory::storage_alias(reduced);
         continue;
       }
       // Contiguous, so that the pieces are views of grad().

@@ -70,7 +70,7 @@ class ZeroStage1Reducer {
   const ZeroLayout& layout_;
   Config config_;
   at::Tensor partition_;
-  fsdp::detail::BufferPool pool_{/*max_idle=*/4, /*min_block_bytes=*/0};
+  memory::BufferPool pool_{/*max_idle=*/4, /*min_block_bytes=*/0};
   // The step's buckets in flight: bucket buffers, and reduce-scatter outputs in the
   // communication dtype where the partition's differs.
   std::vector<at::Tensor> buffers_, outs_;

@@ -26,7 +26,7 @@ namespace fsdp {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-using detail::LocalPiece;
+using core::detail::LocalPiece;
 using state::format::Record;
 
 namespace {
@@ -44,19 +44,19 @@ void agree_or_throw(const comm::ProcessGroup& pg, const std::string& my_error, c
 }
 
 // Fault injection (checkpoint_testing.h); empty unless a test installed one.
-detail::CheckpointRecordHook& record_hook() {
-  static detail::CheckpointRecordHook hook;
+state::detail::CheckpointRecordHook& record_hook() {
+  static state::detail::CheckpointRecordHook hook;
   return hook;
 }
 
 state::CheckpointSubject subject_of(FullyShardedBase& model, const char* what) {
   return {model.process_group(), to_string(model.options().sharding_strategy()),
-          detail::StateView(model).local_pieces(what), model.module_ptr().get()};
+          core::detail::StateView(model).local_pieces(what), model.module_ptr().get()};
 }
 
 }  // namespace
 
-void detail::set_checkpoint_record_hook(CheckpointRecordHook hook) { record_hook() = std::move(hook); }
+void state::detail::set_checkpoint_record_hook(CheckpointRecordHook hook) { record_hook() = std::move(hook); }
 
 void save_checkpoint(const std::string& dir, FullyShardedBase& model, const torch::optim::Optimizer* optimizer,
                      const CheckpointExtra& extra) {
@@ -96,7 +96,7 @@ void state::save_checkpoint_of(const std::string& dir, const CheckpointSubject& 
   // 1. Every rank writes its own pieces (replicated values: rank 0 only).
   json mine = {{"records", json::array()}, {"steps", json::object()}, {"file", nullptr}};
   try {
-    const detail::CheckpointRecordHook& after_record = record_hook();
+    const state::detail::CheckpointRecordHook& after_record = record_hook();
     int64_t written = 0;
     std::unique_ptr<state::format::RankFileWriter> writer;
     auto put = [&](const std::string& item, const std::string& kind, const at::Tensor& t, int64_t b, int64_t e) {

@@ -371,10 +371,10 @@ std::string read_text_file(const std::string& path) {
 
 }  // namespace fsdp::state::format
 
-namespace fsdp::detail {
+namespace fsdp::state::detail {
 void set_checkpoint_crc_zlib(bool on) { state::format::force_zlib.store(on, std::memory_order_relaxed); }
 void set_checkpoint_staging_chunk_bytes(int64_t bytes) {
   state::format::staging_chunk.store(bytes > 0 ? static_cast<size_t>(bytes) : 0, std::memory_order_relaxed);
 }
 void set_checkpoint_stage_host_tensors(bool on) { state::format::stage_host.store(on, std::memory_order_relaxed); }
-}  // namespace fsdp::detail
+}  // namespace fsdp::state::detail

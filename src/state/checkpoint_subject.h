@@ -29,7 +29,7 @@ namespace fsdp::state {
 struct CheckpointSubject {
   comm::ProcessGroup group;
   std::string strategy;  // recorded in the metadata ("FULL_SHARD", "zero2", ...)
-  std::vector<detail::LocalPiece> pieces;
+  std::vector<core::detail::LocalPiece> pieces;
   torch::nn::Module* module = nullptr;
 };
 

@@ -5,12 +5,12 @@
 // code. The library reads no environment variable for them: a test or benchmark binary
 // sets them itself.
 //
-//     fsdp::detail::set_checkpoint_record_hook([](int64_t n) { if (n == 3) ::_exit(86); });
+//     fsdp::state::detail::set_checkpoint_record_hook([](int64_t n) { if (n == 3) ::_exit(86); });
 
 #include <cstdint>
 #include <functional>
 
-namespace fsdp::detail {
+namespace fsdp::state::detail {
 
 /// Called by save_checkpoint on this rank right after it writes a record, with
 /// the number of records this rank has written in this save so far (1, 2, ...).
@@ -41,4 +41,4 @@ void set_checkpoint_staging_chunk_bytes(int64_t bytes);
 /// Process-wide; set it before saving.
 void set_checkpoint_stage_host_tensors(bool on);
 
-}  // namespace fsdp::detail
+}  // namespace fsdp::state::detail

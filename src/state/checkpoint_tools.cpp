@@ -151,7 +151,7 @@ std::vector<char> placeholder_pickle(const json& meta, const std::string& dir, s
   for (const auto& name : names) {
     const auto& info = meta["items"][name];
     Item item{name, info["shape"].get<std::vector<int64_t>>(), fmt::parse_dtype(info["dtype"])};
-    dict.insert(name, detail::tensor_on_memory(c10::DataPtr(nullptr, c10::Device(c10::kCPU)), item.shape,
+    dict.insert(name, memory::tensor_on_memory(c10::DataPtr(nullptr, c10::Device(c10::kCPU)), item.shape,
                                                at::TensorOptions().dtype(item.dtype)));
     items.push_back(std::move(item));
   }
@@ -164,7 +164,7 @@ std::vector<char> placeholder_pickle(const json& meta, const std::string& dir, s
                 "' names '", canonical, "', which the checkpoint does not hold");
     dict.insert(a.key(), dict.at(canonical));
   }
-  detail::UntaggedPickle p = detail::pickle_untagged(c10::IValue(dict));
+  state::detail::UntaggedPickle p = state::detail::pickle_untagged(c10::IValue(dict));
   TORCH_INTERNAL_ASSERT(p.tensors.size() == items.size());
   return std::move(p.bytes);
 }
@@ -255,6 +255,6 @@ void consolidate_checkpoint(const std::string& dir, const std::string& out) {
 
 }  // namespace fsdp
 
-namespace fsdp::detail {
+namespace fsdp::state::detail {
 void set_consolidate_zip64_always(bool on) { zip64_always.store(on, std::memory_order_relaxed); }
-}  // namespace fsdp::detail
+}  // namespace fsdp::state::detail

@@ -18,7 +18,7 @@
 #include "unpickled_dict.h"
 
 namespace fsdp {
-namespace detail {
+namespace state::detail {
 namespace {
 
 // One mmap of a whole file, unmapped when the last tensor viewing it is freed:
@@ -51,23 +51,23 @@ void release_mapped_pages(const std::vector<at::Tensor>& tensors) {
   }
 }
 
-}  // namespace detail
+}  // namespace state::detail
 
 StateDict map_full_state_dict(const std::string& path) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  TORCH_CHECK(fd >= 0, "fsdp: map_full_state_dict: cannot open '", path, "': ", detail::errno_text());
+  TORCH_CHECK(fd >= 0, "fsdp: map_full_state_dict: cannot open '", path, "': ", state::detail::errno_text());
   struct stat st {};
   if (fstat(fd, &st) != 0) {
-    const std::string err = detail::errno_text();
+    const std::string err = state::detail::errno_text();
     close(fd);
     TORCH_CHECK(false, "fsdp: map_full_state_dict: cannot stat '", path, "': ", err);
   }
-  auto mapping = std::make_shared<detail::FileMapping>();
+  auto mapping = std::make_shared<state::detail::FileMapping>();
   mapping->size = static_cast<size_t>(st.st_size);
   // Private and writable: a write into a tensor copies its page instead of
   // crashing (or changing the file).
   void* base = st.st_size > 0 ? mmap(nullptr, mapping->size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0) : MAP_FAILED;
-  const std::string map_err = detail::errno_text();
+  const std::string map_err = state::detail::errno_text();
   close(fd);
   TORCH_CHECK(base != MAP_FAILED, "fsdp: map_full_state_dict: cannot map '", path, "' (", st.st_size,
               " bytes): ", map_err);
@@ -101,10 +101,10 @@ StateDict map_full_state_dict(const std::string& path) {
     const size_t offset = zip->getRecordOffset(name);
     TORCH_CHECK(offset <= mapping->size, "fsdp: map_full_state_dict: record '", name, "' of '", path,
                 "' starts past the end of the file");
-    return at::DataPtr(mapping->base + offset, new std::shared_ptr<detail::FileMapping>(mapping),
-                       &detail::delete_mapping_ref, at::kCPU);
+    return at::DataPtr(mapping->base + offset, new std::shared_ptr<state::detail::FileMapping>(mapping),
+                       &state::detail::delete_mapping_ref, at::kCPU);
   };
-  StateDict out = detail::unpickled_state_dict("map_full_state_dict", path, [&] {
+  StateDict out = state::detail::unpickled_state_dict("map_full_state_dict", path, [&] {
     torch::jit::Unpickler unpickler(reader, nullptr, nullptr, read_record, c10::nullopt);
     unpickler.set_version(zip->version());
     return unpickler.parse_ivalue();

@@ -7,7 +7,7 @@
 
 #include <ATen/core/Tensor.h>
 
-namespace fsdp::detail {
+namespace fsdp::state::detail {
 
 /// For each file mapped by map_full_state_dict that one of `tensors` views,
 /// drops all of its pages from this process (madvise MADV_DONTNEED: a later read
@@ -15,4 +15,4 @@ namespace fsdp::detail {
 /// are not such views are ignored.
 void release_mapped_pages(const std::vector<at::Tensor>& tensors);
 
-}  // namespace fsdp::detail
+}  // namespace fsdp::state::detail

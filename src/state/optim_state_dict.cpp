@@ -18,7 +18,7 @@
 namespace fsdp {
 
 using json = nlohmann::json;
-using detail::LocalPiece;
+using core::detail::LocalPiece;
 
 namespace {
 
@@ -56,7 +56,7 @@ OptimStateDict full_optim_state_dict(FullyShardedBase& model, const torch::optim
   comm::LabelScope label_scope({comm::Phase::StateDict, "full_optim_state_dict"});
   const auto& pg = model.process_group();
   const bool keep = !rank0_only || pg.rank() == 0;
-  detail::StateView view(model);
+  core::detail::StateView view(model);
   auto pieces = view.local_pieces("full_optim_state_dict");
   state::optimizer_kind(opt);  // supported?
   torch::NoGradGuard no_grad;
@@ -120,7 +120,7 @@ OptimStateDict full_optim_state_dict(FullyShardedBase& model, const torch::optim
 
 OptimStateDict shard_full_optim_state_dict(const OptimStateDict& full, FullyShardedBase& model) {
   comm::LabelScope label_scope({comm::Phase::StateDict, "shard_full_optim_state_dict"});
-  auto pieces = detail::StateView(model).local_pieces("shard_full_optim_state_dict");
+  auto pieces = core::detail::StateView(model).local_pieces("shard_full_optim_state_dict");
   OptimStateDict out;
   out.param_groups = full.param_groups;
   for (const auto& p : pieces) {
@@ -142,7 +142,7 @@ OptimStateDict shard_full_optim_state_dict(const OptimStateDict& full, FullyShar
 
 void load_optim_state_dict(FullyShardedBase& model, torch::optim::Optimizer& opt, const OptimStateDict& sharded) {
   comm::LabelScope label_scope({comm::Phase::StateDict, "load_optim_state_dict"});
-  auto pieces = detail::StateView(model).local_pieces("load_optim_state_dict");
+  auto pieces = core::detail::StateView(model).local_pieces("load_optim_state_dict");
   std::map<const c10::TensorImpl*, const LocalPiece*> piece_of;
   for (const auto& p : pieces) piece_of[p.param.unsafeGetTensorImpl()] = &p;
   auto& groups = opt.param_groups();
@@ -178,7 +178,7 @@ void load_optim_state_dict(FullyShardedBase& model, torch::optim::Optimizer& opt
 void scatter_full_optim_state_dict(const OptimStateDict& full_on_rank0, FullyShardedBase& model,
                                    torch::optim::Optimizer& opt) {
   const auto& pg = model.process_group();
-  auto pieces = detail::StateView(model).local_pieces("scatter_full_optim_state_dict");
+  auto pieces = core::detail::StateView(model).local_pieces("scatter_full_optim_state_dict");
   // What exists (kinds, steps, groups) travels as one JSON string from rank 0.
   json desc;
   if (pg.rank() == 0) {
@@ -225,7 +225,7 @@ void scatter_full_optim_state_dict(const OptimStateDict& full_on_rank0, FullySha
 
 OptimStateDict rekey_optim_state_dict(const OptimStateDict& osd, OptimKey to, FullyShardedBase& model,
                                       const torch::optim::Optimizer& opt) {
-  auto pieces = detail::StateView(model).local_pieces("rekey_optim_state_dict");
+  auto pieces = core::detail::StateView(model).local_pieces("rekey_optim_state_dict");
   const auto name_of = names_of(pieces);
   std::vector<std::string> names;  // position -> name
   for (const auto& g : opt.param_groups())
@@ -274,7 +274,7 @@ void save_optim_state_dict(const OptimStateDict& osd, const std::string& path) {
   c10::impl::GenericDict top(c10::StringType::get(), c10::AnyType::get());
   top.insert("state", state);
   top.insert("param_groups", groups);
-  const std::vector<char> bytes = detail::pickle_save_untagged(c10::IValue(top));
+  const std::vector<char> bytes = state::detail::pickle_save_untagged(c10::IValue(top));
   std::ofstream out(path, std::ios::binary);
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   TORCH_CHECK(out, "fsdp: save_optim_state_dict: cannot write '", path, "'");

@@ -21,7 +21,7 @@ namespace {
 
 // The dict's tensor for a parameter: under its name or, for a tied parameter,
 // under any of its aliases.
-const at::Tensor* find_param(const StateDict& dict, const detail::LocalPiece& p) {
+const at::Tensor* find_param(const StateDict& dict, const core::detail::LocalPiece& p) {
   if (const at::Tensor* t = dict.find(p.name)) return t;
   for (const auto& a : p.aliases)
     if (const at::Tensor* t = dict.find(a)) return t;
@@ -43,7 +43,7 @@ std::string check_tensor(const std::string& key, const at::Tensor* t, c10::IntAr
 }
 
 // Rank 0 only: everything load_state_dict would refuse, as one message ("" if the dict fits).
-std::string check_dict(const StateDict& dict, const std::vector<detail::LocalPiece>& pieces, torch::nn::Module& m) {
+std::string check_dict(const StateDict& dict, const std::vector<core::detail::LocalPiece>& pieces, torch::nn::Module& m) {
   std::set<std::string> known;
   for (const auto& p : pieces) {
     const at::Tensor* src = find_param(dict, p);
@@ -73,8 +73,8 @@ std::string check_dict(const StateDict& dict, const std::vector<detail::LocalPie
 
 // Rank 0: copies the dict's tensors into the full-shape views of one unit's
 // flat buffer, then hands mapped sources' pages back.
-void fill_unit(detail::StateView& view, size_t u, const at::Tensor& flat, const StateDict& dict,
-               const std::map<const c10::TensorImpl*, const detail::LocalPiece*>& piece_of) {
+void fill_unit(core::detail::StateView& view, size_t u, const at::Tensor& flat, const StateDict& dict,
+               const std::map<const c10::TensorImpl*, const core::detail::LocalPiece*>& piece_of) {
   const auto& entries = view.entries(u);
   std::vector<at::Tensor> sources;
   for (size_t i = 0; i < entries.size(); ++i) {
@@ -83,26 +83,26 @@ void fill_unit(detail::StateView& view, size_t u, const at::Tensor& flat, const 
     dst.copy_(src.reshape(dst.sizes()));
     sources.push_back(src);
   }
-  detail::release_mapped_pages(sources);
+  state::detail::release_mapped_pages(sources);
 }
 
 }  // namespace
 
 void load_state_dict_from_rank0(FullyShardedBase& model, const StateDict& rank0_dict) {
   comm::LabelScope label_scope({comm::Phase::StateDict, "load_state_dict_from_rank0"});
-  detail::StateView view(model);
+  core::detail::StateView view(model);
   const comm::ProcessGroup& pg = view.group();
   const bool root = pg.rank() == 0;
   // Every rank checks that the model is idle (same answer everywhere) before the
   // first collective.
-  const std::vector<detail::LocalPiece> pieces = view.local_pieces("load_state_dict_from_rank0");
+  const std::vector<core::detail::LocalPiece> pieces = view.local_pieces("load_state_dict_from_rank0");
   const std::string error =
       comm::broadcast_object(pg, root ? check_dict(rank0_dict, pieces, view.module()) : std::string(), 0);
   TORCH_CHECK(error.empty(), "fsdp: load_state_dict_from_rank0 (rank ", pg.rank(), "): rank 0's dict does not match "
               "the model: ", error, ". Nothing was loaded on any rank");
 
   torch::NoGradGuard no_grad;
-  std::map<const c10::TensorImpl*, const detail::LocalPiece*> piece_of;
+  std::map<const c10::TensorImpl*, const core::detail::LocalPiece*> piece_of;
   for (const auto& p : pieces) piece_of[p.param.unsafeGetTensorImpl()] = &p;
   // One buffer for every sharded unit's full flat values, sized for the largest:
   // the most any rank holds beyond its shards. (Not one per unit: the transport
@@ -134,7 +134,7 @@ void load_state_dict_from_rank0(FullyShardedBase& model, const StateDict& rank0_
     comm::broadcast(pg, full, 0).wait();
     const auto& entries = view.entries(u);
     for (size_t i = 0; i < entries.size(); ++i) {
-      const detail::LocalPiece& p = *piece_of.at(entries[i].param.unsafeGetTensorImpl());
+      const core::detail::LocalPiece& p = *piece_of.at(entries[i].param.unsafeGetTensorImpl());
       if (p.end > p.begin) p.flat().copy_(view.view_of(u, full, i).reshape({-1}).slice(0, p.begin, p.end));
     }
   }
@@ -144,7 +144,7 @@ void load_state_dict_from_rank0(FullyShardedBase& model, const StateDict& rank0_
     if (root) {
       const at::Tensor& src = *find_param(rank0_dict, p);
       p.param.detach().copy_(src.reshape(p.param.sizes()));
-      detail::release_mapped_pages({src});
+      state::detail::release_mapped_pages({src});
     }
     comm::broadcast(pg, p.param.detach(), 0).wait();
   }
@@ -152,7 +152,7 @@ void load_state_dict_from_rank0(FullyShardedBase& model, const StateDict& rank0_
     if (root) {
       const at::Tensor& src = *rank0_dict.find(b.key());
       b.value().copy_(src.reshape(b.value().sizes()));
-      detail::release_mapped_pages({src});
+      state::detail::release_mapped_pages({src});
     }
     comm::broadcast(pg, b.value(), 0).wait();
   }

@@ -37,7 +37,7 @@ at::Tensor offloaded(const at::Tensor& t, const FullStateDictConfig& cfg) {
 
 StateDict full_state_dict(FullyShardedBase& model, const FullStateDictConfig& cfg) {
   comm::LabelScope label_scope({comm::Phase::StateDict, "full_state_dict"});
-  detail::StateView view(model);
+  core::detail::StateView view(model);
   view.require_idle("state_dict");
   const bool keep = !cfg.rank0_only() || view.rank() == 0;
   torch::NoGradGuard no_grad;
@@ -72,17 +72,17 @@ StateDict full_state_dict(FullyShardedBase& model, const FullStateDictConfig& cf
 
 StateDictTypeGuard::StateDictTypeGuard(FullyShardedBase& model, StateDictType type, FullStateDictConfig config)
     : model_(&model) {
-  auto& selected = detail::StateView(model).state_dict_selection();
+  auto& selected = core::detail::StateView(model).state_dict_selection();
   previous_ = selected;
-  selected = detail::StateDictSelection{type, config};
+  selected = core::detail::StateDictSelection{type, config};
 }
 
-StateDictTypeGuard::~StateDictTypeGuard() { detail::StateView(*model_).state_dict_selection() = previous_; }
+StateDictTypeGuard::~StateDictTypeGuard() { core::detail::StateView(*model_).state_dict_selection() = previous_; }
 
 StateDict state_dict(FullyShardedBase& model) {
   comm::LabelScope label_scope({comm::Phase::StateDict, "state_dict"});
-  detail::StateView view(model);
-  const detail::StateDictSelection s = view.state_dict_selection();
+  core::detail::StateView view(model);
+  const core::detail::StateDictSelection s = view.state_dict_selection();
   if (s.type == StateDictType::kFull) return full_state_dict(model, s.config);
   StateDict out;
   if (s.type == StateDictType::kLocal) {
@@ -99,7 +99,7 @@ StateDict state_dict(FullyShardedBase& model) {
 ShardedStateDict sharded_state_dict(FullyShardedBase& model) {
   comm::LabelScope label_scope({comm::Phase::StateDict, "sharded_state_dict"});
   ShardedStateDict out;
-  for (const auto& p : detail::StateView(model).local_pieces("sharded_state_dict"))
+  for (const auto& p : core::detail::StateView(model).local_pieces("sharded_state_dict"))
     out.insert(p.name, ShardedEntry{p.flat().clone(), p.shape, p.begin, p.end});
   return out;
 }
@@ -108,7 +108,7 @@ void load_sharded_state_dict(FullyShardedBase& model, const ShardedStateDict& di
   comm::LabelScope label_scope({comm::Phase::StateDict, "load_sharded_state_dict"});
   const int rank = model.process_group().rank();
   torch::NoGradGuard no_grad;
-  for (const auto& p : detail::StateView(model).local_pieces("load_sharded_state_dict")) {
+  for (const auto& p : core::detail::StateView(model).local_pieces("load_sharded_state_dict")) {
     const ShardedEntry* e = dict.find(p.name);
     TORCH_CHECK(e != nullptr, "fsdp: load_sharded_state_dict on rank ", rank, ": missing '", p.name, "'");
     TORCH_CHECK(e->shape == p.shape, "fsdp: load_sharded_state_dict: '", p.name, "' has full shape ",
@@ -125,7 +125,7 @@ void load_sharded_state_dict(FullyShardedBase& model, const ShardedStateDict& di
 void load_state_dict(FullyShardedBase& model, const StateDict& dict) {
   comm::LabelScope label_scope({comm::Phase::StateDict, "load_state_dict"});
   const int rank = model.process_group().rank();
-  detail::StateView view(model);
+  core::detail::StateView view(model);
   const StateDictType type = view.state_dict_selection().type;
   if (type != StateDictType::kFull) {
     torch::NoGradGuard no_grad;
@@ -197,7 +197,7 @@ void load_state_dict(FullyShardedBase& model, const StateDict& dict) {
 void save_full_state_dict(const StateDict& dict, const std::string& path) {
   c10::Dict<std::string, at::Tensor> d;
   for (const auto& kv : dict) d.insert(kv.key(), kv.value().detach().cpu().contiguous());
-  const std::vector<char> bytes = detail::pickle_save_untagged(c10::IValue(d));
+  const std::vector<char> bytes = state::detail::pickle_save_untagged(c10::IValue(d));
   std::ofstream out(path, std::ios::binary);
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   out.close();
@@ -208,7 +208,7 @@ StateDict load_full_state_dict(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   TORCH_CHECK(in, "fsdp: load_full_state_dict: cannot read '", path, "'");
   std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return detail::unpickled_state_dict("load_full_state_dict", path, [&] { return torch::pickle_load(bytes); });
+  return state::detail::unpickled_state_dict("load_full_state_dict", path, [&] { return torch::pickle_load(bytes); });
 }
 
 }  // namespace fsdp

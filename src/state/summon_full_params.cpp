@@ -13,7 +13,7 @@ SummonFullParams::SummonFullParams(FullyShardedBase& model, SummonFullParamsOpti
     : model_(&model), options_(options) {
   TORCH_CHECK(!(options.rank0_only() && options.writeback()), "fsdp: ", what, " with rank0_only=true "
               "cannot write back (the other ranks never see the full values); pass writeback(false)");
-  detail::StateView view(model);
+  core::detail::StateView view(model);
   view.require_idle(what);
   // Own full buffers in the shards' dtype (not the units' unsharded buffers,
   // which hold the low-precision compute copy under mixed precision), so what
@@ -30,7 +30,7 @@ SummonFullParams::SummonFullParams(FullyShardedBase& model, SummonFullParamsOpti
 }
 
 SummonFullParams::~SummonFullParams() noexcept(false) {
-  detail::StateView view(*model_);
+  core::detail::StateView view(*model_);
   for (size_t k = 0; k < units_.size(); ++k)
     view.use_shard_views(units_[k], options_.writeback() ? &buffers_[k] : nullptr);
   buffers_.clear();

@@ -5,7 +5,7 @@
 #include <torch/csrc/jit/serialization/export.h>
 #include <torch/csrc/jit/serialization/pickler.h>
 
-namespace fsdp::detail {
+namespace fsdp::state::detail {
 
 StateDict unpickled_state_dict(const char* fn, const std::string& path, const std::function<c10::IValue()>& unpickle) {
   c10::IValue v;
@@ -50,4 +50,4 @@ std::vector<char> pickle_save_untagged(const c10::IValue& value) {
   return out;
 }
 
-}  // namespace fsdp::detail
+}  // namespace fsdp::state::detail

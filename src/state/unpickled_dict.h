@@ -12,7 +12,7 @@
 
 #include "fsdp/state/state_dict.h"
 
-namespace fsdp::detail {
+namespace fsdp::state::detail {
 
 /// The dict `unpickle()` returns, as a StateDict in its order. `fn` (the public
 /// function reading `path`) names the caller in the errors: an unpickler error
@@ -36,4 +36,4 @@ UntaggedPickle pickle_untagged(const c10::IValue& value);
 /// torch.jit._pickle.build_*list: keep them out of what is saved (use generic lists).
 std::vector<char> pickle_save_untagged(const c10::IValue& value);
 
-}  // namespace fsdp::detail
+}  // namespace fsdp::state::detail

@@ -43,7 +43,7 @@ state::CheckpointSubject subject_of(ZeroRedundancyOptimizer& opt, const char* wh
       continue;
     }
     seen[p.unsafeGetTensorImpl()] = s.pieces.size();
-    detail::LocalPiece lp;
+    core::detail::LocalPiece lp;
     lp.name = np.key();
     lp.shape = p.sizes().vec();
     lp.numel = p.numel();

@@ -34,13 +34,13 @@ class Optimizer;
 
 namespace fsdp {
 
-namespace detail {
+namespace core::detail {
 class Runtime;
 class StateView;
 class Unit;
 struct ResolvedOptions;
 struct SequentialSlot;
-}  // namespace detail
+}  // namespace core::detail
 
 /// Type-independent part of the wrapper (all the machinery lives here).
 class FullyShardedBase : public torch::nn::Module {
@@ -156,23 +156,23 @@ class FullyShardedBase : public torch::nn::Module {
  private:
   // The state layer (state dicts, SummonFullParams, checkpoints) sees the units
   // only through this view (src/core/state_view.h).
-  friend class detail::StateView;
+  friend class core::detail::StateView;
 
   // The constructor's phases that need the wrapper itself, in order (the others are
   // free functions in fully_sharded.cpp).
-  detail::ResolvedOptions validate() const;
+  core::detail::ResolvedOptions validate() const;
   void register_children();
-  void build_units(const detail::ResolvedOptions& resolved);
+  void build_units(const core::detail::ResolvedOptions& resolved);
 
   std::shared_ptr<torch::nn::Module> model_;
   comm::ProcessGroup pg_;
   Options options_;
-  std::unique_ptr<detail::Runtime> runtime_;
-  detail::Unit* root_unit_ = nullptr;
-  std::vector<std::unique_ptr<detail::SequentialSlot>> sequential_slots_;
+  std::unique_ptr<core::detail::Runtime> runtime_;
+  core::detail::Unit* root_unit_ = nullptr;
+  std::vector<std::unique_ptr<core::detail::SequentialSlot>> sequential_slots_;
   std::vector<WrappableBase*> wrappables_;
   std::optional<at::ScalarType> root_input_dtype_;
-  detail::StateDictSelection state_dict_selection_;  // set by StateDictTypeGuard
+  core::detail::StateDictSelection state_dict_selection_;  // set by StateDictTypeGuard
 };
 
 template <typename Impl>
@@ -187,9 +187,9 @@ class FullyShardedDataParallelImpl : public FullyShardedBase {
   template <typename... Args>
   auto forward(Args&&... args) {
     root_pre_forward();
-    auto out = typed_->forward(detail::cast_forward_input(std::forward<Args>(args), root_input_dtype())...);
+    auto out = typed_->forward(core::detail::cast_forward_input(std::forward<Args>(args), root_input_dtype())...);
     std::vector<at::Tensor> tensors;
-    detail::collect_tensors(out, tensors);
+    core::detail::collect_tensors(out, tensors);
     root_post_forward(tensors);
     return out;
   }

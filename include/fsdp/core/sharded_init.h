@@ -56,9 +56,9 @@
 
 namespace fsdp {
 
-namespace detail {
+namespace core::detail {
 class ShardedInitState;
-}  // namespace detail
+}  // namespace core::detail
 
 /// Scope object: while alive, Wrappables constructed on this thread are sharded
 /// when their constructors return (see [Note: sharded construction]). One per
@@ -77,7 +77,7 @@ class ShardedInitContext {
   int64_t numel_sharded() const;
 
  private:
-  std::unique_ptr<detail::ShardedInitState> state_;
+  std::unique_ptr<core::detail::ShardedInitState> state_;
 };
 
 /// Whether `param` belongs to a unit sharded at construction and not yet adopted

@@ -24,12 +24,12 @@ struct FullStateDictConfig {
   TORCH_ARG(bool, rank0_only) = false;
 };
 
-namespace detail {
+namespace core::detail {
 /// What StateDictTypeGuard selects; kFull with the default config when no guard is open.
 struct StateDictSelection {
   StateDictType type = StateDictType::kFull;
   FullStateDictConfig config;
 };
-}  // namespace detail
+}  // namespace core::detail
 
 }  // namespace fsdp

@@ -48,7 +48,7 @@ class UnitHooks {
   virtual std::optional<at::ScalarType> forward_input_dtype() const { return std::nullopt; }
 };
 
-namespace detail {
+namespace core::detail {
 inline void collect_tensors(const at::Tensor& t, std::vector<at::Tensor>& out) { out.push_back(t); }
 inline void collect_tensors(const std::vector<at::Tensor>& ts, std::vector<at::Tensor>& out) {
   out.insert(out.end(), ts.begin(), ts.end());
@@ -78,11 +78,11 @@ decltype(auto) cast_forward_input(T&& v, std::optional<at::ScalarType> dtype) {
     return std::forward<T>(v);
   }
 }
-}  // namespace detail
+}  // namespace core::detail
 
-namespace detail {
+namespace core::detail {
 struct ConstructionUnits;
-}  // namespace detail
+}  // namespace core::detail
 
 /// Base of every Wrappable: where FSDP plugs the unit's hooks in.
 class WrappableBase : public CheckpointableBase {
@@ -92,14 +92,14 @@ class WrappableBase : public CheckpointableBase {
   void set_fsdp_unit_hooks(UnitHooks* hooks) { hooks_ = hooks; }
   /// Units a ShardedInitContext sharded when this module's constructor returned,
   /// until FullyShardedDataParallel adopts them (src/core/sharded_init_state.h).
-  std::shared_ptr<detail::ConstructionUnits>& fsdp_construction_units() { return construction_; }
+  std::shared_ptr<core::detail::ConstructionUnits>& fsdp_construction_units() { return construction_; }
 
  private:
   UnitHooks* hooks_ = nullptr;  // owned by the FSDP runtime; null when not a unit
-  std::shared_ptr<detail::ConstructionUnits> construction_;
+  std::shared_ptr<core::detail::ConstructionUnits> construction_;
 };
 
-namespace detail {
+namespace core::detail {
 /// Called by every WrappableImpl when its constructor returns: shards it when a
 /// ShardedInitContext is alive on this thread, otherwise does nothing.
 void on_wrappable_constructed(torch::nn::Module& module, WrappableBase& base);
@@ -109,7 +109,7 @@ constexpr bool is_copy_of() {
   if constexpr (sizeof...(Args) == 1) return (std::is_same_v<std::decay_t<Args>, Self> && ...);
   return false;
 }
-}  // namespace detail
+}  // namespace core::detail
 
 template <typename Impl>
 class WrappableImpl : public Impl, public WrappableBase {
@@ -117,9 +117,9 @@ class WrappableImpl : public Impl, public WrappableBase {
   /// Impl's constructors, followed by the construction point.
   template <typename... Args,
             typename = std::enable_if_t<std::is_constructible_v<Impl, Args&&...> &&
-                                        !detail::is_copy_of<WrappableImpl, Args...>()>>
+                                        !core::detail::is_copy_of<WrappableImpl, Args...>()>>
   explicit WrappableImpl(Args&&... args) : Impl(std::forward<Args>(args)...) {
-    detail::on_wrappable_constructed(*this, *this);
+    core::detail::on_wrappable_constructed(*this, *this);
   }
 
   template <typename... Args>
@@ -136,9 +136,9 @@ class WrappableImpl : public Impl, public WrappableBase {
     if (hooks == nullptr) return Impl::forward(std::forward<Args>(args)...);
     hooks->pre_forward();
     const auto dtype = hooks->forward_input_dtype();
-    auto out = Impl::forward(detail::cast_forward_input(std::forward<Args>(args), dtype)...);
+    auto out = Impl::forward(core::detail::cast_forward_input(std::forward<Args>(args), dtype)...);
     std::vector<at::Tensor> tensors;
-    detail::collect_tensors(out, tensors);
+    core::detail::collect_tensors(out, tensors);
     hooks->post_forward(tensors);
     return out;
   }

@@ -46,7 +46,7 @@ class StateDictTypeGuard {
 
  private:
   FullyShardedBase* model_;
-  detail::StateDictSelection previous_;
+  core::detail::StateDictSelection previous_;
 };
 
 using StateDict = torch::OrderedDict<std::string, at::Tensor>;
