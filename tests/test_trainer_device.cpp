@@ -229,13 +229,13 @@ void round_trip(comm::ProcessGroup& pg, StrategyKind kind, const std::string& fr
 }
 
 void round_trips(comm::ProcessGroup& pg) {
-  detail::set_checkpoint_staging_chunk_bytes(64);
+  fsdp::state::detail::set_checkpoint_staging_chunk_bytes(64);
   for (StrategyKind kind : {StrategyKind::kFullShard, StrategyKind::kZero2}) {
     const std::string name = std::string(trainer::to_string(kind)) + " at N=" + std::to_string(pg.size());
     run_case(name + ": saved on GPUs, resumed on CPUs", [&] { round_trip(pg, kind, "cuda", "cpu"); });
     run_case(name + ": saved on CPUs, resumed on GPUs", [&] { round_trip(pg, kind, "cpu", "cuda"); });
   }
-  detail::set_checkpoint_staging_chunk_bytes(0);
+  fsdp::state::detail::set_checkpoint_staging_chunk_bytes(0);
 }
 
 TEST(TrainerDeviceCuda, CheckpointRoundTripGpuCpu) {
