@@ -391,12 +391,12 @@ int rank_main(int argc, char** argv) {
   }
 
   auto extra = torch::tensor({save_extra, load_extra, load_rss, my_bytes}, torch::kLong);
-  comm::all_reduce(pg, extra, comm::ReduceOp::Max).wait();
+  comm::all_reduce(pg, extra, comm::ReduceOp::kMax).wait();
   auto cpu_all = torch::tensor(cpu, torch::kDouble);  // summed over ranks
   comm::all_reduce(pg, cpu_all).wait();
   // The least-cached rank's input of each "cached" region (mincore just before it).
   auto resident = torch::tensor({-resident_load_cached, -resident_read_crc}, torch::kDouble);
-  comm::all_reduce(pg, resident, comm::ReduceOp::Max).wait();
+  comm::all_reduce(pg, resident, comm::ReduceOp::kMax).wait();
   resident = -resident;
   const auto c = cpu_all.accessor<double, 1>();
   if (rank == 0) {

@@ -44,10 +44,10 @@ double ns_per_record(int64_t n) {
   namespace comm = fsdp::comm;
   comm::detail::FlightRecorder recorder;
   comm::detail::CollectiveCall call;
-  call.op = comm::detail::CollectiveOp::AllGather;
+  call.op = comm::detail::CollectiveOp::kAllGather;
   call.out = torch::empty({1 << 16});
   call.in = torch::empty({1 << 15});
-  call.label = comm::CallLabel(comm::Phase::Forward, "layers.12.attention");
+  call.label = comm::CallLabel(comm::Phase::kForward, "layers.12.attention");
   uint64_t sum = 0;
   const auto start = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < n; ++i) {

@@ -437,12 +437,12 @@ int run(const Args& a) {
       std::remove(store.c_str());
       pg = fsdp::comm::init_process_group(
           fsdp::comm::InitOptions()
-              .backend(dev.cuda ? fsdp::comm::Backend::NCCL : fsdp::comm::Backend::Auto)
+              .backend(dev.cuda ? fsdp::comm::Backend::kNccl : fsdp::comm::Backend::kAuto)
               .file_store_path(store)
               .overrides(one));
       if (dev.cuda) {
         dev.index = pg.cuda_device();
-        backend = pg.cuda_backend() == fsdp::comm::Backend::NCCL ? "nccl" : "gloo";
+        backend = pg.cuda_backend() == fsdp::comm::Backend::kNccl ? "nccl" : "gloo";
       } else {
         backend = "gloo";
       }

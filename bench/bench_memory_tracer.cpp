@@ -156,7 +156,7 @@ int rank_main(const Args& a) {
   }
   // The slowest rank's step times (every rank waits for it in the collectives anyway).
   auto t = torch::tensor(ms, torch::kFloat64);
-  fsdp::comm::all_reduce(pg, t, fsdp::comm::ReduceOp::Max).wait();
+  fsdp::comm::all_reduce(pg, t, fsdp::comm::ReduceOp::kMax).wait();
   std::vector<double> slowest(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
   std::sort(slowest.begin(), slowest.end());
   // What one sample's bookkeeping costs, without the noise of the steps around it:

@@ -37,7 +37,7 @@ inline double timed_together_ms(const comm::ProcessGroup& pg, int reps, const st
   for (int i = 0; i < reps; ++i) body();
   auto el = torch::tensor({std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()},
                           torch::kDouble);
-  comm::all_reduce(pg, el, comm::ReduceOp::Max).wait();
+  comm::all_reduce(pg, el, comm::ReduceOp::kMax).wait();
   return el.item<double>() * 1e3 / reps;
 }
 
@@ -111,7 +111,7 @@ inline double memcpy_uncached_bytes_per_s(const comm::ProcessGroup& pg, int64_t 
     src[static_cast<size_t>(i)] = dst[static_cast<size_t>(i) + 1];  // the copies depend on each other
   }
   auto el = torch::tensor({seconds}, torch::kDouble);
-  comm::all_reduce(pg, el, comm::ReduceOp::Max).wait();
+  comm::all_reduce(pg, el, comm::ReduceOp::kMax).wait();
   return block_bytes * static_cast<double>(reps) / el.item<double>();
 }
 

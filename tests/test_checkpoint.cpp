@@ -760,10 +760,10 @@ TEST(OptimStateDict, FullMatchesUnshardedAdamAndScatterContinues) {
       EXPECT_EQ(r0.empty(), pg.rank() != 0);
     });
     run_case("rekey round trip", [&] {
-      auto by_pos = rekey_optim_state_dict(osd, OptimKey::ByPosition, *m, *opt);
+      auto by_pos = rekey_optim_state_dict(osd, OptimKey::kByPosition, *m, *opt);
       EXPECT_TRUE(by_pos.state.count("0"));
       EXPECT_EQ(by_pos.param_groups[0].params[0], "0");
-      auto back = rekey_optim_state_dict(by_pos, OptimKey::ByName, *m, *opt);
+      auto back = rekey_optim_state_dict(by_pos, OptimKey::kByName, *m, *opt);
       for (const auto& kv : osd.state) EXPECT_TRUE(torch::equal(back.state.at(kv.first).at("exp_avg"), kv.second.at("exp_avg")));
     });
     // Continue the original for reference.

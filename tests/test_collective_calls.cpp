@@ -70,7 +70,7 @@ void labelled_calls(comm::ProcessGroup& pg) {
   run_case("construction is labelled setup", [&] {
     const auto calls = rec.take();
     ASSERT_FALSE(calls.empty());
-    for (const auto& c : calls) EXPECT_EQ(c.phase, Phase::Setup) << comm::detail::to_string(c.op);
+    for (const auto& c : calls) EXPECT_EQ(c.phase, Phase::kSetup) << comm::detail::to_string(c.op);
   });
 
   torch::optim::SGD opt(model->parameters(), 0.05);
@@ -85,8 +85,8 @@ void labelled_calls(comm::ProcessGroup& pg) {
   run_case("forward: one all-gather per unit, in forward order, of its padded flat buffer", [&] {
     ASSERT_EQ(forward.size(), kUnits.size());
     for (size_t i = 0; i < kUnits.size(); ++i) {
-      EXPECT_EQ(forward[i].op, CollectiveOp::AllGather);
-      EXPECT_EQ(forward[i].phase, Phase::Forward);
+      EXPECT_EQ(forward[i].op, CollectiveOp::kAllGather);
+      EXPECT_EQ(forward[i].phase, Phase::kForward);
       EXPECT_EQ(forward[i].subject, kUnits[i].first);
       EXPECT_EQ(forward[i].numel, padded[kUnits[i].first]);
       EXPECT_EQ(forward[i].dtype, at::kFloat);
@@ -97,11 +97,11 @@ void labelled_calls(comm::ProcessGroup& pg) {
     std::multiset<std::string> gathered, reduced;
     int64_t gathered_bytes = 0, reduced_bytes = 0;
     for (const auto& c : backward) {
-      EXPECT_EQ(c.phase, Phase::Backward) << comm::detail::to_string(c.op) << " " << c.subject;
-      if (c.op == CollectiveOp::AllGather) {
+      EXPECT_EQ(c.phase, Phase::kBackward) << comm::detail::to_string(c.op) << " " << c.subject;
+      if (c.op == CollectiveOp::kAllGather) {
         gathered.insert(c.subject);
         gathered_bytes += c.numel * 4 / n * (n - 1);
-      } else if (c.op == CollectiveOp::ReduceScatter) {
+      } else if (c.op == CollectiveOp::kReduceScatter) {
         reduced.insert(c.subject);
         reduced_bytes += c.numel * 4 / n * (n - 1);
         EXPECT_EQ(c.numel, padded[c.subject]) << c.subject;
@@ -124,8 +124,8 @@ void labelled_calls(comm::ProcessGroup& pg) {
     opt.step();
     const auto calls = rec.take();
     ASSERT_EQ(calls.size(), 1u);
-    EXPECT_EQ(calls[0].op, CollectiveOp::AllReduce);
-    EXPECT_EQ(calls[0].phase, Phase::Step);
+    EXPECT_EQ(calls[0].op, CollectiveOp::kAllReduce);
+    EXPECT_EQ(calls[0].phase, Phase::kStep);
     EXPECT_EQ(calls[0].subject, "clip_grad_norm_");
     EXPECT_EQ(calls[0].dtype, at::kDouble);
   });
@@ -135,8 +135,8 @@ void labelled_calls(comm::ProcessGroup& pg) {
     const auto calls = rec.take();
     std::set<std::string> units;
     for (const auto& c : calls) {
-      EXPECT_EQ(c.phase, Phase::StateDict) << comm::detail::to_string(c.op) << " " << c.subject;
-      if (c.op == CollectiveOp::AllGather) units.insert(c.subject);
+      EXPECT_EQ(c.phase, Phase::kStateDict) << comm::detail::to_string(c.op) << " " << c.subject;
+      if (c.op == CollectiveOp::kAllGather) units.insert(c.subject);
     }
     EXPECT_EQ(units, (std::set<std::string>{"0", "2", "4"}));
   });
@@ -144,11 +144,11 @@ void labelled_calls(comm::ProcessGroup& pg) {
   run_case("an explicit label wins over the scope; a scope labels the rest", [&] {
     auto t = torch::ones({3});
     {
-      comm::LabelScope scope({Phase::Trainer, "outer"});
+      comm::LabelScope scope({Phase::kTrainer, "outer"});
       comm::all_reduce(pg, t).wait();
-      comm::all_reduce(pg, t, comm::ReduceOp::Sum, {Phase::Step, "mine"}).wait();
+      comm::all_reduce(pg, t, comm::ReduceOp::kSum, {Phase::kStep, "mine"}).wait();
       {
-        comm::LabelScope inner({Phase::Checkpoint, "inner"});
+        comm::LabelScope inner({Phase::kCheckpoint, "inner"});
         comm::barrier(pg);
       }
       comm::broadcast(pg, t, 0).wait();
@@ -158,11 +158,11 @@ void labelled_calls(comm::ProcessGroup& pg) {
     ASSERT_EQ(calls.size(), 5u);
     EXPECT_EQ(calls[0].subject, "outer");
     EXPECT_EQ(calls[1].subject, "mine");
-    EXPECT_EQ(calls[1].phase, Phase::Step);
-    EXPECT_EQ(calls[2].op, CollectiveOp::Barrier);
+    EXPECT_EQ(calls[1].phase, Phase::kStep);
+    EXPECT_EQ(calls[2].op, CollectiveOp::kBarrier);
     EXPECT_EQ(calls[2].subject, "inner");
     EXPECT_EQ(calls[3].subject, "outer");
-    EXPECT_EQ(calls[4].phase, Phase::Unlabelled);
+    EXPECT_EQ(calls[4].phase, Phase::kUnlabelled);
     EXPECT_EQ(calls[4].numel, 3);
   });
 
@@ -170,7 +170,7 @@ void labelled_calls(comm::ProcessGroup& pg) {
     // The meta device stands in for CUDA here: any device but the CPU is refused alike.
     auto t = torch::empty({4}, torch::TensorOptions().device(torch::kMeta));
     try {
-      comm::all_reduce(pg, t, comm::ReduceOp::Sum, {Phase::Backward, "blocks.1"}).wait();
+      comm::all_reduce(pg, t, comm::ReduceOp::kSum, {Phase::kBackward, "blocks.1"}).wait();
       ADD_FAILURE() << "a meta tensor was accepted";
     } catch (const c10::Error& e) {
       const std::string msg = e.what_without_backtrace();
@@ -187,10 +187,10 @@ TEST(CollectiveCalls, EveryCallOfAStepIsLabelledN2) { run_ranks(2, labelled_call
 
 TEST(CollectiveCalls, LabelsDescribeThemselves) {
   EXPECT_EQ(comm::CallLabel().describe(), "unlabelled");
-  EXPECT_EQ(comm::CallLabel(Phase::Forward, "blocks.3").describe(), "forward blocks.3");
+  EXPECT_EQ(comm::CallLabel(Phase::kForward, "blocks.3").describe(), "forward blocks.3");
   EXPECT_TRUE(comm::scope_label().empty());
   {
-    comm::LabelScope a(comm::CallLabel(Phase::Step));
+    comm::LabelScope a(comm::CallLabel(Phase::kStep));
     EXPECT_EQ(comm::scope_label().describe(), "step");
   }
   EXPECT_TRUE(comm::scope_label().empty());

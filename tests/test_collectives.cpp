@@ -64,7 +64,7 @@ void pipeline_cases(comm::ProcessGroup& pg) {
       comm::reduce_scatter(pg, out, flat).wait();
       EXPECT_TRUE(torch::equal(out, reference_chunk(chunk, n, r))) << "chunk " << chunk;
       auto avg = torch::empty({chunk}, torch::kDouble);
-      comm::reduce_scatter(pg, avg, random_flat(chunk * n, r, torch::kDouble), comm::ReduceOp::Avg)
+      comm::reduce_scatter(pg, avg, random_flat(chunk * n, r, torch::kDouble), comm::ReduceOp::kAvg)
           .wait();
       EXPECT_TRUE(torch::equal(avg, reference_chunk(chunk, n, r, torch::kDouble) / n));
       // bf16 travels as bytes (see [Note: bf16 over Gloo]) and sums in bf16, rank order.
@@ -167,7 +167,7 @@ void pipeline_cases(comm::ProcessGroup& pg) {
       EXPECT_TRUE(torch::equal(out, reference_chunk(chunk, n, r))) << "chunk " << chunk;
       EXPECT_EQ(comm::comm_cached_bytes() - before, kept) << "chunk " << chunk;
       auto avg = torch::empty({chunk});
-      comm::reduce_scatter(g, avg, random_flat(chunk * n, r), comm::ReduceOp::Avg).wait();
+      comm::reduce_scatter(g, avg, random_flat(chunk * n, r), comm::ReduceOp::kAvg).wait();
       EXPECT_TRUE(torch::equal(avg, reference_chunk(chunk, n, r) / n));
       // All-gather, also in place; the scratch it leases is the same size (or none).
       auto flat = torch::full({chunk * n}, -1.0f);
@@ -238,7 +238,7 @@ void shm_cases(comm::ProcessGroup& pg) {
       EXPECT_TRUE(torch::equal(out, reference_chunk(chunk, n, r)));
       EXPECT_EQ(comm::comm_counters().reduce_scatter.load(), 4 * chunk * (n - 1));
       auto avg = torch::empty({chunk}, torch::kDouble);
-      comm::reduce_scatter(pg, avg, random_flat(chunk * n, r, torch::kDouble), comm::ReduceOp::Avg).wait();
+      comm::reduce_scatter(pg, avg, random_flat(chunk * n, r, torch::kDouble), comm::ReduceOp::kAvg).wait();
       EXPECT_TRUE(torch::equal(avg, reference_chunk(chunk, n, r, torch::kDouble) / n));
       auto low = torch::empty({chunk}, torch::kBFloat16);
       comm::reduce_scatter(pg, low, random_flat(chunk * n, r, torch::kBFloat16)).wait();
@@ -279,10 +279,10 @@ void shm_cases(comm::ProcessGroup& pg) {
       EXPECT_TRUE(torch::equal(t, sum)) << "numel " << numel;
       EXPECT_EQ(comm::comm_counters().all_reduce.load(), 2 * 4 * numel * (n - 1) / n);
       auto d = random_flat(numel, r, torch::kDouble);
-      comm::all_reduce(pg, d, comm::ReduceOp::Avg).wait();
+      comm::all_reduce(pg, d, comm::ReduceOp::kAvg).wait();
       EXPECT_TRUE(torch::equal(d, sum_d / n)) << "numel " << numel;
       auto m = random_flat(numel, r);
-      comm::all_reduce(pg, m, comm::ReduceOp::Max).wait();
+      comm::all_reduce(pg, m, comm::ReduceOp::kMax).wait();
       EXPECT_TRUE(torch::equal(m, mx)) << "numel " << numel;
       auto i = torch::full({numel}, int64_t(r + 1), torch::kLong);
       comm::all_reduce(pg, i).wait();
@@ -441,7 +441,7 @@ void basic_cases(comm::ProcessGroup& pg, const std::string& via) {
       auto flat = rank_values(padded, r);
       auto out = torch::empty({chunk});
       comm::comm_counters().reset();
-      comm::reduce_scatter(pg, out, flat, comm::ReduceOp::Sum).wait();
+      comm::reduce_scatter(pg, out, flat, comm::ReduceOp::kSum).wait();
       // sum over ranks q of (i + 1000 (q+1)) for i in my chunk
       auto idx = torch::arange(r * chunk, (r + 1) * chunk, torch::kDouble);
       auto expected = (idx * n + 1000.0 * n * (n + 1) / 2).to(torch::kFloat);
@@ -451,7 +451,7 @@ void basic_cases(comm::ProcessGroup& pg, const std::string& via) {
     run_case(via + "reduce_scatter avg numel=" + std::to_string(numel), [&] {
       auto flat = rank_values(padded, r, torch::kDouble);
       auto out = torch::empty({chunk}, torch::kDouble);
-      comm::reduce_scatter(pg, out, flat, comm::ReduceOp::Avg).wait();
+      comm::reduce_scatter(pg, out, flat, comm::ReduceOp::kAvg).wait();
       auto idx = torch::arange(r * chunk, (r + 1) * chunk, torch::kDouble);
       auto expected = idx + 1000.0 * (n + 1) / 2;
       EXPECT_TRUE(torch::allclose(out, expected, 0, 1e-9)) << out << expected;
@@ -460,12 +460,12 @@ void basic_cases(comm::ProcessGroup& pg, const std::string& via) {
   run_case(via + "all_reduce", [&] {
     auto t = rank_values(7, r);
     comm::comm_counters().reset();
-    comm::all_reduce(pg, t, comm::ReduceOp::Sum).wait();
+    comm::all_reduce(pg, t, comm::ReduceOp::kSum).wait();
     auto expected = (torch::arange(7, torch::kDouble) * n + 1000.0 * n * (n + 1) / 2).to(torch::kFloat);
     EXPECT_TRUE(torch::equal(t, expected));
     EXPECT_EQ(comm::comm_counters().all_reduce.load(), 2 * 28 * (n - 1) / n);
     auto a = torch::full({3}, double(r + 1), torch::kDouble);
-    comm::all_reduce(pg, a, comm::ReduceOp::Avg).wait();
+    comm::all_reduce(pg, a, comm::ReduceOp::kAvg).wait();
     EXPECT_DOUBLE_EQ(a[0].item<double>(), (n + 1) / 2.0);
   });
   run_case(via + "broadcast", [&] {

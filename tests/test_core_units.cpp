@@ -98,7 +98,7 @@ TEST(FlatPieces, FourRanksByHand) {
     for (int64_t k = 4 * rank; k < 4 * rank + 4; ++k) shard_want.push_back(k < 15 ? float(k + 1) : 0.f);
     EXPECT_TRUE(torch::equal(flat.shard(), torch::tensor(shard_want))) << "rank " << rank << ": " << flat.shard();
     // Outside forward every parameter is its 1-D piece, holding its own values.
-    EXPECT_EQ(flat.state(), FlatState::Sharded);
+    EXPECT_EQ(flat.state(), FlatState::kSharded);
     for (size_t i = 0; i < 3; ++i) {
       const auto& p = e[i].param;
       ASSERT_EQ(p.dim(), 1);
@@ -243,45 +243,45 @@ TEST(GradientDivision, TorchDefaultAndExplicit) {
 
 // ---- unit lifecycle ----
 
-const std::vector<UnitState> kAllStates = {UnitState::IDLE,     UnitState::FORWARD,     UnitState::AWAIT_BACKWARD,
-                                           UnitState::GATHERED_FOR_BACKWARD, UnitState::BACKWARD,
-                                           UnitState::RECOMPUTE, UnitState::REDUCING, UnitState::ACCUMULATED, UnitState::REDUCED,
-                                           UnitState::STEPPED};
+const std::vector<UnitState> kAllStates = {UnitState::kIdle,     UnitState::kForward,     UnitState::kAwaitBackward,
+                                           UnitState::kGatheredForBackward, UnitState::kBackward,
+                                           UnitState::kRecompute, UnitState::kReducing, UnitState::kAccumulated, UnitState::kReduced,
+                                           UnitState::kStepped};
 
 TEST(UnitLifecycle, TransitionTableMatchesTheDrawing) {
   using S = UnitState;
   // The arrows of [Note: unit lifecycle], written out independently.
   const std::vector<std::pair<S, S>> arrows = {
-      {S::IDLE, S::FORWARD},
-      {S::FORWARD, S::FORWARD},
-      {S::AWAIT_BACKWARD, S::FORWARD},
-      {S::FORWARD, S::AWAIT_BACKWARD},
-      {S::FORWARD, S::IDLE},
-      {S::AWAIT_BACKWARD, S::IDLE},
-      {S::AWAIT_BACKWARD, S::GATHERED_FOR_BACKWARD},
-      {S::AWAIT_BACKWARD, S::BACKWARD},
-      {S::GATHERED_FOR_BACKWARD, S::BACKWARD},
-      {S::AWAIT_BACKWARD, S::REDUCING},
-      {S::GATHERED_FOR_BACKWARD, S::REDUCING},
-      {S::BACKWARD, S::REDUCING},
-      {S::AWAIT_BACKWARD, S::ACCUMULATED},
-      {S::GATHERED_FOR_BACKWARD, S::ACCUMULATED},
-      {S::BACKWARD, S::ACCUMULATED},
-      {S::REDUCING, S::REDUCED},
-      {S::REDUCED, S::IDLE},
-      {S::ACCUMULATED, S::IDLE},
-      {S::GATHERED_FOR_BACKWARD, S::IDLE},
-      {S::BACKWARD, S::IDLE},
-      {S::IDLE, S::IDLE},
+      {S::kIdle, S::kForward},
+      {S::kForward, S::kForward},
+      {S::kAwaitBackward, S::kForward},
+      {S::kForward, S::kAwaitBackward},
+      {S::kForward, S::kIdle},
+      {S::kAwaitBackward, S::kIdle},
+      {S::kAwaitBackward, S::kGatheredForBackward},
+      {S::kAwaitBackward, S::kBackward},
+      {S::kGatheredForBackward, S::kBackward},
+      {S::kAwaitBackward, S::kReducing},
+      {S::kGatheredForBackward, S::kReducing},
+      {S::kBackward, S::kReducing},
+      {S::kAwaitBackward, S::kAccumulated},
+      {S::kGatheredForBackward, S::kAccumulated},
+      {S::kBackward, S::kAccumulated},
+      {S::kReducing, S::kReduced},
+      {S::kReduced, S::kIdle},
+      {S::kAccumulated, S::kIdle},
+      {S::kGatheredForBackward, S::kIdle},
+      {S::kBackward, S::kIdle},
+      {S::kIdle, S::kIdle},
       // A recompute inside backward, back to where it came from.
-      {S::AWAIT_BACKWARD, S::RECOMPUTE},
-      {S::GATHERED_FOR_BACKWARD, S::RECOMPUTE},
-      {S::BACKWARD, S::RECOMPUTE},
-      {S::RECOMPUTE, S::GATHERED_FOR_BACKWARD},
-      {S::RECOMPUTE, S::BACKWARD},
+      {S::kAwaitBackward, S::kRecompute},
+      {S::kGatheredForBackward, S::kRecompute},
+      {S::kBackward, S::kRecompute},
+      {S::kRecompute, S::kGatheredForBackward},
+      {S::kRecompute, S::kBackward},
       // The optimizer inside backward steps a reduced shard.
-      {S::REDUCED, S::STEPPED},
-      {S::STEPPED, S::IDLE},
+      {S::kReduced, S::kStepped},
+      {S::kStepped, S::kIdle},
   };
   int allowed = 0;
   for (S from : kAllStates) {
@@ -415,11 +415,11 @@ struct UnitFixture {
 TEST(UnitLifecycle, RefusedTransitionsNameUnitAndBothStates) {
   UnitFixture fx;
   Unit& u = *fx.unit;
-  ASSERT_EQ(u.state(), UnitState::IDLE);
+  ASSERT_EQ(u.state(), UnitState::kIdle);
   std::string msg = error_of([&] { u.begin_backward(); });
   EXPECT_NE(msg.find("unit 'blocks.1' on rank 3"), std::string::npos) << msg;
   EXPECT_NE(msg.find("from IDLE to BACKWARD"), std::string::npos) << msg;
-  EXPECT_EQ(u.state(), UnitState::IDLE);  // refused: nothing changed
+  EXPECT_EQ(u.state(), UnitState::kIdle);  // refused: nothing changed
 
   msg = error_of([&] { u.adopt_reduced_shard(torch::zeros({7})); });
   EXPECT_NE(msg.find("from IDLE to REDUCED"), std::string::npos) << msg;
@@ -430,11 +430,11 @@ TEST(UnitLifecycle, RefusedTransitionsNameUnitAndBothStates) {
   auto hook = [&](size_t i) { return std::make_unique<NoOpGradHook>(&fired, i); };
   u.begin_forward(true, hook);
   u.end_forward(true, false);
-  ASSERT_EQ(u.state(), UnitState::AWAIT_BACKWARD);
+  ASSERT_EQ(u.state(), UnitState::kAwaitBackward);
   msg = error_of([&] { u.adopt_reduced_shard(torch::zeros({7})); });
   EXPECT_NE(msg.find("from AWAIT_BACKWARD to REDUCED"), std::string::npos) << msg;
   u.abandon_forward();
-  EXPECT_EQ(u.state(), UnitState::IDLE);
+  EXPECT_EQ(u.state(), UnitState::kIdle);
 }
 
 // A recompute returns to the backward state it came from, and refuses to start outside
@@ -451,21 +451,21 @@ TEST(UnitLifecycle, RecomputeReturnsWhereItCameFrom) {
     u.begin_forward(/*training=*/true, hook);
     u.end_forward(true, false);
   }
-  ASSERT_EQ(u.state(), UnitState::AWAIT_BACKWARD);
+  ASSERT_EQ(u.state(), UnitState::kAwaitBackward);
   u.begin_recompute(hook);
-  EXPECT_EQ(u.state(), UnitState::RECOMPUTE);
-  EXPECT_EQ(u.flat().state(), FlatState::Unsharded);
+  EXPECT_EQ(u.state(), UnitState::kRecompute);
+  EXPECT_EQ(u.flat().state(), FlatState::kUnsharded);
   u.end_recompute();
-  EXPECT_EQ(u.state(), UnitState::GATHERED_FOR_BACKWARD);
+  EXPECT_EQ(u.state(), UnitState::kGatheredForBackward);
   msg = error_of([&] { u.end_recompute(); });
   EXPECT_NE(msg.find("post_forward of a recompute in state GATHERED_FOR_BACKWARD, expected RECOMPUTE"),
             std::string::npos) << msg;
   u.begin_backward();
   u.begin_recompute(hook);
   u.end_recompute();
-  EXPECT_EQ(u.state(), UnitState::BACKWARD);
+  EXPECT_EQ(u.state(), UnitState::kBackward);
   u.finish_iteration();
-  EXPECT_EQ(u.state(), UnitState::IDLE);
+  EXPECT_EQ(u.state(), UnitState::kIdle);
 }
 
 // One iteration of a NO_SHARD unit with a real backward: loss = sum(p0 * x0) +
@@ -478,16 +478,16 @@ TEST(UnitLifecycle, WholeIterationWithRealGradients) {
   auto hook = [&](size_t i) { return std::make_unique<NoOpGradHook>(&fired, i); };
 
   u.begin_forward(/*training=*/true, hook);
-  EXPECT_EQ(u.state(), UnitState::FORWARD);
-  EXPECT_EQ(u.flat().state(), FlatState::Unsharded);
+  EXPECT_EQ(u.state(), UnitState::kForward);
+  EXPECT_EQ(u.flat().state(), FlatState::kUnsharded);
   const auto x0 = torch::arange(4, torch::kFloat).view({2, 2}) + 1, x1 = torch::tensor({-3.f, 6.f, 9.f});
   auto loss = (e[0].param * x0).sum() + (e[1].param * x1).sum();
   u.end_forward(true, false);
-  EXPECT_EQ(u.state(), UnitState::AWAIT_BACKWARD);
+  EXPECT_EQ(u.state(), UnitState::kAwaitBackward);
 
   u.stash_grads();
   u.begin_backward();
-  EXPECT_EQ(u.state(), UnitState::BACKWARD);
+  EXPECT_EQ(u.state(), UnitState::kBackward);
   loss.backward();
   std::sort(fired.begin(), fired.end());
   EXPECT_EQ(fired, (std::vector<size_t>{0, 1}));  // the installed AccumulateGrad hooks ran
@@ -496,14 +496,14 @@ TEST(UnitLifecycle, WholeIterationWithRealGradients) {
   EXPECT_FALSE(u.note_param_grad(1));  // counted once
 
   u.flatten_grads(/*no_sync=*/false);
-  EXPECT_EQ(u.state(), UnitState::REDUCING);
+  EXPECT_EQ(u.state(), UnitState::kReducing);
   at::Tensor flat = u.take_flat_grad();
   ASSERT_EQ(flat.numel(), 7);
   EXPECT_TRUE(torch::allclose(flat, torch::cat({x0.flatten(), x1}) / 2));  // pre-divided
   u.adopt_reduced_shard(flat);  // a world of one: the reduction is the identity
-  EXPECT_EQ(u.state(), UnitState::REDUCED);
+  EXPECT_EQ(u.state(), UnitState::kReduced);
   u.finish_iteration();
-  EXPECT_EQ(u.state(), UnitState::IDLE);
+  EXPECT_EQ(u.state(), UnitState::kIdle);
   EXPECT_TRUE(torch::allclose(e[0].param.grad(), x0 / 3));
   EXPECT_TRUE(torch::allclose(e[1].param.grad(), x1 / 3));
 
@@ -549,11 +549,11 @@ TEST(UnitLifecycle, NoSyncAccumulatesWithoutReduction) {
   u.begin_backward();
   loss.backward();
   u.flatten_grads(/*no_sync=*/true);
-  EXPECT_EQ(u.state(), UnitState::ACCUMULATED);
+  EXPECT_EQ(u.state(), UnitState::kAccumulated);
   EXPECT_FALSE(u.flat_grad().defined());
   EXPECT_EQ(u.transient_bytes(), 7 * 4);  // the accumulated unsharded gradient
   u.finish_iteration();
-  EXPECT_EQ(u.state(), UnitState::IDLE);
+  EXPECT_EQ(u.state(), UnitState::kIdle);
   EXPECT_FALSE(e[0].param.grad().defined());  // nothing reduced yet, nothing assigned
 }
 

@@ -42,20 +42,20 @@ void collective_values(comm::ProcessGroup& pg, comm::CommPath expected_path) {
 
   run_case("all_reduce sum and max", [&] {
     auto t = torch::full({1000}, r + 1.0, on_gpu(pg));
-    auto h = comm::all_reduce(pg, t, comm::ReduceOp::Sum, {comm::Phase::Step, "sum"});
+    auto h = comm::all_reduce(pg, t, comm::ReduceOp::kSum, {comm::Phase::kStep, "sum"});
     h.wait();
     EXPECT_EQ(h.path(), expected_path);
     EXPECT_TRUE(t.is_cuda());
     EXPECT_TRUE(torch::equal(t.cpu(), torch::full({1000}, total)));
     auto m = torch::full({7}, r + 1.0, on_gpu(pg));
-    comm::all_reduce(pg, m, comm::ReduceOp::Max).wait();
+    comm::all_reduce(pg, m, comm::ReduceOp::kMax).wait();
     EXPECT_TRUE(torch::equal(m.cpu(), torch::full({7}, double(n))));
   });
   run_case("all_gather into a flat buffer, in place and not", [&] {
     const int64_t chunk = 4099;
     auto shard = torch::full({chunk}, r + 1.0, on_gpu(pg));
     auto flat = torch::empty({n * chunk}, on_gpu(pg));
-    comm::all_gather_into(pg, flat, shard, {comm::Phase::Forward, "unit"}).wait();
+    comm::all_gather_into(pg, flat, shard, {comm::Phase::kForward, "unit"}).wait();
     for (int k = 0; k < n; ++k)
       EXPECT_TRUE(torch::equal(flat.narrow(0, k * chunk, chunk).cpu(), torch::full({chunk}, k + 1.0))) << k;
     auto flat2 = torch::zeros({n * chunk}, on_gpu(pg));
@@ -68,12 +68,12 @@ void collective_values(comm::ProcessGroup& pg, comm::CommPath expected_path) {
     const int64_t chunk = 1031;
     auto flat = torch::arange(n * chunk, on_gpu(pg)).mul_(r + 1.0);
     auto out = torch::empty({chunk}, on_gpu(pg));
-    comm::reduce_scatter(pg, out, flat, comm::ReduceOp::Sum, {comm::Phase::Backward, "unit"}).wait();
+    comm::reduce_scatter(pg, out, flat, comm::ReduceOp::kSum, {comm::Phase::kBackward, "unit"}).wait();
     auto expected = torch::arange(r * chunk, (r + 1) * chunk, torch::kFloat).mul_(total);
     EXPECT_TRUE(torch::allclose(out.cpu(), expected));
     auto flat2 = torch::arange(n * chunk, on_gpu(pg)).mul_(r + 1.0);
     auto inside = flat2.narrow(0, r * chunk, chunk);
-    comm::reduce_scatter(pg, inside, flat2, comm::ReduceOp::Avg).wait();
+    comm::reduce_scatter(pg, inside, flat2, comm::ReduceOp::kAvg).wait();
     EXPECT_TRUE(torch::allclose(inside.cpu(), expected / n));
   });
   run_case("broadcast from the last rank; bf16 all_reduce", [&] {
@@ -88,7 +88,7 @@ void collective_values(comm::ProcessGroup& pg, comm::CommPath expected_path) {
     auto t = torch::full({5}, r + 1.0);
     auto h = comm::all_reduce(pg, t);
     h.wait();
-    EXPECT_NE(h.path(), comm::CommPath::Nccl);
+    EXPECT_NE(h.path(), comm::CommPath::kNccl);
     EXPECT_TRUE(torch::equal(t, torch::full({5}, total)));
   });
   run_case("a tensor on another GPU than the rank's is refused", [&] {
@@ -119,29 +119,29 @@ RankOptions on_one_gpu(RankOptions o) {
 TEST(CudaComm, NcclAtOneRank) {
   FSDP_SKIP_WITHOUT_GPU(1);
   RankOptions o;
-  o.backend = comm::Backend::NCCL;
+  o.backend = comm::Backend::kNccl;
   run_ranks(1, [](comm::ProcessGroup& pg) {
-    EXPECT_EQ(pg.cuda_backend(), comm::Backend::NCCL);
+    EXPECT_EQ(pg.cuda_backend(), comm::Backend::kNccl);
     EXPECT_EQ(pg.cuda_device(), 0);
-    collective_values(pg, comm::CommPath::Nccl);
+    collective_values(pg, comm::CommPath::kNccl);
   }, o);
 }
 
 TEST(CudaComm, AutoTakesNcclForOneRankPerGpu) {
   FSDP_SKIP_WITHOUT_GPU(1);
-  run_ranks(1, [](comm::ProcessGroup& pg) { EXPECT_EQ(pg.cuda_backend(), comm::Backend::NCCL); });
+  run_ranks(1, [](comm::ProcessGroup& pg) { EXPECT_EQ(pg.cuda_backend(), comm::Backend::kNccl); });
 }
 
 TEST(CudaComm, GlooForTwoRanksOnOneGpu) {
   FSDP_SKIP_WITHOUT_GPU(1);
   RankOptions o;
-  o.backend = comm::Backend::Gloo;
+  o.backend = comm::Backend::kGloo;
   run_ranks(2, [](comm::ProcessGroup& pg) {
-    EXPECT_EQ(pg.cuda_backend(), comm::Backend::Gloo);
-    collective_values(pg, comm::CommPath::Gloo);
+    EXPECT_EQ(pg.cuda_backend(), comm::Backend::kGloo);
+    collective_values(pg, comm::CommPath::kGloo);
     // Sub-groups inherit the placement.
     auto sub = pg.new_subgroup({0, 1});
-    EXPECT_EQ(sub.cuda_backend(), comm::Backend::Gloo);
+    EXPECT_EQ(sub.cuda_backend(), comm::Backend::kGloo);
     auto t = torch::full({3}, pg.rank() + 1.0, on_gpu(pg));
     comm::all_reduce(sub, t).wait();
     EXPECT_TRUE(torch::equal(t.cpu(), torch::full({3}, 3.0)));
@@ -150,22 +150,22 @@ TEST(CudaComm, GlooForTwoRanksOnOneGpu) {
 
 TEST(CudaComm, AutoTakesGlooWhenRanksShareAGpu) {
   FSDP_SKIP_WITHOUT_GPU(1);
-  run_ranks(2, [](comm::ProcessGroup& pg) { EXPECT_EQ(pg.cuda_backend(), comm::Backend::Gloo); }, on_one_gpu({}));
+  run_ranks(2, [](comm::ProcessGroup& pg) { EXPECT_EQ(pg.cuda_backend(), comm::Backend::kGloo); }, on_one_gpu({}));
 }
 
 TEST(CudaComm, NcclRefusesRanksSharingAGpuBeforeItStarts) {
   FSDP_SKIP_WITHOUT_GPU(1);
   RankOptions o;
-  o.backend = comm::Backend::Gloo;
+  o.backend = comm::Backend::kGloo;
   o.deadline = std::chrono::seconds(120);
   run_ranks(2, [](comm::ProcessGroup& pg) {
-    auto opts = worker_init_options().backend(comm::Backend::NCCL).store_prefix("nccl-shared");
+    auto opts = worker_init_options().backend(comm::Backend::kNccl).store_prefix("nccl-shared");
     try {
       comm::init_process_group(opts);
       ADD_FAILURE() << "two ranks on one GPU were given NCCL";
     } catch (const c10::Error& e) {
       const std::string msg = e.what_without_backtrace();
-      for (const char* part : {"ranks 0 and 1 share GPU-", "use Backend::Gloo", "NCCL refuses"})
+      for (const char* part : {"ranks 0 and 1 share GPU-", "use Backend::kGloo", "NCCL refuses"})
         EXPECT_NE(msg.find(part), std::string::npos) << part << " missing in: " << msg;
     }
   }, on_one_gpu(o));

@@ -289,7 +289,7 @@ TEST(DistInit, BadShmSlotSizeIsRefusedBeforeRendezvous) {
   ::unsetenv("FSDP_SHM_SLOT_KIB");
 }
 
-// Backend::NCCL where no rank has a GPU: refused on every rank at init, naming the way out,
+// Backend::kNccl where no rank has a GPU: refused on every rank at init, naming the way out,
 // never a hang in NCCL's first collective. A second world over the harness's store, under a
 // prefix of its own. The workers see no CUDA device (CUDA_VISIBLE_DEVICES empty), so a GPU
 // machine checks this too (test_cuda_comm covers NCCL on its GPU).
@@ -299,14 +299,14 @@ TEST(DistInit, NcclWithoutAGpuIsRefusedOnEveryRank) {
   run_ranks(2, [](comm::ProcessGroup& pg) {
     EXPECT_EQ(pg.cuda_device(), -1);
     EXPECT_EQ(pg.device_transport(), nullptr);
-    auto opts = fsdp::testing::worker_init_options().backend(comm::Backend::NCCL).store_prefix("nccl-try");
+    auto opts = fsdp::testing::worker_init_options().backend(comm::Backend::kNccl).store_prefix("nccl-try");
     try {
       comm::init_process_group(opts);
-      ADD_FAILURE() << "Backend::NCCL without a GPU was accepted";
+      ADD_FAILURE() << "Backend::kNccl without a GPU was accepted";
     } catch (const c10::Error& e) {
       const std::string msg = e.what_without_backtrace();
-      EXPECT_NE(msg.find("Backend::NCCL"), std::string::npos) << msg;
-      EXPECT_NE(msg.find("Backend::Gloo"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("Backend::kNccl"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("Backend::kGloo"), std::string::npos) << msg;
       EXPECT_NE(msg.find("rank " + std::to_string(pg.rank())), std::string::npos) << msg;
     }
   }, no_gpu);

@@ -45,7 +45,7 @@ using comm::detail::RecordState;
 namespace {
 
 CallRecord rec(uint64_t seq, const char* op, int64_t numel, Phase phase, std::string subject,
-               RecordState state = RecordState::Completed) {
+               RecordState state = RecordState::kCompleted) {
   CallRecord r;
   r.seq = seq;
   r.op = op;
@@ -62,11 +62,11 @@ RankRecords rank_of(int rank, std::vector<CallRecord> records) { return {rank, t
 // Ranks 0, 2, 3 run backward of blocks.3 then blocks.2; rank 1 skipped blocks.3's forward, so
 // its #57 is blocks.2's gather while the others are in blocks.3's reduce-scatter.
 TEST(FlightRecorderText, RankOnAnotherPathIsNamedAgainstTheMajority) {
-  auto common = rec(56, "all_gather", 8192, Phase::Forward, "blocks.2");
+  auto common = rec(56, "all_gather", 8192, Phase::kForward, "blocks.2");
   std::vector<RankRecords> ranks;
   for (int r = 0; r < 4; ++r) {
-    auto at57 = r == 1 ? rec(57, "all_gather", 8192, Phase::Forward, "blocks.3", RecordState::Failed)
-                       : rec(57, "reduce_scatter", 8192, Phase::Backward, "blocks.2", RecordState::Failed);
+    auto at57 = r == 1 ? rec(57, "all_gather", 8192, Phase::kForward, "blocks.3", RecordState::kFailed)
+                       : rec(57, "reduce_scatter", 8192, Phase::kBackward, "blocks.2", RecordState::kFailed);
     ranks.push_back(rank_of(r, {common, at57}));
   }
   EXPECT_EQ(describe_divergence("world", ranks),
@@ -77,16 +77,16 @@ TEST(FlightRecorderText, RankOnAnotherPathIsNamedAgainstTheMajority) {
 TEST(FlightRecorderText, SizeMismatchNamesBothSizes) {
   std::vector<RankRecords> ranks;
   for (int r = 0; r < 3; ++r)
-    ranks.push_back(rank_of(r, {rec(12, "all_gather", r == 2 ? 4096 : 8192, Phase::Forward, "fc1",
-                                    RecordState::Failed)}));
+    ranks.push_back(rank_of(r, {rec(12, "all_gather", r == 2 ? 4096 : 8192, Phase::kForward, "fc1",
+                                    RecordState::kFailed)}));
   EXPECT_EQ(describe_divergence("world", ranks),
             "ranks disagree at all_gather #12 (fc1, forward): rank 2 has 4,096 elements, the others 8,192");
 }
 
 TEST(FlightRecorderText, RankBehindIsNamedWithItsLastCall) {
-  auto first = rec(4, "broadcast", 10, Phase::Setup, "");
+  auto first = rec(4, "broadcast", 10, Phase::kSetup, "");
   std::vector<RankRecords> ranks = {
-      rank_of(0, {first, rec(5, "all_reduce", 1, Phase::Step, "", RecordState::Failed)}),
+      rank_of(0, {first, rec(5, "all_reduce", 1, Phase::kStep, "", RecordState::kFailed)}),
       rank_of(1, {first}),
   };
   EXPECT_EQ(describe_divergence("world", ranks),
@@ -95,7 +95,7 @@ TEST(FlightRecorderText, RankBehindIsNamedWithItsLastCall) {
 }
 
 TEST(FlightRecorderText, SilentRankIsNamedWhileTheOthersWait) {
-  std::vector<RankRecords> ranks = {rank_of(0, {rec(1, "all_reduce", 4, Phase::Step, "", RecordState::Failed)}),
+  std::vector<RankRecords> ranks = {rank_of(0, {rec(1, "all_reduce", 4, Phase::kStep, "", RecordState::kFailed)}),
                                     {1, false, {}}};
   EXPECT_EQ(describe_divergence("world", ranks),
             "rank 1 did not answer: not in a collective of group 'world' (stuck elsewhere, or gone), while rank 0 "
@@ -104,21 +104,21 @@ TEST(FlightRecorderText, SilentRankIsNamedWhileTheOthersWait) {
 
 TEST(FlightRecorderText, AgreeingRanksRunningAheadAreNoDivergence) {
   // Rank 1 is one collective ahead, but the ones both issued match and none is stuck.
-  auto a = rec(1, "all_gather", 64, Phase::Forward, "fc1");
-  auto b = rec(2, "all_gather", 64, Phase::Forward, "fc2");
+  auto a = rec(1, "all_gather", 64, Phase::kForward, "fc1");
+  auto b = rec(2, "all_gather", 64, Phase::kForward, "fc2");
   std::vector<RankRecords> ranks = {rank_of(0, {a}), rank_of(1, {a, b})};
   EXPECT_EQ(describe_divergence("world", ranks), "");
 }
 
 TEST(FlightRecorderText, RecordsSurviveTheirTextForm) {
-  auto r = rec(7, "reduce_scatter", 123456, Phase::Backward, "blocks.0.attn", RecordState::Issued);
+  auto r = rec(7, "reduce_scatter", 123456, Phase::kBackward, "blocks.0.attn", RecordState::kIssued);
   r.site = "src/core/unit.cpp:120";
-  auto back = comm::detail::decode_records(comm::detail::encode_records({r, rec(8, "barrier", 0, Phase::Setup, "")}));
+  auto back = comm::detail::decode_records(comm::detail::encode_records({r, rec(8, "barrier", 0, Phase::kSetup, "")}));
   ASSERT_EQ(back.size(), 2u);
   EXPECT_TRUE(back[0].same_call(r));
   EXPECT_EQ(back[0].seq, 7u);
   EXPECT_EQ(back[0].site, r.site);
-  EXPECT_EQ(back[0].state, RecordState::Issued);
+  EXPECT_EQ(back[0].state, RecordState::kIssued);
   EXPECT_EQ(back[1].subject, "");
   EXPECT_EQ(back[0].describe(), "reduce_scatter #7 (blocks.0.attn, backward) at src/core/unit.cpp:120");
 }
@@ -149,14 +149,14 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 TEST(FlightRecorderFaults, RankThatSkipsACollectiveIsNamed) {
   run_ranks(2, [](comm::ProcessGroup& pg) {
     auto t = torch::ones({16});
-    comm::all_reduce(pg, t, comm::ReduceOp::Sum, {Phase::Setup, "warm-up"}).wait();
+    comm::all_reduce(pg, t, comm::ReduceOp::kSum, {Phase::kSetup, "warm-up"}).wait();
     const auto start = Clock::now();
     const std::string msg = fault_error([&] {
       if (pg.rank() == 0) {
         auto flat = torch::zeros({32});
-        comm::all_gather_into(pg, flat, torch::ones({16}), {Phase::Forward, "blocks.3"}).wait();
+        comm::all_gather_into(pg, flat, torch::ones({16}), {Phase::kForward, "blocks.3"}).wait();
       }
-      comm::all_reduce(pg, t, comm::ReduceOp::Sum, {Phase::Step, "loss"}).wait();
+      comm::all_reduce(pg, t, comm::ReduceOp::kSum, {Phase::kStep, "loss"}).wait();
     });
     EXPECT_NE(msg.find("rank 0 is at all_gather #2 (blocks.3, forward) at tests/test_flight_recorder.cpp:"),
               std::string::npos)
@@ -175,9 +175,9 @@ TEST(FlightRecorderFaults, RankWithAnotherSizeIsCaughtBySharedMemorySlots) {
     const auto start = Clock::now();
     const std::string msg = fault_error([&] {
       auto t = torch::ones({n});
-      comm::all_reduce(pg, t, comm::ReduceOp::Sum, {Phase::Backward, "fc1"}).wait();
+      comm::all_reduce(pg, t, comm::ReduceOp::kSum, {Phase::kBackward, "fc1"}).wait();
       // A transport that let the mismatch pass would meet the next collective here.
-      comm::all_reduce(pg, t, comm::ReduceOp::Sum, {Phase::Step, "after"}).wait();
+      comm::all_reduce(pg, t, comm::ReduceOp::kSum, {Phase::kStep, "after"}).wait();
     });
     const std::string peer_bytes = pg.rank() == 0 ? "16,384" : "32,768";
     EXPECT_NE(msg.find("sent data of its all_reduce #1 of " + peer_bytes + " bytes where this rank is at all_reduce #1"),
@@ -228,7 +228,7 @@ TEST(FlightRecorderChecked, SizeMismatchOverGlooFailsAtOnceOnEveryRank) {
     const auto start = Clock::now();
     const std::string msg = fault_error([&] {
       auto t = torch::ones({n});
-      comm::all_reduce(pg, t, comm::ReduceOp::Sum, {Phase::Backward, "fc1"}).wait();
+      comm::all_reduce(pg, t, comm::ReduceOp::kSum, {Phase::kBackward, "fc1"}).wait();
     });
     EXPECT_NE(msg.find("ranks disagree at all_reduce #1 (fc1, backward): rank 0 has 8,192 elements, rank 1 has 4,096"),
               std::string::npos)
@@ -306,7 +306,7 @@ struct Trainee {
       loss += l.detach();
     }
     opt.step();
-    comm::all_reduce(pg, loss, comm::ReduceOp::Sum, {Phase::Step, "loss"}).wait();
+    comm::all_reduce(pg, loss, comm::ReduceOp::kSum, {Phase::kStep, "loss"}).wait();
   }
   comm::ProcessGroup& pg;
   FullyShardedDataParallel<SkippingNetImpl> model;
@@ -391,7 +391,7 @@ TEST_P(PlantedFault, RankStuckOutsideACollectiveIsNamedAsNotArriving) {
       return;
     }
     const auto start = Clock::now();
-    const std::string msg = fault_error([&] { comm::all_reduce(pg, t, comm::ReduceOp::Sum, {Phase::Step, "loss"}).wait(); });
+    const std::string msg = fault_error([&] { comm::all_reduce(pg, t, comm::ReduceOp::kSum, {Phase::kStep, "loss"}).wait(); });
     EXPECT_NE(msg.find("rank 1 did not answer: not in a collective of group 'world'"), std::string::npos) << msg;
     EXPECT_NE(msg.find("while rank 0 waits at all_reduce #1 (loss, step)"), std::string::npos) << msg;
     EXPECT_LT(seconds_since(start), 3.0 + 5.0);

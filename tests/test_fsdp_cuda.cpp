@@ -78,7 +78,7 @@ Holder on_device(Holder m, torch::Device device) {
 
 // One rank over NCCL, then two ranks on one GPU over Gloo.
 void at_one_and_two_ranks(const std::function<void(comm::ProcessGroup&)>& body) {
-  for (auto [world, backend] : {std::pair{1, comm::Backend::NCCL}, std::pair{2, comm::Backend::Gloo}}) {
+  for (auto [world, backend] : {std::pair{1, comm::Backend::kNccl}, std::pair{2, comm::Backend::kGloo}}) {
     RankOptions o;
     o.backend = backend;
     o.deadline = std::chrono::seconds(300);
@@ -123,7 +123,7 @@ double rel_diff_all(const NamedTensors& a, const NamedTensors& b) {
 // The mean of the ranks' losses: the global batch's loss, since the slices are equal.
 double global_loss(comm::ProcessGroup& pg, const torch::Tensor& loss) {
   auto l = loss.detach().to(torch::kDouble).cpu().reshape({1});
-  comm::all_reduce(pg, l, comm::ReduceOp::Avg).wait();
+  comm::all_reduce(pg, l, comm::ReduceOp::kAvg).wait();
   return l.item<double>();
 }
 

@@ -228,7 +228,7 @@ void eval_case(comm::ProcessGroup& pg, const std::string& name, Make make, const
       ref_opt.step();
       opt.step();
       auto l = loss.detach().to(torch::kDouble).reshape({1});
-      comm::all_reduce(pg, l, comm::ReduceOp::Avg).wait();
+      comm::all_reduce(pg, l, comm::ReduceOp::kAvg).wait();
       EXPECT_NEAR(l.item().toDouble(), ref_loss.item().toDouble(), 1e-5 * ref_loss.item().toDouble()) << "step " << s;
       evaluate("after step " + std::to_string(s));
     }

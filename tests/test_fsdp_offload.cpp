@@ -377,7 +377,7 @@ int64_t cuda_allocated_bytes(int device) {
 
 RankOptions nccl_options() {
   RankOptions ro;
-  ro.backend = comm::Backend::NCCL;
+  ro.backend = comm::Backend::kNccl;
   return ro;
 }
 

@@ -524,12 +524,12 @@ TEST(OptimizerInBackward, HybridStepsAsReplicaAllReducesLand) {
 TEST(OptimizerInBackward, LifecycleArrows) {
   using fsdp::core::detail::UnitState;
   using fsdp::core::detail::unit_transition_allowed;
-  EXPECT_TRUE(unit_transition_allowed(UnitState::REDUCED, UnitState::STEPPED));
-  EXPECT_TRUE(unit_transition_allowed(UnitState::STEPPED, UnitState::IDLE));
-  for (auto from : {UnitState::IDLE, UnitState::FORWARD, UnitState::AWAIT_BACKWARD, UnitState::BACKWARD,
-                    UnitState::REDUCING, UnitState::ACCUMULATED, UnitState::STEPPED})
-    EXPECT_FALSE(unit_transition_allowed(from, UnitState::STEPPED)) << fsdp::core::detail::to_string(from);
-  EXPECT_FALSE(unit_transition_allowed(UnitState::STEPPED, UnitState::REDUCED));
+  EXPECT_TRUE(unit_transition_allowed(UnitState::kReduced, UnitState::kStepped));
+  EXPECT_TRUE(unit_transition_allowed(UnitState::kStepped, UnitState::kIdle));
+  for (auto from : {UnitState::kIdle, UnitState::kForward, UnitState::kAwaitBackward, UnitState::kBackward,
+                    UnitState::kReducing, UnitState::kAccumulated, UnitState::kStepped})
+    EXPECT_FALSE(unit_transition_allowed(from, UnitState::kStepped)) << fsdp::core::detail::to_string(from);
+  EXPECT_FALSE(unit_transition_allowed(UnitState::kStepped, UnitState::kReduced));
 }
 
 TEST(OptimizerInBackward, BitwiseEqualToSteppingAfterBackward1To4Ranks) {

@@ -63,7 +63,7 @@ void check_parity(comm::ProcessGroup& pg, const std::string& name, ModelFactory 
       optim->step();
       // The global loss is the mean of the ranks' losses (equal slices).
       auto l = loss.detach().to(torch::kDouble).reshape({1});
-      comm::all_reduce(pg, l, comm::ReduceOp::Avg).wait();
+      comm::all_reduce(pg, l, comm::ReduceOp::kAvg).wait();
       EXPECT_NEAR(l.item<double>(), ref_losses[s], 1e-5 * std::abs(ref_losses[s]) + 1e-7) << "step " << s;
       // Outside forward/backward parameters are pieces (1-D) unless NO_SHARD.
       if (options.sharding_strategy() != ShardingStrategy::kNoShard && pg.size() > 1) {

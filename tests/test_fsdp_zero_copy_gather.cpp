@@ -38,13 +38,13 @@ void mapped_flat_cases(comm::ProcessGroup& pg) {
   for (int64_t numel : {int64_t(1), int64_t(100), int64_t(1024), int64_t(1500), int64_t(3001), int64_t(70000)}) {
     run_case("chunk " + std::to_string(numel), [&] {
       std::string why;
-      auto m = comm::MappedFlat::create(pg, numel, torch::kFloat, {comm::Phase::Setup, "test"}, &why);
+      auto m = comm::MappedFlat::create(pg, numel, torch::kFloat, {comm::Phase::kSetup, "test"}, &why);
       ASSERT_TRUE(m) << why;
       ASSERT_EQ(m->flat().numel(), n * numel);
       EXPECT_LE(m->seam_bytes(), (n + 1) * 4096);
       for (int round = 0; round < 3; ++round) {
         m->chunk().copy_(chunk_values(pg.rank(), numel, round));
-        m->refresh({comm::Phase::Forward, "test"}).wait();
+        m->refresh({comm::Phase::kForward, "test"}).wait();
         auto expected = torch::empty({n * numel});
         comm::all_gather_into(pg, expected, chunk_values(pg.rank(), numel, round)).wait();
         EXPECT_TRUE(torch::equal(m->flat(), expected)) << "round " << round;
@@ -55,13 +55,13 @@ void mapped_flat_cases(comm::ProcessGroup& pg) {
   }
   run_case("ranks that refresh out of step are named", [&] {
     std::string why;
-    auto a = comm::MappedFlat::create(pg, 10, torch::kFloat, {comm::Phase::Setup, "a"}, &why);
-    auto b = comm::MappedFlat::create(pg, 10, torch::kFloat, {comm::Phase::Setup, "b"}, &why);
+    auto a = comm::MappedFlat::create(pg, 10, torch::kFloat, {comm::Phase::kSetup, "a"}, &why);
+    auto b = comm::MappedFlat::create(pg, 10, torch::kFloat, {comm::Phase::kSetup, "b"}, &why);
     ASSERT_TRUE(a && b) << why;
-    a->refresh({comm::Phase::Forward, "a"}).wait();
+    a->refresh({comm::Phase::kForward, "a"}).wait();
     // Rank 0 gathers a again; the others gather b: the second rendezvous pairs them.
     auto& odd = pg.rank() == 0 ? *a : *b;
-    const std::string err = error_of([&] { odd.refresh({comm::Phase::Forward, "odd"}).wait(); });
+    const std::string err = error_of([&] { odd.refresh({comm::Phase::kForward, "odd"}).wait(); });
     EXPECT_NE(err.find("the ranks ran different forward or backward passes"), std::string::npos) << err;
     EXPECT_NE(err.find(pg.rank() == 0 ? "2 times, rank 1 1 times" : "1 times, rank 0 2 times"), std::string::npos) << err;
   });
@@ -69,7 +69,7 @@ void mapped_flat_cases(comm::ProcessGroup& pg) {
 
 void no_arena_cases(comm::ProcessGroup& pg) {
   std::string why;
-  auto m = comm::MappedFlat::create(pg, 100, torch::kFloat, {comm::Phase::Setup, "test"}, &why);
+  auto m = comm::MappedFlat::create(pg, 100, torch::kFloat, {comm::Phase::kSetup, "test"}, &why);
   EXPECT_FALSE(m);
   EXPECT_NE(why.find("has no exchange arena to map"), std::string::npos) << why;
 }

@@ -19,7 +19,7 @@ TEST(LaunchEnv, Torchrun) {
   auto env = parse_launch_env(map_env({{"RANK", "3"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"},
                                        {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "10.0.0.5"},
                                        {"MASTER_PORT", "1234"}}));
-  EXPECT_EQ(env.source, LaunchSource::Torchrun);
+  EXPECT_EQ(env.source, LaunchSource::kTorchrun);
   EXPECT_EQ(env.rank, 3);
   EXPECT_EQ(env.world_size, 8);
   EXPECT_EQ(env.local_rank, 1);
@@ -71,7 +71,7 @@ TEST(LaunchEnv, Slurm) {
   auto env = parse_launch_env(map_env({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"},
                                        {"SLURM_LOCALID", "1"}, {"SLURM_NTASKS_PER_NODE", "4"},
                                        {"SLURM_JOB_NODELIST", "gpu[003-004,9],cpu1"}}));
-  EXPECT_EQ(env.source, LaunchSource::Slurm);
+  EXPECT_EQ(env.source, LaunchSource::kSlurm);
   EXPECT_EQ(env.rank, 5);
   EXPECT_EQ(env.world_size, 8);
   EXPECT_EQ(env.local_rank, 1);
@@ -126,7 +126,7 @@ TEST(LaunchEnv, OpenMPI) {
   auto env = parse_launch_env(map_env({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "4"},
                                        {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
                                        {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}, {"MASTER_ADDR", "n0"}}));
-  EXPECT_EQ(env.source, LaunchSource::OpenMPI);
+  EXPECT_EQ(env.source, LaunchSource::kOpenMpi);
   EXPECT_EQ(env.rank, 1);
   EXPECT_EQ(env.world_size, 4);
   EXPECT_EQ(env.local_world_size, 2);
@@ -151,12 +151,12 @@ TEST(LaunchEnv, ExplicitOverridesEnvironment) {
   auto env = parse_launch_env(map_env({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "a"},
                                        {"MASTER_PORT", "1"}}),
                               ov);
-  EXPECT_EQ(env.source, LaunchSource::Explicit);
+  EXPECT_EQ(env.source, LaunchSource::kExplicit);
   EXPECT_EQ(env.rank, 1);
   EXPECT_EQ(env.world_size, 3);
   EXPECT_EQ(env.master_addr, "a");
   EXPECT_EQ(env.master_port, 4000);
   auto single = parse_launch_env(map_env({}));
-  EXPECT_EQ(single.source, LaunchSource::SingleProcess);
+  EXPECT_EQ(single.source, LaunchSource::kSingleProcess);
   EXPECT_EQ(single.world_size, 1);
 }

@@ -68,7 +68,7 @@ Result train_fsdp(comm::ProcessGroup& pg, Factory make, const Options& options, 
     loss.backward();
     opt.step();
     auto global = loss.detach().reshape({1}).clone();
-    comm::all_reduce(pg, global, comm::ReduceOp::Avg).wait();
+    comm::all_reduce(pg, global, comm::ReduceOp::kAvg).wait();
     r.final_loss = global.item<double>();
   }
   for (auto& p : model->parameters()) EXPECT_EQ(p.scalar_type(), torch::kFloat);
@@ -444,7 +444,7 @@ void run_all(comm::ProcessGroup& pg) {
       loss.backward();
       opt.step();
       auto global = loss.detach().reshape({1}).clone();
-      comm::all_reduce(pg, global, comm::ReduceOp::Avg).wait();
+      comm::all_reduce(pg, global, comm::ReduceOp::kAvg).wait();
       loss_fsdp = global.item<double>();
     }
     auto* bn = model->module()->ptr(1)->as<torch::nn::BatchNorm1d>();

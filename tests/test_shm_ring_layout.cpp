@@ -127,7 +127,7 @@ TEST(ShmRingLayout, GatherStageNumbersWritesAfterTheStreamAndReadsEveryPeerInter
   const std::vector<std::pair<int, uint64_t>> expected{{2, 3}, {0, 6}, {2, 4}, {0, 7}, {2, 5}, {0, 8}};
   for (size_t i = 0; i < 6; ++i) {
     const auto& r = st.reads[i];
-    EXPECT_EQ(r.kind, plan::Read::Kind::Copy);
+    EXPECT_EQ(r.kind, plan::Read::Kind::kCopy);
     ASSERT_EQ(r.fragments.size(), 1u);
     EXPECT_EQ(r.fragments[0], expected[i]) << "read " << i;
     const int w = expected[i].first;
@@ -176,7 +176,7 @@ TEST(ShmRingLayout, ReduceReadsTakeEachPeersFragmentForThisRankInRankOrder) {
   ASSERT_EQ(st.reads.size(), 3u);
   for (size_t j = 0; j < 3; ++j) {
     const auto& r = st.reads[j];
-    EXPECT_EQ(r.kind, plan::Read::Kind::Reduce);
+    EXPECT_EQ(r.kind, plan::Read::Kind::kReduce);
     EXPECT_EQ(r.fragments, (std::vector<std::pair<int, uint64_t>>{{1, 10 + 2 * j + 2}, {2, 20 + 2 * j + 1}}));
     EXPECT_EQ(addr(r.dst), addr(out.data() + 4 * j));
     EXPECT_EQ(addr(r.own), addr(flat.data() + 4 * j));  // our own row, read in place

@@ -34,9 +34,9 @@ using fsdp::core::detail::WaitSite;
 
 namespace {
 
-constexpr StreamKind kCompute = StreamKind::Compute;
-constexpr StreamKind kGather = StreamKind::AllGather;
-constexpr StreamKind kReduce = StreamKind::ReduceScatter;
+constexpr StreamKind kCompute = StreamKind::kCompute;
+constexpr StreamKind kGather = StreamKind::kAllGather;
+constexpr StreamKind kReduce = StreamKind::kReduceScatter;
 
 // The message of the c10::Error `fn` throws ("" when it throws none).
 void expect_contains(const std::string& msg, const std::string& part) {
@@ -54,12 +54,12 @@ struct Machine {
   // A unit's gather as the runtime makes it: all-gather waits compute, writes the block.
   void gather(const std::string& unit, bool gather_waits_compute = true) {
     if (gather_waits_compute)
-      order.wait(WaitSite::GatherWaitsCompute, kGather, order.record(kCompute, "issue of " + unit));
+      order.wait(WaitSite::kGatherWaitsCompute, kGather, order.record(kCompute, "issue of " + unit));
     order.acquire(kGather, block, "unsharded flat parameter", unit);
     order.write(kGather, block);
   }
   void compute_uses(bool compute_waits_gather = true) {
-    if (compute_waits_gather) order.wait_written(WaitSite::ComputeWaitsGather, kCompute, block);
+    if (compute_waits_gather) order.wait_written(WaitSite::kComputeWaitsGather, kCompute, block);
     order.read(kCompute, block);
   }
 };
@@ -77,11 +77,11 @@ TEST(StreamOrderMachine, CorrectSequencesPass) {
   m.order.release(kCompute, m.block);
   m.order.acquire(kCompute, m.grad, "flat gradient", "l2");
   m.order.write(kCompute, m.grad);
-  m.order.wait_written(WaitSite::ReduceWaitsCompute, kReduce, m.grad);
+  m.order.wait_written(WaitSite::kReduceWaitsCompute, kReduce, m.grad);
   m.order.read(kReduce, m.grad);
   m.order.acquire(kReduce, m.shard, "reduced shard", "l2", /*fresh=*/true);
   m.order.write(kReduce, m.shard);
-  m.order.wait_written(WaitSite::ComputeWaitsReduce, kCompute, m.shard);
+  m.order.wait_written(WaitSite::kComputeWaitsReduce, kCompute, m.shard);
   m.order.release(kCompute, m.grad);
   m.order.read(kCompute, m.shard);
   EXPECT_EQ(m.fake->waits(kCompute, kGather), 2);
@@ -117,7 +117,7 @@ TEST(StreamOrderMachine, FreeWhileAnotherStreamMayUseItIsReported) {
   Machine m;
   m.order.acquire(kCompute, m.grad, "flat gradient", "l3");
   m.order.write(kCompute, m.grad);
-  m.order.wait_written(WaitSite::ReduceWaitsCompute, kReduce, m.grad);
+  m.order.wait_written(WaitSite::kReduceWaitsCompute, kReduce, m.grad);
   m.order.read(kReduce, m.grad);
   // Compute frees the input without waiting for the reduction that reads it.
   const std::string msg = error_of([&] { m.order.release(kCompute, m.grad); });
@@ -149,23 +149,23 @@ TEST(StreamOrderMachine, OrderIsTransitiveAndEventsDoNotCoverLaterWork) {
   m.order.acquire(kCompute, m.grad, "flat gradient", "l1");
   m.order.write(kCompute, m.grad);
   // compute -> all-gather -> reduce-scatter: the reduction is ordered after the write.
-  m.order.wait(WaitSite::GatherWaitsCompute, kGather, m.order.record(kCompute, "a"));
-  m.order.wait(WaitSite::GatherWaitsCompute, kReduce, m.order.record(kGather, "b"));
+  m.order.wait(WaitSite::kGatherWaitsCompute, kGather, m.order.record(kCompute, "a"));
+  m.order.wait(WaitSite::kGatherWaitsCompute, kReduce, m.order.record(kGather, "b"));
   EXPECT_EQ(error_of([&] { m.order.read(kReduce, m.grad); }), "");
   // An event recorded before compute's second write does not cover it.
   const auto early = m.order.record(kCompute, "before the second write");
-  m.order.wait(WaitSite::ReduceWaitsCompute, kReduce, early);
+  m.order.wait(WaitSite::kReduceWaitsCompute, kReduce, early);
   const std::string overwrite = error_of([&] { m.order.write(kCompute, m.grad); });
   expect_contains(overwrite, "overwritten without waiting for its last users");  // the reduction still reads
-  m.order.wait(WaitSite::ComputeWaitsReduce, kCompute, m.order.record(kReduce, "c"));
+  m.order.wait(WaitSite::kComputeWaitsReduce, kCompute, m.order.record(kReduce, "c"));
   m.order.write(kCompute, m.grad);
-  m.order.wait(WaitSite::ReduceWaitsCompute, kReduce, early);
+  m.order.wait(WaitSite::kReduceWaitsCompute, kReduce, early);
   expect_contains(error_of([&] { m.order.read(kReduce, m.grad); }), "read without waiting for its producer");
 }
 
 TEST(StreamOrderMachine, SkippedWaitSiteIsNotMade) {
   Machine m;
-  m.order.set_skipped_wait(WaitSite::ComputeWaitsGather);
+  m.order.set_skipped_wait(WaitSite::kComputeWaitsGather);
   m.gather("l1");
   expect_contains(error_of([&] { m.compute_uses(); }), "read without waiting for its producer");
   EXPECT_EQ(m.fake->waits(kCompute, kGather), 0);
@@ -178,7 +178,7 @@ TEST(StreamOrderMachine, OffDoesNothing) {
   at::Tensor t = at::empty({4});
   order.read(kCompute, t);  // never acquired: nothing is looked up
   order.release(kCompute, t);
-  order.wait_written(WaitSite::ComputeWaitsGather, kCompute, t);
+  order.wait_written(WaitSite::kComputeWaitsGather, kCompute, t);
   EXPECT_EQ(order.record(kCompute, "x").impl, nullptr);
 }
 
@@ -190,10 +190,10 @@ TEST(StreamOrderCuda, RecordsAndWaitsOnDeviceStreams) {
   StreamOrder order;
   order.set_backend(fsdp::core::detail::make_cuda_streams(0));
   at::Tensor block = at::empty({1 << 20}, at::TensorOptions().device(at::kCUDA));
-  order.wait(WaitSite::GatherWaitsCompute, kGather, order.record(kCompute, "issue"));
+  order.wait(WaitSite::kGatherWaitsCompute, kGather, order.record(kCompute, "issue"));
   order.acquire(kGather, block, "unsharded flat parameter", "l1");
   order.write(kGather, block);
-  order.wait_written(WaitSite::ComputeWaitsGather, kCompute, block);
+  order.wait_written(WaitSite::kComputeWaitsGather, kCompute, block);
   order.read(kCompute, block);
   order.release(kCompute, block);
   torch::cuda::synchronize();
@@ -412,7 +412,7 @@ void negative_controls(comm::ProcessGroup& pg) {
   run_case("compute late: the correct run keeps the values", [&] {
     EXPECT_EQ(runs_matching(pg, full, delayed(kCompute), ref), kRepeats);
   });
-  for (WaitSite producer_side : {WaitSite::GatherWaitsCompute, WaitSite::ReduceWaitsCompute}) {
+  for (WaitSite producer_side : {WaitSite::kGatherWaitsCompute, WaitSite::kReduceWaitsCompute}) {
     run_case(std::string("compute late, planted: ") + fsdp::core::detail::to_string(producer_side), [&] {
       auto hooks = delayed(kCompute);
       hooks.skipped_wait = producer_side;
@@ -429,7 +429,7 @@ void negative_controls(comm::ProcessGroup& pg) {
   run_case("all-gather late, handle waited off compute, planted: compute waits all-gather", [&] {
     auto hooks = delayed(kGather);
     hooks.gather_handle_wait_off_compute = true;
-    hooks.skipped_wait = WaitSite::ComputeWaitsGather;
+    hooks.skipped_wait = WaitSite::kComputeWaitsGather;
     EXPECT_EQ(runs_matching(pg, full, hooks, ref), 0)
         << "compute read the gathered parameters with nothing ordering it after the late all-gather, and "
            "still got the same values: the delay did not reach the all-gather";
@@ -453,14 +453,14 @@ void delayed_stream_cases(comm::ProcessGroup& pg) {
 TEST(FsdpCudaStreams, DelayedStreamsKeepParityAt1RankNccl) {
   FSDP_SKIP_WITHOUT_GPU(1);
   RankOptions o;
-  o.backend = comm::Backend::NCCL;
+  o.backend = comm::Backend::kNccl;
   run_ranks(1, delayed_stream_cases, o);
 }
 
 TEST(FsdpCudaStreams, DelayedStreamsKeepParityAt2RanksGlooOnOneGpu) {
   FSDP_SKIP_WITHOUT_GPU(1);
   RankOptions o;
-  o.backend = comm::Backend::Gloo;
+  o.backend = comm::Backend::kGloo;
   run_ranks(2, delayed_stream_cases, o);
 }
 
@@ -473,13 +473,13 @@ TEST(FsdpFakeStreams, PlantedMissingWaitIsReported) {
       std::vector<std::string> expected;
     };
     const std::vector<Planted> planted = {
-        {WaitSite::ComputeWaitsGather,
+        {WaitSite::kComputeWaitsGather,
          {"read without waiting for its producer", "the compute stream would read the unsharded flat parameter"}},
-        {WaitSite::GatherWaitsCompute,
+        {WaitSite::kGatherWaitsCompute,
          {"pool block reused before its next user waited", "the all-gather stream would reuse the pool block"}},
-        {WaitSite::ReduceWaitsCompute,
+        {WaitSite::kReduceWaitsCompute,
          {"read without waiting for its producer", "the reduce-scatter stream would read the flat gradient"}},
-        {WaitSite::ComputeWaitsReduce,
+        {WaitSite::kComputeWaitsReduce,
          {"freed while a stream may still use it", "the compute stream would free the flat gradient"}},
     };
     const Config full{"FULL_SHARD", Options().auto_wrap_policy(module_type_policy<BlockImpl>())};

@@ -84,7 +84,7 @@ Params full_parameters(TT::Model& m) {
     for (const auto& piece : zero->local_pieces())
       flat[size_t(piece.param)].narrow(0, piece.offset, piece.numel).copy_(piece.tensor);
     for (size_t i = 0; i < trainable.size(); ++i) {
-      comm::all_reduce(zero->options().process_group(), flat[i], comm::ReduceOp::Sum).wait();
+      comm::all_reduce(zero->options().process_group(), flat[i], comm::ReduceOp::kSum).wait();
       out[trainable[i].name] = flat[i].view(trainable[i].param.sizes());
     }
   } else {
@@ -771,7 +771,7 @@ TEST(Trainer, BatchSamplerValidationLoopResumeCheck) {
         auto idx = torch::arange(g.rank(), 13, g.size(), torch::kLong);
         auto err = m.forward(val.x().index_select(0, idx)) - val.y().index_select(0, idx);
         auto sums = torch::tensor({err.pow(2).sum().item<double>(), double(err.numel())}, torch::kFloat64);
-        comm::all_reduce(g, sums, comm::ReduceOp::Sum).wait();
+        comm::all_reduce(g, sums, comm::ReduceOp::kSum).wait();
         trainer::ValidationMetrics vm;
         vm.values["mse"] = sums[0].item<double>() / sums[1].item<double>();
         vm.samples = 13;

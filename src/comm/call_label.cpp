@@ -8,14 +8,14 @@ thread_local CallLabel current_scope;
 
 const char* to_string(Phase phase) {
   switch (phase) {
-    case Phase::Unlabelled: return "unlabelled";
-    case Phase::Setup: return "setup";
-    case Phase::Forward: return "forward";
-    case Phase::Backward: return "backward";
-    case Phase::Step: return "step";
-    case Phase::StateDict: return "state_dict";
-    case Phase::Checkpoint: return "checkpoint";
-    case Phase::Trainer: return "trainer";
+    case Phase::kUnlabelled: return "unlabelled";
+    case Phase::kSetup: return "setup";
+    case Phase::kForward: return "forward";
+    case Phase::kBackward: return "backward";
+    case Phase::kStep: return "step";
+    case Phase::kStateDict: return "state_dict";
+    case Phase::kCheckpoint: return "checkpoint";
+    case Phase::kTrainer: return "trainer";
   }
   return "?";
 }

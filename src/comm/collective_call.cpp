@@ -43,19 +43,19 @@ void notify(const ProcessGroup& g, const CollectiveCall& call) {
 void count(const ProcessGroup& g, const CollectiveCall& c) {
   const int64_t n = g.size();
   switch (c.op) {
-    case CollectiveOp::AllGather: comm_counters().all_gather += nbytes(c.in) * (n - 1); break;
-    case CollectiveOp::ReduceScatter: comm_counters().reduce_scatter += nbytes(c.out) * (n - 1); break;
-    case CollectiveOp::AllReduce: comm_counters().all_reduce += 2 * nbytes(c.out) * (n - 1) / n; break;
-    case CollectiveOp::Broadcast:
+    case CollectiveOp::kAllGather: comm_counters().all_gather += nbytes(c.in) * (n - 1); break;
+    case CollectiveOp::kReduceScatter: comm_counters().reduce_scatter += nbytes(c.out) * (n - 1); break;
+    case CollectiveOp::kAllReduce: comm_counters().all_reduce += 2 * nbytes(c.out) * (n - 1) / n; break;
+    case CollectiveOp::kBroadcast:
       if (g.rank() == c.root) comm_counters().broadcast += nbytes(c.out);
       break;
-    case CollectiveOp::Barrier: break;
+    case CollectiveOp::kBarrier: break;
   }
 }
 
 // A group of one rank: nothing moves, but the results are what the op defines.
 CommHandle complete_locally(const CollectiveCall& c) {
-  if (c.op == CollectiveOp::AllGather || c.op == CollectiveOp::ReduceScatter) {
+  if (c.op == CollectiveOp::kAllGather || c.op == CollectiveOp::kReduceScatter) {
     if (c.out.data_ptr() != c.in.data_ptr()) c.out.copy_(c.in);
   }
   return CommHandle();
@@ -100,11 +100,11 @@ CommHandle handle_of(Issued issued, const ProcessGroup& g, const CollectiveCall&
 CommHandle hand_to_transport(Transport& t, const ProcessGroup& g, const CollectiveCall& call) {
   const GroupDesc& d = g.desc();
   switch (call.op) {
-    case CollectiveOp::AllGather: return handle_of(t.all_gather(d, call.out, call.in), g, call);
-    case CollectiveOp::ReduceScatter: return handle_of(t.reduce_scatter(d, call.out, call.in, call.reduce), g, call);
-    case CollectiveOp::AllReduce: return handle_of(t.all_reduce(d, call.out, call.reduce), g, call);
-    case CollectiveOp::Broadcast: return handle_of(t.broadcast(d, call.out, call.root), g, call);
-    case CollectiveOp::Barrier: t.barrier(d); return CommHandle();
+    case CollectiveOp::kAllGather: return handle_of(t.all_gather(d, call.out, call.in), g, call);
+    case CollectiveOp::kReduceScatter: return handle_of(t.reduce_scatter(d, call.out, call.in, call.reduce), g, call);
+    case CollectiveOp::kAllReduce: return handle_of(t.all_reduce(d, call.out, call.reduce), g, call);
+    case CollectiveOp::kBroadcast: return handle_of(t.broadcast(d, call.out, call.root), g, call);
+    case CollectiveOp::kBarrier: t.barrier(d); return CommHandle();
   }
   TORCH_INTERNAL_ASSERT(false, "fsdp: unknown collective op");
 }
@@ -113,22 +113,22 @@ CommHandle hand_to_transport(Transport& t, const ProcessGroup& g, const Collecti
 
 const char* to_string(CollectiveOp op) {
   switch (op) {
-    case CollectiveOp::AllGather: return "all_gather";
-    case CollectiveOp::ReduceScatter: return "reduce_scatter";
-    case CollectiveOp::AllReduce: return "all_reduce";
-    case CollectiveOp::Broadcast: return "broadcast";
-    case CollectiveOp::Barrier: return "barrier";
+    case CollectiveOp::kAllGather: return "all_gather";
+    case CollectiveOp::kReduceScatter: return "reduce_scatter";
+    case CollectiveOp::kAllReduce: return "all_reduce";
+    case CollectiveOp::kBroadcast: return "broadcast";
+    case CollectiveOp::kBarrier: return "barrier";
   }
   return "?";
 }
 
 at::ScalarType CollectiveCall::dtype() const {
-  if (op == CollectiveOp::ReduceScatter) return in.scalar_type();
+  if (op == CollectiveOp::kReduceScatter) return in.scalar_type();
   return out.defined() ? out.scalar_type() : at::kByte;
 }
 
 int64_t CollectiveCall::numel() const {
-  if (op == CollectiveOp::ReduceScatter) return in.numel();
+  if (op == CollectiveOp::kReduceScatter) return in.numel();
   return out.defined() ? out.numel() : 0;
 }
 

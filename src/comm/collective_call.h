@@ -25,19 +25,19 @@
 
 namespace fsdp::comm::detail {
 
-enum class CollectiveOp { AllGather, ReduceScatter, AllReduce, Broadcast, Barrier };
+enum class CollectiveOp { kAllGather, kReduceScatter, kAllReduce, kBroadcast, kBarrier };
 /// "all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier".
 const char* to_string(CollectiveOp op);
 
 /// One collective as issued: already checked by its public entry point.
 struct CollectiveCall {
-  CollectiveOp op = CollectiveOp::Barrier;
+  CollectiveOp op = CollectiveOp::kBarrier;
   /// all_gather: the flat buffer filled; reduce_scatter: this rank's output chunk;
   /// all_reduce and broadcast: the tensor, in place; barrier: undefined.
   at::Tensor out;
   /// all_gather: this rank's shard; reduce_scatter: the flat buffer; otherwise undefined.
   at::Tensor in;
-  ReduceOp reduce = ReduceOp::Sum;  ///< reduce_scatter and all_reduce
+  ReduceOp reduce = ReduceOp::kSum;  ///< reduce_scatter and all_reduce
   int root = 0;                     ///< broadcast
   CallLabel label;                  ///< the caller's, else its thread's LabelScope
 

@@ -34,10 +34,10 @@ int64_t padded_numel(int64_t numel, int64_t size) {
 
 const char* to_string(CommPath path) {
   switch (path) {
-    case CommPath::Local: return "local";
-    case CommPath::SharedMemory: return "shm";
-    case CommPath::Gloo: return "gloo";
-    case CommPath::Nccl: return "nccl";
+    case CommPath::kLocal: return "local";
+    case CommPath::kSharedMemory: return "shm";
+    case CommPath::kGloo: return "gloo";
+    case CommPath::kNccl: return "nccl";
   }
   return "?";
 }
@@ -66,7 +66,7 @@ void CommHandle::wait() {
 
 void CommHandle::order_current_stream() const {
   // Gloo's CUDA work records the events that order the streams only when it ends.
-  if (work_ && !done_ && path_ == CommPath::Nccl) work_->synchronize();
+  if (work_ && !done_ && path_ == CommPath::kNccl) work_->synchronize();
 }
 
 bool CommHandle::is_completed() const { return done_ || (work_ && work_->isCompleted()); }
@@ -107,7 +107,7 @@ CommHandle all_gather_into(const ProcessGroup& g, const at::Tensor& flat, const 
                 "flat[rank*chunk:(rank+1)*chunk]");
   }
   detail::CollectiveCall call;
-  call.op = detail::CollectiveOp::AllGather;
+  call.op = detail::CollectiveOp::kAllGather;
   call.out = flat;
   call.in = shard;
   call.label = label;
@@ -116,7 +116,7 @@ CommHandle all_gather_into(const ProcessGroup& g, const at::Tensor& flat, const 
 
 CommHandle reduce_scatter(const ProcessGroup& g, const at::Tensor& out, const at::Tensor& flat,
                           ReduceOp op, const CallLabel& label) {
-  TORCH_CHECK(op != ReduceOp::Max, "fsdp: reduce_scatter supports Sum and Avg only");
+  TORCH_CHECK(op != ReduceOp::kMax, "fsdp: reduce_scatter supports Sum and Avg only");
   check_dense(flat, "the flat buffer", "reduce_scatter");
   check_dense(out, "the output shard", "reduce_scatter");
   const int n = g.size();
@@ -125,7 +125,7 @@ CommHandle reduce_scatter(const ProcessGroup& g, const at::Tensor& out, const at
               " elements of ", flat.scalar_type(), ", expected ", n, " x ", out.numel(), " of ",
               out.scalar_type());
   detail::CollectiveCall call;
-  call.op = detail::CollectiveOp::ReduceScatter;
+  call.op = detail::CollectiveOp::kReduceScatter;
   call.out = out;
   call.in = flat;
   call.reduce = op;
@@ -147,7 +147,7 @@ CommHandle all_reduce(const ProcessGroup& g, const at::Tensor& t, ReduceOp op, c
     }, inner->path());
   }
   detail::CollectiveCall call;
-  call.op = detail::CollectiveOp::AllReduce;
+  call.op = detail::CollectiveOp::kAllReduce;
   call.out = t;
   call.reduce = op;
   call.label = label;
@@ -159,7 +159,7 @@ CommHandle broadcast(const ProcessGroup& g, const at::Tensor& t, int root, const
   TORCH_CHECK(root >= 0 && root < g.size(), "fsdp: broadcast root ", root,
               " is outside group '", g.name(), "' of size ", g.size());
   detail::CollectiveCall call;
-  call.op = detail::CollectiveOp::Broadcast;
+  call.op = detail::CollectiveOp::kBroadcast;
   call.out = t;
   call.root = root;
   call.label = label;
@@ -168,7 +168,7 @@ CommHandle broadcast(const ProcessGroup& g, const at::Tensor& t, int root, const
 
 void barrier(const ProcessGroup& g, const CallLabel& label) {
   detail::CollectiveCall call;
-  call.op = detail::CollectiveOp::Barrier;
+  call.op = detail::CollectiveOp::kBarrier;
   call.label = label;
   detail::issue(g, std::move(call)).wait();
 }

@@ -13,7 +13,7 @@ namespace fsdp::comm {
 /// transport] in src/comm/shm/shm_channel.cpp). Default true. For benchmarks and tests
 /// that compare the two transports in one run: process-wide, read when a call is
 /// issued, and every rank of a group must use the same value for each call. A
-/// collective issued with it off reports CommPath::Gloo.
+/// collective issued with it off reports CommPath::kGloo.
 void set_comm_shared_memory(bool on);
 bool comm_shared_memory();
 

@@ -135,24 +135,24 @@ Divergence find_divergence(const std::string& group, const std::vector<RankRecor
       else if (last_seq(*r) < seq) behind.push_back(r);
     }
     const std::vector<Agreement> groups = group_calls(at);
-    if (auto d = describe_disagreement(groups)) return {DivergenceKind::Content, *d};
+    if (auto d = describe_disagreement(groups)) return {DivergenceKind::kContent, *d};
     const bool stuck_here = std::any_of(at.begin(), at.end(),
-                                        [](const auto& p) { return p.second->state != RecordState::Completed; });
-    if (!behind.empty() && stuck_here) return {DivergenceKind::Behind, describe_missing(group, seq, groups, behind)};
+                                        [](const auto& p) { return p.second->state != RecordState::kCompleted; });
+    if (!behind.empty() && stuck_here) return {DivergenceKind::kBehind, describe_missing(group, seq, groups, behind)};
   }
   if (silent.empty()) return {};
   std::string s = name_ranks(silent) + " did" +
                   " not answer: not in a collective of group '" + group + "' (stuck elsewhere, or gone)";
   for (const RankRecords* r : answered) {
     for (const CallRecord& c : r->records) {
-      if (c.state == RecordState::Completed) continue;
+      if (c.state == RecordState::kCompleted) continue;
       std::vector<int> waiting;
       for (const RankRecords* o : answered) waiting.push_back(o->rank);
-      return {DivergenceKind::Silent, s + ", while " + name_ranks(waiting) +
+      return {DivergenceKind::kSilent, s + ", while " + name_ranks(waiting) +
                                           (waiting.size() == 1 ? " waits" : " wait") + " at " + c.describe()};
     }
   }
-  return {DivergenceKind::Silent, s};
+  return {DivergenceKind::kSilent, s};
 }
 
 }  // namespace fsdp::comm::detail

@@ -24,13 +24,13 @@ struct RankRecords {
 };
 
 enum class DivergenceKind {
-  None,    ///< the answers agree
-  Content, ///< ranks issued different collectives at one sequence number
-  Behind,  ///< ranks wait in a collective that others have not issued
-  Silent,  ///< only: some ranks did not answer
+  kNone,    ///< the answers agree
+  kContent, ///< ranks issued different collectives at one sequence number
+  kBehind,  ///< ranks wait in a collective that others have not issued
+  kSilent,  ///< only: some ranks did not answer
 };
 struct Divergence {
-  DivergenceKind kind = DivergenceKind::None;
+  DivergenceKind kind = DivergenceKind::kNone;
   std::string text;
 };
 Divergence find_divergence(const std::string& group, const std::vector<RankRecords>& ranks);

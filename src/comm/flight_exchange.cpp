@@ -204,9 +204,9 @@ std::vector<std::string> describe_groups(const WorldExchange& x, const std::stri
   std::vector<std::string> content, silent;
   for (const GroupRecorder& gr : order) {
     const Divergence d = find_divergence(gr.group, members_of(x, gr));
-    if (d.kind == DivergenceKind::None) continue;
+    if (d.kind == DivergenceKind::kNone) continue;
     const std::string line = "on group '" + gr.group + "': " + d.text;
-    (d.kind == DivergenceKind::Silent ? silent : content).push_back(line);
+    (d.kind == DivergenceKind::kSilent ? silent : content).push_back(line);
   }
   if (!content.empty()) return content;
   if (silent_too && !silent.empty()) return {silent.front()};  // the same ranks are silent on every group

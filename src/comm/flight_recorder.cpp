@@ -12,9 +12,9 @@ namespace fsdp::comm::detail {
 
 const char* to_string(RecordState s) {
   switch (s) {
-    case RecordState::Issued: return "issued";
-    case RecordState::Completed: return "completed";
-    case RecordState::Failed: return "failed";
+    case RecordState::kIssued: return "issued";
+    case RecordState::kCompleted: return "completed";
+    case RecordState::kFailed: return "failed";
   }
   return "?";
 }
@@ -43,7 +43,7 @@ uint64_t FlightRecorder::record(const CollectiveCall& call) {
   r.phase = call.label.phase;
   r.subject = call.label.subject;
   sites_[seq % kCapacity] = {call.label.file, call.label.line};
-  r.state = RecordState::Issued;
+  r.state = RecordState::kIssued;
   return seq;
 }
 

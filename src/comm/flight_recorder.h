@@ -28,7 +28,7 @@ namespace fsdp::comm::detail {
 
 struct CollectiveCall;
 
-enum class RecordState : uint8_t { Issued, Completed, Failed };
+enum class RecordState : uint8_t { kIssued, kCompleted, kFailed };
 const char* to_string(RecordState s);
 
 struct CallRecord {
@@ -36,10 +36,10 @@ struct CallRecord {
   std::string op;    ///< "all_gather", ...
   at::ScalarType dtype = at::kByte;
   int64_t numel = 0;
-  Phase phase = Phase::Unlabelled;
+  Phase phase = Phase::kUnlabelled;
   std::string subject;
   std::string site;  ///< "src/core/unit.cpp:120" (filled by recent() and decode_records)
-  RecordState state = RecordState::Issued;
+  RecordState state = RecordState::kIssued;
 
   /// "all_gather #57 (blocks.3, forward) at src/core/unit.cpp:120".
   std::string describe() const;
@@ -53,8 +53,8 @@ class FlightRecorder {
 
   /// Records `call` as issued; returns its sequence number on this group.
   uint64_t record(const CollectiveCall& call);
-  void complete(uint64_t seq) { set_state(seq, RecordState::Completed); }
-  void fail(uint64_t seq) { set_state(seq, RecordState::Failed); }
+  void complete(uint64_t seq) { set_state(seq, RecordState::kCompleted); }
+  void fail(uint64_t seq) { set_state(seq, RecordState::kFailed); }
   /// Record `seq` as it is now (site filled); requires a seq not yet overwritten.
   CallRecord at(uint64_t seq) const;
   /// The records still in the ring, oldest first.

@@ -9,11 +9,11 @@ namespace fsdp::comm {
 
 const char* to_string(LaunchSource s) {
   switch (s) {
-    case LaunchSource::Explicit: return "explicit arguments";
-    case LaunchSource::Torchrun: return "torchrun/fsdp-run";
-    case LaunchSource::Slurm: return "Slurm";
-    case LaunchSource::OpenMPI: return "OpenMPI";
-    case LaunchSource::SingleProcess: return "single process";
+    case LaunchSource::kExplicit: return "explicit arguments";
+    case LaunchSource::kTorchrun: return "torchrun/fsdp-run";
+    case LaunchSource::kSlurm: return "Slurm";
+    case LaunchSource::kOpenMpi: return "OpenMPI";
+    case LaunchSource::kSingleProcess: return "single process";
   }
   return "?";
 }
@@ -132,7 +132,7 @@ namespace {
 LaunchEnv from_torchrun(const EnvLookup& env, const LaunchOverrides& ov) {
   LaunchEnv out;
   const char* src = "torchrun";
-  out.source = LaunchSource::Torchrun;
+  out.source = LaunchSource::kTorchrun;
   out.rank = require_int(env, "RANK", src);
   out.world_size = require_int(env, "WORLD_SIZE", src);
   out.local_rank = get_int(env, "LOCAL_RANK", src).value_or(out.rank);
@@ -154,7 +154,7 @@ LaunchEnv from_torchrun(const EnvLookup& env, const LaunchOverrides& ov) {
 LaunchEnv from_slurm(const EnvLookup& env, const LaunchOverrides& ov) {
   LaunchEnv out;
   const char* src = "Slurm";
-  out.source = LaunchSource::Slurm;
+  out.source = LaunchSource::kSlurm;
   out.rank = require_int(env, "SLURM_PROCID", src);
   out.world_size = require_int(env, "SLURM_NTASKS", src);
   out.local_rank = get_int(env, "SLURM_LOCALID", src).value_or(0);
@@ -177,7 +177,7 @@ LaunchEnv from_slurm(const EnvLookup& env, const LaunchOverrides& ov) {
 LaunchEnv from_openmpi(const EnvLookup& env, const LaunchOverrides& ov) {
   LaunchEnv out;
   const char* src = "OpenMPI";
-  out.source = LaunchSource::OpenMPI;
+  out.source = LaunchSource::kOpenMpi;
   out.rank = require_int(env, "OMPI_COMM_WORLD_RANK", src);
   out.world_size = require_int(env, "OMPI_COMM_WORLD_SIZE", src);
   out.local_rank = get_int(env, "OMPI_COMM_WORLD_LOCAL_RANK", src).value_or(0);
@@ -209,7 +209,7 @@ void apply_overrides(LaunchEnv& out, const LaunchOverrides& ov, bool launched) {
   if (ov.master_addr) out.master_addr = *ov.master_addr;
   if (ov.master_port) out.master_port = *ov.master_port;
   if (any_override) {
-    out.source = LaunchSource::Explicit;
+    out.source = LaunchSource::kExplicit;
     if (!ov.local_rank && !launched) out.local_rank = out.rank;
     if (!ov.local_world_size && !launched) out.local_world_size = out.world_size;
   }

@@ -28,7 +28,7 @@ std::vector<std::string> all_gather_object(const ProcessGroup& pg, const std::st
   // Equal-sized slots (all_gather_into's chunks): the longest string plus an
   // 8-byte length header in each.
   auto len = torch::tensor({static_cast<int64_t>(bytes.size())}, torch::kLong);
-  all_reduce(pg, len, ReduceOp::Max, label).wait();
+  all_reduce(pg, len, ReduceOp::kMax, label).wait();
   const int64_t slot = std::max<int64_t>(len.item<int64_t>(), 1) + 8;
   auto mine = torch::zeros({slot}, torch::kUInt8);
   auto* m = mine.data_ptr<uint8_t>();
@@ -78,11 +78,11 @@ void check_same_on_all_ranks(const ProcessGroup& pg, const std::vector<std::stri
   if (pg.size() == 1) return;
   std::string mine;
   for (const std::string& l : lines) mine += l + "\n";
-  const std::vector<std::string> root = split_lines(broadcast_object(pg, mine, 0, {Phase::Setup, text.who}));
+  const std::vector<std::string> root = split_lines(broadcast_object(pg, mine, 0, {Phase::kSetup, text.who}));
   // Every rank learns every rank's first difference, so all raise the same error.
   auto flags = at::zeros({pg.size()}, at::kLong);
   flags[pg.rank()] = first_difference(lines, root) + 1;
-  all_reduce(pg, flags, ReduceOp::Sum, {Phase::Setup, text.who}).wait();
+  all_reduce(pg, flags, ReduceOp::kSum, {Phase::kSetup, text.who}).wait();
   for (int r = 0; r < pg.size(); ++r) {
     const int64_t i = flags[r].item<int64_t>() - 1;
     if (i < 0) continue;

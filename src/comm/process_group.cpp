@@ -118,7 +118,7 @@ struct ProcessGroup::State {
   // NCCL's backend warns at exit, and may leak its communicators, unless shut down first
   // (Python's destroy_process_group); the last copy of a group shuts it down.
   ~State() {
-    if (!transports || transports->cuda().backend != Backend::NCCL || !desc.c10d()) return;
+    if (!transports || transports->cuda().backend != Backend::kNccl || !desc.c10d()) return;
     try {
       desc.c10d()->getBackend(c10::kCUDA)->shutdown();
     } catch (const std::exception&) {
@@ -169,7 +169,7 @@ int ProcessGroup::cuda_device() const { FSDP_PG_STATE(); return state_->transpor
 Backend ProcessGroup::cuda_backend() const {
   FSDP_PG_STATE();
   const detail::CudaCollectiveBackend& cuda = state_->transports->cuda();
-  return cuda.enabled() ? cuda.backend : Backend::Auto;
+  return cuda.enabled() ? cuda.backend : Backend::kAuto;
 }
 
 const std::shared_ptr<detail::ShmChannel>& ProcessGroup::shm_channel() const {
@@ -237,7 +237,7 @@ ProcessGroup ProcessGroup::new_subgroup(std::vector<int> ranks) {
   if (!state_->device) state_->device = make_gloo_device(state_->env);
   auto pg = make_gloo(prefixed, sub_rank, static_cast<int>(ranks.size()), state_->device, timeout());
   const detail::CudaCollectiveBackend& cuda = state_->transports->cuda();
-  if (cuda.backend == Backend::NCCL)
+  if (cuda.backend == Backend::kNccl)
     detail::attach_nccl(pg, prefixed, sub_rank, static_cast<int>(ranks.size()), timeout(), cuda.device_index);
   ProcessGroup out(pg, store(), sub.str(), std::move(global), state_->env, timeout());
   out.state_->desc.set_world_peers(state_->desc.world_peers());
@@ -395,7 +395,7 @@ c10::intrusive_ptr<::c10d::ProcessGroup> connect_world(const c10::intrusive_ptr<
                 " failed to connect the Gloo process group within ", timeout.count(),
                 " ms: ", e.what(), "; are all ", env.world_size, " ranks running?");
   }
-  if (cuda.backend == Backend::NCCL) detail::attach_nccl(pg, pg_store, env.rank, env.world_size, timeout, cuda.device_index);
+  if (cuda.backend == Backend::kNccl) detail::attach_nccl(pg, pg_store, env.rank, env.world_size, timeout, cuda.device_index);
   return pg;
 }
 
@@ -406,9 +406,9 @@ ProcessGroup init_process_group(const InitOptions& options) {
   LaunchEnv env = parse_launch_env(process_env(), options.overrides());
   const auto timeout = options.timeout();
   TORCH_CHECK(timeout.count() > 0, "fsdp: init_process_group timeout must be positive");
-  TORCH_CHECK(options.backend() != Backend::NCCL || detail::nccl_built(), "fsdp: rank ", env.rank,
-              ": Backend::NCCL needs a libtorch built with CUDA and NCCL; this build has none. "
-              "Use Backend::Gloo (CPU tensors)");
+  TORCH_CHECK(options.backend() != Backend::kNccl || detail::nccl_built(), "fsdp: rank ", env.rank,
+              ": Backend::kNccl needs a libtorch built with CUDA and NCCL; this build has none. "
+              "Use Backend::kGloo (CPU tensors)");
   // Checked before the rendezvous, so that a bad value fails at once on the rank that has it.
   const detail::TransportConfig config = transport_config(options, env.rank);
 

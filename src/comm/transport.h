@@ -59,7 +59,7 @@ namespace fsdp::comm::detail {
 struct Issued {
   c10::intrusive_ptr<c10d::Work> work;  ///< null when `finish` does all the waiting
   std::function<void()> finish;
-  CommPath path = CommPath::Local;
+  CommPath path = CommPath::kLocal;
   bool on_device = false;  ///< `work` is waited by the group's device transport
 };
 

@@ -60,7 +60,7 @@ void CommContext::map_gathers(const std::string& path, FlatParameter& flat) {
               "shared memory, but unit '", path, "' is on ", flat.options().device(), "; drop zero_copy_gather");
   std::string why;
   auto mapped = comm::MappedFlat::create(gather_pg_, flat.chunk_numel(), flat.shard().scalar_type(),
-                                         {comm::Phase::Setup, path}, &why);
+                                         {comm::Phase::kSetup, path}, &why);
   TORCH_CHECK(mapped, "fsdp (rank ", pg_.rank(), "): zero_copy_gather cannot map the shards of unit '", path,
               "': ", why, ". It needs every rank of the shard group on one host with shared memory on; drop "
               "zero_copy_gather");

@@ -33,12 +33,12 @@ struct CudaEvent : EventImpl {
 class CudaStreams : public StreamBackend {
  public:
   CudaStreams(c10::DeviceIndex device, CudaStreamDelay delay) : delay_(delay) {
-    streams_[index(StreamKind::Compute)] = c10::cuda::getCurrentCUDAStream(device);
+    streams_[index(StreamKind::kCompute)] = c10::cuda::getCurrentCUDAStream(device);
     // Communication gets high priority, as in PyTorch FSDP: a collective's kernels
     // should not queue behind a long compute kernel.
-    streams_[index(StreamKind::AllGather)] = c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device);
-    streams_[index(StreamKind::ReduceScatter)] = c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device);
-    streams_[index(StreamKind::Copy)] = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device);
+    streams_[index(StreamKind::kAllGather)] = c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device);
+    streams_[index(StreamKind::kReduceScatter)] = c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device);
+    streams_[index(StreamKind::kCopy)] = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device);
   }
 
   StreamEvent record(StreamKind s, std::string what) override {
@@ -61,12 +61,12 @@ class CudaStreams : public StreamBackend {
   // flattened gradient, the last reads of a reused block) then runs late on the device,
   // and a missing producer-side wait shows as other values.
   std::shared_ptr<void> make_current(StreamKind s) override {
-    if (s != StreamKind::Compute && delayed(StreamKind::Compute)) {
-      c10::StreamGuard on_compute(stream(StreamKind::Compute));
+    if (s != StreamKind::kCompute && delayed(StreamKind::kCompute)) {
+      c10::StreamGuard on_compute(stream(StreamKind::kCompute));
       at::cuda::sleep(delay_.cycles);
     }
     auto guard = std::make_shared<c10::StreamGuard>(stream(s));
-    if (s != StreamKind::Compute && delayed(s)) at::cuda::sleep(delay_.cycles);
+    if (s != StreamKind::kCompute && delayed(s)) at::cuda::sleep(delay_.cycles);
     return guard;
   }
 
@@ -77,7 +77,7 @@ class CudaStreams : public StreamBackend {
   // the pool lets the block go, the allocator records an event on every stream named here
   // and reuses the memory only after them.
   void adopt_block(const at::DataPtr& block) override {
-    for (StreamKind s : {StreamKind::AllGather, StreamKind::ReduceScatter, StreamKind::Copy})
+    for (StreamKind s : {StreamKind::kAllGather, StreamKind::kReduceScatter, StreamKind::kCopy})
       c10::cuda::CUDACachingAllocator::recordStream(block, stream(s));
   }
 
@@ -119,7 +119,7 @@ class CudaClock : public DeviceClock {
 
 std::shared_ptr<DeviceClock> CudaStreams::device_clock() {
   return std::make_shared<CudaClock>(std::array<c10::cuda::CUDAStream, 3>{
-      stream(StreamKind::Compute), stream(StreamKind::AllGather), stream(StreamKind::ReduceScatter)});
+      stream(StreamKind::kCompute), stream(StreamKind::kAllGather), stream(StreamKind::kReduceScatter)});
 }
 
 }  // namespace

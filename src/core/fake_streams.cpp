@@ -40,8 +40,8 @@ bool FakeStreams::ordered(const StreamEvent& e, StreamKind s) const {
 void FakeStreams::require(StreamKind s, BufferUse use, const BufferRecord& b, const StreamEvent& e,
                           const char* what) const {
   TORCH_CHECK(ordered(e, s), "fsdp stream-order hazard (", what, "): the ", to_string(s), " stream would ",
-              use == BufferUse::Acquire ? "reuse the pool block of the" : use == BufferUse::Release ? "free the" : (
-              use == BufferUse::Read ? "read the" : "write the"), " ", b.name, " before waiting on the event the ", to_string(e.stream),
+              use == BufferUse::kAcquire ? "reuse the pool block of the" : use == BufferUse::kRelease ? "free the" : (
+              use == BufferUse::kRead ? "read the" : "write the"), " ", b.name, " before waiting on the event the ", to_string(e.stream),
               " stream recorded behind ", e.what, ". Missing wait: ", to_string(s), " waits ",
               to_string(e.stream), " (StreamOrder::wait on that event) before this ", to_string(use),
               " ([Note: stream order] in src/core/stream_order.h)");
@@ -50,10 +50,10 @@ void FakeStreams::require(StreamKind s, BufferUse use, const BufferRecord& b, co
 void FakeStreams::check(StreamKind s, BufferUse use, const BufferRecord& b) {
   ++checks_;
   switch (use) {
-    case BufferUse::Read:
+    case BufferUse::kRead:
       for (const auto& e : b.producer) require(s, use, b, e, hazard::kRead);
       return;
-    case BufferUse::Write:
+    case BufferUse::kWrite:
       TORCH_CHECK(b.written || s == b.owner, "fsdp stream-order hazard (", hazard::kForeignFirstWrite, "): the ",
                   b.name, " was acquired for the ", to_string(b.owner), " stream but is first written by the ",
                   to_string(s), " stream; acquire it for the stream that writes it, so the allocator orders its "
@@ -61,11 +61,11 @@ void FakeStreams::check(StreamKind s, BufferUse use, const BufferRecord& b) {
       for (const auto& e : b.producer) require(s, use, b, e, hazard::kOverwrite);
       for (const auto& e : b.consumers) require(s, use, b, e, hazard::kOverwrite);
       return;
-    case BufferUse::Release:
+    case BufferUse::kRelease:
       for (const auto& e : b.producer) require(s, use, b, e, hazard::kFree);
       for (const auto& e : b.consumers) require(s, use, b, e, hazard::kFree);
       return;
-    case BufferUse::Acquire:
+    case BufferUse::kAcquire:
       for (const auto& e : b.producer) require(s, use, b, e, hazard::kReuse);
       for (const auto& e : b.consumers) require(s, use, b, e, hazard::kReuse);
       return;

@@ -7,7 +7,7 @@
 
 namespace fsdp::core::detail {
 
-const char* to_string(FlatState s) { return s == FlatState::Sharded ? "SHARDED" : "UNSHARDED"; }
+const char* to_string(FlatState s) { return s == FlatState::kSharded ? "SHARDED" : "UNSHARDED"; }
 
 FlatParameter::FlatParameter(std::vector<FlatParamEntry> entries, int rank, int world, bool sharded,
                              FlatPrecision precision, bool offload)
@@ -76,7 +76,7 @@ at::Tensor FlatParameter::to_shard_side(const at::Tensor& shard_sized, at::Scala
 }
 
 void FlatParameter::place_on_compute_device() {
-  TORCH_INTERNAL_ASSERT(offloaded_ && state_ == FlatState::Sharded && (padded_numel_ == 0 || !unsharded_allocated()));
+  TORCH_INTERNAL_ASSERT(offloaded_ && state_ == FlatState::kSharded && (padded_numel_ == 0 || !unsharded_allocated()));
   at::Tensor placed = at::empty_like(shard_, options().pinned_memory(false));
   placed.copy_(shard_);
   shard_ = std::move(placed);
@@ -111,7 +111,7 @@ void FlatParameter::free_unsharded() {
 
 void FlatParameter::map_unsharded(std::unique_ptr<comm::MappedFlat> mapped) {
   TORCH_INTERNAL_ASSERT(mapped && sharded_ && !low_precision() && !offloaded_ && !mapped_);
-  TORCH_INTERNAL_ASSERT(state_ == FlatState::Sharded && (padded_numel_ == 0 || !unsharded_allocated()));
+  TORCH_INTERNAL_ASSERT(state_ == FlatState::kSharded && (padded_numel_ == 0 || !unsharded_allocated()));
   TORCH_INTERNAL_ASSERT(mapped->chunk().numel() == chunk_numel_ && mapped->flat().numel() == padded_numel_ &&
                         mapped->chunk().scalar_type() == shard_.scalar_type());
   {
@@ -153,18 +153,18 @@ void FlatParameter::copy_chunk_to_shard(const at::Tensor& flat_sized) {
 
 void FlatParameter::use_views_of(const at::Tensor& flat_sized) {
   for (size_t i = 0; i < entries_.size(); ++i) entries_[i].param.set_data(view_of(flat_sized, i));
-  state_ = FlatState::Unsharded;
+  state_ = FlatState::kUnsharded;
 }
 
 void FlatParameter::use_unsharded_views() {
   TORCH_INTERNAL_ASSERT(unsharded_allocated(), "use_unsharded_views on a freed buffer");
   for (size_t i = 0; i < entries_.size(); ++i) entries_[i].param.set_data(view_of(unsharded_, i));
-  state_ = FlatState::Unsharded;
+  state_ = FlatState::kUnsharded;
 }
 
 void FlatParameter::use_shard_views() {
   for (size_t i = 0; i < entries_.size(); ++i) entries_[i].param.set_data(piece_of(shard_, i));
-  state_ = FlatState::Sharded;
+  state_ = FlatState::kSharded;
 }
 
 }  // namespace fsdp::core::detail

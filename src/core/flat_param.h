@@ -102,7 +102,7 @@ struct FlatPrecision {
   bool keep_low_precision_grads = false;       // gradient pieces in param_dtype
 };
 
-enum class FlatState { Sharded, Unsharded };
+enum class FlatState { kSharded, kUnsharded };
 const char* to_string(FlatState s);
 
 class FlatParameter {
@@ -190,7 +190,7 @@ class FlatParameter {
   at::Tensor unsharded_;   // padded_numel_ elements; storage swapped in/out
   std::unique_ptr<comm::MappedFlat> mapped_;  // [Note: zero-copy gathers]; null: copying gathers
   bool mapped_fresh_ = false;
-  FlatState state_ = FlatState::Sharded;
+  FlatState state_ = FlatState::kSharded;
 };
 
 }  // namespace fsdp::core::detail

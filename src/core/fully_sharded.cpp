@@ -84,12 +84,12 @@ Unit* create_unit(Runtime& runtime, const core::detail::ResolvedOptions& resolve
   const comm::ProcessGroup& shard_group = runtime.comm_context().shard_group();
   const bool sharded = strategy != ShardingStrategy::kNoShard &&
                        !(strategy == ShardingStrategy::kHybridShard && shard_group.size() == 1);
-  const bool full_precision_unit = p.kind == PlannedUnit::Kind::BatchNorm;
+  const bool full_precision_unit = p.kind == PlannedUnit::Kind::kBatchNorm;
   const core::detail::FlatPrecision precision =
       core::detail::unit_precision(resolved.mixed_precision, p.entries.front().param.scalar_type(), full_precision_unit);
   auto flat = std::make_unique<FlatParameter>(std::move(p.entries), shard_group.rank(), shard_group.size(),
                                               sharded && !full_precision_unit, precision, resolved.cpu_offload);
-  return runtime.add_unit(p.path, std::move(flat), p.kind == PlannedUnit::Kind::Root,
+  return runtime.add_unit(p.path, std::move(flat), p.kind == PlannedUnit::Kind::kRoot,
                           resolved.reshard_after_forward && !full_precision_unit);
 }
 
@@ -129,7 +129,7 @@ std::vector<core::detail::ConstructionUnit*> match_construction_units(torch::nn:
   auto construction = core::detail::find_construction_units(model);
   std::vector<core::detail::ConstructionUnit*> adopt(planned.size(), nullptr);
   for (size_t i = 0; i < planned.size(); ++i) {
-    if (planned[i].kind != PlannedUnit::Kind::CallSite) continue;
+    if (planned[i].kind != PlannedUnit::Kind::kCallSite) continue;
     auto it = construction.find(planned[i].identity);
     if (it == construction.end()) continue;
     adopt[i] = it->second;
@@ -283,7 +283,7 @@ FullyShardedBase::FullyShardedBase(std::shared_ptr<torch::nn::Module> model, com
   TORCH_CHECK(model_ != nullptr, "fsdp: FullyShardedDataParallel got an empty module holder");
   TORCH_CHECK(pg_.defined(), "fsdp: FullyShardedDataParallel needs a process group; call "
               "fsdp::comm::init_process_group() first");
-  comm::LabelScope label({comm::Phase::Setup, "FullyShardedDataParallel"});
+  comm::LabelScope label({comm::Phase::kSetup, "FullyShardedDataParallel"});
   const core::detail::ResolvedOptions resolved = validate();
   const TensorSet sharded_at_construction = check_construction_units(*model_, pg_, resolved);
   init_and_sync(*model_, pg_, options_, resolved, sharded_at_construction);
@@ -345,9 +345,9 @@ void FullyShardedBase::build_units(const core::detail::ResolvedOptions& resolved
     if (p.entries.empty()) continue;  // nothing to shard: no unit, no hooks
     Unit* unit = adopt[i] ? adopt_unit(*runtime_, resolved, p, *adopt[i]) : create_unit(*runtime_, resolved, p);
     switch (p.kind) {
-      case PlannedUnit::Kind::Root: root_unit_ = unit; break;
-      case PlannedUnit::Kind::BatchNorm: runtime_->add_implicit_unit(unit); break;
-      case PlannedUnit::Kind::CallSite:
+      case PlannedUnit::Kind::kRoot: root_unit_ = unit; break;
+      case PlannedUnit::Kind::kBatchNorm: runtime_->add_implicit_unit(unit); break;
+      case PlannedUnit::Kind::kCallSite:
         patch_call_site(p, runtime_->call_site(unit), sequential_slots_, wrappables_);
         break;
     }
@@ -429,8 +429,8 @@ at::Tensor FullyShardedBase::clip_grad_norm_(double max_norm, double norm_type) 
   };
   auto total = torch::tensor({local(sharded_grads)}, torch::kDouble);
   if (reduce)
-    comm::all_reduce(norm_group, total, inf ? comm::ReduceOp::Max : comm::ReduceOp::Sum,
-                     {comm::Phase::Step, "clip_grad_norm_"}).wait();
+    comm::all_reduce(norm_group, total, inf ? comm::ReduceOp::kMax : comm::ReduceOp::kSum,
+                     {comm::Phase::kStep, "clip_grad_norm_"}).wait();
   double t = total.item<double>();
   const double rep = local(replicated_grads);
   t = inf ? std::max(t, rep) : std::pow(t + rep, 1.0 / norm_type);

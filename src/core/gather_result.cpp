@@ -19,7 +19,7 @@ GatherResult GatherResult::issue(FlatParameter& flat, const comm::ProcessGroup& 
   g.order_issue();
   g.mark_ = tracer->begin(Tracer::kGather);
   {
-    const auto on_stream = streams ? streams->make_current(StreamKind::AllGather) : nullptr;
+    const auto on_stream = streams ? streams->make_current(StreamKind::kAllGather) : nullptr;
     {
       PhaseSpan issuing(tracer, "issue_gather", g.label_);
       // Mapped: the peers' shards are already in place ([Note: zero-copy gathers]).
@@ -37,7 +37,7 @@ void GatherResult::wait() {
   {
     PhaseSpan waiting(tracer_, "wait_gather", label_);
     const auto elsewhere =
-        streams_ && streams_->gather_handle_wait_off_compute() ? streams_->make_current(StreamKind::Copy) : nullptr;
+        streams_ && streams_->gather_handle_wait_off_compute() ? streams_->make_current(StreamKind::kCopy) : nullptr;
     handle_.wait();
   }
   tracer_->end("all_gather " + label_, Tracer::kGather, mark_, comm::to_string(handle_.path()));
@@ -53,25 +53,25 @@ void GatherResult::order_issue() {
   if (!so) return;
   // A low-precision source is a fresh cast compute wrote; otherwise it is the shard.
   if (cast()) {
-    so->acquire(StreamKind::Compute, source_, "all-gather source (cast shard)", label_, /*fresh=*/true);
-    so->write(StreamKind::Compute, source_);
+    so->acquire(StreamKind::kCompute, source_, "all-gather source (cast shard)", label_, /*fresh=*/true);
+    so->write(StreamKind::kCompute, source_);
   }
   // Everything compute issued so far comes first: the last reads of the pool block the
   // gather overwrites, the optimizer's writes to the shard, the cast.
-  so->wait(WaitSite::GatherWaitsCompute, StreamKind::AllGather,
-           so->record(StreamKind::Compute, "the issue of the all-gather of unit '" + label_ + "'"));
-  so->acquire(StreamKind::AllGather, flat_->unsharded(), "unsharded flat parameter", label_);
-  if (cast()) so->read(StreamKind::AllGather, source_);
+  so->wait(WaitSite::kGatherWaitsCompute, StreamKind::kAllGather,
+           so->record(StreamKind::kCompute, "the issue of the all-gather of unit '" + label_ + "'"));
+  so->acquire(StreamKind::kAllGather, flat_->unsharded(), "unsharded flat parameter", label_);
+  if (cast()) so->read(StreamKind::kAllGather, source_);
 }
 
 void GatherResult::order_issued() {
-  if (streams_) streams_->write(StreamKind::AllGather, flat_->unsharded());
+  if (streams_) streams_->write(StreamKind::kAllGather, flat_->unsharded());
 }
 
 void GatherResult::order_waited() {
   if (!streams_) return;
-  streams_->wait_written(WaitSite::ComputeWaitsGather, StreamKind::Compute, flat_->unsharded());
-  if (cast()) streams_->release(StreamKind::Compute, source_);
+  streams_->wait_written(WaitSite::kComputeWaitsGather, StreamKind::kCompute, flat_->unsharded());
+  if (cast()) streams_->release(StreamKind::kCompute, source_);
 }
 
 }  // namespace fsdp::core::detail

@@ -15,15 +15,15 @@ struct GradReducer::Reduction : engine::ReductionWindow::Reduction {
   explicit Reduction(GradReducer& owner) : owner(owner) {}
   bool landed() const override {
     // A chained reduce-scatter counts once the chain issued its replica all-reduce.
-    if (phase == Phase::SCATTERING && link) return owner.chain_->is_scattered(*link);
+    if (phase == Phase::kScattering && link) return owner.chain_->is_scattered(*link);
     return handle.is_completed();
   }
   void complete() override { owner.complete(*this); }
   int64_t held_bytes() const override { return nbytes(input); }
 
-  enum class Phase { SCATTERING, REPLICATING, DONE };
+  enum class Phase { kScattering, kReplicating, kDone };
   GradReducer& owner;
-  Phase phase = Phase::SCATTERING;
+  Phase phase = Phase::kScattering;
   std::vector<Unit*> members;
   std::vector<int64_t> offsets;  // member i's shard: output[offsets[i], offsets[i] + chunk_i)
   at::Tensor input;              // [rows, sum of chunks], flattened; freed once reduced
@@ -42,14 +42,14 @@ GradReducer::GradReducer(comm::ProcessGroup reduce_group, comm::ProcessGroup rep
       scattering_(max_scattering,
                   [this](std::unique_ptr<engine::ReductionWindow::Reduction> r) {
                     // Its replica all-reduce is in flight: it waits in the second window.
-                    if (static_cast<Reduction&>(*r).phase == Reduction::Phase::REPLICATING)
+                    if (static_cast<Reduction&>(*r).phase == Reduction::Phase::kReplicating)
                       replicating_.push(std::move(r));
                   }),
       replicating_(/*max_in_flight=*/0), streams_(streams) {
   TORCH_INTERNAL_ASSERT(max_scattering >= 1);
   if (replica_pg_.defined() && replica_pg_.size() > 1)
     chain_ = std::make_unique<ReplicaChain>(replica_pg_, tracer_,
-                                            streams_ ? streams_->current_maker(StreamKind::ReduceScatter) : nullptr);
+                                            streams_ ? streams_->current_maker(StreamKind::kReduceScatter) : nullptr);
 }
 
 GradReducer::~GradReducer() = default;
@@ -79,7 +79,7 @@ void GradReducer::add(Unit* unit) {
 }
 
 void GradReducer::complete(Reduction& r) {
-  if (r.phase == Reduction::Phase::SCATTERING) complete_scatter(r);
+  if (r.phase == Reduction::Phase::kScattering) complete_scatter(r);
   else complete_replication(r);
 }
 
@@ -119,15 +119,15 @@ std::unique_ptr<GradReducer::Reduction> GradReducer::issue(std::vector<Unit*> me
     r->input = members.front()->take_flat_grad();  // no copy: the unbucketed reduction
   } else {
     r->input = pool_->empty(rows * total, first.flat_grad().options());
-    if (auto* so = streams()) so->acquire(StreamKind::Compute, r->input, "bucket input", r->label);
+    if (auto* so = streams()) so->acquire(StreamKind::kCompute, r->input, "bucket input", r->label);
     auto table = r->input.view({rows, total});
     for (size_t i = 0; i < members.size(); ++i) {
       at::Tensor g = members[i]->take_flat_grad();
       const int64_t chunk = g.numel() / rows;
       table.narrow(1, r->offsets[i], chunk).copy_(g.view({rows, chunk}));
-      if (auto* so = streams()) so->release(StreamKind::Compute, g);
+      if (auto* so = streams()) so->release(StreamKind::kCompute, g);
     }  // each member's flat gradient is freed here, after its copy
-    if (auto* so = streams()) so->write(StreamKind::Compute, r->input);
+    if (auto* so = streams()) so->write(StreamKind::kCompute, r->input);
   }
   r->members = std::move(members);
   // Not pooled when sharded: the output becomes the gradient pieces, which outlive the step.
@@ -135,13 +135,13 @@ std::unique_ptr<GradReducer::Reduction> GradReducer::issue(std::vector<Unit*> me
   order_issue(*r);
   r->mark = tracer_->begin(Tracer::kReduce);  // after the stream's wait: the device span is the reduction's
   {
-    const auto on_stream = streams() ? streams()->make_current(StreamKind::ReduceScatter) : nullptr;
+    const auto on_stream = streams() ? streams()->make_current(StreamKind::kReduceScatter) : nullptr;
     PhaseSpan issuing(tracer_, "issue_reduce", r->label);
     if (sharded) {
-      r->handle = comm::reduce_scatter(reduce_pg_, r->output, r->input, comm::ReduceOp::Sum,
-                                        {comm::Phase::Backward, r->label});
+      r->handle = comm::reduce_scatter(reduce_pg_, r->output, r->input, comm::ReduceOp::kSum,
+                                        {comm::Phase::kBackward, r->label});
     } else {
-      r->handle = comm::all_reduce(reduce_pg_, r->input, comm::ReduceOp::Sum, {comm::Phase::Backward, r->label});
+      r->handle = comm::all_reduce(reduce_pg_, r->input, comm::ReduceOp::kSum, {comm::Phase::kBackward, r->label});
     }
     r->handle.order_current_stream();
   }
@@ -151,7 +151,7 @@ std::unique_ptr<GradReducer::Reduction> GradReducer::issue(std::vector<Unit*> me
 }
 
 void GradReducer::complete_scatter(Reduction& r) {
-  TORCH_INTERNAL_ASSERT(r.phase == Reduction::Phase::SCATTERING);
+  TORCH_INTERNAL_ASSERT(r.phase == Reduction::Phase::kScattering);
   if (r.link) {
     complete_chained_scatter(r);
     return;
@@ -168,15 +168,15 @@ void GradReducer::complete_chained_scatter(Reduction& r) {
   // The reduce-scatter is complete once the chain has issued the replica all-reduce
   // ([Note: hybrid groups]: summing the shard group's sums over the replica group
   // completes the sum over the world); usually that happened while backward ran.
-  comm::CommPath scatter_path = comm::CommPath::Local;
+  comm::CommPath scatter_path = comm::CommPath::kLocal;
   r.handle = chain_->scattered(*r.link, &r.mark, &scatter_path);
   r.link.reset();
   order_reduced(r);  // the flat gradients (the input) are freed once reduced
-  r.phase = Reduction::Phase::REPLICATING;
+  r.phase = Reduction::Phase::kReplicating;
 }
 
 void GradReducer::complete_replication(Reduction& r) {
-  TORCH_INTERNAL_ASSERT(r.phase == Reduction::Phase::REPLICATING);
+  TORCH_INTERNAL_ASSERT(r.phase == Reduction::Phase::kReplicating);
   {
     PhaseSpan waiting(tracer_, "wait_reduce", r.label);
     r.handle.wait();
@@ -189,14 +189,14 @@ void GradReducer::complete_replication(Reduction& r) {
 void GradReducer::deliver(Reduction& r) {
   order_reduced(r);
   r.handle = comm::CommHandle();  // the collective's Work goes once its input is released
-  if (auto* so = streams()) so->read(StreamKind::Compute, r.output);  // adopt_reduced_shard reads it
+  if (auto* so = streams()) so->read(StreamKind::kCompute, r.output);  // adopt_reduced_shard reads it
   for (size_t i = 0; i < r.members.size(); ++i) {
     const int64_t chunk = r.members[i]->flat().sharded() ? r.members[i]->flat().chunk_numel()
                                                          : r.members[i]->flat().padded_numel();
     r.members[i]->adopt_reduced_shard(r.output.narrow(0, r.offsets[i], chunk));
   }
   r.output = r.input = at::Tensor();  // members keep what they use (views or casts)
-  r.phase = Reduction::Phase::DONE;
+  r.phase = Reduction::Phase::kDone;
   if (on_delivered_)
     for (Unit* u : r.members) on_delivered_(*u);
 }
@@ -221,18 +221,18 @@ void GradReducer::order_issue(Reduction& r) {
   StreamOrder* so = streams();
   if (!so) return;
   // The gradient is ready on compute (its flattening, or the bucket's copy, wrote it last).
-  so->wait_written(WaitSite::ReduceWaitsCompute, StreamKind::ReduceScatter, r.input);
-  so->read(StreamKind::ReduceScatter, r.input);
+  so->wait_written(WaitSite::kReduceWaitsCompute, StreamKind::kReduceScatter, r.input);
+  so->read(StreamKind::kReduceScatter, r.input);
   if (!r.output.is_same(r.input))
-    so->acquire(StreamKind::ReduceScatter, r.output, "reduced shard", r.label, /*fresh=*/true);
+    so->acquire(StreamKind::kReduceScatter, r.output, "reduced shard", r.label, /*fresh=*/true);
 }
 
 void GradReducer::order_issued(Reduction& r) {
   StreamOrder* so = streams();
   if (!so) return;
-  so->write(StreamKind::ReduceScatter, r.output);
+  so->write(StreamKind::kReduceScatter, r.output);
   // HYBRID_SHARD: the chain's replica all-reduce rewrites the output on the same stream.
-  if (chain_) so->write(StreamKind::ReduceScatter, r.output);
+  if (chain_) so->write(StreamKind::kReduceScatter, r.output);
 }
 
 void GradReducer::order_reduced(Reduction& r) {
@@ -243,8 +243,8 @@ void GradReducer::order_reduced(Reduction& r) {
   // after the replica all-reduce: compute waits at both.
   const bool frees_input = r.input.defined() && !r.output.is_same(r.input);
   if (StreamOrder* so = streams()) {
-    so->wait_written(WaitSite::ComputeWaitsReduce, StreamKind::Compute, r.output);
-    if (frees_input) so->release(StreamKind::Compute, r.input);
+    so->wait_written(WaitSite::kComputeWaitsReduce, StreamKind::kCompute, r.output);
+    if (frees_input) so->release(StreamKind::kCompute, r.input);
   }
   if (frees_input) r.input = at::Tensor();
 }

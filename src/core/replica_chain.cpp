@@ -19,7 +19,7 @@ struct ReplicaChain::Link {
   bool ready = false;
   comm::CommHandle replica;
   Tracer::Mark replica_mark;
-  comm::CommPath scatter_path = comm::CommPath::Local;
+  comm::CommPath scatter_path = comm::CommPath::kLocal;
   std::exception_ptr error;
 };
 
@@ -117,8 +117,8 @@ void ReplicaChain::run(std::shared_ptr<State> s) {
         // [Note: hybrid groups] in comm_context.h: the shard group summed these shards over
         // the shard group; summing them over the replica group completes the sum over
         // the world.
-        replica = comm::all_reduce(s->replica_pg, link->output, comm::ReduceOp::Sum,
-                                   {comm::Phase::Backward, "replicas of " + link->label});
+        replica = comm::all_reduce(s->replica_pg, link->output, comm::ReduceOp::kSum,
+                                   {comm::Phase::kBackward, "replicas of " + link->label});
         replica.order_current_stream();
       } catch (...) {
         error = std::current_exception();

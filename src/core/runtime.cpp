@@ -103,7 +103,7 @@ void Runtime::root_pre_forward(Unit* root) {
   // start the new iteration from a clean, sharded state.
   if (!callback_queued_) {
     for (auto& u : units_)
-      if (u->state() != UnitState::IDLE) u->abandon_forward();
+      if (u->state() != UnitState::kIdle) u->abandon_forward();
     pre_forward_order_.clear();
     post_forward_order_.clear();
     backward_planned_ = false;
@@ -151,7 +151,7 @@ void Runtime::post_forward(Unit& unit, const std::vector<at::Tensor>& outputs) {
       // No reduction closes an evaluation's reads of the peers' mapped shards: wait until
       // every rank is done before any may write its own ([Note: zero-copy gathers]).
       if (comm_.mapped_gathers())
-        comm::barrier(comm_.gather_group(), {comm::Phase::Forward, "end of evaluation (zero_copy_gather)"});
+        comm::barrier(comm_.gather_group(), {comm::Phase::kForward, "end of evaluation (zero_copy_gather)"});
       pre_forward_order_.clear();
       post_forward_order_.clear();
     }
@@ -227,8 +227,8 @@ void Runtime::prefetch_forward(const Unit& current) {
   if (it == recorded_forward_order_.end() || ++it == recorded_forward_order_.end()) return;
   Unit* next = *it;
   // Only a unit that has not run forward yet in this iteration.
-  if (next->state() != UnitState::IDLE || !next->needs_gather() || !may_prefetch(current)) return;
-  if (next->issue_gather(comm::Phase::Forward)) note_transient_bytes();
+  if (next->state() != UnitState::kIdle || !next->needs_gather() || !may_prefetch(current)) return;
+  if (next->issue_gather(comm::Phase::kForward)) note_transient_bytes();
 }
 
 void Runtime::prefetch_backward(const Unit& current) {
@@ -243,8 +243,8 @@ void Runtime::release_stray_prefetches() {
   // A forward prefetch of a unit that then did not run (the forward took another
   // path): wait for it and free the buffer, as if it had never been gathered.
   for (auto& u : units_)
-    if (u->state() == UnitState::IDLE && u->flat().separate_unsharded() && u->flat().unsharded_allocated() &&
-        u->flat().state() == FlatState::Sharded)
+    if (u->state() == UnitState::kIdle && u->flat().separate_unsharded() && u->flat().unsharded_allocated() &&
+        u->flat().state() == FlatState::kSharded)
       u->release_prefetch();
 }
 
@@ -287,7 +287,7 @@ void Runtime::gather_until(int position) {
   for (; static_cast<int>(gather_ptr_) <= position && gather_ptr_ < backward_gather_order_.size();
        ++gather_ptr_) {
     Unit* u = backward_gather_order_[gather_ptr_];
-    if (u->state() == UnitState::AWAIT_BACKWARD && u->needs_gather() && u->gather_ahead_of_backward())
+    if (u->state() == UnitState::kAwaitBackward && u->needs_gather() && u->gather_ahead_of_backward())
       note_transient_bytes();
   }
 }
@@ -298,7 +298,7 @@ void Runtime::on_output_grad(Unit& unit) {
   // Only the first output hook of this iteration; a unit gathered ahead (by the
   // backward order or a prefetch) still comes here, so that it waits for its
   // gather and prefetches the next one.
-  if (unit.state() != UnitState::AWAIT_BACKWARD && unit.state() != UnitState::GATHERED_FOR_BACKWARD) return;
+  if (unit.state() != UnitState::kAwaitBackward && unit.state() != UnitState::kGatheredForBackward) return;
   deliver_landed_shards();
   auto it = std::find(backward_gather_order_.begin(), backward_gather_order_.end(), &unit);
   TORCH_INTERNAL_ASSERT(it != backward_gather_order_.end(), "unit not in this iteration's forward");

@@ -212,7 +212,7 @@ class ShardedInitState {
     if (mp.param_dtype() && mp.full_precision_batch_norm()) add_batch_norm_units(m, none, planned);
     assign_parameters(m, none, planned);
     for (auto& p : planned) {
-      if (p.kind != PlannedUnit::Kind::CallSite || p.entries.empty() || sharded_.count(p.identity)) continue;
+      if (p.kind != PlannedUnit::Kind::kCallSite || p.entries.empty() || sharded_.count(p.identity)) continue;
       shard(m, w, p);
     }
     // Placeholders are named relative to the outermost Wrappable built so far.
@@ -231,7 +231,7 @@ class ShardedInitState {
     run_param_init_fn(options_.param_init_fn(), m, p);
     torch::NoGradGuard no_grad;
     if (options_.sync_module_states())
-      for (auto& e : p.entries) comm::broadcast(pg_, e.param.detach(), 0, {comm::Phase::Setup, "sharded construction"}).wait();
+      for (auto& e : p.entries) comm::broadcast(pg_, e.param.detach(), 0, {comm::Phase::kSetup, "sharded construction"}).wait();
     auto cu = std::make_unique<ConstructionUnit>();
     cu->module = p.identity;
     cu->relative_path = p.path;

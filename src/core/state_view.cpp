@@ -32,9 +32,9 @@ void StateView::require_idle(const char* what) const {
   TORCH_CHECK(!runtime_->in_backward(), "fsdp: ", what, " called on rank ", rank(),
               " during backward; call it between training steps");
   for (const auto& u : runtime_->units()) {
-    TORCH_CHECK(u->state() == UnitState::IDLE, "fsdp: ", what, " called on rank ", rank(), " while unit '",
+    TORCH_CHECK(u->state() == UnitState::kIdle, "fsdp: ", what, " called on rank ", rank(), " while unit '",
                 label(*u), "' is in state ", to_string(u->state()), "; call it between training steps");
-    TORCH_CHECK(u->flat().state() == FlatState::Sharded, "fsdp: ", what, " called on rank ", rank(),
+    TORCH_CHECK(u->flat().state() == FlatState::kSharded, "fsdp: ", what, " called on rank ", rank(),
                 " while unit '", label(*u), "' holds its full parameters (inside summon_full_params or "
                 "apply_with_full_params); call it after that scope ends");
   }
@@ -118,7 +118,7 @@ at::Tensor StateView::gather_full(size_t u, const at::Tensor& chunk) const {
   // On the compute device, where the group moves tensors ([Note: offload] in flat_param.h).
   auto full = torch::empty({flat.padded_numel()}, flat.options());
   comm::all_gather_into(runtime_->comm_context().gather_group(), full, chunk.to(full.device()),
-                        {comm::Phase::StateDict, runtime_->units().at(u)->label()})
+                        {comm::Phase::kStateDict, runtime_->units().at(u)->label()})
       .wait();  // the shard group
   return full;
 }

@@ -6,30 +6,30 @@ namespace fsdp::core::detail {
 
 const char* to_string(StreamKind s) {
   switch (s) {
-    case StreamKind::Compute: return "compute";
-    case StreamKind::AllGather: return "all-gather";
-    case StreamKind::ReduceScatter: return "reduce-scatter";
-    case StreamKind::Copy: return "copy";
+    case StreamKind::kCompute: return "compute";
+    case StreamKind::kAllGather: return "all-gather";
+    case StreamKind::kReduceScatter: return "reduce-scatter";
+    case StreamKind::kCopy: return "copy";
   }
   return "?";
 }
 
 const char* to_string(BufferUse u) {
   switch (u) {
-    case BufferUse::Read: return "read";
-    case BufferUse::Write: return "write";
-    case BufferUse::Release: return "release";
-    case BufferUse::Acquire: return "acquire";
+    case BufferUse::kRead: return "read";
+    case BufferUse::kWrite: return "write";
+    case BufferUse::kRelease: return "release";
+    case BufferUse::kAcquire: return "acquire";
   }
   return "?";
 }
 
 const char* to_string(WaitSite w) {
   switch (w) {
-    case WaitSite::GatherWaitsCompute: return "all-gather waits compute";
-    case WaitSite::ComputeWaitsGather: return "compute waits all-gather";
-    case WaitSite::ReduceWaitsCompute: return "reduce-scatter waits compute";
-    case WaitSite::ComputeWaitsReduce: return "compute waits reduce-scatter";
+    case WaitSite::kGatherWaitsCompute: return "all-gather waits compute";
+    case WaitSite::kComputeWaitsGather: return "compute waits all-gather";
+    case WaitSite::kReduceWaitsCompute: return "reduce-scatter waits compute";
+    case WaitSite::kComputeWaitsReduce: return "compute waits reduce-scatter";
   }
   return "?";
 }
@@ -64,7 +64,7 @@ void StreamOrder::acquire(StreamKind s, const at::Tensor& t, const char* what, c
   const void* k = key(t);
   if (k == nullptr) return;
   auto it = buffers_.find(k);
-  if (it != buffers_.end() && !fresh) backend_->check(s, BufferUse::Acquire, it->second);
+  if (it != buffers_.end() && !fresh) backend_->check(s, BufferUse::kAcquire, it->second);
   BufferRecord r;
   r.name = std::string(what) + " of '" + owner + "'";
   r.owner = s;
@@ -75,7 +75,7 @@ void StreamOrder::read(StreamKind s, const at::Tensor& t) {
   if (!backend_) return;
   BufferRecord* b = record_of(t, "read");
   if (!b) return;
-  backend_->check(s, BufferUse::Read, *b);
+  backend_->check(s, BufferUse::kRead, *b);
   b->consumers.push_back(backend_->record(s, "a read of the " + b->name));
 }
 
@@ -83,7 +83,7 @@ void StreamOrder::write(StreamKind s, const at::Tensor& t) {
   if (!backend_) return;
   BufferRecord* b = record_of(t, "write");
   if (!b) return;
-  backend_->check(s, BufferUse::Write, *b);
+  backend_->check(s, BufferUse::kWrite, *b);
   // Every earlier use is ordered before this write (checked), so the write's event covers them.
   b->written = true;
   b->consumers.clear();
@@ -94,7 +94,7 @@ void StreamOrder::release(StreamKind s, const at::Tensor& t) {
   if (!backend_) return;
   BufferRecord* b = record_of(t, "release");
   if (!b) return;
-  backend_->check(s, BufferUse::Release, *b);
+  backend_->check(s, BufferUse::kRelease, *b);
   b->released = true;
   b->consumers.push_back(backend_->record(s, "the release of the " + b->name));
 }

@@ -40,10 +40,10 @@
 namespace fsdp::core::detail {
 
 enum class StreamKind : uint8_t {
-  Compute,        // forward, backward, gradient flattening, optimizer steps
-  AllGather,      // the units' all-gathers
-  ReduceScatter,  // gradient reductions (reduce-scatter or all-reduce, replica all-reduce)
-  Copy,           // reserved: device <-> host copies (offload)
+  kCompute,        // forward, backward, gradient flattening, optimizer steps
+  kAllGather,      // the units' all-gathers
+  kReduceScatter,  // gradient reductions (reduce-scatter or all-reduce, replica all-reduce)
+  kCopy,           // reserved: device <-> host copies (offload)
 };
 constexpr int kStreamKinds = 4;
 const char* to_string(StreamKind s);
@@ -55,18 +55,18 @@ struct EventImpl {
 
 /// An event recorded on `stream` behind everything issued to it so far.
 struct StreamEvent {
-  StreamKind stream = StreamKind::Compute;
+  StreamKind stream = StreamKind::kCompute;
   std::string what;  // what it was recorded behind, for messages
   std::shared_ptr<EventImpl> impl;
 };
 
-enum class BufferUse { Read, Write, Release, Acquire };
+enum class BufferUse { kRead, kWrite, kRelease, kAcquire };
 const char* to_string(BufferUse u);
 
 /// One buffer as the stream order sees it.
 struct BufferRecord {
   std::string name;  // "unsharded flat parameter of unit 'l1'"
-  StreamKind owner = StreamKind::Compute;  // the stream it was acquired for
+  StreamKind owner = StreamKind::kCompute;  // the stream it was acquired for
   bool released = false;                   // back in the pool (or freed)
   bool written = false;                    // since acquired
   std::vector<StreamEvent> producer;       // behind the last write (zero or one)
@@ -98,10 +98,10 @@ class StreamBackend {
 
 /// The waits the runtime makes, by name ([Note: stream order wiring] in runtime.h).
 enum class WaitSite {
-  GatherWaitsCompute,  // before an all-gather overwrites a block compute used
-  ComputeWaitsGather,  // before compute reads a gathered flat parameter
-  ReduceWaitsCompute,  // before a reduction reads the flat gradient compute wrote
-  ComputeWaitsReduce,  // before compute reads a reduced shard
+  kGatherWaitsCompute,  // before an all-gather overwrites a block compute used
+  kComputeWaitsGather,  // before compute reads a gathered flat parameter
+  kReduceWaitsCompute,  // before a reduction reads the flat gradient compute wrote
+  kComputeWaitsReduce,  // before compute reads a reduced shard
 };
 const char* to_string(WaitSite w);
 

@@ -16,16 +16,16 @@ namespace fsdp::core::detail {
 
 const char* to_string(UnitState s) {
   switch (s) {
-    case UnitState::IDLE: return "IDLE";
-    case UnitState::FORWARD: return "FORWARD";
-    case UnitState::AWAIT_BACKWARD: return "AWAIT_BACKWARD";
-    case UnitState::GATHERED_FOR_BACKWARD: return "GATHERED_FOR_BACKWARD";
-    case UnitState::BACKWARD: return "BACKWARD";
-    case UnitState::RECOMPUTE: return "RECOMPUTE";
-    case UnitState::REDUCING: return "REDUCING";
-    case UnitState::ACCUMULATED: return "ACCUMULATED";
-    case UnitState::REDUCED: return "REDUCED";
-    case UnitState::STEPPED: return "STEPPED";
+    case UnitState::kIdle: return "IDLE";
+    case UnitState::kForward: return "FORWARD";
+    case UnitState::kAwaitBackward: return "AWAIT_BACKWARD";
+    case UnitState::kGatheredForBackward: return "GATHERED_FOR_BACKWARD";
+    case UnitState::kBackward: return "BACKWARD";
+    case UnitState::kRecompute: return "RECOMPUTE";
+    case UnitState::kReducing: return "REDUCING";
+    case UnitState::kAccumulated: return "ACCUMULATED";
+    case UnitState::kReduced: return "REDUCED";
+    case UnitState::kStepped: return "STEPPED";
   }
   return "?";
 }
@@ -33,28 +33,28 @@ const char* to_string(UnitState s) {
 bool unit_transition_allowed(UnitState from, UnitState to) {
   using S = UnitState;
   switch (to) {
-    case S::FORWARD:  // begin_forward; a unit may run forward more than once per iteration
-      return from == S::IDLE || from == S::FORWARD || from == S::AWAIT_BACKWARD;
-    case S::AWAIT_BACKWARD:  // end_forward with grad
-      return from == S::FORWARD;
-    case S::GATHERED_FOR_BACKWARD:  // gather_ahead_of_backward; end_recompute
-      return from == S::AWAIT_BACKWARD || from == S::RECOMPUTE;
-    case S::BACKWARD:  // begin_backward; end_recompute of a recompute entered from BACKWARD
-      return from == S::AWAIT_BACKWARD || from == S::GATHERED_FOR_BACKWARD || from == S::RECOMPUTE;
-    case S::RECOMPUTE:  // begin_recompute
-      return from == S::AWAIT_BACKWARD || from == S::GATHERED_FOR_BACKWARD || from == S::BACKWARD;
-    case S::REDUCING:  // flatten_grads
-    case S::ACCUMULATED:  // flatten_grads under no_sync
-      return from == S::AWAIT_BACKWARD || from == S::GATHERED_FOR_BACKWARD || from == S::BACKWARD;
-    case S::REDUCED:  // adopt_reduced_shard
-      return from == S::REDUCING;
-    case S::STEPPED:  // step_reduced_shard
-      return from == S::REDUCED;
-    case S::IDLE:
+    case S::kForward:  // begin_forward; a unit may run forward more than once per iteration
+      return from == S::kIdle || from == S::kForward || from == S::kAwaitBackward;
+    case S::kAwaitBackward:  // end_forward with grad
+      return from == S::kForward;
+    case S::kGatheredForBackward:  // gather_ahead_of_backward; end_recompute
+      return from == S::kAwaitBackward || from == S::kRecompute;
+    case S::kBackward:  // begin_backward; end_recompute of a recompute entered from BACKWARD
+      return from == S::kAwaitBackward || from == S::kGatheredForBackward || from == S::kRecompute;
+    case S::kRecompute:  // begin_recompute
+      return from == S::kAwaitBackward || from == S::kGatheredForBackward || from == S::kBackward;
+    case S::kReducing:  // flatten_grads
+    case S::kAccumulated:  // flatten_grads under no_sync
+      return from == S::kAwaitBackward || from == S::kGatheredForBackward || from == S::kBackward;
+    case S::kReduced:  // adopt_reduced_shard
+      return from == S::kReducing;
+    case S::kStepped:  // step_reduced_shard
+      return from == S::kReduced;
+    case S::kIdle:
       // end_forward without grad and abandon_forward (FORWARD, AWAIT_BACKWARD);
       // finish_iteration (everything that ran forward in this iteration, except a
       // flat gradient still with the reducer, or a recompute still running).
-      return from != S::REDUCING && from != S::RECOMPUTE;
+      return from != S::kReducing && from != S::kRecompute;
   }
   return false;
 }
@@ -98,9 +98,9 @@ bool Unit::issue_gather(comm::Phase phase) {
     pending_gather_ = GatherResult::issue(*flat_, ctx_.gather_group, {phase, label()}, streams(), ctx_.tracer);
   } else {
     at::NoGradGuard no_grad;  // NO_SHARD with param_dtype: a local low-precision copy
-    if (auto* so = streams()) so->acquire(StreamKind::Compute, flat_->unsharded(), "unsharded flat parameter", label());
+    if (auto* so = streams()) so->acquire(StreamKind::kCompute, flat_->unsharded(), "unsharded flat parameter", label());
     flat_->unsharded().copy_(flat_->shard());
-    if (auto* so = streams()) so->write(StreamKind::Compute, flat_->unsharded());
+    if (auto* so = streams()) so->write(StreamKind::kCompute, flat_->unsharded());
   }
   return true;
 }
@@ -118,13 +118,13 @@ void Unit::wait_gather() {
 void Unit::order_compute_reads_unsharded() {
   StreamOrder* so = streams();
   if (!so || !flat_->separate_unsharded()) return;
-  so->read(StreamKind::Compute, flat_->unsharded());
+  so->read(StreamKind::kCompute, flat_->unsharded());
 }
 
 void Unit::free_unsharded() {
   wait_gather();  // never free a buffer a collective is still writing into
   // Compute gives the block back behind its last read of it ([Note: stream order]).
-  if (auto* so = streams(); so && flat_->unsharded_allocated()) so->release(StreamKind::Compute, flat_->unsharded());
+  if (auto* so = streams(); so && flat_->unsharded_allocated()) so->release(StreamKind::kCompute, flat_->unsharded());
   flat_->free_unsharded();
 }
 
@@ -166,13 +166,13 @@ void Unit::ensure_grad_accumulators(const GradHookFactory& make_hook) {
 // ---- forward ----
 
 bool Unit::begin_forward(bool training, const GradHookFactory& make_hook) {
-  transition(UnitState::FORWARD, "pre_forward");
+  transition(UnitState::kForward, "pre_forward");
   // Gradient pieces from earlier backward passes stay on the parameters until
   // backward starts (stash_grads), so that the user can still zero or read them.
-  const bool allocated = issue_gather(comm::Phase::Forward);
+  const bool allocated = issue_gather(comm::Phase::kForward);
   wait_gather();
   order_compute_reads_unsharded();
-  if (flat_->state() != FlatState::Unsharded) flat_->use_unsharded_views();
+  if (flat_->state() != FlatState::kUnsharded) flat_->use_unsharded_views();
   if (training) ensure_grad_accumulators(make_hook);
   return allocated;
 }
@@ -182,7 +182,7 @@ void Unit::open_forward_span() {
 }
 
 void Unit::end_forward(bool training, bool keep_gathered) {
-  TORCH_CHECK(state_ == UnitState::FORWARD, "fsdp: unit '", label(), "' on rank ", ctx_.rank,
+  TORCH_CHECK(state_ == UnitState::kForward, "fsdp: unit '", label(), "' on rank ", ctx_.rank,
               ": post_forward in state ", to_string(state_), ", expected FORWARD. Was forward called twice "
               "without backward inside one unit, or a module called from another thread?");
   ctx_.tracer->end(trace_name("forward"), Tracer::kCompute, forward_mark_);
@@ -192,7 +192,7 @@ void Unit::end_forward(bool training, bool keep_gathered) {
     abandon_forward();
     return;
   }
-  transition(UnitState::AWAIT_BACKWARD, "post_forward");
+  transition(UnitState::kAwaitBackward, "post_forward");
   if (reshard_after_forward_ && !is_root_ && !keep_gathered) {
     free_unsharded();  // views stay; backward re-gathers into the same storage
   }
@@ -207,7 +207,7 @@ void Unit::clear_iteration() {
 void Unit::abandon_forward() {
   // Forward without backward (evaluation, or a training forward whose loss was
   // dropped): put parameters and set-aside gradients back as they were.
-  transition(UnitState::IDLE, "abandoned forward");
+  transition(UnitState::kIdle, "abandoned forward");
   if (stashed_grads_) {
     auto& entries = flat_->entries();
     for (size_t i = 0; i < entries.size(); ++i) entries[i].param.mutable_grad() = (*stashed_grads_)[i];
@@ -218,7 +218,7 @@ void Unit::abandon_forward() {
 }
 
 void Unit::release_prefetch() {
-  TORCH_INTERNAL_ASSERT(state_ == UnitState::IDLE, "unit '", label(), "' releases a prefetch in state ",
+  TORCH_INTERNAL_ASSERT(state_ == UnitState::kIdle, "unit '", label(), "' releases a prefetch in state ",
                         to_string(state_));
   reshard();
 }
@@ -231,8 +231,8 @@ std::optional<at::ScalarType> Unit::forward_input_dtype() const {
 // ---- backward ----
 
 bool Unit::awaits_reduction() const {
-  return state_ == UnitState::AWAIT_BACKWARD || state_ == UnitState::GATHERED_FOR_BACKWARD ||
-         state_ == UnitState::BACKWARD;
+  return state_ == UnitState::kAwaitBackward || state_ == UnitState::kGatheredForBackward ||
+         state_ == UnitState::kBackward;
 }
 
 void Unit::stash_grads() {
@@ -255,16 +255,16 @@ void Unit::stash_grads() {
 }
 
 bool Unit::gather_ahead_of_backward() {
-  transition(UnitState::GATHERED_FOR_BACKWARD, "backward gather");
-  return issue_gather(comm::Phase::Backward);  // waited for in begin_backward or before any free
+  transition(UnitState::kGatheredForBackward, "backward gather");
+  return issue_gather(comm::Phase::kBackward);  // waited for in begin_backward or before any free
 }
 
 bool Unit::begin_backward() {
   // Out of the planned order (the graph differs from the forward order) the
   // gather is issued here: still correct on this rank, but only safe if every
   // rank does the same.
-  const bool allocated = issue_gather(comm::Phase::Backward);
-  transition(UnitState::BACKWARD, "output gradient hook");
+  const bool allocated = issue_gather(comm::Phase::kBackward);
+  transition(UnitState::kBackward, "output gradient hook");
   wait_gather();
   order_compute_reads_unsharded();
   return allocated;
@@ -273,23 +273,23 @@ bool Unit::begin_backward() {
 void Unit::open_backward_span() { backward_mark_ = ctx_.tracer->begin(Tracer::kCompute); }
 
 bool Unit::begin_recompute(const GradHookFactory& make_hook) {
-  recompute_in_backward_ = state_ == UnitState::BACKWARD;
-  transition(UnitState::RECOMPUTE, "recompute (pre_forward inside backward)");
-  const bool allocated = issue_gather(comm::Phase::Backward);  // no-op when gathered in order
+  recompute_in_backward_ = state_ == UnitState::kBackward;
+  transition(UnitState::kRecompute, "recompute (pre_forward inside backward)");
+  const bool allocated = issue_gather(comm::Phase::kBackward);  // no-op when gathered in order
   wait_gather();
   order_compute_reads_unsharded();
-  if (flat_->state() != FlatState::Unsharded) flat_->use_unsharded_views();
+  if (flat_->state() != FlatState::kUnsharded) flat_->use_unsharded_views();
   ensure_grad_accumulators(make_hook);
   recompute_mark_ = ctx_.tracer->begin(Tracer::kCompute);
   return allocated;
 }
 
 void Unit::end_recompute() {
-  TORCH_CHECK(state_ == UnitState::RECOMPUTE, "fsdp: unit '", label(), "' on rank ", ctx_.rank,
+  TORCH_CHECK(state_ == UnitState::kRecompute, "fsdp: unit '", label(), "' on rank ", ctx_.rank,
               ": post_forward of a recompute in state ", to_string(state_), ", expected RECOMPUTE. Does the "
               "checkpointed function call the unit's forward from another thread?");
   ctx_.tracer->end(trace_name("recompute"), Tracer::kCompute, recompute_mark_);
-  transition(recompute_in_backward_ ? UnitState::BACKWARD : UnitState::GATHERED_FOR_BACKWARD, "end of recompute");
+  transition(recompute_in_backward_ ? UnitState::kBackward : UnitState::kGatheredForBackward, "end of recompute");
 }
 
 bool Unit::note_param_grad(size_t entry) {
@@ -313,7 +313,7 @@ bool Unit::note_param_grad(size_t entry) {
 void Unit::flatten_grads(bool no_sync) {
   TORCH_INTERNAL_ASSERT(has_grad_params(), "unit '", label(), "' has no gradient parameters to flatten");
   PhaseSpan flattening(ctx_.tracer, "flatten", label());
-  transition(no_sync ? UnitState::ACCUMULATED : UnitState::REDUCING, "flatten_grads");
+  transition(no_sync ? UnitState::kAccumulated : UnitState::kReducing, "flatten_grads");
   auto& entries = flat_->entries();
   // Parameters are no longer needed by this unit's backward: every node that
   // reads them also produced their gradients. Frozen parameters may still be read
@@ -329,7 +329,7 @@ void Unit::flatten_grads(bool no_sync) {
   } catch (const c10::OutOfMemoryError& e) {
     out_of_memory(e, "flattening the gradients", flat_->padded_numel() * int64_t(c10::elementSize(flat_->reduce_dtype())));
   }
-  if (auto* so = streams()) so->acquire(StreamKind::Compute, flat_grad_, "flat gradient", label());
+  if (auto* so = streams()) so->acquire(StreamKind::kCompute, flat_grad_, "flat gradient", label());
   // The pre-division is fused into the copy (one pass over the gradient instead of
   // two) when that computes the same bits as copy-then-divide: the same division
   // kernel on the same values, i.e. no cast on the way in and nothing added first.
@@ -361,7 +361,7 @@ void Unit::flatten_grads(bool no_sync) {
     flat_grad_.narrow(0, flat_->total_numel(), flat_->padded_numel() - flat_->total_numel()).zero_();
   if (no_sync_grad_.defined()) {
     flat_grad_.add_(no_sync_grad_);
-    if (auto* so = streams()) so->release(StreamKind::Compute, no_sync_grad_);
+    if (auto* so = streams()) so->release(StreamKind::kCompute, no_sync_grad_);
     no_sync_grad_ = at::Tensor();
   }
   if (no_sync) {
@@ -370,7 +370,7 @@ void Unit::flatten_grads(bool no_sync) {
     return;
   }
   if (pre != 1 && !divide_now) flat_grad_.div_(pre);
-  if (auto* so = streams()) so->write(StreamKind::Compute, flat_grad_);  // the gradient is ready
+  if (auto* so = streams()) so->write(StreamKind::kCompute, flat_grad_);  // the gradient is ready
 }
 
 at::Tensor Unit::take_flat_grad() {
@@ -380,7 +380,7 @@ at::Tensor Unit::take_flat_grad() {
 }
 
 void Unit::adopt_reduced_shard(at::Tensor shard) {
-  transition(UnitState::REDUCED, "adopt_reduced_shard");
+  transition(UnitState::kReduced, "adopt_reduced_shard");
   reduced_shard_ = std::move(shard);
   if (ctx_.divide.post != 1) reduced_shard_.div_(ctx_.divide.post);
   // Gradient pieces in the optimizer's dtype (fp32 master) unless asked otherwise, where
@@ -420,7 +420,7 @@ at::Tensor Unit::reduced_grad_piece(size_t i) const {
 }
 
 void Unit::step_reduced_shard(const std::function<void()>& step) {
-  transition(UnitState::STEPPED, "optimizer step in backward");
+  transition(UnitState::kStepped, "optimizer step in backward");
   // Parameters with a gradient point at their shard pieces for the step, as they do
   // outside backward, so the optimizer sees the shapes (and state keys) it always
   // sees; frozen parameters keep their views (the optimizer skips them, and later
@@ -455,9 +455,9 @@ void Unit::finish_iteration() {
   auto& entries = flat_->entries();
   TORCH_INTERNAL_ASSERT(!flat_grad_.defined(), "unit '", label(), "' finishes with an unreduced flat gradient");
   auto stashed = [&](size_t i) { return stashed_grads_ ? (*stashed_grads_)[i] : at::Tensor(); };
-  const bool reduced = state_ == UnitState::REDUCED;
-  const bool stepped = state_ == UnitState::STEPPED;
-  transition(UnitState::IDLE, "finish_iteration");
+  const bool reduced = state_ == UnitState::kReduced;
+  const bool stepped = state_ == UnitState::kStepped;
+  transition(UnitState::kIdle, "finish_iteration");
   if (reduced) {
     for (size_t i = 0; i < entries.size(); ++i)
       if (entries[i].param.requires_grad()) entries[i].param.mutable_grad() = reduced_grad_piece(i);
@@ -476,7 +476,7 @@ void Unit::finish_iteration() {
 }
 
 void Unit::place_shard_on_device() {
-  TORCH_INTERNAL_ASSERT(state_ == UnitState::IDLE && !pending_gather_ && flat_->offloaded(), "unit '", label(),
+  TORCH_INTERNAL_ASSERT(state_ == UnitState::kIdle && !pending_gather_ && flat_->offloaded(), "unit '", label(),
                         "' placed on the device in state ", to_string(state_));
   auto& entries = flat_->entries();
   std::vector<at::Tensor> grads(entries.size());

@@ -90,16 +90,16 @@ struct Node;
 namespace fsdp::core::detail {
 
 enum class UnitState {
-  IDLE,
-  FORWARD,
-  AWAIT_BACKWARD,
-  GATHERED_FOR_BACKWARD,
-  BACKWARD,
-  RECOMPUTE,
-  REDUCING,
-  ACCUMULATED,
-  REDUCED,
-  STEPPED,
+  kIdle,
+  kForward,
+  kAwaitBackward,
+  kGatheredForBackward,
+  kBackward,
+  kRecompute,
+  kReducing,
+  kAccumulated,
+  kReduced,
+  kStepped,
 };
 const char* to_string(UnitState s);
 /// The arrows of [Note: unit lifecycle].
@@ -221,7 +221,7 @@ class Unit {
   std::unique_ptr<FlatParameter> flat_;
   bool is_root_;
   bool reshard_after_forward_;
-  UnitState state_ = UnitState::IDLE;
+  UnitState state_ = UnitState::kIdle;
   bool recompute_in_backward_ = false;  // RECOMPUTE was entered from BACKWARD
 
   size_t num_grad_params_ = 0;

@@ -87,11 +87,11 @@ std::vector<PlannedUnit> walk_wrap_policy(torch::nn::Module& model, const WrapPo
   };
   const int64_t unwrapped = visit(model, "");
   std::vector<PlannedUnit> units(1);
-  units[0].kind = PlannedUnit::Kind::Root;
+  units[0].kind = PlannedUnit::Kind::kRoot;
   units[0].identity = &model;
   if (model_is_candidate && policy && policy("", model, unwrapped)) {
     PlannedUnit self;
-    self.kind = PlannedUnit::Kind::CallSite;
+    self.kind = PlannedUnit::Kind::kCallSite;
     self.identity = &model;
     units.push_back(std::move(self));
   }
@@ -104,7 +104,7 @@ void add_batch_norm_units(torch::nn::Module& model, const IgnoredModules& ignore
   auto add = [&](const std::string& path, const torch::nn::Module& m) {
     if (!is_batch_norm(m) || ignored.contains(path) || m.parameters(false).empty()) return;
     PlannedUnit u;
-    u.kind = PlannedUnit::Kind::BatchNorm;
+    u.kind = PlannedUnit::Kind::kBatchNorm;
     u.path = path;
     u.identity = &m;
     units.push_back(std::move(u));
@@ -118,14 +118,14 @@ void add_batch_norm_units(torch::nn::Module& model, const IgnoredModules& ignore
 void assign_parameters(torch::nn::Module& model, const IgnoredModules& ignored, std::vector<PlannedUnit>& units) {
   std::map<std::string, size_t> bn_unit_of;
   for (size_t u = 0; u < units.size(); ++u)
-    if (units[u].kind == PlannedUnit::Kind::BatchNorm) bn_unit_of[units[u].path] = u;
+    if (units[u].kind == PlannedUnit::Kind::kBatchNorm) bn_unit_of[units[u].path] = u;
   std::map<const c10::TensorImpl*, std::pair<size_t, std::string>> seen;
   for (const auto& p : model.named_parameters()) {
     const std::string mpath = module_path_of(p.key());
     if (ignored.contains(mpath)) continue;
     size_t owner = 0;
     for (size_t u = 1; u < units.size(); ++u)
-      if (units[u].kind == PlannedUnit::Kind::CallSite && path_within(mpath, units[u].path) &&
+      if (units[u].kind == PlannedUnit::Kind::kCallSite && path_within(mpath, units[u].path) &&
           units[u].path.size() >= units[owner].path.size())
         owner = u;
     if (auto bn = bn_unit_of.find(mpath); bn != bn_unit_of.end()) owner = bn->second;

@@ -41,11 +41,11 @@ class IgnoredModules {
 /// A unit as planned before anything is created.
 struct PlannedUnit {
   enum class Kind {
-    Root,       // the wrapper's own call site
-    CallSite,   // a wrap candidate the policy chose ([Note: wrap candidates])
-    BatchNorm,  // mixed precision's full-precision BatchNorm unit: no call site
+    kRoot,       // the wrapper's own call site
+    kCallSite,   // a wrap candidate the policy chose ([Note: wrap candidates])
+    kBatchNorm,  // mixed precision's full-precision BatchNorm unit: no call site
   };
-  Kind kind = Kind::CallSite;
+  Kind kind = Kind::kCallSite;
   std::string path;
   // CallSite: the candidate's module, and for a Sequential entry its Sequential and index.
   std::shared_ptr<torch::nn::Module> module;

@@ -147,8 +147,8 @@ void ZeroBucketReducer::issue(size_t b) {
                                                                                     : at::empty({lb.chunk}, buffer.options());
   comm::CommHandle handle;
   if (lb.padded > 0)
-    handle = comm::reduce_scatter(config_.group, out, buffer, comm::ReduceOp::Avg,
-                                  {comm::Phase::Backward, "bucket " + std::to_string(b)});
+    handle = comm::reduce_scatter(config_.group, out, buffer, comm::ReduceOp::kAvg,
+                                  {comm::Phase::kBackward, "bucket " + std::to_string(b)});
   in_flight_.push(std::make_unique<Reduction>(*this, b, std::move(out), std::move(handle)));
   if (!config_.overlap) in_flight_.complete_all();
 }

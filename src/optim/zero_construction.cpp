@@ -86,10 +86,10 @@ void broadcast_from_rank0(const comm::ProcessGroup& pg, const at::Tensor& t) {
   if (pg.size() == 1 || !t.defined() || t.numel() == 0) return;
   at::Tensor d = t.detach();
   if (d.is_contiguous()) {
-    comm::broadcast(pg, d, 0, {comm::Phase::Setup, "ZeroRedundancyOptimizer"}).wait();
+    comm::broadcast(pg, d, 0, {comm::Phase::kSetup, "ZeroRedundancyOptimizer"}).wait();
   } else {
     at::Tensor c = d.contiguous();
-    comm::broadcast(pg, c, 0, {comm::Phase::Setup, "ZeroRedundancyOptimizer"}).wait();
+    comm::broadcast(pg, c, 0, {comm::Phase::kSetup, "ZeroRedundancyOptimizer"}).wait();
     d.copy_(c);
   }
 }

@@ -178,7 +178,7 @@ void ZeroRedundancyOptimizer::all_gather_parameters() {
     if (lb.padded == 0) return comm::CommHandle();
     return comm::all_gather_into(m.pg, m.flat.narrow(0, lb.flat_offset, lb.padded),
                                  m.flat.narrow(0, layout.chunk_offset(b, m.rank()), lb.chunk),
-                                 {comm::Phase::Step, "bucket " + std::to_string(b)});
+                                 {comm::Phase::kStep, "bucket " + std::to_string(b)});
   };
   engine::for_each_bucket(nbuckets, m.window(), gather, [](int) {});
 }

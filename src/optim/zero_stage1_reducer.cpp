@@ -36,14 +36,14 @@ comm::CommHandle ZeroStage1Reducer::issue(int b, std::vector<at::Tensor>& params
     else dst.zero_();
   }
   buffers_[b] = buf;
-  const comm::CallLabel label(comm::Phase::Step, "bucket " + std::to_string(b));
-  if (config_.all_reduce) return comm::all_reduce(config_.group, buf, comm::ReduceOp::Avg, label);
+  const comm::CallLabel label(comm::Phase::kStep, "bucket " + std::to_string(b));
+  if (config_.all_reduce) return comm::all_reduce(config_.group, buf, comm::ReduceOp::kAvg, label);
   at::Tensor slice = partition_.narrow(0, lb.local_offset, lb.chunk);
   if (slice.scalar_type() == buf.scalar_type())
-    return comm::reduce_scatter(config_.group, slice, buf, comm::ReduceOp::Avg, label);
+    return comm::reduce_scatter(config_.group, slice, buf, comm::ReduceOp::kAvg, label);
   // Reduced in the communication dtype, widened into the partition by finish().
   outs_[b] = at::empty({lb.chunk}, config_.comm_options);
-  return comm::reduce_scatter(config_.group, outs_[b], buf, comm::ReduceOp::Avg, label);
+  return comm::reduce_scatter(config_.group, outs_[b], buf, comm::ReduceOp::kAvg, label);
 }
 
 /// Bucket b's reduction completed: its averages into grad() (all-reduce) and the partition.

@@ -146,7 +146,7 @@ StepAgreement ZeroRedundancyOptimizer::Impl::agree(std::vector<double> used) {
   used.push_back(squared);
   used.push_back(found_nonfinite);
   at::Tensor summed = torch::tensor(used, at::TensorOptions().dtype(at::kDouble));
-  if (pg.size() > 1) comm::all_reduce(pg, summed, comm::ReduceOp::Sum, {comm::Phase::Step, "agreement"}).wait();
+  if (pg.size() > 1) comm::all_reduce(pg, summed, comm::ReduceOp::kSum, {comm::Phase::kStep, "agreement"}).wait();
   auto a = summed.accessor<double, 1>();
   StepAgreement agreed;
   agreed.used.assign(a.data(), a.data() + nparams);
@@ -191,7 +191,7 @@ std::vector<double> ZeroRedundancyOptimizer::Impl::agree_used_in_bucket(const de
   std::vector<double> used(reducer->used().begin() + lb.first_param, reducer->used().begin() + lb.end_param);
   if (pg.size() == 1 || used.empty()) return used;
   at::Tensor summed = torch::tensor(used, at::TensorOptions().dtype(at::kDouble));
-  comm::all_reduce(pg, summed, comm::ReduceOp::Sum, {comm::Phase::Backward, "bucket used"}).wait();
+  comm::all_reduce(pg, summed, comm::ReduceOp::kSum, {comm::Phase::kBackward, "bucket used"}).wait();
   auto a = summed.accessor<double, 1>();
   return std::vector<double>(a.data(), a.data() + used.size());
 }

@@ -92,7 +92,7 @@ void ShardedGradScaler::unscale_(torch::optim::Optimizer& optimizer) {
       // A single reduction catches inf and nan (nan propagates, inf stays inf).
       if (!std::isfinite(grad.sum(at::kDouble).item<double>())) flag.fill_(1);
     }
-  if (group_.defined() && group_.size() > 1) comm::all_reduce(group_, flag, comm::ReduceOp::Max, {comm::Phase::Step, "grad_scaler"}).wait();
+  if (group_.defined() && group_.size() > 1) comm::all_reduce(group_, flag, comm::ReduceOp::kMax, {comm::Phase::kStep, "grad_scaler"}).wait();
   found_inf_ = flag.item<float>() != 0;
   unscaled_ = true;
 }

@@ -65,7 +65,7 @@ void save_checkpoint(const std::string& dir, FullyShardedBase& model, const torc
 
 void state::save_checkpoint_of(const std::string& dir, const CheckpointSubject& subject,
                                const torch::optim::Optimizer* optimizer, const CheckpointExtra& extra) {
-  comm::LabelScope label_scope({comm::Phase::Checkpoint, "save"});
+  comm::LabelScope label_scope({comm::Phase::kCheckpoint, "save"});
   TORCH_CHECK(!dir.empty(), "fsdp: save_checkpoint needs a directory");
   const auto& pg = subject.group;
   const int rank = pg.rank();
@@ -531,7 +531,7 @@ std::string message_of(const std::exception& e) {
 }  // namespace
 
 CheckpointExtra load_checkpoint(const std::string& dir, FullyShardedBase& model, torch::optim::Optimizer* optimizer) {
-  comm::LabelScope label_scope({comm::Phase::Checkpoint, "load"});
+  comm::LabelScope label_scope({comm::Phase::kCheckpoint, "load"});
   // Fails alike on every rank (a model inside its step), before any collective.
   return state::load_checkpoint_of(dir, subject_of(model, "load_checkpoint"), optimizer);
 }

@@ -53,7 +53,7 @@ std::map<const c10::TensorImpl*, std::string> names_of(const std::vector<LocalPi
 }  // namespace
 
 OptimStateDict full_optim_state_dict(FullyShardedBase& model, const torch::optim::Optimizer& opt, bool rank0_only) {
-  comm::LabelScope label_scope({comm::Phase::StateDict, "full_optim_state_dict"});
+  comm::LabelScope label_scope({comm::Phase::kStateDict, "full_optim_state_dict"});
   const auto& pg = model.process_group();
   const bool keep = !rank0_only || pg.rank() == 0;
   core::detail::StateView view(model);
@@ -77,7 +77,7 @@ OptimStateDict full_optim_state_dict(FullyShardedBase& model, const torch::optim
       a[kNumKinds + i] = 1;
       a[kNumKinds + n + i] = st[i]->step;
     }
-    if (sharded && pg.size() > 1) comm::all_reduce(pg, agreed, comm::ReduceOp::Max).wait();
+    if (sharded && pg.size() > 1) comm::all_reduce(pg, agreed, comm::ReduceOp::kMax).wait();
     for (int k = 0; k < kNumKinds; ++k) {
       if (!a[k]) continue;
       at::Tensor full;
@@ -119,7 +119,7 @@ OptimStateDict full_optim_state_dict(FullyShardedBase& model, const torch::optim
 }
 
 OptimStateDict shard_full_optim_state_dict(const OptimStateDict& full, FullyShardedBase& model) {
-  comm::LabelScope label_scope({comm::Phase::StateDict, "shard_full_optim_state_dict"});
+  comm::LabelScope label_scope({comm::Phase::kStateDict, "shard_full_optim_state_dict"});
   auto pieces = core::detail::StateView(model).local_pieces("shard_full_optim_state_dict");
   OptimStateDict out;
   out.param_groups = full.param_groups;
@@ -141,7 +141,7 @@ OptimStateDict shard_full_optim_state_dict(const OptimStateDict& full, FullyShar
 }
 
 void load_optim_state_dict(FullyShardedBase& model, torch::optim::Optimizer& opt, const OptimStateDict& sharded) {
-  comm::LabelScope label_scope({comm::Phase::StateDict, "load_optim_state_dict"});
+  comm::LabelScope label_scope({comm::Phase::kStateDict, "load_optim_state_dict"});
   auto pieces = core::detail::StateView(model).local_pieces("load_optim_state_dict");
   std::map<const c10::TensorImpl*, const LocalPiece*> piece_of;
   for (const auto& p : pieces) piece_of[p.param.unsafeGetTensorImpl()] = &p;
@@ -236,13 +236,13 @@ OptimStateDict rekey_optim_state_dict(const OptimStateDict& osd, OptimKey to, Fu
     }
   std::map<std::string, std::string> map;
   for (size_t i = 0; i < names.size(); ++i) {
-    if (to == OptimKey::ByPosition) map[names[i]] = std::to_string(i);
+    if (to == OptimKey::kByPosition) map[names[i]] = std::to_string(i);
     else map[std::to_string(i)] = names[i];
   }
   auto rekey = [&](const std::string& k) {
     auto it = map.find(k);
     TORCH_CHECK(it != map.end(), "fsdp: rekey_optim_state_dict: key '", k, "' is not a ",
-                to == OptimKey::ByPosition ? "parameter name" : "position", " of this optimizer");
+                to == OptimKey::kByPosition ? "parameter name" : "position", " of this optimizer");
     return it->second;
   };
   OptimStateDict out;

@@ -89,7 +89,7 @@ void fill_unit(core::detail::StateView& view, size_t u, const at::Tensor& flat, 
 }  // namespace
 
 void load_state_dict_from_rank0(FullyShardedBase& model, const StateDict& rank0_dict) {
-  comm::LabelScope label_scope({comm::Phase::StateDict, "load_state_dict_from_rank0"});
+  comm::LabelScope label_scope({comm::Phase::kStateDict, "load_state_dict_from_rank0"});
   core::detail::StateView view(model);
   const comm::ProcessGroup& pg = view.group();
   const bool root = pg.rank() == 0;

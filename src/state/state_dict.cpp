@@ -36,7 +36,7 @@ at::Tensor offloaded(const at::Tensor& t, const FullStateDictConfig& cfg) {
 }
 
 StateDict full_state_dict(FullyShardedBase& model, const FullStateDictConfig& cfg) {
-  comm::LabelScope label_scope({comm::Phase::StateDict, "full_state_dict"});
+  comm::LabelScope label_scope({comm::Phase::kStateDict, "full_state_dict"});
   core::detail::StateView view(model);
   view.require_idle("state_dict");
   const bool keep = !cfg.rank0_only() || view.rank() == 0;
@@ -80,7 +80,7 @@ StateDictTypeGuard::StateDictTypeGuard(FullyShardedBase& model, StateDictType ty
 StateDictTypeGuard::~StateDictTypeGuard() { core::detail::StateView(*model_).state_dict_selection() = previous_; }
 
 StateDict state_dict(FullyShardedBase& model) {
-  comm::LabelScope label_scope({comm::Phase::StateDict, "state_dict"});
+  comm::LabelScope label_scope({comm::Phase::kStateDict, "state_dict"});
   core::detail::StateView view(model);
   const core::detail::StateDictSelection s = view.state_dict_selection();
   if (s.type == StateDictType::kFull) return full_state_dict(model, s.config);
@@ -97,7 +97,7 @@ StateDict state_dict(FullyShardedBase& model) {
 }
 
 ShardedStateDict sharded_state_dict(FullyShardedBase& model) {
-  comm::LabelScope label_scope({comm::Phase::StateDict, "sharded_state_dict"});
+  comm::LabelScope label_scope({comm::Phase::kStateDict, "sharded_state_dict"});
   ShardedStateDict out;
   for (const auto& p : core::detail::StateView(model).local_pieces("sharded_state_dict"))
     out.insert(p.name, ShardedEntry{p.flat().clone(), p.shape, p.begin, p.end});
@@ -105,7 +105,7 @@ ShardedStateDict sharded_state_dict(FullyShardedBase& model) {
 }
 
 void load_sharded_state_dict(FullyShardedBase& model, const ShardedStateDict& dict) {
-  comm::LabelScope label_scope({comm::Phase::StateDict, "load_sharded_state_dict"});
+  comm::LabelScope label_scope({comm::Phase::kStateDict, "load_sharded_state_dict"});
   const int rank = model.process_group().rank();
   torch::NoGradGuard no_grad;
   for (const auto& p : core::detail::StateView(model).local_pieces("load_sharded_state_dict")) {
@@ -123,7 +123,7 @@ void load_sharded_state_dict(FullyShardedBase& model, const ShardedStateDict& di
 }
 
 void load_state_dict(FullyShardedBase& model, const StateDict& dict) {
-  comm::LabelScope label_scope({comm::Phase::StateDict, "load_state_dict"});
+  comm::LabelScope label_scope({comm::Phase::kStateDict, "load_state_dict"});
   const int rank = model.process_group().rank();
   core::detail::StateView view(model);
   const StateDictType type = view.state_dict_selection().type;

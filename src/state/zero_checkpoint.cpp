@@ -71,7 +71,7 @@ state::CheckpointSubject subject_of(ZeroRedundancyOptimizer& opt, const char* wh
 }  // namespace
 
 void save_checkpoint(const std::string& dir, optim::ZeroRedundancyOptimizer& opt, const CheckpointExtra& extra) {
-  comm::LabelScope label_scope({comm::Phase::Checkpoint, "save"});
+  comm::LabelScope label_scope({comm::Phase::kCheckpoint, "save"});
   auto subject = subject_of(opt, "save_checkpoint");
   // The learning rates to save are this optimizer's (an LR scheduler sets them; step()
   // hands them down): hand them down now.
@@ -81,7 +81,7 @@ void save_checkpoint(const std::string& dir, optim::ZeroRedundancyOptimizer& opt
 }
 
 CheckpointExtra load_checkpoint(const std::string& dir, optim::ZeroRedundancyOptimizer& opt) {
-  comm::LabelScope label_scope({comm::Phase::Checkpoint, "load"});
+  comm::LabelScope label_scope({comm::Phase::kCheckpoint, "load"});
   auto subject = subject_of(opt, "load_checkpoint");
   CheckpointExtra extra = state::load_checkpoint_of(dir, subject, &opt.inner());
   // Loaded into the inner groups; ours are the ones step() hands down.

@@ -36,7 +36,7 @@ at::ScalarType piece_dtype(const optim::ZeroRedundancyOptimizer& opt, const at::
 }  // namespace
 
 OptimStateDict consolidate_state_dict(optim::ZeroRedundancyOptimizer& opt, int to) {
-  comm::LabelScope label_scope({comm::Phase::StateDict, "consolidate_state_dict"});
+  comm::LabelScope label_scope({comm::Phase::kStateDict, "consolidate_state_dict"});
   const comm::ProcessGroup& pg = opt.options().process_group();
   TORCH_CHECK(to >= 0 && to < pg.size(), "fsdp::consolidate_state_dict: rank ", to, " is outside group '",
               pg.name(), "' of size ", pg.size());
@@ -63,7 +63,7 @@ OptimStateDict consolidate_state_dict(optim::ZeroRedundancyOptimizer& opt, int t
     f[pieces[k].param][0] = mask | (1 << kNumStateNames);  // the high bit: "has state"
     f[pieces[k].param][1] = static_cast<double>(local[k]->step);
   }
-  if (pg.size() > 1 && np > 0) comm::all_reduce(pg, facts, comm::ReduceOp::Max).wait();
+  if (pg.size() > 1 && np > 0) comm::all_reduce(pg, facts, comm::ReduceOp::kMax).wait();
 
   OptimStateDict out;
   const bool keep = pg.rank() == to;
@@ -80,7 +80,7 @@ OptimStateDict consolidate_state_dict(optim::ZeroRedundancyOptimizer& opt, int t
       const int k = piece_of[i];
       if (k >= 0 && local[k] && local[k]->tensors.count(kStateNames[j]))
         full.narrow(0, pieces[k].offset, pieces[k].numel).copy_(local[k]->tensors.at(kStateNames[j]).reshape({-1}));
-      if (pg.size() > 1) comm::all_reduce(pg, full, comm::ReduceOp::Sum).wait();
+      if (pg.size() > 1) comm::all_reduce(pg, full, comm::ReduceOp::kSum).wait();
       if (keep) entry[kStateNames[j]] = full.view(param.sizes());
     }
     if (keep) out.state[params[i].name] = std::move(entry);
@@ -105,7 +105,7 @@ OptimStateDict consolidate_state_dict(optim::ZeroRedundancyOptimizer& opt, int t
 }
 
 void load_consolidated_state_dict(optim::ZeroRedundancyOptimizer& opt, const OptimStateDict& full) {
-  comm::LabelScope label_scope({comm::Phase::StateDict, "load_consolidated_state_dict"});
+  comm::LabelScope label_scope({comm::Phase::kStateDict, "load_consolidated_state_dict"});
   const auto params = opt.trainable_parameters();
   require_names(params, "load_consolidated_state_dict");
   torch::optim::Optimizer& inner = opt.inner();

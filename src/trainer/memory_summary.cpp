@@ -70,7 +70,7 @@ void print_memory_table(std::FILE* out, const comm::ProcessGroup& pg, const Memo
   const int n = pg.size(), cols = int(mine.size());
   auto rows = torch::zeros({n, cols}, torch::kFloat64);
   rows[pg.rank()].copy_(torch::tensor(mine, torch::kFloat64));
-  comm::all_reduce(pg, rows, comm::ReduceOp::Sum, {comm::Phase::Trainer, "memory summary"}).wait();
+  comm::all_reduce(pg, rows, comm::ReduceOp::kSum, {comm::Phase::kTrainer, "memory summary"}).wait();
   if (pg.rank() != 0) return;
   // Two spaces more than the header, at least 14: room for "1023.99 MiB".
   std::vector<int> width;

@@ -87,7 +87,7 @@ ResumePoint load_newest_usable(const LoopContext& ctx) {
   for (;;) {
     auto chosen = torch::full({1}, int64_t(-1), torch::kLong);
     if (ctx.lead()) chosen.fill_(newest_acceptable_step(ctx, below));
-    comm::broadcast(ctx.pg, chosen, 0, {comm::Phase::Trainer, "resume point"}).wait();
+    comm::broadcast(ctx.pg, chosen, 0, {comm::Phase::kTrainer, "resume point"}).wait();
     const int64_t step = chosen.item<int64_t>();
     if (step < 0) return {};
     below = step;

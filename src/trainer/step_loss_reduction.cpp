@@ -22,7 +22,7 @@ void StepLossReduction::start(const StepMetrics& metrics, double local, double d
   p.metrics = metrics;
   p.value = torch::full({1}, local, torch::kFloat64);
   p.divisor = divisor;
-  p.handle = comm::all_reduce(group_, p.value, comm::ReduceOp::Sum, {comm::Phase::Trainer, "step loss"});
+  p.handle = comm::all_reduce(group_, p.value, comm::ReduceOp::kSum, {comm::Phase::kTrainer, "step loss"});
   pending_.push_back(std::move(p));
 }
 

@@ -55,7 +55,7 @@ RanStep StepRunner::run(int64_t step) {
 
 // [Note: step loss] With equal parts (m divisible by k x world) the step's loss is
 // the plain mean of the parts' means: each rank's mean of its micro-batch means,
-// then the mean over ranks (ReduceOp::Avg's sum / world). That is the mean over
+// then the mean over ranks (ReduceOp::kAvg's sum / world). That is the mean over
 // the global batch, rounded as data-parallel PyTorch (and fsdp-train's tests'
 // reference) computes it; with k = 1 a rank's value is its loss as returned.
 // Unequal parts (a short last batch) weigh each rank's samples by count instead.

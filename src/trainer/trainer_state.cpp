@@ -37,7 +37,7 @@ at::Tensor gather_generator_states(const comm::ProcessGroup& pg) {
   // Bytes as doubles (exact) through one sum all-reduce: each rank fills its row.
   auto rows = torch::zeros({pg.size(), state.numel()}, torch::kFloat64);
   rows[pg.rank()].copy_(state.to(torch::kFloat64));
-  comm::all_reduce(pg, rows, comm::ReduceOp::Sum, {comm::Phase::Trainer, "rng states"}).wait();
+  comm::all_reduce(pg, rows, comm::ReduceOp::kSum, {comm::Phase::kTrainer, "rng states"}).wait();
   return rows.to(torch::kUInt8);
 }
 

@@ -99,7 +99,7 @@ ValidationMetrics ValidationSchedule::mean_over_validation_set() {
   std::vector<double> sums = acc.sums;
   sums.push_back(double(count));
   auto t = torch::tensor(sums, torch::kFloat64);
-  comm::all_reduce(ctx_.pg, t, comm::ReduceOp::Sum, {comm::Phase::Trainer, "validation"}).wait();
+  comm::all_reduce(ctx_.pg, t, comm::ReduceOp::kSum, {comm::Phase::kTrainer, "validation"}).wait();
   auto a = t.accessor<double, 1>();
   ValidationMetrics vm;
   vm.samples = int64_t(a[int64_t(acc.keys.size())] + 0.5);

@@ -155,7 +155,7 @@ void expect_ranks_agreed(const comm::ProcessGroup& pg) {
     if (!rank) continue;
     for (const auto& group : rank->groups)
       for (const auto& c : group.second.second)
-        if (c.state == comm::detail::RecordState::Failed) return;  // a planted failure
+        if (c.state == comm::detail::RecordState::kFailed) return;  // a planted failure
   }
   const auto lines = comm::detail::describe_groups(x, pg.name(), /*silent_too=*/false);
   for (const auto& line : lines) ADD_FAILURE() << "the ranks' collectives differ " << line;

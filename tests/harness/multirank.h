@@ -27,7 +27,7 @@ struct RankOptions {
   std::chrono::milliseconds collective_timeout{60000};
   int threads_per_rank = 1;                        ///< at::set_num_threads in each worker
   std::vector<std::string> extra_env;              ///< "K=V" for every worker, replacing this process's K
-  comm::Backend backend = comm::Backend::Auto;     ///< what moves CUDA tensors
+  comm::Backend backend = comm::Backend::kAuto;     ///< what moves CUDA tensors
 };
 
 void run_ranks(int world_size, const std::function<void(comm::ProcessGroup&)>& body,

@@ -8,10 +8,14 @@
 #include <type_traits>
 #include <utility>
 
+#include "fsdp/comm/call_label.h"
+#include "fsdp/comm/launch_env.h"
+#include "fsdp/comm/types.h"
 #include "fsdp/core/fully_sharded.h"
 #include "fsdp/core/options.h"
 #include "fsdp/core/state_dict_type.h"
 #include "fsdp/optim/zero_redundancy_optimizer.h"
+#include "fsdp/state/optim_state_dict.h"
 #include "fsdp/trainer/trainer_options.h"
 #include "fsdp/trainer/training_facade.h"
 
@@ -42,6 +46,33 @@ static_assert(fsdp::trainer::StrategyKind::HYBRID_SHARD == fsdp::trainer::Strate
 static_assert(fsdp::trainer::StrategyKind::NO_SHARD == fsdp::trainer::StrategyKind::kNoShard);
 static_assert(fsdp::trainer::StrategyKind::ZERO1 == fsdp::trainer::StrategyKind::kZero1);
 static_assert(fsdp::trainer::StrategyKind::ZERO2 == fsdp::trainer::StrategyKind::kZero2);
+
+// The CamelCase enumerators of comm and state in kCamel too.
+static_assert(fsdp::comm::ReduceOp::Sum == fsdp::comm::ReduceOp::kSum);
+static_assert(fsdp::comm::ReduceOp::Avg == fsdp::comm::ReduceOp::kAvg);
+static_assert(fsdp::comm::ReduceOp::Max == fsdp::comm::ReduceOp::kMax);
+static_assert(fsdp::comm::CommPath::Local == fsdp::comm::CommPath::kLocal);
+static_assert(fsdp::comm::CommPath::SharedMemory == fsdp::comm::CommPath::kSharedMemory);
+static_assert(fsdp::comm::CommPath::Gloo == fsdp::comm::CommPath::kGloo);
+static_assert(fsdp::comm::CommPath::Nccl == fsdp::comm::CommPath::kNccl);
+static_assert(fsdp::comm::Backend::Auto == fsdp::comm::Backend::kAuto);
+static_assert(fsdp::comm::Backend::Gloo == fsdp::comm::Backend::kGloo);
+static_assert(fsdp::comm::Backend::NCCL == fsdp::comm::Backend::kNccl);
+static_assert(fsdp::comm::Phase::Unlabelled == fsdp::comm::Phase::kUnlabelled);
+static_assert(fsdp::comm::Phase::Setup == fsdp::comm::Phase::kSetup);
+static_assert(fsdp::comm::Phase::Forward == fsdp::comm::Phase::kForward);
+static_assert(fsdp::comm::Phase::Backward == fsdp::comm::Phase::kBackward);
+static_assert(fsdp::comm::Phase::Step == fsdp::comm::Phase::kStep);
+static_assert(fsdp::comm::Phase::StateDict == fsdp::comm::Phase::kStateDict);
+static_assert(fsdp::comm::Phase::Checkpoint == fsdp::comm::Phase::kCheckpoint);
+static_assert(fsdp::comm::Phase::Trainer == fsdp::comm::Phase::kTrainer);
+static_assert(fsdp::comm::LaunchSource::Explicit == fsdp::comm::LaunchSource::kExplicit);
+static_assert(fsdp::comm::LaunchSource::Torchrun == fsdp::comm::LaunchSource::kTorchrun);
+static_assert(fsdp::comm::LaunchSource::Slurm == fsdp::comm::LaunchSource::kSlurm);
+static_assert(fsdp::comm::LaunchSource::OpenMPI == fsdp::comm::LaunchSource::kOpenMpi);
+static_assert(fsdp::comm::LaunchSource::SingleProcess == fsdp::comm::LaunchSource::kSingleProcess);
+static_assert(fsdp::OptimKey::ByName == fsdp::OptimKey::kByName);
+static_assert(fsdp::OptimKey::ByPosition == fsdp::OptimKey::kByPosition);
 
 // Options::offload_params is now cpu_offload: the old setter and getter forward to it.
 static_assert(std::is_same_v<decltype(std::declval<fsdp::Options&>().offload_params(true)), fsdp::Options&>);

@@ -111,11 +111,11 @@ Args parse_args(int argc, char** argv) {
 // One word per launcher, for grep-able output lines.
 const char* source_token(comm::LaunchSource s) {
   switch (s) {
-    case comm::LaunchSource::Explicit: return "explicit";
-    case comm::LaunchSource::Torchrun: return "torchrun";
-    case comm::LaunchSource::Slurm: return "slurm";
-    case comm::LaunchSource::OpenMPI: return "openmpi";
-    case comm::LaunchSource::SingleProcess: return "single";
+    case comm::LaunchSource::kExplicit: return "explicit";
+    case comm::LaunchSource::kTorchrun: return "torchrun";
+    case comm::LaunchSource::kSlurm: return "slurm";
+    case comm::LaunchSource::kOpenMpi: return "openmpi";
+    case comm::LaunchSource::kSingleProcess: return "single";
   }
   return "unknown";
 }

@@ -127,7 +127,7 @@ EvalResult evaluate(const Forward& forward, const comm::ProcessGroup& pg, const 
     }
   }
   auto sums = torch::tensor({loss_sum, correct, count}, torch::kFloat64);
-  comm::all_reduce(pg, sums, comm::ReduceOp::Sum).wait();
+  comm::all_reduce(pg, sums, comm::ReduceOp::kSum).wait();
   EvalResult e;
   e.total = int64_t(sums[2].item<double>() + 0.5);
   e.correct = int64_t(sums[1].item<double>() + 0.5);

@@ -4,25 +4,33 @@
 /// the phase of training and its subject (an FSDP unit's path, a ZeRO bucket, a state-dict
 /// entry), so that errors, traces and records can say which collective of which unit it was.
 ///
-///     fsdp::comm::CallLabel label(fsdp::comm::Phase::Forward, "blocks.3");  // "forward blocks.3"
-///     fsdp::comm::LabelScope scope({fsdp::comm::Phase::Checkpoint, "save"});
+///     fsdp::comm::CallLabel label(fsdp::comm::Phase::kForward, "blocks.3");  // "forward blocks.3"
+///     fsdp::comm::LabelScope scope({fsdp::comm::Phase::kCheckpoint, "save"});
 ///
 /// Every collective of collectives.h takes a label as its last argument; a call passed
-/// none takes the innermost LabelScope of its thread, else stays Phase::Unlabelled.
+/// none takes the innermost LabelScope of its thread, else stays Phase::kUnlabelled.
 
 #include <string>
 
 namespace fsdp::comm {
 
 enum class Phase {
-  Unlabelled,  ///< nobody said
-  Setup,       ///< process groups, wrapping, module-state synchronisation, sharded construction
-  Forward,
-  Backward,
-  Step,        ///< optimizer step, gradient clipping, loss scaling
-  StateDict,   ///< state dicts, full-parameter views, optimizer-state consolidation
-  Checkpoint,  ///< checkpoint save and load
-  Trainer,     ///< the Trainer's own agreements (loss, metrics, validation, resume)
+  kUnlabelled,  ///< nobody said
+  kSetup,       ///< process groups, wrapping, module-state synchronisation, sharded construction
+  kForward,
+  kBackward,
+  kStep,        ///< optimizer step, gradient clipping, loss scaling
+  kStateDict,   ///< state dicts, full-parameter views, optimizer-state consolidation
+  kCheckpoint,  ///< checkpoint save and load
+  kTrainer,     ///< the Trainer's own agreements (loss, metrics, validation, resume)
+  Unlabelled [[deprecated("use kUnlabelled")]] = kUnlabelled,
+  Setup [[deprecated("use kSetup")]] = kSetup,
+  Forward [[deprecated("use kForward")]] = kForward,
+  Backward [[deprecated("use kBackward")]] = kBackward,
+  Step [[deprecated("use kStep")]] = kStep,
+  StateDict [[deprecated("use kStateDict")]] = kStateDict,
+  Checkpoint [[deprecated("use kCheckpoint")]] = kCheckpoint,
+  Trainer [[deprecated("use kTrainer")]] = kTrainer,
 };
 /// "unlabelled", "setup", "forward", "backward", "step", "state_dict", "checkpoint", "trainer".
 const char* to_string(Phase phase);
@@ -34,13 +42,13 @@ struct CallLabel {
   /* implicit */ CallLabel(Phase p, std::string s = {}, const char* file = __builtin_FILE(),
                            int line = __builtin_LINE())
       : phase(p), subject(std::move(s)), file(file), line(line) {}
-  bool empty() const { return phase == Phase::Unlabelled && subject.empty(); }
+  bool empty() const { return phase == Phase::kUnlabelled && subject.empty(); }
   /// "forward blocks.3", "step", "unlabelled".
   std::string describe() const;
   /// "src/core/unit.cpp:120" (the path from its last "src/" or "tools/" on), "" when unknown.
   std::string site() const;
 
-  Phase phase = Phase::Unlabelled;
+  Phase phase = Phase::kUnlabelled;
   std::string subject;  ///< unit path, bucket, entry; "" when the phase says enough
   const char* file = nullptr;  ///< where the label was made (a string literal)
   int line = 0;

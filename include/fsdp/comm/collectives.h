@@ -57,7 +57,7 @@ class CommHandle {
  public:
   CommHandle() = default;
   CommHandle(c10::intrusive_ptr<c10d::Work> work, ProcessGroup group, std::string op,
-             std::function<void()> finish, CommPath path = CommPath::Local);
+             std::function<void()> finish, CommPath path = CommPath::kLocal);
   /// Blocks until done (or throws after the group's timeout). Idempotent.
   void wait();
   bool defined() const { return work_ != nullptr || finish_ != nullptr; }
@@ -90,7 +90,7 @@ class CommHandle {
   std::string op_;
   std::function<void()> finish_;
   bool done_ = false;
-  CommPath path_ = CommPath::Local;
+  CommPath path_ = CommPath::kLocal;
   bool on_device_ = false;
   ProcessGroup record_group_;
   uint64_t record_seq_ = 0;
@@ -104,7 +104,7 @@ CommHandle all_gather_into(const ProcessGroup& g, const at::Tensor& flat, const 
                            const CallLabel& label = {});
 /// out = op over ranks of flat[rank*chunk:(rank+1)*chunk]. `flat` is left unspecified.
 CommHandle reduce_scatter(const ProcessGroup& g, const at::Tensor& out, const at::Tensor& flat,
-                          ReduceOp op = ReduceOp::Sum, const CallLabel& label = {});
+                          ReduceOp op = ReduceOp::kSum, const CallLabel& label = {});
 /// Segment of all-gather and reduce-scatter: each chunk moves in messages of this many
 /// bytes (rounded down to whole elements, at least one). Reduce-scatter sums one segment
 /// while the next is in flight; on loopback TCP, 4 MiB messages also moved faster than
@@ -138,7 +138,7 @@ at::DataPtr allocate_collective_buffer(const ProcessGroup& g, size_t nbytes);
 int64_t collective_buffer_bytes();
 void add_collective_buffer_observer(void (*observer)(int64_t delta));
 /// In place, every rank gets the reduction.
-CommHandle all_reduce(const ProcessGroup& g, const at::Tensor& t, ReduceOp op = ReduceOp::Sum,
+CommHandle all_reduce(const ProcessGroup& g, const at::Tensor& t, ReduceOp op = ReduceOp::kSum,
                       const CallLabel& label = {});
 /// In place, from `root` (a rank of g).
 CommHandle broadcast(const ProcessGroup& g, const at::Tensor& t, int root = 0, const CallLabel& label = {});

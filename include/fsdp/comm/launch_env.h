@@ -22,11 +22,22 @@
 namespace fsdp::comm {
 
 /// Which launcher's variables described this process.
-enum class LaunchSource { Explicit, Torchrun, Slurm, OpenMPI, SingleProcess };
+enum class LaunchSource {
+  kExplicit,
+  kTorchrun,
+  kSlurm,
+  kOpenMpi,
+  kSingleProcess,
+  Explicit [[deprecated("use kExplicit")]] = kExplicit,
+  Torchrun [[deprecated("use kTorchrun")]] = kTorchrun,
+  Slurm [[deprecated("use kSlurm")]] = kSlurm,
+  OpenMPI [[deprecated("use kOpenMpi")]] = kOpenMpi,
+  SingleProcess [[deprecated("use kSingleProcess")]] = kSingleProcess,
+};
 const char* to_string(LaunchSource s);
 
 struct LaunchEnv {
-  LaunchSource source = LaunchSource::SingleProcess;
+  LaunchSource source = LaunchSource::kSingleProcess;
   int rank = 0;
   int world_size = 1;
   int local_rank = 0;

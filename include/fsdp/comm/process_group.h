@@ -29,7 +29,7 @@ class GroupDesc;
 
 /// Options of init_process_group (libtorch style: chained setters).
 struct InitOptions {
-  TORCH_ARG(Backend, backend) = Backend::Auto;
+  TORCH_ARG(Backend, backend) = Backend::kAuto;
   /// Applies to the rendezvous and to every collective issued through this group.
   TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::minutes(5);
   /// Explicit placement; each field set overrides the environment.

@@ -11,16 +11,27 @@
 
 namespace fsdp::comm {
 
-enum class ReduceOp { Sum, Avg, Max };  // Max: all_reduce only
+enum class ReduceOp {
+  kSum,
+  kAvg,
+  kMax,  // all_reduce only
+  Sum [[deprecated("use kSum")]] = kSum,
+  Avg [[deprecated("use kAvg")]] = kAvg,
+  Max [[deprecated("use kMax")]] = kMax,
+};
 
 /// How a collective's bytes moved. Set by the transport that took the call, so it names
 /// the path really taken: a shared-memory group's broadcast, which goes through Gloo,
 /// reports Gloo.
 enum class CommPath {
-  Local,         ///< a group of one rank: nothing moved
-  SharedMemory,  ///< the group's rings in /dev/shm (every rank on this host)
-  Gloo,          ///< Gloo over TCP (loopback inside a host, the network across hosts)
-  Nccl,          ///< NCCL (CUDA tensors)
+  kLocal,         ///< a group of one rank: nothing moved
+  kSharedMemory,  ///< the group's rings in /dev/shm (every rank on this host)
+  kGloo,          ///< Gloo over TCP (loopback inside a host, the network across hosts)
+  kNccl,          ///< NCCL (CUDA tensors)
+  Local [[deprecated("use kLocal")]] = kLocal,
+  SharedMemory [[deprecated("use kSharedMemory")]] = kSharedMemory,
+  Gloo [[deprecated("use kGloo")]] = kGloo,
+  Nccl [[deprecated("use kNccl")]] = kNccl,
 };
 /// "local", "shm", "gloo", "nccl" (the words the FSDP trace uses).
 const char* to_string(CommPath path);
@@ -29,7 +40,14 @@ const char* to_string(CommPath path);
 /// GPU per rank; Gloo stages CUDA tensors through host memory and allows ranks to share a GPU;
 /// Auto takes NCCL when every rank has a GPU of its own, Gloo when ranks share GPUs, and no
 /// CUDA tensors at all when some rank has no GPU (or this build has no CUDA).
-enum class Backend { Auto, Gloo, NCCL };
+enum class Backend {
+  kAuto,
+  kGloo,
+  kNccl,
+  Auto [[deprecated("use kAuto")]] = kAuto,
+  Gloo [[deprecated("use kGloo")]] = kGloo,
+  NCCL [[deprecated("use kNccl")]] = kNccl,
+};
 
 /// Bytes sent per op, counted by whoever owns the counter (comm_counters() in
 /// collectives.h: as the algorithm moves them).

@@ -61,7 +61,12 @@ void scatter_full_optim_state_dict(const OptimStateDict& full_on_rank0, FullySha
 /// Loads a sharded (name-keyed) dict of this rank's pieces into `opt`.
 void load_optim_state_dict(FullyShardedBase& model, torch::optim::Optimizer& opt, const OptimStateDict& sharded);
 
-enum class OptimKey { ByName, ByPosition };
+enum class OptimKey {
+  kByName,
+  kByPosition,
+  ByName [[deprecated("use kByName")]] = kByName,
+  ByPosition [[deprecated("use kByPosition")]] = kByPosition,
+};
 /// Re-keys between parameter names and positions in `opt`'s parameter list.
 OptimStateDict rekey_optim_state_dict(const OptimStateDict& osd, OptimKey to, FullyShardedBase& model,
                                       const torch::optim::Optimizer& opt);

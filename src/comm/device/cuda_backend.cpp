@@ -6,13 +6,13 @@
 // init, from a table every rank reads alike: each rank publishes the UUID of the GPU it is
 // bound to (or that it has none). NCCL refuses two ranks on one GPU ("Duplicate GPU
 // detected") only once a collective runs, and then on some ranks while the others wait: the
-// table finds the duplicate first, and every rank refuses with the same message. Backend::Auto
+// table finds the duplicate first, and every rank refuses with the same message. Backend::kAuto
 // takes NCCL when every rank has a GPU of its own, Gloo when ranks share GPUs, and moves no
 // CUDA tensors when a rank has none.
 //
 // This file is compiled with NCCL's header and USE_C10D_NCCL when libtorch has CUDA
 // (FSDP_WITH_NCCL); without them it still decides the CUDA backend (no rank has CUDA) and refuses
-// Backend::NCCL.
+// Backend::kNccl.
 #include "comm/device/cuda_backend.h"
 
 #include <cstdio>
@@ -116,20 +116,20 @@ CudaCollectiveBackend decide_cuda_backend(const InitOptions& options, const Laun
     break;
   }
   CudaCollectiveBackend p;
-  if (asked == Backend::NCCL) {
-    TORCH_CHECK(without < 0, "fsdp: rank ", env.rank, ": Backend::NCCL, but rank ", without,
-                " has no CUDA device; every rank needs one GPU of its own (or use Backend::Gloo)");
-    TORCH_CHECK(shared.empty(), "fsdp: rank ", env.rank, ": Backend::NCCL, but ", shared,
-                ": NCCL refuses two ranks on one GPU; use Backend::Gloo for CUDA tensors (it stages them "
+  if (asked == Backend::kNccl) {
+    TORCH_CHECK(without < 0, "fsdp: rank ", env.rank, ": Backend::kNccl, but rank ", without,
+                " has no CUDA device; every rank needs one GPU of its own (or use Backend::kGloo)");
+    TORCH_CHECK(shared.empty(), "fsdp: rank ", env.rank, ": Backend::kNccl, but ", shared,
+                ": NCCL refuses two ranks on one GPU; use Backend::kGloo for CUDA tensors (it stages them "
                 "through host memory), or give each rank its own GPU (InitOptions::device_index, "
                 "CUDA_VISIBLE_DEVICES)");
-    p.backend = Backend::NCCL;
+    p.backend = Backend::kNccl;
   } else if (without >= 0) {
     return p;  // some rank has no GPU: CUDA tensors are refused (none placed)
-  } else if (asked == Backend::Gloo || !shared.empty() || !nccl_built()) {
-    p.backend = Backend::Gloo;
+  } else if (asked == Backend::kGloo || !shared.empty() || !nccl_built()) {
+    p.backend = Backend::kGloo;
   } else {
-    p.backend = Backend::NCCL;
+    p.backend = Backend::kNccl;
   }
   p.device_index = device;
   return p;

@@ -26,7 +26,7 @@ struct CudaCollectiveBackend {
   /// The CUDA device this rank is bound to; -1 when the world moves no CUDA tensors.
   int device_index = -1;
   /// NCCL, Gloo (staged through host memory), or Auto meaning none: CUDA tensors refused.
-  Backend backend = Backend::Auto;
+  Backend backend = Backend::kAuto;
   bool enabled() const { return device_index >= 0; }
 };
 
@@ -35,9 +35,9 @@ bool nccl_built();
 
 /// Decides which backend moves the world's CUDA tensors: each rank binds a device
 /// (InitOptions::device_index, else its local rank modulo the visible devices) and publishes
-/// the device's UUID through `store`; every rank then reads the same table and decides the same. Backend::NCCL with
+/// the device's UUID through `store`; every rank then reads the same table and decides the same. Backend::kNccl with
 /// two ranks on one GPU, or a rank without CUDA, is refused on every rank before NCCL starts
-/// (a build without NCCL refuses Backend::NCCL earlier, in init_process_group).
+/// (a build without NCCL refuses Backend::kNccl earlier, in init_process_group).
 CudaCollectiveBackend decide_cuda_backend(const InitOptions& options, const LaunchEnv& env, c10d::Store& store);
 
 /// Registers an NCCL backend for CUDA tensors on `pg` (rank `rank` of `size`), bound to

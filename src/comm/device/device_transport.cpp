@@ -13,7 +13,7 @@ namespace {
 
 // Sums, then divides for Avg: Gloo has no average, and one rule keeps both backends alike.
 c10d::ReduceOp c10d_op(ReduceOp op) {
-  return op == ReduceOp::Max ? c10d::ReduceOp(c10d::ReduceOp::MAX) : c10d::ReduceOp(c10d::ReduceOp::SUM);
+  return op == ReduceOp::kMax ? c10d::ReduceOp(c10d::ReduceOp::MAX) : c10d::ReduceOp(c10d::ReduceOp::SUM);
 }
 
 }  // namespace
@@ -35,7 +35,7 @@ Issued DeviceTransport::reduce_scatter(const GroupDesc& g, const at::Tensor& out
   auto work = g.c10d()->_reduce_scatter_base(target, input, opts);
   const int n = g.size();
   return Issued{work, [out, target, input, op, n]() {
-    if (op == ReduceOp::Avg) target.div_(n);
+    if (op == ReduceOp::kAvg) target.div_(n);
     if (!target.is_same(out)) {
       out.copy_(target);
       used_on_current_stream(target);  // allocated on the issuing stream, read here
@@ -50,7 +50,7 @@ Issued DeviceTransport::all_reduce(const GroupDesc& g, const at::Tensor& t, Redu
   auto work = g.c10d()->allreduce(tensors, opts);
   const int n = g.size();
   return Issued{work, [tensors, op, n]() {
-    if (op == ReduceOp::Avg) tensors[0].div_(n);
+    if (op == ReduceOp::kAvg) tensors[0].div_(n);
   }, path_, /*on_device=*/true};
 }
 
@@ -69,14 +69,14 @@ void DeviceTransport::barrier(const GroupDesc& g) {
 
 std::shared_ptr<Transport> make_device_transport(const CudaCollectiveBackend& cuda) {
   if (!cuda.enabled()) return nullptr;
-  return std::make_shared<DeviceTransport>(cuda.backend == Backend::NCCL ? CommPath::Nccl : CommPath::Gloo);
+  return std::make_shared<DeviceTransport>(cuda.backend == Backend::kNccl ? CommPath::kNccl : CommPath::kGloo);
 }
 
 void DeviceTransport::wait(const c10::intrusive_ptr<c10d::Work>& work, const GroupDesc& g, const std::string& op) {
   try {
     // NCCL: the current stream waits, the host does not; NCCL's watchdog enforces the
     // group's timeout (a timeout here would block the host until the work ends).
-    if (path_ == CommPath::Nccl) work->wait();
+    if (path_ == CommPath::kNccl) work->wait();
     else work->wait(g.timeout());
   } catch (const std::exception& e) {
     const auto* ce = dynamic_cast<const c10::Error*>(&e);

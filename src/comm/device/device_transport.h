@@ -12,7 +12,7 @@ namespace fsdp::comm::detail {
 
 class DeviceTransport final : public Transport {
  public:
-  /// `path`: CommPath::Nccl or CommPath::Gloo, what the group registered for CUDA.
+  /// `path`: CommPath::kNccl or CommPath::kGloo, what the group registered for CUDA.
   explicit DeviceTransport(CommPath path) : path_(path) {}
 
   Issued all_gather(const GroupDesc& g, const at::Tensor& flat, const at::Tensor& shard) override;

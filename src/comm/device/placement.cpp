@@ -7,7 +7,7 @@ namespace fsdp::comm::detail {
 namespace {
 
 void check_cuda_device(const std::string& name, at::Device d, const ProcessGroup& pg, const char* who) {
-  TORCH_CHECK(pg.cuda_backend() != Backend::Auto, who, " (rank ", pg.rank(), "): parameter ", name,
+  TORCH_CHECK(pg.cuda_backend() != Backend::kAuto, who, " (rank ", pg.rank(), "): parameter ", name,
               " is on ", d, ", but this process group moves no CUDA tensors (it was made without a CUDA "
               "backend: a rank of the world has no GPU, or this build has no CUDA). Initialise the group on "
               "GPU ranks (InitOptions::backend NCCL, or Gloo for ranks sharing a GPU), or keep the model on the CPU");

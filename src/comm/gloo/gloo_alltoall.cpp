@@ -163,7 +163,7 @@ Issued alltoall_all_gather(GlooTransport& t, const GroupDesc& g, const at::Tenso
     const at::Tensor out = byte_view(flat).view({n, coming.row_bytes});
     for (int p = 0; p < n; ++p) out[p].copy_(coming.payload(p));
     lease->release();
-  }, CommPath::Gloo};
+  }, CommPath::kGloo};
 }
 
 Issued alltoall_reduce_scatter(GlooTransport& t, const GroupDesc& g, const at::Tensor& out,
@@ -185,10 +185,10 @@ Issued alltoall_reduce_scatter(GlooTransport& t, const GroupDesc& g, const at::T
     std::vector<at::Tensor> parts;
     for (int p = 0; p < n; ++p) parts.push_back(typed_view(coming.payload(p), out));
     sum_rows_into(out, parts);
-    if (op == ReduceOp::Avg) out.div_(n);
+    if (op == ReduceOp::kAvg) out.div_(n);
     parts.clear();
     lease->release();
-  }, CommPath::Gloo};
+  }, CommPath::kGloo};
 }
 
 }  // namespace fsdp::comm::detail

@@ -102,7 +102,7 @@ class P2pReduceScatter {
       parts.clear();
       for (int p = 0; p < n_; ++p) parts.push_back(row(p, c0, len));
       sum_rows_into(a, parts);
-      if (op_ == ReduceOp::Avg) a.div_(n_);
+      if (op_ == ReduceOp::kAvg) a.div_(n_);
     }
     for (const auto& w : sends_) transport_->wait(w, g_, "reduce_scatter");
     if (alias) out_.copy_(acc);
@@ -156,14 +156,14 @@ Issued p2p_all_gather(GlooTransport& t, const GroupDesc& g, const at::Tensor& fl
   if (mine.data_ptr() != shard.data_ptr()) mine.copy_(shard);
   return Issued{{}, [self = t.shared_from_this(), works, g]() {
     for (const auto& w : works) self->wait(w, g, "all_gather");
-  }, CommPath::Gloo};
+  }, CommPath::kGloo};
 }
 
 Issued p2p_reduce_scatter(GlooTransport& t, const GroupDesc& g, const at::Tensor& out, const at::Tensor& flat,
                           ReduceOp op) {
   auto rs = std::make_shared<P2pReduceScatter>(t, g, out, flat, op);
   rs->post();
-  return Issued{{}, [rs]() { rs->finish(); }, CommPath::Gloo};
+  return Issued{{}, [rs]() { rs->finish(); }, CommPath::kGloo};
 }
 
 }  // namespace fsdp::comm::detail

@@ -50,12 +50,12 @@ Issued GlooTransport::reduce_scatter(const GroupDesc& g, const at::Tensor& out, 
 Issued GlooTransport::all_reduce(const GroupDesc& g, const at::Tensor& t, ReduceOp op) {
   std::vector<at::Tensor> tensors{t};
   c10d::AllreduceOptions opts;
-  opts.reduceOp = op == ReduceOp::Max ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM;
+  opts.reduceOp = op == ReduceOp::kMax ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM;
   auto work = g.c10d()->allreduce(tensors, opts);
   const int n = g.size();
   return Issued{work, [t, n, op]() {
-    if (op == ReduceOp::Avg) t.div_(n);
-  }, CommPath::Gloo};
+    if (op == ReduceOp::kAvg) t.div_(n);
+  }, CommPath::kGloo};
 }
 
 Issued GlooTransport::broadcast(const GroupDesc& g, const at::Tensor& t, int root) {
@@ -63,7 +63,7 @@ Issued GlooTransport::broadcast(const GroupDesc& g, const at::Tensor& t, int roo
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
   auto work = g.c10d()->broadcast(tensors, opts);
-  return Issued{work, [tensors]() {}, CommPath::Gloo};
+  return Issued{work, [tensors]() {}, CommPath::kGloo};
 }
 
 void GlooTransport::barrier(const GroupDesc& g) {

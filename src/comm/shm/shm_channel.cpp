@@ -170,7 +170,7 @@ shm_plan::StageSpec ShmChannel::stage_spec(bool gather, shm_plan::Geometry geo) 
 }
 
 std::shared_ptr<ShmOp> ShmChannel::all_gather(const at::Tensor& flat, const at::Tensor& shard) {
-  auto op = new_op("all_gather", kShmAllGather, nbytes(flat), flat.scalar_type(), ReduceOp::Sum, {flat, shard});
+  auto op = new_op("all_gather", kShmAllGather, nbytes(flat), flat.scalar_type(), ReduceOp::kSum, {flat, shard});
   shm_plan::StageSpec spec = stage_spec(true, equal_chunks(size_, nbytes(shard)));
   spec.src = static_cast<const char*>(shard.data_ptr());
   spec.dst = static_cast<char*>(flat.data_ptr());

@@ -32,7 +32,7 @@ struct ShmOp {
   size_t stage = 0;
   size_t writes_total = 0, writes_done = 0;
   at::ScalarType dtype = at::kFloat;
-  ReduceOp reduce = ReduceOp::Sum;
+  ReduceOp reduce = ReduceOp::kSum;
   std::vector<at::Tensor> keep;    // what the fragments point into
   std::atomic<int64_t>* written = nullptr;   // this op's counter in shm_slot_counters()
   std::atomic<int64_t>* in_place = nullptr;  // and in shm_in_place_counters()

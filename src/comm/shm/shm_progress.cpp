@@ -37,13 +37,13 @@ void reduce_rows(at::ScalarType dtype, ReduceOp op, char* dst, const std::vector
   std::vector<at::Tensor> parts;
   parts.reserve(rows.size());
   for (const char* r : rows) parts.push_back(view(r));
-  if (op == ReduceOp::Max) {
+  if (op == ReduceOp::kMax) {
     at::maximum_out(out, parts[0], parts[1]);
     for (size_t p = 2; p < parts.size(); ++p) at::maximum_out(out, out, parts[p]);
     return;
   }
   sum_rows_into(out, parts);
-  if (op == ReduceOp::Avg) out.div_(static_cast<int64_t>(parts.size()));
+  if (op == ReduceOp::kAvg) out.div_(static_cast<int64_t>(parts.size()));
 }
 
 const char* kind_name(uint32_t kind) {
@@ -187,7 +187,7 @@ bool ShmChannel::fragments_ready_locked(const ShmOp& op, const Read& r) {
 
 // Copies, or reduces in rank order, what `r` takes into its destination.
 void ShmChannel::consume_locked(const ShmOp& op, const Read& r) {
-  if (r.kind == Read::Kind::Copy) {
+  if (r.kind == Read::Kind::kCopy) {
     const auto& [w, fragment] = r.fragments[0];
     std::memcpy(r.dst, fragment_data(w, fragment, r.bytes), static_cast<size_t>(r.bytes));
     return;

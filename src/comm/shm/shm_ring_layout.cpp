@@ -35,7 +35,7 @@ void plan_gather_reads(Stage& st, const StageSpec& s, const std::vector<uint64_t
     for (int k = 1; k < n; ++k) {
       const int w = (me + k) % n;
       if (o >= s.geo.len[w]) continue;
-      Read r{Read::Kind::Copy, {{w, assigned[w] + j + 1}}, s.dst + s.geo.off[w] + o,
+      Read r{Read::Kind::kCopy, {{w, assigned[w] + j + 1}}, s.dst + s.geo.off[w] + o,
              std::min(s.slot, s.geo.len[w] - o)};
       st.reads.push_back(std::move(r));
     }
@@ -57,7 +57,7 @@ void plan_reduce_reads(Stage& st, const StageSpec& s, const std::vector<std::vec
   }
   size_t j = 0;
   for (int64_t o = 0; o < s.geo.len[me]; o += s.slot, ++j) {
-    Read r{Read::Kind::Reduce, {}, s.dst + o, std::min(s.slot, s.geo.len[me] - o)};
+    Read r{Read::Kind::kReduce, {}, s.dst + o, std::min(s.slot, s.geo.len[me] - o)};
     r.own = s.src + s.geo.off[me] + o;
     r.via_temp = s.via_temp;
     for (int w = 0; w < n; ++w) {

@@ -48,7 +48,7 @@ struct Write {
 
 /// One step this rank takes from its peers' rings, in order.
 struct Read {
-  enum class Kind { Copy, Reduce } kind;
+  enum class Kind { kCopy, kReduce } kind;
   std::vector<std::pair<int, uint64_t>> fragments;  // (writer, fragment); Reduce: ascending writer
   char* dst;
   int64_t bytes;

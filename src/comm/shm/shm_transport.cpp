@@ -18,7 +18,7 @@ namespace {
 bool shm_on() { return comm_tuning().shared_memory.load(); }
 
 Issued issued_on_channel(std::shared_ptr<ShmChannel> ch, std::shared_ptr<ShmOp> shm_op) {
-  return Issued{{}, [ch = std::move(ch), shm_op = std::move(shm_op)]() { ch->wait(*shm_op); }, CommPath::SharedMemory};
+  return Issued{{}, [ch = std::move(ch), shm_op = std::move(shm_op)]() { ch->wait(*shm_op); }, CommPath::kSharedMemory};
 }
 
 }  // namespace
@@ -44,7 +44,7 @@ Issued ShmTransport::reduce_scatter(const GroupDesc& g, const at::Tensor& out, c
   return Issued{{}, [finish = std::move(inner.finish), out, acc]() {
     finish();
     out.copy_(acc);
-  }, CommPath::SharedMemory};
+  }, CommPath::kSharedMemory};
 }
 
 Issued ShmTransport::all_reduce(const GroupDesc& g, const at::Tensor& t, ReduceOp op) {
