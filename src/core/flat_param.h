@@ -81,6 +81,7 @@
 #include "fsdp/comm/mapped_flat.h"
 
 #include "memory/buffer_pool.h"
+#include "precision/flat_precision.h"
 
 namespace fsdp::core::detail {
 
@@ -95,12 +96,7 @@ struct FlatParamEntry {
   int64_t piece_end = 0;        // (piece_begin == piece_end: empty piece)
 };
 
-/// Dtypes of one unit (unset: the parameters' own dtype).
-struct FlatPrecision {
-  std::optional<at::ScalarType> param_dtype;   // unsharded buffer: compute and all-gather
-  std::optional<at::ScalarType> reduce_dtype;  // flat gradient: reduction
-  bool keep_low_precision_grads = false;       // gradient pieces in param_dtype
-};
+using precision::FlatPrecision;
 
 enum class FlatState { kSharded, kUnsharded };
 const char* to_string(FlatState s);

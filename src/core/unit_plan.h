@@ -22,6 +22,8 @@
 
 namespace fsdp::core::detail {
 
+using precision::unit_precision;
+
 std::string join_path(const std::string& a, const std::string& b);
 std::string module_path_of(const std::string& fqn);
 /// Whether module `path` lies in the subtree at `prefix` ("" contains everything).
@@ -98,8 +100,5 @@ struct ShardLayout {
   bool sharded = false;
 };
 ShardLayout shard_layout(const ResolvedOptions& resolved, const comm::ProcessGroup& pg);
-
-/// Dtypes of a unit whose parameters have `param_dtype` ([Note: mixed precision]).
-FlatPrecision unit_precision(const MixedPrecision& policy, at::ScalarType param_dtype, bool full_precision_unit);
 
 }  // namespace fsdp::core::detail

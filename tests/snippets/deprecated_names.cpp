@@ -12,6 +12,7 @@
 #include "fsdp/comm/launch_env.h"
 #include "fsdp/comm/types.h"
 #include "fsdp/core/fully_sharded.h"
+#include "fsdp/core/mixed_precision.h"  // the earlier path of fsdp/precision/mixed_precision.h
 #include "fsdp/core/options.h"
 #include "fsdp/core/state_dict_type.h"
 #include "fsdp/optim/zero_redundancy_optimizer.h"
@@ -73,6 +74,9 @@ static_assert(fsdp::comm::LaunchSource::OpenMPI == fsdp::comm::LaunchSource::kOp
 static_assert(fsdp::comm::LaunchSource::SingleProcess == fsdp::comm::LaunchSource::kSingleProcess);
 static_assert(fsdp::OptimKey::ByName == fsdp::OptimKey::kByName);
 static_assert(fsdp::OptimKey::ByPosition == fsdp::OptimKey::kByPosition);
+
+// MixedPrecision's header moved to the precision layer; the earlier path still declares it.
+static_assert(std::is_class_v<fsdp::MixedPrecision>);
 
 // Options::offload_params is now cpu_offload: the old setter and getter forward to it.
 static_assert(std::is_same_v<decltype(std::declval<fsdp::Options&>().offload_params(true)), fsdp::Options&>);

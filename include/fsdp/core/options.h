@@ -12,7 +12,7 @@
 #include <torch/nn/module.h>
 
 #include "fsdp/comm/process_group.h"
-#include "fsdp/core/mixed_precision.h"
+#include "fsdp/precision/mixed_precision.h"
 
 namespace fsdp {
 
