@@ -15,15 +15,6 @@
 
 namespace fsdp::optim {
 
-using detail::ZeroBucketReducer;
-using detail::ZeroLayout;
-using detail::ZeroPiece;
-using detail::ZeroStage1Reducer;
-using detail::ZeroTrainable;
-using detail::broadcast_buffers;
-using detail::broadcast_from_rank0;
-using detail::collective_zeros;
-
 namespace detail {
 
 // The flat parameter buffer, zeroed, on memory the group's collectives read in place

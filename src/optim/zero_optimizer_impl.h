@@ -39,6 +39,17 @@ void broadcast_buffers(const comm::ProcessGroup& pg, torch::nn::Module& m);
 
 }  // namespace detail
 
+// The short names ZeroRedundancyOptimizer's three source files share.
+using detail::broadcast_buffers;
+using detail::broadcast_from_rank0;
+using detail::collective_zeros;
+using detail::StepAgreement;
+using detail::ZeroBucketReducer;
+using detail::ZeroLayout;
+using detail::ZeroPiece;
+using detail::ZeroStage1Reducer;
+using detail::ZeroTrainable;
+
 struct ZeroRedundancyOptimizer::Impl {
   ZeroOptions options;
   comm::ProcessGroup pg;

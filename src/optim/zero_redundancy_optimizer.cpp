@@ -16,14 +16,6 @@
 
 namespace fsdp::optim {
 
-using detail::ZeroBucketReducer;
-using detail::ZeroLayout;
-using detail::ZeroPiece;
-using detail::ZeroStage1Reducer;
-using detail::ZeroTrainable;
-using detail::broadcast_buffers;
-using detail::StepAgreement;
-
 
 precision::DynamicGradScalerOptions ZeroOptions::low_level_zero_scaler() {
   return precision::DynamicGradScalerOptions()

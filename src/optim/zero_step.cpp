@@ -16,13 +16,6 @@
 
 namespace fsdp::optim {
 
-using detail::ZeroBucketReducer;
-using detail::ZeroLayout;
-using detail::ZeroPiece;
-using detail::ZeroStage1Reducer;
-using detail::ZeroTrainable;
-using detail::StepAgreement;
-
 /// Which parameters have a gradient on this rank (1 or 0, flat order); stage 1 reduces
 /// now, stage 2 completes its backward's reductions.
 std::vector<double> ZeroRedundancyOptimizer::Impl::reduce_gradients() {
