@@ -129,7 +129,7 @@ class RankFileReader {
 // Read-only views of a checkpoint's records, through mmap of its rank files: a
 // load first verifies every record it needs (bounds and CRC-32, in the page
 // cache) and copies the bytes into the model only after every rank has verified
-// its own ([Note: atomic load] in checkpoint.cpp). Files are mapped on first use
+// its own ([Note: atomic load] in checkpoint_load.cpp). Files are mapped on first use
 // and unmapped when this object goes; the pointers verified() returns stay valid
 // until then.
 class MappedRecords {

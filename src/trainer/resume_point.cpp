@@ -66,7 +66,7 @@ int64_t newest_acceptable_step(const LoopContext& ctx, int64_t below) {
 }
 
 /// Loads `dir`, or returns nothing when the load failed on some rank (every rank then
-/// knows, and nothing changed: [Note: atomic load] in src/state/checkpoint.cpp).
+/// knows, and nothing changed: [Note: atomic load] in src/state/checkpoint_load.cpp).
 std::optional<CheckpointExtra> try_load(const LoopContext& ctx, const std::string& dir) {
   try {
     return load_model_checkpoint(ctx, dir);

@@ -14,7 +14,7 @@
 #     the one skip after which a test binary may report "skipped" ([Note: skips] in
 #     tests/harness/skips.h): no GTEST_SKIP on the line of, or the line after, a CUDA query.
 #  5. The library reads in sittings: no file under src/ over 600 lines, no function over 80
-#     (scripts/check_sizes.py, which names its few known exceptions and why they stay).
+#     (scripts/check_sizes.py).
 set -euo pipefail
 SRC="${FSDP_SOURCE_DIR:?set FSDP_SOURCE_DIR to the source tree}"
 cd "$SRC"

@@ -75,7 +75,7 @@ void save_checkpoint(const std::string& dir, FullyShardedBase& model, const torc
 /// has with another shape), every rank throws an error naming the failing
 /// rank(s), file and record, and no rank has changed its parameters, buffers,
 /// optimizer state or learning rates: the caller may load another checkpoint.
-/// See [Note: atomic load] in src/state/checkpoint.cpp for how and what it costs.
+/// See [Note: atomic load] in src/state/checkpoint_load.cpp for how and what it costs.
 CheckpointExtra load_checkpoint(const std::string& dir, FullyShardedBase& model, torch::optim::Optimizer* optimizer);
 
 }  // namespace fsdp
