@@ -59,7 +59,7 @@ struct ZeroRedundancyOptimizer::Impl {
   std::vector<std::string> keys;    // module names ("" without a module)
   std::vector<int> group_of;        // index in param_groups()
   std::vector<at::Tensor> frozen;
-  std::unique_ptr<detail::ZeroLayout> layout;
+  std::unique_ptr<ZeroLayout> layout;
   at::Tensor flat;                          // every trainable parameter views it
   at::Tensor master;                        // mixed precision or offload: the partition the pieces view
   at::Tensor host_grads;                    // cpu_offload: the reduced partition's host copy
@@ -67,11 +67,11 @@ struct ZeroRedundancyOptimizer::Impl {
   // which the bucket's pieces view), once the first step has been placed.
   std::vector<at::Tensor> device_masters;
   bool placed = false;
-  std::vector<detail::ZeroPiece> pieces;            // this rank's
+  std::vector<ZeroPiece> pieces;            // this rank's
   std::vector<at::Tensor> piece_tensors;    // views of `flat`, what the inner optimizer steps
   std::unique_ptr<torch::optim::Optimizer> inner;
-  std::unique_ptr<detail::ZeroStage1Reducer> stage1;   // stage 1: gradients reduced in step()
-  std::shared_ptr<detail::ZeroBucketReducer> reducer;  // stage 2: gradients reduced during backward
+  std::unique_ptr<ZeroStage1Reducer> stage1;   // stage 1: gradients reduced in step()
+  std::shared_ptr<ZeroBucketReducer> reducer;  // stage 2: gradients reduced during backward
   std::unique_ptr<precision::DynamicGradScaler> scaler;  // dynamic_loss_scale
   double last_norm = -1;
   bool last_applied = true;
@@ -118,7 +118,7 @@ struct ZeroRedundancyOptimizer::Impl {
   // step(), in order.
   std::vector<double> reduce_gradients();
   void attach_piece_gradients();
-  size_t bucket_of(const detail::ZeroPiece& pc) const { return static_cast<size_t>(layout->params()[pc.param].bucket); }
+  size_t bucket_of(const ZeroPiece& pc) const { return static_cast<size_t>(layout->params()[pc.param].bucket); }
   bool on_host(size_t b) const { return offload() && !device_masters[b].defined(); }
   const at::Tensor& gradient_source(size_t b, bool async = false);
   // The posted host steps have run (their errors rethrown): the inner optimizer, the pieces
@@ -127,8 +127,8 @@ struct ZeroRedundancyOptimizer::Impl {
     if (steps) steps->drain();
   }
   void scale_gradients(double factor);
-  detail::StepAgreement agree(std::vector<double> used);
-  void drop_unused(const detail::StepAgreement& agreed);
+  StepAgreement agree(std::vector<double> used);
+  void drop_unused(const StepAgreement& agreed);
   void discard_gradients();
   void inner_step(const std::vector<torch::optim::OptimizerParamGroup>& groups);
 

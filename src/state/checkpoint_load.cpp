@@ -2,11 +2,7 @@
 // all or nothing on every rank ([Note: atomic load]).
 #include "fsdp/state/checkpoint.h"
 
-#include "checkpoint_testing.h"
-#include "fsdp/comm/call_label.h"
-
 #include <algorithm>
-#include <cstring>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -16,13 +12,12 @@
 
 #include <torch/torch.h>
 
-#include "comm/object_collectives.h"
-#include "core/state_view.h"
 #include "checkpoint_format.h"
 #include "checkpoint_subject.h"
+#include "comm/object_collectives.h"
+#include "fsdp/comm/call_label.h"
 #include "fsdp/comm/collectives.h"
 #include "optim_state.h"
-#include "shared_directory.h"
 
 namespace fsdp {
 

@@ -3,24 +3,18 @@
 // (docs/checkpoint-format.md, "Atomicity").
 #include "fsdp/state/checkpoint.h"
 
-#include "checkpoint_testing.h"
-#include "fsdp/comm/call_label.h"
-
 #include <algorithm>
-#include <cstring>
 #include <filesystem>
 #include <map>
 #include <memory>
-#include <optional>
-#include <set>
-#include <tuple>
 
 #include <torch/torch.h>
 
-#include "comm/object_collectives.h"
-#include "core/state_view.h"
 #include "checkpoint_format.h"
 #include "checkpoint_subject.h"
+#include "checkpoint_testing.h"
+#include "comm/object_collectives.h"
+#include "fsdp/comm/call_label.h"
 #include "fsdp/comm/collectives.h"
 #include "optim_state.h"
 #include "shared_directory.h"
@@ -29,8 +23,6 @@ namespace fsdp {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-using core::detail::LocalPiece;
-using state::format::Record;
 
 namespace {
 
