@@ -519,6 +519,15 @@ TEST(Trainer, ResumeBitwiseAndAcrossWorldSizes) {
     ASSERT_EQ(a.losses.size(), 8u);
     const Params final_a = full_parameters(*full.trained_model());
     if (pg.rank() == 0) save_reference(a, final_a, test_dir() + "/reference.pt");
+    // Asynchronous saves (the default) after steps 3, 6 and 8, each written by its writer thread.
+    ASSERT_EQ(a.checkpoints.size(), 3u);
+    EXPECT_EQ(a.checkpoints[0].first, 3);
+    EXPECT_EQ(a.checkpoints[2].first, 8);
+    for (const auto& [step, s] : a.checkpoints) {
+      EXPECT_GT(s.background_s, 0) << step;
+      EXPECT_GT(s.file_bytes, 0) << step;
+      EXPECT_FALSE(s.blocking) << step;
+    }
     if (pg.rank() == 0) {
       const auto lines = expect_step_lines(metrics, a.losses);
       for (size_t i = 0; i < lines.size(); ++i) {
@@ -537,6 +546,9 @@ TEST(Trainer, ResumeBitwiseAndAcrossWorldSizes) {
       const std::string metrics_o = test_dir() + "/metrics_overlap.jsonl";
       TT t = resume_trainer(ckpt + "_overlap", "", metrics_o);
       t.options().overlap_step_metrics(true);
+      // Blocking saves: an asynchronous one's on_checkpoint comes at whichever step boundary
+      // first sees it written, which this exact sequence cannot pin.
+      t.options().async_checkpoint(false);
       auto events = std::make_shared<Events>();
       t.callback(events);
       t.training_step([events](TT::Model& model, torch::data::Example<>& b) {

@@ -3,6 +3,9 @@
 // checkpoint_save.cpp and checkpoint_load.cpp.
 #include "fsdp/state/checkpoint.h"
 
+#include "async_save.h"
+#include "fsdp/state/async_checkpoint.h"
+
 #include "checkpoint_subject.h"
 #include "core/state_view.h"
 #include "fsdp/comm/call_label.h"
@@ -21,6 +24,12 @@ state::CheckpointSubject subject_of(FullyShardedBase& model, const char* what) {
 void save_checkpoint(const std::string& dir, FullyShardedBase& model, const torch::optim::Optimizer* optimizer,
                      const CheckpointExtra& extra) {
   state::save_checkpoint_of(dir, subject_of(model, "save_checkpoint"), optimizer, extra);
+}
+
+CheckpointHandle save_checkpoint_async(const std::string& dir, FullyShardedBase& model,
+                                       const torch::optim::Optimizer* optimizer, const CheckpointExtra& extra,
+                                       const AsyncCheckpointOptions& options) {
+  return state::detail::save_async_of(dir, subject_of(model, "save_checkpoint_async"), optimizer, extra, options);
 }
 
 CheckpointExtra load_checkpoint(const std::string& dir, FullyShardedBase& model, torch::optim::Optimizer* optimizer) {

@@ -12,6 +12,7 @@
 
 #include <torch/torch.h>
 
+#include "async_save.h"
 #include "checkpoint_format.h"
 #include "checkpoint_subject.h"
 #include "comm/object_collectives.h"
@@ -369,6 +370,7 @@ std::string message_of(const std::exception& e) {
 
 CheckpointExtra state::load_checkpoint_of(const std::string& dir, const CheckpointSubject& subject,
                                           torch::optim::Optimizer* optimizer) {
+  state::detail::settle_in_flight();  // a save still writing these tensors' snapshot
   const auto& pg = subject.group;
   const int rank = pg.rank();
   const auto& pieces = subject.pieces;

@@ -14,7 +14,6 @@
 
 #include <unistd.h>
 
-#include "comm/object_collectives.h"
 
 namespace fsdp::state {
 
@@ -43,8 +42,9 @@ std::string read_probe(const std::string& path, const std::string& token) {
 
 }  // namespace
 
-std::string check_shared_directory(const comm::ProcessGroup& pg, const std::string& dir,
+std::string check_shared_directory(const StoreAgreement& agree, const std::string& dir,
                                    const std::string& shown_dir, const char* what) {
+  const comm::ProcessGroup& pg = agree.group();
   if (pg.size() == 1) return "";
   const std::string probe = dir + "/" + kProbeFile;
   std::string token;
@@ -53,14 +53,16 @@ std::string check_shared_directory(const comm::ProcessGroup& pg, const std::stri
     std::ofstream(probe) << token;  // a failed write shows as rank 0's own read failing
   }
   // Received after rank 0 wrote (and closed) the file.
-  token = comm::broadcast_object(pg, token, 0);
+  if (pg.rank() == 0) agree.post("probe-token", token);
+  token = agree.from(0, "probe-token");
   std::string mine = read_probe(probe, token);
   const auto deadline = std::chrono::steady_clock::now() + kProbeWait;
   while (!mine.empty() && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     mine = read_probe(probe, token);
   }
-  const std::vector<std::string> seen = comm::all_gather_object(pg, mine);
+  agree.post("probe-seen", mine);
+  const std::vector<std::string> seen = agree.gather("probe-seen");
   if (pg.rank() == 0) std::remove(probe.c_str());
   std::ostringstream blind;
   int count = 0;

@@ -8,6 +8,7 @@
 
 #include <ATen/ATen.h>
 
+#include "async_save.h"
 #include "checkpoint_subject.h"
 
 namespace fsdp {
@@ -70,14 +71,29 @@ state::CheckpointSubject subject_of(ZeroRedundancyOptimizer& opt, const char* wh
 
 }  // namespace
 
+namespace {
+
+// The learning rates to save are this optimizer's (an LR scheduler sets them; step() hands
+// them down): hand them down now.
+void hand_down_learning_rates(optim::ZeroRedundancyOptimizer& opt) {
+  auto& inner = opt.inner().param_groups();
+  for (size_t g = 0; g < inner.size(); ++g) inner[g].options().set_lr(opt.param_groups()[g].options().get_lr());
+}
+
+}  // namespace
+
 void save_checkpoint(const std::string& dir, optim::ZeroRedundancyOptimizer& opt, const CheckpointExtra& extra) {
   comm::LabelScope label_scope({comm::Phase::kCheckpoint, "save"});
   auto subject = subject_of(opt, "save_checkpoint");
-  // The learning rates to save are this optimizer's (an LR scheduler sets them; step()
-  // hands them down): hand them down now.
-  auto& inner = opt.inner().param_groups();
-  for (size_t g = 0; g < inner.size(); ++g) inner[g].options().set_lr(opt.param_groups()[g].options().get_lr());
+  hand_down_learning_rates(opt);
   state::save_checkpoint_of(dir, subject, &opt.inner(), extra);
+}
+
+CheckpointHandle save_checkpoint_async(const std::string& dir, optim::ZeroRedundancyOptimizer& opt,
+                                       const CheckpointExtra& extra, const AsyncCheckpointOptions& options) {
+  auto subject = subject_of(opt, "save_checkpoint_async");
+  hand_down_learning_rates(opt);
+  return state::detail::save_async_of(dir, subject, &opt.inner(), extra, options);
 }
 
 CheckpointExtra load_checkpoint(const std::string& dir, optim::ZeroRedundancyOptimizer& opt) {

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <string>
 
+#include "fsdp/state/async_checkpoint.h"
 #include "fsdp/state/checkpoint.h"
 #include "fsdp/state/zero_checkpoint.h"
 #include "fsdp/trainer/checkpoint_dir.h"
@@ -11,8 +12,9 @@
 
 namespace fsdp::trainer::detail {
 
-CheckpointSchedule::CheckpointSchedule(const LoopContext& ctx, int64_t total_steps, Progress& progress)
-    : ctx_(ctx), progress_(progress), total_steps_(total_steps) {}
+CheckpointSchedule::CheckpointSchedule(const LoopContext& ctx, int64_t total_steps, Progress& progress,
+                                       FitResult& result)
+    : ctx_(ctx), progress_(progress), total_steps_(total_steps), result_(result) {}
 
 bool CheckpointSchedule::due(int64_t step) const {
   const int64_t every = ctx_.options.checkpoint_interval();
@@ -27,11 +29,33 @@ void CheckpointSchedule::save(int64_t step) {
   for (auto& cb : ctx_.callbacks) cb->on_save_checkpoint(extra);
   const std::string dir = checkpoint_path(o.checkpoint_dir(), step);
   const LoopModel& m = ctx_.model;
-  if (m.zero) save_checkpoint(dir, *m.zero, extra);
-  else save_checkpoint(dir, *m.fsdp, m.optimizer, extra);
-  prune();
-  for (auto& cb : ctx_.callbacks) cb->on_checkpoint(dir, step);
+  finish();  // the previous save, published (or its error) before the next starts
+  in_flight_ = m.zero ? save_checkpoint_async(dir, *m.zero, extra) : save_checkpoint_async(dir, *m.fsdp, m.optimizer, extra);
+  in_flight_dir_ = dir;
+  in_flight_step_ = step;
+  if (!o.async_checkpoint()) finish();
   seconds_ += std::chrono::duration<double>(LoopClock::now() - t0).count();
+}
+
+void CheckpointSchedule::poll() {
+  if (in_flight_.valid() && in_flight_.done()) complete();
+}
+
+void CheckpointSchedule::finish() {
+  if (!in_flight_.valid()) return;
+  const auto t0 = LoopClock::now();
+  in_flight_.wait();
+  complete();
+  seconds_ += std::chrono::duration<double>(LoopClock::now() - t0).count();
+}
+
+void CheckpointSchedule::complete() {
+  CheckpointHandle done = in_flight_;
+  in_flight_ = CheckpointHandle();
+  done.wait();  // throws the save's error; returns at once otherwise
+  result_.checkpoints.emplace_back(in_flight_step_, done.stats());
+  prune();
+  for (auto& cb : ctx_.callbacks) cb->on_checkpoint(in_flight_dir_, in_flight_step_);
 }
 
 /// Rank 0 deletes the checkpoints beyond the newest keep_checkpoints.

@@ -4,7 +4,14 @@
 // with checkpoint_at_start). Each holds the model, the optimizer, the loop's state
 // ([Note: trainer checkpoint state] in trainer_state.h) and the callbacks'; older ones
 // beyond keep_checkpoints are deleted. Its time is not training time.
+// With async_checkpoint a save returns once its snapshot is taken; poll(), at every step
+// boundary, publishes the written one (then prunes, then on_checkpoint) and raises a failed
+// one; finish() waits for the last.
 #include <cstdint>
+#include <string>
+
+#include "fsdp/state/async_checkpoint.h"
+#include "fsdp/trainer/fit_result.h"
 
 #include "loop_context.h"
 
@@ -12,19 +19,29 @@ namespace fsdp::trainer::detail {
 
 class CheckpointSchedule {
  public:
-  CheckpointSchedule(const LoopContext& ctx, int64_t total_steps, Progress& progress);
+  CheckpointSchedule(const LoopContext& ctx, int64_t total_steps, Progress& progress, FitResult& result);
 
   /// Whether a checkpoint is due after `step` steps.
   bool due(int64_t step) const;
-  /// Saves the state after `step` steps (collective; nothing without checkpoint_dir),
-  /// prunes, then on_checkpoint.
+  /// Saves the state after `step` steps (collective; nothing without checkpoint_dir):
+  /// blocking, or started (async_checkpoint), after the previous save is settled.
   void save(int64_t step);
+  /// At a step boundary: completes a finished asynchronous save (publish, prune,
+  /// on_checkpoint) or raises its error. Never blocks.
+  void poll();
+  /// Waits for the save in flight and completes it (the end of fit()).
+  void finish();
   /// Seconds spent saving so far.
   double seconds() const { return seconds_; }
 
  private:
   void prune();
+  void complete();  // the save in flight is published (or throws): prune, on_checkpoint
 
+  FitResult& result_;
+  CheckpointHandle in_flight_;
+  std::string in_flight_dir_;
+  int64_t in_flight_step_ = -1;
   const LoopContext& ctx_;
   Progress& progress_;
   const int64_t total_steps_;

@@ -84,6 +84,7 @@ double train_steps(const LoopContext& ctx, StepPlan& plan, int64_t first_step, S
   const auto t_train = LoopClock::now();
   for (int64_t step = first_step; step < plan.total_steps(); ++step) {
     const RanStep ran = runner.run(step);
+    checkpoints.poll();
     reporter.add(ran);
     const int64_t done = ran.metrics.step;
     const bool save_now = checkpoints.due(done), validate_now = validations.due(done);
@@ -97,6 +98,7 @@ double train_steps(const LoopContext& ctx, StepPlan& plan, int64_t first_step, S
     }
   }
   reporter.report_until(0);
+  checkpoints.finish();
   const double paused = validations.seconds() + checkpoints.seconds() - paused_before;
   return std::chrono::duration<double>(LoopClock::now() - t_train).count() - paused;
 }
@@ -118,7 +120,7 @@ FitResult run_phases(const LoopContext& ctx) {
                     ": appending to the metrics file " + o.metrics_file() + " (its lines up to step " +
                     std::to_string(from.first_step) + " stay; metrics_append_on_resume(false) would start it afresh)");
   ValidationSchedule validations(ctx, log, progress, result);
-  CheckpointSchedule checkpoints(ctx, total_steps, progress);
+  CheckpointSchedule checkpoints(ctx, total_steps, progress, result);
   start_training(ctx, from, total_steps, checkpoints);
   StepReporter reporter(ctx, log, progress, total_steps, result);
   result.train_seconds = train_steps(ctx, plan, from.first_step, reporter, checkpoints, validations);

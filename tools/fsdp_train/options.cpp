@@ -162,6 +162,10 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
       app.add_option("--keep-checkpoints", o.keep_checkpoints,
                      "with --checkpoint-dir: after each save, delete all but the K newest DIR/step-S (0: keep all)")
           ->capture_default_str();
+  app.add_flag("--async-checkpoint,!--no-async-checkpoint", o.async_checkpoint,
+               "with --checkpoint-dir: write each checkpoint on a writer thread while training goes on "
+               "(default; it appears at the first step after it is written); --no-async-checkpoint: "
+               "training waits for each save");
   app.add_option("--resume", o.resume,
                  "continue from a checkpoint DIR/step-S written by --checkpoint-dir (or 'auto': the newest usable "
                  "one under --checkpoint-dir, none: start fresh): weights, optimizer state, "

@@ -74,6 +74,7 @@ struct TrainOptions {
   std::string checkpoint_dir;      ///< checkpoints go to <dir>/step-S; empty: none
   int64_t checkpoint_every = 0;    ///< also every K steps (0: only step-0 and the last step)
   std::string resume;              ///< a checkpoint directory (<dir>/step-S) to continue from, or "auto"; empty: none
+  bool async_checkpoint = true;    ///< fsdp::trainer::TrainerOptions::async_checkpoint
   int64_t keep_checkpoints = 2;    ///< keep only the K newest <dir>/step-S (0: keep all); 2 bounds the disk a long run uses
 
   /// 1e-3 for the Adam family, 0.05 for SGD.

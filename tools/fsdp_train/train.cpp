@@ -237,6 +237,7 @@ fsdp::trainer::TrainerOptions loop_options(const TrainOptions& o, int64_t total_
       .checkpoint_interval(o.checkpoint_every)
       .keep_checkpoints(o.keep_checkpoints)
       .checkpoint_at_start(true)
+      .async_checkpoint(o.async_checkpoint)
       .resume(o.resume)
       .metrics_file(o.metrics_path)
       .metrics_append_on_resume(false)

@@ -26,6 +26,7 @@
 #include <string>
 
 #include "fsdp/optim/zero_redundancy_optimizer.h"
+#include "fsdp/state/async_checkpoint.h"
 #include "fsdp/state/checkpoint.h"
 
 namespace fsdp {
@@ -33,6 +34,11 @@ namespace fsdp {
 /// Saves the parameters, buffers and optimizer state `opt` manages into `dir`. Collective
 /// over opt's process group; call it between steps. Replaces `dir` atomically.
 void save_checkpoint(const std::string& dir, optim::ZeroRedundancyOptimizer& opt, const CheckpointExtra& extra = {});
+
+/// save_checkpoint above, asynchronously (fsdp/state/async_checkpoint.h): returns once
+/// this rank's snapshot is taken; a writer thread writes it while training goes on.
+CheckpointHandle save_checkpoint_async(const std::string& dir, optim::ZeroRedundancyOptimizer& opt,
+                                       const CheckpointExtra& extra = {}, const AsyncCheckpointOptions& options = {});
 
 /// Loads a checkpoint saved by any world size, stage or FSDP strategy into `opt` and its
 /// module; returns the saved extras. Collective over opt's process group.

@@ -61,7 +61,10 @@ class Callback {
   virtual void on_optimizer_step(int64_t step) {}
   virtual void on_step_end(const StepMetrics& metrics) {}
   virtual void on_validation_end(const ValidationMetrics& metrics) {}
-  /// After checkpoint `dir` (the state after `step` steps) is complete on disk.
+  /// After checkpoint `dir` (the state after `step` steps) is complete on disk. With
+  /// TrainerOptions::async_checkpoint each rank calls it at the first step boundary where
+  /// it sees the save written, which may be a step later on one rank than on another: it
+  /// must not issue collectives.
   virtual void on_checkpoint(const std::string& dir, int64_t step) {}
   virtual void on_train_end(const StepMetrics& last) {}
   /// User state saved with every checkpoint: add values and tensors to `extra`

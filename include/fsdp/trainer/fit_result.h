@@ -4,7 +4,10 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "fsdp/state/async_checkpoint.h"
 
 namespace fsdp::trainer {
 
@@ -23,6 +26,9 @@ struct FitResult {
   /// step's end, less the validations and checkpoints between them: what a throughput
   /// (samples of last_step - first_step steps / train_seconds) should divide by.
   double train_seconds = 0;
+  /// Each checkpoint this call saved, in order: its step and what it cost this rank
+  /// (the training thread's blocked time, the writer's time and bytes).
+  std::vector<std::pair<int64_t, CheckpointSaveStats>> checkpoints;
 };
 
 }  // namespace fsdp::trainer

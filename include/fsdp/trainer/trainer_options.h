@@ -139,6 +139,12 @@ struct TrainerOptions {
   /// the first step, so a run that dies before its first checkpoint_interval resumes
   /// from the initial weights rather than starting afresh (fsdp-train does).
   TORCH_ARG(bool, checkpoint_at_start) = false;
+  /// Save with fsdp::save_checkpoint_async (fsdp/state/async_checkpoint.h): training goes
+  /// on while a writer thread writes; the checkpoint appears (and keep_checkpoints prunes,
+  /// and Callback::on_checkpoint runs) at the first step boundary after it is written, and
+  /// fit() waits for the last one. A failed save stops fit() with its error at the next
+  /// step. false: every save blocks training until it is written.
+  TORCH_ARG(bool, async_checkpoint) = true;
   /// "": start fresh. "auto": continue from the newest usable checkpoint under
   /// checkpoint_dir (none: start fresh). Otherwise a checkpoint directory to continue
   /// from, which fit() checks before it starts any rank (resume_path_error).

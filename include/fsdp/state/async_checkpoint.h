@@ -1,0 +1,95 @@
+#pragma once
+/// Asynchronous checkpoints: the save returns at once and a writer thread writes while
+/// training goes on.
+///
+///     fsdp::CheckpointHandle h = fsdp::save_checkpoint_async("ckpt/step-100", *model, &opt, extra);
+///     for (...) { train_step(); if (h.done()) ...; }   // done(): rank 0 publishes here
+///     h.wait();                                         // before exiting, or the next save
+///
+/// What is written is exactly what save_checkpoint would write at the call (same files,
+/// same bytes): the call snapshots this rank's records and returns; the writer thread
+/// writes and fsyncs them, and the ranks agree through the group's store, never through a
+/// collective on the training's groups ([Note: checkpoint agreement through the store] in
+/// src/state/store_agreement.h). Rank 0 renames the finished directory into place at a
+/// later step boundary of its own: in done() or wait(). Until then the previous checkpoint
+/// at `dir` is untouched, and a crash leaves it so.
+///
+/// At most one save is in flight per process: the next save (asynchronous or not), a load,
+/// and wait_for_checkpoints() first wait for it (AsyncCheckpointOptions::skip_if_busy skips
+/// the new one instead). A failed save is raised by wait(), on every rank, naming the rank
+/// that failed and why; one nobody waited for is raised by the next save or
+/// wait_for_checkpoints(). Wait for the last save before the process exits.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <torch/arg.h>
+
+#include "fsdp/state/checkpoint.h"
+
+namespace fsdp {
+
+namespace state::detail {
+class AsyncSave;
+}
+
+struct AsyncCheckpointOptions {
+  /// When this process's previous asynchronous save is still being written: false waits
+  /// for it (counted in blocked time); true skips this save on every rank (one all-reduce
+  /// of a flag, so all ranks skip together) and counts it (skipped_checkpoints()).
+  TORCH_ARG(bool, skip_if_busy) = false;
+  /// The most host memory a snapshot may hold (its copies of this rank's records), in
+  /// bytes. A save whose records exceed it is written while the caller waits, as by
+  /// save_checkpoint, with a warning. 0 means a quarter of the host's memory divided
+  /// among the ranks on this host.
+  TORCH_ARG(int64_t, host_snapshot_bytes) = 0;
+};
+
+/// What one save cost, on this rank.
+struct CheckpointSaveStats {
+  double blocked_s = 0;          ///< the training thread inside the save call, all of it
+  double waited_previous_s = 0;  ///< of blocked_s: waiting for the previous save
+  double snapshot_s = 0;         ///< of blocked_s: taking the snapshot
+  double background_s = 0;       ///< the writer: start to this rank's file durable and agreed
+  int64_t file_bytes = 0;        ///< this rank's file
+  int64_t snapshot_bytes = 0;    ///< host memory the snapshot held
+  bool skipped = false;          ///< skip_if_busy skipped it
+  bool blocking = false;         ///< over host_snapshot_bytes: written while the caller waited
+};
+
+/// One asynchronous save. Cheap to copy (shared state).
+class CheckpointHandle {
+ public:
+  CheckpointHandle() = default;
+  explicit CheckpointHandle(std::shared_ptr<state::detail::AsyncSave> save) : save_(std::move(save)) {}
+
+  bool valid() const { return save_ != nullptr; }
+  /// Whether the save has finished, written or failed. Never blocks; on rank 0 a written
+  /// save is renamed into place in this call.
+  bool done();
+  /// Blocks until the save has finished; then throws its error, if any, on every rank.
+  void wait();
+  /// The save's error ("" while it runs or when it succeeded).
+  std::string error() const;
+  CheckpointSaveStats stats() const;
+
+ private:
+  std::shared_ptr<state::detail::AsyncSave> save_;
+};
+
+/// save_checkpoint (fsdp/state/checkpoint.h), asynchronously: returns once this rank's
+/// snapshot is taken. Collective over the model's process group (every rank calls it at
+/// the same step); call it between steps.
+CheckpointHandle save_checkpoint_async(const std::string& dir, FullyShardedBase& model,
+                                       const torch::optim::Optimizer* optimizer, const CheckpointExtra& extra = {},
+                                       const AsyncCheckpointOptions& options = {});
+
+/// Waits for this process's save in flight, if any, publishing it; throws its error if
+/// nobody has waited for it yet.
+void wait_for_checkpoints();
+
+/// Saves skip_if_busy skipped in this process.
+int64_t skipped_checkpoints();
+
+}  // namespace fsdp

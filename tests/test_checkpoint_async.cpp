@@ -1,0 +1,286 @@
+// Asynchronous checkpoints (fsdp/state/async_checkpoint.h). The writer is throttled (the
+// record hook holds it after its first record until training has run two more steps), so
+// training overwrites the state while the save is written; the files must still be byte for
+// byte those of a blocking save at the save's step, for FSDP strategies, zero-copy gathers,
+// CPU offload, bf16, the optimizer in backward and ZeRO-2. A failed write is raised on every
+// rank, naming the rank and the cause; a rank killed while its writer is mid-file leaves the
+// previous checkpoint in place; skip_if_busy skips on every rank alike.
+#include <gtest/gtest-spi.h>
+#include <gtest/gtest.h>
+
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <thread>
+
+#include <torch/torch.h>
+
+#include "fsdp/comm/collectives.h"
+#include "fsdp/core/fully_sharded.h"
+#include "fsdp/optim/cpu_adam.h"
+#include "fsdp/optim/zero_redundancy_optimizer.h"
+#include "fsdp/state/async_checkpoint.h"
+#include "fsdp/state/zero_checkpoint.h"
+#include "harness/error_of.h"
+#include "harness/models.h"
+#include "harness/multirank.h"
+#include "harness/test_dir.h"
+#include "state/checkpoint_testing.h"
+
+using namespace fsdp;
+using namespace fsdp::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int64_t kBatch = 12;
+using Model = FullyShardedDataParallel<TinyTransformerImpl>;
+using Clock = std::chrono::steady_clock;
+
+// Training steps this process has finished; the throttled writer waits on it.
+std::atomic<int64_t> g_steps{0};
+
+// After its first record the writer waits until training has finished `steps` more steps
+// than when the save began (at most 60 s: then the save fails, and so the test).
+void throttle_writer(int64_t steps) {
+  const int64_t until = g_steps.load() + steps;
+  state::detail::set_checkpoint_record_hook([until](int64_t written) {
+    if (written != 1) return;
+    const auto deadline = Clock::now() + std::chrono::seconds(60);
+    while (g_steps.load() < until) {
+      TORCH_CHECK(Clock::now() < deadline, "test: training did not run while the writer waited");
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  });
+}
+
+torch::Tensor loss_of(const torch::Tensor& out, const torch::Tensor& y, const comm::ProcessGroup& pg) {
+  return torch::mse_loss(out.to(torch::kFloat), rank_slice(y, pg.rank(), pg.size()));
+}
+
+void train_fsdp(Model& m, torch::optim::Optimizer& opt, int64_t steps, const comm::ProcessGroup& pg) {
+  for (int64_t i = 0; i < steps; ++i) {
+    auto [x, y] = global_batch(g_steps.load(), kBatch);
+    opt.zero_grad(/*set_to_none=*/true);
+    loss_of(m->forward(rank_slice(x, pg.rank(), pg.size())), y, pg).backward();
+    opt.step();  // nothing left to step under optimizer_in_backward
+    ++g_steps;
+  }
+}
+
+std::string file_bytes(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+// Every file of `expected` is in `got` with the same bytes, and `got` has no others.
+void expect_same_files(const std::string& got, const std::string& expected) {
+  size_t n = 0;
+  for (const auto& e : fs::directory_iterator(expected)) {
+    ++n;
+    const fs::path other = fs::path(got) / e.path().filename();
+    ASSERT_TRUE(fs::exists(other)) << other;
+    EXPECT_TRUE(file_bytes(e.path()) == file_bytes(other)) << other << " differs from " << e.path();
+  }
+  EXPECT_EQ(size_t(std::distance(fs::directory_iterator(got), fs::directory_iterator())), n) << got;
+}
+
+struct FsdpCase {
+  std::string name;
+  Options options;
+  std::string optimizer = "adam";
+};
+
+std::vector<FsdpCase> fsdp_cases() {
+  const auto all = Options().auto_wrap_policy(always_wrap_policy());
+  return {
+      {"full_shard", Options(all).sharding_strategy(ShardingStrategy::kFullShard)},
+      {"shard_grad_op", Options(all).sharding_strategy(ShardingStrategy::kShardGradOp)},
+      {"no_shard", Options(all).sharding_strategy(ShardingStrategy::kNoShard)},
+      {"zero_copy_gather", Options(all).zero_copy_gather(true)},
+      {"cpu_offload", Options(all).cpu_offload(true), "cpu_adam"},
+      {"bf16", Options(all).mixed_precision(MixedPrecision().param_dtype(torch::kBFloat16))},
+      {"optimizer_in_backward", Options(all).optimizer_in_backward(true)},
+  };
+}
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& kind, Model& m) {
+  if (kind == "cpu_adam") return std::make_unique<optim::CPUAdam>(m->parameters(), optim::CPUAdamOptions(1e-2));
+  return std::make_unique<torch::optim::Adam>(m->parameters(), torch::optim::AdamOptions(1e-2));
+}
+
+// A blocking save at step 3 and an asynchronous one right after it, written while two
+// more steps run: the same files.
+void fsdp_case(const FsdpCase& c, comm::ProcessGroup& pg) {
+  run_case(c.name, [&] {
+    const std::string base = test_dir() + "/" + c.name;
+    auto m = Model(make_transformer(3), pg, c.options);
+    auto opt = make_optimizer(c.optimizer, m);
+    if (c.options.optimizer_in_backward()) m->register_optimizer_in_backward(*opt);
+    train_fsdp(m, *opt, 3, pg);
+    CheckpointExtra extra;
+    extra.values["step"] = "3";
+    save_checkpoint(base + "/blocking", *m, opt.get(), extra);
+    throttle_writer(2);
+    CheckpointHandle h = save_checkpoint_async(base + "/async", *m, opt.get(), extra);
+    EXPECT_FALSE(h.done()) << "the writer is held until two steps have run";
+    train_fsdp(m, *opt, 2, pg);
+    h.wait();
+    state::detail::set_checkpoint_record_hook({});
+    EXPECT_TRUE(h.done());
+    EXPECT_EQ(h.error(), "");
+    const CheckpointSaveStats s = h.stats();
+    if (pg.rank() == 0 || c.options.sharding_strategy() != ShardingStrategy::kNoShard) {  // NO_SHARD: rank 0 writes
+      EXPECT_GT(s.file_bytes, 0);
+      EXPECT_GT(s.snapshot_bytes, 0);
+    }
+    EXPECT_GT(s.background_s, 0);
+    EXPECT_FALSE(s.blocking);
+    comm::barrier(pg);  // rank 0 has published
+    expect_same_files(base + "/async", base + "/blocking");
+    EXPECT_FALSE(fs::exists(base + "/async.tmp"));
+  });
+}
+
+TEST(AsyncCheckpoint, ThrottledWriterWritesTheBlockingSavesBytes) {
+  run_ranks(2, [](comm::ProcessGroup& pg) {
+    for (const auto& c : fsdp_cases()) fsdp_case(c, pg);
+  }, rank_options());
+}
+
+TEST(AsyncCheckpoint, ZeroStage2ThrottledWriterWritesTheBlockingSavesBytes) {
+  run_ranks(2, [](comm::ProcessGroup& pg) {
+    for (bool in_backward : {false, true}) {
+      run_case(in_backward ? "zero2_in_backward" : "zero2", [&] {
+        const std::string base = test_dir() + (in_backward ? "/zero2ib" : "/zero2");
+        auto net = make_transformer(5);
+        optim::ZeroRedundancyOptimizer opt(
+            net->parameters(), optim::inner_optimizer<torch::optim::AdamW>(torch::optim::AdamWOptions(1e-2)),
+            optim::ZeroOptions().process_group(pg).stage(2).reduce_bucket_size(300).module(net.ptr())
+                .optimizer_in_backward(in_backward));
+        auto train = [&](int64_t steps) {
+          for (int64_t i = 0; i < steps; ++i) {
+            auto [x, y] = global_batch(g_steps.load(), kBatch);
+            opt.zero_grad(/*set_to_none=*/true);
+            loss_of(net->forward(rank_slice(x, pg.rank(), pg.size())), y, pg).backward();
+            opt.step();
+            ++g_steps;
+          }
+        };
+        train(3);
+        save_checkpoint(base + "/blocking", opt);
+        throttle_writer(2);
+        CheckpointHandle h = save_checkpoint_async(base + "/async", opt);
+        train(2);
+        h.wait();
+        state::detail::set_checkpoint_record_hook({});
+        comm::barrier(pg);
+        expect_same_files(base + "/async", base + "/blocking");
+      });
+    }
+  }, rank_options());
+}
+
+// A write that fails on rank 1 is raised by wait() on both ranks, naming rank 1, its file
+// and the cause; the previous checkpoint stays, and the next save succeeds.
+TEST(AsyncCheckpoint, FailedWriteIsRaisedOnEveryRank) {
+  run_ranks(2, [](comm::ProcessGroup& pg) {
+    const std::string dir = test_dir() + "/failing";
+    auto m = Model(make_transformer(3), pg, Options().auto_wrap_policy(always_wrap_policy()));
+    auto opt = make_optimizer("adam", m);
+    train_fsdp(m, *opt, 1, pg);
+    save_checkpoint(dir, *m, opt.get());
+    const std::string before = file_bytes(dir + "/metadata.json");
+    if (pg.rank() == 1)
+      state::detail::set_checkpoint_record_hook([](int64_t written) {
+        TORCH_CHECK(written != 2, "No space left on device (injected)");
+      });
+    train_fsdp(m, *opt, 1, pg);
+    CheckpointHandle h = save_checkpoint_async(dir, *m, opt.get());
+    train_fsdp(m, *opt, 1, pg);
+    const std::string err = error_of([&] { h.wait(); });
+    state::detail::set_checkpoint_record_hook({});
+    EXPECT_NE(err.find("No space left on device (injected)"), std::string::npos) << err;
+    EXPECT_NE(err.find(pg.rank() == 1 ? "on rank 1" : "failed on rank 1"), std::string::npos) << err;
+    EXPECT_NE(err.find("shard_rank00001.bin"), std::string::npos) << err;
+    EXPECT_NE(err.find("nothing was renamed into place"), std::string::npos) << err;
+    EXPECT_EQ(h.error(), err);
+    comm::barrier(pg);
+    EXPECT_EQ(file_bytes(dir + "/metadata.json"), before) << "the failed save replaced the checkpoint";
+    // Raised once: the next save does not raise it again, and succeeds.
+    save_checkpoint_async(dir, *m, opt.get()).wait();
+    comm::barrier(pg);
+    EXPECT_NE(file_bytes(dir + "/metadata.json"), before);
+  }, rank_options());
+}
+
+// skip_if_busy: while a save is held mid-file, the next one is skipped on every rank.
+TEST(AsyncCheckpoint, SkipIfBusySkipsOnEveryRank) {
+  run_ranks(2, [](comm::ProcessGroup& pg) {
+    const std::string dir = test_dir() + "/busy";
+    auto m = Model(make_transformer(3), pg, Options().auto_wrap_policy(always_wrap_policy()));
+    auto opt = make_optimizer("adam", m);
+    train_fsdp(m, *opt, 1, pg);
+    throttle_writer(1);
+    CheckpointHandle first = save_checkpoint_async(dir + "/a", *m, opt.get());
+    CheckpointHandle second =
+        save_checkpoint_async(dir + "/b", *m, opt.get(), {}, AsyncCheckpointOptions().skip_if_busy(true));
+    EXPECT_FALSE(second.valid());
+    EXPECT_TRUE(second.stats().skipped);
+    EXPECT_EQ(skipped_checkpoints(), 1);
+    train_fsdp(m, *opt, 1, pg);
+    first.wait();
+    state::detail::set_checkpoint_record_hook({});
+    comm::barrier(pg);
+    EXPECT_TRUE(fs::exists(dir + "/a/metadata.json"));
+    EXPECT_FALSE(fs::exists(dir + "/b"));
+    EXPECT_FALSE(fs::exists(dir + "/b.tmp"));
+  }, rank_options());
+}
+
+// Both ranks are killed (SIGKILL) while their writers are held mid-file: the previous
+// checkpoint is what a load finds, and the new one never appeared.
+void killed_while_writing() {
+  run_ranks(2, [](comm::ProcessGroup& pg) {
+    const std::string dir = test_dir() + "/killed";
+    auto m = Model(make_transformer(3), pg, Options().auto_wrap_policy(always_wrap_policy()));
+    auto opt = make_optimizer("adam", m);
+    train_fsdp(m, *opt, 2, pg);
+    save_checkpoint(dir, *m, opt.get());
+    if (pg.rank() == 0) torch::save(m->parameters(), dir + ".expected.pt");
+    static std::atomic<bool> held{false};
+    state::detail::set_checkpoint_record_hook([](int64_t written) {
+      if (written != 2) return;
+      held = true;
+      std::this_thread::sleep_for(std::chrono::seconds(120));
+    });
+    train_fsdp(m, *opt, 1, pg);
+    CheckpointHandle h = save_checkpoint_async(dir, *m, opt.get());
+    while (!held) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ::raise(SIGKILL);
+  }, rank_options());
+}
+
+TEST(AsyncCheckpoint, KilledMidFileLeavesThePreviousCheckpoint) {
+  if (is_worker()) killed_while_writing();
+  else EXPECT_NONFATAL_FAILURE(killed_while_writing(), "signal 9");
+  EXPECT_TRUE(is_worker() || fs::exists(test_dir() + "/killed.tmp")) << "the killed save should have left its .tmp";
+  run_ranks(2, [](comm::ProcessGroup& pg) {
+    const std::string dir = test_dir() + "/killed";
+    auto m = Model(make_transformer(9), pg, Options().auto_wrap_policy(always_wrap_policy()));
+    load_checkpoint(dir, *m, nullptr);
+    std::vector<torch::Tensor> expected;
+    torch::load(expected, dir + ".expected.pt");
+    const auto got = m->parameters();
+    ASSERT_EQ(got.size(), expected.size());
+    // Each rank's shards: rank 0 saved its own, so compare on rank 0 only.
+    if (pg.rank() == 0)
+      for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(torch::equal(got[i], expected[i])) << i;
+  }, rank_options());
+}
+
+}  // namespace
