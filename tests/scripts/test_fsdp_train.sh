@@ -514,7 +514,10 @@ for variant in "noshuffle:--no-shuffle" "shuffled:--seed 3"; do
   run $flags --steps $((2 * K)) --metrics "$WORK/$name.full.jsonl"
   [[ $RC == 0 ]] || fail "$name: uninterrupted run: exit $RC"
   # shellcheck disable=SC2086
-  run $flags --steps $K --checkpoint-dir "$CK/$name" --checkpoint-every 4 --keep-checkpoints 0 --metrics "$WORK/$name.first.jsonl"
+  # The noshuffle run saves asynchronously (the default), the shuffled one blocking.
+  save_mode=--async-checkpoint
+  [[ $name == shuffled ]] && save_mode=--no-async-checkpoint
+  run $flags --steps $K --checkpoint-dir "$CK/$name" --checkpoint-every 4 --keep-checkpoints 0 $save_mode --metrics "$WORK/$name.first.jsonl"
   [[ $RC == 0 ]] || fail "$name: run with --checkpoint-dir: exit $RC"
   for s in 0 4 8 $K; do
     [[ -f "$CK/$name/step-$s/metadata.json" ]] || fail "$name: no checkpoint $CK/$name/step-$s (have: $(ls "$CK/$name"))"
