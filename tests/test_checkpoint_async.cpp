@@ -1,7 +1,8 @@
 // Asynchronous checkpoints (fsdp/state/async_checkpoint.h). The writer is throttled (the
 // record hook holds it after its first record until training has run two more steps), so
-// training overwrites the state while the save is written; the files must still be byte for
-// byte those of a blocking save at the save's step, for FSDP strategies, zero-copy gathers,
+// training overwrites the state while the save is written, through copy-on-write faults
+// (pages copied > 0); the files must still be byte for byte those of a blocking save at the
+// save's step, for FSDP strategies, zero-copy gathers,
 // CPU offload, bf16, the optimizer in backward and ZeRO-2. A failed write is raised on every
 // rank, naming the rank and the cause; a rank killed while its writer is mid-file leaves the
 // previous checkpoint in place; skip_if_busy skips on every rank alike.
@@ -136,7 +137,11 @@ void fsdp_case(const FsdpCase& c, comm::ProcessGroup& pg) {
     const CheckpointSaveStats s = h.stats();
     if (pg.rank() == 0 || c.options.sharding_strategy() != ShardingStrategy::kNoShard) {  // NO_SHARD: rank 0 writes
       EXPECT_GT(s.file_bytes, 0);
-      EXPECT_GT(s.snapshot_bytes, 0);
+      // The optimizer state (and the shards, but for zero-copy gathers') protected copy-on-write;
+      // the two steps wrote some of it before the held writer took it.
+      EXPECT_GT(s.cow_bytes, 0);
+      EXPECT_GT(s.cow_pages_copied, 0) << "no page was copied on write";
+      EXPECT_GT(s.cow_fault_s, 0);
     }
     EXPECT_GT(s.background_s, 0);
     EXPECT_FALSE(s.blocking);
@@ -178,6 +183,10 @@ TEST(AsyncCheckpoint, ZeroStage2ThrottledWriterWritesTheBlockingSavesBytes) {
         train(2);
         h.wait();
         state::detail::set_checkpoint_record_hook({});
+        // The flat parameters live in the exchange arena (copied whole); AdamW's state is
+        // protected copy-on-write, and the two steps wrote some of it first.
+        EXPECT_GT(h.stats().snapshot_bytes, 0);
+        EXPECT_GT(h.stats().cow_pages_copied, 0);
         comm::barrier(pg);
         expect_same_files(base + "/async", base + "/blocking");
       });

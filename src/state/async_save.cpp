@@ -65,22 +65,24 @@ SavePlan plan_and_snapshot(const std::string& dir, const CheckpointSubject& subj
                            CheckpointSaveStats& stats) {
   SavePlan plan = plan_save(dir, subject, optimizer, extra);
   if (!plan.error.empty()) return plan;
-  const int64_t bytes = planned_bytes(plan);
-  if (bytes > cap) {
-    stats.blocking = true;
-    std::fprintf(stderr,
-                 "fsdp: warning: save_checkpoint_async on rank %d: its records (%lld bytes) exceed "
-                 "host_snapshot_bytes (%lld), so '%s' is written while training waits; raise the cap to save "
-                 "asynchronously\n",
-                 subject.group.rank(), static_cast<long long>(bytes), static_cast<long long>(cap), dir.c_str());
-    return plan;
-  }
   const auto t0 = Clock::now();
   try {
-    stats.snapshot_bytes = snapshot(plan);
+    const SnapshotTaken taken = snapshot(plan, cap);
+    stats.snapshot_bytes = taken.copied_bytes;
+    stats.cow_bytes = taken.cow_bytes;
+    if (!taken.fits) {
+      stats.blocking = true;
+      std::fprintf(stderr,
+                   "fsdp: warning: save_checkpoint_async on rank %d: the records it must copy (%lld bytes) exceed "
+                   "host_snapshot_bytes (%lld), so '%s' is written while training waits; raise the cap to save "
+                   "asynchronously\n",
+                   subject.group.rank(), static_cast<long long>(taken.copied_bytes), static_cast<long long>(cap),
+                   dir.c_str());
+    }
   } catch (const std::exception& e) {
     plan.records.clear();
-    plan.error = std::string("taking the snapshot failed: ") + e.what();
+    plan.cow.reset();
+    plan.error = std::string("taking the snapshot failed: ") + error_message(e);
   }
   stats.snapshot_s = seconds_since(t0);
   return plan;
@@ -106,8 +108,20 @@ void AsyncSave::write() {
   } catch (const std::exception& e) {
     error = e.what();
   }
+  CheckpointSaveStats cow;
+  if (plan_.cow) {
+    plan_.cow->release();  // (write_checkpoint did, unless it failed first)
+    const memory::CowStats c = plan_.cow->stats();
+    cow.cow_pages_copied = c.pages_copied;
+    cow.cow_fault_s = double(c.fault_ns) * 1e-9;
+    cow.cow_protect_s = double(c.protect_ns) * 1e-9;
+  }
   plan_.records.clear();  // the snapshot's memory
+  plan_.cow.reset();
   std::lock_guard<std::mutex> lock(mu_);
+  stats_.cow_pages_copied = cow.cow_pages_copied;
+  stats_.cow_fault_s = cow.cow_fault_s;
+  stats_.cow_protect_s = cow.cow_protect_s;
   stats_.background_s = seconds_since(t0);
   stats_.file_bytes = written.file_bytes;
   error_ = error;

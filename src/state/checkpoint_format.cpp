@@ -212,6 +212,32 @@ void RankFileWriter::write(const std::string& item, const std::string& kind, con
   pending_.push_back(staged ? at::Tensor() : t);
 }
 
+void RankFileWriter::write_streamed(const std::string& item, const std::string& kind, at::ScalarType dtype,
+                                    int64_t begin, int64_t end, const std::function<void(const Sink&)>& produce) {
+  Record r;
+  r.item = item;
+  r.kind = kind;
+  r.file = name_;
+  r.offset = size_;
+  r.begin = begin;
+  r.end = end;
+  r.dtype = dtype_name(dtype);
+  const size_t nbytes = static_cast<size_t>(end - begin) * c10::elementSize(dtype);
+  size_t written = 0;
+  uint32_t crc = 0;
+  produce([&](const char* p, size_t n) {
+    crc = crc32_of(p, n, crc);
+    write_bytes(p, n);
+    written += n;
+  });
+  TORCH_INTERNAL_ASSERT(written == nbytes, "record ", item, "/", kind, ": ", written, " bytes streamed, not ", nbytes);
+  r.crc32 = crc;
+  if (nbytes > 0) ::sync_file_range(fd_, size_, static_cast<off_t>(nbytes), SYNC_FILE_RANGE_WRITE);
+  size_ += static_cast<int64_t>(nbytes);
+  records_.push_back(std::move(r));
+  pending_.push_back(at::Tensor());  // checksummed here
+}
+
 int64_t RankFileWriter::finish() {
   // See [Note: checksums overlap the fsync].
   int sync_rc = 0, sync_errno = 0;

@@ -84,6 +84,12 @@ class RankFileWriter {
   // Writes t (contiguous; any device) as a record of elements [begin, end) of `item`.
   // Its crc32 is filled in by finish() (a host tensor) or here (a device tensor, staged).
   void write(const std::string& item, const std::string& kind, const at::Tensor& t, int64_t begin, int64_t end);
+  // Bytes that cannot wait for finish() (a copy-on-write snapshot's pages go back to training
+  // once written): `produce` hands the record's bytes, in order, to the sink it is given, which
+  // checksums and writes each piece at once. `nbytes` is the record's size.
+  using Sink = std::function<void(const char*, size_t)>;
+  void write_streamed(const std::string& item, const std::string& kind, at::ScalarType dtype, int64_t begin,
+                      int64_t end, const std::function<void(const Sink&)>& produce);
   // Checksums every record while fsync runs, closes; returns the file size.
   int64_t finish();
   const std::string& name() const { return name_; }

@@ -10,6 +10,7 @@
 #include "checkpoint_format.h"
 #include "checkpoint_testing.h"
 #include "shared_directory.h"
+#include "snapshot_reader.h"
 
 namespace fsdp::state {
 
@@ -48,6 +49,16 @@ void make_tmp_directory(const SavePlan& plan, const StoreAgreement& agree) {
   }
 }
 
+// A copy-on-write snapshot gives its pages back however the writing ends: a page still
+// protected would make training wait for a writer that has stopped.
+struct ReleasedAtExit {
+  memory::CowSnapshot* cow;
+  void now() {
+    if (cow) cow->release();
+  }
+  ~ReleasedAtExit() { now(); }
+};
+
 // Phase 1: this rank's file in `tmp`. Returns what rank 0 needs for the metadata: the records,
 // the optimizer steps, the file (name, bytes, CRC-32).
 json write_rank_file(const SavePlan& plan, int rank) {
@@ -55,13 +66,24 @@ json write_rank_file(const SavePlan& plan, int rank) {
   json mine = {{"records", json::array()}, {"steps", plan.steps}, {"file", nullptr}};
   if (plan.records.empty()) return mine;
   const detail::CheckpointRecordHook& after_record = record_hook();
+  ReleasedAtExit released{plan.cow.get()};
+  std::unique_ptr<SnapshotReader> protected_pages;
+  if (plan.cow) protected_pages = std::make_unique<SnapshotReader>(*plan.cow);
   format::RankFileWriter writer(plan.tmp, format::rank_file_name(rank));
   int64_t written = 0;
   for (const auto& r : plan.records) {
-    writer.write(r.item, r.kind, r.values, r.begin, r.end);
+    if (r.region < 0) {
+      writer.write(r.item, r.kind, r.values, r.begin, r.end);
+    } else {
+      writer.write_streamed(r.item, r.kind, r.values.scalar_type(), r.begin, r.end,
+                            [&](const format::RankFileWriter::Sink& sink) {
+                              protected_pages->read(size_t(r.region), r.offset, r.values.nbytes(), sink);
+                            });
+    }
     ++written;
     if (after_record) after_record(written);
   }
+  released.now();  // every page back to training before the fsync
   const int64_t bytes = writer.finish();
   for (const auto& r : writer.records()) mine["records"].push_back(r);
   mine["file"] = {{"name", writer.name()}, {"bytes", bytes}, {"crc32", writer.file_crc()}};

@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include "checkpoint_format.h"
+#include "memory/own_pages.h"
 #include "optim_state.h"
 
 namespace fsdp::state {
@@ -121,22 +122,56 @@ std::string error_message(const std::exception& e) {
   return e.what();
 }
 
-int64_t planned_bytes(const SavePlan& plan) {
-  int64_t bytes = 0;
-  for (const auto& r : plan.records) bytes += r.values.numel() * int64_t(r.values.element_size());
-  return bytes;
+namespace {
+
+bool may_be_protected(const PlannedRecord& r) {
+  return r.kind != format::kBuffer && r.kind != format::kExtra && r.values.is_cpu() && r.values.is_contiguous() &&
+         r.values.numel() > 0 && memory::move_to_own_pages(r.values);
 }
 
-int64_t snapshot(SavePlan& plan) {
-  int64_t bytes = 0;
-  for (auto& r : plan.records) {
-    const bool device = !r.values.is_cpu();
-    auto copy = at::empty(r.values.sizes(), r.values.options().device(at::kCPU).pinned_memory(device));
-    copy.copy_(r.values);
-    r.values = copy;
-    bytes += copy.numel() * int64_t(copy.element_size());
+at::Tensor host_copy(const at::Tensor& t) {
+  auto copy = at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(!t.is_cpu()));
+  copy.copy_(t);
+  return copy;
+}
+
+}  // namespace
+
+SnapshotTaken snapshot(SavePlan& plan, int64_t copy_cap) {
+  SnapshotTaken taken;
+  std::vector<bool> protect(plan.records.size());
+  for (size_t i = 0; i < plan.records.size(); ++i) {
+    protect[i] = may_be_protected(plan.records[i]);
+    if (!protect[i]) taken.copied_bytes += plan.records[i].values.nbytes();
   }
-  return bytes;
+  if (taken.copied_bytes > copy_cap) {
+    taken.fits = false;
+    return taken;
+  }
+  std::map<const c10::StorageImpl*, int> region_of;
+  std::vector<memory::CowRegion> regions;
+  for (size_t i = 0; i < plan.records.size(); ++i) {
+    PlannedRecord& r = plan.records[i];
+    if (!protect[i]) {
+      r.values = host_copy(r.values);
+      continue;
+    }
+    const auto* impl = r.values.storage().unsafeGetStorageImpl();
+    auto it = region_of.find(impl);
+    if (it == region_of.end()) {
+      it = region_of.emplace(impl, int(regions.size())).first;
+      regions.push_back(memory::own_pages_of(r.values));
+      taken.cow_bytes += int64_t(regions.back().bytes);
+    }
+    r.region = it->second;
+    r.offset = size_t(static_cast<const char*>(r.values.data_ptr()) - static_cast<const char*>(regions[it->second].base));
+  }
+  if (!regions.empty()) {
+    memory::CowOptions options;
+    options.copy_cap_bytes = size_t(copy_cap - taken.copied_bytes);
+    plan.cow = std::make_shared<memory::CowSnapshot>(std::move(regions), options);
+  }
+  return taken;
 }
 
 }  // namespace fsdp::state

@@ -12,8 +12,19 @@
 // (save_checkpoint_async). A plan's tensors are views of the live state; an asynchronous
 // save first snapshots them (snapshot()), so training may change the live state while
 // the writer reads the plan's.
+//
+// [Note: snapshots of a save]
+// snapshot() takes each record one of two ways. Parameter and optimizer-state records in
+// plain host memory are moved (once, at the first asynchronous save) onto pages of their own
+// ([Note: state on pages of its own]) and protected copy-on-write ([Note: copy-on-write
+// snapshots]): the training thread's stall is the protection, and a page is copied only when
+// training writes it before the writer has taken it. Everything else is copied whole at the
+// call: device tensors (into pinned memory; DMA bypasses page protection), pinned host
+// memory, the exchange arena's (peers write it: ZeRO's flat parameters, zero-copy shards),
+// buffers and extras (small, and a buffer may be a receive target).
 
 #include <exception>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -22,6 +33,7 @@
 #include <torch/optim/optimizer.h>
 
 #include "checkpoint_subject.h"
+#include "memory/cow_snapshot.h"
 
 namespace fsdp::state {
 
@@ -29,6 +41,8 @@ struct PlannedRecord {
   std::string item, kind;
   at::Tensor values;  // contiguous, flat: elements [begin, end) of the item
   int64_t begin = 0, end = 0;
+  int region = -1;    // after snapshot(): the copy-on-write region holding the values (-1: values)
+  size_t offset = 0;  // their byte offset in it
 };
 
 struct SavePlan {
@@ -37,6 +51,14 @@ struct SavePlan {
   nlohmann::json steps = nlohmann::json::object();  // optimizer step of each parameter written here
   nlohmann::json metadata;             // rank 0: the metadata but for files, records and steps
   std::string error;                   // why this rank cannot save (the writer reports it)
+  std::shared_ptr<memory::CowSnapshot> cow;  // after snapshot(): the records' protected pages
+};
+
+/// What snapshot() did.
+struct SnapshotTaken {
+  bool fits = true;          // false: the copies would exceed the cap; nothing was taken
+  int64_t copied_bytes = 0;  // records copied whole (device, pinned, shared or pooled memory; buffers)
+  int64_t cow_bytes = 0;     // bytes under copy-on-write protection
 };
 
 /// The plan of a save of `subject` into `dir` (training thread). A state it cannot save (an
@@ -45,14 +67,13 @@ struct SavePlan {
 SavePlan plan_save(const std::string& dir, const CheckpointSubject& subject,
                    const torch::optim::Optimizer* optimizer, const CheckpointExtra& extra);
 
-/// The plan's bytes in memory that training does not write: host copies of every record
-/// (pinned when the record is on a CUDA device). Returns the bytes copied.
-int64_t snapshot(SavePlan& plan);
+/// The plan's bytes as they are now, whatever training writes next ([Note: snapshots of a
+/// save]). `copy_cap` bounds the host memory it holds (copies and copy-on-write pages);
+/// takes nothing (fits false) when the records it would copy whole exceed it.
+SnapshotTaken snapshot(SavePlan& plan, int64_t copy_cap);
 
 /// An exception's message without the C++ context c10::Error appends (users read it).
 std::string error_message(const std::exception& e);
 
-/// The bytes the plan's records hold.
-int64_t planned_bytes(const SavePlan& plan);
 
 }  // namespace fsdp::state

@@ -39,10 +39,11 @@ struct AsyncCheckpointOptions {
   /// for it (counted in blocked time); true skips this save on every rank (one all-reduce
   /// of a flag, so all ranks skip together) and counts it (skipped_checkpoints()).
   TORCH_ARG(bool, skip_if_busy) = false;
-  /// The most host memory a snapshot may hold (its copies of this rank's records), in
-  /// bytes. A save whose records exceed it is written while the caller waits, as by
-  /// save_checkpoint, with a warning. 0 means a quarter of the host's memory divided
-  /// among the ranks on this host.
+  /// The most host memory a snapshot may hold, in bytes: the records it copies whole and
+  /// the pages training writes before the writer has taken them (copy-on-write). A save
+  /// whose whole copies alone exceed it is written while the caller waits, as by
+  /// save_checkpoint, with a warning; past it, a page training writes waits for the writer.
+  /// 0 means a quarter of the host's memory divided among the ranks on this host.
   TORCH_ARG(int64_t, host_snapshot_bytes) = 0;
 };
 
@@ -53,7 +54,11 @@ struct CheckpointSaveStats {
   double snapshot_s = 0;         ///< of blocked_s: taking the snapshot
   double background_s = 0;       ///< the writer: start to this rank's file durable and agreed
   int64_t file_bytes = 0;        ///< this rank's file
-  int64_t snapshot_bytes = 0;    ///< host memory the snapshot held
+  int64_t snapshot_bytes = 0;    ///< records the snapshot copied whole (device, shared memory, buffers)
+  int64_t cow_bytes = 0;         ///< bytes the snapshot protected copy-on-write instead
+  int64_t cow_pages_copied = 0;  ///< of those, pages training wrote before the writer took them
+  double cow_fault_s = 0;        ///< training threads' time copying those pages (not in blocked_s)
+  double cow_protect_s = 0;      ///< of snapshot_s: protecting the pages
   bool skipped = false;          ///< skip_if_busy skipped it
   bool blocking = false;         ///< over host_snapshot_bytes: written while the caller waited
 };
