@@ -12,6 +12,7 @@
 #include <signal.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -90,6 +91,14 @@ void expect_same_files(const std::string& got, const std::string& expected) {
   EXPECT_EQ(size_t(std::distance(fs::directory_iterator(got), fs::directory_iterator())), n) << got;
 }
 
+// fsdp-ckpt inspect (which verifies every record's CRC-32) accepts the directory.
+void expect_inspect_verifies(const std::string& dir) {
+  const char* bin = std::getenv("FSDP_BIN_DIR");
+  ASSERT_NE(bin, nullptr) << "run under ctest (FSDP_BIN_DIR)";
+  const std::string cmd = std::string(bin) + "/fsdp-ckpt inspect '" + dir + "' > /dev/null";
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+}
+
 struct FsdpCase {
   std::string name;
   Options options;
@@ -148,6 +157,7 @@ void fsdp_case(const FsdpCase& c, comm::ProcessGroup& pg) {
     comm::barrier(pg);  // rank 0 has published
     expect_same_files(base + "/async", base + "/blocking");
     EXPECT_FALSE(fs::exists(base + "/async.tmp"));
+    if (pg.rank() == 0) expect_inspect_verifies(base + "/async");
   });
 }
 

@@ -561,7 +561,24 @@ TEST(Trainer, ResumeBitwiseAndAcrossWorldSizes) {
       // Step s's metrics arrive after step s+1's training step, except that a checkpoint
       // (steps 3, 6, 8) first takes every pending one back.
       EXPECT_EQ(events->seq, " t t e1 t e2 e3 c3 t t e4 t e5 e6 c6 t t e7 e8 c8");
-      if (pg.rank() == 0) expect_step_lines(metrics_o, a.losses);
+      if (pg.rank() == 0) {
+        // A blocking save finishes inside save(): the next step's line reports it (steps 4 and
+        // 7 for the saves after 3 and 6; the last save, after step 8, has no later line).
+        const auto lines = expect_step_lines(metrics_o, a.losses);
+        for (size_t i = 0; i < lines.size(); ++i) {
+          const int64_t step = int64_t(i) + 1;
+          if (step != 4 && step != 7) {
+            EXPECT_FALSE(lines[i].contains("checkpoint")) << "step " << step;
+            continue;
+          }
+          ASSERT_TRUE(lines[i].contains("checkpoint")) << "step " << step;
+          const auto& c = lines[i].at("checkpoint");
+          EXPECT_EQ(c.at("step").get<int64_t>(), step - 1);
+          EXPECT_GT(c.at("bytes").get<int64_t>(), 0);
+          EXPECT_GT(c.at("background_s").get<double>(), 0);
+          EXPECT_GT(c.at("gb_s").get<double>(), 0);
+        }
+      }
     });
     run_case("optimizer in backward: the same run, and resumed from its checkpoint and the other's", [&] {
       // Adam and a StepLR scheduler, checkpoints every 3 steps: the optimizer state, its
@@ -908,7 +925,7 @@ TEST(Trainer, DISABLED_LaunchChild) {
   const char* out = std::getenv("FSDP_TRAINER_LAUNCH_OUT");
   ASSERT_NE(out, nullptr);
   TT t = make_trainer(TrainerOptions().devices(2).global_batch_size(kBatch).max_steps(3).seed(3));
-  t.options().progress(true).log_every_n_steps(1).memory_summary(true);
+  t.options().progress(true).log_every_n_steps(1).memory_summary(true).checkpoint_dir(std::string(out) + "/ckpt");
   FitResult r = t.fit();
   const char* rank = std::getenv("RANK");
   ASSERT_NE(rank, nullptr) << "fit() returned in the launching process";
@@ -941,6 +958,8 @@ TEST(Trainer, LaunchesRanksWithoutALauncher) {
   EXPECT_NE(log.find("[rank1]"), std::string::npos) << log;
   EXPECT_NE(log.find("[rank0]: step 3/3  loss"), std::string::npos) << log;
   EXPECT_NE(log.find("[rank0]:   1 "), std::string::npos) << "no memory summary row for rank 1:\n" << log;
+  // The last (asynchronous) save's snapshot in the summary.
+  EXPECT_NE(log.find("[rank0]:   checkpoint snapshot (rank 0, step-3): held "), std::string::npos) << log;
 }
 
 TEST(Trainer, OneDeviceRunsInThisProcess) {

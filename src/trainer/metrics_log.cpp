@@ -32,6 +32,17 @@ void MetricsLog::write_step(const StepMetrics& m) {
                         {"optim_bytes", m.memory.optim_bytes},
                         {"unsharded_peak_bytes", m.memory.unsharded_peak_bytes},
                         {"rss_bytes", m.memory.rss_bytes}}}};
+  if (m.checkpoint) {
+    const CheckpointSaveStats& c = m.checkpoint->second;
+    j["checkpoint"] = {{"step", m.checkpoint->first},
+                       {"blocked_s", c.blocked_s},
+                       {"snapshot_s", c.snapshot_s},
+                       {"cow_pages_copied", c.cow_pages_copied},
+                       {"cow_fault_s", c.cow_fault_s},
+                       {"background_s", c.background_s},
+                       {"bytes", c.file_bytes},
+                       {"gb_s", c.background_s > 0 ? double(c.file_bytes) / c.background_s / 1e9 : 0.0}};
+  }
   out_ << j.dump() << '\n' << std::flush;
 }
 

@@ -25,7 +25,8 @@ StepMetrics StepReporter::last() const {
   return last;
 }
 
-void StepReporter::report(const StepMetrics& sm) {
+void StepReporter::report(StepMetrics sm) {
+  if (checkpoints_reported_ < result_.checkpoints.size()) sm.checkpoint = result_.checkpoints[checkpoints_reported_++];
   result_.losses.push_back(sm.loss);
   log_.write_step(sm);
   for (auto& cb : ctx_.callbacks) cb->on_step_end(sm);

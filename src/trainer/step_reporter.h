@@ -31,7 +31,7 @@ class StepReporter {
   StepMetrics last() const;
 
  private:
-  void report(const StepMetrics& sm);
+  void report(StepMetrics sm);
 
   const LoopContext& ctx_;
   MetricsLog& log_;
@@ -40,6 +40,7 @@ class StepReporter {
   FitResult& result_;
   StepLossReduction losses_;
   StepMetrics last_;
+  size_t checkpoints_reported_ = 0;  // of result_.checkpoints, on a step's metrics
   int64_t interval_samples_ = 0;
   LoopClock::time_point interval_start_ = LoopClock::now();
 };

@@ -7,6 +7,9 @@
 
 #include <chrono>
 #include <cstdio>
+#include <utility>
+
+#include <unistd.h>
 
 #include <torch/torch.h>
 
@@ -50,9 +53,20 @@ void start_training(const LoopContext& ctx, const ResumePoint& from, int64_t tot
   ctx.model.module->train();
 }
 
+/// The host memory the last checkpoint's snapshot held on rank 0 (AsyncCheckpointOptions::
+/// host_snapshot_bytes bounds it).
+void print_snapshot_memory(const std::pair<int64_t, CheckpointSaveStats>& last) {
+  const CheckpointSaveStats& c = last.second;
+  char copied[32], cow[32];
+  format_bytes(double(c.snapshot_bytes + c.cow_pages_copied * int64_t(::sysconf(_SC_PAGESIZE))), copied, sizeof copied);
+  format_bytes(double(c.cow_bytes), cow, sizeof cow);
+  std::fprintf(stderr, "  checkpoint snapshot (rank 0, step-%lld): held %s of copies, protected %s copy-on-write\n",
+               static_cast<long long>(last.first), copied, cow);
+}
+
 /// Rank 0 prints each rank's model-state bytes next to unsharded Adam training's 16 B
 /// per parameter and the ZeRO accounting for the strategy (collective).
-void print_memory_summary(const LoopContext& ctx) {
+void print_memory_summary(const LoopContext& ctx, const FitResult& result) {
   const Strategy& strategy = ctx.options.strategy();
   const LoopModel& m = ctx.model;
   int group = 0;
@@ -73,6 +87,7 @@ void print_memory_summary(const LoopContext& ctx) {
                  ctx.program(), (long long)m.num_params, u, strategy.name().c_str(), z);
   }
   print_memory_table(stderr, ctx.pg, model_memory(m.fsdp, *m.optimizer));
+  if (ctx.lead() && !result.checkpoints.empty()) print_snapshot_memory(result.checkpoints.back());
 }
 
 /// The steps from `first_step` to the end, with the checkpoints and validations due
@@ -127,7 +142,7 @@ FitResult run_phases(const LoopContext& ctx) {
   progress.finish();
   validations.finish(total_steps);
   result.last_step = total_steps;
-  if (o.memory_summary()) print_memory_summary(ctx);
+  if (o.memory_summary()) print_memory_summary(ctx, result);
   for (auto& cb : ctx.callbacks) cb->on_train_end(reporter.last());
   return result;
 }

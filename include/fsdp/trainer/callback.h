@@ -5,8 +5,11 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
+#include <utility>
 
+#include "fsdp/state/async_checkpoint.h"
 #include "fsdp/state/checkpoint.h"
 
 namespace fsdp::trainer {
@@ -28,6 +31,9 @@ struct StepMetrics {
   double lr = 0;      ///< learning rate of parameter group 0 used by this step
   double samples_per_s = 0;
   MemorySample memory;  ///< this rank's
+  /// A checkpoint that finished since the previous step's metrics (its step and what it cost
+  /// this rank: TrainerOptions::async_checkpoint saves finish while later steps run).
+  std::optional<std::pair<int64_t, CheckpointSaveStats>> checkpoint;
 };
 
 struct ValidationMetrics {
