@@ -204,6 +204,46 @@ TEST(AsyncCheckpoint, ZeroStage2ThrottledWriterWritesTheBlockingSavesBytes) {
   }, rank_options());
 }
 
+// AsyncCheckpointCuda (ctest label gpu; skips without a GPU): a model on the rank's GPU, whose
+// records are copied to pinned memory on a side stream ([Note: device records in a
+// snapshot]), and one whose shards are offloaded to pinned host memory (copied at the call).
+// The two steps queued right after the save must not overwrite a tensor before its copy.
+TEST(AsyncCheckpointCuda, ThrottledWriterWritesTheBlockingSavesBytes) {
+  FSDP_SKIP_WITHOUT_GPU(1);
+  RankOptions ro = rank_options();
+  ro.backend = comm::Backend::kNccl;
+  run_ranks(1, [](comm::ProcessGroup& pg) {
+    const torch::Device gpu(torch::kCUDA, pg.cuda_device());
+    for (bool offload : {false, true}) {
+      run_case(offload ? "cpu_offload" : "on_gpu", [&] {
+        const std::string base = test_dir() + (offload ? "/cuda_offload" : "/cuda");
+        auto net = make_transformer(3);
+        net->to(gpu);
+        auto m = Model(net, pg, Options().auto_wrap_policy(always_wrap_policy()).cpu_offload(offload));
+        auto opt = make_optimizer(offload ? "cpu_adam" : "adam", m);
+        auto train = [&](int64_t steps) {
+          for (int64_t i = 0; i < steps; ++i) {
+            auto [x, y] = global_batch(g_steps.load(), kBatch);
+            opt->zero_grad(/*set_to_none=*/true);
+            torch::mse_loss(m->forward(x.to(gpu)), y.to(gpu)).backward();
+            opt->step();
+            ++g_steps;
+          }
+        };
+        train(3);
+        save_checkpoint(base + "/blocking", *m, opt.get());
+        throttle_writer(2);
+        CheckpointHandle h = save_checkpoint_async(base + "/async", *m, opt.get());
+        train(2);
+        h.wait();
+        state::detail::set_checkpoint_record_hook({});
+        EXPECT_GT(h.stats().snapshot_bytes, 0);
+        expect_same_files(base + "/async", base + "/blocking");
+      });
+    }
+  }, ro);
+}
+
 // A write that fails on rank 1 is raised by wait() on both ranks, naming rank 1, its file
 // and the cause; the previous checkpoint stays, and the next save succeeds.
 TEST(AsyncCheckpoint, FailedWriteIsRaisedOnEveryRank) {

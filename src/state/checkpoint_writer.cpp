@@ -69,6 +69,7 @@ json write_rank_file(const SavePlan& plan, int rank) {
   ReleasedAtExit released{plan.cow.get()};
   std::unique_ptr<SnapshotReader> protected_pages;
   if (plan.cow) protected_pages = std::make_unique<SnapshotReader>(*plan.cow);
+  if (plan.device_copies) plan.device_copies->synchronize();  // [Note: device records in a snapshot]
   format::RankFileWriter writer(plan.tmp, format::rank_file_name(rank));
   int64_t written = 0;
   for (const auto& r : plan.records) {

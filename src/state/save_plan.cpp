@@ -3,6 +3,9 @@
 
 #include <map>
 
+#include <c10/core/Stream.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/torch.h>
 
 #include "checkpoint_format.h"
@@ -130,9 +133,32 @@ bool may_be_protected(const PlannedRecord& r) {
 }
 
 at::Tensor host_copy(const at::Tensor& t) {
-  auto copy = at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(!t.is_cpu()));
+  auto copy = at::empty(t.sizes(), t.options().device(at::kCPU));
   copy.copy_(t);
   return copy;
+}
+
+// [Note: device records in a snapshot]: copies of `records` (all on `device`) on a side stream.
+std::shared_ptr<c10::Event> copy_on_side_stream(std::vector<PlannedRecord*>& records, const c10::Device& device) {
+  c10::impl::VirtualGuardImpl guard(device.type());
+  const c10::Stream current = guard.getStream(device);
+  const c10::Stream side = guard.getStreamFromGlobalPool(device, /*isHighPriority=*/false);
+  c10::Event state_ready(device.type());
+  state_ready.record(current);
+  state_ready.block(side);
+  {
+    c10::StreamGuard on_side(side);
+    for (PlannedRecord* r : records) {
+      auto copy = at::empty(r->values.sizes(), r->values.options().device(at::kCPU).pinned_memory(true));
+      copy.copy_(r->values, /*non_blocking=*/true);
+      guard.recordDataPtrOnStream(r->values.storage().data_ptr(), side);
+      r->values = copy;
+    }
+  }
+  auto copied = std::make_shared<c10::Event>(device.type());
+  copied->record(side);
+  copied->block(current);
+  return copied;
 }
 
 }  // namespace
@@ -150,10 +176,12 @@ SnapshotTaken snapshot(SavePlan& plan, int64_t copy_cap) {
   }
   std::map<const c10::StorageImpl*, int> region_of;
   std::vector<memory::CowRegion> regions;
+  std::vector<PlannedRecord*> on_device;
   for (size_t i = 0; i < plan.records.size(); ++i) {
     PlannedRecord& r = plan.records[i];
     if (!protect[i]) {
-      r.values = host_copy(r.values);
+      if (r.values.is_cpu()) r.values = host_copy(r.values);
+      else on_device.push_back(&r);
       continue;
     }
     const auto* impl = r.values.storage().unsafeGetStorageImpl();
@@ -166,6 +194,7 @@ SnapshotTaken snapshot(SavePlan& plan, int64_t copy_cap) {
     r.region = it->second;
     r.offset = size_t(static_cast<const char*>(r.values.data_ptr()) - static_cast<const char*>(regions[it->second].base));
   }
+  if (!on_device.empty()) plan.device_copies = copy_on_side_stream(on_device, on_device.front()->values.device());
   if (!regions.empty()) {
     memory::CowOptions options;
     options.copy_cap_bytes = size_t(copy_cap - taken.copied_bytes);

@@ -22,6 +22,15 @@
 // call: device tensors (into pinned memory; DMA bypasses page protection), pinned host
 // memory, the exchange arena's (peers write it: ZeRO's flat parameters, zero-copy shards),
 // buffers and extras (small, and a buffer may be a receive target).
+//
+// [Note: device records in a snapshot]
+// A CUDA model's records are copied into pinned host memory on a side stream, so the call
+// does not wait for them: the side stream first waits for an event recorded on the current
+// stream (the state as of the step boundary, whatever kernels are still queued), and the
+// current stream then waits for an event after the copies, so the next step's kernels,
+// queued on it later, cannot overwrite a tensor before its copy has read it. The writer
+// synchronizes on that event before it writes the first device record. Device-generic
+// (c10's stream and event interfaces), as src/core/cuda_streams.cpp's are.
 
 #include <exception>
 #include <memory>
@@ -29,6 +38,7 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Event.h>
 #include <nlohmann/json.hpp>
 #include <torch/optim/optimizer.h>
 
@@ -52,6 +62,7 @@ struct SavePlan {
   nlohmann::json metadata;             // rank 0: the metadata but for files, records and steps
   std::string error;                   // why this rank cannot save (the writer reports it)
   std::shared_ptr<memory::CowSnapshot> cow;  // after snapshot(): the records' protected pages
+  std::shared_ptr<c10::Event> device_copies;  // after snapshot(): the device records' copies are done
 };
 
 /// What snapshot() did.
