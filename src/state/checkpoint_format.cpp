@@ -188,32 +188,8 @@ uint32_t RankFileWriter::write_staged(const at::Tensor& t) {
   return crc;
 }
 
-void RankFileWriter::write(const std::string& item, const std::string& kind, const at::Tensor& t, int64_t begin,
-                           int64_t end) {
-  TORCH_INTERNAL_ASSERT(t.is_contiguous() && t.numel() == end - begin, "record ", item, "/", kind,
-                        " is not a contiguous tensor of ", end - begin, " elements");
-  Record r;
-  r.item = item;
-  r.kind = kind;
-  r.file = name_;
-  r.offset = size_;
-  r.begin = begin;
-  r.end = end;
-  r.dtype = dtype_name(t.scalar_type());
-  const size_t nbytes = t.numel() * t.element_size();
-  const bool staged = !t.device().is_cpu() || stage_host.load(std::memory_order_relaxed);  // [Note: staging device tensors]
-  if (staged) r.crc32 = write_staged(t);
-  else write_bytes(static_cast<const char*>(t.data_ptr()), nbytes);
-  // Start the write-back of this record now (asynchronous), so the disk works
-  // while the next records are copied; the fsync in finish() makes it durable.
-  if (nbytes > 0) ::sync_file_range(fd_, size_, static_cast<off_t>(nbytes), SYNC_FILE_RANGE_WRITE);
-  size_ += static_cast<int64_t>(nbytes);
-  records_.push_back(std::move(r));
-  pending_.push_back(staged ? at::Tensor() : t);
-}
-
-void RankFileWriter::write_streamed(const std::string& item, const std::string& kind, at::ScalarType dtype,
-                                    int64_t begin, int64_t end, const std::function<void(const Sink&)>& produce) {
+Record RankFileWriter::next_record(const std::string& item, const std::string& kind, at::ScalarType dtype,
+                                   int64_t begin, int64_t end) const {
   Record r;
   r.item = item;
   r.kind = kind;
@@ -222,6 +198,33 @@ void RankFileWriter::write_streamed(const std::string& item, const std::string& 
   r.begin = begin;
   r.end = end;
   r.dtype = dtype_name(dtype);
+  return r;
+}
+
+void RankFileWriter::append(Record r, size_t nbytes, at::Tensor unchecked) {
+  // Start the write-back of this record now (asynchronous), so the disk works
+  // while the next records are copied; the fsync in finish() makes it durable.
+  if (nbytes > 0) ::sync_file_range(fd_, size_, static_cast<off_t>(nbytes), SYNC_FILE_RANGE_WRITE);
+  size_ += static_cast<int64_t>(nbytes);
+  records_.push_back(std::move(r));
+  pending_.push_back(std::move(unchecked));
+}
+
+void RankFileWriter::write(const std::string& item, const std::string& kind, const at::Tensor& t, int64_t begin,
+                           int64_t end) {
+  TORCH_INTERNAL_ASSERT(t.is_contiguous() && t.numel() == end - begin, "record ", item, "/", kind,
+                        " is not a contiguous tensor of ", end - begin, " elements");
+  Record r = next_record(item, kind, t.scalar_type(), begin, end);
+  const size_t nbytes = t.numel() * t.element_size();
+  const bool staged = !t.device().is_cpu() || stage_host.load(std::memory_order_relaxed);  // [Note: staging device tensors]
+  if (staged) r.crc32 = write_staged(t);
+  else write_bytes(static_cast<const char*>(t.data_ptr()), nbytes);
+  append(std::move(r), nbytes, staged ? at::Tensor() : t);
+}
+
+void RankFileWriter::write_streamed(const std::string& item, const std::string& kind, at::ScalarType dtype,
+                                    int64_t begin, int64_t end, const std::function<void(const Sink&)>& produce) {
+  Record r = next_record(item, kind, dtype, begin, end);
   const size_t nbytes = static_cast<size_t>(end - begin) * c10::elementSize(dtype);
   size_t written = 0;
   uint32_t crc = 0;
@@ -232,10 +235,7 @@ void RankFileWriter::write_streamed(const std::string& item, const std::string& 
   });
   TORCH_INTERNAL_ASSERT(written == nbytes, "record ", item, "/", kind, ": ", written, " bytes streamed, not ", nbytes);
   r.crc32 = crc;
-  if (nbytes > 0) ::sync_file_range(fd_, size_, static_cast<off_t>(nbytes), SYNC_FILE_RANGE_WRITE);
-  size_ += static_cast<int64_t>(nbytes);
-  records_.push_back(std::move(r));
-  pending_.push_back(at::Tensor());  // checksummed here
+  append(std::move(r), nbytes, at::Tensor());  // checksummed here
 }
 
 int64_t RankFileWriter::finish() {

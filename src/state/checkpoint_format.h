@@ -86,7 +86,7 @@ class RankFileWriter {
   void write(const std::string& item, const std::string& kind, const at::Tensor& t, int64_t begin, int64_t end);
   // Bytes that cannot wait for finish() (a copy-on-write snapshot's pages go back to training
   // once written): `produce` hands the record's bytes, in order, to the sink it is given, which
-  // checksums and writes each piece at once. `nbytes` is the record's size.
+  // checksums and writes each piece at once.
   using Sink = std::function<void(const char*, size_t)>;
   void write_streamed(const std::string& item, const std::string& kind, at::ScalarType dtype, int64_t begin,
                       int64_t end, const std::function<void(const Sink&)>& produce);
@@ -107,6 +107,12 @@ class RankFileWriter {
   at::Tensor staging_;               // host bytes a device record passes through, chunk by chunk
 
   void write_bytes(const char* p, size_t nbytes);
+  // The record that starts at the file's end, without its checksum.
+  Record next_record(const std::string& item, const std::string& kind, at::ScalarType dtype, int64_t begin,
+                     int64_t end) const;
+  // `r`'s nbytes are in the file: starts their write-back and keeps the record (`unchecked`:
+  // the tensor finish() checksums it from; undefined when r.crc32 is known).
+  void append(Record r, size_t nbytes, at::Tensor unchecked);
   // [Note: staging device tensors]: returns the CRC-32 of t's bytes.
   uint32_t write_staged(const at::Tensor& t);
 };
