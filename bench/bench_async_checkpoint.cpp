@@ -127,7 +127,7 @@ struct Trainee {
   int64_t dim = 0;
 
   void step() {
-    opt->zero_grad();
+    opt->zero_grad(/*set_to_none=*/true);
     (*model)->forward(torch::randn({4, dim})).square().mean().backward();
     opt->step();
   }

@@ -99,6 +99,27 @@ void expect_inspect_verifies(const std::string& dir) {
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
 }
 
+// The schedule trace shows the snapshot on the phases track and the writer on the checkpoint
+// track, and training's forward spans inside the writer's span (it wrote while training ran).
+void expect_writer_traced(const std::vector<TraceSpan>& spans, const std::string& dir) {
+  const TraceSpan* snapshot = nullptr;
+  const TraceSpan* writer = nullptr;
+  for (const auto& s : spans) {
+    if (s.name == "checkpoint snapshot " + dir) snapshot = &s;
+    if (s.name == "checkpoint write " + dir) writer = &s;
+  }
+  ASSERT_NE(snapshot, nullptr) << "no snapshot span";
+  ASSERT_NE(writer, nullptr) << "no writer span";
+  EXPECT_EQ(snapshot->tid, Tracer::kPhase);
+  EXPECT_EQ(writer->tid, Tracer::kCheckpoint);
+  EXPECT_GE(writer->begin_seq, snapshot->begin_seq);
+  int forwards_inside = 0;
+  for (const auto& s : spans)
+    if (s.name.rfind("forward", 0) == 0 && s.begin_seq > writer->begin_seq && s.end_seq < writer->end_seq)
+      ++forwards_inside;
+  EXPECT_GT(forwards_inside, 0) << "training ran no forward while the writer wrote";
+}
+
 struct FsdpCase {
   std::string name;
   Options options;
@@ -108,7 +129,7 @@ struct FsdpCase {
 std::vector<FsdpCase> fsdp_cases() {
   const auto all = Options().auto_wrap_policy(always_wrap_policy());
   return {
-      {"full_shard", Options(all).sharding_strategy(ShardingStrategy::kFullShard)},
+      {"full_shard", Options(all).sharding_strategy(ShardingStrategy::kFullShard).trace_dir(test_dir() + "/trace")},
       {"shard_grad_op", Options(all).sharding_strategy(ShardingStrategy::kShardGradOp)},
       {"no_shard", Options(all).sharding_strategy(ShardingStrategy::kNoShard)},
       {"zero_copy_gather", Options(all).zero_copy_gather(true)},
@@ -158,6 +179,7 @@ void fsdp_case(const FsdpCase& c, comm::ProcessGroup& pg) {
     expect_same_files(base + "/async", base + "/blocking");
     EXPECT_FALSE(fs::exists(base + "/async.tmp"));
     if (pg.rank() == 0) expect_inspect_verifies(base + "/async");
+    if (!c.options.trace_dir().empty()) expect_writer_traced(m->trace_spans(), base + "/async");
   });
 }
 

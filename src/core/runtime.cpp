@@ -53,7 +53,7 @@ Runtime::Runtime(comm::ProcessGroup pg, ResolvedOptions options)
   pool_.set_block_allocator(
       [g = comm_.gather_group()](size_t nbytes) { return comm::allocate_collective_buffer(g, nbytes); });
   pool_.set_new_block_observer([streams = &comm_.streams()](const at::DataPtr& block) { streams->new_block(block); });
-  tracer_ = std::make_unique<Tracer>(options_.trace_dir, comm_.group().global_rank());
+  tracer_ = std::make_shared<Tracer>(options_.trace_dir, comm_.group().global_rank());
   if (tracer_->enabled()) tracer_->set_device_clock(comm_.streams().device_clock());
   // The window of reductions in flight ([Note: reduce buckets] in grad_reducer.h).
   const int max_scattering = options_.strategy == ShardingStrategy::kNoShard ? 2 : 1;

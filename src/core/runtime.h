@@ -141,6 +141,8 @@ class Runtime {
   StepPolicy& step_policy() { return policy_; }
   const StepPolicy& step_policy() const { return policy_; }
   Tracer& tracer() const { return *tracer_; }
+  /// The trace, for a holder that may outlive the model (an asynchronous save's writer).
+  const std::shared_ptr<Tracer>& shared_tracer() const { return tracer_; }
   /// Large per-iteration buffers ([Note: buffer pool]).
   memory::BufferPool& pool() { return pool_; }
 
@@ -202,7 +204,7 @@ class Runtime {
 
   CommContext comm_;
   ResolvedOptions options_;
-  std::unique_ptr<Tracer> tracer_;
+  std::shared_ptr<Tracer> tracer_;
   // Up to eight idle blocks. In backward four are live at once (a unit's gathered
   // parameters, the next unit's prefetch, the flat gradient being built and the one
   // in flight), and units of different sizes need blocks of their own (a request

@@ -23,6 +23,9 @@ const comm::ProcessGroup& StateView::group() const { return model_->process_grou
 int StateView::rank() const { return model_->process_group().rank(); }
 const comm::ProcessGroup& StateView::gather_group() const { return runtime_->comm_context().gather_group(); }
 torch::nn::Module& StateView::module() const { return *model_->module_ptr(); }
+std::shared_ptr<Tracer> StateView::tracer() const {
+  return runtime_->tracer().enabled() ? runtime_->shared_tracer() : nullptr;
+}
 
 namespace {
 std::string label(const Unit& u) { return u.path().empty() ? "<root>" : u.path(); }

@@ -102,6 +102,10 @@ class StateView {
   /// chunk of `write_back` into the shard when given.
   void use_shard_views(size_t u, const at::Tensor* write_back);
 
+  /// The model's schedule trace (its checkpoint track: Tracer::kCheckpoint), or null when
+  /// tracing is off. Shared: an asynchronous save's writer may outlive the model.
+  std::shared_ptr<Tracer> tracer() const;
+
   /// The state dict type selected on the model (StateDictTypeGuard).
   StateDictSelection& state_dict_selection();
 

@@ -84,7 +84,7 @@ std::string Tracer::flush() const {
   if (!enabled()) return "";
   ::mkdir(dir_.c_str(), 0755);  // one level; an existing directory is fine
   const std::string path = dir_ + "/trace_rank" + std::to_string(rank_) + ".json";
-  static const char* kStreams[] = {"compute", "all_gather", "reduce", "phases"};
+  static const char* kStreams[] = {"compute", "all_gather", "reduce", "phases", "checkpoint"};
   std::ostringstream os;
   os << "{\"traceEvents\":[\n";
   std::lock_guard<std::mutex> lock(mu_);
@@ -93,7 +93,7 @@ std::string Tracer::flush() const {
   bool first = true;
   for (int d = 0; d < device_tids; ++d) {
     // Every host track; on the device the streams only (phases have no device times).
-    for (int tid = 0; tid <= (d ? kReduce : kPhase); ++tid) {
+    for (int tid = 0; tid <= (d ? kReduce : kCheckpoint); ++tid) {
       os << (first ? "" : ",\n") << "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" << rank_
          << ",\"tid\":" << (10 * d + tid) << ",\"args\":{\"name\":\"" << (d ? "device: " : "") << kStreams[tid]
          << "\"}}";

@@ -8,6 +8,7 @@
 
 #include <torch/torch.h>
 
+#include "checkpoint_span.h"
 #include "checkpoint_writer.h"
 #include "fsdp/comm/call_label.h"
 #include "fsdp/comm/collectives.h"
@@ -104,6 +105,7 @@ void AsyncSave::write() {
   std::string error;
   WrittenSave written;
   try {
+    CheckpointSpan span(plan_.tracer, "checkpoint write " + plan_.dir, Tracer::kCheckpoint);
     written = write_checkpoint(plan_, agree_, Publication::kLater);
   } catch (const std::exception& e) {
     error = e.what();
@@ -215,7 +217,11 @@ CheckpointHandle save_async_of(const std::string& dir, const CheckpointSubject& 
   settle_in_flight();
   stats.waited_previous_s = seconds_since(t0);
   StoreAgreement agree(subject.group, "save_checkpoint_async");
-  SavePlan plan = plan_and_snapshot(dir, subject, optimizer, extra, snapshot_cap(options, subject.group), stats);
+  SavePlan plan;
+  {
+    CheckpointSpan span(subject.tracer, "checkpoint snapshot " + dir, Tracer::kPhase);
+    plan = plan_and_snapshot(dir, subject, optimizer, extra, snapshot_cap(options, subject.group), stats);
+  }
   auto save = std::make_shared<AsyncSave>(std::move(plan), std::move(agree), stats);
   {
     std::lock_guard<std::mutex> lock(slot_mutex());

@@ -15,8 +15,9 @@ namespace fsdp {
 namespace {
 
 state::CheckpointSubject subject_of(FullyShardedBase& model, const char* what) {
-  return {model.process_group(), to_string(model.options().sharding_strategy()),
-          core::detail::StateView(model).local_pieces(what), model.module_ptr().get()};
+  const core::detail::StateView view(model);
+  return {model.process_group(), to_string(model.options().sharding_strategy()), view.local_pieces(what),
+          model.module_ptr().get(), view.tracer()};
 }
 
 }  // namespace

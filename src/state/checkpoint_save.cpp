@@ -4,6 +4,7 @@
 #include "fsdp/state/checkpoint.h"
 
 #include "async_save.h"
+#include "checkpoint_span.h"
 #include "checkpoint_subject.h"
 #include "checkpoint_writer.h"
 #include "fsdp/comm/call_label.h"
@@ -17,6 +18,7 @@ void state::save_checkpoint_of(const std::string& dir, const CheckpointSubject& 
   comm::LabelScope label_scope({comm::Phase::kCheckpoint, "save"});
   detail::settle_in_flight();
   StoreAgreement agree(subject.group, "save_checkpoint");
+  CheckpointSpan span(subject.tracer, "checkpoint write " + dir, Tracer::kCheckpoint);
   write_checkpoint(plan_save(dir, subject, optimizer, extra), agree, Publication::kNow);
 }
 

@@ -14,6 +14,7 @@
 // ZeroRedundancyOptimizer through its pieces (zero_checkpoint.cpp). Hence a checkpoint
 // saved by either loads into the other, at any world size.
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,7 @@ struct CheckpointSubject {
   std::string strategy;  // recorded in the metadata ("FULL_SHARD", "zero2", ...)
   std::vector<core::detail::LocalPiece> pieces;
   torch::nn::Module* module = nullptr;
+  std::shared_ptr<Tracer> tracer;  // the model's schedule trace, if on (its checkpoint track)
 };
 
 /// save_checkpoint / load_checkpoint (fsdp/state/checkpoint.h) of any subject. The

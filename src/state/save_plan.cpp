@@ -110,6 +110,7 @@ SavePlan plan_save(const std::string& dir, const CheckpointSubject& subject,
   SavePlan plan;
   plan.dir = dir;
   plan.tmp = dir + ".tmp";
+  plan.tracer = subject.tracer;
   try {
     plan_records(subject, optimizer, extra, plan);
     if (subject.group.rank() == 0) plan.metadata = metadata_of(subject, optimizer, extra);

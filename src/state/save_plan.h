@@ -63,6 +63,7 @@ struct SavePlan {
   std::string error;                   // why this rank cannot save (the writer reports it)
   std::shared_ptr<memory::CowSnapshot> cow;  // after snapshot(): the records' protected pages
   std::shared_ptr<c10::Event> device_copies;  // after snapshot(): the device records' copies are done
+  std::shared_ptr<Tracer> tracer;      // the subject's schedule trace, if on
 };
 
 /// What snapshot() did.

@@ -6,7 +6,9 @@
 /// Enabled by Options::trace_dir or the environment variable FSDP_TRACE=<dir>
 /// (read once, when the model is wrapped).
 /// pid is the global rank; tid separates the streams: 0 compute (forward,
-/// backward, the wait for offloaded steps), 1 all-gather, 2 reduction, 3 phases.
+/// backward, the wait for offloaded steps), 1 all-gather, 2 reduction, 3 phases,
+/// 4 checkpoint (a save's writing: "checkpoint write <dir>", on the writer thread of an
+/// asynchronous save; its snapshot, "checkpoint snapshot <dir>", is a phase).
 /// Timestamps are wall-clock microseconds, so the files of all ranks line up when
 /// loaded together.
 ///
@@ -49,7 +51,7 @@ struct TraceSpan {
   /// end of backward waiting for the host thread's optimizer steps (cpu_offload with
   /// optimizer_in_backward), while the device has no work.
   std::string name;
-  int tid = 0;         ///< 0 compute, 1 all-gather, 2 reduction, 3 phases
+  int tid = 0;         ///< 0 compute, 1 all-gather, 2 reduction, 3 phases, 4 checkpoint
   int64_t begin_us = 0, end_us = 0;
   int64_t begin_seq = 0, end_seq = 0;
   std::string transport;  ///< collective spans: "shm", "gloo" or "local"; compute spans: ""
@@ -69,7 +71,7 @@ class DeviceClock {
 
 class Tracer {
  public:
-  enum Stream { kCompute = 0, kGather = 1, kReduce = 2, kPhase = 3 };
+  enum Stream { kCompute = 0, kGather = 1, kReduce = 2, kPhase = 3, kCheckpoint = 4 };
   /// A span that has begun.
   struct Mark {
     int64_t us = -1, seq = -1;

@@ -2,9 +2,13 @@
 /// Asynchronous checkpoints: the save returns at once and a writer thread writes while
 /// training goes on.
 ///
-///     fsdp::CheckpointHandle h = fsdp::save_checkpoint_async("ckpt/step-100", *model, &opt, extra);
-///     for (...) { train_step(); if (h.done()) ...; }   // done(): rank 0 publishes here
-///     h.wait();                                         // before exiting, or the next save
+///     fsdp::CheckpointHandle h = fsdp::save_checkpoint_async("ckpt/step-100", *model, &optimizer, extra);
+///     for (...) {  // training goes on while the writer writes
+///       loss_fn(model->forward(x)).backward();
+///       optimizer.step();
+///       if (h.done()) break;  // written; rank 0 has renamed it into place in done()
+///     }
+///     h.wait();  // before exiting, or the next save
 ///
 /// What is written is exactly what save_checkpoint would write at the call (same files,
 /// same bytes): the call snapshots this rank's records and returns; the writer thread
