@@ -290,6 +290,7 @@ TEST(AsyncCheckpoint, FailedWriteIsRaisedOnEveryRank) {
     EXPECT_NE(err.find("shard_rank00001.bin"), std::string::npos) << err;
     EXPECT_NE(err.find("nothing was renamed into place"), std::string::npos) << err;
     EXPECT_EQ(h.error(), err);
+    EXPECT_EQ(err.find("Exception raised from"), std::string::npos) << "C++ context in the message: " << err;
     comm::barrier(pg);
     EXPECT_EQ(file_bytes(dir + "/metadata.json"), before) << "the failed save replaced the checkpoint";
     // Raised once: the next save does not raise it again, and succeeds.

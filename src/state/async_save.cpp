@@ -10,6 +10,7 @@
 
 #include "checkpoint_span.h"
 #include "checkpoint_writer.h"
+#include "error_message.h"
 #include "fsdp/comm/call_label.h"
 #include "fsdp/comm/collectives.h"
 
@@ -108,7 +109,7 @@ void AsyncSave::write() {
     CheckpointSpan span(plan_.tracer, "checkpoint write " + plan_.dir, Tracer::kCheckpoint);
     written = write_checkpoint(plan_, agree_, Publication::kLater);
   } catch (const std::exception& e) {
-    error = e.what();
+    error = error_message(e);
   }
   CheckpointSaveStats cow;
   if (plan_.cow) {
@@ -138,7 +139,8 @@ void AsyncSave::advance_after_writer() {
     try {
       publish(plan_.tmp, plan_.dir);
     } catch (const std::exception& e) {
-      error_ = std::string("fsdp: save_checkpoint_async (rank 0, renaming '") + plan_.tmp + "' into place): " + e.what();
+      error_ = std::string("fsdp: save_checkpoint_async (rank 0, renaming '") + plan_.tmp + "' into place): " +
+               error_message(e);
       stage_ = Stage::kFailed;
       return;
     }

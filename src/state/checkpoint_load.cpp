@@ -13,6 +13,7 @@
 #include <torch/torch.h>
 
 #include "async_save.h"
+#include "error_message.h"
 #include "checkpoint_format.h"
 #include "checkpoint_subject.h"
 #include "comm/object_collectives.h"
@@ -360,11 +361,6 @@ void commit(LoadPlan& plan, torch::optim::Optimizer* optimizer) {
   for (const auto& [gi, lr] : plan.lrs) groups[gi].options().set_lr(lr);
 }
 
-std::string message_of(const std::exception& e) {
-  if (const auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
-  return e.what();
-}
-
 }  // namespace
 
 
@@ -384,7 +380,7 @@ CheckpointExtra state::load_checkpoint_of(const std::string& dir, const Checkpoi
     records = std::make_unique<state::format::MappedRecords>(l.dir);
     verify_in_file_order(plan, *records);
   } catch (const std::exception& e) {
-    error = message_of(e);
+    error = state::error_message(e);
   } catch (...) {
     error = "unknown exception";
   }

@@ -9,6 +9,7 @@
 
 #include "checkpoint_format.h"
 #include "checkpoint_testing.h"
+#include "error_message.h"
 #include "shared_directory.h"
 #include "snapshot_reader.h"
 
@@ -35,7 +36,7 @@ void make_tmp_directory(const SavePlan& plan, const StoreAgreement& agree) {
       fs::remove_all(plan.tmp, ec);  // left by a crashed save
       fs::create_directories(plan.tmp);
     } catch (const std::exception& e) {
-      error = std::string("fsdp: save_checkpoint cannot create '") + plan.tmp + "': " + e.what();
+      error = std::string("fsdp: save_checkpoint cannot create '") + plan.tmp + "': " + error_message(e);
     }
     agree.post("tmp", error);
   }
@@ -130,7 +131,7 @@ std::string finish_on_rank0(const SavePlan& plan, const StoreAgreement& agree, P
     format::fsync_dir(plan.tmp);
     if (publication == Publication::kNow) publish(plan.tmp, plan.dir);
   } catch (const std::exception& e) {
-    error = std::string("fsdp: save_checkpoint (rank 0, metadata and rename): ") + e.what();
+    error = std::string("fsdp: save_checkpoint (rank 0, metadata and rename): ") + error_message(e);
   }
   return error;
 }

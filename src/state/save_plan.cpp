@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include "checkpoint_format.h"
+#include "error_message.h"
 #include "memory/own_pages.h"
 #include "optim_state.h"
 
@@ -119,11 +120,6 @@ SavePlan plan_save(const std::string& dir, const CheckpointSubject& subject,
     plan.error = error_message(e);
   }
   return plan;
-}
-
-std::string error_message(const std::exception& e) {
-  if (const auto* c10 = dynamic_cast<const c10::Error*>(&e)) return c10->msg();
-  return e.what();
 }
 
 namespace {

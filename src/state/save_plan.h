@@ -32,7 +32,6 @@
 // synchronizes on that event before it writes the first device record. Device-generic
 // (c10's stream and event interfaces), as src/core/cuda_streams.cpp's are.
 
-#include <exception>
 #include <memory>
 #include <string>
 #include <vector>
@@ -83,9 +82,6 @@ SavePlan plan_save(const std::string& dir, const CheckpointSubject& subject,
 /// save]). `copy_cap` bounds the host memory it holds (copies and copy-on-write pages);
 /// takes nothing (fits false) when the records it would copy whole exceed it.
 SnapshotTaken snapshot(SavePlan& plan, int64_t copy_cap);
-
-/// An exception's message without the C++ context c10::Error appends (users read it).
-std::string error_message(const std::exception& e);
 
 
 }  // namespace fsdp::state
