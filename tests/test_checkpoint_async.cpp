@@ -360,8 +360,9 @@ TEST(AsyncCheckpoint, KilledMidFileLeavesThePreviousCheckpoint) {
     const auto got = m->parameters();
     ASSERT_EQ(got.size(), expected.size());
     // Each rank's shards: rank 0 saved its own, so compare on rank 0 only.
-    if (pg.rank() == 0)
+    if (pg.rank() == 0) {
       for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(torch::equal(got[i], expected[i])) << i;
+    }
   }, rank_options());
 }
 
