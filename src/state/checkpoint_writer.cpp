@@ -93,14 +93,13 @@ json write_rank_file(const SavePlan& plan, int rank) {
 }
 
 // Phase 2, rank 0: the metadata, from the plan and every rank's part.
-json complete_metadata(const SavePlan& plan, const std::vector<std::string>& parts) {
+json complete_metadata(const SavePlan& plan, const std::vector<json>& parts) {
   json meta = plan.metadata;
   json files = json::array(), records = json::array(), steps = json::object();
-  for (const auto& part : parts) {
-    auto j = json::parse(part);
+  for (const auto& j : parts) {
     if (!j["file"].is_null()) files.push_back(j["file"]);
-    for (auto& r : j["records"]) records.push_back(r);
-    for (auto& kv : j["steps"].items())
+    for (const auto& r : j["records"]) records.push_back(r);
+    for (const auto& kv : j["steps"].items())
       steps[kv.key()] = std::max<int64_t>(steps.value(kv.key(), int64_t{0}), kv.value().get<int64_t>());
   }
   meta["files"] = files;
@@ -110,12 +109,11 @@ json complete_metadata(const SavePlan& plan, const std::vector<std::string>& par
 }
 
 // The first failed rank's error, or "" when every part is a written file.
-std::string first_failure(const std::vector<std::string>& parts) {
+std::string first_failure(const std::vector<json>& parts) {
   for (size_t r = 0; r < parts.size(); ++r) {
-    auto j = json::parse(parts[r]);
-    if (j.contains("error"))
-      return "fsdp: save_checkpoint failed on rank " + std::to_string(r) + " (" + j["error"].get<std::string>() +
-             "); nothing was renamed into place";
+    if (parts[r].contains("error"))
+      return "fsdp: save_checkpoint failed on rank " + std::to_string(r) + " (" +
+             parts[r]["error"].get<std::string>() + "); nothing was renamed into place";
   }
   return "";
 }
@@ -123,7 +121,8 @@ std::string first_failure(const std::vector<std::string>& parts) {
 // Phase 2, rank 0: the metadata written and fsync'd into `tmp` once every rank's file is;
 // with kNow, the directory renamed into place too. Returns the error every rank raises, or "".
 std::string finish_on_rank0(const SavePlan& plan, const StoreAgreement& agree, Publication publication) {
-  const auto parts = agree.gather("part");
+  std::vector<json> parts;
+  for (const auto& text : agree.gather("part")) parts.push_back(json::parse(text));
   std::string error = first_failure(parts);
   if (!error.empty()) return error;
   try {

@@ -129,12 +129,6 @@ bool may_be_protected(const PlannedRecord& r) {
          r.values.numel() > 0 && memory::move_to_own_pages(r.values);
 }
 
-at::Tensor host_copy(const at::Tensor& t) {
-  auto copy = at::empty(t.sizes(), t.options().device(at::kCPU));
-  copy.copy_(t);
-  return copy;
-}
-
 // [Note: device records in a snapshot]: copies of `records` (all on `device`) on a side stream.
 std::shared_ptr<c10::Event> copy_on_side_stream(std::vector<PlannedRecord*>& records, const c10::Device& device) {
   c10::impl::VirtualGuardImpl guard(device.type());
@@ -177,7 +171,7 @@ SnapshotTaken snapshot(SavePlan& plan, int64_t copy_cap) {
   for (size_t i = 0; i < plan.records.size(); ++i) {
     PlannedRecord& r = plan.records[i];
     if (!protect[i]) {
-      if (r.values.is_cpu()) r.values = host_copy(r.values);
+      if (r.values.is_cpu()) r.values = r.values.clone();
       else on_device.push_back(&r);
       continue;
     }
