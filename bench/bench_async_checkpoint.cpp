@@ -25,8 +25,6 @@
 //
 // Without RANK in the environment it re-executes itself under fsdp-run (same bin directory).
 // Rank 0 prints one JSON line per round and op, then the medians and ranges.
-#include <unistd.h>
-
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -52,6 +50,7 @@ namespace {
 struct Args {
   int nproc = 4, rounds = 5, layers = 20, dim = 2048, steps = 3, warmup = 2, settle_ms = 0;
   std::string dir = "/tmp";
+  std::vector<std::string> argv;  // as given, for the ranks' command line
 };
 
 const char* kUsage =
@@ -66,6 +65,7 @@ const char* kUsage =
 
 Args parse_args(int argc, char** argv) {
   Args a;
+  a.argv.assign(argv + 1, argv + argc);
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "-h" || flag == "--help") {
@@ -97,26 +97,7 @@ Args parse_args(int argc, char** argv) {
   return a;
 }
 
-int launcher_main(const Args& a) {
-  const std::string self = bench::self_exe("bench_async_checkpoint");
-  const std::string launcher = bench::launcher_next_to(self);
-  if (::access(launcher.c_str(), X_OK) != 0) {
-    std::fprintf(stderr, "bench_async_checkpoint: %s not found; build it (cmake --build <build> --target fsdp-run)\n",
-                 launcher.c_str());
-    return 1;
-  }
-  std::vector<std::string> argv{launcher, "--nproc", std::to_string(a.nproc), "--", self,
-                                "--rounds", std::to_string(a.rounds), "--layers", std::to_string(a.layers),
-                                "--dim", std::to_string(a.dim), "--steps", std::to_string(a.steps), "--warmup", std::to_string(a.warmup),
-                                "--settle-ms", std::to_string(a.settle_ms),
-                                "--dir", a.dir};
-  std::vector<char*> c;
-  for (auto& s : argv) c.push_back(s.data());
-  c.push_back(nullptr);
-  ::execv(launcher.c_str(), c.data());
-  std::fprintf(stderr, "bench_async_checkpoint: cannot execute %s\n", launcher.c_str());
-  return 1;
-}
+int launcher_main(const Args& a) { return bench::exec_under_launcher("bench_async_checkpoint", a.nproc, a.argv); }
 
 // ---- ranks --------------------------------------------------------------------------------
 

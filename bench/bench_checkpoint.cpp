@@ -49,6 +49,7 @@
 #include <torch/torch.h>
 
 #include "bench_io.h"
+#include "bench_launch.h"
 #include "common/tool_error.h"
 #include "core/counting_allocator.h"
 #include "fsdp/comm/collectives.h"
@@ -431,20 +432,9 @@ int rank_main(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   check_args(argc, argv);
-  if (std::getenv("RANK") == nullptr) {
-    // Re-execute under fsdp-run from the same bin directory.
-    const std::string self = fs::read_symlink("/proc/self/exe").string();
-    const std::string launcher = self.substr(0, self.rfind('/')) + "/fsdp-run";
-    const std::string nproc = arg(argc, argv, "--nproc", "4");
-    std::vector<std::string> a{launcher, "--nproc", nproc, "--", self};
-    for (int i = 1; i < argc; ++i) a.push_back(argv[i]);
-    std::vector<char*> c;
-    for (auto& s : a) c.push_back(s.data());
-    c.push_back(nullptr);
-    ::execv(launcher.c_str(), c.data());
-    std::fprintf(stderr, "bench_checkpoint: cannot execute %s (build target fsdp-run)\n", launcher.c_str());
-    return 1;
-  }
+  if (std::getenv("RANK") == nullptr)
+    return fsdp::bench::exec_under_launcher("bench_checkpoint", std::stoi(arg(argc, argv, "--nproc", "4")),
+                                            std::vector<std::string>(argv + 1, argv + argc));
   // Compare the CRC-32 implementations (docs/benchmarks.md).
   if (std::getenv("FSDP_CKPT_ZLIB_CRC")) fsdp::state::detail::set_checkpoint_crc_zlib(true);
   try {

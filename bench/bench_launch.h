@@ -8,8 +8,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -38,6 +40,23 @@ inline std::string self_exe(const std::string& fallback) {
 /// The fsdp-run that sits in the same directory as `exe`.
 inline std::string launcher_next_to(const std::string& exe) {
   return exe.substr(0, exe.rfind('/') + 1) + "fsdp-run";
+}
+
+/// Replaces this process with `fsdp-run --nproc N -- <self> args...` (the fsdp-run next to
+/// this binary), for a benchmark whose ranks print their own results. Returns 1 only when
+/// that fails, having said why on stderr.
+inline int exec_under_launcher(const char* name, int nproc, const std::vector<std::string>& args) {
+  const std::string self = self_exe(name);
+  const std::string launcher = launcher_next_to(self);
+  std::vector<std::string> argv{launcher, "--nproc", std::to_string(nproc), "--", self};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::vector<char*> c;
+  for (auto& a : argv) c.push_back(a.data());
+  c.push_back(nullptr);
+  ::execv(launcher.c_str(), c.data());
+  std::fprintf(stderr, "%s: cannot execute %s: %s (build the target fsdp-run)\n", name, launcher.c_str(),
+               std::strerror(errno));
+  return 1;
 }
 
 /// `s` single-quoted for the shell.
