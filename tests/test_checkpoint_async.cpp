@@ -16,6 +16,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <thread>
 
@@ -60,18 +61,21 @@ void throttle_writer(int64_t steps) {
   });
 }
 
-torch::Tensor loss_of(const torch::Tensor& out, const torch::Tensor& y, const comm::ProcessGroup& pg) {
-  return torch::mse_loss(out.to(torch::kFloat), rank_slice(y, pg.rank(), pg.size()));
-}
-
-void train_fsdp(Model& m, torch::optim::Optimizer& opt, int64_t steps, const comm::ProcessGroup& pg) {
+// `steps` steps of this rank's slice of the global batch on `device`, counted in g_steps.
+void train_steps(const std::function<torch::Tensor(const torch::Tensor&)>& forward, torch::optim::Optimizer& opt,
+                 int64_t steps, const comm::ProcessGroup& pg, const torch::Device& device = torch::kCPU) {
   for (int64_t i = 0; i < steps; ++i) {
     auto [x, y] = global_batch(g_steps.load(), kBatch);
     opt.zero_grad(/*set_to_none=*/true);
-    loss_of(m->forward(rank_slice(x, pg.rank(), pg.size())), y, pg).backward();
+    auto out = forward(rank_slice(x, pg.rank(), pg.size()).to(device));
+    torch::mse_loss(out.to(torch::kFloat), rank_slice(y, pg.rank(), pg.size()).to(device)).backward();
     opt.step();  // nothing left to step under optimizer_in_backward
     ++g_steps;
   }
+}
+
+void train_fsdp(Model& m, torch::optim::Optimizer& opt, int64_t steps, const comm::ProcessGroup& pg) {
+  train_steps([&](const torch::Tensor& x) { return m->forward(x); }, opt, steps, pg);
 }
 
 std::string file_bytes(const fs::path& p) {
@@ -200,13 +204,7 @@ TEST(AsyncCheckpoint, ZeroStage2ThrottledWriterWritesTheBlockingSavesBytes) {
             optim::ZeroOptions().process_group(pg).stage(2).reduce_bucket_size(300).module(net.ptr())
                 .optimizer_in_backward(in_backward));
         auto train = [&](int64_t steps) {
-          for (int64_t i = 0; i < steps; ++i) {
-            auto [x, y] = global_batch(g_steps.load(), kBatch);
-            opt.zero_grad(/*set_to_none=*/true);
-            loss_of(net->forward(rank_slice(x, pg.rank(), pg.size())), y, pg).backward();
-            opt.step();
-            ++g_steps;
-          }
+          train_steps([&](const torch::Tensor& x) { return net->forward(x); }, opt, steps, pg);
         };
         train(3);
         save_checkpoint(base + "/blocking", opt);
@@ -244,13 +242,7 @@ TEST(AsyncCheckpointCuda, ThrottledWriterWritesTheBlockingSavesBytes) {
         auto m = Model(net, pg, Options().auto_wrap_policy(always_wrap_policy()).cpu_offload(offload));
         auto opt = make_optimizer(offload ? "cpu_adam" : "adam", m);
         auto train = [&](int64_t steps) {
-          for (int64_t i = 0; i < steps; ++i) {
-            auto [x, y] = global_batch(g_steps.load(), kBatch);
-            opt->zero_grad(/*set_to_none=*/true);
-            torch::mse_loss(m->forward(x.to(gpu)), y.to(gpu)).backward();
-            opt->step();
-            ++g_steps;
-          }
+          train_steps([&](const torch::Tensor& x) { return m->forward(x); }, *opt, steps, pg, gpu);
         };
         train(3);
         save_checkpoint(base + "/blocking", *m, opt.get());
