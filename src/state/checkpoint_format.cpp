@@ -238,6 +238,12 @@ void RankFileWriter::write_streamed(const std::string& item, const std::string& 
   append(std::move(r), nbytes, at::Tensor());  // checksummed here
 }
 
+void RankFileWriter::write_preamble(const std::string& bytes) {
+  TORCH_INTERNAL_ASSERT(records_.empty() && size_ == 0, "a preamble goes before every record");
+  write_bytes(bytes.data(), bytes.size());
+  size_ += static_cast<int64_t>(bytes.size());
+}
+
 int64_t RankFileWriter::finish() {
   // See [Note: checksums overlap the fsync].
   int sync_rc = 0, sync_errno = 0;

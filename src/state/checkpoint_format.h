@@ -90,6 +90,9 @@ class RankFileWriter {
   using Sink = std::function<void(const char*, size_t)>;
   void write_streamed(const std::string& item, const std::string& kind, at::ScalarType dtype, int64_t begin,
                       int64_t end, const std::function<void(const Sink&)>& produce);
+  // Bytes that are no record, before the first (a safetensors file's header). file_crc()
+  // covers the records only.
+  void write_preamble(const std::string& bytes);
   // Checksums every record while fsync runs, closes; returns the file size.
   int64_t finish();
   const std::string& name() const { return name_; }
