@@ -62,12 +62,30 @@ install_torch_wheel() {
   echo "bootstrap: installing torch $TORCH_VERSION into $VENV (the wheel and its CUDA libraries: ~4.7 GB)"
   rm -rf "$VENV"
   "$python" -m venv "$VENV"
-  # matplotlib: tools/plot_memory_trace.py; numpy: torch's tensor interop in the Python tests.
-  "$VENV/bin/pip" install --quiet --no-cache-dir --disable-pip-version-check \
-    "torch==$TORCH_VERSION" numpy matplotlib
+  "$VENV/bin/pip" install --quiet --no-cache-dir --disable-pip-version-check "torch==$TORCH_VERSION"
   venv_has_torch || { echo "bootstrap: torch $TORCH_VERSION did not install into $VENV" >&2; exit 1; }
+}
+
+# Python packages the tests read or write files with, beside torch: installed into an
+# environment that lacks them, whether it was made now or reused.
+#   numpy: torch's tensor interop in the Python tests; matplotlib: tools/plot_memory_trace.py;
+#   safetensors: Hugging Face's reader and writer, the reference of tests/scripts/test_safetensors_interop.sh.
+PY_PACKAGES=(numpy matplotlib safetensors)
+
+install_python_packages() {
+  local missing=() p
+  for p in "${PY_PACKAGES[@]}"; do
+    "$VENV/bin/python" -c "import $p" 2>/dev/null || missing+=("$p")
+  done
+  if ((${#missing[@]} == 0)); then
+    echo "bootstrap: ${PY_PACKAGES[*]} present in $VENV"
+    return
+  fi
+  echo "bootstrap: installing ${missing[*]} into $VENV"
+  "$VENV/bin/pip" install --quiet --no-cache-dir --disable-pip-version-check "${missing[@]}"
 }
 
 install_debian_packages
 install_torch_wheel
+install_python_packages
 echo "bootstrap: done"

@@ -19,6 +19,7 @@
 #include "fsdp/trainer/progress.h"
 #include "loop_context.h"
 #include "resume_point.h"
+#include "weights_exchange.h"
 #include "step_plan.h"
 #include "step_reporter.h"
 #include "step_runner.h"
@@ -123,6 +124,8 @@ FitResult run_phases(const LoopContext& ctx) {
   StepPlan plan(ctx);
   const int64_t total_steps = plan.total_steps();
   const ResumePoint from = load_resume_point(ctx, total_steps);
+  // A resumed run continues its checkpoint's weights; init_from starts a fresh one.
+  if (!from.extra && !o.init_from().empty()) load_initial_weights(ctx);
   FitResult result;
   result.first_step = from.first_step;
   result.resumed_from = from.resumed_from;
@@ -141,6 +144,7 @@ FitResult run_phases(const LoopContext& ctx) {
   result.train_seconds = train_steps(ctx, plan, from.first_step, reporter, checkpoints, validations);
   progress.finish();
   validations.finish(total_steps);
+  if (!o.export_safetensors().empty()) export_weights(ctx);
   result.last_step = total_steps;
   if (o.memory_summary()) print_memory_summary(ctx, result);
   for (auto& cb : ctx.callbacks) cb->on_train_end(reporter.last());

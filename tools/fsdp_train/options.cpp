@@ -175,6 +175,20 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
                  "--no-shuffle, --optimizer, --lr) must equal the checkpoint's; a difference is refused. "
                  "(fp32 and bf16 training use no loss scaler, so there is none to restore.)");
 
+  app.add_option("--init-from", o.init_from,
+                 "start from these weights: a safetensors file (Hugging Face's format), a sharded set's "
+                 "model.safetensors.index.json, or a directory holding either; names must be the model's "
+                 "(fsdp-train's --export-safetensors writes them). Each rank reads only its shards' bytes. "
+                 "A resumed run continues its checkpoint's weights instead");
+  app.add_option("--export-safetensors", o.export_safetensors,
+                 "after the last step, write the weights to directory DIR as safetensors: DIR/model.safetensors, "
+                 "or above 5 GB a sharded set with DIR/model.safetensors.index.json (Python: "
+                 "safetensors.torch.load_file). With --steps 0: convert --init-from without training");
+  app.add_option("--export-max-shard-bytes", o.export_max_shard_bytes,
+                 "with --export-safetensors: above this many bytes, files of at most this size and their index "
+                 "(transformers' max_shard_size)")
+      ->capture_default_str();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
@@ -260,7 +274,11 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
   if (o.momentum < 0) return usage_error("--momentum must be >= 0");
   if (o.min_num_params < 0) return usage_error("--min-num-params must be >= 0");
   if (o.batch_size < 1) return usage_error("--batch-size must be >= 1, got " + std::to_string(o.batch_size));
-  if (o.steps && *o.steps < 1) return usage_error("--steps must be >= 1");
+  if (o.steps && *o.steps < 0) return usage_error("--steps must be >= 0");
+  if (o.export_max_shard_bytes < 1) return usage_error("--export-max-shard-bytes must be >= 1");
+  if (o.steps && *o.steps == 0 && o.export_safetensors.empty())
+    return usage_error("--steps 0 trains nothing; with --export-safetensors DIR it converts --init-from (or the "
+                       "initial weights) to safetensors");
   if (o.epochs && *o.epochs < 1) return usage_error("--epochs must be >= 1");
   if (o.eval_every < 0) return usage_error("--eval-every must be >= 0");
   if (o.log_every < 1) return usage_error("--log-every must be >= 1");

@@ -75,6 +75,9 @@ struct TrainOptions {
   int64_t checkpoint_every = 0;    ///< also every K steps (0: only step-0 and the last step)
   std::string resume;              ///< a checkpoint directory (<dir>/step-S) to continue from, or "auto"; empty: none
   bool async_checkpoint = true;    ///< fsdp::trainer::TrainerOptions::async_checkpoint
+  std::string init_from;           ///< safetensors file, index or directory a fresh run starts from; empty: none
+  std::string export_safetensors;  ///< directory the final weights go to as safetensors; empty: none
+  int64_t export_max_shard_bytes = 5'000'000'000;  ///< above it, a sharded set with an index
   int64_t keep_checkpoints = 2;    ///< keep only the K newest <dir>/step-S (0: keep all); 2 bounds the disk a long run uses
 
   /// 1e-3 for the Adam family, 0.05 for SGD.

@@ -154,9 +154,12 @@ void print_summary(const TrainOptions& o, const comm::ProcessGroup& pg, const Ta
                 (long long)o.batch_size);
     std::printf("%s accuracy: %.2f%% (%lld/%lld), %s loss %.4f\n", task.eval_name(), 100.0 * e.accuracy,
                 (long long)e.correct, (long long)e.total, task.eval_name(), e.loss);
-    std::printf("throughput: %.0f %s/s (%lld steps, %lld %s in %.1f s)\n",
-                double(steps * o.batch_size) / train_seconds, task.sample_name(), (long long)steps,
-                (long long)(steps * o.batch_size), task.sample_name(), train_seconds);
+    if (steps > 0)
+      std::printf("throughput: %.0f %s/s (%lld steps, %lld %s in %.1f s)\n",
+                  double(steps * o.batch_size) / train_seconds, task.sample_name(), (long long)steps,
+                  (long long)(steps * o.batch_size), task.sample_name(), train_seconds);
+    if (!o.export_safetensors.empty())
+      std::printf("weights: %s (safetensors)\n", o.export_safetensors.c_str());
     // The ZeRO accounting for this run's strategy (bf16 parameters under zero1/zero2 with
     // --mixed-precision bf16), next to what each rank measured.
     // HYBRID_SHARD's default shard group is the ranks of one host, as the wrapper resolves it.
@@ -229,6 +232,10 @@ fsdp::trainer::TrainerOptions loop_options(const TrainOptions& o, int64_t total_
   return fsdp::trainer::TrainerOptions()
       .strategy(fsdp::trainer::Strategy::parse(o.strategy))
       .max_steps(total_steps)
+      .max_epochs(0)  // total_steps counts them (0: --steps 0, a conversion)
+      .init_from(o.init_from)
+      .export_safetensors(o.export_safetensors)
+      .export_options(fsdp::SafetensorsSaveOptions().max_shard_bytes(o.export_max_shard_bytes))
       .global_batch_size(o.batch_size)
       .shuffle(o.shuffle)
       .seed(o.seed)

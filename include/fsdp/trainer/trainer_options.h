@@ -21,6 +21,7 @@
 #include "fsdp/comm/process_group.h"
 #include "fsdp/core/options.h"
 #include "fsdp/optim/zero_redundancy_optimizer.h"
+#include "fsdp/state/safetensors.h"
 
 namespace fsdp::trainer {
 
@@ -149,6 +150,18 @@ struct TrainerOptions {
   /// checkpoint_dir (none: start fresh). Otherwise a checkpoint directory to continue
   /// from, which fit() checks before it starts any rank (resume_path_error).
   TORCH_ARG(std::string, resume) = "";
+  /// A fresh run (not a resumed one) starts from these weights: a safetensors file, a
+  /// sharded set's index, or a directory holding either (fsdp::load_safetensors with
+  /// init_options, after the model factory and before step-0 is saved). Empty: the
+  /// factory's values.
+  TORCH_ARG(std::string, init_from) = "";
+  TORCH_ARG(SafetensorsLoadOptions, init_options) = {};
+  /// After the last step, the weights go to this directory as safetensors
+  /// (fsdp::save_safetensors with export_options: above 5 GB, a sharded set with its index,
+  /// as transformers saves). With max_steps 0 and max_epochs 0 nothing trains: init_from
+  /// is converted.
+  TORCH_ARG(std::string, export_safetensors) = "";
+  TORCH_ARG(SafetensorsSaveOptions, export_options) = SafetensorsSaveOptions().max_shard_bytes(5'000'000'000);
   /// JSON lines written by rank 0: one per step, one per validation (see metrics in trainer.h).
   TORCH_ARG(std::string, metrics_file) = "";
   /// A resumed run appends to metrics_file (the lines of the steps before the
