@@ -65,33 +65,8 @@ namespace {
 
 using fsdp::bench::cpu_now;
 using fsdp::bench::now;
+using fsdp::bench::peak_rss_growth;
 using fsdp::bench::plain_write;
-
-// A field of /proc/self/status in bytes ("VmRSS", "VmHWM", ...), 0 if absent.
-int64_t status_bytes(const char* field) {
-  std::FILE* f = std::fopen("/proc/self/status", "r");
-  if (!f) return 0;
-  char line[256];
-  int64_t kb = 0;
-  const size_t n = std::strlen(field);
-  while (std::fgets(line, sizeof(line), f))
-    if (std::strncmp(line, field, n) == 0 && line[n] == ':') kb = std::atoll(line + n + 1);
-  std::fclose(f);
-  return kb * 1024;
-}
-
-// Peak resident-set growth while f runs: the process's high-water mark is reset
-// first (clear_refs 5, no root needed for one's own process). Unlike the
-// allocator's count, it includes file pages mapped into the process.
-int64_t peak_rss_growth(const std::function<void()>& f) {
-  const int64_t before = status_bytes("VmRSS");
-  if (std::FILE* c = std::fopen("/proc/self/clear_refs", "w")) {
-    std::fputs("5", c);
-    std::fclose(c);
-  }
-  f();
-  return status_bytes("VmHWM") - before;
-}
 
 // Fraction of a file's pages in the page cache (mincore), 0 if it cannot tell. The
 // VM's DAMON pageout scheme can reclaim pages that look idle between phases, so a
@@ -119,14 +94,7 @@ double resident_fraction(const std::string& path) {
   return frac;
 }
 
-void evict(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) return;
-  ::fdatasync(fd);
-  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-  ::close(fd);
-}
-
+using fsdp::bench::evict;
 using fsdp::bench::settle;
 using fsdp::bench::vm_reported_kib;
 

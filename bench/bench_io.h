@@ -9,6 +9,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
 #include <thread>
 #include <cstdint>
 #include <string>
@@ -40,6 +43,42 @@ inline void plain_write(const std::string& path, const char* data, int64_t n) {
     done += w;
   }
   TORCH_CHECK(::fsync(fd) == 0, "bench: fsync of ", path, " failed");
+  ::close(fd);
+}
+
+/// A field of /proc/self/status in bytes ("VmRSS", "VmHWM", ...), 0 if absent.
+inline int64_t status_bytes(const char* field) {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return 0;
+  char line[256];
+  int64_t kb = 0;
+  const size_t n = std::strlen(field);
+  while (std::fgets(line, sizeof(line), f))
+    if (std::strncmp(line, field, n) == 0 && line[n] == ':') kb = std::atoll(line + n + 1);
+  std::fclose(f);
+  return kb * 1024;
+}
+
+/// Peak resident-set growth while f runs: the process's high-water mark is reset first
+/// (clear_refs 5, no root needed for one's own process). Unlike an allocator's count, it
+/// includes file pages mapped into the process.
+inline int64_t peak_rss_growth(const std::function<void()>& f) {
+  const int64_t before = status_bytes("VmRSS");
+  if (std::FILE* c = std::fopen("/proc/self/clear_refs", "w")) {
+    std::fputs("5", c);
+    std::fclose(c);
+  }
+  f();
+  return status_bytes("VmHWM") - before;
+}
+
+/// Drops a file's pages from the page cache (written back first), so that the next read
+/// comes from the disk. A missing file is left alone.
+inline void evict(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) return;
+  ::fdatasync(fd);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
   ::close(fd);
 }
 

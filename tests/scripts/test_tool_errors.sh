@@ -78,7 +78,8 @@ no_backtrace "the survivor of a killed peer"
 pass "a survivor of a killed peer: $(grep -m1 -o '^fsdp-train: error: .\{0,60\}' "$ERR")... (no backtrace)"
 
 # --- benchmarks -----------------------------------------------------------------------------
-for b in bench_adam bench_async_checkpoint bench_checkpoint bench_collectives bench_memory_tracer bench_strategies; do
+for b in bench_adam bench_async_checkpoint bench_checkpoint bench_collectives bench_memory_tracer bench_safetensors_load \
+  bench_strategies; do
   [[ -x "$BIN/$b" ]] || fail "$BIN/$b is missing (build every target)"
   SECONDS=0
   run "$BIN/$b" --help
