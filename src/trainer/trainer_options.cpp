@@ -104,11 +104,9 @@ std::string trainer_options_error(const TrainerOptions& o, const TrainerParts& p
     e << "global_batch_size " << o.global_batch_size() << " is not divisible by world size " << world_size
       << " x accumulate_grad_batches " << o.accumulate_grad_batches() << "; use a multiple of "
       << int64_t(world_size) * o.accumulate_grad_batches();
-  else if (o.max_steps() < 0 || o.max_epochs() < 0)
-    e << "max_steps " << o.max_steps() << " or max_epochs " << o.max_epochs() << " is negative";
-  else if (o.max_steps() == 0 && o.max_epochs() == 0 && o.export_safetensors().empty())
-    e << "nothing to train: max_steps 0, max_epochs 0; set max_steps > 0 or max_epochs > 0 (or "
-      << "export_safetensors, to convert init_from without training)";
+  else if (o.max_steps() < 0 || o.max_epochs() < 0 || (o.max_steps() == 0 && o.max_epochs() == 0 && o.export_safetensors().empty()))
+    e << "nothing to train: max_steps " << o.max_steps() << ", max_epochs " << o.max_epochs() << "; set max_steps > 0 "
+      << "or max_epochs > 0 (both 0 with export_safetensors: convert init_from without training)";
   else if (parts.train_size <= 0)
     e << "the training dataset is empty (size " << parts.train_size << ")";
   else if (!parts.batch_sampler && o.last_batch() == LastBatch::kDrop && parts.train_size < o.global_batch_size())
