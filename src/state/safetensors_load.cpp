@@ -19,65 +19,6 @@ namespace safetensors_load_detail {
 
 using state::LoadTarget;
 
-// A buffer that is not contiguous is loaded into a contiguous copy, then copied back.
-struct CopyBack {
-  at::Tensor from, to;
-};
-
-struct Targets {
-  std::vector<LoadTarget> list;
-  std::vector<CopyBack> copy_back;
-};
-
-LoadTarget whole(const std::string& name, const at::Tensor& value, Targets& out) {
-  LoadTarget t;
-  t.name = name;
-  t.shape = value.sizes().vec();
-  t.end = value.numel();
-  const at::Tensor data = value.detach();
-  if (data.is_contiguous()) {
-    t.dest = data.view({-1});
-  } else {
-    t.dest = data.contiguous().view({-1});
-    out.copy_back.push_back(CopyBack{t.dest, data});
-  }
-  return t;
-}
-
-void add_buffers(torch::nn::Module& m, Targets& out) {
-  for (const auto& b : m.named_buffers()) out.list.push_back(whole(b.key(), b.value(), out));
-}
-
-// A sharded model: each parameter's piece on this rank, then the buffers.
-Targets targets_of(const std::vector<core::detail::LocalPiece>& pieces, torch::nn::Module& m) {
-  Targets out;
-  for (const auto& p : pieces) {
-    LoadTarget t;
-    t.name = p.name;
-    t.aliases = p.aliases;
-    t.shape = p.shape;
-    t.dest = p.flat();
-    t.begin = p.begin;
-    t.end = p.end;
-    out.list.push_back(std::move(t));
-  }
-  add_buffers(m, out);
-  return out;
-}
-
-// An unsharded module: each parameter whole (a tied one once, its other names as aliases).
-Targets targets_of(torch::nn::Module& m) {
-  Targets out;
-  std::unordered_map<const c10::TensorImpl*, size_t> first;
-  for (const auto& p : m.named_parameters()) {
-    const auto [it, fresh] = first.emplace(p.value().unsafeGetTensorImpl(), out.list.size());
-    if (fresh) out.list.push_back(whole(p.key(), p.value(), out));
-    else out.list[it->second].aliases.push_back(p.key());
-  }
-  add_buffers(m, out);
-  return out;
-}
-
 std::string shape_text(c10::IntArrayRef s) {
   std::ostringstream os;
   os << s;
@@ -105,17 +46,17 @@ int64_t apply_rule(const state::SafetensorsSource& source, const TensorRule& rul
   return bytes;
 }
 
-int64_t read_matched(const state::SafetensorsSource& source, const state::NameMatch& match, const Targets& targets,
-                     const SafetensorsLoadOptions& options) {
+int64_t read_matched(const state::SafetensorsSource& source, const state::NameMatch& match,
+                     const state::LoadTargets& targets, const SafetensorsLoadOptions& options) {
   torch::NoGradGuard no_grad;
   int64_t bytes = 0;
   for (const auto& d : match.direct) {
-    const LoadTarget& t = targets.list[d.target];
+    const LoadTarget& t = targets.list()[d.target];
     bytes += source.read_range(*source.find(d.file_name), t.begin, t.end, t.dest);
   }
   for (const auto& r : match.rules)
-    bytes += apply_rule(source, options.rules[r.rule], r.rule, r.targets, targets.list);
-  for (const auto& c : targets.copy_back) c.to.copy_(c.from.view(c.to.sizes()));
+    bytes += apply_rule(source, options.rules[r.rule], r.rule, r.targets, targets.list());
+  targets.finish();
   return bytes;
 }
 
@@ -192,12 +133,11 @@ SafetensorsLoadResult load_safetensors(FullyShardedBase& model, const std::strin
   const std::vector<core::detail::LocalPiece> pieces = view.local_pieces("load_safetensors");
   // Phase 1, every rank on its own: open the source and match names; nothing is read yet.
   std::unique_ptr<state::SafetensorsSource> source;
-  d::Targets targets;
+  const state::LoadTargets targets(pieces, view.module());
   state::NameMatch match;
   std::string error = d::attempt([&] {
     source = std::make_unique<state::SafetensorsSource>(path);
-    targets = d::targets_of(pieces, view.module());
-    match = state::match_names(*source, targets.list, options);
+    match = state::match_names(*source, targets.list(), options);
     d::check_match(path, match);
   });
   d::agree(pg, error, "Nothing was loaded on any rank");
@@ -212,8 +152,8 @@ SafetensorsLoadResult load_safetensors(torch::nn::Module& model, const std::stri
                                        const SafetensorsLoadOptions& options) {
   namespace d = safetensors_load_detail;
   const state::SafetensorsSource source(path);
-  const d::Targets targets = d::targets_of(model);
-  const state::NameMatch match = state::match_names(source, targets.list, options);
+  const state::LoadTargets targets(model);
+  const state::NameMatch match = state::match_names(source, targets.list(), options);
   d::check_match(path, match);
   return d::result_of(match, d::read_matched(source, match, targets, options));
 }

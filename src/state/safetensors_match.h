@@ -11,21 +11,10 @@
 #include <ATen/core/Tensor.h>
 
 #include "fsdp/state/safetensors.h"
+#include "load_targets.h"
 #include "safetensors_source.h"
 
 namespace fsdp::state {
-
-/// One tensor of the model a load fills: a parameter (under its first name; a tied one's
-/// other names in `aliases`) or a buffer.
-struct LoadTarget {
-  std::string name;
-  std::vector<std::string> aliases;
-  std::vector<int64_t> shape;  // full shape
-  /// This rank's elements [begin, end) of the flattened value, as a contiguous tensor of the
-  /// model's dtype on the model's device.
-  at::Tensor dest;
-  int64_t begin = 0, end = 0;
-};
 
 struct NameMatch {
   struct Direct {
