@@ -2,7 +2,10 @@
 
 #include <c10/util/Exception.h>
 
+#include <filesystem>
+
 #include "comm/object_collectives.h"
+#include "fsdp/state/dcp.h"
 #include "fsdp/state/safetensors.h"
 
 namespace fsdp::trainer::detail {
@@ -34,11 +37,18 @@ std::string attempt(Fn&& fn) {
 void load_initial_weights(const LoopContext& ctx) {
   namespace d = weights_exchange_detail;
   const TrainerOptions& o = ctx.options;
+  // A directory with a .metadata is a PyTorch Distributed Checkpoint: its "model" weights.
+  const bool is_dcp = std::filesystem::exists(o.init_from() + "/.metadata");
   if (ctx.model.fsdp) {
-    load_safetensors(*ctx.model.fsdp, o.init_from(), o.init_options());  // collective, agreed inside
+    // Collective, agreed inside.
+    if (is_dcp) load_dcp(*ctx.model.fsdp, nullptr, o.init_from());
+    else load_safetensors(*ctx.model.fsdp, o.init_from(), o.init_options());
     return;
   }
-  const std::string error = d::attempt([&] { load_safetensors(*ctx.model.module, o.init_from(), o.init_options()); });
+  const std::string error = d::attempt([&] {
+    if (is_dcp) load_dcp(*ctx.model.module, nullptr, o.init_from());
+    else load_safetensors(*ctx.model.module, o.init_from(), o.init_options());
+  });
   d::agree(ctx, error, "init_from", o.init_from());
 }
 

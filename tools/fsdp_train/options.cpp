@@ -177,7 +177,8 @@ ParseResult parse_command_line(int argc, const char* const* argv) {
 
   app.add_option("--init-from", o.init_from,
                  "start from these weights: a safetensors file (Hugging Face's format), a sharded set's "
-                 "model.safetensors.index.json, or a directory holding either; names must be the model's "
+                 "model.safetensors.index.json, a directory holding either, or a PyTorch DCP directory "
+                 "(dcp.save of {\"model\": ...}); names must be the model's "
                  "(fsdp-train's --export-safetensors writes them). Each rank reads only its shards' bytes. "
                  "A resumed run continues its checkpoint's weights instead");
   app.add_option("--export-safetensors", o.export_safetensors,

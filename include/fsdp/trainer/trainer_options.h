@@ -152,7 +152,8 @@ struct TrainerOptions {
   TORCH_ARG(std::string, resume) = "";
   /// A fresh run (not a resumed one) starts from these weights: a safetensors file, a
   /// sharded set's index, or a directory holding either (fsdp::load_safetensors with
-  /// init_options, after the model factory and before step-0 is saved). Empty: the
+  /// init_options), or a PyTorch Distributed Checkpoint directory (its "model" weights:
+  /// fsdp::load_dcp); after the model factory and before step-0 is saved. Empty: the
   /// factory's values.
   TORCH_ARG(std::string, init_from) = "";
   TORCH_ARG(SafetensorsLoadOptions, init_options) = {};

@@ -1,0 +1,222 @@
+// [Note: loading DCP] in include/fsdp/state/dcp.h.
+#include "fsdp/state/dcp.h"
+
+#include <map>
+#include <memory>
+#include <sstream>
+
+#include <torch/torch.h>
+
+#include "comm/object_collectives.h"
+#include "core/state_view.h"
+#include "dcp_source.h"
+#include "error_message.h"
+#include "fsdp/comm/call_label.h"
+#include "load_targets.h"
+#include "optim_state.h"
+
+namespace fsdp {
+
+namespace dcp_load_detail {
+
+using state::LoadTarget;
+
+constexpr size_t kListed = 20;  // names an error lists before "and N more"
+
+std::string list_text(const std::vector<std::string>& names) {
+  std::ostringstream os;
+  for (size_t i = 0; i < names.size() && i < kListed; ++i) os << (i ? ", " : "") << "'" << names[i] << "'";
+  if (names.size() > kListed) os << " and " << names.size() - kListed << " more";
+  return os.str();
+}
+
+// What a load reads: per target, its model entry; per parameter, its optimizer state entries.
+struct DcpPlan {
+  std::vector<const state::dcp::Entry*> model;  // per target; nullptr: missing
+  std::vector<std::map<std::string, const state::dcp::Entry*>> optim;  // per target: state name -> entry
+  std::vector<const state::dcp::Entry*> lr;     // per param group (nullptr: keep the optimizer's)
+  std::vector<std::string> missing, unexpected;
+};
+
+bool starts_with(const std::string& s, const std::string& head) { return s.compare(0, head.size(), head) == 0; }
+
+// The model entry of target t: under its name or any alias; a wrong shape or a non-tensor is an error.
+const state::dcp::Entry* model_entry(const state::dcp::Metadata& m, const LoadTarget& t, const std::string& prefix,
+                                     std::map<std::string, bool>& used) {
+  std::vector<std::string> names{t.name};
+  names.insert(names.end(), t.aliases.begin(), t.aliases.end());
+  const state::dcp::Entry* found = nullptr;
+  for (const auto& n : names) {
+    const state::dcp::Entry* e = m.find(prefix + n);
+    if (e == nullptr) continue;
+    used[e->fqn] = true;
+    TORCH_CHECK(e->is_tensor, "'", e->fqn, "' is a saved value, not a tensor");
+    TORCH_CHECK(e->size == t.shape, "'", e->fqn, "' has shape ", c10::IntArrayRef(e->size), ", the model's '", t.name,
+                "' ", c10::IntArrayRef(t.shape));
+    if (found == nullptr) found = e;
+  }
+  return found;
+}
+
+// "<optim>.state.<name>.<state>" entries of each parameter, by the planner's path when the
+// checkpoint has one (names hold dots), else by prefix.
+void add_optim_entries(const state::dcp::Metadata& m, const std::vector<LoadTarget>& targets, const std::string& key,
+                       DcpPlan& plan) {
+  std::map<std::string, size_t> target_of;
+  for (size_t t = 0; t < targets.size(); ++t) {
+    if (!targets[t].param.defined()) continue;
+    target_of[targets[t].name] = t;
+    for (const auto& a : targets[t].aliases) target_of[a] = t;
+  }
+  bool any = false;
+  for (const auto& e : m.entries) {
+    if (!starts_with(e.fqn, key + ".")) continue;
+    any = true;
+    const auto& p = e.path;
+    if (p.size() == 4 && !p[0].is_index && p[0].key == key && !p[1].is_index && p[1].key == "state" && !p[2].is_index &&
+        !p[3].is_index) {
+      const auto it = target_of.find(p[2].key);
+      TORCH_CHECK(it != target_of.end(), "'", e.fqn, "' is the optimizer state of '", p[2].key,
+                  "', which is not a parameter of the model");
+      TORCH_CHECK(e.is_tensor, "'", e.fqn, "' is a saved value, not a tensor");
+      plan.optim[it->second][p[3].key] = &e;
+    }
+  }
+  TORCH_CHECK(any, "the checkpoint holds no '", key, ".*' keys, so no optimizer state: load without an optimizer, or "
+              "set DcpOptions::optim_key to the key the optimizer state was saved under");
+}
+
+DcpPlan plan_load(const state::dcp::Metadata& m, const std::vector<LoadTarget>& targets,
+                  torch::optim::Optimizer* opt, const DcpOptions& o) {
+  DcpPlan plan;
+  std::map<std::string, bool> used;
+  const std::string prefix = o.model_key() + ".";
+  for (const auto& t : targets) {
+    plan.model.push_back(model_entry(m, t, prefix, used));
+    if (plan.model.back() == nullptr) plan.missing.push_back(t.name);
+  }
+  for (const auto& e : m.entries)
+    if (starts_with(e.fqn, prefix) && !used.count(e.fqn)) plan.unexpected.push_back(e.fqn);
+  plan.optim.resize(targets.size());
+  if (opt != nullptr) {
+    state::optimizer_kind(*opt);  // refuses an optimizer whose state the state layer does not know
+    add_optim_entries(m, targets, o.optim_key(), plan);
+    for (size_t g = 0; g < opt->param_groups().size(); ++g)
+      plan.lr.push_back(m.find(o.optim_key() + ".param_groups." + std::to_string(g) + ".lr"));
+  }
+  TORCH_CHECK(!o.strict() || (plan.missing.empty() && plan.unexpected.empty()),
+              "the checkpoint and the model do not match (strict):",
+              plan.unexpected.empty() ? "" : " " + std::to_string(plan.unexpected.size()) +
+                                                 " key(s) of the checkpoint fill nothing in the model: " +
+                                                 list_text(plan.unexpected) + ";",
+              plan.missing.empty() ? "" : " " + std::to_string(plan.missing.size()) +
+                                              " parameter(s) or buffer(s) of the model are not in the checkpoint: " +
+                                              list_text(plan.missing) + ";",
+              " set DcpOptions::model_key to the key the model was saved under, or strict(false)");
+  return plan;
+}
+
+// One parameter's optimizer state: its pieces of each state tensor, and the step.
+int64_t load_param_state(state::DcpSource& src, const LoadTarget& t,
+                         const std::map<std::string, const state::dcp::Entry*>& entries,
+                         torch::optim::Optimizer& opt) {
+  if (entries.empty()) {
+    state::erase_param_state(opt, t.param);
+    return 0;
+  }
+  int64_t bytes = 0;
+  state::ParamOptimState s;
+  for (const auto& [name, e] : entries) {
+    if (name == "step") {
+      const at::Tensor step = at::empty({1}, at::kDouble);
+      bytes += src.read_range(*e, 0, 1, step);
+      s.step = static_cast<int64_t>(step.item<double>());
+      continue;
+    }
+    TORCH_CHECK(e->size == t.shape, "'", e->fqn, "' has shape ", c10::IntArrayRef(e->size), ", the parameter '", t.name,
+                "' ", c10::IntArrayRef(t.shape));
+    const at::Tensor piece = at::empty(t.param.sizes(), t.param.options().requires_grad(false));
+    bytes += src.read_range(*e, t.begin, t.end, piece.view({-1}));
+    s.tensors[name] = piece;
+  }
+  state::set_param_state(opt, t.param, std::move(s));
+  return bytes;
+}
+
+int64_t read_planned(state::DcpSource& src, const DcpPlan& plan, const state::LoadTargets& targets,
+                     torch::optim::Optimizer* opt) {
+  torch::NoGradGuard no_grad;
+  int64_t bytes = 0;
+  const auto& list = targets.list();
+  for (size_t t = 0; t < list.size(); ++t)
+    if (plan.model[t] != nullptr) bytes += src.read_range(*plan.model[t], list[t].begin, list[t].end, list[t].dest);
+  targets.finish();
+  if (opt == nullptr) return bytes;
+  for (size_t t = 0; t < list.size(); ++t)
+    if (list[t].param.defined()) bytes += load_param_state(src, list[t], plan.optim[t], *opt);
+  for (size_t g = 0; g < plan.lr.size(); ++g)
+    if (plan.lr[g] != nullptr) opt->param_groups()[g].options().set_lr(src.read_value(*plan.lr[g]).toDouble());
+  return bytes;
+}
+
+template <typename Fn>
+std::string attempt(Fn&& fn) {
+  try {
+    fn();
+    return "";
+  } catch (const std::exception& e) {
+    return state::error_message(e);
+  }
+}
+
+void agree(const comm::ProcessGroup& pg, const std::string& error, const std::string& dir, const char* consequence) {
+  const std::vector<std::string> errors = comm::all_gather_object(pg, error);
+  for (size_t r = 0; r < errors.size(); ++r)
+    TORCH_CHECK(errors[r].empty(), "fsdp: load_dcp('", dir, "') (rank ", pg.rank(), "): rank ", r, " failed: ",
+                errors[r], ". ", consequence);
+}
+
+DcpLoadResult result_of(const DcpPlan& plan, int64_t bytes) {
+  DcpLoadResult r;
+  r.missing_keys = plan.missing;
+  r.unexpected_keys = plan.unexpected;
+  r.bytes_read = bytes;
+  return r;
+}
+
+}  // namespace dcp_load_detail
+
+DcpLoadResult load_dcp(FullyShardedBase& model, torch::optim::Optimizer* optimizer, const std::string& dir,
+                       const DcpOptions& options) {
+  namespace d = dcp_load_detail;
+  comm::LabelScope label_scope({comm::Phase::kStateDict, "load_dcp"});
+  core::detail::StateView view(model);
+  const comm::ProcessGroup& pg = view.group();
+  const state::LoadTargets targets(view.local_pieces("load_dcp"), view.module());
+  // Phase 1, every rank on its own: the metadata and the plan; nothing is read yet.
+  std::unique_ptr<state::DcpSource> source;
+  d::DcpPlan plan;
+  std::string error = d::attempt([&] {
+    source = std::make_unique<state::DcpSource>(dir);
+    plan = d::plan_load(source->metadata(), targets.list(), optimizer, options);
+  });
+  d::agree(pg, error, dir, "Nothing was loaded on any rank");
+  // Phase 2: each rank reads the boxes that overlap its pieces.
+  int64_t bytes = 0;
+  error = d::attempt([&] { bytes = d::read_planned(*source, plan, targets, optimizer); });
+  d::agree(pg, error, dir, "The model holds partly loaded values: load again, or restart");
+  return d::result_of(plan, bytes);
+}
+
+DcpLoadResult load_dcp(torch::nn::Module& model, torch::optim::Optimizer* optimizer, const std::string& dir,
+                       const DcpOptions& options) {
+  namespace d = dcp_load_detail;
+  state::DcpSource source(dir);
+  const state::LoadTargets targets(model);
+  d::DcpPlan plan;
+  const std::string error = d::attempt([&] { plan = d::plan_load(source.metadata(), targets.list(), optimizer, options); });
+  TORCH_CHECK(error.empty(), "fsdp: load_dcp('", dir, "'): ", error);
+  return d::result_of(plan, d::read_planned(source, plan, targets, optimizer));
+}
+
+}  // namespace fsdp
