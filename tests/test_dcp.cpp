@@ -62,7 +62,7 @@ Model wrap(uint64_t seed, comm::ProcessGroup& pg, ShardingStrategy s = ShardingS
 
 void adam_step(Model& m, torch::optim::Adam& opt, int64_t step, const comm::ProcessGroup& pg) {
   auto [x, y] = global_batch(step, 12);
-  opt.zero_grad();
+  opt.zero_grad(/*set_to_none=*/true);
   torch::mse_loss(m->forward(rank_slice(x, pg.rank(), pg.size())), rank_slice(y, pg.rank(), pg.size())).backward();
   opt.step();
 }

@@ -41,7 +41,7 @@ opt = torch.optim.Adam(m.parameters(), lr=1e-2)
 x = torch.linspace(-1, 1, 4 * 17).reshape(4, 17).to(dtype)
 
 def step():
-    opt.zero_grad()
+    opt.zero_grad(set_to_none=True)
     m(x).float().square().mean().backward()
     opt.step()
 

@@ -29,7 +29,7 @@ using Model = fsdp::FullyShardedDataParallel<torch::nn::SequentialImpl>;
 void adam_steps(Model& model, torch::optim::Adam& opt, int steps, at::ScalarType dtype) {
   const auto x = torch::linspace(-1, 1, 4 * 17).reshape({4, 17}).to(dtype);
   for (int s = 0; s < steps; ++s) {
-    opt.zero_grad();
+    opt.zero_grad(/*set_to_none=*/true);
     model->forward(x).to(at::kFloat).square().mean().backward();
     opt.step();
   }
