@@ -14,6 +14,11 @@
 #include "fixtures/dcp_metadata.h"
 #include "state/dcp_metadata.h"
 #include "state/pickle_codec.h"
+#include "harness/error_of.h"
+#include "harness/hex.h"
+
+using fsdp::testing::error_of;
+using fsdp::testing::from_hex;
 
 namespace {
 
@@ -26,22 +31,6 @@ using fsdp::testing::kThreeRanks;
 
 constexpr const char* kDcp = "torch.distributed.checkpoint.metadata";
 
-std::string from_hex(const char* hex) {
-  std::string out;
-  for (const char* p = hex; p[0] && p[1]; p += 2)
-    out.push_back(static_cast<char>(std::stoi(std::string(p, 2), nullptr, 16)));
-  return out;
-}
-
-// What `fn` throws ("" when nothing).
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
 
 std::vector<std::string> fqns(const dcp::Metadata& m) {
   std::vector<std::string> out;

@@ -22,6 +22,9 @@
 #include <nlohmann/json.hpp>
 
 #include "state/safetensors_format.h"
+#include "harness/error_of.h"
+
+using fsdp::testing::error_of;
 
 namespace {
 
@@ -53,15 +56,6 @@ class ScratchDir {
   std::string path_;
 };
 
-// What `fn` throws ("" when nothing).
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
 
 std::string le64(uint64_t v) {
   std::string out(8, '\0');

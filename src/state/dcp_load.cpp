@@ -7,7 +7,7 @@
 
 #include <torch/torch.h>
 
-#include "comm/object_collectives.h"
+#include "agreed_failure.h"
 #include "core/state_view.h"
 #include "dcp_source.h"
 #include "error_message.h"
@@ -20,15 +20,6 @@ namespace fsdp {
 namespace dcp_load_detail {
 
 using state::LoadTarget;
-
-constexpr size_t kListed = 20;  // names an error lists before "and N more"
-
-std::string list_text(const std::vector<std::string>& names) {
-  std::ostringstream os;
-  for (size_t i = 0; i < names.size() && i < kListed; ++i) os << (i ? ", " : "") << "'" << names[i] << "'";
-  if (names.size() > kListed) os << " and " << names.size() - kListed << " more";
-  return os.str();
-}
 
 // What a load reads: per target, its model entry; per parameter, its optimizer state entries.
 struct DcpPlan {
@@ -108,10 +99,10 @@ DcpPlan plan_load(const state::dcp::Metadata& m, const std::vector<LoadTarget>& 
               "the checkpoint and the model do not match (strict):",
               plan.unexpected.empty() ? "" : " " + std::to_string(plan.unexpected.size()) +
                                                  " key(s) of the checkpoint fill nothing in the model: " +
-                                                 list_text(plan.unexpected) + ";",
+                                                 state::names_text(plan.unexpected) + ";",
               plan.missing.empty() ? "" : " " + std::to_string(plan.missing.size()) +
                                               " parameter(s) or buffer(s) of the model are not in the checkpoint: " +
-                                              list_text(plan.missing) + ";",
+                                              state::names_text(plan.missing) + ";",
               " set DcpOptions::model_key to the key the model was saved under, or strict(false)");
   return plan;
 }
@@ -159,23 +150,6 @@ int64_t read_planned(state::DcpSource& src, const DcpPlan& plan, const state::Lo
   return bytes;
 }
 
-template <typename Fn>
-std::string attempt(Fn&& fn) {
-  try {
-    fn();
-    return "";
-  } catch (const std::exception& e) {
-    return state::error_message(e);
-  }
-}
-
-void agree(const comm::ProcessGroup& pg, const std::string& error, const std::string& dir, const char* consequence) {
-  const std::vector<std::string> errors = comm::all_gather_object(pg, error);
-  for (size_t r = 0; r < errors.size(); ++r)
-    TORCH_CHECK(errors[r].empty(), "fsdp: load_dcp('", dir, "') (rank ", pg.rank(), "): rank ", r, " failed: ",
-                errors[r], ". ", consequence);
-}
-
 DcpLoadResult result_of(const DcpPlan& plan, int64_t bytes) {
   DcpLoadResult r;
   r.missing_keys = plan.missing;
@@ -196,15 +170,16 @@ DcpLoadResult load_dcp(FullyShardedBase& model, torch::optim::Optimizer* optimiz
   // Phase 1, every rank on its own: the metadata and the plan; nothing is read yet.
   std::unique_ptr<state::DcpSource> source;
   d::DcpPlan plan;
-  std::string error = d::attempt([&] {
+  std::string error = state::failure_of([&] {
     source = std::make_unique<state::DcpSource>(dir);
     plan = d::plan_load(source->metadata(), targets.list(), optimizer, options);
   });
-  d::agree(pg, error, dir, "Nothing was loaded on any rank");
+  const std::string who = "fsdp: load_dcp('" + dir + "')";
+  state::throw_if_any_failed(pg, error, who, "Nothing was loaded on any rank");
   // Phase 2: each rank reads the boxes that overlap its pieces.
   int64_t bytes = 0;
-  error = d::attempt([&] { bytes = d::read_planned(*source, plan, targets, optimizer); });
-  d::agree(pg, error, dir, "The model holds partly loaded values: load again, or restart");
+  error = state::failure_of([&] { bytes = d::read_planned(*source, plan, targets, optimizer); });
+  state::throw_if_any_failed(pg, error, who, "The model holds partly loaded values: load again, or restart");
   return d::result_of(plan, bytes);
 }
 
@@ -214,7 +189,8 @@ DcpLoadResult load_dcp(torch::nn::Module& model, torch::optim::Optimizer* optimi
   state::DcpSource source(dir);
   const state::LoadTargets targets(model);
   d::DcpPlan plan;
-  const std::string error = d::attempt([&] { plan = d::plan_load(source.metadata(), targets.list(), optimizer, options); });
+  const std::string error =
+      state::failure_of([&] { plan = d::plan_load(source.metadata(), targets.list(), optimizer, options); });
   TORCH_CHECK(error.empty(), "fsdp: load_dcp('", dir, "'): ", error);
   return d::result_of(plan, d::read_planned(source, plan, targets, optimizer));
 }

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "agreed_failure.h"
 #include "checkpoint_format.h"
 #include "checkpoint_writer.h"
 #include "comm/object_collectives.h"
@@ -205,22 +206,10 @@ dcp::Metadata merge(const std::vector<std::string>& parts, const std::string& di
   return m;
 }
 
-template <typename Fn>
-std::string attempt(Fn&& fn) {
-  try {
-    fn();
-    return "";
-  } catch (const std::exception& e) {
-    return state::error_message(e);
-  }
-}
-
 // Every rank's error, agreed: throws on every rank when any failed, naming the first.
 void agree(const comm::ProcessGroup& pg, const std::string& error, const std::string& dir) {
-  const std::vector<std::string> errors = comm::all_gather_object(pg, error);
-  for (size_t r = 0; r < errors.size(); ++r)
-    TORCH_CHECK(errors[r].empty(), "fsdp: save_dcp('", dir, "') (rank ", pg.rank(), "): rank ", r, " failed: ",
-                errors[r], ". Nothing was published; an earlier '", dir, "' is unchanged");
+  state::throw_if_any_failed(pg, error, "fsdp: save_dcp('" + dir + "')",
+                             "Nothing was published; an earlier '" + dir + "' is unchanged");
 }
 
 void write_metadata(const std::string& tmp, const dcp::Metadata& m) {
@@ -242,18 +231,18 @@ void save_dcp(FullyShardedBase& model, torch::optim::Optimizer* optimizer, const
   torch::NoGradGuard no_grad;
   // Phase 1: rank 0 makes the empty <dir>.tmp (every rank's files go there).
   std::string error;
-  if (pg.rank() == 0) error = d::attempt([&] {
+  if (pg.rank() == 0) error = state::failure_of([&] {
       d::fs::remove_all(tmp);
       d::fs::create_directories(tmp);
     });
   d::agree(pg, error, dir);
   // Phase 2: every rank writes its file; rank 0 learns what each holds.
   std::string part;
-  error = d::attempt([&] { part = d::write_rank_file(tmp, pg.rank(), d::saved_of(view, optimizer, options)).dump(); });
+  error = state::failure_of([&] { part = d::write_rank_file(tmp, pg.rank(), d::saved_of(view, optimizer, options)).dump(); });
   d::agree(pg, error, dir);
   const std::vector<std::string> parts = comm::all_gather_object(pg, part);
   // Phase 3: rank 0 writes the metadata and publishes.
-  if (pg.rank() == 0) error = d::attempt([&] {
+  if (pg.rank() == 0) error = state::failure_of([&] {
       d::write_metadata(tmp, d::merge(parts, dir));
       state::publish(tmp, dir);
     });

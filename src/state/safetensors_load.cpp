@@ -6,7 +6,7 @@
 
 #include <torch/torch.h>
 
-#include "comm/object_collectives.h"
+#include "agreed_failure.h"
 #include "core/state_view.h"
 #include "error_message.h"
 #include "fsdp/comm/call_label.h"
@@ -58,25 +58,6 @@ int64_t read_matched(const state::SafetensorsSource& source, const state::NameMa
     bytes += apply_rule(source, options.rules[r.rule], r.rule, r.targets, targets.list());
   targets.finish();
   return bytes;
-}
-
-// "" when `fn` ran; else what it threw, as a user reads it.
-template <typename Fn>
-std::string attempt(Fn&& fn) {
-  try {
-    fn();
-    return "";
-  } catch (const std::exception& e) {
-    return state::error_message(e);
-  }
-}
-
-// Every rank's error, agreed: throws on every rank when any failed, naming the first.
-void agree(const comm::ProcessGroup& pg, const std::string& error, const char* consequence) {
-  const std::vector<std::string> errors = comm::all_gather_object(pg, error);
-  for (size_t r = 0; r < errors.size(); ++r)
-    TORCH_CHECK(errors[r].empty(), "fsdp: load_safetensors (rank ", pg.rank(), "): rank ", r, " failed: ", errors[r],
-                ". ", consequence);
 }
 
 void check_match(const std::string& path, const state::NameMatch& match) {
@@ -135,16 +116,17 @@ SafetensorsLoadResult load_safetensors(FullyShardedBase& model, const std::strin
   std::unique_ptr<state::SafetensorsSource> source;
   const state::LoadTargets targets(pieces, view.module());
   state::NameMatch match;
-  std::string error = d::attempt([&] {
+  std::string error = state::failure_of([&] {
     source = std::make_unique<state::SafetensorsSource>(path);
     match = state::match_names(*source, targets.list(), options);
     d::check_match(path, match);
   });
-  d::agree(pg, error, "Nothing was loaded on any rank");
+  state::throw_if_any_failed(pg, error, "fsdp: load_safetensors", "Nothing was loaded on any rank");
   // Phase 2: each rank reads its own pieces.
   int64_t bytes = 0;
-  error = d::attempt([&] { bytes = d::read_matched(*source, match, targets, options); });
-  d::agree(pg, error, "The model holds partly loaded values: load again, or restart");
+  error = state::failure_of([&] { bytes = d::read_matched(*source, match, targets, options); });
+  state::throw_if_any_failed(pg, error, "fsdp: load_safetensors",
+                             "The model holds partly loaded values: load again, or restart");
   return d::result_of(match, bytes);
 }
 

@@ -4,24 +4,17 @@
 #include <set>
 #include <sstream>
 
+#include "error_message.h"
+
 namespace fsdp::state {
 
 namespace safetensors_match_detail {
-
-constexpr size_t kListed = 20;  // names an error lists before "and N more"
 
 std::string shape_text(const std::vector<int64_t>& shape) {
   std::ostringstream os;
   os << "[";
   for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
   os << "]";
-  return os.str();
-}
-
-std::string list_text(const std::vector<std::string>& names) {
-  std::ostringstream os;
-  for (size_t i = 0; i < names.size() && i < kListed; ++i) os << (i ? ", " : "") << "'" << names[i] << "'";
-  if (names.size() > kListed) os << " and " << names.size() - kListed << " more";
   return os.str();
 }
 
@@ -137,10 +130,10 @@ class Matcher {
     os << "the file and the model do not match (strict):";
     if (!m_.unexpected.empty())
       os << " " << m_.unexpected.size() << " tensor(s) of the file fill nothing in the model: "
-         << list_text(m_.unexpected) << ";";
+         << names_text(m_.unexpected) << ";";
     if (!m_.missing.empty())
       os << " " << m_.missing.size() << " parameter(s) or buffer(s) of the model are not in the file: "
-         << list_text(m_.missing) << ";";
+         << names_text(m_.missing) << ";";
     os << " map names with SafetensorsLoadOptions::rename, name_map or rules, or set strict = false";
     return os.str();
   }

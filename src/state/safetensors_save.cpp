@@ -231,16 +231,6 @@ class SafetensorsWriter {
   }
 };
 
-template <typename Fn>
-std::string attempt(Fn&& fn) {
-  try {
-    fn();
-    return "";
-  } catch (const std::exception& e) {
-    return state::error_message(e);
-  }
-}
-
 }  // namespace safetensors_save_detail
 
 void save_safetensors(FullyShardedBase& model, const std::string& dir, const SafetensorsSaveOptions& options) {
@@ -255,10 +245,10 @@ void save_safetensors(FullyShardedBase& model, const std::string& dir, const Saf
   const std::vector<d::SaveItem> items = d::items_of(view, options);
   std::unique_ptr<d::SafetensorsWriter> out;
   std::string error;
-  if (writer) error = d::attempt([&] { out = std::make_unique<d::SafetensorsWriter>(dir, items, options); });
+  if (writer) error = state::failure_of([&] { out = std::make_unique<d::SafetensorsWriter>(dir, items, options); });
   // A failed write stops rank 0's writing, not the gathers the other ranks take part in.
   auto write = [&](size_t i, const at::Tensor& v) {
-    if (writer && error.empty()) error = d::attempt([&] { out->write(i, v); });
+    if (writer && error.empty()) error = state::failure_of([&] { out->write(i, v); });
   };
   size_t next = 0;
   for (size_t u = 0; u < view.num_units(); ++u) {
@@ -267,7 +257,7 @@ void save_safetensors(FullyShardedBase& model, const std::string& dir, const Saf
       write(next, view.view_of(u, full, items[next].entry));
   }
   for (; next < items.size(); ++next) write(next, items[next].value);
-  if (writer && error.empty()) error = d::attempt([&] { out->finish(); });
+  if (writer && error.empty()) error = state::failure_of([&] { out->finish(); });
   const std::string agreed = comm::broadcast_object(pg, error, 0);
   TORCH_CHECK(agreed.empty(), "fsdp: save_safetensors (rank ", pg.rank(), "): rank 0 could not write '", dir,
               "': ", agreed);

@@ -1,35 +1,19 @@
 #include "weights_exchange.h"
 
-#include <c10/util/Exception.h>
-
 #include <filesystem>
 
-#include "comm/object_collectives.h"
 #include "fsdp/state/dcp.h"
 #include "fsdp/state/safetensors.h"
+#include "state/agreed_failure.h"
+#include "state/error_message.h"
 
 namespace fsdp::trainer::detail {
 
 namespace weights_exchange_detail {
 
-// Every rank's `error` (its words, "" when it succeeded): throws on every rank when any failed.
 void agree(const LoopContext& ctx, const std::string& error, const char* what, const std::string& path) {
-  const std::vector<std::string> errors = comm::all_gather_object(ctx.pg, error, {comm::Phase::kTrainer, what});
-  for (size_t r = 0; r < errors.size(); ++r)
-    TORCH_CHECK(errors[r].empty(), ctx.program(), " (rank ", ctx.rank(), "): ", what, " '", path, "' failed on rank ",
-                r, ": ", errors[r]);
-}
-
-template <typename Fn>
-std::string attempt(Fn&& fn) {
-  try {
-    fn();
-    return "";
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
+  state::throw_if_any_failed(ctx.pg, error, std::string(ctx.program()) + ": " + what + " '" + path + "'",
+                             "Every rank stopped");
 }
 
 }  // namespace weights_exchange_detail
@@ -45,7 +29,7 @@ void load_initial_weights(const LoopContext& ctx) {
     else load_safetensors(*ctx.model.fsdp, o.init_from(), o.init_options());
     return;
   }
-  const std::string error = d::attempt([&] {
+  const std::string error = state::failure_of([&] {
     if (is_dcp) load_dcp(*ctx.model.module, nullptr, o.init_from());
     else load_safetensors(*ctx.model.module, o.init_from(), o.init_options());
   });
@@ -61,7 +45,7 @@ void export_weights(const LoopContext& ctx) {
   }
   std::string error;
   if (ctx.lead())
-    error = d::attempt([&] { save_safetensors(*ctx.model.module, o.export_safetensors(), o.export_options()); });
+    error = state::failure_of([&] { save_safetensors(*ctx.model.module, o.export_safetensors(), o.export_options()); });
   d::agree(ctx, error, "export_safetensors", o.export_safetensors());
 }
 
