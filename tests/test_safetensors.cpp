@@ -321,4 +321,37 @@ TEST(Safetensors, MismatchFailsEveryRankAlike) {
   }, rank_options());
 }
 
+// SafetensorsCuda (ctest label gpu; skips without a GPU): a model on the rank's GPU loads a
+// file through the pinned staging buffer (bf16 and fp32 files) and saves from device memory.
+TEST(SafetensorsCuda, LoadsAndSavesAGpuModel) {
+  FSDP_SKIP_WITHOUT_GPU(1);
+  RankOptions ro = rank_options();
+  ro.backend = comm::Backend::kNccl;
+  run_ranks(1, [](comm::ProcessGroup& pg) {
+    const torch::Device gpu(torch::kCUDA, pg.cuda_device());
+    auto source = make_transformer(51);
+    const std::string dir = fresh_dir("cuda");
+    save_safetensors(*source, dir);
+    save_safetensors(*source, dir + "/bf16", SafetensorsSaveOptions().dtype(torch::kBFloat16));
+    for (bool offload : {false, true}) {
+      run_case(offload ? "cpu_offload" : "on_gpu", [&] {
+        auto net = make_transformer(52);
+        net->to(gpu);
+        Model m(net, pg, Options().auto_wrap_policy(always_wrap_policy()).cpu_offload(offload));
+        load_safetensors(*m, dir);
+        for (auto& [name, v] : full_params(m)) EXPECT_TRUE(torch::equal(v.cpu(), params_of(*source).at(name))) << name;
+        load_safetensors(*m, dir + "/bf16");
+        for (auto& [name, v] : full_params(m))
+          EXPECT_TRUE(torch::equal(v.cpu(), params_of(*source).at(name).to(torch::kBFloat16).to(torch::kFloat)))
+              << name;
+        const std::string out = dir + (offload ? "/out_offload" : "/out");
+        save_safetensors(*m, out);
+        auto back = make_transformer(53);
+        load_safetensors(*back, out);
+        for (auto& [name, v] : full_params(m)) EXPECT_TRUE(torch::equal(v.cpu(), params_of(*back).at(name))) << name;
+      });
+    }
+  }, ro);
+}
+
 }  // namespace
