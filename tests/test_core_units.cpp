@@ -17,6 +17,7 @@
 
 // White-box: internal headers of the core.
 #include "core/flat_param.h"
+#include "core/path_policy.h"
 #include "engine/bucket_former.h"
 #include "core/resolved_options.h"
 #include "core/unit.h"
@@ -558,3 +559,21 @@ TEST(UnitLifecycle, NoSyncAccumulatesWithoutReduction) {
 }
 
 }  // namespace
+
+// path_policy's patterns: `*` takes any characters of one component, never a '.'.
+TEST(PathPolicy, PatternsMatchWithinAComponent) {
+  using fsdp::core::detail::path_matches;
+  EXPECT_TRUE(path_matches("blocks.3", "blocks.3"));
+  EXPECT_FALSE(path_matches("blocks.3", "blocks.30"));
+  EXPECT_TRUE(path_matches("blocks.*", "blocks.30"));
+  EXPECT_FALSE(path_matches("blocks.*", "blocks.3.attn"));
+  EXPECT_TRUE(path_matches("h.*.mlp", "h.11.mlp"));
+  EXPECT_FALSE(path_matches("h.*.mlp", "h.1.attn.mlp"));
+  EXPECT_TRUE(path_matches("block*", "block0"));
+  EXPECT_TRUE(path_matches("*", "head"));
+  EXPECT_FALSE(path_matches("*", "head.0"));
+  EXPECT_TRUE(path_matches("*.*", "head.0"));
+  EXPECT_TRUE(path_matches("a*b*c", "axxbyyc"));
+  EXPECT_FALSE(path_matches("a*c", "ab.c"));
+  EXPECT_FALSE(path_matches("", "a"));
+}

@@ -187,6 +187,24 @@ void option_cases(comm::ProcessGroup& pg) {
     auto total = model->clip_grad_norm_(1e9, 2.0);
     EXPECT_NEAR(total.item<double>(), std::sqrt(managed_sq + ignored_sq), 1e-5 * std::sqrt(managed_sq + ignored_sq));
   });
+  run_case("path_policy", [&] {
+    auto wrap = [&](std::vector<std::string> paths) {
+      return FullyShardedDataParallel(make_transformer(0), pg, Options().auto_wrap_policy(path_policy(paths)));
+    };
+    // Paths and patterns choose among the wrap candidates: the Wrappable blocks and the
+    // entries of each block's mlp Sequential (the GELU, without parameters, makes no unit; the
+    // root "" keeps proj and head).
+    EXPECT_EQ(wrap({"block*"})->unit_paths(), (std::vector<std::string>{"", "block0", "block1"}));
+    EXPECT_EQ(wrap({"block0.mlp.*", "block1"})->unit_paths(),
+              (std::vector<std::string>{"", "block0.mlp.0", "block0.mlp.2", "block1"}));
+    // A plain member (head: a Linear held by the model's own class) cannot be a unit: refused,
+    // naming it, its type and the change that makes it a candidate; so is a path naming nothing.
+    expect_error([&] { wrap({"head"}); }, "path_policy names 'head' (torch::nn::LinearImpl), which cannot become a unit",
+                 "non-candidate path");
+    expect_error([&] { wrap({"head"}); }, "fsdp::Wrappable<torch::nn::LinearImpl>", "the fix");
+    expect_error([&] { wrap({"blocks.*"}); }, "path_policy names 'blocks.*', which matches no module",
+                 "a path naming nothing");
+  });
   device_cases(pg);
 }
 

@@ -8,6 +8,7 @@
 #include <torch/nn/modules/batchnorm.h>
 
 #include "fsdp/core/wrappable.h"
+#include "path_policy.h"
 
 namespace fsdp::core::detail {
 
@@ -45,6 +46,45 @@ bool IgnoredModules::contains(const std::string& path) const {
   return false;
 }
 
+namespace unit_plan_detail {
+
+// path_policy's paths, checked against the modules the walk visits: each must name at least
+// one module, and every module it names must be a wrap candidate (a path the policy would
+// silently never wrap is a unit the user expects and does not get).
+class PathPolicyCheck {
+ public:
+  explicit PathPolicyCheck(const WrapPolicy& policy) : policy_(policy ? policy.target<PathPolicy>() : nullptr) {
+    if (policy_) used_.assign(policy_->paths.size(), false);
+  }
+
+  void visited(const std::string& path, const torch::nn::Module& m, bool candidate) {
+    if (!policy_) return;
+    for (size_t i = 0; i < policy_->paths.size(); ++i) {
+      if (!path_matches(policy_->paths[i], path)) continue;
+      used_[i] = true;
+      TORCH_CHECK(candidate, "fsdp: path_policy names '", path, "' (", m.name(), "), which cannot become a unit: "
+                  "the C++ frontend has no module hooks and forward() is not virtual, so a unit needs a call site "
+                  "the library owns ([Note: wrap candidates] in fsdp/core/wrappable.h). Declare that member as "
+                  "fsdp::Wrappable<", m.name(), "> instead of its holder (same parameters and names), or make it "
+                  "an entry of a torch::nn::Sequential");
+    }
+  }
+
+  void check() const {
+    if (!policy_) return;
+    for (size_t i = 0; i < used_.size(); ++i)
+      TORCH_CHECK(used_[i], "fsdp: path_policy names '", policy_->paths[i], "', which matches no module of the "
+                  "model (paths as named_modules() gives them, e.g. \"blocks.3\"; `*` stands for one component's "
+                  "characters, e.g. \"blocks.*\")");
+  }
+
+ private:
+  const PathPolicy* policy_;
+  std::vector<bool> used_;
+};
+
+}  // namespace unit_plan_detail
+
 std::vector<PlannedUnit> walk_wrap_policy(torch::nn::Module& model, const WrapPolicy& policy,
                                           const IgnoredModules& ignored, bool model_is_candidate,
                                           const DecidedUnit& decided) {
@@ -53,6 +93,7 @@ std::vector<PlannedUnit> walk_wrap_policy(torch::nn::Module& model, const WrapPo
     bool wrap = false;
   };
   std::vector<Candidate> candidates;  // every child, in pre-order
+  unit_plan_detail::PathPolicyCheck names(policy);
   std::function<int64_t(torch::nn::Module&, const std::string&)> visit =
       [&](torch::nn::Module& m, const std::string& path) -> int64_t {
     int64_t n = 0;
@@ -77,6 +118,7 @@ std::vector<PlannedUnit> walk_wrap_policy(torch::nn::Module& model, const WrapPo
       }
       int64_t cn = visit(*c.value(), cp);
       const bool candidate = seq != nullptr || dynamic_cast<WrappableBase*>(c.value().get()) != nullptr;
+      names.visited(cp, *c.value(), candidate);
       if (candidate && policy && policy(cp, *c.value(), cn)) {
         candidates[slot].wrap = true;
         cn = 0;
@@ -86,6 +128,7 @@ std::vector<PlannedUnit> walk_wrap_policy(torch::nn::Module& model, const WrapPo
     return n;
   };
   const int64_t unwrapped = visit(model, "");
+  names.check();
   std::vector<PlannedUnit> units(1);
   units[0].kind = PlannedUnit::Kind::kRoot;
   units[0].identity = &model;

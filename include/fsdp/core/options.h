@@ -50,7 +50,11 @@ using ParamInitFn = std::function<void(torch::nn::Module& module)>;
 WrapPolicy size_based_policy(int64_t min_num_params);
 /// Wraps every candidate.
 WrapPolicy always_wrap_policy();
-/// Wraps candidates whose path is in the list (manual wrapping).
+/// Wraps candidates whose path is in the list (manual wrapping): module paths as
+/// named_modules() gives them ("blocks.3"), or patterns where `*` stands for the characters
+/// of one component ("blocks.*", "h.*.mlp"). Wrapping fails, naming it, for a path that
+/// matches no module, and for a module it matches that is no wrap candidate (with the
+/// one-line change that makes it one: [Note: wrap candidates] in wrappable.h).
 WrapPolicy path_policy(std::vector<std::string> paths);
 /// Wraps candidates of the given module types (e.g. transformer blocks).
 template <typename... ModuleImpls>
