@@ -88,6 +88,14 @@ for r in range(1, rounds + 1):
     predicted = extra / cores / every
     print(f"| {r} | {sn:.3f} s | {sa:.3f} s | {sb:.3f} s | {statistics.median(ba):.4f} s | {statistics.median(bb):.3f} s "
           f"| {ratio:.4f} | {extra:.2f} s | +{predicted:.3f} s | +{sa - sn:.3f} s |")
+    call = statistics.median(c["blocked_s"] for c in saves)
+    faults = statistics.median(c.get("cow_fault_s", 0) for c in saves)
+    pages = statistics.median(c.get("cow_pages_copied", 0) for c in saves)
+    print_rows.append(f"round {r}: async save call {call:.4f} s, copy-on-write faults {faults:.4f} s "
+                      f"({pages:.0f} pages copied), writer {statistics.median(c['background_s'] for c in saves):.2f} s "
+                      "(rank 0, medians over the saves)")
+for row in print_rows:
+    print(row)
 gb = saves[0]["bytes"] / 1e9 if saves else 0
 print(f"blocked per async save / blocking save: median {statistics.median(ratios):.4f} "
       f"({min(ratios):.4f}-{max(ratios):.4f}), {rounds} rounds; goal <= 0.02; {gb:.2f} GB per save")
