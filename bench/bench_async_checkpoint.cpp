@@ -36,7 +36,6 @@
 
 #include "bench_io.h"
 #include "bench_launch.h"
-#include "common/tool_error.h"
 #include "fsdp/comm/collectives.h"
 #include "fsdp/core/fully_sharded.h"
 #include "fsdp/state/async_checkpoint.h"
@@ -58,42 +57,14 @@ const char* kUsage =
     "                              [--warmup 2] [--settle-ms 0] [--dir /tmp]\n"
     "(what it measures: the comment at the top of bench/bench_async_checkpoint.cpp)\n";
 
-[[noreturn]] void usage_error(const std::string& what) {
-  fsdp::tools::print_error("bench_async_checkpoint", what + "\n" + kUsage);
-  std::exit(2);
-}
-
 Args parse_args(int argc, char** argv) {
   Args a;
   a.argv.assign(argv + 1, argv + argc);
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (flag == "-h" || flag == "--help") {
-      std::fputs(kUsage, stdout);
-      std::exit(0);
-    }
-    int* field = flag == "--nproc"    ? &a.nproc
-                 : flag == "--rounds" ? &a.rounds
-                 : flag == "--layers" ? &a.layers
-                 : flag == "--dim"    ? &a.dim
-                 : flag == "--steps"  ? &a.steps
-                 : flag == "--warmup" ? &a.warmup
-                 : flag == "--settle-ms" ? &a.settle_ms
-                                      : nullptr;
-    if (field == nullptr && flag != "--dir") usage_error("unknown argument '" + flag + "'");
-    if (i + 1 >= argc) usage_error(flag + " needs a value");
-    const std::string v = argv[++i];
-    if (field == nullptr) {
-      a.dir = v;
-      continue;
-    }
-    char* end = nullptr;
-    const long n = std::strtol(v.c_str(), &end, 10);
-    const long least = flag == "--settle-ms" || flag == "--warmup" ? 0 : 1;
-    if (v.empty() || *end != '\0' || n < least)
-      usage_error(flag + " expects an integer >= " + std::to_string(least) + ", got '" + v + "'");
-    *field = static_cast<int>(n);
-  }
+  bench::parse_flags("bench_async_checkpoint", kUsage, argc, argv,
+                     {{"--nproc", &a.nproc, 1}, {"--rounds", &a.rounds, 1}, {"--layers", &a.layers, 1},
+                      {"--dim", &a.dim, 1}, {"--steps", &a.steps, 1}, {"--warmup", &a.warmup, 0},
+                      {"--settle-ms", &a.settle_ms, 0}},
+                     {{"--dir", &a.dir}});
   return a;
 }
 

@@ -101,6 +101,58 @@ inline std::vector<std::string> json_lines(const std::string& cmd, const char* w
   return out;
 }
 
+/// A benchmark's flags: integers with their least value, strings, and switches.
+struct IntFlag {
+  const char* flag;
+  int* value;
+  int least;
+};
+struct StringFlag {
+  const char* flag;
+  std::string* value;
+};
+struct Switch {
+  const char* flag;
+  bool* value;
+};
+
+/// Parses argv[1..] into the flags given: -h/--help prints `usage` on stdout and exits 0; an
+/// unknown argument, a missing value or an integer below its least exits 2, saying which on
+/// stderr as "<name>: ..." followed by `usage`.
+inline void parse_flags(const char* name, const char* usage, int argc, char** argv, const std::vector<IntFlag>& ints,
+                        const std::vector<StringFlag>& strings = {}, const std::vector<Switch>& switches = {}) {
+  auto fail = [&](const std::string& what) {
+    fsdp::tools::print_error(name, what + "\n" + usage);
+    std::exit(2);
+  };
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "-h" || flag == "--help") {
+      std::fputs(usage, stdout);
+      std::exit(0);
+    }
+    const auto sw = std::find_if(switches.begin(), switches.end(), [&](const Switch& s) { return flag == s.flag; });
+    if (sw != switches.end()) {
+      *sw->value = true;
+      continue;
+    }
+    const auto in = std::find_if(ints.begin(), ints.end(), [&](const IntFlag& f) { return flag == f.flag; });
+    const auto st = std::find_if(strings.begin(), strings.end(), [&](const StringFlag& f) { return flag == f.flag; });
+    if (in == ints.end() && st == strings.end()) fail("unknown argument '" + flag + "'");
+    if (i + 1 >= argc) fail(flag + " needs a value");
+    const std::string v = argv[++i];
+    if (st != strings.end()) {
+      *st->value = v;
+      continue;
+    }
+    char* end = nullptr;
+    const long n = std::strtol(v.c_str(), &end, 10);
+    if (v.empty() || *end != '\0' || n < in->least)
+      fail(flag + " expects an integer >= " + std::to_string(in->least) + ", got '" + v + "'");
+    *in->value = static_cast<int>(n);
+  }
+}
+
 /// main() of a benchmark that starts its own ranks: without RANK in the environment it
 /// runs `launcher` (which re-executes the binary under fsdp-run), under a launcher it
 /// runs `rank`; an exception there is reported as "<name>: FAILED: ..." (no C++
