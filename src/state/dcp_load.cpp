@@ -4,6 +4,7 @@
 #include <map>
 #include <memory>
 #include <sstream>
+#include <unordered_map>
 
 #include <torch/torch.h>
 
@@ -31,14 +32,28 @@ struct DcpPlan {
 
 bool starts_with(const std::string& s, const std::string& head) { return s.compare(0, head.size(), head) == 0; }
 
+using EntryIndex = std::unordered_map<std::string, const state::dcp::Entry*>;
+
+// The metadata's entries by key (Metadata::find searches them one by one).
+EntryIndex index_of(const state::dcp::Metadata& m) {
+  EntryIndex out;
+  for (const auto& e : m.entries) out.emplace(e.fqn, &e);
+  return out;
+}
+
+const state::dcp::Entry* find(const EntryIndex& index, const std::string& fqn) {
+  const auto it = index.find(fqn);
+  return it == index.end() ? nullptr : it->second;
+}
+
 // The model entry of target t: under its name or any alias; a wrong shape or a non-tensor is an error.
-const state::dcp::Entry* model_entry(const state::dcp::Metadata& m, const LoadTarget& t, const std::string& prefix,
+const state::dcp::Entry* model_entry(const EntryIndex& index, const LoadTarget& t, const std::string& prefix,
                                      std::map<std::string, bool>& used) {
   std::vector<std::string> names{t.name};
   names.insert(names.end(), t.aliases.begin(), t.aliases.end());
   const state::dcp::Entry* found = nullptr;
   for (const auto& n : names) {
-    const state::dcp::Entry* e = m.find(prefix + n);
+    const state::dcp::Entry* e = find(index, prefix + n);
     if (e == nullptr) continue;
     used[e->fqn] = true;
     TORCH_CHECK(e->is_tensor, "'", e->fqn, "' is a saved value, not a tensor");
@@ -49,8 +64,8 @@ const state::dcp::Entry* model_entry(const state::dcp::Metadata& m, const LoadTa
   return found;
 }
 
-// "<optim>.state.<name>.<state>" entries of each parameter, by the planner's path when the
-// checkpoint has one (names hold dots), else by prefix.
+// "<optim>.state.<name>.<state>" entries of each parameter: the parameter's name holds dots,
+// an optimizer's state names (exp_avg, step, momentum_buffer) do not.
 void add_optim_entries(const state::dcp::Metadata& m, const std::vector<LoadTarget>& targets, const std::string& key,
                        DcpPlan& plan) {
   std::map<std::string, size_t> target_of;
@@ -60,18 +75,18 @@ void add_optim_entries(const state::dcp::Metadata& m, const std::vector<LoadTarg
     for (const auto& a : targets[t].aliases) target_of[a] = t;
   }
   bool any = false;
+  const std::string state_prefix = key + ".state.";
   for (const auto& e : m.entries) {
     if (!starts_with(e.fqn, key + ".")) continue;
     any = true;
-    const auto& p = e.path;
-    if (p.size() == 4 && !p[0].is_index && p[0].key == key && !p[1].is_index && p[1].key == "state" && !p[2].is_index &&
-        !p[3].is_index) {
-      const auto it = target_of.find(p[2].key);
-      TORCH_CHECK(it != target_of.end(), "'", e.fqn, "' is the optimizer state of '", p[2].key,
-                  "', which is not a parameter of the model");
-      TORCH_CHECK(e.is_tensor, "'", e.fqn, "' is a saved value, not a tensor");
-      plan.optim[it->second][p[3].key] = &e;
-    }
+    const size_t dot = e.fqn.rfind('.');
+    if (!starts_with(e.fqn, state_prefix) || dot < state_prefix.size()) continue;
+    const std::string name = e.fqn.substr(state_prefix.size(), dot - state_prefix.size());
+    const auto it = target_of.find(name);
+    TORCH_CHECK(it != target_of.end(), "'", e.fqn, "' is the optimizer state of '", name,
+                "', which is not a parameter of the model");
+    TORCH_CHECK(e.is_tensor, "'", e.fqn, "' is a saved value, not a tensor");
+    plan.optim[it->second][e.fqn.substr(dot + 1)] = &e;
   }
   TORCH_CHECK(any, "the checkpoint holds no '", key, ".*' keys, so no optimizer state: load without an optimizer, or "
               "set DcpOptions::optim_key to the key the optimizer state was saved under");
@@ -80,10 +95,11 @@ void add_optim_entries(const state::dcp::Metadata& m, const std::vector<LoadTarg
 DcpPlan plan_load(const state::dcp::Metadata& m, const std::vector<LoadTarget>& targets,
                   torch::optim::Optimizer* opt, const DcpOptions& o) {
   DcpPlan plan;
+  const EntryIndex index = index_of(m);
   std::map<std::string, bool> used;
   const std::string prefix = o.model_key() + ".";
   for (const auto& t : targets) {
-    plan.model.push_back(model_entry(m, t, prefix, used));
+    plan.model.push_back(model_entry(index, t, prefix, used));
     if (plan.model.back() == nullptr) plan.missing.push_back(t.name);
   }
   for (const auto& e : m.entries)
@@ -93,7 +109,7 @@ DcpPlan plan_load(const state::dcp::Metadata& m, const std::vector<LoadTarget>& 
     state::optimizer_kind(*opt);  // refuses an optimizer whose state the state layer does not know
     add_optim_entries(m, targets, o.optim_key(), plan);
     for (size_t g = 0; g < opt->param_groups().size(); ++g)
-      plan.lr.push_back(m.find(o.optim_key() + ".param_groups." + std::to_string(g) + ".lr"));
+      plan.lr.push_back(find(index, o.optim_key() + ".param_groups." + std::to_string(g) + ".lr"));
   }
   TORCH_CHECK(!o.strict() || (plan.missing.empty() && plan.unexpected.empty()),
               "the checkpoint and the model do not match (strict):",
