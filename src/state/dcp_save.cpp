@@ -195,7 +195,8 @@ dcp::Metadata merge(const std::vector<std::string>& parts, const std::string& di
           continue;
         }
         for (const json& c : e.at("chunks")) {
-          x.chunks.push_back(dcp::Chunk{c.at("offsets").get<std::vector<int64_t>>(), c.at("sizes").get<std::vector<int64_t>>()});
+          x.chunks.push_back(
+              dcp::Chunk{c.at("offsets").get<std::vector<int64_t>>(), c.at("sizes").get<std::vector<int64_t>>()});
           x.storage.push_back(storage_of(c.at("storage")));
         }
       }
@@ -238,7 +239,8 @@ void save_dcp(FullyShardedBase& model, torch::optim::Optimizer* optimizer, const
   d::agree(pg, error, dir);
   // Phase 2: every rank writes its file; rank 0 learns what each holds.
   std::string part;
-  error = state::failure_of([&] { part = d::write_rank_file(tmp, pg.rank(), d::saved_of(view, optimizer, options)).dump(); });
+  error = state::failure_of(
+      [&] { part = d::write_rank_file(tmp, pg.rank(), d::saved_of(view, optimizer, options)).dump(); });
   d::agree(pg, error, dir);
   const std::vector<std::string> parts = comm::all_gather_object(pg, part);
   // Phase 3: rank 0 writes the metadata and publishes.

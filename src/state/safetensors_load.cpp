@@ -2,7 +2,6 @@
 #include "fsdp/state/safetensors.h"
 
 #include <memory>
-#include <unordered_map>
 
 #include <torch/torch.h>
 
@@ -19,12 +18,6 @@ namespace safetensors_load_detail {
 
 using state::LoadTarget;
 
-std::string shape_text(c10::IntArrayRef s) {
-  std::ostringstream os;
-  os << s;
-  return os.str();
-}
-
 int64_t apply_rule(const state::SafetensorsSource& source, const TensorRule& rule, size_t k,
                    const std::vector<size_t>& targets, const std::vector<LoadTarget>& list) {
   int64_t bytes = 0;
@@ -35,12 +28,12 @@ int64_t apply_rule(const state::SafetensorsSource& source, const TensorRule& rul
     bytes += t.entry->end - t.entry->begin;
   }
   const std::vector<at::Tensor> outputs = rule.fn(inputs);
-  TORCH_CHECK(outputs.size() == rule.to.size(), "fsdp: load_safetensors: rule #", k, " returned ", outputs.size(), " tensors for ",
-              rule.to.size(), " names in `to`");
+  TORCH_CHECK(outputs.size() == rule.to.size(), "fsdp: load_safetensors: rule #", k, " returned ", outputs.size(),
+              " tensors for ", rule.to.size(), " names in `to`");
   for (size_t j = 0; j < outputs.size(); ++j) {
     const LoadTarget& t = list[targets[j]];
-    TORCH_CHECK(outputs[j].sizes() == c10::IntArrayRef(t.shape), "fsdp: load_safetensors: rule #", k, " made '", rule.to[j], "' of shape ",
-                shape_text(outputs[j].sizes()), ", the model's is ", shape_text(t.shape));
+    TORCH_CHECK(outputs[j].sizes() == c10::IntArrayRef(t.shape), "fsdp: load_safetensors: rule #", k, " made '",
+                rule.to[j], "' of shape ", outputs[j].sizes(), ", the model's is ", c10::IntArrayRef(t.shape));
     t.dest.copy_(outputs[j].reshape({-1}).slice(0, t.begin, t.end));
   }
   return bytes;
