@@ -76,6 +76,12 @@ int64_t now_ns() noexcept {
   return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 }
 
+#ifdef MADV_POPULATE_WRITE
+constexpr int kPopulateWrite = MADV_POPULATE_WRITE;
+#else
+constexpr int kPopulateWrite = 23;  // Linux 5.14's value; older kernels refuse it (EINVAL)
+#endif
+
 // One short wait of a spin: a handler waiting for the writer, or the writer for a copy.
 void backoff() noexcept {
   const struct timespec ts{0, 20 * 1000};
@@ -351,47 +357,73 @@ bool CowSnapshot::on_write_fault(const void* addr) noexcept {
 
   const int64_t start = cow_detail::now_ns();
   const size_t in_region = offset / page_;
-  resolve_fault(first_page_[r] + in_region, static_cast<char*>(regions_[r].base) + in_region * page_);
+  const size_t chunk_pages = chunk_bytes_ / page_;
+  const size_t to_chunk_end = std::min(chunk_pages - in_region % chunk_pages, regions_[r].bytes / page_ - in_region);
+  resolve_fault(first_page_[r] + in_region, static_cast<char*>(regions_[r].base) + in_region * page_, to_chunk_end);
   faults_.fetch_add(1, std::memory_order_relaxed);
   fault_ns_.fetch_add(cow_detail::now_ns() - start, std::memory_order_relaxed);
   return true;
 }
 
-void CowSnapshot::resolve_fault(size_t page, char* addr) noexcept {
+void CowSnapshot::resolve_fault(size_t page, char* addr, size_t limit) noexcept {
   for (;;) {
     uint32_t state = pages_[page].load(std::memory_order_acquire);
     if (state == cow_detail::kTaken || state >= cow_detail::kCopiedBase) return;  // writable
     const bool room = next_slot_.load(std::memory_order_relaxed) < side_slots_;
     if (state == cow_detail::kProtected && room &&
         pages_[page].compare_exchange_strong(state, cow_detail::kCopying, std::memory_order_acq_rel)) {
+      const size_t run = claim_run(page, limit);
       size_t slot = 0;
-      if (reserve_slot(&slot)) {
-        copy_page(page, addr, slot);
+      const size_t got = reserve_slots(run, &slot);
+      for (size_t k = got; k < run; ++k) {  // no room for these (or any): they stay protected
+        pages_[page + k].store(cow_detail::kProtected, std::memory_order_release);
+      }
+      if (got > 0) {
+        copy_pages(page, addr, got, slot);
         return;
       }
-      pages_[page].store(cow_detail::kProtected, std::memory_order_release);  // full after all
     }
+    const int64_t waited_from = cow_detail::now_ns();
     cow_detail::backoff();  // copying (another thread), taking (the writer), or no room
+    wait_ns_.fetch_add(cow_detail::now_ns() - waited_from, std::memory_order_relaxed);
   }
 }
 
-bool CowSnapshot::reserve_slot(size_t* slot) noexcept {
+size_t CowSnapshot::claim_run(size_t page, size_t limit) noexcept {
+  size_t run = 1;  // `page` itself, claimed by the caller
+  for (; run < limit; ++run) {
+    uint32_t expected = cow_detail::kProtected;
+    if (!pages_[page + run].compare_exchange_strong(expected, cow_detail::kCopying, std::memory_order_acq_rel)) {
+      break;
+    }
+  }
+  return run;
+}
+
+size_t CowSnapshot::reserve_slots(size_t wanted, size_t* slot) noexcept {
   size_t next = next_slot_.load(std::memory_order_relaxed);
   while (next < side_slots_) {
-    if (next_slot_.compare_exchange_weak(next, next + 1, std::memory_order_relaxed)) {
+    const size_t got = std::min(wanted, side_slots_ - next);
+    if (next_slot_.compare_exchange_weak(next, next + got, std::memory_order_relaxed)) {
       *slot = next;
-      return true;
+      return got;
     }
   }
-  return false;
+  return 0;
 }
 
-void CowSnapshot::copy_page(size_t page, char* addr, size_t slot) noexcept {
-  std::memcpy(static_cast<char*>(side_.data()) + slot * page_, addr, page_);
-  cow_detail::make_writable(addr, page_);
-  pages_copied_.fetch_add(1, std::memory_order_relaxed);
-  // Release: the writer that sees the slot sees the copy.
-  pages_[page].store(cow_detail::kCopiedBase + static_cast<uint32_t>(slot), std::memory_order_release);
+void CowSnapshot::copy_pages(size_t page, char* addr, size_t count, size_t slot) noexcept {
+  char* const to = static_cast<char*>(side_.data()) + slot * page_;
+  // The side buffer is mapped, not yet backed: one call backs the slots instead of a page
+  // fault per page inside the memcpy. Where the kernel lacks it, the memcpy faults them in.
+  (void)::madvise(to, count * page_, cow_detail::kPopulateWrite);
+  std::memcpy(to, addr, count * page_);
+  cow_detail::make_writable(addr, count * page_);
+  pages_copied_.fetch_add(static_cast<int64_t>(count), std::memory_order_relaxed);
+  // Release: the writer that sees a slot sees its copy.
+  for (size_t k = 0; k < count; ++k) {
+    pages_[page + k].store(cow_detail::kCopiedBase + static_cast<uint32_t>(slot + k), std::memory_order_release);
+  }
 }
 
 // --- the writer -------------------------------------------------------------------------
@@ -537,6 +569,7 @@ CowStats CowSnapshot::stats() const {
   s.copy_bytes = s.pages_copied * static_cast<int64_t>(page_);
   s.faults = faults_.load(std::memory_order_relaxed);
   s.fault_ns = fault_ns_.load(std::memory_order_relaxed);
+  s.wait_ns = wait_ns_.load(std::memory_order_relaxed);
   s.protect_ns = protect_ns_.load(std::memory_order_relaxed);
   return s;
 }

@@ -14,8 +14,9 @@
 // the training thread's whole stall. Each page is then in one state (cow_snapshot.cpp):
 // protected; being copied; copied to a side slot; being taken (its chunk is in the writer's
 // hands); taken. A write by training to a protected page faults (SIGSEGV); the handler copies
-// the page into the next side slot, makes the page writable and returns, so the write goes
-// on. The writer's take() claims a chunk's pages, points its iovecs at the original page or
+// the page, and the protected pages after it up to its chunk's end, into the next side slots,
+// makes them writable and returns, so the write goes on. (Training writes a tensor front to
+// back: one fault per chunk, not one per page, each a signal and an mprotect.) The writer's take() claims a chunk's pages, points its iovecs at the original page or
 // at the page's side copy, calls the caller's function (a CRC and a writev straight from
 // them: no copy of its own), then makes the pages writable and marks them taken. A fault on
 // a page that is being taken waits for that chunk's writev to end (at most one chunk: take()
@@ -53,10 +54,10 @@
 // ordinary crash crashes as before. A program that installs its own SIGSEGV handler after
 // ours cuts the chain: a later snapshot then refuses to start, with that reason.
 //
-// Costs. A page copied through the handler costs a signal, a page copy and an mprotect:
-// several times a plain memcpy of it. The snapshot pays off when the writer takes most pages
-// before training writes them again; a region training rewrites at once, faster than the
-// writer goes, costs more than copying it whole at the step boundary would. A 4 KiB mprotect
+// Costs. A fault costs a signal, a copy of the rest of its chunk and an mprotect. The
+// snapshot pays off when the writer takes most pages before training writes them again; a
+// region training rewrites at once, faster than the writer goes, costs more than copying it
+// whole at the step boundary would. A 4 KiB mprotect
 // inside a transparent huge page splits its mapping into small pages (until khugepaged
 // collapses them again). Each run of pages whose protection differs from its
 // neighbours' is a kernel mapping (VMA) of its own until the snapshot is released, and a
@@ -103,6 +104,7 @@ struct CowStats {
   int64_t copy_bytes = 0;    ///< their bytes, in the side buffer
   int64_t faults = 0;        ///< write faults on this snapshot's pages
   int64_t fault_ns = 0;      ///< time training threads spent in the handler for them
+  int64_t wait_ns = 0;       ///< of fault_ns: waiting (for the writer's chunk, a copy, or room)
   int64_t protect_ns = 0;    ///< time of the constructor's mprotect calls (training's stall)
 };
 
@@ -156,9 +158,10 @@ class CowSnapshot {
   /// The signal handler's entry: true when `addr` is in a page of this snapshot (the write
   /// may be retried on return); waits as [Note: copy-on-write snapshots] says.
   bool on_write_fault(const void* addr) noexcept;
-  void resolve_fault(size_t page, char* addr) noexcept;
-  bool reserve_slot(size_t* slot) noexcept;
-  void copy_page(size_t page, char* addr, size_t slot) noexcept;
+  void resolve_fault(size_t page, char* addr, size_t limit) noexcept;
+  size_t claim_run(size_t page, size_t limit) noexcept;
+  size_t reserve_slots(size_t wanted, size_t* slot) noexcept;
+  void copy_pages(size_t page, char* addr, size_t count, size_t slot) noexcept;
 
   std::vector<CowRegion> regions_;          // as given
   std::vector<size_t> first_page_;          // regions_[i]'s first page in pages_
@@ -176,6 +179,7 @@ class CowSnapshot {
   std::atomic<int64_t> pages_copied_{0};
   std::atomic<int64_t> faults_{0};
   std::atomic<int64_t> fault_ns_{0};
+  std::atomic<int64_t> wait_ns_{0};
   std::atomic<int64_t> protect_ns_{0};
 };
 

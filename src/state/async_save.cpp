@@ -117,6 +117,7 @@ void AsyncSave::write() {
     const memory::CowStats c = plan_.cow->stats();
     cow.cow_pages_copied = c.pages_copied;
     cow.cow_fault_s = double(c.fault_ns) * 1e-9;
+    cow.cow_wait_s = double(c.wait_ns) * 1e-9;
     cow.cow_protect_s = double(c.protect_ns) * 1e-9;
   }
   plan_.records.clear();  // the snapshot's memory
@@ -124,6 +125,7 @@ void AsyncSave::write() {
   std::lock_guard<std::mutex> lock(mu_);
   stats_.cow_pages_copied = cow.cow_pages_copied;
   stats_.cow_fault_s = cow.cow_fault_s;
+  stats_.cow_wait_s = cow.cow_wait_s;
   stats_.cow_protect_s = cow.cow_protect_s;
   stats_.background_s = seconds_since(t0);
   stats_.file_bytes = written.file_bytes;
@@ -192,6 +194,12 @@ CheckpointSaveStats AsyncSave::stats() const {
 void AsyncSave::add_blocked(double seconds) {
   std::lock_guard<std::mutex> lock(mu_);
   stats_.blocked_s += seconds;
+}
+
+int64_t prepare_of(const CheckpointSubject& subject, const torch::optim::Optimizer* optimizer) {
+  const SavePlan plan = plan_save("(prepare_async_checkpoint)", subject, optimizer, CheckpointExtra{});
+  TORCH_CHECK(plan.error.empty(), "fsdp: prepare_async_checkpoint on rank ", subject.group.rank(), ": ", plan.error);
+  return move_protectable_records(plan);
 }
 
 void settle_in_flight() {

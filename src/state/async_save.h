@@ -70,6 +70,10 @@ CheckpointHandle save_async_of(const std::string& dir, const CheckpointSubject& 
                                const torch::optim::Optimizer* optimizer, const CheckpointExtra& extra,
                                const AsyncCheckpointOptions& options);
 
+/// prepare_async_checkpoint of any subject: the records a save would protect, moved onto
+/// pages of their own.
+int64_t prepare_of(const CheckpointSubject& subject, const torch::optim::Optimizer* optimizer);
+
 /// Settles this process's save in flight, if any (AsyncSave::settle). Every save and load
 /// calls it first.
 void settle_in_flight();

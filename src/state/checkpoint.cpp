@@ -33,6 +33,10 @@ CheckpointHandle save_checkpoint_async(const std::string& dir, FullyShardedBase&
   return state::detail::save_async_of(dir, subject_of(model, "save_checkpoint_async"), optimizer, extra, options);
 }
 
+int64_t prepare_async_checkpoint(FullyShardedBase& model, const torch::optim::Optimizer* optimizer) {
+  return state::detail::prepare_of(subject_of(model, "prepare_async_checkpoint"), optimizer);
+}
+
 CheckpointExtra load_checkpoint(const std::string& dir, FullyShardedBase& model, torch::optim::Optimizer* optimizer) {
   comm::LabelScope label_scope({comm::Phase::kCheckpoint, "load"});
   // Fails alike on every rank (a model inside its step), before any collective.

@@ -135,15 +135,10 @@ void copy_out(void* dst, const void* src, size_t n) {
   std::memcpy(dst, src, n);
 }
 
-RankFileWriter::RankFileWriter(const std::string& dir, std::string file_name)
-    : path_(dir + "/" + file_name), name_(std::move(file_name)) {
-  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  TORCH_CHECK(fd_ >= 0, "fsdp checkpoint: cannot create '", path_, "': ", std::strerror(errno));
-}
+RankFileWriter::RankFileWriter(const std::string& dir, std::string file_name, Layout layout)
+    : name_(file_name), file_(dir + "/" + file_name), layout_(layout) {}
 
-RankFileWriter::~RankFileWriter() {
-  if (fd_ >= 0) ::close(fd_);
-}
+RankFileWriter::~RankFileWriter() = default;
 
 constexpr size_t kDefaultStagingChunkBytes = size_t(64) << 20;
 std::atomic<size_t> staging_chunk{0};  // set_checkpoint_staging_chunk_bytes (checkpoint_testing.h); 0: default
@@ -165,7 +160,10 @@ void write_all(int fd, const void* data, size_t n, const char* who, const std::s
   }
 }
 
-void RankFileWriter::write_bytes(const char* p, size_t nbytes) { write_all(fd_, p, nbytes, "fsdp checkpoint", path_); }
+void RankFileWriter::write_bytes(const char* p, size_t nbytes) {
+  file_.write_at(cursor_, p, nbytes);
+  cursor_ += static_cast<int64_t>(nbytes);
+}
 
 uint32_t RankFileWriter::write_staged(const at::Tensor& t) {
   const int64_t esize = static_cast<int64_t>(t.element_size());
@@ -189,12 +187,16 @@ uint32_t RankFileWriter::write_staged(const at::Tensor& t) {
 }
 
 Record RankFileWriter::next_record(const std::string& item, const std::string& kind, at::ScalarType dtype,
-                                   int64_t begin, int64_t end) const {
+                                   int64_t begin, int64_t end, size_t skew) {
+  const auto block = static_cast<int64_t>(DirectFile::kBlock);
+  // An empty record takes no gap: the file ends where its last bytes do.
+  const bool packed = layout_ == Layout::kPacked || end == begin;
+  cursor_ = packed ? size_ : (size_ + block - 1) / block * block + int64_t(skew) % block;
   Record r;
   r.item = item;
   r.kind = kind;
   r.file = name_;
-  r.offset = size_;
+  r.offset = cursor_;
   r.begin = begin;
   r.end = end;
   r.dtype = dtype_name(dtype);
@@ -202,19 +204,19 @@ Record RankFileWriter::next_record(const std::string& item, const std::string& k
 }
 
 void RankFileWriter::append(Record r, size_t nbytes, at::Tensor unchecked) {
-  // Start the write-back of this record now (asynchronous), so the disk works
-  // while the next records are copied; the fsync in finish() makes it durable.
-  if (nbytes > 0) ::sync_file_range(fd_, size_, static_cast<off_t>(nbytes), SYNC_FILE_RANGE_WRITE);
-  size_ += static_cast<int64_t>(nbytes);
+  // Start the write-back of what this record left in the page cache now (asynchronous), so
+  // the disk works while the next records are copied; the fsync in finish() makes it durable.
+  if (nbytes > 0) file_.start_writeback(r.offset, nbytes);
+  size_ = r.offset + static_cast<int64_t>(nbytes);
   records_.push_back(std::move(r));
   pending_.push_back(std::move(unchecked));
 }
 
 void RankFileWriter::write(const std::string& item, const std::string& kind, const at::Tensor& t, int64_t begin,
-                           int64_t end) {
+                           int64_t end, size_t skew) {
   TORCH_INTERNAL_ASSERT(t.is_contiguous() && t.numel() == end - begin, "record ", item, "/", kind,
                         " is not a contiguous tensor of ", end - begin, " elements");
-  Record r = next_record(item, kind, t.scalar_type(), begin, end);
+  Record r = next_record(item, kind, t.scalar_type(), begin, end, skew);
   const size_t nbytes = t.numel() * t.element_size();
   const bool staged = !t.device().is_cpu() || stage_host.load(std::memory_order_relaxed);  // [Note: staging device tensors]
   if (staged) r.crc32 = write_staged(t);
@@ -223,8 +225,9 @@ void RankFileWriter::write(const std::string& item, const std::string& kind, con
 }
 
 void RankFileWriter::write_streamed(const std::string& item, const std::string& kind, at::ScalarType dtype,
-                                    int64_t begin, int64_t end, const std::function<void(const Sink&)>& produce) {
-  Record r = next_record(item, kind, dtype, begin, end);
+                                    int64_t begin, int64_t end, const std::function<void(const Sink&)>& produce,
+                                    size_t skew) {
+  Record r = next_record(item, kind, dtype, begin, end, skew);
   const size_t nbytes = static_cast<size_t>(end - begin) * c10::elementSize(dtype);
   size_t written = 0;
   uint32_t crc = 0;
@@ -241,29 +244,44 @@ void RankFileWriter::write_streamed(const std::string& item, const std::string& 
 void RankFileWriter::write_preamble(const std::string& bytes) {
   TORCH_INTERNAL_ASSERT(records_.empty() && size_ == 0, "a preamble goes before every record");
   write_bytes(bytes.data(), bytes.size());
-  size_ += static_cast<int64_t>(bytes.size());
+  size_ = records_begin_ = static_cast<int64_t>(bytes.size());
 }
+
+namespace {
+// The CRC-32 of `n` zero bytes (the gaps of [Note: aligned records]: under two blocks).
+uint32_t zeros_crc(size_t n) {
+  static const std::vector<char> zeros(2 * DirectFile::kBlock, 0);
+  TORCH_INTERNAL_ASSERT(n <= zeros.size(), "a gap of ", n, " bytes between records");
+  return crc32_of(zeros.data(), n);
+}
+}  // namespace
 
 int64_t RankFileWriter::finish() {
   // See [Note: checksums overlap the fsync].
-  int sync_rc = 0, sync_errno = 0;
+  std::string sync_error;
   std::thread syncer([&] {
-    sync_rc = ::fsync(fd_);
-    sync_errno = errno;
+    try {
+      file_.sync();
+    } catch (const std::exception& e) {
+      sync_error = e.what();
+    }
   });
+  int64_t end = records_begin_;
   for (size_t i = 0; i < records_.size(); ++i) {
     const at::Tensor& t = pending_[i];
     const size_t nbytes = static_cast<size_t>(records_[i].end - records_[i].begin) *
                           c10::elementSize(parse_dtype(records_[i].dtype));
     if (t.defined()) records_[i].crc32 = crc32_of(t.data_ptr(), nbytes);  // else staged: checksummed by write()
-    // Whole-file CRC from the records', without a second pass over the bytes.
+    // Whole-file CRC from the records' (and the gaps'), without a second pass over the bytes.
+    const auto gap = static_cast<size_t>(records_[i].offset - end);
+    if (gap > 0) file_crc_ = static_cast<uint32_t>(::crc32_combine(file_crc_, zeros_crc(gap), static_cast<z_off_t>(gap)));
     file_crc_ = static_cast<uint32_t>(::crc32_combine(file_crc_, records_[i].crc32, static_cast<z_off_t>(nbytes)));
+    end = records_[i].offset + static_cast<int64_t>(nbytes);
   }
   syncer.join();
   pending_.clear();
-  TORCH_CHECK(sync_rc == 0, "fsdp checkpoint: fsync of '", path_, "' failed: ", std::strerror(sync_errno));
-  ::close(fd_);
-  fd_ = -1;
+  TORCH_CHECK(sync_error.empty(), sync_error);
+  file_.close();
   return size_;
 }
 

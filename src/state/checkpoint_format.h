@@ -18,6 +18,8 @@
 #include <ATen/core/Tensor.h>
 #include <nlohmann/json.hpp>
 
+#include "direct_file.h"
+
 namespace fsdp::state::format {
 
 constexpr const char* kMetadataFile = "metadata.json";
@@ -71,25 +73,40 @@ void copy_out(void* dst, const void* src, size_t n);
 // take the path below unchanged (no copy).
 //
 // [Note: checksums overlap the fsync]
-// write() only copies the bytes into the page cache (and asks the kernel to
-// start writing them back); the CRC-32s are computed in finish(), from the
+// write() only hands the bytes to the file (and asks the kernel to start writing
+// back what went through the page cache); the CRC-32s are computed in finish(), from the
 // tensors' memory, while another thread waits in fsync for the disk. The disk
 // is the bottleneck of a save, so the checksums cost (almost) nothing. The
 // writer keeps a reference to every written tensor until finish(); the caller
 // must not modify them in between (save_checkpoint does not).
+//
+// [Note: aligned records]
+// In a checkpoint's rank file (Layout::kAligned) each record starts `skew` bytes after a
+// 4096-byte boundary, the gap before it zeros; the metadata gives every record's offset, so
+// no reader assumes records are adjacent. A record's skew is the byte offset of its first
+// element in its storage, modulo 4096: state on pages of its own (memory/own_pages.h)
+// starts on a page boundary, so such a record's bytes and its place in the file are then
+// equally far from a page boundary, and all its whole pages go to the disk straight from
+// memory ([Note: direct writes] in direct_file.h). The skew comes from the storage offset,
+// not the address, so the file's bytes do not depend on where the state lives (a blocking
+// save writes what an asynchronous one would). safetensors and DCP files are kPacked:
+// their formats want records adjacent.
 class RankFileWriter {
  public:
-  RankFileWriter(const std::string& dir, std::string file_name);
+  enum class Layout { kPacked, kAligned };
+  RankFileWriter(const std::string& dir, std::string file_name, Layout layout = Layout::kPacked);
   ~RankFileWriter();
   // Writes t (contiguous; any device) as a record of elements [begin, end) of `item`.
   // Its crc32 is filled in by finish() (a host tensor) or here (a device tensor, staged).
-  void write(const std::string& item, const std::string& kind, const at::Tensor& t, int64_t begin, int64_t end);
+  // `skew`: [Note: aligned records] (ignored by kPacked).
+  void write(const std::string& item, const std::string& kind, const at::Tensor& t, int64_t begin, int64_t end,
+             size_t skew = 0);
   // Bytes that cannot wait for finish() (a copy-on-write snapshot's pages go back to training
   // once written): `produce` hands the record's bytes, in order, to the sink it is given, which
   // checksums and writes each piece at once.
   using Sink = std::function<void(const char*, size_t)>;
   void write_streamed(const std::string& item, const std::string& kind, at::ScalarType dtype, int64_t begin,
-                      int64_t end, const std::function<void(const Sink&)>& produce);
+                      int64_t end, const std::function<void(const Sink&)>& produce, size_t skew = 0);
   // Bytes that are no record, before the first (a safetensors file's header). file_crc()
   // covers the records only.
   void write_preamble(const std::string& bytes);
@@ -99,20 +116,25 @@ class RankFileWriter {
   // Every record written, with checksums (valid after finish()).
   const std::vector<Record>& records() const { return records_; }
   uint32_t file_crc() const { return file_crc_; }
+  // Bytes that went to the disk straight from memory ([Note: direct writes]).
+  int64_t direct_bytes() const { return file_.direct_bytes(); }
 
  private:
-  std::string path_, name_;
-  int fd_ = -1;
-  int64_t size_ = 0;
+  std::string name_;
+  DirectFile file_;
+  Layout layout_;
+  int64_t size_ = 0;            // the end of the last record (or of the preamble)
+  int64_t records_begin_ = 0;   // the preamble's end: file_crc() starts there
+  int64_t cursor_ = 0;          // where write_bytes() writes next
   uint32_t file_crc_ = 0;
   std::vector<Record> records_;
   std::vector<at::Tensor> pending_;  // records_[i]'s bytes, until checksummed (undefined: staged, done)
   at::Tensor staging_;               // host bytes a device record passes through, chunk by chunk
 
   void write_bytes(const char* p, size_t nbytes);
-  // The record that starts at the file's end, without its checksum.
+  // The next record (where the layout puts it), without its checksum; the cursor moves there.
   Record next_record(const std::string& item, const std::string& kind, at::ScalarType dtype, int64_t begin,
-                     int64_t end) const;
+                     int64_t end, size_t skew);
   // `r`'s nbytes are in the file: starts their write-back and keeps the record (`unchecked`:
   // the tensor finish() checksums it from; undefined when r.crc32 is known).
   void append(Record r, size_t nbytes, at::Tensor unchecked);

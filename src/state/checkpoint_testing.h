@@ -41,4 +41,9 @@ void set_checkpoint_staging_chunk_bytes(int64_t bytes);
 /// Process-wide; set it before saving.
 void set_checkpoint_stage_host_tensors(bool on);
 
+/// Off: checkpoint rank files are written through the page cache only, as where the file
+/// system refuses O_DIRECT ([Note: direct writes] in direct_file.h); the files must come out
+/// byte for byte the same. Process-wide; set it before saving.
+void set_checkpoint_direct_io(bool on);
+
 }  // namespace fsdp::state::detail

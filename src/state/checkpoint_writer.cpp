@@ -71,16 +71,17 @@ json write_rank_file(const SavePlan& plan, int rank) {
   std::unique_ptr<SnapshotReader> protected_pages;
   if (plan.cow) protected_pages = std::make_unique<SnapshotReader>(*plan.cow);
   if (plan.device_copies) plan.device_copies->synchronize();  // [Note: device records in a snapshot]
-  format::RankFileWriter writer(plan.tmp, format::rank_file_name(rank));
+  format::RankFileWriter writer(plan.tmp, format::rank_file_name(rank), format::RankFileWriter::Layout::kAligned);
   int64_t written = 0;
   for (const auto& r : plan.records) {
     if (r.region < 0) {
-      writer.write(r.item, r.kind, r.values, r.begin, r.end);
+      writer.write(r.item, r.kind, r.values, r.begin, r.end, r.skew);
     } else {
       writer.write_streamed(r.item, r.kind, r.values.scalar_type(), r.begin, r.end,
                             [&](const format::RankFileWriter::Sink& sink) {
                               protected_pages->read(size_t(r.region), r.offset, r.values.nbytes(), sink);
-                            });
+                            },
+                            r.skew);
     }
     ++written;
     if (after_record) after_record(written);

@@ -26,7 +26,8 @@ void plan_records(const CheckpointSubject& subject, const torch::optim::Optimize
   const int rank = subject.group.rank();
   const std::string opt_kind = optimizer ? optimizer_kind(*optimizer) : "";
   auto put = [&](const std::string& item, const std::string& kind, const at::Tensor& t, int64_t b, int64_t e) {
-    plan.records.push_back({item, kind, t, b, e});
+    const auto skew = size_t(t.storage_offset() * int64_t(t.element_size())) % format::DirectFile::kBlock;
+    plan.records.push_back({item, kind, t, b, e, skew});
   };
   for (const auto& p : subject.pieces) {
     if (!p.writer) continue;
@@ -153,6 +154,13 @@ std::shared_ptr<c10::Event> copy_on_side_stream(std::vector<PlannedRecord*>& rec
 }
 
 }  // namespace
+
+int64_t move_protectable_records(const SavePlan& plan) {
+  int64_t bytes = 0;
+  for (const PlannedRecord& r : plan.records)
+    if (may_be_protected(r)) bytes += int64_t(r.values.nbytes());
+  return bytes;
+}
 
 SnapshotTaken snapshot(SavePlan& plan, int64_t copy_cap) {
   SnapshotTaken taken;

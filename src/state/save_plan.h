@@ -50,6 +50,7 @@ struct PlannedRecord {
   std::string item, kind;
   at::Tensor values;  // contiguous, flat: elements [begin, end) of the item
   int64_t begin = 0, end = 0;
+  size_t skew = 0;    // [Note: aligned records] in checkpoint_format.h, of the live values
   int region = -1;    // after snapshot(): the copy-on-write region holding the values (-1: values)
   size_t offset = 0;  // their byte offset in it
 };
@@ -82,6 +83,10 @@ SavePlan plan_save(const std::string& dir, const CheckpointSubject& subject,
 /// save]). `copy_cap` bounds the host memory it holds (copies and copy-on-write pages);
 /// takes nothing (fits false) when the records it would copy whole exceed it.
 SnapshotTaken snapshot(SavePlan& plan, int64_t copy_cap);
+
+/// What snapshot() would protect copy-on-write, moved onto pages of its own now (the first
+/// snapshot's copy, taken ahead of it). Returns those records' bytes.
+int64_t move_protectable_records(const SavePlan& plan);
 
 
 }  // namespace fsdp::state

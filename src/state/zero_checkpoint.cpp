@@ -89,6 +89,10 @@ void save_checkpoint(const std::string& dir, optim::ZeroRedundancyOptimizer& opt
   state::save_checkpoint_of(dir, subject, &opt.inner(), extra);
 }
 
+int64_t prepare_async_checkpoint(optim::ZeroRedundancyOptimizer& opt) {
+  return state::detail::prepare_of(subject_of(opt, "prepare_async_checkpoint"), &opt.inner());
+}
+
 CheckpointHandle save_checkpoint_async(const std::string& dir, optim::ZeroRedundancyOptimizer& opt,
                                        const CheckpointExtra& extra, const AsyncCheckpointOptions& options) {
   auto subject = subject_of(opt, "save_checkpoint_async");

@@ -38,7 +38,19 @@ void CheckpointSchedule::save(int64_t step) {
 }
 
 void CheckpointSchedule::poll() {
+  if (!prepared_) prepare();
   if (in_flight_.valid() && in_flight_.done()) complete();
+}
+
+void CheckpointSchedule::prepare() {
+  prepared_ = true;
+  const TrainerOptions& o = ctx_.options;
+  if (o.checkpoint_dir().empty() || !o.async_checkpoint()) return;
+  const auto t0 = LoopClock::now();
+  const LoopModel& m = ctx_.model;
+  if (m.zero) prepare_async_checkpoint(*m.zero);
+  else prepare_async_checkpoint(*m.fsdp, m.optimizer);
+  seconds_ += std::chrono::duration<double>(LoopClock::now() - t0).count();
 }
 
 void CheckpointSchedule::finish() {

@@ -27,7 +27,9 @@ class CheckpointSchedule {
   /// blocking, or started (async_checkpoint), after the previous save is settled.
   void save(int64_t step);
   /// At a step boundary: completes a finished asynchronous save (publish, prune,
-  /// on_checkpoint) or raises its error. Never blocks.
+  /// on_checkpoint) or raises its error. Never blocks. The first, after the run's first
+  /// optimizer step, moves the state onto pages of its own for the saves to come
+  /// (prepare_async_checkpoint), so that no save's stall holds that copy.
   void poll();
   /// Waits for the save in flight and completes it (the end of fit()).
   void finish();
@@ -35,6 +37,7 @@ class CheckpointSchedule {
   double seconds() const { return seconds_; }
 
  private:
+  void prepare();
   void prune();
   void complete();  // the save in flight is published (or throws): prune, on_checkpoint
 
@@ -46,6 +49,7 @@ class CheckpointSchedule {
   Progress& progress_;
   const int64_t total_steps_;
   double seconds_ = 0;
+  bool prepared_ = false;
 };
 
 }  // namespace fsdp::trainer::detail

@@ -39,6 +39,7 @@ void MetricsLog::write_step(const StepMetrics& m) {
                        {"snapshot_s", c.snapshot_s},
                        {"cow_pages_copied", c.cow_pages_copied},
                        {"cow_fault_s", c.cow_fault_s},
+                       {"cow_wait_s", c.cow_wait_s},
                        {"background_s", c.background_s},
                        {"bytes", c.file_bytes},
                        {"gb_s", c.background_s > 0 ? double(c.file_bytes) / c.background_s / 1e9 : 0.0}};

@@ -62,6 +62,7 @@ struct CheckpointSaveStats {
   int64_t cow_bytes = 0;         ///< bytes the snapshot protected copy-on-write instead
   int64_t cow_pages_copied = 0;  ///< of those, pages training wrote before the writer took them
   double cow_fault_s = 0;        ///< training threads' time copying those pages (not in blocked_s)
+  double cow_wait_s = 0;         ///< of cow_fault_s: waiting for the writer (its chunk in hand, or room)
   double cow_protect_s = 0;      ///< of snapshot_s: protecting the pages
   bool skipped = false;          ///< skip_if_busy skipped it
   bool blocking = false;         ///< over host_snapshot_bytes: written while the caller waited
@@ -93,6 +94,14 @@ class CheckpointHandle {
 CheckpointHandle save_checkpoint_async(const std::string& dir, FullyShardedBase& model,
                                        const torch::optim::Optimizer* optimizer, const CheckpointExtra& extra = {},
                                        const AsyncCheckpointOptions& options = {});
+
+/// Takes the first asynchronous save's one-time copy ahead of it: moves the state a save
+/// protects copy-on-write (parameter shards and optimizer state in plain host memory) onto
+/// pages of its own ([Note: state on pages of its own] in src/memory/own_pages.h), so that
+/// no save's call pays for it. Call it after the first optimizer step (optimizers create
+/// their state there) and before the first save; the Trainer does when it saves
+/// asynchronously. Not collective. Returns the bytes on pages of their own.
+int64_t prepare_async_checkpoint(FullyShardedBase& model, const torch::optim::Optimizer* optimizer);
 
 /// Waits for this process's save in flight, if any, publishing it; throws its error if
 /// nobody has waited for it yet.

@@ -40,6 +40,9 @@ void save_checkpoint(const std::string& dir, optim::ZeroRedundancyOptimizer& opt
 CheckpointHandle save_checkpoint_async(const std::string& dir, optim::ZeroRedundancyOptimizer& opt,
                                        const CheckpointExtra& extra = {}, const AsyncCheckpointOptions& options = {});
 
+/// prepare_async_checkpoint (fsdp/state/async_checkpoint.h) of a ZeRO optimizer's state.
+int64_t prepare_async_checkpoint(optim::ZeroRedundancyOptimizer& opt);
+
 /// Loads a checkpoint saved by any world size, stage or FSDP strategy into `opt` and its
 /// module; returns the saved extras. Collective over opt's process group.
 CheckpointExtra load_checkpoint(const std::string& dir, optim::ZeroRedundancyOptimizer& opt);

@@ -7,7 +7,7 @@
 ///                "memory":{"param_bytes","grad_bytes","optim_bytes","unsharded_peak_bytes","rss_bytes"},
 ///                and, on the first step line after a checkpoint finished,
 ///                "checkpoint":{"step","blocked_s","snapshot_s","cow_pages_copied","cow_fault_s",
-///                              "background_s","bytes","gb_s"}}
+///                              "cow_wait_s","background_s","bytes","gb_s"}}
 ///   validation: {"step","<validation_key>":{<the validation step's keys>},"samples"}
 /// (StepMetrics and ValidationMetrics in callback.h say what each value is.)
 
