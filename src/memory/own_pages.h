@@ -6,8 +6,8 @@
 // pages, so the pages of the state it snapshots must hold nothing else: an allocation from
 // glibc's heap shares its first and last pages with other objects (the allocator's own
 // headers among them), and an unrelated write there, or a kernel write (read(), recv()) into
-// a neighbour, would meet the protection. So the first asynchronous save moves each plain
-// host storage it snapshots (a parameter shard, an optimizer-state tensor) into a PageMapping
+// a neighbour, would meet the protection. So prepare_async_checkpoint (or else the first
+// asynchronous save) moves each plain host storage a save snapshots (a parameter shard, an optimizer-state tensor) into a PageMapping
 // of its own, copying the bytes once: the storage's data pointer is swapped, as BufferPool's
 // blocks are, so every tensor viewing the storage (the parameter, its views, the optimizer's
 // state keyed by the parameter) follows without knowing. Only storages of the CPU allocator

@@ -129,6 +129,7 @@ void AsyncSave::write() {
   stats_.cow_protect_s = cow.cow_protect_s;
   stats_.background_s = seconds_since(t0);
   stats_.file_bytes = written.file_bytes;
+  stats_.direct_bytes = written.direct_bytes;
   error_ = error;
   stage_ = error.empty() ? Stage::kWritten : Stage::kFailed;
 }

@@ -90,6 +90,7 @@ json write_rank_file(const SavePlan& plan, int rank) {
   const int64_t bytes = writer.finish();
   for (const auto& r : writer.records()) mine["records"].push_back(r);
   mine["file"] = {{"name", writer.name()}, {"bytes", bytes}, {"crc32", writer.file_crc()}};
+  mine["direct_bytes"] = writer.direct_bytes();  // this rank's statistic, not the metadata's
   return mine;
 }
 
@@ -148,6 +149,7 @@ WrittenSave write_checkpoint(const SavePlan& plan, const StoreAgreement& agree, 
   try {
     mine = write_rank_file(plan, agree.rank());
     if (!mine["file"].is_null()) done.file_bytes = mine["file"]["bytes"].get<int64_t>();
+    done.direct_bytes = mine.value("direct_bytes", int64_t{0});
   } catch (const std::exception& e) {
     // A plan's error is not about the file; a failed write is.
     const std::string what = plan.error.empty()

@@ -20,7 +20,8 @@ enum class Publication {
 };
 
 struct WrittenSave {
-  int64_t file_bytes = 0;  // this rank's file (0: it wrote none)
+  int64_t file_bytes = 0;    // this rank's file (0: it wrote none)
+  int64_t direct_bytes = 0;  // of those, written straight from memory ([Note: direct writes])
 };
 
 /// Writes `plan` on every rank of `agree`'s group. Returns once this rank's file is durable

@@ -15,7 +15,8 @@
 //
 // [Note: snapshots of a save]
 // snapshot() takes each record one of two ways. Parameter and optimizer-state records in
-// plain host memory are moved (once, at the first asynchronous save) onto pages of their own
+// plain host memory are moved (once: by prepare_async_checkpoint after the first step, else
+// by the first asynchronous save) onto pages of their own
 // ([Note: state on pages of its own]) and protected copy-on-write ([Note: copy-on-write
 // snapshots]): the training thread's stall is the protection, and a page is copied only when
 // training writes it before the writer has taken it. Everything else is copied whole at the

@@ -58,6 +58,7 @@ struct CheckpointSaveStats {
   double snapshot_s = 0;         ///< of blocked_s: taking the snapshot
   double background_s = 0;       ///< the writer: start to this rank's file durable and agreed
   int64_t file_bytes = 0;        ///< this rank's file
+  int64_t direct_bytes = 0;      ///< of file_bytes: written to the disk straight from memory (O_DIRECT)
   int64_t snapshot_bytes = 0;    ///< records the snapshot copied whole (device, shared memory, buffers)
   int64_t cow_bytes = 0;         ///< bytes the snapshot protected copy-on-write instead
   int64_t cow_pages_copied = 0;  ///< of those, pages training wrote before the writer took them
