@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "fsdp/comm/collectives.h"
+#include "fsdp/core/call.h"
 #include "fsdp/optim/zero_redundancy_optimizer.h"
 #include "harness/models.h"
 #include "harness/multirank.h"
@@ -24,6 +25,30 @@ void expect_error(Fn fn, const std::string& needle, const std::string& what) {
     EXPECT_NE(msg.find(needle), std::string::npos) << what << ": '" << needle << "' not in: " << msg;
   }
 }
+
+// A model whose forward calls the entries of a ModuleList and a ModuleDict through
+// fsdp::call (fsdp/core/call.h); `direct` calls the list's entries directly instead.
+struct ListNetImpl : torch::nn::Module {
+  explicit ListNetImpl(bool direct = false) : direct(direct) {
+    torch::manual_seed(0);
+    blocks->push_back(torch::nn::Linear(13, 32));
+    blocks->push_back(torch::nn::Linear(32, 17));
+    heads->update(torch::OrderedDict<std::string, std::shared_ptr<torch::nn::Module>>(
+        {{"out", torch::nn::Linear(17, 5).ptr()}}));
+    register_module("blocks", blocks);
+    register_module("heads", heads);
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    for (size_t i = 0; i < blocks->size(); ++i)
+      x = torch::relu(direct ? blocks[i]->as<torch::nn::LinearImpl>()->forward(x)
+                             : fsdp::call<torch::nn::LinearImpl>(blocks, i, x));
+    return fsdp::call<torch::nn::LinearImpl>(heads, "out", x);
+  }
+  torch::nn::ModuleList blocks;
+  torch::nn::ModuleDict heads;
+  bool direct;
+};
+TORCH_MODULE(ListNet);
 
 // SGD (plain) for `steps` steps on the global batch: reference parameters.
 std::map<std::string, torch::Tensor> reference_sgd(int steps, double lr = 0.1) {
@@ -204,6 +229,34 @@ void option_cases(comm::ProcessGroup& pg) {
     expect_error([&] { wrap({"head"}); }, "fsdp::Wrappable<torch::nn::LinearImpl>", "the fix");
     expect_error([&] { wrap({"blocks.*"}); }, "path_policy names 'blocks.*', which matches no module",
                  "a path naming nothing");
+  });
+  run_case("module_list_entries", [&] {
+    // ModuleList and ModuleDict entries named by path_policy are units, their call site
+    // fsdp::call; training equals the unwrapped model's (where fsdp::call is a plain call).
+    auto model = FullyShardedDataParallel(ListNet(), pg, Options().auto_wrap_policy(path_policy({"blocks.*", "heads.out"})));
+    EXPECT_EQ(model->unit_paths(), (std::vector<std::string>{"blocks.0", "blocks.1", "heads.out"}));
+    auto ref = ListNet();
+    torch::optim::SGD ref_opt(ref->parameters(), 0.1), opt(model->parameters(), 0.1);
+    for (int s = 0; s < 3; ++s) {
+      auto [x, y] = global_batch(s, 12);
+      ref_opt.zero_grad(/*set_to_none=*/false);
+      torch::mse_loss(ref->forward(x), y).backward();
+      ref_opt.step();
+      opt.zero_grad(/*set_to_none=*/false);
+      torch::mse_loss(model->forward(rank_slice(x, pg.rank(), n)), rank_slice(y, pg.rank(), n)).backward();
+      opt.step();
+    }
+    std::map<std::string, torch::Tensor> want;
+    for (const auto& p : ref->named_parameters()) want[p.key()] = p.value().detach();
+    expect_matches(full_params(model), want, "module_list_entries");
+    // Other policies leave entries inside their parent's unit (a forward may call them
+    // directly); a forward that skips fsdp::call for an entry unit is named.
+    EXPECT_EQ(FullyShardedDataParallel(ListNet(), pg, Options().auto_wrap_policy(always_wrap_policy()))->unit_paths(),
+              (std::vector<std::string>{""}));
+    auto direct = FullyShardedDataParallel(ListNet(/*direct=*/true), pg,
+                                           Options().auto_wrap_policy(path_policy({"blocks.*"})));
+    expect_error([&] { direct->forward(torch::randn({2, 13})); },
+                 "each as fsdp::call<Impl>(list, i, args...)", "an entry called directly");
   });
   device_cases(pg);
 }

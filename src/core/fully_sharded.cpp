@@ -11,6 +11,7 @@
 #include "comm/object_collectives.h"
 #include "comm/device/placement.h"
 #include "fsdp/comm/collectives.h"
+#include "fsdp/core/call.h"
 #include "fsdp/core/host_memory.h"
 #include "resolved_options.h"
 #include "runtime.h"
@@ -154,8 +155,11 @@ std::vector<core::detail::ConstructionUnit*> match_construction_units(torch::nn:
 // Step 6: the candidate's call site invokes the unit's hooks ([Note: wrap
 // candidates]); both patches are undone by ~FullyShardedBase.
 void patch_call_site(const PlannedUnit& p, UnitHooks* hooks, std::vector<std::unique_ptr<SequentialSlot>>& slots,
-                     std::vector<WrappableBase*>& wrappables) {
-  if (p.sequential) {
+                     std::vector<WrappableBase*>& wrappables, std::vector<const torch::nn::Module*>& entries) {
+  if (p.list_entry) {
+    core::detail::set_entry_hooks(p.module.get(), hooks);
+    entries.push_back(p.module.get());
+  } else if (p.sequential) {
     auto slot = std::make_unique<SequentialSlot>();
     slot->sequential = p.sequential;
     slot->index = p.index;
@@ -320,6 +324,7 @@ FullyShardedBase::~FullyShardedBase() {
   // Put the user's Sequential entries and Wrappable marks back as they were.
   for (auto& slot : sequential_slots_) *(slot->sequential->begin() + slot->index) = slot->original;
   for (auto* w : wrappables_) w->set_fsdp_unit_hooks(nullptr);
+  for (const auto* e : called_entries_) core::detail::set_entry_hooks(e, nullptr);
 }
 
 void FullyShardedBase::build_units(const core::detail::ResolvedOptions& resolved) {
@@ -348,7 +353,8 @@ void FullyShardedBase::build_units(const core::detail::ResolvedOptions& resolved
       case PlannedUnit::Kind::kRoot: root_unit_ = unit; break;
       case PlannedUnit::Kind::kBatchNorm: runtime_->add_implicit_unit(unit); break;
       case PlannedUnit::Kind::kCallSite:
-        patch_call_site(p, runtime_->call_site(unit), sequential_slots_, wrappables_);
+        patch_call_site(p, runtime_->call_site(unit), sequential_slots_, wrappables_, called_entries_);
+        if (p.list_entry) runtime_->add_entry_unit(unit);
         break;
     }
   }
@@ -389,6 +395,17 @@ void FullyShardedBase::root_pre_forward() { runtime_->root_pre_forward(root_unit
 
 void FullyShardedBase::root_post_forward(const std::vector<at::Tensor>& outputs) {
   runtime_->root_post_forward(root_unit_, outputs);
+}
+
+void FullyShardedBase::rethrow_forward_failure(const std::exception& e) const {
+  // A ModuleList entry called directly meets its parameters as 1-D shards: when no entry
+  // unit went through fsdp::call before the failure, that is the likely cause.
+  if (!runtime_->no_entry_called()) throw;
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+  TORCH_CHECK(false, c10_error ? c10_error->what_without_backtrace() : e.what(), "\n(This forward called none of ",
+              "the ModuleList or ModuleDict entries that are units through fsdp::call. If it calls them ",
+              "directly, their parameters are this rank's flat shards there: call each as ",
+              "fsdp::call<Impl>(list, i, args...) or fsdp::call<Impl>(dict, key, args...), fsdp/core/call.h.)");
 }
 
 at::Tensor FullyShardedBase::clip_grad_norm_(double max_norm, double norm_type) {

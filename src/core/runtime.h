@@ -131,6 +131,13 @@ class Runtime {
   // forward right after its own unit, which puts them in the iteration's
   // schedule (reduced after every other unit, in unit order).
   void add_implicit_unit(Unit* unit) { implicit_units_.push_back(unit); }
+  // Units whose call site is fsdp::call (ModuleList and ModuleDict entries): each forward
+  // must call them through it, or their parameters were never gathered.
+  void add_entry_unit(Unit* unit) { entry_units_.push_back(unit); }
+  /// The error for entry units this forward did not call through fsdp::call ("" if none).
+  std::string uncalled_entries_error() const;
+  /// Whether there are entry units and this forward has called none of them yet.
+  bool no_entry_called() const;
 
   std::vector<std::unique_ptr<Unit>>& units() { return units_; }
   const std::vector<std::unique_ptr<Unit>>& units() const { return units_; }
@@ -216,6 +223,7 @@ class Runtime {
   std::vector<std::unique_ptr<Unit>> units_;
   std::vector<std::unique_ptr<CallSite>> call_sites_;
   std::vector<Unit*> implicit_units_;
+  std::vector<Unit*> entry_units_;
 
   // Per-iteration schedule ([Note: collective order]).
   std::vector<Unit*> pre_forward_order_;

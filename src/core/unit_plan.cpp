@@ -6,6 +6,8 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/container/moduledict.h>
+#include <torch/nn/modules/container/modulelist.h>
 
 #include "fsdp/core/wrappable.h"
 #include "path_policy.h"
@@ -57,6 +59,9 @@ class PathPolicyCheck {
     if (policy_) used_.assign(policy_->paths.size(), false);
   }
 
+  /// Whether the policy is a path_policy (which makes ModuleList and ModuleDict entries candidates).
+  bool active() const { return policy_ != nullptr; }
+
   void visited(const std::string& path, const torch::nn::Module& m, bool candidate) {
     if (!policy_) return;
     for (size_t i = 0; i < policy_->paths.size(); ++i) {
@@ -66,7 +71,8 @@ class PathPolicyCheck {
                   "the C++ frontend has no module hooks and forward() is not virtual, so a unit needs a call site "
                   "the library owns ([Note: wrap candidates] in fsdp/core/wrappable.h). Declare that member as "
                   "fsdp::Wrappable<", m.name(), "> instead of its holder (same parameters and names), or make it "
-                  "an entry of a torch::nn::Sequential");
+                  "an entry of a torch::nn::Sequential, or of a ModuleList or ModuleDict that forward() calls "
+                  "through fsdp::call (fsdp/core/call.h)");
     }
   }
 
@@ -99,6 +105,9 @@ std::vector<PlannedUnit> walk_wrap_policy(torch::nn::Module& model, const WrapPo
     int64_t n = 0;
     for (const auto& p : m.named_parameters(false)) n += p.value().numel();
     auto* seq = dynamic_cast<torch::nn::SequentialImpl*>(&m);
+    // fsdp::call's entries: candidates for path_policy only (include/fsdp/core/call.h).
+    const bool calls_entries = names.active() && (dynamic_cast<torch::nn::ModuleListImpl*>(&m) != nullptr ||
+                                                  dynamic_cast<torch::nn::ModuleDictImpl*>(&m) != nullptr);
     size_t i = 0;
     for (const auto& c : m.named_children()) {
       const size_t index = i++;
@@ -117,7 +126,9 @@ std::vector<PlannedUnit> walk_wrap_policy(torch::nn::Module& model, const WrapPo
         continue;
       }
       int64_t cn = visit(*c.value(), cp);
-      const bool candidate = seq != nullptr || dynamic_cast<WrappableBase*>(c.value().get()) != nullptr;
+      const bool wrappable = dynamic_cast<WrappableBase*>(c.value().get()) != nullptr;
+      candidates[slot].unit.list_entry = calls_entries && !wrappable;
+      const bool candidate = seq != nullptr || wrappable || candidates[slot].unit.list_entry;
       names.visited(cp, *c.value(), candidate);
       if (candidate && policy && policy(cp, *c.value(), cn)) {
         candidates[slot].wrap = true;

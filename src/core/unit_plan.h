@@ -54,6 +54,7 @@ struct PlannedUnit {
   const torch::nn::Module* identity = nullptr;  // the candidate's module (set also while it is being constructed)
   std::shared_ptr<torch::nn::SequentialImpl> sequential;
   size_t index = 0;
+  bool list_entry = false;  // a ModuleList/ModuleDict entry: its call site is fsdp::call
   std::vector<FlatParamEntry> entries;  // assign_parameters
 };
 

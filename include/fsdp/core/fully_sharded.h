@@ -151,6 +151,9 @@ class FullyShardedBase : public torch::nn::Module {
  protected:
   void root_pre_forward();
   void root_post_forward(const std::vector<at::Tensor>& outputs);
+  /// Inside a catch of the wrapped forward's exception `e`: rethrows it, explained when an
+  /// entry unit was not called through fsdp::call.
+  [[noreturn]] void rethrow_forward_failure(const std::exception& e) const;
   std::optional<at::ScalarType> root_input_dtype() const { return root_input_dtype_; }
 
  private:
@@ -171,6 +174,7 @@ class FullyShardedBase : public torch::nn::Module {
   core::detail::Unit* root_unit_ = nullptr;
   std::vector<std::unique_ptr<core::detail::SequentialSlot>> sequential_slots_;
   std::vector<WrappableBase*> wrappables_;
+  std::vector<const torch::nn::Module*> called_entries_;  // fsdp::call's entries that are units
   std::optional<at::ScalarType> root_input_dtype_;
   core::detail::StateDictSelection state_dict_selection_;  // set by StateDictTypeGuard
 };
@@ -187,7 +191,13 @@ class FullyShardedDataParallelImpl : public FullyShardedBase {
   template <typename... Args>
   auto forward(Args&&... args) {
     root_pre_forward();
-    auto out = typed_->forward(core::detail::cast_forward_input(std::forward<Args>(args), root_input_dtype())...);
+    auto out = [&] {
+      try {
+        return typed_->forward(core::detail::cast_forward_input(std::forward<Args>(args), root_input_dtype())...);
+      } catch (const std::exception& e) {
+        rethrow_forward_failure(e);
+      }
+    }();
     std::vector<at::Tensor> tensors;
     core::detail::collect_tensors(out, tensors);
     root_post_forward(tensors);

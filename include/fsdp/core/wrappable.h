@@ -11,7 +11,10 @@
 ///        block = register_module("block", fsdp::Wrappable<BlockImpl>(cfg));
 ///    WrappableImpl<Impl> *is an* Impl (same parameters, same names); its forward
 ///    calls the unit's hooks around Impl::forward when FSDP made it a unit and is
-///    a plain call otherwise.
+///    a plain call otherwise;
+///  * for path_policy, every entry of a torch::nn::ModuleList or ModuleDict: the
+///    model's forward calls it through fsdp::call (fsdp/core/call.h), the call site.
+///    Other policies skip them, since a forward may call its entries directly.
 /// The wrap policy (options.h) decides which candidates become units.
 /// Every wrap candidate that is a Wrappable is also a checkpoint candidate
 /// (fsdp/autograd/checkpoint_wrapper.h): once apply_activation_checkpointing chose
@@ -78,6 +81,21 @@ decltype(auto) cast_forward_input(T&& v, std::optional<at::ScalarType> dtype) {
     return std::forward<T>(v);
   }
 }
+
+/// A unit's call site: `forward(args...)` between the unit's hooks (the arguments cast as
+/// the unit asks), or a plain call when `hooks` is null (not a unit).
+template <typename Fn, typename... Args>
+auto forward_through_hooks(UnitHooks* hooks, Fn&& forward, Args&&... args) {
+  if (hooks == nullptr) return forward(std::forward<Args>(args)...);
+  hooks->pre_forward();
+  const auto dtype = hooks->forward_input_dtype();
+  auto out = forward(cast_forward_input(std::forward<Args>(args), dtype)...);
+  std::vector<at::Tensor> tensors;
+  collect_tensors(out, tensors);
+  hooks->post_forward(tensors);
+  return out;
+}
+
 }  // namespace core::detail
 
 namespace core::detail {
@@ -132,15 +150,9 @@ class WrappableImpl : public Impl, public WrappableBase {
  private:
   template <typename... Args>
   auto unit_forward(Args&&... args) {
-    UnitHooks* hooks = fsdp_unit_hooks();
-    if (hooks == nullptr) return Impl::forward(std::forward<Args>(args)...);
-    hooks->pre_forward();
-    const auto dtype = hooks->forward_input_dtype();
-    auto out = Impl::forward(core::detail::cast_forward_input(std::forward<Args>(args), dtype)...);
-    std::vector<at::Tensor> tensors;
-    core::detail::collect_tensors(out, tensors);
-    hooks->post_forward(tensors);
-    return out;
+    return core::detail::forward_through_hooks(
+        fsdp_unit_hooks(), [this](auto&&... a) { return this->Impl::forward(std::forward<decltype(a)>(a)...); },
+        std::forward<Args>(args)...);
   }
 };
 
