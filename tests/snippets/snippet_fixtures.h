@@ -17,6 +17,7 @@
 #include "fsdp/comm/process_group.h"
 #include "fsdp/core/fully_sharded.h"
 #include "fsdp/core/options.h"
+#include "fsdp/core/call.h"
 #include "fsdp/core/wrappable.h"
 #include "fsdp/optim/zero_redundancy_optimizer.h"
 #include "fsdp/state/checkpoint.h"
@@ -79,6 +80,8 @@ extern std::vector<torch::optim::OptimizerParamGroup> groups;
 /// A batch (x, y), this rank's part of it (x_local, y_local), and a loss.
 extern torch::Tensor x, y, x_local, y_local, loss;
 torch::Tensor loss_fn(const torch::Tensor& output);
+/// A model's list of BlockImpl entries (fsdp::call's).
+extern torch::nn::ModuleList blocks;
 /// The optimizer steps done, and what a checkpoint carries besides the model.
 extern int64_t step;
 extern fsdp::CheckpointExtra extra;
