@@ -230,6 +230,16 @@ void option_cases(comm::ProcessGroup& pg) {
     expect_error([&] { wrap({"blocks.*"}); }, "path_policy names 'blocks.*', which matches no module",
                  "a path naming nothing");
   });
+  run_case("frozen_after_wrapping", [&] {
+    // Trainable and frozen parameters are laid out apart at wrapping ([Note: frozen
+    // companions]): changing requires_grad afterwards is refused by name.
+    auto model = FullyShardedDataParallel(make_mlp(0), pg, Options().auto_wrap_policy(always_wrap_policy()));
+    for (auto& p : model->named_parameters())
+      if (p.key() == "2.weight") p.value().requires_grad_(false);
+    auto [x, y] = global_batch(0, 12);
+    expect_error([&] { model->forward(rank_slice(x, pg.rank(), n)); },
+                 "parameter '2.weight' (unit '2') was frozen after the model was wrapped", "frozen after wrapping");
+  });
   run_case("module_list_entries", [&] {
     // ModuleList and ModuleDict entries named by path_policy are units, their call site
     // fsdp::call; training equals the unwrapped model's (where fsdp::call is a plain call).

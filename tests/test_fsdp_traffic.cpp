@@ -19,6 +19,8 @@
 // the ranks (derived; asserted is the Ψ each rank writes, since which chunk a rank
 // reduces is the transport's split).
 #include <gtest/gtest.h>
+
+#include <set>
 #include <torch/torch.h>
 
 #include "comm/comm_testing.h"
@@ -135,6 +137,39 @@ void traffic_cases(comm::ProcessGroup& pg) {
       EXPECT_EQ(w.reduce_scatter, 0) << "step " << step;
       EXPECT_EQ(w.all_reduce, psi) << "step " << step;  // no padding without sharding
     }
+  });
+
+  run_case("mixed units: only the trainable parameters' padded bytes are reduced and held", [&] {
+    // Every Linear's weight frozen, its bias trainable: each unit is a trainable unit and a
+    // frozen companion ([Note: frozen companions] in src/core/runtime.h).
+    auto mlp = make_mlp();
+    for (size_t i = 0; i < mlp->size(); i += 2) mlp[i]->named_parameters()["weight"].requires_grad_(false);
+    auto model = FullyShardedDataParallel(mlp, pg, Options().sharding_strategy(ShardingStrategy::kFullShard)
+                                                       .auto_wrap_policy(always_wrap_policy()));
+    EXPECT_EQ(model->unit_paths(),
+              (std::vector<std::string>{"0", "0 (frozen)", "2", "2 (frozen)", "4", "4 (frozen)"}));
+    const std::vector<int64_t> bias = {32, 17, 5}, weight = {13 * 32, 32 * 17, 17 * 5};
+    int64_t bias_padded = 0, all_padded = 0;
+    for (size_t u = 0; u < bias.size(); ++u) {
+      bias_padded += kElem * comm::padded_numel(bias[u], n);
+      all_padded += kElem * (comm::padded_numel(bias[u], n) + comm::padded_numel(weight[u], n));
+    }
+    torch::optim::SGD opt(model->parameters(), 0.05);
+    const Written w = slot_bytes_of_step(model, opt, pg, 0);
+    EXPECT_EQ(w.reduce_scatter, bias_padded * (n - 1) / n) << "the frozen weights must not be reduced";
+    EXPECT_EQ(w.all_gather, 2 * all_padded / n) << "both segments gathered in forward and again in backward";
+    // The gradients held: the biases' reduced chunks, no byte for a weight.
+    std::set<const void*> storages;
+    int64_t held = 0;
+    for (const auto& p : model->named_parameters()) {
+      if (!p.value().requires_grad()) {
+        EXPECT_FALSE(p.value().grad().defined()) << p.key();
+        continue;
+      }
+      const auto& g = p.value().grad();
+      if (g.defined() && storages.insert(g.storage().data()).second) held += int64_t(g.storage().nbytes());
+    }
+    EXPECT_EQ(held, bias_padded / n);
   });
 
   run_case("over Gloo nothing goes through the slots", [&] {

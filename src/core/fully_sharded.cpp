@@ -94,6 +94,26 @@ Unit* create_unit(Runtime& runtime, const core::detail::ResolvedOptions& resolve
                           resolved.reshard_after_forward && !full_precision_unit);
 }
 
+// Step 5 for a unit whose parameters are partly frozen: the frozen ones go to a companion
+// unit of their own at the same call site ([Note: frozen companions] in runtime.h).
+// Returns the trainable unit.
+Unit* create_split_unit(Runtime& runtime, const core::detail::ResolvedOptions& resolved, PlannedUnit& p) {
+  size_t n_trainable = 0;
+  for (const auto& e : p.entries) n_trainable += e.param.requires_grad() ? 1 : 0;
+  const bool mixed = n_trainable > 0 && n_trainable < p.entries.size();
+  if (!mixed || p.kind == PlannedUnit::Kind::kBatchNorm) return create_unit(runtime, resolved, p);
+  std::vector<core::detail::FlatParamEntry> trainable, frozen;  // each in the unit's order
+  for (auto& e : p.entries) (e.param.requires_grad() ? trainable : frozen).push_back(std::move(e));
+  PlannedUnit companion;
+  companion.kind = PlannedUnit::Kind::kCallSite;  // not a root: its hooks come through the unit's
+  companion.path = p.path + " (frozen)";
+  companion.entries = std::move(frozen);
+  p.entries = std::move(trainable);
+  Unit* unit = create_unit(runtime, resolved, p);
+  runtime.set_companion(unit, create_unit(runtime, resolved, companion));
+  return unit;
+}
+
 // Step 5, for a unit a ShardedInitContext sharded at construction ([Note: sharded
 // construction] in sharded_init.h): its flat parameter is taken over as it is (no
 // second copy), after checking that it holds exactly the parameters this
@@ -348,7 +368,7 @@ void FullyShardedBase::build_units(const core::detail::ResolvedOptions& resolved
   for (size_t i = 0; i < planned.size(); ++i) {
     PlannedUnit& p = planned[i];
     if (p.entries.empty()) continue;  // nothing to shard: no unit, no hooks
-    Unit* unit = adopt[i] ? adopt_unit(*runtime_, resolved, p, *adopt[i]) : create_unit(*runtime_, resolved, p);
+    Unit* unit = adopt[i] ? adopt_unit(*runtime_, resolved, p, *adopt[i]) : create_split_unit(*runtime_, resolved, p);
     switch (p.kind) {
       case PlannedUnit::Kind::kRoot: root_unit_ = unit; break;
       case PlannedUnit::Kind::kBatchNorm: runtime_->add_implicit_unit(unit); break;

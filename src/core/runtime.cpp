@@ -108,7 +108,10 @@ void Runtime::root_pre_forward(Unit* root) {
     post_forward_order_.clear();
     backward_planned_ = false;
   }
-  if (at::GradMode::is_enabled()) policy_.check_registered(comm_.group().rank());
+  if (at::GradMode::is_enabled()) {
+    policy_.check_registered(comm_.group().rank());
+    for (const auto& u : units_) u->check_requires_grad_unchanged(comm_.group().rank());
+  }
   if (root) pre_forward(*root);
   arm_implicit_units();
 }
@@ -124,6 +127,16 @@ void Runtime::arm_implicit_units() {
 }
 
 void Runtime::pre_forward(Unit& unit) {
+  pre_forward_one(unit);
+  if (Unit* frozen = unit.companion()) pre_forward_one(*frozen);  // [Note: frozen companions]
+}
+
+void Runtime::post_forward(Unit& unit, const std::vector<at::Tensor>& outputs) {
+  if (Unit* frozen = unit.companion()) post_forward_one(*frozen, outputs);
+  post_forward_one(unit, outputs);
+}
+
+void Runtime::pre_forward_one(Unit& unit) {
   if (autograd::in_recompute()) return pre_recompute(unit);
   if (std::find(pre_forward_order_.begin(), pre_forward_order_.end(), &unit) == pre_forward_order_.end())
     pre_forward_order_.push_back(&unit);
@@ -137,7 +150,7 @@ void Runtime::pre_forward(Unit& unit) {
   unit.open_forward_span();
 }
 
-void Runtime::post_forward(Unit& unit, const std::vector<at::Tensor>& outputs) {
+void Runtime::post_forward_one(Unit& unit, const std::vector<at::Tensor>& outputs) {
   if (autograd::in_recompute()) return post_recompute(unit, outputs);
   const bool training = forward_has_backward();
   unit.end_forward(training, keeps_gathered_after_forward(unit));

@@ -131,6 +131,17 @@ class Runtime {
   // forward right after its own unit, which puts them in the iteration's
   // schedule (reduced after every other unit, in unit order).
   void add_implicit_unit(Unit* unit) { implicit_units_.push_back(unit); }
+  // [Note: frozen companions]
+  // A unit whose parameters are partly frozen is built as two units at one call site: the
+  // trainable parameters' unit, and a companion holding the frozen ones, each with a flat
+  // buffer padded on its own. The companion never has gradients, so it holds no gradient
+  // or optimizer bytes and moves nothing in reductions; it is gathered for the forward and
+  // again for the backward (its parameters feed the input gradient), like a unit that is
+  // frozen whole, and resharded at the end of backward. The call site drives both: the
+  // pre-forward hooks run the unit's then the companion's, the post-forward hooks the
+  // companion's then the unit's (a root unit's post-forward ends an evaluation). The cost
+  // is a second gather per mixed unit.
+  void set_companion(Unit* unit, Unit* frozen) { unit->set_companion(frozen); }
   // Units whose call site is fsdp::call (ModuleList and ModuleDict entries): each forward
   // must call them through it, or their parameters were never gathered.
   void add_entry_unit(Unit* unit) { entry_units_.push_back(unit); }
@@ -161,6 +172,8 @@ class Runtime {
   // Entry points of the hooks the runtime installs.
   void pre_forward(Unit& unit);                                             // call site
   void post_forward(Unit& unit, const std::vector<at::Tensor>& outputs);    // call site
+  void pre_forward_one(Unit& unit);  // the two above, for one unit (not its companion)
+  void post_forward_one(Unit& unit, const std::vector<at::Tensor>& outputs);
   void on_output_grad(Unit& unit);         // hook on a unit's outputs: its backward is next
   void on_param_grad(Unit& unit, size_t entry);  // AccumulateGrad post hook
   void on_root_output_grad();              // hook on the root's outputs: backward starts

@@ -70,6 +70,19 @@ Unit::Unit(UnitContext context, int index, std::string path, std::unique_ptr<Fla
   for (const auto& e : entries) {
     if (e.param.requires_grad()) ++num_grad_params_;
     else has_frozen_params_ = true;
+    built_trainable_.push_back(e.param.requires_grad());
+  }
+}
+
+void Unit::check_requires_grad_unchanged(int rank) const {
+  const auto& entries = flat_->entries();
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (entries[i].param.requires_grad() == built_trainable_[i]) continue;
+    TORCH_CHECK(false, "fsdp (rank ", rank, "): parameter '", entries[i].fqn, "' (unit '", label(), "') was ",
+                built_trainable_[i] ? "frozen" : "unfrozen", " after the model was wrapped. FSDP lays trainable and "
+                "frozen parameters out apart when it wraps (frozen ones hold no gradient, optimizer state or "
+                "reduction traffic), so set requires_grad before wrapping: freeze, then build the "
+                "FullyShardedDataParallel");
   }
 }
 

@@ -189,6 +189,13 @@ class Unit {
   // ---- read accessors ----
   int index() const { return index_; }
   bool is_root() const { return is_root_; }
+  /// [Note: frozen companions] in runtime.h: the unit holding this call site's frozen
+  /// parameters (null: none); its forward hooks run with this unit's.
+  Unit* companion() const { return companion_; }
+  void set_companion(Unit* frozen) { companion_ = frozen; }
+  /// Throws, naming the parameter, when an entry's requires_grad differs from the one
+  /// the unit was built with.
+  void check_requires_grad_unchanged(int rank) const;
   const std::string& path() const { return path_; }
   std::string label() const { return path_.empty() ? "<root>" : path_; }
   UnitState state() const { return state_; }
@@ -226,6 +233,8 @@ class Unit {
 
   size_t num_grad_params_ = 0;
   bool has_frozen_params_ = false;
+  std::vector<bool> built_trainable_;  // each entry's requires_grad at construction
+  Unit* companion_ = nullptr;
   std::vector<bool> fired_flags_;
   size_t fired_ = 0;
   std::vector<autograd::GradAccumulatorHandle> accumulators_;  // keep hooks alive
