@@ -18,6 +18,7 @@
 #include "fsdp/core/fully_sharded.h"
 #include "fsdp/core/options.h"
 #include "fsdp/core/call.h"
+#include "fsdp/core/lora_linear.h"
 #include "fsdp/core/wrappable.h"
 #include "fsdp/optim/zero_redundancy_optimizer.h"
 #include "fsdp/state/checkpoint.h"
