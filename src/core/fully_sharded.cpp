@@ -420,12 +420,14 @@ void FullyShardedBase::root_post_forward(const std::vector<at::Tensor>& outputs)
 void FullyShardedBase::rethrow_forward_failure(const std::exception& e) const {
   // A ModuleList entry called directly meets its parameters as 1-D shards: when no entry
   // unit went through fsdp::call before the failure, that is the likely cause.
-  if (!runtime_->no_entry_called()) throw;
+  const size_t entries = runtime_->entry_unit_count();
+  const bool none_called = entries > 0 && runtime_->uncalled_entries().size() == entries;
+  if (!none_called) throw;
   const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
   TORCH_CHECK(false, c10_error ? c10_error->what_without_backtrace() : e.what(), "\n(This forward called none of ",
               "the ModuleList or ModuleDict entries that are units through fsdp::call. If it calls them ",
-              "directly, their parameters are this rank's flat shards there: call each as ",
-              "fsdp::call<Impl>(list, i, args...) or fsdp::call<Impl>(dict, key, args...), fsdp/core/call.h.)");
+              "directly, their parameters are this rank's flat shards there: ", core::detail::Runtime::kEntryCallFix,
+              ".)");
 }
 
 at::Tensor FullyShardedBase::clip_grad_norm_(double max_norm, double norm_type) {

@@ -207,29 +207,30 @@ void Runtime::post_recompute(Unit& unit, const std::vector<at::Tensor>& outputs)
   arm_output_hooks(unit, outputs);
 }
 
-std::string Runtime::uncalled_entries_error() const {
-  std::string paths;
+std::vector<const Unit*> Runtime::uncalled_entries() const {
+  std::vector<const Unit*> out;
   for (const Unit* u : entry_units_)
     if (std::find(pre_forward_order_.begin(), pre_forward_order_.end(), u) == pre_forward_order_.end())
-      paths += (paths.empty() ? "'" : ", '") + u->path() + "'";
-  if (paths.empty()) return "";
-  return "fsdp: rank " + std::to_string(comm_.group().rank()) + ": the unit(s) " + paths +
-         " are ModuleList or ModuleDict entries that this forward did not call through fsdp::call, so their "
-         "parameters were not gathered (they are this rank's flat shards) and their gradients would not be "
-         "reduced. Call each as fsdp::call<Impl>(list, i, args...) or fsdp::call<Impl>(dict, key, args...) "
-         "(fsdp/core/call.h) in every forward; an entry a forward may skip can be declared "
-         "fsdp::Wrappable<Impl> instead";
+      out.push_back(u);
+  return out;
 }
 
-bool Runtime::no_entry_called() const {
-  for (const Unit* u : entry_units_)
-    if (std::find(pre_forward_order_.begin(), pre_forward_order_.end(), u) != pre_forward_order_.end()) return false;
-  return !entry_units_.empty();
+const char* const Runtime::kEntryCallFix =
+    "call each as fsdp::call<Impl>(list, i, args...) or fsdp::call<Impl>(dict, key, args...) (fsdp/core/call.h)";
+
+void Runtime::check_entries_called() const {
+  const std::vector<const Unit*> uncalled = uncalled_entries();
+  if (uncalled.empty()) return;
+  std::string paths;
+  for (const Unit* u : uncalled) paths += (paths.empty() ? "'" : ", '") + u->path() + "'";
+  TORCH_CHECK(false, "fsdp: rank ", comm_.group().rank(), ": the unit(s) ", paths, " are ModuleList or ModuleDict "
+              "entries that this forward did not call through fsdp::call, so their parameters were not gathered "
+              "(they are this rank's flat shards) and their gradients would not be reduced: ", kEntryCallFix,
+              ", in every forward; an entry a forward may skip can be declared fsdp::Wrappable<Impl> instead");
 }
 
 void Runtime::root_post_forward(Unit* root, const std::vector<at::Tensor>& outputs) {
-  const std::string uncalled = uncalled_entries_error();
-  TORCH_CHECK(uncalled.empty(), uncalled);
+  check_entries_called();
   if (root) post_forward(*root, outputs);
   if (at::GradMode::is_enabled() && !pre_forward_order_.empty()) recorded_forward_order_ = pre_forward_order_;
   release_stray_prefetches();

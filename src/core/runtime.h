@@ -145,10 +145,11 @@ class Runtime {
   // Units whose call site is fsdp::call (ModuleList and ModuleDict entries): each forward
   // must call them through it, or their parameters were never gathered.
   void add_entry_unit(Unit* unit) { entry_units_.push_back(unit); }
-  /// The error for entry units this forward did not call through fsdp::call ("" if none).
-  std::string uncalled_entries_error() const;
-  /// Whether there are entry units and this forward has called none of them yet.
-  bool no_entry_called() const;
+  /// The entry units this forward has not called (through fsdp::call) so far.
+  std::vector<const Unit*> uncalled_entries() const;
+  size_t entry_unit_count() const { return entry_units_.size(); }
+  /// How to call an entry unit, for the errors that name one.
+  static const char* const kEntryCallFix;
 
   std::vector<std::unique_ptr<Unit>>& units() { return units_; }
   const std::vector<std::unique_ptr<Unit>>& units() const { return units_; }
@@ -174,6 +175,7 @@ class Runtime {
   void post_forward(Unit& unit, const std::vector<at::Tensor>& outputs);    // call site
   void pre_forward_one(Unit& unit);  // the two above, for one unit (not its companion)
   void post_forward_one(Unit& unit, const std::vector<at::Tensor>& outputs);
+  void check_entries_called() const;  // at the root's post-forward: every entry unit ran
   void on_output_grad(Unit& unit);         // hook on a unit's outputs: its backward is next
   void on_param_grad(Unit& unit, size_t entry);  // AccumulateGrad post hook
   void on_root_output_grad();              // hook on the root's outputs: backward starts

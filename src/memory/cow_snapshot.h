@@ -16,11 +16,12 @@
 // hands); taken. A write by training to a protected page faults (SIGSEGV); the handler copies
 // the page, and the protected pages after it up to its chunk's end, into the next side slots,
 // makes them writable and returns, so the write goes on. (Training writes a tensor front to
-// back: one fault per chunk, not one per page, each a signal and an mprotect.) The writer's take() claims a chunk's pages, points its iovecs at the original page or
-// at the page's side copy, calls the caller's function (a CRC and a writev straight from
-// them: no copy of its own), then makes the pages writable and marks them taken. A fault on
-// a page that is being taken waits for that chunk's writev to end (at most one chunk: take()
-// works chunk by chunk); a fault on a taken page just returns.
+// back: one fault per chunk, not one per page, each a signal and an mprotect.) The writer's
+// take() claims a chunk's pages, points its iovecs at the original page or at the page's
+// side copy, calls the caller's function (a CRC and a write straight from them: no copy of
+// its own), then makes the pages writable and marks them taken. A fault on a page that is
+// being taken waits for that chunk's write to end (at most one chunk: take() works chunk by
+// chunk); a fault on a taken page just returns.
 //
 // Why the waits are bounded. The side buffer is fixed (copy_cap_bytes, mapped up front: the
 // handler never allocates), and each of its slots is used once. When it is full, a fault

@@ -7,12 +7,13 @@
 // glibc's heap shares its first and last pages with other objects (the allocator's own
 // headers among them), and an unrelated write there, or a kernel write (read(), recv()) into
 // a neighbour, would meet the protection. So prepare_async_checkpoint (or else the first
-// asynchronous save) moves each plain host storage a save snapshots (a parameter shard, an optimizer-state tensor) into a PageMapping
-// of its own, copying the bytes once: the storage's data pointer is swapped, as BufferPool's
-// blocks are, so every tensor viewing the storage (the parameter, its views, the optimizer's
-// state keyed by the parameter) follows without knowing. Only storages of the CPU allocator
-// move: pinned memory is written by DMA, the exchange arena by peers, a pool's blocks are
-// reused; those keep their memory, and a save copies them instead.
+// asynchronous save) moves each plain host storage a save snapshots (a parameter shard, an
+// optimizer-state tensor) into a PageMapping of its own, copying the bytes once: the
+// storage's data pointer is swapped, as BufferPool's blocks are, so every tensor viewing the
+// storage (the parameter, its views, the optimizer's state keyed by the parameter) follows
+// without knowing. Only storages of the CPU allocator move: pinned memory is written by
+// DMA, the exchange arena by peers, a pool's blocks are reused; those keep their memory, and
+// a save copies them instead.
 
 #include <ATen/core/Tensor.h>
 

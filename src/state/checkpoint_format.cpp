@@ -274,7 +274,8 @@ int64_t RankFileWriter::finish() {
     if (t.defined()) records_[i].crc32 = crc32_of(t.data_ptr(), nbytes);  // else staged: checksummed by write()
     // Whole-file CRC from the records' (and the gaps'), without a second pass over the bytes.
     const auto gap = static_cast<size_t>(records_[i].offset - end);
-    if (gap > 0) file_crc_ = static_cast<uint32_t>(::crc32_combine(file_crc_, zeros_crc(gap), static_cast<z_off_t>(gap)));
+    if (gap > 0)
+      file_crc_ = static_cast<uint32_t>(::crc32_combine(file_crc_, zeros_crc(gap), static_cast<z_off_t>(gap)));
     file_crc_ = static_cast<uint32_t>(::crc32_combine(file_crc_, records_[i].crc32, static_cast<z_off_t>(nbytes)));
     end = records_[i].offset + static_cast<int64_t>(nbytes);
   }

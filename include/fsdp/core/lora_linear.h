@@ -22,7 +22,8 @@
 namespace fsdp {
 
 struct LoRALinearOptions {
-  LoRALinearOptions(int64_t in_features, int64_t out_features) : in_features_(in_features), out_features_(out_features) {}
+  LoRALinearOptions(int64_t in_features, int64_t out_features)
+      : in_features_(in_features), out_features_(out_features) {}
   TORCH_ARG(int64_t, in_features);
   TORCH_ARG(int64_t, out_features);
   /// The adapter's rank r (A is r x in, B is out x r).
